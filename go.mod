@@ -1,0 +1,3 @@
+module github.com/manifoldlm/manifold
+
+go 1.26.8
