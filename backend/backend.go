@@ -1,0 +1,185 @@
+// Package backend defines the compute interface that model code runs on: device
+// buffers of float32 activations, weights resident on the device in their
+// stored format, and operations at the granularity a GPU wants (a whole
+// matmul, a whole norm over many rows, attention over a KV cache).
+//
+// Model code (package model) calls only this interface, so the same forward pass
+// runs on the pure-Go CPU backend (backend/cpu) and on the CUDA backend
+// (kernels/). Nothing crosses the interface per element.
+//
+// Architecture-specific operations (mHC, the DSA indexer, MoE routing) are
+// declared as small interfaces next to their reference math in layers/...
+// and implemented by the backends that support them; a model asks for them
+// with a type assertion and reports a clear error when a backend lacks one.
+//
+// This package owns the interface and the host-side weight description only; it
+// holds no state and does no compute.
+package backend
+
+import (
+	"fmt"
+
+	"github.com/manifoldlm/manifold/layers"
+	"github.com/manifoldlm/manifold/quant"
+)
+
+// Buffer is a device-resident array of float32 values.
+type Buffer interface {
+	Len() int
+}
+
+// Weight is a matrix of Rows output features by Cols input features resident on
+// the device in its stored format (f32, f16, bf16 or NVFP4), with an optional
+// bias.
+type Weight interface {
+	Rows() int
+	Cols() int
+	Format() Format
+}
+
+// Format is how a weight's values are stored.
+type Format uint8
+
+// The weight formats a backend accepts.
+const (
+	F32 Format = iota
+	F16
+	BF16
+	NVFP4
+)
+
+func (f Format) String() string {
+	switch f {
+	case F32:
+		return "f32"
+	case F16:
+		return "f16"
+	case BF16:
+		return "bf16"
+	case NVFP4:
+		return "nvfp4"
+	}
+	return fmt.Sprintf("Format(%d)", uint8(f))
+}
+
+// BytesPerValue is the storage size of one weight value (scales included for NVFP4).
+func (f Format) BytesPerValue() float64 {
+	switch f {
+	case F32:
+		return 4
+	case F16, BF16:
+		return 2
+	case NVFP4:
+		return 0.5 + 1.0/16
+	}
+	return 0
+}
+
+// HostWeight describes a weight on the host before upload. For F32, F16 and
+// BF16, Data holds Rows*Cols little-endian values, row-major (the layout of a
+// safetensors tensor, which may be a slice of a memory map: it is never
+// written). For NVFP4, Q holds the quantized matrix.
+type HostWeight struct {
+	Name       string
+	Rows, Cols int
+	Format     Format
+	Data       []byte
+	Q          *quant.NVFP4
+	Bias       []float32 // len Rows, or nil
+}
+
+// Validate checks that the description is self-consistent, naming the weight.
+func (w *HostWeight) Validate() error {
+	if w.Rows <= 0 || w.Cols <= 0 {
+		return fmt.Errorf("weight %s: bad shape [%d, %d]", w.Name, w.Rows, w.Cols)
+	}
+	switch w.Format {
+	case F32, F16, BF16:
+		want := w.Rows * w.Cols * int(w.Format.BytesPerValue())
+		if len(w.Data) != want {
+			return fmt.Errorf("weight %s: %s [%d, %d] needs %d bytes, has %d", w.Name, w.Format, w.Rows, w.Cols, want, len(w.Data))
+		}
+	case NVFP4:
+		if w.Q == nil || w.Q.Rows != w.Rows || w.Q.Cols != w.Cols {
+			return fmt.Errorf("weight %s: nvfp4 matrix missing or not [%d, %d]", w.Name, w.Rows, w.Cols)
+		}
+	default:
+		return fmt.Errorf("weight %s: unknown format %s", w.Name, w.Format)
+	}
+	if w.Bias != nil && len(w.Bias) != w.Rows {
+		return fmt.Errorf("weight %s: bias has %d values, want %d", w.Name, len(w.Bias), w.Rows)
+	}
+	return nil
+}
+
+// KVCache holds the keys and values of every attention layer of one sequence,
+// on the device. Positions are appended by Backend.Attention.
+type KVCache interface {
+	// Len is the number of positions stored (the same for every layer once a
+	// forward pass completes).
+	Len() int
+	// Cap is the number of positions the cache can hold.
+	Cap() int
+	// Truncate drops every position from n on, so a session can rewind.
+	Truncate(n int)
+	// Bytes is the device memory the cache holds.
+	Bytes() int64
+}
+
+// KVShape is the geometry of a KV cache.
+type KVShape struct {
+	Layers   int
+	KVHeads  int
+	HeadDim  int
+	Capacity int // positions
+}
+
+// Backend is the compute interface. Every Buffer and Weight passed to a
+// backend's methods must have been made by that backend. A Backend is safe for
+// concurrent use by several sessions as long as they do not share buffers.
+//
+// Sizes are given explicitly: m is a number of rows (tokens), n a row width.
+type Backend interface {
+	// Name identifies the backend and its device, for logs ("cpu (2 threads)").
+	Name() string
+
+	// NewBuffer allocates n zeroed values.
+	NewBuffer(n int) Buffer
+	// View is the window [off, off+n) of b, sharing its memory.
+	View(b Buffer, off, n int) Buffer
+	// Write copies src into b from offset off.
+	Write(b Buffer, off int, src []float32)
+	// Read copies len(dst) values of b from offset off into dst.
+	Read(dst []float32, b Buffer, off int)
+	// Upload puts a weight on the device in its stored format.
+	Upload(w *HostWeight) (Weight, error)
+	// NewKVCache allocates a KV cache.
+	NewKVCache(s KVShape) (KVCache, error)
+
+	// Embed writes rows ids of table (a [vocab, n] weight) into dst [len(ids), n] as float32.
+	Embed(dst Buffer, table Weight, ids []int32)
+	// MatMul computes dst[m, w.Rows] = x[m, w.Cols] · wᵀ (+ bias).
+	MatMul(dst, x Buffer, w Weight, m int)
+	// RMSNorm normalizes rows of len(weight) values: dst = x/rms(x) * weight. dst may be x.
+	RMSNorm(dst, x, weight Buffer, eps float32)
+	// RoPE rotates channels [off, off+r.Dim()) of each of the rows*heads
+	// vectors (stride values apart) of x in place; row i is at position pos0+i.
+	RoPE(x Buffer, rows, heads, stride, off, pos0 int, r *layers.RoPE, inverse bool)
+	// Attention appends k and v ([m, KVHeads, HeadDim]) to the cache's layer
+	// at positions pos0.., then writes causal attention of q ([m, Heads,
+	// HeadDim]) over positions [0, pos0+m) into out ([m, Heads, HeadDim]).
+	Attention(out, q, k, v Buffer, cache KVCache, layer, pos0, m int, s layers.AttentionShape)
+	// SwiGLU computes dst = silu(gate) * up elementwise (clamped when limit > 0).
+	SwiGLU(dst, gate, up Buffer, limit float32)
+	// Add computes dst = a + b elementwise.
+	Add(dst, a, b Buffer)
+	// Scale computes dst = a * s elementwise.
+	Scale(dst, a Buffer, s float32)
+	// Copy copies src into dst (same length).
+	Copy(dst, src Buffer)
+
+	// Sync waits for queued work to finish (a no-op on the CPU).
+	Sync() error
+	// Close frees the device resources of the backend.
+	Close() error
+}

@@ -1,0 +1,97 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/layers"
+)
+
+// kvCache stores, per layer, keys and values as [position, kvHead, headDim].
+type kvCache struct {
+	shape backend.KVShape
+	k, v  [][]float32
+	n     []int // positions stored per layer
+}
+
+// NewKVCache allocates the whole cache up front.
+func (b *Backend) NewKVCache(s backend.KVShape) (backend.KVCache, error) {
+	if s.Layers <= 0 || s.KVHeads <= 0 || s.HeadDim <= 0 || s.Capacity <= 0 {
+		return nil, fmt.Errorf("cpu: bad KV cache shape %+v", s)
+	}
+	c := &kvCache{shape: s, k: make([][]float32, s.Layers), v: make([][]float32, s.Layers), n: make([]int, s.Layers)}
+	per := s.Capacity * s.KVHeads * s.HeadDim
+	for l := range c.k {
+		c.k[l] = make([]float32, per)
+		c.v[l] = make([]float32, per)
+	}
+	return c, nil
+}
+
+func (c *kvCache) Len() int { return c.n[len(c.n)-1] }
+func (c *kvCache) Cap() int { return c.shape.Capacity }
+func (c *kvCache) Bytes() int64 {
+	return int64(2*c.shape.Layers*c.shape.Capacity*c.shape.KVHeads*c.shape.HeadDim) * 4
+}
+func (c *kvCache) Truncate(n int) {
+	for l := range c.n {
+		c.n[l] = min(c.n[l], max(n, 0))
+	}
+}
+
+// Attention appends k, v at pos0.. and attends causally, parallel over
+// (token, head) pairs.
+func (b *Backend) Attention(out, q, k, v backend.Buffer, cache backend.KVCache, layer, pos0, m int, s layers.AttentionShape) {
+	c := cache.(*kvCache)
+	row := s.KVHeads * s.HeadDim
+	if pos0+m > c.shape.Capacity || pos0 > c.n[layer] {
+		panic(fmt.Sprintf("cpu: attention at positions [%d, %d) past the cache (len %d, cap %d)", pos0, pos0+m, c.n[layer], c.shape.Capacity))
+	}
+	copy(c.k[layer][pos0*row:(pos0+m)*row], k.(Buffer))
+	copy(c.v[layer][pos0*row:(pos0+m)*row], v.(Buffer))
+	c.n[layer] = pos0 + m
+	keys, values := c.k[layer], c.v[layer]
+	o, qs := out.(Buffer), q.(Buffer)
+	hd := s.HeadDim
+	group := s.Heads / s.KVHeads
+	b.parallel(m*s.Heads, 1, func(lo, hi int) {
+		scores := make([]float32, pos0+m)
+		acc := make([]float32, hd)
+		for job := lo; job < hi; job++ {
+			i, h := job/s.Heads, job%s.Heads
+			p := pos0 + i
+			start := 0
+			if s.Window > 0 {
+				start = max(0, p-s.Window+1)
+			}
+			kh := h / group
+			qv := qs[job*hd : (job+1)*hd]
+			mx := float32(math.Inf(-1))
+			for t := start; t <= p; t++ {
+				d := dotF32(qv, keys[(t*s.KVHeads+kh)*hd:(t*s.KVHeads+kh+1)*hd]) * s.Scale
+				scores[t] = d
+				mx = max(mx, d)
+			}
+			var sum float32
+			for t := start; t <= p; t++ {
+				e := float32(math.Exp(float64(scores[t] - mx)))
+				scores[t] = e
+				sum += e
+			}
+			clear(acc)
+			for t := start; t <= p; t++ {
+				wt := scores[t]
+				vv := values[(t*s.KVHeads+kh)*hd : (t*s.KVHeads+kh+1)*hd]
+				for j, x := range vv {
+					acc[j] += wt * x
+				}
+			}
+			inv := 1 / sum
+			ov := o[job*hd : (job+1)*hd]
+			for j := range ov {
+				ov[j] = acc[j] * inv
+			}
+		}
+	})
+}

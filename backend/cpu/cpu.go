@@ -1,0 +1,255 @@
+// Package cpu is the pure-Go compute backend: the reference and fallback for
+// every operation of backend.Backend, parallel over all cores.
+//
+// Buffers are plain []float32 slices; weights keep their stored format (f32 and
+// bf16 weights are used in place, straight from the checkpoint's memory map,
+// NVFP4 weights are decoded block by block inside the matmul). The package owns
+// the CPU kernels only; it reads no files and knows no architecture.
+package cpu
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"runtime"
+	"sync"
+	"unsafe"
+
+	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/layers"
+	"github.com/manifoldlm/manifold/quant"
+)
+
+// Backend is the CPU backend. The zero value is not usable: call New.
+type Backend struct {
+	threads int
+}
+
+// New returns a CPU backend that uses threads goroutines per operation
+// (0: one per core).
+func New(threads int) *Backend {
+	if threads <= 0 {
+		threads = runtime.GOMAXPROCS(0)
+	}
+	return &Backend{threads: threads}
+}
+
+var _ backend.Backend = (*Backend)(nil)
+
+// Name reports the backend and its thread count.
+func (b *Backend) Name() string { return fmt.Sprintf("cpu (%d threads)", b.threads) }
+
+// Buffer is a CPU buffer: a float32 slice.
+type Buffer []float32
+
+// Len is the number of values.
+func (x Buffer) Len() int { return len(x) }
+
+// Data returns the host slice behind a buffer made by a CPU backend. It panics
+// on another backend's buffer: that is a programming error.
+func Data(b backend.Buffer) []float32 { return b.(Buffer) }
+
+// NewBuffer allocates n zeroed values.
+func (b *Backend) NewBuffer(n int) backend.Buffer { return make(Buffer, n) }
+
+// View is b[off:off+n].
+func (b *Backend) View(x backend.Buffer, off, n int) backend.Buffer {
+	return x.(Buffer)[off : off+n : off+n]
+}
+
+// Write copies src into x at off.
+func (b *Backend) Write(x backend.Buffer, off int, src []float32) { copy(x.(Buffer)[off:], src) }
+
+// Read copies from x at off into dst.
+func (b *Backend) Read(dst []float32, x backend.Buffer, off int) { copy(dst, x.(Buffer)[off:]) }
+
+// Sync is a no-op: CPU operations complete before they return.
+func (b *Backend) Sync() error { return nil }
+
+// Close is a no-op.
+func (b *Backend) Close() error { return nil }
+
+// parallel runs fn over [0, n) split into about b.threads chunks of at least
+// grain items each.
+func (b *Backend) parallel(n, grain int, fn func(lo, hi int)) {
+	chunks := min(b.threads, (n+grain-1)/max(grain, 1))
+	if chunks <= 1 {
+		fn(0, n)
+		return
+	}
+	var wg sync.WaitGroup
+	step := (n + chunks - 1) / chunks
+	for lo := 0; lo < n; lo += step {
+		hi := min(lo+step, n)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fn(lo, hi)
+		}()
+	}
+	wg.Wait()
+}
+
+// Weight is a weight on the CPU in its stored format.
+type Weight struct {
+	rows, cols int
+	format     backend.Format
+	f32        []float32 // F32 (and F16, widened at upload)
+	bf16       []uint16  // BF16
+	q          *quant.NVFP4
+	bias       []float32
+}
+
+// Rows is the number of output features.
+func (w *Weight) Rows() int { return w.rows }
+
+// Cols is the number of input features.
+func (w *Weight) Cols() int { return w.cols }
+
+// Format is the storage format. F16 weights are widened to f32 at upload.
+func (w *Weight) Format() backend.Format { return w.format }
+
+// Upload wraps a host weight. F32 and BF16 data are used in place when aligned
+// (the checkpoint's memory map, never written); F16 is widened to f32.
+func (b *Backend) Upload(h *backend.HostWeight) (backend.Weight, error) {
+	if err := h.Validate(); err != nil {
+		return nil, err
+	}
+	w := &Weight{rows: h.Rows, cols: h.Cols, format: h.Format, bias: h.Bias}
+	n := h.Rows * h.Cols
+	switch h.Format {
+	case backend.F32:
+		if uintptr(unsafe.Pointer(&h.Data[0]))%4 == 0 {
+			w.f32 = unsafe.Slice((*float32)(unsafe.Pointer(&h.Data[0])), n)
+		} else {
+			w.f32 = make([]float32, n)
+			for i := range w.f32 {
+				w.f32[i] = math.Float32frombits(binary.LittleEndian.Uint32(h.Data[4*i:]))
+			}
+		}
+	case backend.F16:
+		w.f32 = make([]float32, n)
+		quant.DecodeF16(w.f32, h.Data)
+		w.format = backend.F32
+	case backend.BF16:
+		if uintptr(unsafe.Pointer(&h.Data[0]))%2 == 0 {
+			w.bf16 = unsafe.Slice((*uint16)(unsafe.Pointer(&h.Data[0])), n)
+		} else {
+			w.bf16 = make([]uint16, n)
+			for i := range w.bf16 {
+				w.bf16[i] = uint16(h.Data[2*i]) | uint16(h.Data[2*i+1])<<8
+			}
+		}
+	case backend.NVFP4:
+		w.q = h.Q
+	}
+	return w, nil
+}
+
+// Embed gathers rows of the table as float32.
+func (b *Backend) Embed(dst backend.Buffer, table backend.Weight, ids []int32) {
+	t := table.(*Weight)
+	out := dst.(Buffer)
+	n := t.cols
+	for i, id := range ids {
+		row := out[i*n : (i+1)*n]
+		switch {
+		case t.f32 != nil:
+			copy(row, t.f32[int(id)*n:])
+		case t.bf16 != nil:
+			src := t.bf16[int(id)*n : (int(id)+1)*n]
+			for j, v := range src {
+				row[j] = quant.BF16ToFloat32(v)
+			}
+		default:
+			dequantizeRow(row, t.q, int(id))
+		}
+	}
+}
+
+// MatMul computes dst[m, rows] = x[m, cols] · wᵀ (+ bias), parallel over
+// output features.
+func (b *Backend) MatMul(dst, x backend.Buffer, wt backend.Weight, m int) {
+	w := wt.(*Weight)
+	out, in := dst.(Buffer), x.(Buffer)
+	K, N := w.cols, w.rows
+	grain := max(1, (1<<16)/K) // at least ~64k weights per goroutine
+	b.parallel(N, grain, func(lo, hi int) {
+		switch {
+		case w.f32 != nil:
+			matmulF32(out, in, w.f32, m, K, N, lo, hi)
+		case w.bf16 != nil:
+			matmulBF16(out, in, w.bf16, m, K, N, lo, hi)
+		default:
+			if m == 1 {
+				w.q.MatVecRows(out[:N], in[:K], lo, hi)
+			} else {
+				w.q.MatMulRows(out, in, m, lo, hi)
+			}
+		}
+		if w.bias != nil {
+			for i := 0; i < m; i++ {
+				o := out[i*N : (i+1)*N]
+				for r := lo; r < hi; r++ {
+					o[r] += w.bias[r]
+				}
+			}
+		}
+	})
+}
+
+// RMSNorm normalizes rows of weight.Len() values.
+func (b *Backend) RMSNorm(dst, x, weight backend.Buffer, eps float32) {
+	d, xs, w := dst.(Buffer), x.(Buffer), weight.(Buffer)
+	n := len(w)
+	rows := len(xs) / n
+	b.parallel(rows, max(1, 4096/n), func(lo, hi int) {
+		layers.RMSNorm(d[lo*n:hi*n], xs[lo*n:hi*n], w, eps)
+	})
+}
+
+// RoPE rotates in place.
+func (b *Backend) RoPE(x backend.Buffer, rows, heads, stride, off, pos0 int, r *layers.RoPE, inverse bool) {
+	xs := x.(Buffer)
+	rowLen := heads * stride
+	b.parallel(rows, 8, func(lo, hi int) {
+		layers.ApplyRoPE(xs[lo*rowLen:hi*rowLen], hi-lo, heads, stride, off, pos0+lo, r, inverse)
+	})
+}
+
+// SwiGLU computes silu(gate)*up.
+func (b *Backend) SwiGLU(dst, gate, up backend.Buffer, limit float32) {
+	d, g, u := dst.(Buffer), gate.(Buffer), up.(Buffer)
+	b.parallel(len(d), 1<<14, func(lo, hi int) { layers.SwiGLU(d[lo:hi], g[lo:hi], u[lo:hi], limit) })
+}
+
+// Add computes a + b.
+func (b *Backend) Add(dst, x, y backend.Buffer) {
+	d, xs, ys := dst.(Buffer), x.(Buffer), y.(Buffer)
+	for i := range d {
+		d[i] = xs[i] + ys[i]
+	}
+}
+
+// Scale computes a * s.
+func (b *Backend) Scale(dst, x backend.Buffer, s float32) {
+	d, xs := dst.(Buffer), x.(Buffer)
+	for i := range d {
+		d[i] = xs[i] * s
+	}
+}
+
+// Copy copies src into dst.
+func (b *Backend) Copy(dst, src backend.Buffer) { copy(dst.(Buffer), src.(Buffer)) }
+
+// dequantizeRow decodes row r of an NVFP4 matrix (element 2i in the low nibble
+// of byte i, as ModelOpt packs them).
+func dequantizeRow(dst []float32, q *quant.NVFP4, r int) {
+	K := q.Cols
+	packed := q.Packed[r*K/2 : (r+1)*K/2]
+	scales := q.Scales[r*K/16 : (r+1)*K/16]
+	for j := 0; j < K; j++ {
+		c := packed[j/2] >> (4 * (j & 1))
+		dst[j] = quant.E2M1ToFloat32(c&0xf) * quant.E4M3ToFloat32(scales[j/16]) * q.GlobalScale
+	}
+}

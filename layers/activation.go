@@ -1,0 +1,43 @@
+package layers
+
+import "math"
+
+// SiLU is x * sigmoid(x).
+func SiLU(x float32) float32 {
+	return x / (1 + float32(math.Exp(float64(-x))))
+}
+
+// SwiGLU writes silu(gate[i]) * up[i] into dst. When limit > 0 the inputs are
+// clamped first as DeepSeek-V4's swiglu_limit does: gate to at most limit, up
+// to [-limit, limit].
+func SwiGLU(dst, gate, up []float32, limit float32) {
+	for i := range dst {
+		g, u := gate[i], up[i]
+		if limit > 0 {
+			g = min(g, limit)
+			u = max(min(u, limit), -limit)
+		}
+		dst[i] = SiLU(g) * u
+	}
+}
+
+// Softmax replaces x by its softmax, computed stably in float64.
+func Softmax(x []float32) {
+	if len(x) == 0 {
+		return
+	}
+	m := x[0]
+	for _, v := range x[1:] {
+		m = max(m, v)
+	}
+	var sum float64
+	for i, v := range x {
+		e := math.Exp(float64(v - m))
+		x[i] = float32(e)
+		sum += e
+	}
+	inv := 1 / sum
+	for i := range x {
+		x[i] = float32(float64(x[i]) * inv)
+	}
+}

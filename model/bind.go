@@ -1,0 +1,183 @@
+package model
+
+import (
+	"fmt"
+	"reflect"
+	"strconv"
+	"strings"
+
+	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/weights"
+)
+
+// Loader moves checkpoint tensors onto a backend.
+type Loader struct {
+	b  backend.Backend
+	ck *weights.Checkpoint
+}
+
+// NewLoader returns a loader reading ck onto b.
+func NewLoader(b backend.Backend, ck *weights.Checkpoint) *Loader { return &Loader{b: b, ck: ck} }
+
+// Checkpoint is the checkpoint being read.
+func (l *Loader) Checkpoint() *weights.Checkpoint { return l.ck }
+
+// Has reports whether the checkpoint holds a tensor.
+func (l *Loader) Has(name string) bool { return l.ck.Has(name) }
+
+// Float32 reads a tensor of any float dtype as float32, checking its shape.
+// A shape entry of -1 matches any size.
+func (l *Loader) Float32(name string, shape ...int) ([]float32, error) {
+	t, err := l.ck.Tensor(name)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkShape(t, shape); err != nil {
+		return nil, err
+	}
+	return t.Float32()
+}
+
+// Vector reads a tensor as a float32 buffer on the backend.
+func (l *Loader) Vector(name string, shape ...int) (backend.Buffer, error) {
+	v, err := l.Float32(name, shape...)
+	if err != nil {
+		return nil, err
+	}
+	buf := l.b.NewBuffer(len(v))
+	l.b.Write(buf, 0, v)
+	return buf, nil
+}
+
+// Linear uploads the linear layer module (module.weight, and module.bias when
+// present) as a [rows, cols] weight in its stored format.
+func (l *Loader) Linear(module string, rows, cols int) (backend.Weight, error) {
+	return l.matrix(module, module+".weight", rows, cols)
+}
+
+// Matrix uploads a 2-D tensor named in full (an embedding table, say).
+func (l *Loader) Matrix(name string, rows, cols int) (backend.Weight, error) {
+	return l.matrix("", name, rows, cols)
+}
+
+func (l *Loader) matrix(module, name string, rows, cols int) (backend.Weight, error) {
+	if module != "" && l.ck.Has(module+".weight_scale") {
+		return nil, fmt.Errorf("model: %s: NVFP4 weights are not supported by this build", module)
+	}
+	t, err := l.ck.Tensor(name)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkShape(t, []int{rows, cols}); err != nil {
+		return nil, err
+	}
+	h := &backend.HostWeight{Name: name, Rows: rows, Cols: cols, Data: t.Data}
+	switch t.DType {
+	case weights.F32:
+		h.Format = backend.F32
+	case weights.BF16:
+		h.Format = backend.BF16
+	case weights.F16:
+		h.Format = backend.F16
+	default:
+		return nil, fmt.Errorf("model: %s (%s): tensor %q has dtype %s; linear weights must be F32, BF16 or F16 (or NVFP4)",
+			l.ck.Dir(), t.File, name, t.DType)
+	}
+	if module != "" && l.ck.Has(module+".bias") {
+		if h.Bias, err = l.Float32(module+".bias", rows); err != nil {
+			return nil, err
+		}
+	}
+	return l.b.Upload(h)
+}
+
+func checkShape(t *weights.Tensor, want []int) error {
+	if want == nil {
+		return nil
+	}
+	ok := len(t.Shape) == len(want)
+	for i := 0; ok && i < len(want); i++ {
+		ok = want[i] < 0 || t.Shape[i] == want[i]
+	}
+	if !ok {
+		return fmt.Errorf("model: %s: tensor %q has shape %v, the config implies %v", t.File, t.Name, t.Shape, want)
+	}
+	return nil
+}
+
+// Bind fills the exported fields of the struct *dst from tensors named
+// prefix + the field's `w` tag. The `shape` tag gives the expected shape as
+// comma-separated names looked up in dims (or integers). Fields of type
+// backend.Weight are linear layers (the tag names the module; its .weight and
+// optional .bias are read); fields of type backend.Buffer are vectors read as
+// float32. A tag ending in ",optional" leaves the field nil when the tensor
+// is absent.
+//
+//	type block struct {
+//		Norm backend.Buffer `w:"input_layernorm.weight" shape:"hidden"`
+//		Q    backend.Weight `w:"self_attn.q_proj" shape:"q,hidden"`
+//	}
+func (l *Loader) Bind(prefix string, dst any, dims map[string]int) error {
+	v := reflect.ValueOf(dst).Elem()
+	t := v.Type()
+	weightT := reflect.TypeFor[backend.Weight]()
+	bufferT := reflect.TypeFor[backend.Buffer]()
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		tag, ok := f.Tag.Lookup("w")
+		if !ok {
+			continue
+		}
+		name, optional := strings.CutSuffix(tag, ",optional")
+		name = prefix + name
+		shape, err := parseShape(f.Tag.Get("shape"), dims)
+		if err != nil {
+			return fmt.Errorf("model: binding %s: %w", name, err)
+		}
+		switch f.Type {
+		case weightT:
+			if optional && !l.ck.Has(name+".weight") {
+				continue
+			}
+			if len(shape) != 2 {
+				return fmt.Errorf("model: binding %s: a weight needs a 2-D shape tag", name)
+			}
+			w, err := l.Linear(name, shape[0], shape[1])
+			if err != nil {
+				return err
+			}
+			v.Field(i).Set(reflect.ValueOf(w))
+		case bufferT:
+			if optional && !l.ck.Has(name) {
+				continue
+			}
+			b, err := l.Vector(name, shape...)
+			if err != nil {
+				return err
+			}
+			v.Field(i).Set(reflect.ValueOf(b))
+		default:
+			return fmt.Errorf("model: binding %s: field %s has type %s, want backend.Weight or backend.Buffer", name, f.Name, f.Type)
+		}
+	}
+	return nil
+}
+
+func parseShape(tag string, dims map[string]int) ([]int, error) {
+	if tag == "" {
+		return nil, nil
+	}
+	var shape []int
+	for _, d := range strings.Split(tag, ",") {
+		if n, err := strconv.Atoi(d); err == nil {
+			shape = append(shape, n)
+			continue
+		}
+		n, ok := dims[d]
+		if !ok {
+			return nil, fmt.Errorf("shape dimension %q is not defined", d)
+		}
+		shape = append(shape, n)
+	}
+	return shape, nil
+}

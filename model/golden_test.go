@@ -1,0 +1,160 @@
+package model
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/manifoldlm/manifold/backend/cpu"
+	"github.com/manifoldlm/manifold/internal/golden"
+	"github.com/manifoldlm/manifold/weights"
+)
+
+const goldenTol = 1e-3 // the fixtures' README: max |logit - golden| on the float32 CPU path
+
+// TestGolden runs every fixture model whose architecture this package
+// supports, in f32 and bf16: full-sequence logits, incremental logits through
+// the KV cache, and greedy generation, against HuggingFace transformers.
+func TestGolden(t *testing.T) {
+	root := golden.Dir(t)
+	for _, arch := range golden.Models(t) {
+		for _, variant := range []string{"", "bf16"} {
+			dir := filepath.Join(root, arch, variant)
+			if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
+				continue
+			}
+			if !slices.Contains(Supported(), modelType(t, dir)) {
+				t.Logf("%s: architecture %q not supported yet, skipped", dir, modelType(t, dir))
+				continue
+			}
+			t.Run(filepath.Join(arch, variant+"."), func(t *testing.T) {
+				t.Parallel()
+				testGoldenModel(t, dir)
+			})
+		}
+	}
+}
+
+func modelType(t *testing.T, dir string) string {
+	data, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c struct {
+		ModelType string `json:"model_type"`
+	}
+	if err := json.Unmarshal(data, &c); err != nil {
+		t.Fatal(err)
+	}
+	return c.ModelType
+}
+
+func loadTestModel(t testing.TB, dir string) Model {
+	t.Helper()
+	cfg, err := LoadConfig(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, err := weights.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ck.Close() })
+	m, err := New(cpu.New(0), cfg, ck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func maxAbsDiff(a, b []float32) float64 {
+	var d float64
+	for i := range a {
+		d = max(d, math.Abs(float64(a[i])-float64(b[i])))
+	}
+	return d
+}
+
+func argmax(x []float32) int32 {
+	best := 0
+	for i, v := range x {
+		if v > x[best] {
+			best = i
+		}
+	}
+	return int32(best)
+}
+
+func testGoldenModel(t *testing.T, dir string) {
+	ref := golden.Load(t, dir)
+	m := loadTestModel(t, dir)
+	ctx := context.Background()
+	T, V := len(ref.InputIDs), ref.Vocab
+	if V != m.Config().VocabSize {
+		t.Fatalf("golden vocab %d, config %d", V, m.Config().VocabSize)
+	}
+
+	st, err := m.NewState(T)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, err := m.Forward(ctx, st, ref.InputIDs, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := maxAbsDiff(full, ref.LogitsFull); d > goldenTol {
+		t.Errorf("logits_full: max |diff| %.3g > %g", d, goldenTol)
+	} else {
+		t.Logf("logits_full: max |diff| %.3g", d)
+	}
+
+	if ref.LogitsIncremental != nil {
+		P := T - ref.IncrementalRows + 1
+		st, _ := m.NewState(T)
+		got := make([]float32, 0, ref.IncrementalRows*V)
+		last, err := m.Forward(ctx, st, ref.InputIDs[:P], false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, last...)
+		for p := P; p < T; p++ {
+			if last, err = m.Forward(ctx, st, ref.InputIDs[p:p+1], false); err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, last...)
+		}
+		if d := maxAbsDiff(got, ref.LogitsIncremental); d > goldenTol {
+			t.Errorf("logits_incremental: max |diff| %.3g > %g", d, goldenTol)
+		} else {
+			t.Logf("logits_incremental (P=%d): max |diff| %.3g", P, d)
+		}
+	}
+
+	if ref.GreedyTokens != nil {
+		const promptLen = 20 // the fixtures' README: greedy from input_ids[:20]
+		n := len(ref.GreedyTokens)
+		st, _ := m.NewState(promptLen + n)
+		logits, err := m.Forward(ctx, st, ref.InputIDs[:promptLen], false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []int32
+		for len(got) < n {
+			tok := argmax(logits)
+			got = append(got, tok)
+			if len(got) == n {
+				break
+			}
+			if logits, err = m.Forward(ctx, st, []int32{tok}, false); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if !slices.Equal(got, ref.GreedyTokens) {
+			t.Errorf("greedy tokens:\n got %v\nwant %v", got, ref.GreedyTokens)
+		}
+	}
+}

@@ -1,0 +1,197 @@
+package model
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/layers"
+)
+
+// Llama is the Llama decoder (and, with per-head q/k norms, Qwen3's): token
+// embedding, N blocks of pre-norm grouped-query attention with RoPE and a
+// pre-norm SwiGLU MLP, a final RMSNorm and the LM head.
+type Llama struct {
+	b      backend.Backend
+	cfg    *Config
+	rope   *layers.RoPE
+	attn   []layers.AttentionShape // per layer (sliding windows differ)
+	Embed  backend.Weight          // [vocab, hidden]
+	Norm   backend.Buffer          // final norm
+	LMHead backend.Weight          // [vocab, hidden]; the embedding when tied
+	Blocks []llamaBlock
+}
+
+type llamaBlock struct {
+	AttnNorm backend.Buffer `w:"input_layernorm.weight" shape:"hidden"`
+	Q        backend.Weight `w:"self_attn.q_proj" shape:"q,hidden"`
+	K        backend.Weight `w:"self_attn.k_proj" shape:"kv,hidden"`
+	V        backend.Weight `w:"self_attn.v_proj" shape:"kv,hidden"`
+	O        backend.Weight `w:"self_attn.o_proj" shape:"hidden,q"`
+	QNorm    backend.Buffer `w:"self_attn.q_norm.weight,optional" shape:"head_dim"` // Qwen3
+	KNorm    backend.Buffer `w:"self_attn.k_norm.weight,optional" shape:"head_dim"` // Qwen3
+	MLPNorm  backend.Buffer `w:"post_attention_layernorm.weight" shape:"hidden"`
+	Gate     backend.Weight `w:"mlp.gate_proj" shape:"ffn,hidden"`
+	Up       backend.Weight `w:"mlp.up_proj" shape:"ffn,hidden"`
+	Down     backend.Weight `w:"mlp.down_proj" shape:"hidden,ffn"`
+}
+
+func newLlama(b backend.Backend, cfg *Config, l *Loader) (Model, error) {
+	return loadLlama(b, cfg, l, false)
+}
+
+func loadLlama(b backend.Backend, cfg *Config, l *Loader, qkNorm bool) (*Llama, error) {
+	if cfg.HiddenAct != "" && cfg.HiddenAct != "silu" {
+		return nil, configErr(cfg.Path, "hidden_act", "%q is not supported (silu only)", cfg.HiddenAct)
+	}
+	if cfg.IntermediateSize <= 0 {
+		return nil, configErr(cfg.Path, "intermediate_size", "must be positive, got %d", cfg.IntermediateSize)
+	}
+	rope, err := cfg.NewRoPE(cfg.RoPE, cfg.HeadDim)
+	if err != nil {
+		return nil, err
+	}
+	m := &Llama{b: b, cfg: cfg, rope: rope, Blocks: make([]llamaBlock, cfg.NumLayers)}
+	dims := map[string]int{
+		"hidden":   cfg.HiddenSize,
+		"q":        cfg.NumHeads * cfg.HeadDim,
+		"kv":       cfg.NumKVHeads * cfg.HeadDim,
+		"head_dim": cfg.HeadDim,
+		"ffn":      cfg.IntermediateSize,
+	}
+	if m.Embed, err = l.Matrix("model.embed_tokens.weight", cfg.VocabSize, cfg.HiddenSize); err != nil {
+		return nil, err
+	}
+	if m.Norm, err = l.Vector("model.norm.weight", cfg.HiddenSize); err != nil {
+		return nil, err
+	}
+	m.LMHead = m.Embed
+	if !cfg.TieWordEmbeddings || l.Has("lm_head.weight") {
+		if m.LMHead, err = l.Linear("lm_head", cfg.VocabSize, cfg.HiddenSize); err != nil {
+			return nil, err
+		}
+	}
+	for i := range m.Blocks {
+		blk := &m.Blocks[i]
+		if err := l.Bind(fmt.Sprintf("model.layers.%d.", i), blk, dims); err != nil {
+			return nil, err
+		}
+		if qkNorm && (blk.QNorm == nil || blk.KNorm == nil) {
+			return nil, fmt.Errorf("model: %s: layer %d lacks self_attn.q_norm/k_norm weights", cfg.ModelType, i)
+		}
+		s := layers.AttentionShape{Heads: cfg.NumHeads, KVHeads: cfg.NumKVHeads, HeadDim: cfg.HeadDim,
+			Scale: float32(1 / math.Sqrt(float64(cfg.HeadDim)))}
+		if cfg.UseSlidingWindow && cfg.SlidingWindow > 0 && len(cfg.LayerTypes) > i && cfg.LayerTypes[i] == "sliding_attention" {
+			s.Window = cfg.SlidingWindow
+		}
+		m.attn = append(m.attn, s)
+	}
+	return m, nil
+}
+
+// Config is the model's config.
+func (m *Llama) Config() *Config { return m.cfg }
+
+// llamaState is one sequence: the KV cache and activation scratch.
+type llamaState struct {
+	cache                        backend.KVCache
+	rows                         int // rows the scratch buffers hold
+	x, h, q, k, v, att, gate, up backend.Buffer
+	logits                       backend.Buffer
+}
+
+func (s *llamaState) Len() int          { return s.cache.Len() }
+func (s *llamaState) Cap() int          { return s.cache.Cap() }
+func (s *llamaState) Truncate(n int)    { s.cache.Truncate(n) }
+func (s *llamaState) CacheBytes() int64 { return s.cache.Bytes() }
+func (s *llamaState) CacheBytesPerToken() int64 {
+	return s.cache.Bytes() / int64(s.cache.Cap())
+}
+
+// NewState allocates a KV cache for capacity positions.
+func (m *Llama) NewState(capacity int) (State, error) {
+	c := m.cfg
+	cache, err := m.b.NewKVCache(backend.KVShape{Layers: c.NumLayers, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim, Capacity: capacity})
+	if err != nil {
+		return nil, err
+	}
+	return &llamaState{cache: cache}, nil
+}
+
+// grow makes the scratch buffers hold n rows.
+func (m *Llama) grow(s *llamaState, n int) {
+	if s.rows >= n {
+		return
+	}
+	c, b := m.cfg, m.b
+	s.rows = n
+	s.x = b.NewBuffer(n * c.HiddenSize)
+	s.h = b.NewBuffer(n * c.HiddenSize)
+	s.q = b.NewBuffer(n * c.NumHeads * c.HeadDim)
+	s.att = b.NewBuffer(n * c.NumHeads * c.HeadDim)
+	s.k = b.NewBuffer(n * c.NumKVHeads * c.HeadDim)
+	s.v = b.NewBuffer(n * c.NumKVHeads * c.HeadDim)
+	s.gate = b.NewBuffer(n * c.IntermediateSize)
+	s.up = b.NewBuffer(n * c.IntermediateSize)
+	s.logits = b.NewBuffer(n * c.VocabSize)
+}
+
+// Forward runs the decoder over tokens.
+func (m *Llama) Forward(ctx context.Context, st State, tokens []int32, all bool) ([]float32, error) {
+	s, ok := st.(*llamaState)
+	if !ok {
+		return nil, fmt.Errorf("model: state of type %T is not a %s state", st, m.cfg.ModelType)
+	}
+	if err := checkForward(m.cfg, st, tokens); err != nil {
+		return nil, err
+	}
+	c, b := m.cfg, m.b
+	n, pos0, H := len(tokens), s.cache.Len(), c.HiddenSize
+	m.grow(s, n)
+	view := func(buf backend.Buffer, width int) backend.Buffer { return b.View(buf, 0, n*width) }
+	x, h := view(s.x, H), view(s.h, H)
+	q, att := view(s.q, c.NumHeads*c.HeadDim), view(s.att, c.NumHeads*c.HeadDim)
+	k, v := view(s.k, c.NumKVHeads*c.HeadDim), view(s.v, c.NumKVHeads*c.HeadDim)
+	gate, up := view(s.gate, c.IntermediateSize), view(s.up, c.IntermediateSize)
+
+	b.Embed(x, m.Embed, tokens)
+	for l := range m.Blocks {
+		if err := ctx.Err(); err != nil {
+			s.cache.Truncate(pos0)
+			return nil, err
+		}
+		blk := &m.Blocks[l]
+		// Attention: x += O · attn(RoPE(Q·norm(x)), RoPE(K·norm(x)), V·norm(x)).
+		b.RMSNorm(h, x, blk.AttnNorm, c.RMSNormEps)
+		b.MatMul(q, h, blk.Q, n)
+		b.MatMul(k, h, blk.K, n)
+		b.MatMul(v, h, blk.V, n)
+		if blk.QNorm != nil {
+			b.RMSNorm(q, q, blk.QNorm, c.RMSNormEps)
+			b.RMSNorm(k, k, blk.KNorm, c.RMSNormEps)
+		}
+		b.RoPE(q, n, c.NumHeads, c.HeadDim, 0, pos0, m.rope, false)
+		b.RoPE(k, n, c.NumKVHeads, c.HeadDim, 0, pos0, m.rope, false)
+		b.Attention(att, q, k, v, s.cache, l, pos0, n, m.attn[l])
+		b.MatMul(h, att, blk.O, n)
+		b.Add(x, x, h)
+		// MLP: x += Down · (silu(Gate·norm(x)) * Up·norm(x)).
+		b.RMSNorm(h, x, blk.MLPNorm, c.RMSNormEps)
+		b.MatMul(gate, h, blk.Gate, n)
+		b.MatMul(up, h, blk.Up, n)
+		b.SwiGLU(gate, gate, up, 0)
+		b.MatMul(h, gate, blk.Down, n)
+		b.Add(x, x, h)
+	}
+	rows := n
+	if !all {
+		rows, x, h = 1, b.View(x, (n-1)*H, H), b.View(h, (n-1)*H, H)
+	}
+	b.RMSNorm(h, x, m.Norm, c.RMSNormEps)
+	logits := b.View(s.logits, 0, rows*c.VocabSize)
+	b.MatMul(logits, h, m.LMHead, rows)
+	out := make([]float32, rows*c.VocabSize)
+	b.Read(out, logits, 0)
+	return out, b.Sync()
+}

@@ -1,0 +1,72 @@
+package model
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/weights"
+)
+
+// Model is a loaded architecture: weights on a backend and a forward pass.
+// A Model is safe for concurrent use by several States.
+type Model interface {
+	// Config is the parsed config.json.
+	Config() *Config
+	// NewState allocates the per-sequence state (KV caches and scratch) for up
+	// to capacity positions.
+	NewState(capacity int) (State, error)
+	// Forward runs tokens at positions st.Len(), st.Len()+1, ... and appends
+	// them to the state. It returns the logits of every token ([len(tokens),
+	// vocab]) when all is set, else those of the last token only ([vocab]).
+	Forward(ctx context.Context, st State, tokens []int32, all bool) ([]float32, error)
+}
+
+// State is one sequence's cache on the backend. It is not safe for concurrent use.
+type State interface {
+	// Len is the number of positions processed.
+	Len() int
+	// Cap is the number of positions the state can hold.
+	Cap() int
+	// Truncate forgets every position from n on.
+	Truncate(n int)
+	// CacheBytes is the device memory held by the caches.
+	CacheBytes() int64
+	// CacheBytesPerToken is the cache memory each further position costs.
+	CacheBytesPerToken() int64
+}
+
+// constructor builds an architecture from its config and weights.
+type constructor func(b backend.Backend, cfg *Config, w *Loader) (Model, error)
+
+// architectures maps model_type to its constructor. It is fixed at compile
+// time and never modified.
+var architectures = map[string]constructor{
+	"llama": newLlama,
+	"qwen3": newQwen3,
+}
+
+// New builds the architecture named by cfg.ModelType from the checkpoint.
+func New(b backend.Backend, cfg *Config, ck *weights.Checkpoint) (Model, error) {
+	ctor, ok := architectures[cfg.ModelType]
+	if !ok {
+		return nil, fmt.Errorf("model: unknown architecture %q; supported: %v", cfg.ModelType, Supported())
+	}
+	return ctor(b, cfg, NewLoader(b, ck))
+}
+
+// checkRange reports tokens that are not in [0, vocab) and a state too small.
+func checkForward(cfg *Config, st State, tokens []int32) error {
+	if len(tokens) == 0 {
+		return fmt.Errorf("model: forward with no tokens")
+	}
+	for i, t := range tokens {
+		if t < 0 || int(t) >= cfg.VocabSize {
+			return fmt.Errorf("model: token %d at index %d is outside the vocabulary [0, %d)", t, i, cfg.VocabSize)
+		}
+	}
+	if st.Len()+len(tokens) > st.Cap() {
+		return fmt.Errorf("model: %d tokens after %d cached exceed the context of %d positions", len(tokens), st.Len(), st.Cap())
+	}
+	return nil
+}
