@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"sort"
 )
 
@@ -144,7 +145,12 @@ func byteSize(dt DType, shape []int) (int64, bool) {
 		if d < 0 {
 			return 0, false
 		}
-		if d != 0 && n > math.MaxInt64/int64(d) {
+	}
+	if slices.Contains(shape, 0) {
+		return 0, true
+	}
+	for _, d := range shape {
+		if n > math.MaxInt64/int64(d) {
 			return 0, false
 		}
 		n *= int64(d)
