@@ -1,0 +1,111 @@
+package dsa
+
+import "math"
+
+// Attend computes one query's attention over the selected keys only, with
+// per-head keys and values (the naive MLA path, keys and values expanded
+// from the latent):
+//
+//	out[h] = Σ_{t∈idx} softmax_t(scale · q[h]·K[t,h]) · V[t,h]
+//
+// q is [heads, dk] and out [heads, dv]. Token t's key for head h starts at
+// keys[t*kStride + h*dk], its value at values[t*vStride + h*dv]. idx lists the
+// selected tokens (non-empty); p is scratch of at least len(idx) values.
+func Attend(out, q, keys, values []float32, idx []int32, heads, dk, dv, kStride, vStride int, scale float32, p []float32) {
+	p = p[:len(idx)]
+	for h := range heads {
+		qh := q[h*dk : (h+1)*dk]
+		m := float32(math.Inf(-1))
+		for j, t := range idx {
+			k := keys[int(t)*kStride+h*dk:]
+			k = k[:dk]
+			var dot float32
+			for i, kv := range k {
+				dot += qh[i] * kv
+			}
+			p[j] = dot * scale
+			m = max(m, p[j])
+		}
+		normalize(p, m)
+		o := out[h*dv : (h+1)*dv]
+		clear(o)
+		for j, t := range idx {
+			v := values[int(t)*vStride+h*dv:]
+			v = v[:dv]
+			pj := p[j]
+			for i, vv := range v {
+				o[i] += pj * vv
+			}
+		}
+	}
+}
+
+// AttendLatent computes one query's attention over the selected tokens in
+// MLA's compressed space (the absorbed path): every head attends to the same
+// cached latent c[t] (rank channels) and rope key r[t] (ropeDim channels):
+//
+//	out[h] = Σ_{t∈idx} softmax_t(scale · (qLat[h]·c[t] + qRope[h]·r[t])) · c[t]
+//
+// qLat is [heads, rank] (the nope query with W_UK absorbed), qRope [heads,
+// ropeDim] and out [heads, rank] (W_UV is applied afterwards). Token t's
+// latent starts at latent[t*lStride], its rope key at rope[t*rStride]. idx
+// lists the selected tokens (non-empty); p is scratch of at least
+// heads*len(idx) values.
+func AttendLatent(out, qLat, qRope, latent, rope []float32, idx []int32, heads, rank, ropeDim, lStride, rStride int, scale float32, p []float32) {
+	n := len(idx)
+	p = p[:heads*n]
+	// Token-major loops: each cached row is read once for all heads.
+	for j, t := range idx {
+		c := latent[int(t)*lStride:]
+		c = c[:rank]
+		r := rope[int(t)*rStride:]
+		r = r[:ropeDim]
+		for h := range heads {
+			ql := qLat[h*rank : (h+1)*rank]
+			qr := qRope[h*ropeDim : (h+1)*ropeDim]
+			var dot float32
+			for i, cv := range c {
+				dot += ql[i] * cv
+			}
+			var dr float32
+			for i, rv := range r {
+				dr += qr[i] * rv
+			}
+			p[h*n+j] = (dot + dr) * scale
+		}
+	}
+	for h := range heads {
+		ph := p[h*n : (h+1)*n]
+		m := float32(math.Inf(-1))
+		for _, v := range ph {
+			m = max(m, v)
+		}
+		normalize(ph, m)
+	}
+	clear(out[:heads*rank])
+	for j, t := range idx {
+		c := latent[int(t)*lStride:]
+		c = c[:rank]
+		for h := range heads {
+			o := out[h*rank : (h+1)*rank]
+			pj := p[h*n+j]
+			for i, cv := range c {
+				o[i] += pj * cv
+			}
+		}
+	}
+}
+
+// normalize turns logits p (max m) into softmax probabilities in place.
+func normalize(p []float32, m float32) {
+	var sum float64
+	for j, v := range p {
+		e := float32(math.Exp(float64(v - m)))
+		p[j] = e
+		sum += float64(e)
+	}
+	inv := float32(1 / sum)
+	for j := range p {
+		p[j] *= inv
+	}
+}
