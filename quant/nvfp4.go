@@ -127,6 +127,15 @@ func (m *NVFP4) Validate() error {
 
 func isFinite(f float32) bool { return !math.IsNaN(float64(f)) && !math.IsInf(float64(f), 0) }
 
+// Clone returns a deep copy of m (for example to keep a matrix loaded from a
+// memory-mapped checkpoint after the checkpoint is closed).
+func (m *NVFP4) Clone() *NVFP4 {
+	c := *m
+	c.Packed = append([]byte(nil), m.Packed...)
+	c.Scales = append([]byte(nil), m.Scales...)
+	return &c
+}
+
 // Bytes returns the storage size of the packed values and block scales.
 func (m *NVFP4) Bytes() int { return len(m.Packed) + len(m.Scales) }
 
