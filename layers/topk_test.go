@@ -1,4 +1,4 @@
-package dsa
+package layers
 
 import (
 	"bufio"
