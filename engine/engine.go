@@ -1,0 +1,137 @@
+// Package engine is Manifold's public API: load a model folder, open sessions
+// that hold a KV cache, and generate tokens with sampling, stop conditions,
+// streaming and cancellation.
+//
+// A Model is safe for concurrent use: each Session owns its cache and
+// scratch memory, and sessions of one model share the weights. A Session is
+// not safe for concurrent use.
+//
+// The engine owns the choice of backend, sessions and sampling; the forward
+// passes belong to package model and the kernels to the backends.
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/backend/cpu"
+	"github.com/manifoldlm/manifold/model"
+	"github.com/manifoldlm/manifold/weights"
+)
+
+// Options configure Load. The zero value loads on the best available device
+// with every core and the model's full context (capped at DefaultContext).
+type Options struct {
+	// Device is "auto" (the default), "cpu" or "cuda".
+	Device string
+	// Threads is the number of CPU threads (0: one per core).
+	Threads int
+	// ContextLength is the default number of positions a session holds
+	// (0: the model's max_position_embeddings, at most DefaultContext).
+	ContextLength int
+}
+
+// DefaultContext caps the default session length, so that a model with a
+// long max_position_embeddings does not allocate a huge cache by default.
+const DefaultContext = 4096
+
+// Model is a loaded model.
+type Model struct {
+	dir      string
+	cfg      *model.Config
+	gen      *model.GenerationConfig
+	ck       *weights.Checkpoint
+	backend  backend.Backend
+	net      model.Model
+	ctxLen   int
+	loadTime time.Duration
+}
+
+// ErrDevice is returned when the requested device cannot be used.
+var ErrDevice = errors.New("device not available")
+
+// Load reads the model folder dir (config.json, generation_config.json and a
+// safetensors checkpoint, single or sharded) onto the device opts ask for.
+func Load(dir string, opts Options) (*Model, error) {
+	start := time.Now()
+	if fi, err := os.Stat(dir); err != nil {
+		return nil, fmt.Errorf("engine: model folder: %w", err)
+	} else if !fi.IsDir() {
+		return nil, fmt.Errorf("engine: model path %s is not a folder", dir)
+	}
+	cfg, err := model.LoadConfig(dir)
+	if err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	gen, err := model.LoadGenerationConfig(dir)
+	if err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	b, err := newBackend(opts)
+	if err != nil {
+		return nil, err
+	}
+	ck, err := weights.Open(dir)
+	if err != nil {
+		b.Close()
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	net, err := model.New(b, cfg, ck)
+	if err != nil {
+		ck.Close()
+		b.Close()
+		return nil, fmt.Errorf("engine: loading %s: %w", filepath.Base(dir), err)
+	}
+	ctxLen := opts.ContextLength
+	if ctxLen <= 0 {
+		ctxLen = cfg.MaxPositionEmbeddings
+		if ctxLen <= 0 || ctxLen > DefaultContext {
+			ctxLen = DefaultContext
+		}
+	}
+	return &Model{dir: dir, cfg: cfg, gen: gen, ck: ck, backend: b, net: net, ctxLen: ctxLen,
+		loadTime: time.Since(start)}, nil
+}
+
+func newBackend(opts Options) (backend.Backend, error) {
+	switch opts.Device {
+	case "", "auto", "cpu":
+		return cpu.New(opts.Threads), nil
+	case "cuda":
+		return nil, fmt.Errorf("engine: device %q: %w: this build has no CUDA backend yet", opts.Device, ErrDevice)
+	}
+	return nil, fmt.Errorf("engine: device %q: %w: want auto, cpu or cuda", opts.Device, ErrDevice)
+}
+
+// Config is the model's config.json.
+func (m *Model) Config() *model.Config { return m.cfg }
+
+// GenerationConfig is the model's generation_config.json (zero if absent).
+func (m *Model) GenerationConfig() *model.GenerationConfig { return m.gen }
+
+// Device describes the backend the model runs on, e.g. "cpu (16 threads)".
+func (m *Model) Device() string { return m.backend.Name() }
+
+// LoadTime is how long Load took.
+func (m *Model) LoadTime() time.Duration { return m.loadTime }
+
+// ContextLength is the default number of positions of a new session.
+func (m *Model) ContextLength() int { return m.ctxLen }
+
+// Close releases the weights and the device. Sessions must not be used after.
+func (m *Model) Close() error {
+	return errors.Join(m.ck.Close(), m.backend.Close())
+}
+
+// EOSTokens are the model's end-of-sequence ids (generation_config.json,
+// else config.json).
+func (m *Model) EOSTokens() []int {
+	if len(m.gen.EOSTokenIDs) > 0 {
+		return m.gen.EOSTokenIDs
+	}
+	return m.cfg.EOSTokenIDs
+}

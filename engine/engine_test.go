@@ -1,0 +1,202 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"math"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/manifoldlm/manifold/internal/golden"
+	"github.com/manifoldlm/manifold/internal/testmodel"
+	"github.com/manifoldlm/manifold/weights"
+)
+
+func loadGolden(t testing.TB, arch string) (*Model, *golden.Reference) {
+	t.Helper()
+	dir := filepath.Join(golden.Dir(t), arch)
+	m, err := Load(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m, golden.Load(t, dir)
+}
+
+func ints(v []int32) []int {
+	out := make([]int, len(v))
+	for i, x := range v {
+		out[i] = int(x)
+	}
+	return out
+}
+
+func TestGreedyMatchesGolden(t *testing.T) {
+	for _, arch := range []string{"llama", "qwen3"} {
+		t.Run(arch, func(t *testing.T) {
+			m, ref := loadGolden(t, arch)
+			s, err := m.NewSession(0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var streamed []int
+			res, err := s.Generate(context.Background(), ints(ref.InputIDs[:20]),
+				GenerateOptions{MaxTokens: len(ref.GreedyTokens), StopTokens: []int{}},
+				func(tok Token) error { streamed = append(streamed, tok.ID); return nil })
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(res.Tokens, ints(ref.GreedyTokens)) || !slices.Equal(streamed, res.Tokens) {
+				t.Fatalf("greedy:\n got %v (streamed %v)\nwant %v", res.Tokens, streamed, ref.GreedyTokens)
+			}
+			if res.Reason != StopMaxTokens {
+				t.Errorf("reason %q", res.Reason)
+			}
+			// The session continues where it stopped: the same as one long greedy run.
+			more, err := s.Generate(context.Background(), nil, GenerateOptions{MaxTokens: 3, StopTokens: []int{}}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s2, _ := m.NewSession(0)
+			all, _ := s2.Generate(context.Background(), ints(ref.InputIDs[:20]), GenerateOptions{MaxTokens: len(ref.GreedyTokens) + 3, StopTokens: []int{}}, nil)
+			if !slices.Equal(append(res.Tokens, more.Tokens...), all.Tokens) {
+				t.Errorf("continued generation %v + %v != %v", res.Tokens, more.Tokens, all.Tokens)
+			}
+		})
+	}
+}
+
+// TestConcurrentSessions runs sessions of one model in parallel (run with -race).
+func TestConcurrentSessions(t *testing.T) {
+	m, ref := loadGolden(t, "llama")
+	prompt := ints(ref.InputIDs[:20])
+	var wg sync.WaitGroup
+	results := make([][]int, 4)
+	errs := make([]error, 4)
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, err := m.NewSession(64)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			r, err := s.Generate(context.Background(), prompt, GenerateOptions{MaxTokens: 8, StopTokens: []int{},
+				Sampling: SamplingOptions{Temperature: 0.8, TopK: 40, TopP: 0.95, Seed: uint64(i % 2)}}, nil)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			results[i] = r.Tokens
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !slices.Equal(results[0], results[2]) || !slices.Equal(results[1], results[3]) {
+		t.Errorf("same seed, different tokens: %v", results)
+	}
+}
+
+func TestCancellation(t *testing.T) {
+	m, ref := loadGolden(t, "llama")
+	s, _ := m.NewSession(0)
+	ctx, cancel := context.WithCancel(context.Background())
+	n := 0
+	res, err := s.Generate(ctx, ints(ref.InputIDs[:10]), GenerateOptions{MaxTokens: 50}, func(Token) error {
+		if n++; n == 3 {
+			cancel()
+		}
+		return nil
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+	if len(res.Tokens) != 3 {
+		t.Errorf("%d tokens after cancel at the third", len(res.Tokens))
+	}
+	// A cancelled prefill leaves the session untouched.
+	before := s.Len()
+	if _, err := s.Append(ctx, ints(ref.InputIDs[:5])); !errors.Is(err, context.Canceled) || s.Len() != before {
+		t.Errorf("append after cancel: err %v, len %d -> %d", err, before, s.Len())
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	m, ref := loadGolden(t, "llama")
+	s, _ := m.NewSession(16)
+	ctx := context.Background()
+	if _, err := s.Generate(ctx, ints(ref.InputIDs[:17]), GenerateOptions{}, nil); !errors.Is(err, ErrContextFull) {
+		t.Errorf("prompt longer than context: %v", err)
+	}
+	if _, err := s.Append(ctx, []int{m.Config().VocabSize}); err == nil {
+		t.Error("token outside the vocabulary accepted")
+	}
+	res, err := s.Generate(ctx, ints(ref.InputIDs[:10]), GenerateOptions{StopTokens: []int{}}, nil)
+	if err != nil || res.Reason != StopContext || s.Len() != 16 {
+		t.Errorf("generation to a full context: %v, reason %q, len %d", err, res.Reason, s.Len())
+	}
+	if _, err := Load(t.TempDir(), Options{}); err == nil {
+		t.Error("empty folder loaded")
+	}
+	if _, err := Load(filepath.Join(golden.Dir(t), "llama"), Options{Device: "tpu"}); !errors.Is(err, ErrDevice) {
+		t.Errorf("unknown device: %v", err)
+	}
+}
+
+func TestSampler(t *testing.T) {
+	logits := func() []float32 { return []float32{1, 3, 2, 3, -1} }
+	if got := NewSampler(SamplingOptions{}).Sample(logits(), nil); got != 1 {
+		t.Errorf("greedy picked %d, want the first maximum 1", got)
+	}
+	if got := NewSampler(SamplingOptions{Temperature: 1, TopK: 1}).Sample(logits(), nil); got != 1 && got != 3 {
+		t.Errorf("top-k 1 picked %d", got)
+	}
+	// Repetition penalty 2 halves positive logits once per distinct token.
+	l := logits()
+	NewSampler(SamplingOptions{RepetitionPenalty: 2}).Sample(l, []int{1, 1, 4})
+	if !slices.Equal(l, []float32{1, 1.5, 2, 3, -2}) {
+		t.Errorf("penalized logits %v", l)
+	}
+	// Min-p 0.5 keeps only tokens at least half as likely as the best.
+	s := NewSampler(SamplingOptions{Temperature: 1, MinP: 0.5, Seed: 7})
+	for range 200 {
+		if id := s.Sample(logits(), nil); id != 1 && id != 3 {
+			t.Fatalf("min-p let token %d through", id)
+		}
+	}
+	// Top-p 0.5 over {0.5, 0.3, 0.2} keeps only the first.
+	p := []float32{float32(math.Log(0.5)), float32(math.Log(0.3)), float32(math.Log(0.2))}
+	s = NewSampler(SamplingOptions{Temperature: 1, TopP: 0.5, Seed: 1})
+	for range 100 {
+		if id := s.Sample(slices.Clone(p), nil); id != 0 {
+			t.Fatalf("top-p let token %d through", id)
+		}
+	}
+}
+
+func TestRandomModelLoads(t *testing.T) {
+	dir := t.TempDir()
+	spec := testmodel.Llama{Layers: 2, Hidden: 64, FFN: 96, Heads: 4, KVHeads: 2, Vocab: 100, DType: weights.BF16, Seed: 3}
+	if err := spec.Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	m, err := Load(dir, Options{ContextLength: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	s, _ := m.NewSession(0)
+	if res, err := s.Generate(context.Background(), []int{5, 6, 7}, GenerateOptions{MaxTokens: 4, StopTokens: []int{}}, nil); err != nil || len(res.Tokens) != 4 {
+		t.Fatalf("%v %v", res, err)
+	}
+	if got, want := s.CacheBytesPerToken(), int64(2*2*2*16*4); got != want {
+		t.Errorf("cache bytes per token %d, want %d", got, want)
+	}
+}

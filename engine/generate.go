@@ -1,0 +1,123 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// ErrContextFull is returned when tokens do not fit in a session.
+var ErrContextFull = errors.New("context full")
+
+// GenerateOptions control Generate.
+type GenerateOptions struct {
+	// MaxTokens bounds the generated tokens (0: until a stop token or the
+	// end of the context).
+	MaxTokens int
+	// Sampling chooses each token.
+	Sampling SamplingOptions
+	// StopTokens end generation (the stop token is reported and kept). Nil
+	// means the model's EOS tokens; an empty non-nil slice means none.
+	StopTokens []int
+}
+
+// Token is one generated token, as streamed.
+type Token struct {
+	ID    int
+	Index int // 0 for the first generated token
+}
+
+// StopReason says why generation ended.
+type StopReason string
+
+// The reasons Generate stops.
+const (
+	StopToken     StopReason = "stop token"
+	StopMaxTokens StopReason = "max tokens"
+	StopContext   StopReason = "context full"
+)
+
+// Result summarizes a Generate call.
+type Result struct {
+	Tokens         []int
+	Reason         StopReason
+	PromptTokens   int
+	PromptDuration time.Duration // the prefill
+	DecodeDuration time.Duration // from the first generated token to the last
+}
+
+// PromptTokensPerSecond is the prefill rate.
+func (r *Result) PromptTokensPerSecond() float64 {
+	return float64(r.PromptTokens) / r.PromptDuration.Seconds()
+}
+
+// DecodeTokensPerSecond is the rate of tokens after the first (each needs one
+// forward pass of one token).
+func (r *Result) DecodeTokensPerSecond() float64 {
+	if len(r.Tokens) < 2 || r.DecodeDuration <= 0 {
+		return 0
+	}
+	return float64(len(r.Tokens)-1) / r.DecodeDuration.Seconds()
+}
+
+// Generate appends prompt to the session and generates tokens after it,
+// calling stream (if not nil) with each token as soon as it is chosen. An
+// error from stream, or ctx's cancellation, stops generation and is
+// returned with the tokens generated so far. Generated tokens are part of the
+// session afterwards, so a later Generate continues the conversation.
+func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptions, stream func(Token) error) (*Result, error) {
+	if len(prompt) == 0 && len(s.tokens) == 0 {
+		return nil, fmt.Errorf("engine: generate: empty prompt")
+	}
+	if free := s.st.Cap() - len(s.tokens); len(prompt) > free {
+		return nil, fmt.Errorf("engine: prompt of %d tokens is longer than the %d free positions of the context (%d): %w",
+			len(prompt), free, s.st.Cap(), ErrContextFull)
+	}
+	stops := opts.StopTokens
+	if stops == nil {
+		stops = s.m.EOSTokens()
+	}
+	res := &Result{PromptTokens: len(prompt)}
+	start := time.Now()
+	logits, err := s.Append(ctx, prompt)
+	if err != nil {
+		return res, err
+	}
+	res.PromptDuration = time.Since(start)
+	sampler := NewSampler(opts.Sampling)
+	var first time.Time
+	for {
+		if len(s.tokens) >= s.st.Cap() {
+			res.Reason = StopContext // no position left for another token
+			return res, nil
+		}
+		tok := sampler.Sample(logits, s.tokens)
+		if len(res.Tokens) == 0 {
+			first = time.Now()
+		}
+		res.Tokens = append(res.Tokens, tok)
+		res.DecodeDuration = time.Since(first)
+		if stream != nil {
+			if err := stream(Token{ID: tok, Index: len(res.Tokens) - 1}); err != nil {
+				return res, err
+			}
+		}
+		switch {
+		case slices.Contains(stops, tok):
+			res.Reason = StopToken
+		case opts.MaxTokens > 0 && len(res.Tokens) >= opts.MaxTokens:
+			res.Reason = StopMaxTokens
+		}
+		if res.Reason != "" {
+			// Kept, not yet run: the next Append runs it first.
+			s.tokens = append(s.tokens, tok)
+			return res, nil
+		}
+		if logits, err = s.Append(ctx, []int{tok}); err != nil {
+			return res, err
+		}
+		res.DecodeDuration = time.Since(first)
+	}
+}

@@ -1,0 +1,149 @@
+package engine
+
+import (
+	"cmp"
+	"math"
+	"math/rand/v2"
+	"slices"
+)
+
+// SamplingOptions choose the next token from the logits, in transformers'
+// order: repetition penalty, temperature, top-k, top-p, min-p, then a draw.
+type SamplingOptions struct {
+	// Temperature divides the logits; 0 means greedy (argmax, first on ties).
+	Temperature float64
+	// TopK keeps the K most likely tokens (0: off).
+	TopK int
+	// TopP keeps the smallest set of most likely tokens whose probability
+	// reaches P (0 or 1: off).
+	TopP float64
+	// MinP drops tokens less likely than MinP times the most likely (0: off).
+	MinP float64
+	// RepetitionPenalty divides positive logits and multiplies negative ones
+	// of every token already in the sequence (0 or 1: off).
+	RepetitionPenalty float64
+	// Seed seeds the random draws: the same seed, options and model give the
+	// same tokens.
+	Seed uint64
+}
+
+// Sampler draws tokens. It is not safe for concurrent use.
+type Sampler struct {
+	opts SamplingOptions
+	rng  *rand.Rand
+	cand []candidate
+	seen []bool
+}
+
+type candidate struct {
+	id    int
+	logit float64
+}
+
+// NewSampler returns a sampler for opts.
+func NewSampler(opts SamplingOptions) *Sampler {
+	return &Sampler{opts: opts, rng: rand.New(rand.NewPCG(opts.Seed, 0x6d616e69666f6c64))}
+}
+
+// Sample picks the next token from logits (which it may modify) given the
+// tokens so far.
+func (s *Sampler) Sample(logits []float32, history []int) int {
+	o := s.opts
+	if o.RepetitionPenalty > 0 && o.RepetitionPenalty != 1 {
+		p := float32(o.RepetitionPenalty)
+		if len(s.seen) != len(logits) {
+			s.seen = make([]bool, len(logits))
+		}
+		for _, id := range history { // once per distinct id, as transformers' gather/scatter does
+			if id < 0 || id >= len(logits) || s.seen[id] {
+				continue
+			}
+			s.seen[id] = true
+			if l := logits[id]; l < 0 {
+				logits[id] = l * p
+			} else {
+				logits[id] = l / p
+			}
+		}
+		for _, id := range history {
+			if id >= 0 && id < len(logits) {
+				s.seen[id] = false
+			}
+		}
+	}
+	if o.Temperature <= 0 {
+		return argmax(logits)
+	}
+	// Tokens more than e^40 less likely than the best carry no probability a
+	// float64 sum can see; dropping them before the sort keeps it short.
+	best := float64(logits[argmax(logits)]) / o.Temperature
+	c := s.cand[:0]
+	for id, l := range logits {
+		if x := float64(l) / o.Temperature; x > best-40 {
+			c = append(c, candidate{id, x})
+		}
+	}
+	slices.SortStableFunc(c, func(a, b candidate) int { return cmp.Compare(b.logit, a.logit) })
+	if o.TopK > 0 && o.TopK < len(c) {
+		kth := c[o.TopK-1].logit
+		n := o.TopK
+		for n < len(c) && c[n].logit == kth { // ties with the k-th stay, as in transformers
+			n++
+		}
+		c = c[:n]
+	}
+	probs := softmaxSorted(c)
+	if o.TopP > 0 && o.TopP < 1 {
+		var cum float64
+		n := len(c)
+		for i, p := range probs {
+			cum += p
+			if cum >= o.TopP {
+				n = i + 1
+				break
+			}
+		}
+		c, probs = c[:n], softmaxSorted(c[:n])
+	}
+	if o.MinP > 0 {
+		floor := o.MinP * probs[0]
+		n := 1
+		for n < len(c) && probs[n] >= floor {
+			n++
+		}
+		c, probs = c[:n], softmaxSorted(c[:n])
+	}
+	s.cand = c[:0]
+	r := s.rng.Float64()
+	for i, p := range probs {
+		if r < p {
+			return c[i].id
+		}
+		r -= p
+	}
+	return c[len(c)-1].id
+}
+
+// softmaxSorted returns the probabilities of candidates sorted by falling logit.
+func softmaxSorted(c []candidate) []float64 {
+	p := make([]float64, len(c))
+	var sum float64
+	for i, x := range c {
+		p[i] = math.Exp(x.logit - c[0].logit)
+		sum += p[i]
+	}
+	for i := range p {
+		p[i] /= sum
+	}
+	return p
+}
+
+func argmax(x []float32) int {
+	best := 0
+	for i, v := range x {
+		if v > x[best] {
+			best = i
+		}
+	}
+	return best
+}

@@ -1,0 +1,101 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/manifoldlm/manifold/model"
+)
+
+// Session is one conversation: the tokens seen so far and their KV cache.
+type Session struct {
+	m      *Model
+	st     model.State
+	tokens []int
+}
+
+// prefillChunk bounds the tokens per forward pass during prefill, so that
+// cancellation is noticed and scratch memory stays small.
+const prefillChunk = 512
+
+// NewSession opens a session holding up to contextLength positions (0: the
+// model's ContextLength).
+func (m *Model) NewSession(contextLength int) (*Session, error) {
+	if contextLength <= 0 {
+		contextLength = m.ctxLen
+	}
+	st, err := m.net.NewState(contextLength)
+	if err != nil {
+		return nil, fmt.Errorf("engine: new session: %w", err)
+	}
+	return &Session{m: m, st: st}, nil
+}
+
+// Len is the number of tokens in the session.
+func (s *Session) Len() int { return len(s.tokens) }
+
+// ContextLength is the number of positions the session holds.
+func (s *Session) ContextLength() int { return s.st.Cap() }
+
+// Tokens returns a copy of the session's tokens.
+func (s *Session) Tokens() []int { return slices.Clone(s.tokens) }
+
+// CacheBytes is the memory the session's caches hold on the device.
+func (s *Session) CacheBytes() int64 { return s.st.CacheBytes() }
+
+// CacheBytesPerToken is the cache memory each position costs.
+func (s *Session) CacheBytesPerToken() int64 { return s.st.CacheBytesPerToken() }
+
+// Reset forgets every token.
+func (s *Session) Reset() { s.Truncate(0) }
+
+// Truncate keeps the first n tokens, so that generation can resume from there.
+func (s *Session) Truncate(n int) {
+	n = max(0, min(n, len(s.tokens)))
+	s.st.Truncate(min(n, s.st.Len()))
+	s.tokens = s.tokens[:n]
+}
+
+// Append adds tokens to the session, runs every token not yet run through the
+// model, and returns the logits ([vocab]) that predict the next token. On
+// error (cancellation included) the session is left as it was.
+func (s *Session) Append(ctx context.Context, tokens []int) ([]float32, error) {
+	for i, t := range tokens {
+		if t < 0 || t >= s.m.cfg.VocabSize {
+			return nil, fmt.Errorf("engine: token %d at index %d is outside the vocabulary [0, %d)", t, i, s.m.cfg.VocabSize)
+		}
+	}
+	start := s.st.Len()
+	run := append(slices.Clone(s.tokens[start:]), tokens...)
+	if len(run) == 0 {
+		if start == 0 {
+			return nil, fmt.Errorf("engine: append: no tokens")
+		}
+		// Everything has run: rerun the last token for its logits.
+		start--
+		s.st.Truncate(start)
+		run = s.tokens[start:]
+	}
+	if free := s.st.Cap() - start; len(run) > free {
+		return nil, fmt.Errorf("engine: %d tokens do not fit in the context: %d of %d positions used: %w",
+			len(run), start, s.st.Cap(), ErrContextFull)
+	}
+	ids := make([]int32, len(run))
+	for i, t := range run {
+		ids[i] = int32(t)
+	}
+	var logits []float32
+	for lo := 0; lo < len(ids); lo += prefillChunk {
+		err := ctx.Err()
+		if err == nil {
+			logits, err = s.m.net.Forward(ctx, s.st, ids[lo:min(lo+prefillChunk, len(ids))], false)
+		}
+		if err != nil {
+			s.st.Truncate(start)
+			return nil, err
+		}
+	}
+	s.tokens = append(s.tokens[:start], run...)
+	return logits, nil
+}

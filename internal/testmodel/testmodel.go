@@ -1,0 +1,98 @@
+// Package testmodel writes small (or benchmark-sized) Llama-shape checkpoints
+// with seeded random weights, for tests and benchmarks that need a model
+// folder without fixtures. It is never used by the engine itself.
+package testmodel
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+
+	"github.com/manifoldlm/manifold/quant"
+	"github.com/manifoldlm/manifold/weights"
+)
+
+// Llama describes a Llama-shape model.
+type Llama struct {
+	Layers, Hidden, FFN, Heads, KVHeads, Vocab int
+	DType                                      weights.DType // F32 or BF16
+	Seed                                       uint64
+}
+
+// Write creates dir/config.json and dir/model.safetensors.
+func (l Llama) Write(dir string) error {
+	hd := l.Hidden / l.Heads
+	cfg := map[string]any{
+		"architectures": []string{"LlamaForCausalLM"}, "model_type": "llama",
+		"hidden_size": l.Hidden, "intermediate_size": l.FFN, "num_hidden_layers": l.Layers,
+		"num_attention_heads": l.Heads, "num_key_value_heads": l.KVHeads, "head_dim": hd,
+		"vocab_size": l.Vocab, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+		"rope_theta": 500000.0, "tie_word_embeddings": false, "hidden_act": "silu",
+		"bos_token_id": 0, "eos_token_id": 1,
+	}
+	data, _ := json.MarshalIndent(cfg, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), data, 0o644); err != nil {
+		return err
+	}
+	w, err := weights.Create(filepath.Join(dir, "model.safetensors"), map[string]string{"format": "pt"})
+	if err != nil {
+		return err
+	}
+	rng := rand.New(rand.NewPCG(l.Seed, 1))
+	add := func(name string, shape []int, scale float64, around float64) error {
+		n := 1
+		for _, d := range shape {
+			n *= d
+		}
+		size := l.DType.Size()
+		buf := make([]byte, n*size)
+		for i := 0; i < n; i++ {
+			v := float32(around + scale*rng.NormFloat64())
+			if size == 4 {
+				binary.LittleEndian.PutUint32(buf[4*i:], math.Float32bits(v))
+			} else {
+				binary.LittleEndian.PutUint16(buf[2*i:], quant.Float32ToBF16(v))
+			}
+		}
+		return w.Add(name, l.DType, shape, buf)
+	}
+	lin := func(name string, out, in int) error { return add(name+".weight", []int{out, in}, 1/math.Sqrt(float64(in)), 0) }
+	must := []error{
+		add("model.embed_tokens.weight", []int{l.Vocab, l.Hidden}, 1, 0),
+		add("model.norm.weight", []int{l.Hidden}, 0.05, 1),
+		lin("lm_head", l.Vocab, l.Hidden),
+	}
+	for i := 0; i < l.Layers; i++ {
+		p := fmt.Sprintf("model.layers.%d.", i)
+		must = append(must,
+			add(p+"input_layernorm.weight", []int{l.Hidden}, 0.05, 1),
+			add(p+"post_attention_layernorm.weight", []int{l.Hidden}, 0.05, 1),
+			lin(p+"self_attn.q_proj", l.Heads*hd, l.Hidden),
+			lin(p+"self_attn.k_proj", l.KVHeads*hd, l.Hidden),
+			lin(p+"self_attn.v_proj", l.KVHeads*hd, l.Hidden),
+			lin(p+"self_attn.o_proj", l.Hidden, l.Heads*hd),
+			lin(p+"mlp.gate_proj", l.FFN, l.Hidden),
+			lin(p+"mlp.up_proj", l.FFN, l.Hidden),
+			lin(p+"mlp.down_proj", l.Hidden, l.FFN),
+		)
+	}
+	for _, err := range must {
+		if err != nil {
+			w.Close()
+			return err
+		}
+	}
+	return w.Close()
+}
+
+// WeightBytes is the size of the weights a decode step reads (all but the
+// embedding table, of which one row is read).
+func (l Llama) WeightBytes() int64 {
+	hd := l.Hidden / l.Heads
+	per := l.Hidden*(l.Heads*hd)*2 + l.Hidden*(l.KVHeads*hd)*2 + 3*l.Hidden*l.FFN
+	return int64(l.Layers*per+l.Vocab*l.Hidden) * int64(l.DType.Size())
+}
