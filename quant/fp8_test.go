@@ -142,21 +142,26 @@ func TestFloat32ToE4M3MatchesReference(t *testing.T) {
 }
 
 func TestBulkE4M3(t *testing.T) {
-	src := make([]byte, 256)
-	for i := range src {
-		src[i] = uint8(i)
-	}
-	dst := make([]float32, 256)
-	DecodeE4M3(dst, src)
-	back := make([]byte, 256)
-	EncodeE4M3(back, dst)
-	for i := range src {
-		want := src[i]
-		if want&0x7f == 0x7f {
-			want = E4M3NaN
+	for _, n := range []int{256, 256 * 9} { // short (scalar) and long (table) paths
+		src := make([]byte, n)
+		for i := range src {
+			src[i] = uint8(i * 7)
 		}
-		if back[i] != want {
-			t.Errorf("code %#02x: bulk round trip gave %#02x", i, back[i])
+		dst := make([]float32, n)
+		DecodeE4M3(dst, src)
+		back := make([]byte, n)
+		EncodeE4M3(back, dst)
+		for i := range src {
+			if want := E4M3ToFloat32(src[i]); math.Float32bits(dst[i]) != math.Float32bits(want) {
+				t.Fatalf("n=%d: dst[%d] = %v, want %v", n, i, dst[i], want)
+			}
+			want := src[i]
+			if want&0x7f == 0x7f {
+				want = E4M3NaN
+			}
+			if back[i] != want {
+				t.Fatalf("n=%d: code %#02x: bulk round trip gave %#02x", n, src[i], back[i])
+			}
 		}
 	}
 }
