@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/manifoldlm/manifold/quant"
 )
 
 // goldenDir returns $MANIFOLD_GOLDEN_DIR or ../shared/golden relative to the
@@ -108,5 +110,54 @@ func TestGoldenCheckpoints(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestGoldenBF16Rounding checks that each bf16/ checkpoint holds exactly the
+// round-to-nearest-even bf16 of its float32 twin, as quant.Float32ToBF16
+// computes it.
+func TestGoldenBF16Rounding(t *testing.T) {
+	dir := goldenDir(t)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	for _, e := range entries {
+		f32Dir, bf16Dir := filepath.Join(dir, e.Name()), filepath.Join(dir, e.Name(), "bf16")
+		if _, err := os.Stat(filepath.Join(bf16Dir, "model.safetensors")); err != nil {
+			continue
+		}
+		full, err := Open(f32Dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		half, err := Open(bf16Dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range half.Names() {
+			h, _ := half.Tensor(name)
+			if h.DType != BF16 || !full.Has(name) {
+				continue
+			}
+			f, _ := full.Tensor(name)
+			fv, err := f.Float32()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, v := range fv {
+				got := uint16(h.Data[2*i]) | uint16(h.Data[2*i+1])<<8
+				if want := quant.Float32ToBF16(v); got != want {
+					t.Fatalf("%s/%s[%d]: stored bf16 %#04x, Float32ToBF16(%v) = %#04x", e.Name(), name, i, got, v, want)
+				}
+			}
+			checked++
+		}
+		full.Close()
+		half.Close()
+	}
+	if checked == 0 {
+		t.Skip("no bf16 tensors with float32 twins found")
 	}
 }
