@@ -61,16 +61,12 @@ func (n normReplace) normalize(s string) string { return replaceAll(s, n.m, n.co
 func replaceAll(s string, m matcher, content string) string {
 	var sb strings.Builder
 	prev := 0
-	for at := 0; at <= len(s); {
-		st, e := m.find(s, at)
-		if st < 0 {
-			break
-		}
+	forEachMatch(m, s, func(st, e int) {
 		sb.WriteString(s[prev:st])
 		sb.WriteString(content)
-		prev, at = e, e
-	}
-	if prev == 0 {
+		prev = e
+	})
+	if prev == 0 && sb.Len() == 0 {
 		return s
 	}
 	sb.WriteString(s[prev:])
@@ -219,36 +215,23 @@ func splitPiece(dst []piece, p piece, m matcher, behavior splitBehavior, invert 
 	}
 	if behavior == behIsolated {
 		prev := 0
-		for at := 0; at < len(s); {
-			st, e := m.find(s, at)
-			if st < 0 {
-				break
-			}
+		forEachMatch(m, s, func(st, e int) {
 			emit(prev, st)
 			emit(st, e)
 			prev = e
-			if e == st {
-				_, n := utf8.DecodeRuneInString(s[e:])
-				e += n
-			}
-			at = e
-		}
+		})
 		emit(prev, len(s))
 		return dst
 	}
 	var spans []span
 	prev := 0
-	for at := 0; at < len(s); {
-		st, e := m.find(s, at)
-		if st < 0 || e == st {
-			break
-		}
+	forEachMatch(m, s, func(st, e int) {
 		if prev != st {
 			spans = append(spans, span{prev, st, invert})
 		}
 		spans = append(spans, span{st, e, !invert})
-		prev, at = e, e
-	}
+		prev = e
+	})
 	if prev != len(s) {
 		spans = append(spans, span{prev, len(s), invert})
 	}
@@ -376,7 +359,9 @@ func isRustPunct(r rune) bool {
 
 // ---- Decoders ----
 
-type decoder interface{ decodeChain(tokens []string) []string }
+type decoder interface {
+	decodeChain(tokens []string) []string
+}
 
 type decSequence []decoder
 

@@ -2,12 +2,15 @@ package tokenizer
 
 import (
 	"encoding/json"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
+	"unicode/utf8"
 )
 
 // goldenDir returns $MANIFOLD_GOLDEN_DIR/tokenizers, or
@@ -109,4 +112,112 @@ func TestGolden(t *testing.T) {
 			}
 		})
 	}
+}
+
+// roundTripForm returns the text decode(encode(x)) must give back, or false
+// where the tokenizer is lossy by design: Unicode normalizers change x to
+// its normal form, SentencePiece-style tokenizers decode "▁" as a space,
+// and their Strip decoder eats the space that follows a leading added token.
+func roundTripForm(tk *Tokenizer, x string) (string, bool) {
+	var walk func(n normalizer) bool
+	walk = func(n normalizer) bool {
+		switch v := n.(type) {
+		case normSequence:
+			for _, m := range v {
+				if !walk(m) {
+					return false
+				}
+			}
+		case normForm:
+			x = v.f.String(x)
+		case normPrepend, normReplace:
+			if strings.Contains(x, "▁") {
+				return false
+			}
+			for content := range tk.added.byContent {
+				if strings.Contains(x, content) {
+					return false
+				}
+			}
+		case nil:
+		default:
+			return false
+		}
+		return true
+	}
+	if !walk(tk.normalizer) {
+		return "", false
+	}
+	if _, ok := tk.pre.(preMetaspace); ok && strings.Contains(x, "▁") {
+		return "", false
+	}
+	return x, true
+}
+
+func roundTrip(t *testing.T, tk *Tokenizer, name, x string) {
+	t.Helper()
+	ids := tk.Encode(x, false)
+	got := tk.Decode(ids, false)
+	if !utf8.ValidString(x) {
+		if !utf8.ValidString(got) {
+			t.Errorf("%s: Decode returned invalid UTF-8 for %q", name, x)
+		}
+		return
+	}
+	want, ok := roundTripForm(tk, x)
+	if !ok {
+		return
+	}
+	if got != want {
+		t.Errorf("%s: decode(encode(%q)) = %q (ids %v)", name, x, got, ids)
+	}
+	// Streaming gives the same text.
+	sd := tk.NewStreamDecoder()
+	var sb strings.Builder
+	for _, id := range ids {
+		chunk := sd.Add(id)
+		if strings.Contains(chunk, "\uFFFD") && !strings.Contains(got, "\uFFFD") {
+			t.Errorf("%s: stream chunk %q of %q holds a partial character", name, chunk, x)
+		}
+		sb.WriteString(chunk)
+	}
+	sb.WriteString(sd.Flush())
+	if sb.String() != got {
+		t.Errorf("%s: streamed %q, Decode %q", name, sb.String(), got)
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	dir, g := loadGolden(t)
+	r := rand.New(rand.NewPCG(3, 4))
+	texts := []string{"\xff\xfe", "a\xe2\x82", "\xed\xa0\x80x", "ok \xc0\xaf!"}
+	for range 150 {
+		texts = append(texts, randomText(r, 1+r.IntN(30)))
+	}
+	for _, name := range sortedKeys(g) {
+		tk := fixtureTokenizer(t, dir, name)
+		for _, c := range g[name] {
+			roundTrip(t, tk, name, c.Text)
+		}
+		for _, x := range texts {
+			roundTrip(t, tk, name, x)
+		}
+	}
+}
+
+func FuzzRoundTrip(f *testing.F) {
+	for _, s := range []string{"Hello, world!", "  x\n\n\ty", "日本語 😀", "it's", "\xff", "a\xe2\x82", "<|im_start|>user\nhi"} {
+		f.Add(s)
+	}
+	dir, g := loadGolden(f)
+	names := sortedKeys(g)
+	toks := make([]*Tokenizer, len(names))
+	for i, n := range names {
+		toks[i] = fixtureTokenizer(f, dir, n)
+	}
+	f.Fuzz(func(t *testing.T, x string) {
+		for i, tk := range toks {
+			roundTrip(t, tk, names[i], x)
+		}
+	})
 }

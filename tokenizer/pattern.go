@@ -93,31 +93,54 @@ func (m literalMatcher) find(s string, at int) (int, int) {
 type regexMatcher struct{ re *regexp2.Regexp }
 
 func (m *regexMatcher) find(s string, at int) (int, int) {
-	// regexp2 works on runes; search the whole string so lookbehind and
-	// anchors see the same context, starting from the rune index of at.
+	st, e := -1, -1
+	m.each(s[at:], func(a, b int) bool {
+		st, e = at+a, at+b
+		return false
+	})
+	return st, e
+}
+
+// each calls fn for the successive non-empty matches in s until fn returns
+// false. (Split and Replace patterns never need empty matches: find_iter's
+// empty matches produce no pieces.)
+func (m *regexMatcher) each(s string, fn func(start, end int) bool) {
 	runes := []rune(s)
-	ri := utf8.RuneCountInString(s[:at])
-	match, err := m.re.FindRunesMatchStartingAt(runes, ri)
-	if err != nil || match == nil {
-		return -1, -1
+	offs := make([]int, len(runes)+1)
+	o := 0
+	for i, r := range runes {
+		offs[i] = o
+		o += utf8.RuneLen(r)
 	}
-	start := len(string(runes[:match.Index]))
-	end := start + len(string(runes[match.Index:match.Index+match.Length]))
-	if end == start {
-		// Empty matches split nothing; skip them like find_iter does.
-		for match != nil && match.Length == 0 {
-			match, err = m.re.FindNextMatch(match)
-			if err != nil {
-				return -1, -1
-			}
+	offs[len(runes)] = o
+	match, err := m.re.FindRunesMatch(runes)
+	for err == nil && match != nil {
+		if match.Length > 0 && !fn(offs[match.Index], offs[match.Index+match.Length]) {
+			return
 		}
-		if match == nil {
-			return -1, -1
-		}
-		start = len(string(runes[:match.Index]))
-		end = start + len(string(runes[match.Index:match.Index+match.Length]))
+		match, err = m.re.FindNextMatch(match)
 	}
-	return start, end
+}
+
+// forEachMatch calls fn for each successive non-empty match of m in s.
+func forEachMatch(m matcher, s string, fn func(start, end int)) {
+	if rm, ok := m.(*regexMatcher); ok {
+		rm.each(s, func(a, b int) bool { fn(a, b); return true })
+		return
+	}
+	for at := 0; at < len(s); {
+		st, e := m.find(s, at)
+		if st < 0 {
+			return
+		}
+		if e > st {
+			fn(st, e)
+			at = e
+		} else {
+			_, n := utf8.DecodeRuneInString(s[e:])
+			at = e + n
+		}
+	}
 }
 
 // Character classes used by the scanners.
@@ -203,7 +226,7 @@ func runMax(s string, i int, want uint8, max int) int {
 	return i
 }
 
-// contraction matches 's|'t|'re|'ve|'m|'ll|'d at i (s[i] == '\'').
+// contraction matches 's|'t|'re|'ve|'m|'ll|'d at i, where s[i] is an apostrophe.
 // With fold, letters match case-insensitively under Unicode simple case
 // folding (so 'ſ' matches 's', as in Oniguruma).
 func contraction(s string, i int, fold bool) int {

@@ -1,0 +1,76 @@
+package tokenizer
+
+import (
+	"strings"
+	"unicode/utf8"
+)
+
+// maxPendingTokens bounds how many tokens a StreamDecoder holds back while
+// the decoded text ends in an incomplete character: a UTF-8 character has
+// at most 4 bytes, so after that many tokens the U+FFFD is real.
+const maxPendingTokens = 4
+
+// StreamDecoder decodes ids one at a time for token-by-token output. It
+// emits text only once the decoded text ends at a complete UTF-8 character,
+// and it decodes each step together with the previous tokens so decoders
+// that treat the first token specially (Metaspace, Strip) give the same
+// text as decoding everything at once. Not safe for concurrent use.
+type StreamDecoder struct {
+	t           *Tokenizer
+	skipSpecial bool
+	ids         []int  // context ids followed by pending ids
+	prefix      string // decoding of ids[:prefixIdx], already emitted
+	prefixIdx   int
+}
+
+// NewStreamDecoder returns a decoder that keeps special tokens.
+func (t *Tokenizer) NewStreamDecoder() *StreamDecoder { return &StreamDecoder{t: t} }
+
+// NewStreamDecoderSkipSpecial returns a decoder that drops special tokens.
+func (t *Tokenizer) NewStreamDecoderSkipSpecial() *StreamDecoder {
+	return &StreamDecoder{t: t, skipSpecial: true}
+}
+
+// Add feeds one id and returns the new text, or "" while the text so far
+// ends inside a character.
+func (d *StreamDecoder) Add(id int) string {
+	d.ids = append(d.ids, id)
+	s := d.t.Decode(d.ids, d.skipSpecial)
+	pending := len(d.ids) - d.prefixIdx
+	if len(s) <= len(d.prefix) || strings.HasSuffix(s, "\uFFFD") && pending < maxPendingTokens {
+		return ""
+	}
+	var out string
+	if strings.HasPrefix(s, d.prefix) {
+		out = s[len(d.prefix):]
+	} else {
+		// The new bytes changed how earlier text decodes (an invalid
+		// sequence turned out not to complete); emit the pending tokens'
+		// own decoding rather than repeat text.
+		out = d.t.Decode(d.ids[d.prefixIdx:], d.skipSpecial)
+	}
+	// Keep the tokens just emitted as context for the next step.
+	d.ids = append(d.ids[:0], d.ids[d.prefixIdx:]...)
+	d.prefixIdx = len(d.ids)
+	d.prefix = d.t.Decode(d.ids, d.skipSpecial)
+	return out
+}
+
+// Flush returns any held-back text (with U+FFFD for incomplete
+// characters) and resets the decoder.
+func (d *StreamDecoder) Flush() string {
+	var out string
+	if len(d.ids) > d.prefixIdx {
+		s := d.t.Decode(d.ids, d.skipSpecial)
+		if strings.HasPrefix(s, d.prefix) {
+			out = s[len(d.prefix):]
+		} else {
+			out = d.t.Decode(d.ids[d.prefixIdx:], d.skipSpecial)
+		}
+	}
+	d.ids, d.prefix, d.prefixIdx = d.ids[:0], "", 0
+	if !utf8.ValidString(out) {
+		out = validUTF8(out)
+	}
+	return out
+}
