@@ -1,0 +1,133 @@
+// Command generate runs a model folder on a prompt and streams the result.
+//
+//	go run ./cmd/generate -model DIR -ids 1,2,3 [-max-tokens N] [sampling flags]
+//
+// Load time, prompt and decode tokens/s and the device go to stderr; the
+// generated tokens go to stdout as they are produced. Ctrl-C stops cleanly.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/manifoldlm/manifold/engine"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "generate:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	model, ids, device  string
+	maxTokens, ctx      int
+	threads             int
+	sampling            engine.SamplingOptions
+	seed                int64
+	ignoreEOS, quietLog bool
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	fs := flag.NewFlagSet("generate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o := &options{}
+	fs.StringVar(&o.model, "model", "", "model folder (config.json, *.safetensors)")
+	fs.StringVar(&o.ids, "ids", "", "prompt as comma-separated token ids")
+	fs.StringVar(&o.device, "device", "auto", "auto, cpu or cuda")
+	fs.IntVar(&o.maxTokens, "max-tokens", 64, "tokens to generate at most (0: until EOS or the context is full)")
+	fs.IntVar(&o.ctx, "ctx", 0, "context length in tokens (0: the model's, at most 4096)")
+	fs.IntVar(&o.threads, "threads", 0, "CPU threads (0: all cores)")
+	fs.Float64Var(&o.sampling.Temperature, "temperature", 0.7, "sampling temperature (0: greedy)")
+	fs.IntVar(&o.sampling.TopK, "top-k", 40, "keep the K most likely tokens (0: off)")
+	fs.Float64Var(&o.sampling.TopP, "top-p", 0.95, "nucleus sampling threshold (1: off)")
+	fs.Float64Var(&o.sampling.MinP, "min-p", 0.05, "drop tokens below this share of the best one's probability (0: off)")
+	fs.Float64Var(&o.sampling.RepetitionPenalty, "repeat-penalty", 1.0, "repetition penalty (1: off)")
+	fs.Int64Var(&o.seed, "seed", -1, "random seed (-1: random)")
+	fs.BoolVar(&o.ignoreEOS, "ignore-eos", false, "do not stop at the model's end-of-sequence tokens")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if o.model == "" {
+		return nil, errors.New("-model is required (a folder with config.json and safetensors weights)")
+	}
+	if o.ids == "" {
+		return nil, errors.New("-ids is required: the prompt as token ids, e.g. -ids 1,2,3")
+	}
+	if o.seed >= 0 {
+		o.sampling.Seed = uint64(o.seed)
+	} else {
+		o.sampling.Seed = uint64(randomSeed())
+	}
+	return o, nil
+}
+
+func parseIDs(s string) ([]int, error) {
+	var ids []int
+	for _, f := range strings.Split(s, ",") {
+		id, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			return nil, fmt.Errorf("-ids: %q is not a token id", f)
+		}
+		ids = append(ids, id)
+	}
+	return ids, nil
+}
+
+func run(args []string, stdout, stderr io.Writer) error {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	prompt, err := parseIDs(o.ids)
+	if err != nil {
+		return err
+	}
+	m, err := engine.Load(o.model, engine.Options{Device: o.device, Threads: o.threads, ContextLength: o.ctx})
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	fmt.Fprintf(stderr, "loaded %s (%s) in %.2fs on %s\n", o.model, m.Config().ModelType, m.LoadTime().Seconds(), m.Device())
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	s, err := m.NewSession(0)
+	if err != nil {
+		return err
+	}
+	opts := engine.GenerateOptions{MaxTokens: o.maxTokens, Sampling: o.sampling}
+	if o.ignoreEOS {
+		opts.StopTokens = []int{}
+	}
+	res, err := s.Generate(ctx, prompt, opts, func(t engine.Token) error {
+		sep := " "
+		if t.Index == 0 {
+			sep = ""
+		}
+		_, err := fmt.Fprintf(stdout, "%s%d", sep, t.ID)
+		return err
+	})
+	fmt.Fprintln(stdout)
+	if res != nil && res.PromptDuration > 0 {
+		fmt.Fprintf(stderr, "prompt: %d tokens, %.1f tokens/s; decode: %d tokens, %.1f tokens/s (%s)\n",
+			res.PromptTokens, res.PromptTokensPerSecond(), len(res.Tokens), res.DecodeTokensPerSecond(), res.Reason)
+	}
+	if errors.Is(err, context.Canceled) {
+		fmt.Fprintln(stderr, "interrupted")
+		return nil
+	}
+	return err
+}
+
+// randomSeed is the seed used when -seed is negative.
+func randomSeed() int64 { return time.Now().UnixNano() & (1<<62 - 1) }
