@@ -489,9 +489,7 @@ func (m *Mixer) HeadCollapse(dst, x, pre []float32, h HeadWeights, rows int) {
 	c := m.cfg
 	n := c.Streams
 	Project(pre, x, h.Fn, rows, c.Width(), c.NormEps)
-	for i, v := range pre[:rows*n] {
-		pre[i] = Sigmoid(v*h.Scale+h.Base[i%n]) + c.Eps
-	}
+	HeadActivate(pre, h.Base, h.Scale, c.Eps, rows, n)
 	Pre(dst, x, pre, rows, n, c.Hidden)
 }
 

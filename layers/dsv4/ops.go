@@ -1,0 +1,26 @@
+package dsv4
+
+import "github.com/manifoldlm/manifold/backend"
+
+// Ops is what a backend implements to run DeepSeek-V4's own operations on its
+// device, at whole-call granularity (every token of a chunk in one call).
+// Each method computes what the function of the same name in this package
+// computes, on device buffers; index lists that the host decides (MoE
+// dispatch) are host slices.
+type Ops interface {
+	// V4Compress is Compress: kv and gate [SourceRows, RowWidth], ape
+	// [Rate, RowWidth], norm [Width] into dst [Entries, Width].
+	V4Compress(dst, kv, gate, ape, norm backend.Buffer, a CompressArgs)
+	// V4IndexTopK is IndexTopK: q [M, Heads, Dim], keys [Entries, Dim],
+	// weights [M, Heads] into idx [M, TopK] (float-coded indices, -1 padded).
+	V4IndexTopK(idx, q, keys, weights backend.Buffer, a IndexArgs)
+	// V4Attention is Attention: q [M, Heads, Dim], local [Pos0+M-Lo, Dim],
+	// comp [Entries, Dim], idx [M, TopK] or nil, sinks [Heads] into out.
+	V4Attention(out, q, local, comp, idx, sinks backend.Buffer, a AttnArgs)
+	// V4Transpose is Transpose: src [a, b, w] into dst [b, a, w].
+	V4Transpose(dst, src backend.Buffer, a, b, w int)
+	// V4Gather is Gather: rows of src ([*, w]) into dst [len(rows), w].
+	V4Gather(dst, src backend.Buffer, rows []int32, w int)
+	// V4ScatterAdd is ScatterAdd: dst[rows[i]] += scale[i] * src[i].
+	V4ScatterAdd(dst, src backend.Buffer, rows []int32, scale []float32, w int)
+}

@@ -1,0 +1,840 @@
+package model
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/layers"
+	"github.com/manifoldlm/manifold/layers/dsv4"
+	"github.com/manifoldlm/manifold/layers/mhc"
+	"github.com/manifoldlm/manifold/weights"
+)
+
+// DeepseekV4 is DeepSeek-V4 as transformers 5.17 defines it (model_type
+// deepseek_v4; docs/deepseek_v4.md states the forward pass): an mHC residual
+// of hc_mult streams around every attention and MoE block; shared-KV
+// multi-query attention with per-head sinks over a sliding window, plus
+// compressed entries on CSA layers (overlapping windows, lightning-indexer
+// top-k) and HCA layers (non-overlapping windows, all entries); partial
+// interleaved RoPE with the inverse rotation on the output; a grouped
+// low-rank output projection; MoE with sqrtsoftplus or hash routing, a shared
+// expert and clamped SwiGLU.
+//
+// Besides backend.Backend it needs the backend to implement mhc.Ops and
+// dsv4.Ops. Tensor names are the checkpoint's (DeepSeek's original names).
+type DeepseekV4 struct {
+	b     backend.Backend
+	hc    mhc.Ops
+	ops   dsv4.Ops
+	cfg   *Config
+	v     *v4Config
+	mixer *mhc.Mixer
+
+	mainRoPE, compRoPE *layers.RoPE
+	ones               backend.Buffer // [head_dim] weights of the unweighted per-head q norm
+
+	embed, head backend.Weight
+	norm        backend.Buffer
+	hcHeadFn    backend.Weight
+	hcHeadBase  backend.Buffer
+	hcHeadScale float32
+
+	blocks []v4Block
+}
+
+// v4Block is one decoder layer's weights.
+type v4Block struct {
+	kind    string // layer_types entry
+	rate    int    // compression rate (0: sliding)
+	hash    []int32
+	AttnHC  v4HC
+	FFNHC   v4HC
+	Attn    v4Attn
+	WOA     []backend.Weight // o_groups weights [o_lora_rank, heads*head_dim/o_groups]
+	Comp    *v4Compressor
+	Indexer *v4Indexer
+	FFN     v4FFN
+	Experts []v4Expert
+}
+
+type v4HC struct {
+	Fn          backend.Weight
+	Base, Scale backend.Buffer
+}
+
+type v4Attn struct {
+	AttnNorm backend.Buffer `w:"attn_norm.weight" shape:"hidden"`
+	FFNNorm  backend.Buffer `w:"ffn_norm.weight" shape:"hidden"`
+	WQA      backend.Weight `w:"attn.wq_a" shape:"q_lora,hidden"`
+	QNorm    backend.Buffer `w:"attn.q_norm.weight" shape:"q_lora"`
+	WQB      backend.Weight `w:"attn.wq_b" shape:"q,q_lora"`
+	WKV      backend.Weight `w:"attn.wkv" shape:"head_dim,hidden"`
+	KVNorm   backend.Buffer `w:"attn.norm.weight" shape:"head_dim"`
+	WOB      backend.Weight `w:"attn.wo_b" shape:"hidden,o"`
+	Sinks    backend.Buffer `w:"attn.attn_sink" shape:"heads"`
+}
+
+// v4Compressor is a CSA or HCA compressor (or the indexer's).
+type v4Compressor struct {
+	WKV   backend.Weight `w:"wkv" shape:"row,hidden"`
+	WGate backend.Weight `w:"wgate" shape:"row,hidden"`
+	APE   backend.Buffer `w:"ape" shape:"rate,row"`
+	Norm  backend.Buffer `w:"norm.weight" shape:"width"`
+	width int
+	rate  int
+	csa   bool
+}
+
+func (c *v4Compressor) rowWidth() int {
+	if c.csa {
+		return 2 * c.width
+	}
+	return c.width
+}
+
+type v4Indexer struct {
+	Comp        *v4Compressor
+	WQB         backend.Weight `w:"attn.indexer.wq_b" shape:"iq,q_lora"`
+	WeightsProj backend.Weight `w:"attn.indexer.weights_proj" shape:"iheads,hidden"`
+}
+
+type v4FFN struct {
+	Gate backend.Weight // ffn.gate.weight [experts, hidden], no bias: ffn.gate.bias only selects
+	Bias []float32      // ffn.gate.bias (moe layers), host side: routing runs on the host
+	W1   backend.Weight `w:"ffn.shared_experts.w1" shape:"ffn,hidden"`
+	W3   backend.Weight `w:"ffn.shared_experts.w3" shape:"ffn,hidden"`
+	W2   backend.Weight `w:"ffn.shared_experts.w2" shape:"hidden,ffn"`
+}
+
+type v4Expert struct {
+	W1 backend.Weight `w:"w1" shape:"ffn,hidden"`
+	W3 backend.Weight `w:"w3" shape:"ffn,hidden"`
+	W2 backend.Weight `w:"w2" shape:"hidden,ffn"`
+}
+
+func newDeepseekV4(b backend.Backend, cfg *Config, l *Loader) (Model, error) {
+	return loadDeepseekV4(b, cfg, l)
+}
+
+func loadDeepseekV4(b backend.Backend, cfg *Config, l *Loader) (*DeepseekV4, error) {
+	hc, ok := b.(mhc.Ops)
+	if !ok {
+		return nil, fmt.Errorf("model: deepseek_v4 needs mHC ops (layers/mhc.Ops); backend %s lacks them", b.Name())
+	}
+	ops, ok := b.(dsv4.Ops)
+	if !ok {
+		return nil, fmt.Errorf("model: deepseek_v4 needs DeepSeek-V4 ops (layers/dsv4.Ops); backend %s lacks them", b.Name())
+	}
+	v, err := parseV4Config(cfg)
+	if err != nil {
+		return nil, err
+	}
+	mixer, err := mhc.New(mhc.Config{
+		Streams: v.HCMult, Hidden: cfg.HiddenSize, SinkhornIters: v.HCSinkhornIters,
+		Eps: float32(v.HCEps), NormEps: cfg.RMSNormEps, Residual: v.residual,
+	})
+	if err != nil {
+		return nil, configErr(cfg.Path, "hc_mult", "%v", err)
+	}
+	m := &DeepseekV4{b: b, hc: hc, ops: ops, cfg: cfg, v: v, mixer: mixer}
+	if m.mainRoPE, err = cfg.NewRoPE(v.mainRoPE, v.HeadDim); err != nil {
+		return nil, err
+	}
+	if m.compRoPE, err = cfg.NewRoPE(v.compressRoPE, v.HeadDim); err != nil {
+		return nil, err
+	}
+	m.mainRoPE.Interleaved, m.compRoPE.Interleaved = true, true
+	if r := max(m.mainRoPE.Dim(), m.compRoPE.Dim()); r > v.HeadDim {
+		return nil, configErr(cfg.Path, "partial_rotary_factor", "rotary dim %d exceeds head_dim %d", r, v.HeadDim)
+	}
+	if slices := v.LayerTypes; containsString(slices, v4CSA) && m.compRoPE.Dim() > v.IndexHeadDim {
+		return nil, configErr(cfg.Path, "index_head_dim", "%d is smaller than the rotary dim %d", v.IndexHeadDim, m.compRoPE.Dim())
+	}
+	ones := make([]float32, v.HeadDim)
+	for i := range ones {
+		ones[i] = 1
+	}
+	m.ones = b.NewBuffer(v.HeadDim)
+	b.Write(m.ones, 0, ones)
+
+	D, V, n := cfg.HiddenSize, cfg.VocabSize, v.HCMult
+	if m.embed, err = l.Matrix("model.embed_tokens.weight", V, D); err != nil {
+		return nil, err
+	}
+	if m.head, err = l.Matrix("head.weight", V, D); err != nil {
+		return nil, err
+	}
+	if m.norm, err = l.Vector("model.norm.weight", D); err != nil {
+		return nil, err
+	}
+	if m.hcHeadFn, err = l.Matrix("model.hc_head.hc_fn", n, n*D); err != nil {
+		return nil, err
+	}
+	if m.hcHeadBase, err = l.Vector("model.hc_head.hc_base", n); err != nil {
+		return nil, err
+	}
+	sc, err := l.Float32("model.hc_head.hc_scale", 1)
+	if err != nil {
+		return nil, err
+	}
+	m.hcHeadScale = sc[0]
+
+	H, hd := cfg.NumHeads, v.HeadDim
+	dims := map[string]int{
+		"hidden": D, "q_lora": v.QLoraRank, "q": H * hd, "head_dim": hd, "o": v.OGroups * v.OLoraRank,
+		"heads": H, "ffn": v.MoEIntermediateSize, "iq": v.IndexNHeads * v.IndexHeadDim, "iheads": v.IndexNHeads,
+	}
+	m.blocks = make([]v4Block, cfg.NumLayers)
+	for i := range m.blocks {
+		if err := m.loadBlock(l, i, dims); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func containsString(s []string, x string) bool {
+	for _, v := range s {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
+func (m *DeepseekV4) loadBlock(l *Loader, i int, dims map[string]int) error {
+	cfg, v := m.cfg, m.v
+	blk := &m.blocks[i]
+	prefix := fmt.Sprintf("model.layers.%d.", i)
+	blk.kind = v.LayerTypes[i]
+	blk.rate = v.rate(blk.kind)
+	D, n := cfg.HiddenSize, v.HCMult
+	for _, s := range []struct {
+		hc   *v4HC
+		name string
+	}{{&blk.AttnHC, "hc_attn_"}, {&blk.FFNHC, "hc_ffn_"}} {
+		var err error
+		if s.hc.Fn, err = l.Matrix(prefix+s.name+"fn", m.mixer.Config().MixDim(), n*D); err != nil {
+			return err
+		}
+		if s.hc.Base, err = l.Vector(prefix+s.name+"base", m.mixer.Config().MixDim()); err != nil {
+			return err
+		}
+		if s.hc.Scale, err = l.Vector(prefix+s.name+"scale", 3); err != nil {
+			return err
+		}
+	}
+	if err := l.Bind(prefix, &blk.Attn, dims); err != nil {
+		return err
+	}
+	var err error
+	if blk.WOA, err = m.loadGrouped(l, prefix+"attn.wo_a.weight"); err != nil {
+		return err
+	}
+	bindComp := func(p string, width int, csa bool) (*v4Compressor, error) {
+		c := &v4Compressor{width: width, rate: blk.rate, csa: csa}
+		d := map[string]int{"hidden": D, "row": c.rowWidth(), "rate": blk.rate, "width": width}
+		if err := l.Bind(p, c, d); err != nil {
+			return nil, err
+		}
+		return c, nil
+	}
+	switch blk.kind {
+	case v4HCA:
+		if blk.Comp, err = bindComp(prefix+"attn.compressor.", v.HeadDim, false); err != nil {
+			return err
+		}
+	case v4CSA:
+		if blk.Comp, err = bindComp(prefix+"attn.compressor.", v.HeadDim, true); err != nil {
+			return err
+		}
+		blk.Indexer = &v4Indexer{}
+		if err := l.Bind(prefix, blk.Indexer, dims); err != nil {
+			return err
+		}
+		if blk.Indexer.Comp, err = bindComp(prefix+"attn.indexer.compressor.", v.IndexHeadDim, true); err != nil {
+			return err
+		}
+	}
+
+	// MoE.
+	E, K := v.NRoutedExperts, v.NumExpertsPerTok
+	if blk.FFN.Gate, err = l.Matrix(prefix+"ffn.gate.weight", E, D); err != nil {
+		return err
+	}
+	if err := l.Bind(prefix, &blk.FFN, dims); err != nil {
+		return err
+	}
+	if v.MLPLayerTypes[i] == v4HashMoE {
+		name := prefix + "ffn.gate.tid2eid"
+		t, err := l.Checkpoint().Tensor(name)
+		if err != nil {
+			return err
+		}
+		if len(t.Shape) != 2 || t.Shape[0] != cfg.VocabSize || t.Shape[1] != K {
+			return fmt.Errorf("model: %s: tensor %q has shape %v, the config implies [%d %d]", t.File, name, t.Shape, cfg.VocabSize, K)
+		}
+		ids, err := t.Int64s()
+		if err != nil {
+			return err
+		}
+		blk.hash = make([]int32, len(ids))
+		for j, e := range ids {
+			if e < 0 || e >= int64(E) {
+				return fmt.Errorf("model: %s: tensor %q: token %d maps to expert %d, outside [0, %d)", t.File, name, j/K, e, E)
+			}
+			blk.hash[j] = int32(e)
+		}
+	} else if l.Has(prefix + "ffn.gate.bias") {
+		if blk.FFN.Bias, err = l.Float32(prefix+"ffn.gate.bias", E); err != nil {
+			return err
+		}
+	}
+	blk.Experts = make([]v4Expert, E)
+	for e := range blk.Experts {
+		if err := l.Bind(fmt.Sprintf("%sffn.experts.%d.", prefix, e), &blk.Experts[e], dims); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// loadGrouped uploads wo_a ([o_groups*o_lora_rank, heads*head_dim/o_groups])
+// as one weight per group: group g is rows [g*o_lora_rank, (g+1)*o_lora_rank).
+func (m *DeepseekV4) loadGrouped(l *Loader, name string) ([]backend.Weight, error) {
+	v := m.v
+	rows, cols := v.OLoraRank, m.cfg.NumHeads*v.HeadDim/v.OGroups
+	t, err := l.Checkpoint().Tensor(name)
+	if err != nil {
+		return nil, err
+	}
+	if len(t.Shape) != 2 || t.Shape[0] != v.OGroups*rows || t.Shape[1] != cols {
+		return nil, fmt.Errorf("model: %s: tensor %q has shape %v, the config implies [%d %d]", t.File, name, t.Shape, v.OGroups*rows, cols)
+	}
+	var f backend.Format
+	switch t.DType {
+	case weights.F32:
+		f = backend.F32
+	case weights.BF16:
+		f = backend.BF16
+	case weights.F16:
+		f = backend.F16
+	default:
+		return nil, fmt.Errorf("model: %s: tensor %q has dtype %s; linear weights must be F32, BF16 or F16", t.File, name, t.DType)
+	}
+	per := rows * cols * t.DType.Size()
+	if len(t.Data) != v.OGroups*per {
+		return nil, fmt.Errorf("model: %s: tensor %q holds %d bytes, want %d", t.File, name, len(t.Data), v.OGroups*per)
+	}
+	out := make([]backend.Weight, v.OGroups)
+	for g := range out {
+		h := &backend.HostWeight{Name: fmt.Sprintf("%s[group %d]", name, g), Rows: rows, Cols: cols, Format: f,
+			Data: t.Data[g*per : (g+1)*per]}
+		if out[g], err = m.b.Upload(h); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// Config is the model's config.
+func (m *DeepseekV4) Config() *Config { return m.cfg }
+
+// ---------------------------------------------------------------------------
+// Per-sequence state.
+
+// v4Comp is one compressor's per-sequence state: the source rows not yet
+// compressed (and, for CSA, the last compressed window, whose Ca halves feed
+// the next entry) and the compressed entries.
+type v4Comp struct {
+	kv, gate  [2]backend.Buffer // ping-pong source rows [prev | tail | new]
+	cur       int
+	capRows   int
+	prev      int // rows of the previous window kept at the front (CSA: 0 or rate)
+	tail      int // rows after it, fewer than rate
+	entries   backend.Buffer
+	count     int // entries emitted
+	maxCount  int
+	rowWidth  int
+	entryCols int
+}
+
+// v4LayerState is one layer's cache.
+type v4LayerState struct {
+	local   [2]backend.Buffer // ping-pong [window tail | new tokens] rows of head_dim
+	cur     int
+	capRows int // rows of new tokens the local buffers hold beyond the window
+	win     int // window rows held (at most sliding_window-1)
+	comp    *v4Comp
+	index   *v4Comp
+}
+
+type v4State struct {
+	m        *DeepseekV4
+	n, cap   int
+	broken   error
+	layers   []v4LayerState
+	rows     int // scratch rows
+	scratch  v4Scratch
+	hostIdx  []int32
+	hostW    []float32
+	hostLog  []float32
+	expRows  [][]int32
+	expScale [][]float32
+}
+
+type v4Scratch struct {
+	x, emb, c, h, a                backend.Buffer
+	logits, pre, post, res         backend.Buffer
+	qres, q, att, grp, grp2, u     backend.Buffer
+	iq, iw, idx                    backend.Buffer
+	router, xe, ge, ue, ye, sg, su backend.Buffer
+	out                            backend.Buffer
+	headLogits, final, finalLogits backend.Buffer
+	moeOut                         backend.Buffer
+}
+
+func (s *v4State) Len() int { return s.n }
+func (s *v4State) Cap() int { return s.cap }
+
+// Truncate rewinds the state. The compressor state cannot be rewound (the
+// reference marks V4 as stateful for the same reason), so only Truncate(0), a
+// reset, and n >= Len are supported; any other n makes the next Forward fail
+// with an error saying so.
+func (s *v4State) Truncate(n int) {
+	switch {
+	case n >= s.n:
+	case n <= 0:
+		s.n, s.broken = 0, nil
+		for i := range s.layers {
+			ls := &s.layers[i]
+			ls.win = 0
+			for _, c := range []*v4Comp{ls.comp, ls.index} {
+				if c != nil {
+					c.prev, c.tail, c.count = 0, 0, 0
+				}
+			}
+		}
+	default:
+		s.broken = fmt.Errorf("model: deepseek_v4 state cannot rewind from %d to %d positions (its compressed cache is not rewindable); Truncate(0) and prefill again", s.n, n)
+	}
+}
+
+// CacheBytes is the memory the caches hold (allocated, in bytes).
+func (s *v4State) CacheBytes() int64 {
+	var n int64
+	for i := range s.layers {
+		ls := &s.layers[i]
+		n += int64(2 * ls.local[0].Len())
+		for _, c := range []*v4Comp{ls.comp, ls.index} {
+			if c != nil {
+				n += int64(2*c.kv[0].Len() + 2*c.gate[0].Len() + c.entries.Len())
+			}
+		}
+	}
+	return 4 * n
+}
+
+// CacheBytesPerToken is what each further position adds: the compressed
+// entries (head_dim/rate floats per HCA layer, (head_dim + index_head_dim)/rate
+// per CSA layer). The sliding window, the compressor tails and the overlap
+// windows are bounded and do not grow with the sequence.
+func (s *v4State) CacheBytesPerToken() int64 { return s.m.CacheBytesPerToken() }
+
+// CacheBytesPerToken is the cache growth per position, rounded up to a byte.
+func (m *DeepseekV4) CacheBytesPerToken() int64 {
+	var floats float64
+	for _, blk := range m.blocks {
+		switch blk.kind {
+		case v4HCA:
+			floats += float64(m.v.HeadDim) / float64(blk.rate)
+		case v4CSA:
+			floats += float64(m.v.HeadDim+m.v.IndexHeadDim) / float64(blk.rate)
+		}
+	}
+	return int64(math.Ceil(4 * floats))
+}
+
+// NewState allocates the caches for up to capacity positions.
+func (m *DeepseekV4) NewState(capacity int) (State, error) {
+	if capacity <= 0 {
+		return nil, fmt.Errorf("model: deepseek_v4 state capacity must be positive, got %d", capacity)
+	}
+	s := &v4State{m: m, cap: capacity, layers: make([]v4LayerState, len(m.blocks))}
+	for i, blk := range m.blocks {
+		ls := &s.layers[i]
+		if blk.Comp != nil {
+			ls.comp = m.newComp(blk.Comp, capacity)
+		}
+		if blk.Indexer != nil {
+			ls.index = m.newComp(blk.Indexer.Comp, capacity)
+		}
+	}
+	m.growState(s, 1)
+	s.expRows = make([][]int32, m.v.NRoutedExperts)
+	s.expScale = make([][]float32, m.v.NRoutedExperts)
+	return s, nil
+}
+
+func (m *DeepseekV4) newComp(c *v4Compressor, capacity int) *v4Comp {
+	maxCount := capacity / c.rate
+	return &v4Comp{
+		entries:   m.b.NewBuffer(max(1, maxCount) * c.width),
+		maxCount:  maxCount,
+		rowWidth:  c.rowWidth(),
+		entryCols: c.width,
+	}
+}
+
+// growState makes the per-chunk buffers hold n new rows.
+func (m *DeepseekV4) growState(s *v4State, n int) {
+	if s.rows >= n {
+		return
+	}
+	b, v, cfg := m.b, m.v, m.cfg
+	D, nh, H, hd := cfg.HiddenSize, v.HCMult, cfg.NumHeads, v.HeadDim
+	for i := range s.layers {
+		ls := &s.layers[i]
+		// Local rows: window tail (sliding_window-1) plus n new rows.
+		rows := v.SlidingWindow - 1 + n
+		for j := range ls.local {
+			nb := b.NewBuffer(rows * hd)
+			if ls.local[j] != nil && j == ls.cur && ls.win > 0 {
+				b.Copy(b.View(nb, 0, ls.win*hd), b.View(ls.local[j], 0, ls.win*hd))
+			}
+			ls.local[j] = nb
+		}
+		ls.capRows = n
+		for _, c := range []*v4Comp{ls.comp, ls.index} {
+			if c == nil {
+				continue
+			}
+			rate := m.blocks[i].rate
+			rows := 2*rate + n // previous window + tail (< rate) + new rows
+			for j := 0; j < 2; j++ {
+				nk, ng := b.NewBuffer(rows*c.rowWidth), b.NewBuffer(rows*c.rowWidth)
+				if keep := c.prev + c.tail; c.kv[j] != nil && j == c.cur && keep > 0 {
+					b.Copy(b.View(nk, 0, keep*c.rowWidth), b.View(c.kv[j], 0, keep*c.rowWidth))
+					b.Copy(b.View(ng, 0, keep*c.rowWidth), b.View(c.gate[j], 0, keep*c.rowWidth))
+				}
+				c.kv[j], c.gate[j] = nk, ng
+			}
+			c.capRows = n
+		}
+	}
+	s.rows = n
+	mix := m.mixer.Config().MixDim()
+	sc := &s.scratch
+	sc.x = b.NewBuffer(n * nh * D)
+	sc.emb = b.NewBuffer(n * D)
+	sc.c = b.NewBuffer(n * D)
+	sc.h = b.NewBuffer(n * D)
+	sc.a = b.NewBuffer(n * D)
+	sc.logits = b.NewBuffer(n * mix)
+	sc.pre = b.NewBuffer(n * nh)
+	sc.post = b.NewBuffer(n * nh)
+	sc.res = b.NewBuffer(n * nh * nh)
+	sc.qres = b.NewBuffer(n * v.QLoraRank)
+	sc.q = b.NewBuffer(n * H * hd)
+	sc.att = b.NewBuffer(n * H * hd)
+	sc.grp = b.NewBuffer(n * H * hd)
+	sc.grp2 = b.NewBuffer(n * v.OGroups * v.OLoraRank)
+	sc.u = b.NewBuffer(n * v.OGroups * v.OLoraRank)
+	if containsString(v.LayerTypes, v4CSA) {
+		sc.iq = b.NewBuffer(n * v.IndexNHeads * v.IndexHeadDim)
+		sc.iw = b.NewBuffer(n * v.IndexNHeads)
+		sc.idx = b.NewBuffer(n * v.IndexTopK)
+	}
+	sc.router = b.NewBuffer(n * v.NRoutedExperts)
+	sc.xe = b.NewBuffer(n * D)
+	sc.ge = b.NewBuffer(n * v.MoEIntermediateSize)
+	sc.ue = b.NewBuffer(n * v.MoEIntermediateSize)
+	sc.ye = b.NewBuffer(n * D)
+	sc.sg = b.NewBuffer(n * v.MoEIntermediateSize)
+	sc.su = b.NewBuffer(n * v.MoEIntermediateSize)
+	sc.moeOut = b.NewBuffer(n * D)
+	sc.headLogits = b.NewBuffer(n * nh)
+	sc.final = b.NewBuffer(n * D)
+	sc.finalLogits = b.NewBuffer(n * cfg.VocabSize)
+	s.hostLog = make([]float32, n*v.NRoutedExperts)
+	s.hostIdx = make([]int32, n*v.NumExpertsPerTok)
+	s.hostW = make([]float32, n*v.NumExpertsPerTok)
+}
+
+// ---------------------------------------------------------------------------
+// Forward pass.
+
+var errV4Canceled = errors.New("model: deepseek_v4 forward canceled mid-sequence; the state cannot resume: Truncate(0) and prefill again")
+
+// Forward runs tokens at positions Len().. and appends them to the state.
+func (m *DeepseekV4) Forward(ctx context.Context, st State, tokens []int32, all bool) ([]float32, error) {
+	s, ok := st.(*v4State)
+	if !ok || s.m != m {
+		return nil, fmt.Errorf("model: state of type %T is not a state of this %s model", st, m.cfg.ModelType)
+	}
+	if s.broken != nil {
+		return nil, s.broken
+	}
+	if err := checkForward(m.cfg, st, tokens); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	b, cfg, v := m.b, m.cfg, m.v
+	n, pos0 := len(tokens), s.n
+	D, nh := cfg.HiddenSize, v.HCMult
+	m.growState(s, n)
+	sc := &s.scratch
+	view := func(buf backend.Buffer, width int) backend.Buffer { return b.View(buf, 0, n*width) }
+	x, emb := view(sc.x, nh*D), view(sc.emb, D)
+
+	b.Embed(emb, m.embed, tokens)
+	m.hc.MHCExpand(x, emb, n, nh, D)
+	for l := range m.blocks {
+		if err := ctx.Err(); err != nil {
+			s.broken = errV4Canceled
+			return nil, err
+		}
+		blk := &m.blocks[l]
+		// Attention site.
+		c := m.hcPre(s, &blk.AttnHC, x, n)
+		h := view(sc.h, D)
+		b.RMSNorm(h, c, blk.Attn.AttnNorm, cfg.RMSNormEps)
+		a := m.attention(s, l, h, n, pos0)
+		m.hc.MHCPost(x, x, a, view(sc.post, nh), view(sc.res, nh*nh), n, nh, D)
+		// FFN site.
+		c = m.hcPre(s, &blk.FFNHC, x, n)
+		b.RMSNorm(h, c, blk.Attn.FFNNorm, cfg.RMSNormEps)
+		f := m.moe(s, blk, h, tokens)
+		m.hc.MHCPost(x, x, f, view(sc.post, nh), view(sc.res, nh*nh), n, nh, D)
+	}
+	s.n += n
+
+	rows, xs := n, x
+	if !all {
+		rows, xs = 1, b.View(x, (n-1)*nh*D, nh*D)
+	}
+	hl := b.View(sc.headLogits, 0, rows*nh)
+	m.hc.MHCProject(hl, xs, m.hcHeadFn, rows, cfg.RMSNormEps)
+	m.hc.MHCHeadActivate(hl, m.hcHeadBase, m.hcHeadScale, float32(v.HCEps), rows, nh)
+	fin := b.View(sc.final, 0, rows*D)
+	m.hc.MHCPre(fin, xs, hl, rows, nh, D)
+	b.RMSNorm(fin, fin, m.norm, cfg.RMSNormEps)
+	logits := b.View(sc.finalLogits, 0, rows*cfg.VocabSize)
+	b.MatMul(logits, fin, m.head, rows)
+	out := make([]float32, rows*cfg.VocabSize)
+	b.Read(out, logits, 0)
+	return out, b.Sync()
+}
+
+// hcPre computes a site's coefficients (left in the state's pre, post and
+// res scratch) and returns the collapsed sub-layer input [n, hidden].
+func (m *DeepseekV4) hcPre(s *v4State, site *v4HC, x backend.Buffer, n int) backend.Buffer {
+	b, sc, nh, D := m.b, &s.scratch, m.v.HCMult, m.cfg.HiddenSize
+	mix := m.mixer.Config().MixDim()
+	logits := b.View(sc.logits, 0, n*mix)
+	pre, post, res := b.View(sc.pre, 0, n*nh), b.View(sc.post, 0, n*nh), b.View(sc.res, 0, n*nh*nh)
+	m.hc.MHCProject(logits, x, site.Fn, n, m.cfg.RMSNormEps)
+	m.hc.MHCActivate(m.mixer, pre, post, res, logits, site.Base, site.Scale, n)
+	c := b.View(sc.c, 0, n*D)
+	m.hc.MHCPre(c, x, pre, n, nh, D)
+	return c
+}
+
+// attention runs layer l's attention over h ([n, hidden], normed) at
+// positions pos0.. and returns its output [n, hidden].
+func (m *DeepseekV4) attention(s *v4State, l int, h backend.Buffer, n, pos0 int) backend.Buffer {
+	b, cfg, v, sc := m.b, m.cfg, m.v, &s.scratch
+	blk, ls := &m.blocks[l], &s.layers[l]
+	H, hd, eps := cfg.NumHeads, v.HeadDim, cfg.RMSNormEps
+	rope := m.compRoPE
+	if blk.kind == v4Sliding {
+		rope = m.mainRoPE
+	}
+	off := hd - rope.Dim()
+
+	qres := b.View(sc.qres, 0, n*v.QLoraRank)
+	b.MatMul(qres, h, blk.Attn.WQA, n)
+	b.RMSNorm(qres, qres, blk.Attn.QNorm, eps)
+	q := b.View(sc.q, 0, n*H*hd)
+	b.MatMul(q, qres, blk.Attn.WQB, n)
+	b.RMSNorm(q, q, m.ones, eps) // unweighted, per head
+	b.RoPE(q, n, H, hd, off, pos0, rope, false)
+
+	// The new keys (= values) go straight after the cached window rows.
+	local := ls.local[ls.cur]
+	kv := b.View(local, ls.win*hd, n*hd)
+	b.MatMul(kv, h, blk.Attn.WKV, n)
+	b.RMSNorm(kv, kv, blk.Attn.KVNorm, eps)
+	b.RoPE(kv, n, 1, hd, off, pos0, rope, false)
+
+	args := dsv4.AttnArgs{M: n, Heads: H, Dim: hd, Pos0: pos0, Lo: pos0 - ls.win, Window: v.SlidingWindow,
+		Scale: float32(1 / math.Sqrt(float64(hd)))}
+	var comp, idx backend.Buffer
+	switch blk.kind {
+	case v4HCA:
+		m.compress(ls.comp, blk.Comp, h, n)
+		comp = ls.comp.entries
+		args.Rate, args.Entries = blk.rate, ls.comp.count
+	case v4CSA:
+		m.compress(ls.comp, blk.Comp, h, n)
+		m.compress(ls.index, blk.Indexer.Comp, h, n)
+		comp = ls.comp.entries
+		args.Rate, args.Entries, args.TopK = blk.rate, ls.comp.count, v.IndexTopK
+		idx = b.View(sc.idx, 0, n*v.IndexTopK)
+		m.indexer(s, blk, ls.index, qres, h, idx, n, pos0)
+	}
+	att := b.View(sc.att, 0, n*H*hd)
+	m.ops.V4Attention(att, q, b.View(local, 0, (ls.win+n)*hd), comp, idx, blk.Attn.Sinks, args)
+
+	// Keep the last sliding_window-1 rows for the next call.
+	keep := min(v.SlidingWindow-1, ls.win+n)
+	next := ls.local[1-ls.cur]
+	if keep > 0 {
+		b.Copy(b.View(next, 0, keep*hd), b.View(local, (ls.win+n-keep)*hd, keep*hd))
+	}
+	ls.cur, ls.win = 1-ls.cur, keep
+
+	// Undo the rotation on the output, then the grouped low-rank projection.
+	b.RoPE(att, n, H, hd, off, pos0, rope, true)
+	g, o := v.OGroups, v.OLoraRank
+	gw := H * hd / g
+	u := b.View(sc.u, 0, n*g*o)
+	if n == 1 {
+		for j := 0; j < g; j++ {
+			b.MatMul(b.View(u, j*o, o), b.View(att, j*gw, gw), blk.WOA[j], 1)
+		}
+	} else {
+		grp, grp2 := b.View(sc.grp, 0, n*H*hd), b.View(sc.grp2, 0, n*g*o)
+		m.ops.V4Transpose(grp, att, n, g, gw) // [n, g, gw] -> [g, n, gw]
+		for j := 0; j < g; j++ {
+			b.MatMul(b.View(grp2, j*n*o, n*o), b.View(grp, j*n*gw, n*gw), blk.WOA[j], n)
+		}
+		m.ops.V4Transpose(u, grp2, g, n, o) // [g, n, o] -> [n, g, o]
+	}
+	out := b.View(sc.a, 0, n*cfg.HiddenSize)
+	b.MatMul(out, u, blk.Attn.WOB, n)
+	return out
+}
+
+// compress runs one compressor over the n new rows of h: projects them
+// after the kept rows, pools every window they close into new entries, and
+// keeps the rows the next call needs.
+func (m *DeepseekV4) compress(c *v4Comp, w *v4Compressor, h backend.Buffer, n int) {
+	b, rw := m.b, c.rowWidth
+	kv, gate := c.kv[c.cur], c.gate[c.cur]
+	at := (c.prev + c.tail) * rw
+	b.MatMul(b.View(kv, at, n*rw), h, w.WKV, n)
+	b.MatMul(b.View(gate, at, n*rw), h, w.WGate, n)
+	total := c.tail + n
+	windows := total / w.rate
+	if windows == 0 {
+		c.tail = total
+		return
+	}
+	if c.count+windows > c.maxCount {
+		// Cannot happen within capacity (count*rate <= positions); guard the buffer anyway.
+		panic(fmt.Sprintf("model: deepseek_v4 compressor overflow: %d entries past %d", c.count+windows, c.maxCount))
+	}
+	a := dsv4.CompressArgs{Entries: windows, Rate: w.rate, Width: w.width, Overlap: w.csa, Prev: c.prev > 0,
+		Pos0: c.count * w.rate, Eps: m.cfg.RMSNormEps, RoPE: m.compRoPE}
+	src := a.SourceRows() * rw
+	m.ops.V4Compress(b.View(c.entries, c.count*w.width, windows*w.width), b.View(kv, 0, src), b.View(gate, 0, src),
+		w.APE, w.Norm, a)
+	c.count += windows
+	// Keep the last closed window (CSA) and the tail.
+	start := c.prev + windows*w.rate // first row after the closed windows
+	prev := 0
+	if w.csa {
+		prev = w.rate
+		start -= w.rate
+	}
+	tail := total - windows*w.rate
+	keep := (prev + tail) * rw
+	next := 1 - c.cur
+	if keep > 0 {
+		b.Copy(b.View(c.kv[next], 0, keep), b.View(kv, start*rw, keep))
+		b.Copy(b.View(c.gate[next], 0, keep), b.View(gate, start*rw, keep))
+	}
+	c.cur, c.prev, c.tail = next, prev, tail
+}
+
+// indexer selects each query's compressed entries (CSA) into idx [n, index_topk].
+func (m *DeepseekV4) indexer(s *v4State, blk *v4Block, ic *v4Comp, qres, h, idx backend.Buffer, n, pos0 int) {
+	b, v, sc := m.b, m.v, &s.scratch
+	Hi, di := v.IndexNHeads, v.IndexHeadDim
+	iq := b.View(sc.iq, 0, n*Hi*di)
+	b.MatMul(iq, qres, blk.Indexer.WQB, n)
+	b.RoPE(iq, n, Hi, di, di-m.compRoPE.Dim(), pos0, m.compRoPE, false)
+	iw := b.View(sc.iw, 0, n*Hi)
+	b.MatMul(iw, h, blk.Indexer.WeightsProj, n)
+	b.Scale(iw, iw, float32(math.Pow(float64(Hi), -0.5)))
+	m.ops.V4IndexTopK(idx, iq, ic.entries, iw, dsv4.IndexArgs{
+		M: n, Heads: Hi, Dim: di, Entries: ic.count, TopK: v.IndexTopK, Pos0: pos0, Rate: blk.rate,
+		Scale: float32(math.Pow(float64(di), -0.5)),
+	})
+}
+
+// moe runs the MoE block over h ([n, hidden], normed): routing on the host,
+// the shared expert on all rows, each routed expert on its rows.
+func (m *DeepseekV4) moe(s *v4State, blk *v4Block, h backend.Buffer, tokens []int32) backend.Buffer {
+	b, v, sc := m.b, m.v, &s.scratch
+	n, D, I := len(tokens), m.cfg.HiddenSize, v.MoEIntermediateSize
+	E, K := v.NRoutedExperts, v.NumExpertsPerTok
+	router := b.View(sc.router, 0, n*E)
+	b.MatMul(router, h, blk.FFN.Gate, n)
+	logits := s.hostLog[:n*E]
+	b.Read(logits, router, 0)
+	var hash []int32
+	if blk.hash != nil {
+		hash = make([]int32, n*K)
+		for i, t := range tokens {
+			copy(hash[i*K:(i+1)*K], blk.hash[int(t)*K:(int(t)+1)*K])
+		}
+	}
+	idx, w := s.hostIdx[:n*K], s.hostW[:n*K]
+	dsv4.Route(idx, w, logits, blk.FFN.Bias, hash, dsv4.RouteArgs{M: n, Experts: E, K: K, Scoring: v.scoring,
+		Scale: float32(v.RoutedScalingFactor)})
+
+	limit := float32(v.SwigluLimit)
+	out := b.View(sc.moeOut, 0, n*D)
+	sg, su := b.View(sc.sg, 0, n*I), b.View(sc.su, 0, n*I)
+	b.MatMul(sg, h, blk.FFN.W1, n)
+	b.MatMul(su, h, blk.FFN.W3, n)
+	b.SwiGLU(sg, sg, su, limit)
+	b.MatMul(out, sg, blk.FFN.W2, n)
+
+	for e := range s.expRows {
+		s.expRows[e], s.expScale[e] = s.expRows[e][:0], s.expScale[e][:0]
+	}
+	for i := 0; i < n; i++ {
+		for j := 0; j < K; j++ {
+			e := idx[i*K+j]
+			s.expRows[e] = append(s.expRows[e], int32(i))
+			s.expScale[e] = append(s.expScale[e], w[i*K+j])
+		}
+	}
+	for e, rows := range s.expRows {
+		cnt := len(rows)
+		if cnt == 0 {
+			continue
+		}
+		xe := h
+		if n > 1 {
+			xe = b.View(sc.xe, 0, cnt*D)
+			m.ops.V4Gather(xe, h, rows, D)
+		}
+		ge, ue, ye := b.View(sc.ge, 0, cnt*I), b.View(sc.ue, 0, cnt*I), b.View(sc.ye, 0, cnt*D)
+		ex := &blk.Experts[e]
+		b.MatMul(ge, xe, ex.W1, cnt)
+		b.MatMul(ue, xe, ex.W3, cnt)
+		b.SwiGLU(ge, ge, ue, limit)
+		b.MatMul(ye, ge, ex.W2, cnt)
+		m.ops.V4ScatterAdd(out, ye, rows, s.expScale[e], D)
+	}
+	return out
+}
