@@ -44,8 +44,8 @@ type mappedFile struct {
 	hdr     *header
 }
 
-// Open opens a checkpoint. path is a .safetensors file, a
-// model.safetensors.index.json file, or a directory holding
+// Open opens a checkpoint. path is a .safetensors file, a shard index
+// (a *.index.json file), or a directory holding
 // model.safetensors.index.json (sharded), model.safetensors, or a single
 // *.safetensors file. Every header is parsed and validated; tensor data is
 // memory-mapped and read only when used.
@@ -55,7 +55,7 @@ func Open(path string) (*Checkpoint, error) {
 		return nil, &Error{File: path, Err: err}
 	}
 	if !st.IsDir() {
-		if strings.HasSuffix(path, ".json") {
+		if strings.HasSuffix(path, ".index.json") {
 			return openIndex(path, path)
 		}
 		return openFiles(path, filepath.Dir(path), []string{path})

@@ -7,7 +7,9 @@
 // when a caller reads Tensor.Data or converts it. Tensor.Data aliases the
 // read-only mapping: never write to it, and do not use it after
 // Checkpoint.Close. A Checkpoint is safe for concurrent use by multiple
-// goroutines until Close.
+// goroutines until Close. As with any memory map, a file truncated by another
+// process while open faults when the missing bytes are read: do not rewrite
+// a checkpoint in place while it is open (Writer never does; it renames).
 //
 // Writer and ShardedWriter stream tensors to disk with bounded memory and
 // publish files by renaming temporaries, so a crash never leaves a

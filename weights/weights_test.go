@@ -582,3 +582,48 @@ func TestDType(t *testing.T) {
 		t.Error("invalid DType misbehaves")
 	}
 }
+
+func TestConcurrentReads(t *testing.T) {
+	dir := t.TempDir()
+	s := NewShardedWriter(dir, 64, nil)
+	want := sampleTensors()
+	for _, tt := range want {
+		if err := s.Add(tt.name, tt.dtype, tt.shape, tt.bytes()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	done := make(chan error)
+	for range 8 {
+		go func() {
+			for range 50 {
+				for _, name := range c.Names() {
+					tn, err := c.Tensor(name)
+					if err != nil {
+						done <- err
+						return
+					}
+					if tn.DType == F32 || tn.DType == BF16 {
+						if _, err := tn.Float32(); err != nil {
+							done <- err
+							return
+						}
+					}
+				}
+			}
+			done <- nil
+		}()
+	}
+	for range 8 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
