@@ -42,9 +42,10 @@ type constructor func(b backend.Backend, cfg *Config, w *Loader) (Model, error)
 // architectures maps model_type to its constructor. It is fixed at compile
 // time and never modified.
 var architectures = map[string]constructor{
-	"deepseek_v4": newDeepseekV4,
-	"llama":       newLlama,
-	"qwen3":       newQwen3,
+	"deepseek_v32": newDeepseekV32,
+	"deepseek_v4":  newDeepseekV4,
+	"llama":        newLlama,
+	"qwen3":        newQwen3,
 }
 
 // New builds the architecture named by cfg.ModelType from the checkpoint.

@@ -264,6 +264,15 @@ func TestAttendLatent(t *testing.T) {
 			copy(k[s.NopeDim:], rope[tk*s.RopeDim:(tk+1)*s.RopeDim])
 		}
 	}
+	// kv_b_proj's output as AttendMLA reads it: per token [H, nope+v].
+	per := s.NopeDim + s.VDim
+	kv := make([]float32, n*s.Heads*per)
+	for tk := range n {
+		for h := range s.Heads {
+			copy(kv[(tk*s.Heads+h)*per:], kn[(tk*s.Heads+h)*s.NopeDim:(tk*s.Heads+h+1)*s.NopeDim])
+			copy(kv[(tk*s.Heads+h)*per+s.NopeDim:], vals[(tk*s.Heads+h)*s.VDim:(tk*s.Heads+h+1)*s.VDim])
+		}
+	}
 	// Absorbed: qLat, qRope.
 	qLat := make([]float32, s.Heads*s.KVLoraRank)
 	layers.MLAAbsorbQuery(qLat, q, s.QKDim(), kvB, s)
@@ -280,6 +289,11 @@ func TestAttendLatent(t *testing.T) {
 		layers.MLAExpandOutput(got, outLat, kvB, s)
 		if d := maxDiff(got, want); d > 1e-5 {
 			t.Errorf("idx %v: absorbed vs naive max diff %g", idx, d)
+		}
+		mla := make([]float32, s.Heads*s.VDim)
+		AttendMLA(mla, q, kv, rope, idx, s, scale, make([]float32, len(idx)))
+		if d := maxDiff(mla, want); d > 1e-5 {
+			t.Errorf("idx %v: AttendMLA vs expanded max diff %g", idx, d)
 		}
 	}
 }

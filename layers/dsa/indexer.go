@@ -125,6 +125,9 @@ type Selection struct {
 	N   []int32 // [rows]: how many of query i's K slots are used
 }
 
+// Rows is the number of queries the selection holds.
+func (sel *Selection) Rows() int { return len(sel.N) }
+
 // Row is the selected key indices of query i.
 func (sel *Selection) Row(i int) []int32 { return sel.Idx[i*sel.K : i*sel.K+int(sel.N[i])] }
 

@@ -1,6 +1,10 @@
 package dsa
 
-import "math"
+import (
+	"math"
+
+	"github.com/manifoldlm/manifold/layers"
+)
 
 // Attend computes one query's attention over the selected keys only, with
 // per-head keys and values (the naive MLA path, keys and values expanded
@@ -52,15 +56,22 @@ func Attend(out, q, keys, values []float32, idx []int32, heads, dk, dv, kStride,
 // lists the selected tokens (non-empty); p is scratch of at least
 // heads*len(idx) values.
 func AttendLatent(out, qLat, qRope, latent, rope []float32, idx []int32, heads, rank, ropeDim, lStride, rStride int, scale float32, p []float32) {
+	AttendLatentHeads(out, qLat, qRope, latent, rope, idx, 0, heads, rank, ropeDim, lStride, rStride, scale, p)
+}
+
+// AttendLatentHeads is AttendLatent for heads [h0, h1) only (out, qLat and
+// qRope are still indexed by absolute head); p needs (h1-h0)*len(idx)
+// values. Backends split the heads of one query over threads with it.
+func AttendLatentHeads(out, qLat, qRope, latent, rope []float32, idx []int32, h0, h1, rank, ropeDim, lStride, rStride int, scale float32, p []float32) {
 	n := len(idx)
-	p = p[:heads*n]
+	p = p[:(h1-h0)*n]
 	// Token-major loops: each cached row is read once for all heads.
 	for j, t := range idx {
 		c := latent[int(t)*lStride:]
 		c = c[:rank]
 		r := rope[int(t)*rStride:]
 		r = r[:ropeDim]
-		for h := range heads {
+		for h := h0; h < h1; h++ {
 			ql := qLat[h*rank : (h+1)*rank]
 			qr := qRope[h*ropeDim : (h+1)*ropeDim]
 			var dot float32
@@ -71,24 +82,24 @@ func AttendLatent(out, qLat, qRope, latent, rope []float32, idx []int32, heads, 
 			for i, rv := range r {
 				dr += qr[i] * rv
 			}
-			p[h*n+j] = (dot + dr) * scale
+			p[(h-h0)*n+j] = (dot + dr) * scale
 		}
 	}
-	for h := range heads {
-		ph := p[h*n : (h+1)*n]
+	for h := h0; h < h1; h++ {
+		ph := p[(h-h0)*n : (h-h0+1)*n]
 		m := float32(math.Inf(-1))
 		for _, v := range ph {
 			m = max(m, v)
 		}
 		normalize(ph, m)
 	}
-	clear(out[:heads*rank])
+	clear(out[h0*rank : h1*rank])
 	for j, t := range idx {
 		c := latent[int(t)*lStride:]
 		c = c[:rank]
-		for h := range heads {
+		for h := h0; h < h1; h++ {
 			o := out[h*rank : (h+1)*rank]
-			pj := p[h*n+j]
+			pj := p[(h-h0)*n+j]
 			for i, cv := range c {
 				o[i] += pj * cv
 			}
@@ -107,5 +118,61 @@ func normalize(p []float32, m float32) {
 	inv := float32(1 / sum)
 	for j := range p {
 		p[j] *= inv
+	}
+}
+
+// AttendMLA computes one query's MLA attention over the selected tokens on
+// the naive path, keys and values expanded per head from the latent but the
+// rope key kept once per token (it is shared by all heads):
+//
+//	score(h, t) = scale · (qNope[h]·kNope[t,h] + qRope[h]·kRope[t])
+//	out[h]      = Σ_{t∈idx} softmax_t(score(h, t)) · v[t,h]
+//
+// q is [Heads, QKDim] (nope channels, then rope), out [Heads, VDim]. kv holds
+// kv_b_proj's output per token, [Heads, NopeDim+VDim] (k_nope, then v) at
+// kv[t*Heads*(NopeDim+VDim)]; kRope is [*, RopeDim]. idx lists the selected
+// tokens (non-empty); p is scratch of at least len(idx) values.
+func AttendMLA(out, q, kv, kRope []float32, idx []int32, s layers.MLAShape, scale float32, p []float32) {
+	AttendMLAHeads(out, q, kv, kRope, idx, s, 0, s.Heads, scale, p)
+}
+
+// AttendMLAHeads is AttendMLA for heads [h0, h1) only (buffers are still
+// indexed by absolute head).
+func AttendMLAHeads(out, q, kv, kRope []float32, idx []int32, s layers.MLAShape, h0, h1 int, scale float32, p []float32) {
+	nd, rd, vd, qk := s.NopeDim, s.RopeDim, s.VDim, s.QKDim()
+	per := nd + vd
+	row := s.Heads * per
+	p = p[:len(idx)]
+	for h := h0; h < h1; h++ {
+		qn := q[h*qk : h*qk+nd]
+		qr := q[h*qk+nd : (h+1)*qk]
+		m := float32(math.Inf(-1))
+		for j, t := range idx {
+			k := kv[int(t)*row+h*per:]
+			k = k[:nd]
+			var dot float32
+			for i, kvv := range k {
+				dot += qn[i] * kvv
+			}
+			r := kRope[int(t)*rd:]
+			r = r[:rd]
+			var dr float32
+			for i, rv := range r {
+				dr += qr[i] * rv
+			}
+			p[j] = (dot + dr) * scale
+			m = max(m, p[j])
+		}
+		normalize(p, m)
+		o := out[h*vd : (h+1)*vd]
+		clear(o)
+		for j, t := range idx {
+			v := kv[int(t)*row+h*per+nd:]
+			v = v[:vd]
+			pj := p[j]
+			for i, vv := range v {
+				o[i] += pj * vv
+			}
+		}
 	}
 }

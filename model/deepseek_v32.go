@@ -1,0 +1,392 @@
+package model
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+
+	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/layers"
+	"github.com/manifoldlm/manifold/layers/dsa"
+	"github.com/manifoldlm/manifold/weights"
+)
+
+// DeepseekV32 is DeepSeek-V3.2 (model_type deepseek_v32): multi-head latent
+// attention (MLA) whose keys are chosen per query by DeepSeek Sparse
+// Attention's lightning indexer, the first layers with a dense SwiGLU MLP
+// and the rest with a DeepSeek-V3 mixture of experts (sigmoid routing with a
+// correction bias, group-limited top-k, shared experts). docs/deepseek_v32.md
+// states the forward pass this implements.
+//
+// Two MLA paths compute the same attention: the naive one expands each
+// cached latent into per-head keys and values with kv_b_proj, the absorbed
+// one folds kv_b_proj into the query and the output and attends in the
+// latent space, so its cache holds only the latent, the rope key and the
+// indexer key of each token. NewState uses the absorbed cache, decoding with
+// the absorbed path and prefilling with whichever costs fewer operations;
+// NewStateWith picks a path explicitly.
+type DeepseekV32 struct {
+	b      backend.Backend
+	ops    dsa.Ops
+	cfg    *Config
+	v      v32Config
+	mla    layers.MLAShape
+	ixs    dsa.IndexerShape
+	scale  float32      // MLA softmax scale (yarn mscale included)
+	rope   *layers.RoPE // MLA: interleaved pairs
+	irope  *layers.RoPE // indexer: half split, same frequencies
+	Embed  backend.Weight
+	Norm   backend.Buffer
+	LMHead backend.Weight
+	Blocks []v32Block
+}
+
+// v32Config holds DeepSeek-V3.2's own config.json fields, initialized with
+// the defaults of transformers' DeepseekV32Config.
+type v32Config struct {
+	QLoraRank           *int     `json:"q_lora_rank"`
+	KVLoraRank          int      `json:"kv_lora_rank"`
+	QKNopeHeadDim       int      `json:"qk_nope_head_dim"`
+	QKRopeHeadDim       int      `json:"qk_rope_head_dim"`
+	VHeadDim            int      `json:"v_head_dim"`
+	IndexNHeads         int      `json:"index_n_heads"`
+	IndexHeadDim        int      `json:"index_head_dim"`
+	IndexTopK           int      `json:"index_topk"`
+	NRoutedExperts      int      `json:"n_routed_experts"`
+	NSharedExperts      int      `json:"n_shared_experts"`
+	NumExpertsPerTok    int      `json:"num_experts_per_tok"`
+	MoEIntermediateSize int      `json:"moe_intermediate_size"`
+	NGroup              int      `json:"n_group"`
+	TopKGroup           int      `json:"topk_group"`
+	NormTopKProb        bool     `json:"norm_topk_prob"`
+	RoutedScalingFactor float64  `json:"routed_scaling_factor"`
+	FirstKDenseReplace  int      `json:"first_k_dense_replace"`
+	MLPLayerTypes       []string `json:"mlp_layer_types"`
+}
+
+func defaultV32Config() v32Config {
+	q := 1536
+	return v32Config{QLoraRank: &q, KVLoraRank: 512, QKNopeHeadDim: 128, QKRopeHeadDim: 64, VHeadDim: 128,
+		IndexNHeads: 64, IndexHeadDim: 128, IndexTopK: 2048, NRoutedExperts: 256, NSharedExperts: 1,
+		NumExpertsPerTok: 8, MoEIntermediateSize: 2048, NGroup: 8, TopKGroup: 4, NormTopKProb: true,
+		RoutedScalingFactor: 2.5, FirstKDenseReplace: 3}
+}
+
+// v32Block is one decoder layer. The tagged fields are bound by name; the
+// rest are assembled by hand (kv_a_proj_with_mqa is split in two, the MLP is
+// dense or MoE).
+type v32Block struct {
+	AttnNorm backend.Buffer `w:"input_layernorm.weight" shape:"hidden"`
+	QA       backend.Weight `w:"self_attn.q_a_proj" shape:"q_lora,hidden"`
+	QANorm   backend.Buffer `w:"self_attn.q_a_layernorm.weight" shape:"q_lora"`
+	QB       backend.Weight `w:"self_attn.q_b_proj" shape:"q_heads,q_lora"`
+	KVANorm  backend.Buffer `w:"self_attn.kv_a_layernorm.weight" shape:"kv_lora"`
+	KVB      backend.Weight `w:"self_attn.kv_b_proj" shape:"kv_heads,kv_lora"`
+	O        backend.Weight `w:"self_attn.o_proj" shape:"hidden,v_heads"`
+	IQB      backend.Weight `w:"self_attn.indexer.wq_b" shape:"index_q,q_lora"`
+	IK       backend.Weight `w:"self_attn.indexer.wk" shape:"index_dim,hidden"`
+	IKNormW  backend.Buffer `w:"self_attn.indexer.k_norm.weight" shape:"index_dim"`
+	IKNormB  backend.Buffer `w:"self_attn.indexer.k_norm.bias" shape:"index_dim"`
+	IW       backend.Weight `w:"self_attn.indexer.weights_proj" shape:"index_heads,hidden"`
+	MLPNorm  backend.Buffer `w:"post_attention_layernorm.weight" shape:"hidden"`
+
+	KVALatent backend.Weight // kv_a_proj_with_mqa rows [0, kv_lora_rank)
+	KVARope   backend.Weight // kv_a_proj_with_mqa rows [kv_lora_rank, +qk_rope_head_dim)
+
+	Dense *v32MLP // mlp_layer_types "dense"
+	MoE   *v32MoE // mlp_layer_types "sparse"
+}
+
+// v32MLP is a SwiGLU MLP: down(silu(gate x) * up x).
+type v32MLP struct {
+	Gate, Up, Down backend.Weight
+	Width          int // intermediate size
+}
+
+// v32MoE is the mixture of experts of a sparse layer.
+type v32MoE struct {
+	Router  backend.Weight // mlp.gate, [experts, hidden]
+	Bias    []float32      // e_score_correction_bias, on the host for routing
+	Experts []v32MLP
+	Shared  *v32MLP // nil when n_shared_experts is 0
+	route   layers.GroupRouteArgs
+}
+
+// The MLA norms on the latents and the indexer's key LayerNorm use the
+// modules' default eps, not rms_norm_eps.
+const v32LatentEps, v32IndexerEps = 1e-6, 1e-6
+
+func newDeepseekV32(b backend.Backend, cfg *Config, l *Loader) (Model, error) {
+	return loadDeepseekV32(b, cfg, l)
+}
+
+func loadDeepseekV32(b backend.Backend, cfg *Config, l *Loader) (*DeepseekV32, error) {
+	ops, ok := b.(dsa.Ops)
+	if !ok {
+		return nil, fmt.Errorf("model: deepseek_v32 needs DSA ops; backend %s lacks them", b.Name())
+	}
+	v := defaultV32Config()
+	if err := json.Unmarshal(cfg.Raw, &v); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrConfig, cfg.Path, err)
+	}
+	if err := checkV32Config(cfg, &v); err != nil {
+		return nil, err
+	}
+	m := &DeepseekV32{b: b, ops: ops, cfg: cfg, v: v, Blocks: make([]v32Block, cfg.NumLayers)}
+	m.mla = layers.MLAShape{Heads: cfg.NumHeads, QLoraRank: *v.QLoraRank, KVLoraRank: v.KVLoraRank,
+		NopeDim: v.QKNopeHeadDim, RopeDim: v.QKRopeHeadDim, VDim: v.VHeadDim}
+	if err := m.mla.Validate(); err != nil {
+		return nil, configErr(cfg.Path, "attention dims", "%v", err)
+	}
+	m.ixs = dsa.IndexerShape{Heads: v.IndexNHeads, HeadDim: v.IndexHeadDim, RopeDim: v.QKRopeHeadDim, TopK: v.IndexTopK}
+	if err := m.ixs.Validate(); err != nil {
+		return nil, configErr(cfg.Path, "index_*", "%v", err)
+	}
+	var err error
+	if m.scale, err = layers.MLASoftmaxScale(m.mla.QKDim(), cfg.RoPE); err != nil {
+		return nil, configErr(cfg.Path, "rope_parameters", "%v", err)
+	}
+	// transformers points head_dim at qk_rope_head_dim: RoPE covers the rope
+	// channels only. MLA rotates interleaved pairs, the indexer half-split
+	// halves, with the same frequencies and cos/sin scaling.
+	if m.irope, err = cfg.NewRoPE(cfg.RoPE, v.QKRopeHeadDim); err != nil {
+		return nil, err
+	}
+	if m.irope.Dim() != v.QKRopeHeadDim {
+		return nil, configErr(cfg.Path, "partial_rotary_factor", "RoPE covers %d channels, deepseek_v32 rotates all %d rope channels", m.irope.Dim(), v.QKRopeHeadDim)
+	}
+	r := *m.irope
+	r.Interleaved = true
+	m.rope = &r
+
+	mla := m.mla
+	dims := map[string]int{
+		"hidden":      cfg.HiddenSize,
+		"q_lora":      mla.QLoraRank,
+		"kv_lora":     mla.KVLoraRank,
+		"q_heads":     mla.Heads * mla.QKDim(),
+		"kv_heads":    mla.Heads * (mla.NopeDim + mla.VDim),
+		"v_heads":     mla.Heads * mla.VDim,
+		"index_q":     m.ixs.Heads * m.ixs.HeadDim,
+		"index_dim":   m.ixs.HeadDim,
+		"index_heads": m.ixs.Heads,
+	}
+	if m.Embed, err = l.Matrix("model.embed_tokens.weight", cfg.VocabSize, cfg.HiddenSize); err != nil {
+		return nil, err
+	}
+	if m.Norm, err = l.Vector("model.norm.weight", cfg.HiddenSize); err != nil {
+		return nil, err
+	}
+	m.LMHead = m.Embed
+	if !cfg.TieWordEmbeddings || l.Has("lm_head.weight") {
+		if m.LMHead, err = l.Linear("lm_head", cfg.VocabSize, cfg.HiddenSize); err != nil {
+			return nil, err
+		}
+	}
+	for i := range m.Blocks {
+		blk := &m.Blocks[i]
+		p := fmt.Sprintf("model.layers.%d.", i)
+		if err := l.Bind(p, blk, dims); err != nil {
+			return nil, err
+		}
+		kva := p + "self_attn.kv_a_proj_with_mqa"
+		kvaShape := []int{mla.KVLoraRank + mla.RopeDim, cfg.HiddenSize}
+		if blk.KVALatent, err = uploadRows(b, l, kva, kvaShape, 0, mla.KVLoraRank); err != nil {
+			return nil, err
+		}
+		if blk.KVARope, err = uploadRows(b, l, kva, kvaShape, mla.KVLoraRank, mla.RopeDim); err != nil {
+			return nil, err
+		}
+		if m.sparseMLP(i) {
+			if blk.MoE, err = m.loadMoE(l, p+"mlp."); err != nil {
+				return nil, err
+			}
+		} else {
+			if blk.Dense, err = loadMLP(b, l, p+"mlp.", cfg.IntermediateSize, cfg.HiddenSize); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
+
+// checkV32Config validates the fields the forward pass relies on, naming
+// the field at fault.
+func checkV32Config(cfg *Config, v *v32Config) error {
+	path := cfg.Path
+	if v.QLoraRank == nil {
+		return configErr(path, "q_lora_rank", "null is not supported: DeepSeek-V3.2's indexer reads the q low-rank path")
+	}
+	if cfg.HiddenAct != "" && cfg.HiddenAct != "silu" {
+		return configErr(path, "hidden_act", "%q is not supported (silu only)", cfg.HiddenAct)
+	}
+	if cfg.NumKVHeads != cfg.NumHeads {
+		return configErr(path, "num_key_value_heads", "%d; MLA expands one latent into num_attention_heads = %d key heads, so they must be equal", cfg.NumKVHeads, cfg.NumHeads)
+	}
+	for i, t := range cfg.LayerTypes {
+		if t != "deepseek_sparse_attention" {
+			return configErr(path, "layer_types", "entry %d is %q; deepseek_v32 layers are all \"deepseek_sparse_attention\"", i, t)
+		}
+	}
+	if v.MLPLayerTypes != nil {
+		if len(v.MLPLayerTypes) != cfg.NumLayers {
+			return configErr(path, "mlp_layer_types", "has %d entries for %d layers", len(v.MLPLayerTypes), cfg.NumLayers)
+		}
+		for i, t := range v.MLPLayerTypes {
+			if t != "dense" && t != "sparse" {
+				return configErr(path, "mlp_layer_types", "entry %d is %q, want \"dense\" or \"sparse\"", i, t)
+			}
+		}
+	}
+	dense, sparse := false, false
+	for i := range cfg.NumLayers {
+		if sparseLayer(v, cfg.NumLayers, i) {
+			sparse = true
+		} else {
+			dense = true
+		}
+	}
+	if dense && cfg.IntermediateSize <= 0 {
+		return configErr(path, "intermediate_size", "must be positive, got %d", cfg.IntermediateSize)
+	}
+	if sparse {
+		if v.MoEIntermediateSize <= 0 {
+			return configErr(path, "moe_intermediate_size", "must be positive, got %d", v.MoEIntermediateSize)
+		}
+		if v.NSharedExperts < 0 {
+			return configErr(path, "n_shared_experts", "must be >= 0, got %d", v.NSharedExperts)
+		}
+		a := layers.GroupRouteArgs{Experts: v.NRoutedExperts, K: v.NumExpertsPerTok, Groups: v.NGroup, TopKGroups: v.TopKGroup}
+		if err := a.Validate(); err != nil {
+			return configErr(path, "n_routed_experts/num_experts_per_tok/n_group/topk_group", "%v", err)
+		}
+	}
+	return nil
+}
+
+// sparseLayer reports whether layer i has the MoE MLP: mlp_layer_types when
+// given, else every layer from first_k_dense_replace on.
+func sparseLayer(v *v32Config, layers, i int) bool {
+	if v.MLPLayerTypes != nil {
+		return v.MLPLayerTypes[i] == "sparse"
+	}
+	return i >= min(v.FirstKDenseReplace, layers)
+}
+
+func (m *DeepseekV32) sparseMLP(i int) bool { return sparseLayer(&m.v, m.cfg.NumLayers, i) }
+
+func loadMLP(b backend.Backend, l *Loader, prefix string, width, hidden int) (*v32MLP, error) {
+	mlp := &v32MLP{Width: width}
+	var err error
+	if mlp.Gate, err = l.Linear(prefix+"gate_proj", width, hidden); err != nil {
+		return nil, err
+	}
+	if mlp.Up, err = l.Linear(prefix+"up_proj", width, hidden); err != nil {
+		return nil, err
+	}
+	if mlp.Down, err = l.Linear(prefix+"down_proj", hidden, width); err != nil {
+		return nil, err
+	}
+	return mlp, nil
+}
+
+// loadMoE reads a sparse layer's router, experts and shared experts. The
+// experts are stored one module per expert (experts.N.gate_proj, as
+// save_pretrained writes them) or fused (experts.gate_up_proj [E, 2I, H] and
+// experts.down_proj [E, H, I], transformers' in-memory layout).
+func (m *DeepseekV32) loadMoE(l *Loader, prefix string) (*v32MoE, error) {
+	v, H := &m.v, m.cfg.HiddenSize
+	E, I := v.NRoutedExperts, v.MoEIntermediateSize
+	moe := &v32MoE{Experts: make([]v32MLP, E)}
+	moe.route = layers.GroupRouteArgs{Experts: E, K: v.NumExpertsPerTok, Groups: v.NGroup, TopKGroups: v.TopKGroup,
+		Normalize: v.NormTopKProb, Scale: float32(v.RoutedScalingFactor)}
+	var err error
+	if moe.Router, err = l.Linear(prefix+"gate", E, H); err != nil {
+		return nil, err
+	}
+	if moe.Bias, err = l.Float32(prefix+"gate.e_score_correction_bias", E); err != nil {
+		return nil, err
+	}
+	if l.Has(prefix + "experts.gate_up_proj") {
+		gu, down := prefix+"experts.gate_up_proj", prefix+"experts.down_proj"
+		for e := range moe.Experts {
+			x := &moe.Experts[e]
+			x.Width = I
+			if x.Gate, err = uploadRows(m.b, l, gu, []int{E, 2 * I, H}, 2*e*I, I); err != nil {
+				return nil, err
+			}
+			if x.Up, err = uploadRows(m.b, l, gu, []int{E, 2 * I, H}, (2*e+1)*I, I); err != nil {
+				return nil, err
+			}
+			if x.Down, err = uploadRows(m.b, l, down, []int{E, H, I}, e*H, H); err != nil {
+				return nil, err
+			}
+		}
+	} else {
+		for e := range moe.Experts {
+			x, err := loadMLP(m.b, l, fmt.Sprintf("%sexperts.%d.", prefix, e), I, H)
+			if err != nil {
+				return nil, err
+			}
+			moe.Experts[e] = *x
+		}
+	}
+	if v.NSharedExperts > 0 {
+		if moe.Shared, err = loadMLP(m.b, l, prefix+"shared_experts.", I*v.NSharedExperts, H); err != nil {
+			return nil, err
+		}
+	}
+	return moe, nil
+}
+
+// uploadRows uploads rows [r0, r0+rows) of the tensor name (its .weight when
+// name is a module), viewed as a matrix of its last dimension's columns, in
+// its stored format; shape is the full shape the config implies. A module's
+// bias is sliced the same way.
+func uploadRows(b backend.Backend, l *Loader, name string, shape []int, r0, rows int) (backend.Weight, error) {
+	module, tname := "", name
+	if len(shape) == 2 && !l.Has(name) {
+		module, tname = name, name+".weight"
+	}
+	if module != "" && l.Has(module+".weight_scale") {
+		return nil, fmt.Errorf("model: %s: NVFP4 weights are not supported by this build", module)
+	}
+	t, err := l.Checkpoint().Tensor(tname)
+	if err != nil {
+		return nil, err
+	}
+	if !slices.Equal(t.Shape, shape) {
+		return nil, fmt.Errorf("model: %s: tensor %q has shape %v, the config implies %v", t.File, t.Name, t.Shape, shape)
+	}
+	cols := shape[len(shape)-1]
+	h := &backend.HostWeight{Name: fmt.Sprintf("%s[rows %d:%d]", tname, r0, r0+rows), Rows: rows, Cols: cols}
+	switch t.DType {
+	case weights.F32:
+		h.Format = backend.F32
+	case weights.BF16:
+		h.Format = backend.BF16
+	case weights.F16:
+		h.Format = backend.F16
+	default:
+		return nil, fmt.Errorf("model: %s: tensor %q has dtype %s; linear weights must be F32, BF16 or F16", t.File, t.Name, t.DType)
+	}
+	size := t.DType.Size()
+	h.Data = t.Data[r0*cols*size : (r0+rows)*cols*size]
+	if module != "" && l.Has(module+".bias") {
+		bias, err := l.Float32(module+".bias", shape[0])
+		if err != nil {
+			return nil, err
+		}
+		h.Bias = bias[r0 : r0+rows]
+	}
+	return b.Upload(h)
+}
+
+// Config is the model's config.
+func (m *DeepseekV32) Config() *Config { return m.cfg }
+
+// MLAShape is the attention geometry read from the config.
+func (m *DeepseekV32) MLAShape() layers.MLAShape { return m.mla }
+
+// IndexerShape is the indexer geometry read from the config.
+func (m *DeepseekV32) IndexerShape() dsa.IndexerShape { return m.ixs }

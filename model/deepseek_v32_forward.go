@@ -1,0 +1,401 @@
+package model
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/layers"
+	"github.com/manifoldlm/manifold/layers/dsa"
+)
+
+// MLAPath selects how a DeepSeek-V3.2 state computes attention and what its
+// cache holds.
+type MLAPath int
+
+const (
+	// MLAAuto caches the latent, the rope key and the indexer key of each
+	// token; decoding (one token) runs the absorbed path, a prefill whichever
+	// of the two paths costs fewer multiply-adds. NewState uses it.
+	MLAAuto MLAPath = iota
+	// MLAAbsorbed caches as MLAAuto and always runs the absorbed path:
+	// attention in the kv_lora latent space with W_UK folded into the query
+	// and W_UV applied to the output.
+	MLAAbsorbed
+	// MLANaive caches what the reference caches: each token's expanded
+	// per-head keys and values (k_nope and v from kv_b_proj, and the rope
+	// key once), plus the indexer key; attention runs on them.
+	MLANaive
+	// MLADense skips the indexer and runs dense causal attention over every
+	// earlier token through backend.Backend.Attention, with keys [k_nope,
+	// k_rope] and values zero-padded to the key width. It exists to test the
+	// sparse paths against plain MLA.
+	MLADense
+)
+
+func (p MLAPath) String() string {
+	switch p {
+	case MLAAuto:
+		return "auto"
+	case MLAAbsorbed:
+		return "absorbed"
+	case MLANaive:
+		return "naive"
+	case MLADense:
+		return "dense"
+	}
+	return fmt.Sprintf("MLAPath(%d)", int(p))
+}
+
+// v32State is one sequence: per-layer caches and activation scratch.
+type v32State struct {
+	path   MLAPath
+	n, cap int
+
+	lat, kr, ik, kv []backend.Buffer // per layer: latent, rope key, indexer key, expanded k_nope|v
+	dense           backend.KVCache
+	idx             dsa.Indices
+	perToken        int64 // cache bytes per position, all layers
+
+	rows                                     int // rows the scratch holds
+	x, h, y, cq, q, lat1, kr1, qI, wI, att   backend.Buffer
+	qLat, oLat, gate, up, rl, xe, ge, ue, ye backend.Buffer
+	dk, dv, datt, logits                     backend.Buffer
+	kvTmp                                    backend.Buffer
+	kvTmpRows                                int
+	hostLogits, routeW                       []float32
+	routeIdx                                 []int32
+	expertRows                               [][]int32
+	expertScale                              [][]float32
+}
+
+func (s *v32State) Len() int { return s.n }
+func (s *v32State) Cap() int { return s.cap }
+func (s *v32State) Truncate(n int) {
+	s.n = min(s.n, max(n, 0))
+	if s.dense != nil {
+		s.dense.Truncate(s.n)
+	}
+}
+func (s *v32State) CacheBytes() int64         { return s.perToken * int64(s.cap) }
+func (s *v32State) CacheBytesPerToken() int64 { return s.perToken }
+
+// Path is the MLA path the state runs.
+func (s *v32State) Path() MLAPath { return s.path }
+
+// NewState allocates an MLAAuto state for capacity positions.
+func (m *DeepseekV32) NewState(capacity int) (State, error) { return m.NewStateWith(capacity, MLAAuto) }
+
+// NewStateWith allocates a state for capacity positions that runs the given
+// MLA path.
+func (m *DeepseekV32) NewStateWith(capacity int, path MLAPath) (State, error) {
+	if capacity <= 0 {
+		return nil, fmt.Errorf("model: deepseek_v32 state capacity %d, want > 0", capacity)
+	}
+	b, c, s := m.b, m.cfg, m.mla
+	st := &v32State{path: path, cap: capacity}
+	L := c.NumLayers
+	var width int // float32 values cached per token and layer
+	switch path {
+	case MLAAuto, MLAAbsorbed, MLANaive:
+		idx, err := m.ops.DSANewIndices(m.ixs)
+		if err != nil {
+			return nil, err
+		}
+		st.idx = idx
+		st.kr = make([]backend.Buffer, L)
+		st.ik = make([]backend.Buffer, L)
+		for l := range L {
+			st.kr[l] = b.NewBuffer(capacity * s.RopeDim)
+			st.ik[l] = b.NewBuffer(capacity * m.ixs.HeadDim)
+		}
+		width = s.RopeDim + m.ixs.HeadDim
+		if path == MLANaive {
+			st.kv = make([]backend.Buffer, L)
+			for l := range L {
+				st.kv[l] = b.NewBuffer(capacity * s.Heads * (s.NopeDim + s.VDim))
+			}
+			width += s.Heads * (s.NopeDim + s.VDim)
+		} else {
+			st.lat = make([]backend.Buffer, L)
+			for l := range L {
+				st.lat[l] = b.NewBuffer(capacity * s.KVLoraRank)
+			}
+			width += s.KVLoraRank
+		}
+		st.perToken = int64(L) * int64(width) * 4
+	case MLADense:
+		cache, err := b.NewKVCache(backend.KVShape{Layers: L, KVHeads: s.Heads, HeadDim: s.QKDim(), Capacity: capacity})
+		if err != nil {
+			return nil, err
+		}
+		st.dense = cache
+		st.perToken = cache.Bytes() / int64(capacity)
+	default:
+		return nil, fmt.Errorf("model: unknown MLA path %v", path)
+	}
+	return st, nil
+}
+
+// grow makes the scratch buffers hold n rows.
+func (m *DeepseekV32) grow(s *v32State, n int) {
+	if s.rows >= n {
+		return
+	}
+	b, c, a, ix, v := m.b, m.cfg, m.mla, m.ixs, &m.v
+	s.rows = n
+	s.x = b.NewBuffer(n * c.HiddenSize)
+	s.h = b.NewBuffer(n * c.HiddenSize)
+	s.y = b.NewBuffer(n * c.HiddenSize)
+	s.cq = b.NewBuffer(n * a.QLoraRank)
+	s.q = b.NewBuffer(n * a.Heads * a.QKDim())
+	s.lat1 = b.NewBuffer(n * a.KVLoraRank)
+	s.kr1 = b.NewBuffer(n * a.RopeDim)
+	s.qI = b.NewBuffer(n * ix.Heads * ix.HeadDim)
+	s.wI = b.NewBuffer(n * ix.Heads)
+	s.att = b.NewBuffer(n * a.Heads * a.VDim)
+	s.qLat = b.NewBuffer(n * a.Heads * a.KVLoraRank)
+	s.oLat = b.NewBuffer(n * a.Heads * a.KVLoraRank)
+	ffn := max(c.IntermediateSize, v.MoEIntermediateSize*max(v.NSharedExperts, 1))
+	s.gate = b.NewBuffer(n * ffn)
+	s.up = b.NewBuffer(n * ffn)
+	s.rl = b.NewBuffer(n * max(v.NRoutedExperts, 1))
+	s.xe = b.NewBuffer(n * c.HiddenSize)
+	s.ye = b.NewBuffer(n * c.HiddenSize)
+	s.ge = b.NewBuffer(n * max(v.MoEIntermediateSize, 1))
+	s.ue = b.NewBuffer(n * max(v.MoEIntermediateSize, 1))
+	if s.path == MLADense {
+		s.dk = b.NewBuffer(n * a.Heads * a.QKDim())
+		s.dv = b.NewBuffer(n * a.Heads * a.QKDim())
+		s.datt = b.NewBuffer(n * a.Heads * a.QKDim())
+	}
+	s.logits = b.NewBuffer(n * c.VocabSize)
+}
+
+// kvScratch is a buffer for L tokens of expanded k_nope|v.
+func (m *DeepseekV32) kvScratch(s *v32State, L int) backend.Buffer {
+	w := m.mla.Heads * (m.mla.NopeDim + m.mla.VDim)
+	if s.kvTmpRows < L {
+		s.kvTmpRows = max(L, min(2*s.kvTmpRows, s.cap))
+		s.kvTmp = m.b.NewBuffer(s.kvTmpRows * w)
+	}
+	return m.b.View(s.kvTmp, 0, L*w)
+}
+
+// absorb reports whether the absorbed path is used for n queries over L
+// cached tokens on an MLAAuto state: always when decoding one token, else
+// when it costs fewer multiply-adds than decompressing all L latents.
+func (m *DeepseekV32) absorb(n, L int) bool {
+	if n == 1 {
+		return true
+	}
+	a := m.mla
+	k := min(m.ixs.TopK, L)
+	per := a.NopeDim + a.VDim
+	naive := L*a.Heads*per*a.KVLoraRank + n*a.Heads*(a.QKDim()+a.VDim)*k
+	absorbed := n*a.Heads*per*a.KVLoraRank + n*a.Heads*(2*a.KVLoraRank+a.RopeDim)*k
+	return absorbed <= naive
+}
+
+// Forward runs the decoder over tokens at positions st.Len()...
+func (m *DeepseekV32) Forward(ctx context.Context, st State, tokens []int32, all bool) ([]float32, error) {
+	s, ok := st.(*v32State)
+	if !ok {
+		return nil, fmt.Errorf("model: state of type %T is not a %s state", st, m.cfg.ModelType)
+	}
+	if err := checkForward(m.cfg, st, tokens); err != nil {
+		return nil, err
+	}
+	c, b := m.cfg, m.b
+	n, pos0, H := len(tokens), s.n, c.HiddenSize
+	m.grow(s, n)
+	x, h, y := b.View(s.x, 0, n*H), b.View(s.h, 0, n*H), b.View(s.y, 0, n*H)
+
+	b.Embed(x, m.Embed, tokens)
+	for l := range m.Blocks {
+		if err := ctx.Err(); err != nil {
+			s.Truncate(pos0)
+			return nil, err
+		}
+		blk := &m.Blocks[l]
+		b.RMSNorm(h, x, blk.AttnNorm, c.RMSNormEps)
+		m.attention(s, l, blk, y, h, n, pos0)
+		b.Add(x, x, y)
+		b.RMSNorm(h, x, blk.MLPNorm, c.RMSNormEps)
+		if blk.MoE != nil {
+			m.moe(s, blk.MoE, y, h, n)
+		} else {
+			m.mlp(s, blk.Dense, y, h, n)
+		}
+		b.Add(x, x, y)
+	}
+	s.n = pos0 + n
+	rows := n
+	if !all {
+		rows, x, h = 1, b.View(x, (n-1)*H, H), b.View(h, (n-1)*H, H)
+	}
+	b.RMSNorm(h, x, m.Norm, c.RMSNormEps)
+	logits := b.View(s.logits, 0, rows*c.VocabSize)
+	b.MatMul(logits, h, m.LMHead, rows)
+	out := make([]float32, rows*c.VocabSize)
+	b.Read(out, logits, 0)
+	return out, b.Sync()
+}
+
+// attention writes o_proj(MLA(h)) of n tokens at pos0.. into out and
+// appends them to layer l's caches.
+func (m *DeepseekV32) attention(s *v32State, l int, blk *v32Block, out, h backend.Buffer, n, pos0 int) {
+	b, ops, a, ix := m.b, m.ops, m.mla, m.ixs
+	r, dr, qk := a.KVLoraRank, a.RopeDim, a.QKDim()
+	L := pos0 + n
+
+	// Queries: RMSNorm(q_a_proj(h)) → q_b_proj → RoPE on each head's rope channels.
+	cq := b.View(s.cq, 0, n*a.QLoraRank)
+	b.MatMul(cq, h, blk.QA, n)
+	b.RMSNorm(cq, cq, blk.QANorm, v32LatentEps)
+	q := b.View(s.q, 0, n*a.Heads*qk)
+	b.MatMul(q, cq, blk.QB, n)
+	b.RoPE(q, n, a.Heads, qk, a.NopeDim, pos0, m.rope, false)
+	// Keys and values: the normalized latent and the rotated shared rope key.
+	lat := b.View(s.lat1, 0, n*r)
+	b.MatMul(lat, h, blk.KVALatent, n)
+	b.RMSNorm(lat, lat, blk.KVANorm, v32LatentEps)
+	kr := b.View(s.kr1, 0, n*dr)
+	b.MatMul(kr, h, blk.KVARope, n)
+	b.RoPE(kr, n, 1, dr, 0, pos0, m.rope, false)
+
+	att := b.View(s.att, 0, n*a.Heads*a.VDim)
+	if s.path == MLADense {
+		m.denseAttention(s, l, blk, att, q, lat, kr, n, pos0)
+		b.MatMul(out, att, blk.O, n)
+		return
+	}
+
+	// Lightning indexer: keys into the cache, then score and select.
+	qI := b.View(s.qI, 0, n*ix.Heads*ix.HeadDim)
+	b.MatMul(qI, cq, blk.IQB, n)
+	b.RoPE(qI, n, ix.Heads, ix.HeadDim, 0, pos0, m.irope, false)
+	kI := b.View(s.ik[l], pos0*ix.HeadDim, n*ix.HeadDim)
+	b.MatMul(kI, h, blk.IK, n)
+	ops.DSALayerNorm(kI, kI, blk.IKNormW, blk.IKNormB, v32IndexerEps)
+	b.RoPE(kI, n, 1, ix.HeadDim, 0, pos0, m.irope, false)
+	wI := b.View(s.wI, 0, n*ix.Heads)
+	b.MatMul(wI, h, blk.IW, n)
+	ops.DSASelect(s.idx, qI, wI, b.View(s.ik[l], 0, L*ix.HeadDim), n, L, pos0)
+
+	b.Copy(b.View(s.kr[l], pos0*dr, n*dr), kr)
+	rope := b.View(s.kr[l], 0, L*dr)
+	switch {
+	case s.path == MLANaive:
+		w := a.Heads * (a.NopeDim + a.VDim)
+		b.MatMul(b.View(s.kv[l], pos0*w, n*w), lat, blk.KVB, n)
+		ops.DSAAttendMLA(att, q, b.View(s.kv[l], 0, L*w), rope, s.idx, n, a, m.scale)
+	case s.path == MLAAbsorbed || m.absorb(n, L):
+		b.Copy(b.View(s.lat[l], pos0*r, n*r), lat)
+		qLat := b.View(s.qLat, 0, n*a.Heads*r)
+		ops.MLAAbsorbQuery(qLat, q, blk.KVB, n, a)
+		oLat := b.View(s.oLat, 0, n*a.Heads*r)
+		ops.DSAAttendLatent(oLat, qLat, q, b.View(s.lat[l], 0, L*r), rope, s.idx, n, a, m.scale)
+		ops.MLAExpandOutput(att, oLat, blk.KVB, n, a)
+	default:
+		b.Copy(b.View(s.lat[l], pos0*r, n*r), lat)
+		kv := m.kvScratch(s, L)
+		b.MatMul(kv, b.View(s.lat[l], 0, L*r), blk.KVB, L)
+		ops.DSAAttendMLA(att, q, kv, rope, s.idx, n, a, m.scale)
+	}
+	b.MatMul(out, att, blk.O, n)
+}
+
+// denseAttention is plain causal MLA through the backend's attention: keys
+// [k_nope, k_rope] per head, values zero-padded to the same width.
+func (m *DeepseekV32) denseAttention(s *v32State, l int, blk *v32Block, att, q, lat, kr backend.Buffer, n, pos0 int) {
+	b, a := m.b, m.mla
+	nd, dr, vd, qk := a.NopeDim, a.RopeDim, a.VDim, a.QKDim()
+	per := nd + vd
+	kv := m.kvScratch(s, n)
+	b.MatMul(kv, lat, blk.KVB, n)
+	k, v := b.View(s.dk, 0, n*a.Heads*qk), b.View(s.dv, 0, n*a.Heads*qk)
+	for i := range n {
+		for h := range a.Heads {
+			o := (i*a.Heads + h) * qk
+			src := (i*a.Heads + h) * per
+			b.Copy(b.View(k, o, nd), b.View(kv, src, nd))
+			b.Copy(b.View(k, o+nd, dr), b.View(kr, i*dr, dr))
+			b.Copy(b.View(v, o, vd), b.View(kv, src+nd, vd))
+		}
+	}
+	datt := b.View(s.datt, 0, n*a.Heads*qk)
+	b.Attention(datt, q, k, v, s.dense, l, pos0, n, layers.AttentionShape{Heads: a.Heads, KVHeads: a.Heads, HeadDim: qk, Scale: m.scale})
+	for i := range n {
+		for h := range a.Heads {
+			b.Copy(b.View(att, (i*a.Heads+h)*vd, vd), b.View(datt, (i*a.Heads+h)*qk, vd))
+		}
+	}
+}
+
+// mlp writes down(silu(gate h) * up h) of n rows into out.
+func (m *DeepseekV32) mlp(s *v32State, f *v32MLP, out, h backend.Buffer, n int) {
+	b := m.b
+	gate, up := b.View(s.gate, 0, n*f.Width), b.View(s.up, 0, n*f.Width)
+	b.MatMul(gate, h, f.Gate, n)
+	b.MatMul(up, h, f.Up, n)
+	b.SwiGLU(gate, gate, up, 0)
+	b.MatMul(out, gate, f.Down, n)
+}
+
+// moe writes the mixture of experts of n rows into out: the shared experts
+// plus each token's routed experts weighted by the router. Routing decisions
+// are made on the host from the router logits.
+func (m *DeepseekV32) moe(s *v32State, f *v32MoE, out, h backend.Buffer, n int) {
+	b, H := m.b, m.cfg.HiddenSize
+	E, K := f.route.Experts, f.route.K
+	rl := b.View(s.rl, 0, n*E)
+	b.MatMul(rl, h, f.Router, n)
+	if cap(s.hostLogits) < n*E {
+		s.hostLogits = make([]float32, n*E)
+		s.routeIdx = make([]int32, n*K)
+		s.routeW = make([]float32, n*K)
+	}
+	logits, idx, w := s.hostLogits[:n*E], s.routeIdx[:n*K], s.routeW[:n*K]
+	b.Read(logits, rl, 0)
+	a := f.route
+	a.M = n
+	layers.GroupRoute(idx, w, logits, f.Bias, a)
+
+	if f.Shared != nil {
+		m.mlp(s, f.Shared, out, h, n)
+	} else {
+		b.Scale(out, out, 0)
+	}
+	if len(s.expertRows) < E {
+		s.expertRows = make([][]int32, E)
+		s.expertScale = make([][]float32, E)
+	}
+	for e := range E {
+		s.expertRows[e] = s.expertRows[e][:0]
+		s.expertScale[e] = s.expertScale[e][:0]
+	}
+	for i := range n {
+		for j := range K {
+			e := idx[i*K+j]
+			s.expertRows[e] = append(s.expertRows[e], int32(i))
+			s.expertScale[e] = append(s.expertScale[e], w[i*K+j])
+		}
+	}
+	for e := range E {
+		rows := s.expertRows[e]
+		cnt := len(rows)
+		if cnt == 0 {
+			continue
+		}
+		x := &f.Experts[e]
+		xe, ye := b.View(s.xe, 0, cnt*H), b.View(s.ye, 0, cnt*H)
+		ge, ue := b.View(s.ge, 0, cnt*x.Width), b.View(s.ue, 0, cnt*x.Width)
+		m.ops.DSAGather(xe, h, rows, H)
+		b.MatMul(ge, xe, x.Gate, cnt)
+		b.MatMul(ue, xe, x.Up, cnt)
+		b.SwiGLU(ge, ge, ue, 0)
+		b.MatMul(ye, ge, x.Down, cnt)
+		m.ops.DSAScatterAdd(out, ye, rows, s.expertScale[e], H)
+	}
+}
