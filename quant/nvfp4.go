@@ -230,6 +230,17 @@ func absMaxParallel(w []float32, workers int) (float32, bool) {
 // Cols) into m, using m.GlobalScale. w must hold finite values; rows of m
 // outside [r0, r1) are untouched, so disjoint ranges may run concurrently.
 func (m *NVFP4) QuantizeRows(w []float32, r0, r1 int) {
+	m.quantizeRows(w, r0, r1, false)
+}
+
+// QuantizeRowsError is QuantizeRows that also returns, over the rows done,
+// the sums of squares of (dequantized - w) and of w (see ErrorRows), computed
+// during quantization instead of by a second pass.
+func (m *NVFP4) QuantizeRowsError(w []float32, r0, r1 int) (errSq, refSq float64) {
+	return m.quantizeRows(w, r0, r1, true)
+}
+
+func (m *NVFP4) quantizeRows(w []float32, r0, r1 int, withErr bool) (errSq, refSq float64) {
 	k := m.Cols
 	nb := k / NVFP4BlockSize
 	gs := m.GlobalScale
@@ -251,10 +262,19 @@ func (m *NVFP4) QuantizeRows(w []float32, r0, r1 int) {
 			denom := e4m3Table[code] * gs
 			out := packed[b*8 : b*8+8 : b*8+8]
 			for j := range 8 {
-				out[j] = PackE2M1(Float32ToE2M1(blk[2*j]/denom), Float32ToE2M1(blk[2*j+1]/denom))
+				x0, x1 := blk[2*j], blk[2*j+1]
+				c0, c1 := Float32ToE2M1(x0/denom), Float32ToE2M1(x1/denom)
+				out[j] = PackE2M1(c0, c1)
+				if withErr {
+					d0 := float64(e2m1Values[c0]*denom) - float64(x0)
+					d1 := float64(e2m1Values[c1]*denom) - float64(x1)
+					errSq += d0*d0 + d1*d1
+					refSq += float64(x0)*float64(x0) + float64(x1)*float64(x1)
+				}
 			}
 		}
 	}
+	return errSq, refSq
 }
 
 // Dequantize returns the matrix as float32, row-major Rows x Cols.

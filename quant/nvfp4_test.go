@@ -143,6 +143,16 @@ func TestQuantizeNVFP4ParallelSame(t *testing.T) {
 	if !bytes.Equal(a.Packed, b.Packed) || !bytes.Equal(a.Scales, b.Scales) || a.GlobalScale != b.GlobalScale {
 		t.Error("parallel quantization differs from serial")
 	}
+	// QuantizeRowsError gives the same codes and ErrorRows' figures.
+	c := &NVFP4{Rows: rows, Cols: cols, Packed: make([]byte, len(a.Packed)), Scales: make([]byte, len(a.Scales)), GlobalScale: a.GlobalScale}
+	e, r := c.QuantizeRowsError(w, 0, rows)
+	if !bytes.Equal(a.Packed, c.Packed) || !bytes.Equal(a.Scales, c.Scales) {
+		t.Error("QuantizeRowsError codes differ from QuantizeRows")
+	}
+	e2, r2 := a.ErrorRows(w, 0, rows)
+	if math.Abs(e-e2) > 1e-9*e2 || math.Abs(r-r2) > 1e-9*r2 {
+		t.Errorf("QuantizeRowsError = %g, %g; ErrorRows = %g, %g", e, r, e2, r2)
+	}
 }
 
 func TestQuantizeNVFP4Errors(t *testing.T) {

@@ -139,7 +139,7 @@ func Convert(ctx context.Context, opts Options) (rep *Report, err error) {
 		var out int64
 		switch p.kind {
 		case kindQuantize:
-			st, n, err := quantizeTensor(w, sources[i], p.module, workers)
+			st, n, err := quantizeTensor(w, sources[i], p.module, workers, mem)
 			if err != nil {
 				return nil, err
 			}
@@ -148,7 +148,7 @@ func Convert(ctx context.Context, opts Options) (rep *Report, err error) {
 			quantizedModules = append(quantizedModules, p.module)
 			out = n
 		case kindBF16:
-			n, err := bf16Tensor(w, sources[i], workers)
+			n, err := bf16Tensor(w, sources[i], workers, mem)
 			if err != nil {
 				return nil, err
 			}
@@ -280,22 +280,14 @@ func makePlans(c *weights.Checkpoint, excl *nvfp4ckpt.Config, blk [2]int) ([]pla
 // source (amax, then blocks), decoding a chunk of rows at a time per worker,
 // and writes <module>.weight, .weight_scale and .weight_scale_2. It returns
 // the accuracy figures and the bytes written.
-func quantizeTensor(w *weights.ShardedWriter, s *source, module string, workers int) (TensorStat, int64, error) {
+func quantizeTensor(w *weights.ShardedWriter, s *source, module string, workers int, mem *memSampler) (TensorStat, int64, error) {
 	rows, cols := s.rows, s.cols
 	chunk := s.rowChunk()
 	var mu sync.Mutex
 	var amax float32
 	finite := true
 	quant.ParallelRows(rows, workers, func(r0, r1 int) {
-		buf := make([]float32, min(chunk, r1-r0)*cols)
-		var mx float32
-		ok := true
-		for a := r0; a < r1; a += chunk {
-			b := min(a+chunk, r1)
-			s.decodeRows(buf, a, b)
-			m, f := quant.AbsMax(buf[:(b-a)*cols])
-			mx, ok = max(mx, m), ok && f
-		}
+		mx, ok := s.absMaxRows(r0, r1)
 		mu.Lock()
 		amax, finite = max(amax, mx), finite && ok
 		mu.Unlock()
@@ -319,14 +311,14 @@ func quantizeTensor(w *weights.ShardedWriter, s *source, module string, workers 
 			s.decodeRows(buf, a, b)
 			sub := &quant.NVFP4{Rows: b - a, Cols: cols, Packed: m.Packed[a*cols/2 : b*cols/2],
 				Scales: m.Scales[a*nb : b*nb], GlobalScale: m.GlobalScale}
-			sub.QuantizeRows(buf, 0, b-a)
-			de, dr := sub.ErrorRows(buf, 0, b-a)
+			de, dr := sub.QuantizeRowsError(buf, 0, b-a)
 			e, r = e+de, r+dr
 		}
 		mu.Lock()
 		errSq, refSq = errSq+e, refSq+r
 		mu.Unlock()
 	})
+	mem.sample() // the output is complete: the heap is at its peak for this tensor
 	name := module + nvfp4ckpt.SuffixWeight
 	if err := w.Add(name, weights.U8, []int{rows, cols / 2}, m.Packed); err != nil {
 		return TensorStat{}, 0, err
@@ -348,7 +340,7 @@ func quantizeTensor(w *weights.ShardedWriter, s *source, module string, workers 
 }
 
 // bf16Tensor writes a float tensor as BF16 (BF16 sources are copied as is).
-func bf16Tensor(w *weights.ShardedWriter, s *source, workers int) (int64, error) {
+func bf16Tensor(w *weights.ShardedWriter, s *source, workers int, mem *memSampler) (int64, error) {
 	t := s.t
 	if t.DType == weights.BF16 {
 		return int64(len(t.Data)), w.Add(t.Name, weights.BF16, t.Shape, t.Data)
@@ -363,6 +355,7 @@ func bf16Tensor(w *weights.ShardedWriter, s *source, workers int) (int64, error)
 			quant.EncodeBF16(out[2*a*s.cols:2*b*s.cols], buf[:(b-a)*s.cols])
 		}
 	})
+	mem.sample()
 	return int64(len(out)), w.Add(t.Name, weights.BF16, t.Shape, out)
 }
 
@@ -423,7 +416,7 @@ func startMemSampler() *memSampler {
 	m := &memSampler{quit: make(chan struct{})}
 	m.sample()
 	m.wg.Go(func() {
-		t := time.NewTicker(5 * time.Millisecond)
+		t := time.NewTicker(20 * time.Millisecond)
 		defer t.Stop()
 		for {
 			select {

@@ -151,6 +151,44 @@ func (s *source) decodeRows(dst []float32, r0, r1 int) {
 	}
 }
 
+// absMaxRows returns the largest |value| of rows [r0, r1) and whether all
+// are finite. BF16, F16 and F32 are scanned as bit patterns (magnitude bits
+// order like the values), without decoding.
+func (s *source) absMaxRows(r0, r1 int) (float32, bool) {
+	off, n := r0*s.cols, (r1-r0)*s.cols
+	src := s.t.Data
+	switch s.t.DType {
+	case weights.BF16, weights.F16:
+		b := src[2*off : 2*(off+n)]
+		var mx uint16
+		for i := 0; i+1 < len(b); i += 2 {
+			mx = max(mx, binary.LittleEndian.Uint16(b[i:])&0x7fff)
+		}
+		if s.t.DType == weights.BF16 {
+			return quant.BF16ToFloat32(mx), mx < 0x7f80
+		}
+		return quant.F16ToFloat32(mx), mx < 0x7c00
+	case weights.F32:
+		b := src[4*off : 4*(off+n)]
+		var mx uint32
+		for i := 0; i+3 < len(b); i += 4 {
+			mx = max(mx, binary.LittleEndian.Uint32(b[i:])&0x7fffffff)
+		}
+		return math.Float32frombits(mx), mx < 0x7f800000
+	}
+	chunk := s.rowChunk()
+	buf := make([]float32, min(chunk, r1-r0)*s.cols)
+	var mx float32
+	ok := true
+	for a := r0; a < r1; a += chunk {
+		b := min(a+chunk, r1)
+		s.decodeRows(buf, a, b)
+		m, f := quant.AbsMax(buf[:(b-a)*s.cols])
+		mx, ok = max(mx, m), ok && f
+	}
+	return mx, ok
+}
+
 // rowChunk returns how many rows to decode at a time so a chunk holds about
 // 256K values.
 func (s *source) rowChunk() int {

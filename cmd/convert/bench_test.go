@@ -1,0 +1,50 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/manifoldlm/manifold/internal/testmodel"
+	"github.com/manifoldlm/manifold/weights"
+)
+
+// BenchmarkConvert measures converter throughput in MB/s of source on a
+// Llama-shape model (2 layers, hidden 1024, FFN 2816, vocab 8192: 39M
+// parameters) stored as BF16 and as F32, using all cores. It also reports
+// the peak Go heap as a multiple of the largest source tensor.
+//
+//	go test ./cmd/convert -run '^$' -bench Convert -benchtime 3x
+func BenchmarkConvert(b *testing.B) {
+	for _, dt := range []weights.DType{weights.BF16, weights.F32} {
+		b.Run(dt.String(), func(b *testing.B) {
+			in := b.TempDir()
+			l := testmodel.Llama{Layers: 2, Hidden: 1024, FFN: 2816, Heads: 16, KVHeads: 4, Vocab: 8192, DType: dt, Seed: 1}
+			if err := l.Write(in); err != nil {
+				b.Fatal(err)
+			}
+			st, err := os.Stat(filepath.Join(in, "model.safetensors"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(st.Size())
+			work := b.TempDir()
+			var rep *Report
+			i := 0
+			for b.Loop() {
+				out := filepath.Join(work, fmt.Sprint(i))
+				i++
+				if rep, err = Convert(context.Background(), Options{In: in, Out: out}); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				os.RemoveAll(out)
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(rep.PeakHeap)/float64(rep.LargestSource), "peakheap/largest")
+			b.ReportMetric(100*rep.Overall(), "relRMS%")
+		})
+	}
+}
