@@ -93,7 +93,7 @@ func openIndex(path, index string) (*Checkpoint, error) {
 		return nil, &Error{File: index, Err: err}
 	}
 	// Reject duplicate top-level keys and non-objects before decoding.
-	if _, _, err := decodeObject(raw); err != nil {
+	if err := decodeObject(raw, skipValue); err != nil {
 		return nil, errf(index, "", ErrBadIndex, "%v", err)
 	}
 	var idx shardIndex

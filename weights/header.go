@@ -63,27 +63,38 @@ type rawEntry struct {
 // parseHeader parses the JSON header hdr of a file whose data section holds
 // dataLen bytes, and validates every entry against it.
 func parseHeader(file string, hdr []byte, dataLen int64) (*header, error) {
-	keys, vals, err := decodeObject(hdr)
+	h := &header{dataStart: 8 + int64(len(hdr))}
+	var entryErr error // an *Error about one entry, returned as is
+	err := decodeObject(hdr, func(name string, dec *json.Decoder) error {
+		if name == "__metadata__" {
+			if err := dec.Decode(&h.metadata); err != nil {
+				entryErr = errf(file, "", ErrBadHeader, "__metadata__ is not an object of strings: %v", err)
+				return entryErr
+			}
+			return nil
+		}
+		var e rawEntry
+		if err := dec.Decode(&e); err != nil {
+			entryErr = errf(file, name, ErrBadHeader, "entry is not {dtype, shape, data_offsets}: %v", err)
+			return entryErr
+		}
+		t, err := checkEntry(file, name, &e, dataLen)
+		if err != nil {
+			entryErr = err
+			return err
+		}
+		h.tensors = append(h.tensors, t)
+		return nil
+	})
 	if err != nil {
+		if entryErr != nil {
+			return nil, entryErr
+		}
 		var dup duplicateKeyError
 		if errors.As(err, &dup) {
 			return nil, errf(file, string(dup), ErrDuplicate, "name appears twice in the header")
 		}
 		return nil, errf(file, "", ErrBadHeader, "%v", err)
-	}
-	h := &header{dataStart: 8 + int64(len(hdr)), tensors: make([]tensorInfo, 0, len(keys))}
-	for i, name := range keys {
-		if name == "__metadata__" {
-			if err := json.Unmarshal(vals[i], &h.metadata); err != nil {
-				return nil, errf(file, "", ErrBadHeader, "__metadata__ is not an object of strings: %v", err)
-			}
-			continue
-		}
-		t, err := parseEntry(file, name, vals[i], dataLen)
-		if err != nil {
-			return nil, err
-		}
-		h.tensors = append(h.tensors, t)
 	}
 	if err := checkOverlap(file, h.tensors); err != nil {
 		return nil, err
@@ -91,11 +102,8 @@ func parseHeader(file string, hdr []byte, dataLen int64) (*header, error) {
 	return h, nil
 }
 
-func parseEntry(file, name string, val []byte, dataLen int64) (tensorInfo, error) {
-	var e rawEntry
-	if err := json.Unmarshal(val, &e); err != nil {
-		return tensorInfo{}, errf(file, name, ErrBadHeader, "entry is not {dtype, shape, data_offsets}: %v", err)
-	}
+// checkEntry validates one decoded header entry.
+func checkEntry(file, name string, e *rawEntry, dataLen int64) (tensorInfo, error) {
 	if e.DType == nil || e.Shape == nil || e.DataOffsets == nil {
 		return tensorInfo{}, errf(file, name, ErrBadHeader, "entry lacks dtype, shape or data_offsets")
 	}
@@ -182,46 +190,48 @@ type duplicateKeyError string
 
 func (d duplicateKeyError) Error() string { return fmt.Sprintf("duplicate key %q", string(d)) }
 
-// decodeObject decodes a JSON object into its keys and raw values in order,
-// rejecting duplicate keys (which encoding/json would silently merge),
-// non-objects and trailing data.
-func decodeObject(data []byte) ([]string, []json.RawMessage, error) {
+// decodeObject walks a JSON object, calling value for each key with the
+// decoder positioned at its value (value must consume exactly that value).
+// It rejects duplicate keys (which encoding/json would silently merge),
+// non-objects and trailing data. An error from value is returned as is.
+func decodeObject(data []byte, value func(key string, dec *json.Decoder) error) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	tok, err := dec.Token()
 	if err != nil {
-		return nil, nil, fmt.Errorf("not JSON: %v", err)
+		return fmt.Errorf("not JSON: %v", err)
 	}
 	if d, ok := tok.(json.Delim); !ok || d != '{' {
-		return nil, nil, fmt.Errorf("not a JSON object (starts with %v)", tok)
+		return fmt.Errorf("not a JSON object (starts with %v)", tok)
 	}
-	var keys []string
-	var vals []json.RawMessage
 	seen := make(map[string]struct{})
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
-			return nil, nil, fmt.Errorf("not JSON: %v", err)
+			return fmt.Errorf("not JSON: %v", err)
 		}
 		key, ok := tok.(string)
 		if !ok {
-			return nil, nil, fmt.Errorf("not JSON: object key %v", tok)
-		}
-		var raw json.RawMessage
-		if err := dec.Decode(&raw); err != nil {
-			return nil, nil, fmt.Errorf("not JSON: value of %q: %v", key, err)
+			return fmt.Errorf("not JSON: object key %v", tok)
 		}
 		if _, dup := seen[key]; dup {
-			return nil, nil, duplicateKeyError(key)
+			return duplicateKeyError(key)
 		}
 		seen[key] = struct{}{}
-		keys = append(keys, key)
-		vals = append(vals, raw)
+		if err := value(key, dec); err != nil {
+			return err
+		}
 	}
 	if _, err := dec.Token(); err != nil { // the closing '}'
-		return nil, nil, fmt.Errorf("not JSON: %v", err)
+		return fmt.Errorf("not JSON: %v", err)
 	}
 	if tok, err := dec.Token(); err != io.EOF {
-		return nil, nil, fmt.Errorf("trailing data after the JSON object (%v)", tok)
+		return fmt.Errorf("trailing data after the JSON object (%v)", tok)
 	}
-	return keys, vals, nil
+	return nil
+}
+
+// skipValue consumes one JSON value.
+func skipValue(_ string, dec *json.Decoder) error {
+	var raw json.RawMessage
+	return dec.Decode(&raw)
 }
