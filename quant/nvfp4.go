@@ -53,15 +53,17 @@ type NVFP4 struct {
 	InputScale  float32 // 0 if absent
 }
 
-// e4m3Table holds E4M3ToFloat32 of every code; computed once at package
+// e4m3Table holds E4M3ToFloat32 of every code, e4m3HalfTable half of it (for
+// kernels that work with 2*e2m1 integers); computed once at package
 // initialization and only read afterwards.
-var e4m3Table = newE4M3Table()
+var e4m3Table, e4m3HalfTable = newE4M3Tables()
 
-func newE4M3Table() (t [256]float32) {
+func newE4M3Tables() (t, h [256]float32) {
 	for i := range 256 {
 		t[i] = E4M3ToFloat32(uint8(i))
+		h[i] = t[i] / 2
 	}
-	return t
+	return t, h
 }
 
 // NewNVFP4 checks and wraps existing NVFP4 data (plain row-major scales).
@@ -339,6 +341,16 @@ func (m *NVFP4) MatVecRows(dst, x []float32, r0, r1 int) {
 		panic(fmt.Sprintf("quant.NVFP4.MatVecRows: x has %d values (need %d), rows [%d,%d) of %d, dst has %d",
 			len(x), k, r0, r1, m.Rows, len(dst)))
 	}
+	if useAVX2 {
+		m.matVecRowsAVX2(dst, x, r0, r1)
+		return
+	}
+	m.matVecRowsGo(dst, x, r0, r1)
+}
+
+// matVecRowsGo is the portable MatVecRows.
+func (m *NVFP4) matVecRowsGo(dst, x []float32, r0, r1 int) {
+	k := m.Cols
 	x = x[:k]
 	nb := k / NVFP4BlockSize
 	half := k / 2
@@ -413,10 +425,8 @@ func (m *NVFP4) MatMulRows(dst, x []float32, mrows int, r0, r1 int) {
 		m.decodeRow(w2, r+2, m.GlobalScale)
 		m.decodeRow(w3, r+3, m.GlobalScale)
 		for i := range mrows {
-			xr := x[i*k : (i+1)*k : (i+1)*k]
-			d0, d1, d2, d3 := dot4(w0, w1, w2, w3, xr)
-			o := dst[i*n+r : i*n+r+4 : i*n+r+4]
-			o[0], o[1], o[2], o[3] = d0, d1, d2, d3
+			d := dot4Rows(buf, x[i*k:(i+1)*k:(i+1)*k], k)
+			copy(dst[i*n+r:i*n+r+4], d[:])
 		}
 	}
 	for ; r < r1; r++ {

@@ -303,3 +303,43 @@ func TestAbsMax(t *testing.T) {
 		t.Error("AbsMax with -Inf reports finite")
 	}
 }
+
+// TestNVFP4KernelsAgree compares the assembly kernels (where the processor
+// has them) with the portable Go loops on every block-count parity.
+func TestNVFP4KernelsAgree(t *testing.T) {
+	if !useAVX2 {
+		t.Log("no AVX2/FMA: both paths are the Go loops")
+	}
+	for _, cols := range []int{16, 32, 48, 80, 272} {
+		const rows = 9
+		m, err := QuantizeNVFP4(gaussian(uint64(cols), rows*cols), rows, cols)
+		if err != nil {
+			t.Fatal(err)
+		}
+		x := gaussian(11, cols)
+		var bound float64 // sum |w||x| bounds the rounding differences
+		deq := m.Dequantize()
+		for k := range cols {
+			bound += math.Abs(float64(deq[k]) * float64(x[k]))
+		}
+		a, b := make([]float32, rows), make([]float32, rows)
+		m.matVecRowsGo(a, x, 0, rows)
+		m.matVecRowsAVX2(b, x, 0, rows)
+		for r := range rows {
+			if d := math.Abs(float64(a[r] - b[r])); d > 1e-5*bound {
+				t.Errorf("cols %d row %d: Go %v, AVX2 %v", cols, r, a[r], b[r])
+			}
+		}
+		buf := make([]float32, 4*cols)
+		for j := range 4 {
+			m.DequantizeRow(buf[j*cols:], j)
+		}
+		got := dot4Rows(buf, x, cols)
+		w0, w1, w2, w3 := dot4(buf[:cols], buf[cols:2*cols], buf[2*cols:3*cols], buf[3*cols:], x)
+		for j, want := range []float32{w0, w1, w2, w3} {
+			if d := math.Abs(float64(got[j] - want)); d > 1e-5*bound {
+				t.Errorf("cols %d dot4 row %d: %v, Go %v", cols, j, got[j], want)
+			}
+		}
+	}
+}
