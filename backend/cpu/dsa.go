@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/layers"
@@ -9,17 +10,19 @@ import (
 	"github.com/manifoldlm/manifold/quant"
 )
 
-// This file implements dsa.Ops (DeepSeek Sparse Attention and MLA steps) by
-// calling the reference functions of layers/dsa and layers on the buffers'
-// slices, parallel over queries and heads.
+// This file implements dsa.Ops (DeepSeek Sparse Attention and MLA steps):
+// the math of layers/dsa and layers/mla.go on the buffers' slices, with the
+// AVX2 dot products and axpys, parallel over queries, heads or keys.
+// dsa_test.go holds each method to its reference function.
 
 var _ dsa.Ops = (*Backend)(nil)
 
-// dsaIndices is the CPU's dsa.Indices: the selection and the indexer's
-// per-worker scratch.
+// dsaIndices is the CPU's dsa.Indices: the selection and a score row.
 type dsaIndices struct {
-	ix  *dsa.Indexer
-	sel dsa.Selection
+	shape dsa.IndexerShape
+	sel   dsa.Selection
+	row   []float32
+	topk  layers.TopKScratch
 }
 
 func (x *dsaIndices) Rows() int { return x.sel.Rows() }
@@ -29,21 +32,70 @@ func (b *Backend) DSALayerNorm(dst, x, w, bias backend.Buffer, eps float32) {
 	layers.LayerNorm(dst.(Buffer), x.(Buffer), w.(Buffer), bias.(Buffer), eps)
 }
 
-// DSANewIndices allocates a selection with an indexer running on all threads.
+// DSANewIndices allocates an empty selection.
 func (b *Backend) DSANewIndices(s dsa.IndexerShape) (dsa.Indices, error) {
-	ix, err := dsa.NewIndexer(s, b.threads)
-	if err != nil {
+	if err := s.Validate(); err != nil {
 		return nil, err
 	}
-	return &dsaIndices{ix: ix}, nil
+	return &dsaIndices{shape: s}, nil
 }
 
-// DSASelect scores and selects, parallel over queries.
+// DSASelect is dsa.Indexer.Select. With at least as many queries as
+// threads, queries run in parallel; with fewer (decoding), each query's
+// keys are scored in parallel.
 func (b *Backend) DSASelect(idx dsa.Indices, q, w, keys backend.Buffer, m, nKeys, pos0 int) {
 	x := idx.(*dsaIndices)
-	ws := w.(Buffer)
-	dsa.PrepareWeights(ws[:m*x.ix.Shape().Heads], x.ix.Shape())
-	x.ix.Select(&x.sel, q.(Buffer), ws, keys.(Buffer), m, nKeys, func(i int) int { return pos0 + i + 1 })
+	s := x.shape
+	qs, ws, ks := q.(Buffer), w.(Buffer), keys.(Buffer)
+	dsa.PrepareWeights(ws[:m*s.Heads], s)
+	x.sel.Resize(m, min(s.TopK, nKeys))
+	scale := s.ScoreScale()
+	hd := s.Heads * s.HeadDim
+	score := func(row []float32, i, lo, hi int) {
+		dsaScore(row[lo:hi], qs[i*hd:(i+1)*hd], ws[i*s.Heads:(i+1)*s.Heads], ks[lo*s.HeadDim:hi*s.HeadDim], s.Heads, s.HeadDim, scale)
+	}
+	selectRow := func(row []float32, i int, sc *layers.TopKScratch) {
+		v := min(pos0+i+1, nKeys)
+		for t := v; t < nKeys; t++ {
+			row[t] = float32(math.Inf(-1))
+		}
+		got := dsa.Select(x.sel.Idx[i*x.sel.K:(i+1)*x.sel.K], row, v, s.TopK, sc)
+		x.sel.N[i] = int32(len(got))
+	}
+	if m >= b.threads {
+		b.parallel(m, 1, func(lo, hi int) {
+			row := make([]float32, nKeys)
+			var sc layers.TopKScratch
+			for i := lo; i < hi; i++ {
+				score(row, i, 0, min(pos0+i+1, nKeys))
+				selectRow(row, i, &sc)
+			}
+		})
+		return
+	}
+	if cap(x.row) < nKeys {
+		x.row = make([]float32, nKeys)
+	}
+	row := x.row[:nKeys]
+	for i := range m {
+		v := min(pos0+i+1, nKeys)
+		b.parallel(v, 64, func(lo, hi int) { score(row, i, lo, hi) })
+		selectRow(row, i, &x.topk)
+	}
+}
+
+// dsaScore is dsa.Score on the AVX2 dot product: dst[t] = Σ_h w[h]·ReLU(scale·q[h]·k[t]).
+func dsaScore(dst, q, w, keys []float32, heads, d int, scale float32) {
+	for t := range dst {
+		k := keys[t*d : (t+1)*d]
+		var acc float32
+		for h := range heads {
+			if dot := dotF32(q[h*d:(h+1)*d], k) * scale; dot > 0 {
+				acc += w[h] * dot
+			}
+		}
+		dst[t] = acc
+	}
 }
 
 // dsaJobs splits m queries × heads into jobs of whole head ranges so that a
@@ -51,50 +103,96 @@ func (b *Backend) DSASelect(idx dsa.Indices, q, w, keys backend.Buffer, m, nKeys
 func (b *Backend) dsaJobs(m, heads int, fn func(i, h0, h1 int)) {
 	per := heads
 	if m < b.threads {
-		// Split each query's heads in about threads/m slices.
 		per = max(1, heads/max(1, b.threads/m))
 	}
-	slices := (heads + per - 1) / per
-	b.parallel(m*slices, 1, func(lo, hi int) {
+	parts := (heads + per - 1) / per
+	b.parallel(m*parts, 1, func(lo, hi int) {
 		for j := lo; j < hi; j++ {
-			i, sl := j/slices, j%slices
+			i, sl := j/parts, j%parts
 			fn(i, sl*per, min(heads, (sl+1)*per))
 		}
 	})
 }
 
-// DSAAttendMLA runs dsa.AttendMLA for each query.
+// softmaxRow turns logits into probabilities in place (the max subtracted).
+func softmaxRow(p []float32) {
+	mx := float32(math.Inf(-1))
+	for _, v := range p {
+		mx = max(mx, v)
+	}
+	var sum float64
+	for j, v := range p {
+		e := float32(math.Exp(float64(v - mx)))
+		p[j] = e
+		sum += float64(e)
+	}
+	inv := float32(1 / sum)
+	for j := range p {
+		p[j] *= inv
+	}
+}
+
+// DSAAttendMLA is dsa.AttendMLA for each query, on AVX2 dots and axpys.
 func (b *Backend) DSAAttendMLA(out, q, kv, kRope backend.Buffer, idx dsa.Indices, m int, s layers.MLAShape, scale float32) {
 	sel := &idx.(*dsaIndices).sel
 	o, qs, kvs, kr := out.(Buffer), q.(Buffer), kv.(Buffer), kRope.(Buffer)
-	qk, vd := s.QKDim(), s.VDim
+	nd, rd, vd, qk := s.NopeDim, s.RopeDim, s.VDim, s.QKDim()
+	per := nd + vd
+	row := s.Heads * per
 	b.dsaJobs(m, s.Heads, func(i, h0, h1 int) {
-		rows := sel.Row(i)
-		if len(rows) == 0 {
+		ts := sel.Row(i)
+		if len(ts) == 0 {
 			panic(fmt.Sprintf("cpu: DSAAttendMLA: query %d selected no keys", i))
 		}
-		p := make([]float32, len(rows))
-		dsa.AttendMLAHeads(o[i*s.Heads*vd:(i+1)*s.Heads*vd], qs[i*s.Heads*qk:(i+1)*s.Heads*qk], kvs, kr, rows, s, h0, h1, scale, p)
+		p := make([]float32, len(ts))
+		for h := h0; h < h1; h++ {
+			qh := qs[(i*s.Heads+h)*qk : (i*s.Heads+h+1)*qk]
+			for j, t := range ts {
+				base := int(t)*row + h*per
+				p[j] = (dotF32(qh[:nd], kvs[base:base+nd]) + dotF32(qh[nd:], kr[int(t)*rd:(int(t)+1)*rd])) * scale
+			}
+			softmaxRow(p)
+			oh := o[(i*s.Heads+h)*vd : (i*s.Heads+h+1)*vd]
+			clear(oh)
+			for j, t := range ts {
+				base := int(t)*row + h*per + nd
+				axpyF32(oh, kvs[base:base+vd], p[j])
+			}
+		}
 	})
 }
 
-// DSAAttendLatent runs dsa.AttendLatentHeads for each query.
+// DSAAttendLatent is dsa.AttendLatent for each query, on AVX2 dots and
+// axpys; each cached latent row is read once for the job's heads.
 func (b *Backend) DSAAttendLatent(out, qLat, q, latent, kRope backend.Buffer, idx dsa.Indices, m int, s layers.MLAShape, scale float32) {
 	sel := &idx.(*dsaIndices).sel
 	o, ql, qs, lat, kr := out.(Buffer), qLat.(Buffer), q.(Buffer), latent.(Buffer), kRope.(Buffer)
-	r, qk, rd := s.KVLoraRank, s.QKDim(), s.RopeDim
+	r, qk, rd, nd := s.KVLoraRank, s.QKDim(), s.RopeDim, s.NopeDim
 	b.dsaJobs(m, s.Heads, func(i, h0, h1 int) {
-		rows := sel.Row(i)
-		if len(rows) == 0 {
+		ts := sel.Row(i)
+		n := len(ts)
+		if n == 0 {
 			panic(fmt.Sprintf("cpu: DSAAttendLatent: query %d selected no keys", i))
 		}
-		// The rope channels of query i, one head every qk values.
-		qr := make([]float32, s.Heads*rd)
-		for h := h0; h < h1; h++ {
-			copy(qr[h*rd:(h+1)*rd], qs[i*s.Heads*qk+h*qk+s.NopeDim:i*s.Heads*qk+(h+1)*qk])
+		p := make([]float32, (h1-h0)*n)
+		for j, t := range ts {
+			c := lat[int(t)*r : (int(t)+1)*r]
+			kt := kr[int(t)*rd : (int(t)+1)*rd]
+			for h := h0; h < h1; h++ {
+				qh := qs[(i*s.Heads+h)*qk+nd : (i*s.Heads+h+1)*qk]
+				p[(h-h0)*n+j] = (dotF32(ql[(i*s.Heads+h)*r:(i*s.Heads+h+1)*r], c) + dotF32(qh, kt)) * scale
+			}
 		}
-		p := make([]float32, (h1-h0)*len(rows))
-		dsa.AttendLatentHeads(o[i*s.Heads*r:(i+1)*s.Heads*r], ql[i*s.Heads*r:(i+1)*s.Heads*r], qr, lat, kr, rows, h0, h1, r, rd, r, rd, scale, p)
+		for h := h0; h < h1; h++ {
+			softmaxRow(p[(h-h0)*n : (h-h0+1)*n])
+		}
+		clear(o[(i*s.Heads+h0)*r : (i*s.Heads+h1)*r])
+		for j, t := range ts {
+			c := lat[int(t)*r : (int(t)+1)*r]
+			for h := h0; h < h1; h++ {
+				axpyF32(o[(i*s.Heads+h)*r:(i*s.Heads+h+1)*r], c, p[(h-h0)*n+j])
+			}
+		}
 	})
 }
 
@@ -129,11 +227,7 @@ func (b *Backend) MLAAbsorbQuery(qLat, q backend.Buffer, kvB backend.Weight, m i
 			for c := range nd {
 				weightRow(row, w, h*per+c)
 				for i := range m {
-					a := qs[i*s.Heads*qk+h*qk+c]
-					o := ql[(i*s.Heads+h)*r : (i*s.Heads+h+1)*r]
-					for j, wv := range row {
-						o[j] += a * wv
-					}
+					axpyF32(ql[(i*s.Heads+h)*r:(i*s.Heads+h+1)*r], row, qs[i*s.Heads*qk+h*qk+c])
 				}
 			}
 		}
@@ -150,14 +244,16 @@ func (b *Backend) MLAExpandOutput(out, outLat backend.Buffer, kvB backend.Weight
 		row := make([]float32, r)
 		for h := lo; h < hi; h++ {
 			for c := range vd {
-				weightRow(row, w, h*per+nd+c)
-				for i := range m {
-					x := ol[(i*s.Heads+h)*r : (i*s.Heads+h+1)*r]
-					var d float32
-					for j, wv := range row {
-						d += wv * x[j]
+				wr := h*per + nd + c
+				if w.bf16 != nil { // dot straight from the stored bf16 row
+					for i := range m {
+						o[(i*s.Heads+h)*vd+c] = dotBF16(ol[(i*s.Heads+h)*r:(i*s.Heads+h+1)*r], w.bf16[wr*r:(wr+1)*r])
 					}
-					o[(i*s.Heads+h)*vd+c] = d
+					continue
+				}
+				weightRow(row, w, wr)
+				for i := range m {
+					o[(i*s.Heads+h)*vd+c] = dotF32(ol[(i*s.Heads+h)*r:(i*s.Heads+h+1)*r], row)
 				}
 			}
 		}
@@ -177,9 +273,13 @@ func (b *Backend) DSAScatterAdd(dst, src backend.Buffer, rows []int32, scale []f
 	d, s := dst.(Buffer), src.(Buffer)
 	for i, r := range rows {
 		o := d[int(r)*w : (int(r)+1)*w]
-		a := scale[i]
-		for c, v := range s[i*w : (i+1)*w] {
-			o[c] += a * v
-		}
+		axpyF32(o, s[i*w:(i+1)*w], scale[i])
+	}
+}
+
+func axpyF32Go(y, x []float32, a float32) {
+	y = y[:len(x)]
+	for i, v := range x {
+		y[i] += a * v
 	}
 }

@@ -1,0 +1,5 @@
+//go:build !amd64
+
+package cpu
+
+func axpyF32(y, x []float32, a float32) { axpyF32Go(y, x, a) }
