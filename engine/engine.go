@@ -19,6 +19,7 @@ import (
 
 	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/backend/cpu"
+	"github.com/manifoldlm/manifold/kernels"
 	"github.com/manifoldlm/manifold/model"
 	"github.com/manifoldlm/manifold/weights"
 )
@@ -97,12 +98,25 @@ func Load(dir string, opts Options) (*Model, error) {
 		loadTime: time.Since(start)}, nil
 }
 
+// newBackend opens the device opts ask for. "auto" takes the first GPU when
+// a CUDA driver and a GPU are present, else the CPU.
 func newBackend(opts Options) (backend.Backend, error) {
 	switch opts.Device {
-	case "", "auto", "cpu":
+	case "", "auto":
+		if kernels.Available() {
+			if b, err := kernels.New(0); err == nil {
+				return b, nil
+			}
+		}
+		return cpu.New(opts.Threads), nil
+	case "cpu":
 		return cpu.New(opts.Threads), nil
 	case "cuda":
-		return nil, fmt.Errorf("engine: device %q: %w: this build has no CUDA backend yet", opts.Device, ErrDevice)
+		b, err := kernels.New(0)
+		if err != nil {
+			return nil, fmt.Errorf("engine: device %q: %w: %v", opts.Device, ErrDevice, err)
+		}
+		return b, nil
 	}
 	return nil, fmt.Errorf("engine: device %q: %w: want auto, cpu or cuda", opts.Device, ErrDevice)
 }

@@ -1,0 +1,306 @@
+package kernels
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/backend/cpu"
+	"github.com/manifoldlm/manifold/internal/golden"
+	"github.com/manifoldlm/manifold/layers"
+	"github.com/manifoldlm/manifold/model"
+	"github.com/manifoldlm/manifold/quant"
+	"github.com/manifoldlm/manifold/weights"
+)
+
+func newGPU(t testing.TB) *Backend {
+	t.Helper()
+	if !Available() {
+		t.Skip("no CUDA driver or GPU")
+	}
+	b, err := New(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+func randn(rng *rand.Rand, n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(rng.NormFloat64())
+	}
+	return v
+}
+
+func toGPU(b *Backend, v []float32) backend.Buffer {
+	x := b.NewBuffer(len(v))
+	b.Write(x, 0, v)
+	return x
+}
+
+func fromGPU(t testing.TB, b *Backend, x backend.Buffer) []float32 {
+	out := make([]float32, x.Len())
+	b.Read(out, x, 0)
+	if err := b.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// relErr is ‖a − b‖ / ‖b‖.
+func relErr(a, b []float32) float64 {
+	var num, den float64
+	for i := range a {
+		d := float64(a[i]) - float64(b[i])
+		num += d * d
+		den += float64(b[i]) * float64(b[i])
+	}
+	if math.IsNaN(num) {
+		return math.Inf(1)
+	}
+	return math.Sqrt(num / max(den, 1e-30))
+}
+
+func hostWeight(rng *rand.Rand, f backend.Format, n, k int) *backend.HostWeight {
+	w := randn(rng, n*k)
+	h := &backend.HostWeight{Name: "w", Rows: n, Cols: k, Format: f, Bias: randn(rng, n)}
+	switch f {
+	case backend.F32:
+		h.Data = make([]byte, 4*len(w))
+		for i, v := range w {
+			binary.LittleEndian.PutUint32(h.Data[4*i:], math.Float32bits(v))
+		}
+	case backend.BF16, backend.F16:
+		h.Data = make([]byte, 2*len(w))
+		for i, v := range w {
+			c := quant.Float32ToBF16(v)
+			if f == backend.F16 {
+				c = quant.Float32ToF16(v)
+			}
+			binary.LittleEndian.PutUint16(h.Data[2*i:], c)
+		}
+	case backend.NVFP4:
+		h.Q, _ = quant.QuantizeNVFP4(w, n, k)
+	}
+	return h
+}
+
+// Tolerance: both sides accumulate in float32 in different orders; over K
+// unit-variance terms the relative error stays near 1e-6·√K, far under 1e-4.
+const matmulTol = 1e-4
+
+func TestMatMul(t *testing.T) {
+	g, c := newGPU(t), cpu.New(0)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, sh := range []struct{ m, n, k int }{{1, 7, 16}, {1, 300, 64}, {3, 129, 96}, {5, 64, 40}, {1, 513, 1024}, {16, 256, 4096}, {64, 130, 512}} {
+		for _, f := range []backend.Format{backend.F32, backend.BF16, backend.F16, backend.NVFP4} {
+			if f == backend.NVFP4 && sh.k%16 != 0 {
+				continue
+			}
+			h := hostWeight(rng, f, sh.n, sh.k)
+			x := randn(rng, sh.m*sh.k)
+			wc, err := c.Upload(h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wg, err := g.Upload(h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := make([]float32, sh.m*sh.n)
+			c.MatMul(cpu.Buffer(want), cpu.Buffer(x), wc, sh.m)
+			out := g.NewBuffer(sh.m * sh.n)
+			g.MatMul(out, toGPU(g, x), wg, sh.m)
+			if e := relErr(fromGPU(t, g, out), want); e > matmulTol {
+				t.Errorf("%v %+v: relative error %.3g", f, sh, e)
+			}
+		}
+	}
+}
+
+func TestElementwiseAndNorms(t *testing.T) {
+	g, c := newGPU(t), cpu.New(0)
+	rng := rand.New(rand.NewPCG(3, 4))
+	n := 1000
+	a, bb, w := randn(rng, 3*n), randn(rng, 3*n), randn(rng, n)
+	for i := range a {
+		a[i] *= 15
+	}
+	check := func(name string, got, want []float32, tol float64) {
+		if e := relErr(got, want); e > tol {
+			t.Errorf("%s: relative error %.3g", name, e)
+		}
+	}
+	want := make(cpu.Buffer, 3*n)
+	out := g.NewBuffer(3 * n)
+	c.SwiGLU(want, cpu.Buffer(a), cpu.Buffer(bb), 10)
+	g.SwiGLU(out, toGPU(g, a), toGPU(g, bb), 10)
+	check("swiglu", fromGPU(t, g, out), want, 1e-6)
+	c.Add(want, cpu.Buffer(a), cpu.Buffer(bb))
+	g.Add(out, toGPU(g, a), toGPU(g, bb))
+	check("add", fromGPU(t, g, out), want, 0)
+	c.Scale(want, cpu.Buffer(a), 0.3)
+	g.Scale(out, toGPU(g, a), 0.3)
+	check("scale", fromGPU(t, g, out), want, 0)
+	c.RMSNorm(want, cpu.Buffer(a), cpu.Buffer(w), 1e-6)
+	g.RMSNorm(out, toGPU(g, a), toGPU(g, w), 1e-6)
+	check("rmsnorm", fromGPU(t, g, out), want, 1e-6)
+	// Views: the second row only.
+	gv := g.View(out, n, n)
+	g.Copy(gv, toGPU(g, bb[:n]))
+	check("view+copy", fromGPU(t, g, out)[n:2*n], bb[:n], 0)
+}
+
+func TestRoPE(t *testing.T) {
+	g, c := newGPU(t), cpu.New(0)
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, tc := range []struct {
+		p                              layers.RoPEParams
+		head, rows, heads, stride, off int
+		interleaved, inverse           bool
+	}{
+		{layers.RoPEParams{Theta: 10000}, 64, 5, 3, 64, 0, false, false},
+		{layers.RoPEParams{Type: "yarn", Theta: 160000, Factor: 16, OriginalMaxPositions: 256}, 64, 4, 2, 80, 16, true, true},
+	} {
+		r, err := layers.NewRoPE(tc.p, tc.head)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Interleaved = tc.interleaved
+		x := randn(rng, tc.rows*tc.heads*tc.stride)
+		want := append(cpu.Buffer{}, x...)
+		c.RoPE(want, tc.rows, tc.heads, tc.stride, tc.off, 1000, r, tc.inverse)
+		gx := toGPU(g, x)
+		g.RoPE(gx, tc.rows, tc.heads, tc.stride, tc.off, 1000, r, tc.inverse)
+		if e := relErr(fromGPU(t, g, gx), want); e > 1e-5 {
+			t.Errorf("%+v: relative error %.3g", tc.p, e)
+		}
+	}
+}
+
+func TestEmbedAndAttention(t *testing.T) {
+	g, c := newGPU(t), cpu.New(0)
+	rng := rand.New(rand.NewPCG(7, 8))
+	for _, f := range []backend.Format{backend.F32, backend.BF16, backend.NVFP4} {
+		h := hostWeight(rng, f, 50, 64)
+		h.Bias = nil
+		wc, _ := c.Upload(h)
+		wg, _ := g.Upload(h)
+		ids := []int32{3, 49, 0, 3}
+		want := make(cpu.Buffer, 4*64)
+		c.Embed(want, wc, ids)
+		out := g.NewBuffer(4 * 64)
+		g.Embed(out, wg, ids)
+		if e := relErr(fromGPU(t, g, out), want); e > 1e-7 {
+			t.Errorf("embed %v: %.3g", f, e)
+		}
+	}
+	for _, s := range []layers.AttentionShape{{Heads: 8, KVHeads: 2, HeadDim: 64}, {Heads: 4, KVHeads: 4, HeadDim: 40, Window: 7}, {Heads: 3, KVHeads: 1, HeadDim: 128}} {
+		s.Scale = float32(1 / math.Sqrt(float64(s.HeadDim)))
+		T := 37
+		qr, kr := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
+		q, k, v := randn(rng, T*qr), randn(rng, T*kr), randn(rng, T*kr)
+		cc, _ := c.NewKVCache(backend.KVShape{Layers: 2, KVHeads: s.KVHeads, HeadDim: s.HeadDim, Capacity: T})
+		gc, err := g.NewKVCache(backend.KVShape{Layers: 2, KVHeads: s.KVHeads, HeadDim: s.HeadDim, Capacity: T})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, span := range [][2]int{{0, 30}, {30, 31}, {31, 37}} {
+			lo, hi := span[0], span[1]
+			want := make(cpu.Buffer, (hi-lo)*qr)
+			c.Attention(want, cpu.Buffer(q[lo*qr:hi*qr]), cpu.Buffer(k[lo*kr:hi*kr]), cpu.Buffer(v[lo*kr:hi*kr]), cc, 1, lo, hi-lo, s)
+			out := g.NewBuffer((hi - lo) * qr)
+			g.Attention(out, toGPU(g, q[lo*qr:hi*qr]), toGPU(g, k[lo*kr:hi*kr]), toGPU(g, v[lo*kr:hi*kr]), gc, 1, lo, hi-lo, s)
+			if e := relErr(fromGPU(t, g, out), want); e > 1e-5 {
+				t.Errorf("attention %+v rows [%d,%d): %.3g", s, lo, hi, e)
+			}
+		}
+	}
+}
+
+// TestGoldenOnGPU runs the fixture models on the GPU and the CPU: logits
+// within 2e-2 (float32 on both sides, different summation orders and
+// __expf in the softmax), greedy tokens equal.
+func TestGoldenOnGPU(t *testing.T) {
+	g := newGPU(t)
+	root := golden.Dir(t)
+	for _, arch := range golden.Models(t) {
+		for _, variant := range []string{"", "bf16"} {
+			dir := filepath.Join(root, arch, variant)
+			cfg, err := model.LoadConfig(dir)
+			if err != nil {
+				if errors.Is(err, model.ErrConfig) {
+					t.Logf("%s: %v", dir, err)
+				}
+				continue
+			}
+			t.Run(filepath.Join(arch, variant+"."), func(t *testing.T) {
+				ck, err := weights.Open(dir)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer ck.Close()
+				mg, err := model.New(g, cfg, ck)
+				if err != nil {
+					t.Skipf("not on the GPU yet: %v", err)
+				}
+				mc, err := model.New(cpu.New(0), cfg, ck)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ref := golden.Load(t, dir)
+				ctx := context.Background()
+				run := func(m model.Model) ([]float32, []int32) {
+					st, err := m.NewState(len(ref.InputIDs) + 24)
+					if err != nil {
+						t.Fatal(err)
+					}
+					full, err := m.Forward(ctx, st, ref.InputIDs, true)
+					if err != nil {
+						t.Fatal(err)
+					}
+					st2, _ := m.NewState(64)
+					logits, err := m.Forward(ctx, st2, ref.InputIDs[:20], false)
+					if err != nil {
+						t.Fatal(err)
+					}
+					var toks []int32
+					for range 24 {
+						tok := int32(0)
+						for i, v := range logits {
+							if v > logits[tok] {
+								tok = int32(i)
+							}
+						}
+						toks = append(toks, tok)
+						if logits, err = m.Forward(ctx, st2, []int32{tok}, false); err != nil {
+							t.Fatal(err)
+						}
+					}
+					return full, toks
+				}
+				gl, gt := run(mg)
+				cl, ct := run(mc)
+				var d float64
+				for i := range gl {
+					d = max(d, math.Abs(float64(gl[i]-cl[i])))
+				}
+				if d > 2e-2 {
+					t.Errorf("GPU logits differ from the CPU backend's by %.3g > 2e-2", d)
+				}
+				if !slices.Equal(gt, ct) {
+					t.Errorf("greedy tokens differ:\nGPU %v\nCPU %v", gt, ct)
+				}
+				t.Logf("max |GPU - CPU| logit %.3g; greedy equal", d)
+			})
+		}
+	}
+}

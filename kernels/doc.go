@@ -1,0 +1,13 @@
+// Package kernels is the CUDA backend: Manifold's own kernels (manifold.cu),
+// their build (build.sh, run where nvcc is), the committed image they build
+// to (manifold.fatbin, embedded), and the Go side that loads and launches them
+// through the CUDA driver API.
+//
+// The driver (libcuda) is opened at run time with purego, so building needs
+// neither cgo nor CUDA headers, and the same binary runs on machines with and
+// without a GPU (Available reports which). Every kernel is tested against the
+// CPU backend in cuda_test.go; those tests skip themselves without a GPU.
+//
+// This package owns GPU memory, streams and kernels; it knows no architecture
+// and reads no files.
+package kernels

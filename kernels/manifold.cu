@@ -1,0 +1,323 @@
+// Manifold's CUDA kernels. Each kernel's reference is the CPU backend
+// (backend/cpu) or the layers package; kernels/cuda_test.go holds them to it.
+// Activations are float32; weights stay in their stored format (f32, bf16,
+// NVFP4) and are decoded in registers.
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#define WARP 32
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+    return v;
+}
+
+// block_sum: every thread gets the sum over the block (blockDim.x <= 1024).
+__device__ float block_sum(float v, float* shared) {
+    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    int nw = (blockDim.x + WARP - 1) / WARP;
+    v = lane < nw ? shared[lane] : 0.f;
+    return warp_sum(v);
+}
+
+__device__ float block_max(float v, float* shared) {
+    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    int nw = (blockDim.x + WARP - 1) / WARP;
+    v = lane < nw ? shared[lane] : -INFINITY;
+    return warp_max(v);
+}
+
+__device__ __forceinline__ float bf16_to_f32(uint16_t h) { return __uint_as_float(((uint32_t)h) << 16); }
+
+// E4M3 (fn) to float: no infinities, 0x7f/0xff are NaN.
+__device__ __forceinline__ float e4m3_to_f32(uint8_t b) {
+    uint32_t s = (b >> 7) & 1, e = (b >> 3) & 0xf, m = b & 7;
+    float v;
+    if (e == 0) v = (float)m * 0.001953125f;  // m * 2^-9
+    else if (e == 15 && m == 7) v = __int_as_float(0x7fc00000);
+    else v = __uint_as_float(((e + 120) << 23) | (m << 20));
+    return s ? -v : v;
+}
+
+__constant__ float kE2M1[16] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f,
+                                -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+
+// ---------------------------------------------------------------------------
+// GEMV / small-m GEMM: y[i, r] = sum_k x[i, k] * W[r, k] (+ bias[r]).
+// One warp per output row; each lane streams 16-byte chunks of the row, and
+// up to MT input rows are accumulated per pass over the weight row.
+#define MT 4
+
+template <typename Loader>
+__device__ __forceinline__ void gemv_row(const Loader& ld, const float* __restrict__ x, float* __restrict__ y,
+                                         const float* __restrict__ bias, int N, int K, int m, int r) {
+    int lane = threadIdx.x % WARP;
+    for (int i0 = 0; i0 < m; i0 += MT) {
+        float acc[MT];
+#pragma unroll
+        for (int t = 0; t < MT; t++) acc[t] = 0.f;
+        int mt = min(MT, m - i0);
+        for (int k = lane * Loader::kChunk; k < K; k += WARP * Loader::kChunk) {
+            float w[Loader::kChunk];
+            ld.load(r, k, w);
+#pragma unroll
+            for (int t = 0; t < MT; t++) {
+                if (t < mt) {
+                    const float* xr = x + (size_t)(i0 + t) * K + k;
+#pragma unroll
+                    for (int j = 0; j < Loader::kChunk; j += 4) {
+                        float4 xv = *reinterpret_cast<const float4*>(xr + j);
+                        acc[t] += w[j] * xv.x + w[j + 1] * xv.y + w[j + 2] * xv.z + w[j + 3] * xv.w;
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < MT; t++) {
+            float s = warp_sum(acc[t]);
+            if (lane == 0 && t < mt) y[(size_t)(i0 + t) * N + r] = s * ld.scale() + (bias ? bias[r] : 0.f);
+        }
+    }
+}
+
+struct F32Loader {
+    static constexpr int kChunk = 4;
+    const float* W; int K;
+    __device__ void load(int r, int k, float* w) const {
+        float4 v = __ldg(reinterpret_cast<const float4*>(W + (size_t)r * K + k));
+        w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+    }
+    __device__ float scale() const { return 1.f; }
+};
+
+struct BF16Loader {
+    static constexpr int kChunk = 8;
+    const uint16_t* W; int K;
+    __device__ void load(int r, int k, float* w) const {
+        uint4 v = __ldg(reinterpret_cast<const uint4*>(W + (size_t)r * K + k));
+        uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            w[2 * j] = __uint_as_float(u[j] << 16);
+            w[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
+        }
+    }
+    __device__ float scale() const { return 1.f; }
+};
+
+// NVFP4 in ModelOpt's layout: packed [N, K/2] (element 2i in the low nibble),
+// E4M3 block scales [N, K/16], one float32 global scale. A chunk is 16 bytes
+// of packed values: 32 elements, two scale blocks.
+struct NVFP4Loader {
+    static constexpr int kChunk = 32;
+    const uint8_t* P; const uint8_t* S; int K; float global;
+    __device__ void load(int r, int k, float* w) const {
+        uint4 v = __ldg(reinterpret_cast<const uint4*>(P + (size_t)r * (K / 2) + k / 2));
+        const uint8_t* sc = S + (size_t)r * (K / 16) + k / 16;
+        float s0 = e4m3_to_f32(sc[0]), s1 = e4m3_to_f32(sc[1]);
+        uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float s = j < 2 ? s0 : s1;
+#pragma unroll
+            for (int b = 0; b < 8; b++) w[8 * j + b] = kE2M1[(u[j] >> (4 * b)) & 0xf] * s;
+        }
+    }
+    __device__ float scale() const { return global; }
+};
+
+// Rows per block: 8 warps.
+extern "C" __global__ void gemv_f32(const float* W, const float* x, float* y, const float* bias, int N, int K, int m) {
+    int r = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    if (r >= N) return;
+    F32Loader ld{W, K};
+    gemv_row(ld, x, y, bias, N, K, m, r);
+}
+
+extern "C" __global__ void gemv_bf16(const uint16_t* W, const float* x, float* y, const float* bias, int N, int K, int m) {
+    int r = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    if (r >= N) return;
+    BF16Loader ld{W, K};
+    gemv_row(ld, x, y, bias, N, K, m, r);
+}
+
+extern "C" __global__ void gemv_nvfp4(const uint8_t* P, const uint8_t* S, float global, const float* x, float* y,
+                                      const float* bias, int N, int K, int m) {
+    int r = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    if (r >= N) return;
+    NVFP4Loader ld{P, S, K, global};
+    gemv_row(ld, x, y, bias, N, K, m, r);
+}
+
+// Tail-safe GEMV for K not a multiple of the chunk: plain per-element loads.
+extern "C" __global__ void gemv_f32_any(const float* W, const float* x, float* y, const float* bias, int N, int K, int m) {
+    int r = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (r >= N) return;
+    for (int i = 0; i < m; i++) {
+        float acc = 0.f;
+        for (int k = lane; k < K; k += WARP) acc += W[(size_t)r * K + k] * x[(size_t)i * K + k];
+        acc = warp_sum(acc);
+        if (lane == 0) y[(size_t)i * N + r] = acc + (bias ? bias[r] : 0.f);
+    }
+}
+
+extern "C" __global__ void gemv_bf16_any(const uint16_t* W, const float* x, float* y, const float* bias, int N, int K, int m) {
+    int r = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (r >= N) return;
+    for (int i = 0; i < m; i++) {
+        float acc = 0.f;
+        for (int k = lane; k < K; k += WARP) acc += bf16_to_f32(W[(size_t)r * K + k]) * x[(size_t)i * K + k];
+        acc = warp_sum(acc);
+        if (lane == 0) y[(size_t)i * N + r] = acc + (bias ? bias[r] : 0.f);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Embedding gather: dst[i, :] = table[ids[i], :] as float32, for up to
+// kIdBlock rows per launch; the ids travel in the kernel's parameters.
+#define kIdBlock 256
+struct IdBlock { int v[kIdBlock]; };
+
+// format: 0 f32, 1 bf16, 2 nvfp4 (P packed, S scales, global).
+extern "C" __global__ void embed(const void* table, const uint8_t* S, float global, int format, IdBlock ids,
+                                 float* dst, int n) {
+    int i = blockIdx.x;
+    size_t r = (size_t)ids.v[i];
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        float v;
+        if (format == 0) v = ((const float*)table)[r * n + j];
+        else if (format == 1) v = bf16_to_f32(((const uint16_t*)table)[r * n + j]);
+        else {
+            uint8_t b = ((const uint8_t*)table)[r * (n / 2) + j / 2];
+            v = kE2M1[(b >> (4 * (j & 1))) & 0xf] * e4m3_to_f32(S[r * (n / 16) + j / 16]) * global;
+        }
+        dst[(size_t)i * n + j] = v;
+    }
+}
+
+// RMSNorm: one block per row of n values; dst may alias x.
+extern "C" __global__ void rmsnorm(float* dst, const float* x, const float* w, int n, float eps) {
+    __shared__ float red[32];
+    const float* xr = x + (size_t)blockIdx.x * n;
+    float* dr = dst + (size_t)blockIdx.x * n;
+    float ss = 0.f;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) ss += xr[j] * xr[j];
+    ss = block_sum(ss, red);
+    float inv = rsqrtf(ss / n + eps);
+    for (int j = threadIdx.x; j < n; j += blockDim.x) dr[j] = w[j] * (xr[j] * inv);
+}
+
+// RoPE on channels [off, off + 2*half) of rows*heads vectors `stride` apart;
+// row i at position pos0 + i. Angles as torch computes them: float32(pos) *
+// inv_freq in float32, cos/sin scaled by `scale`.
+extern "C" __global__ void rope(float* x, const float* inv_freq, int rows, int heads, int stride, int off, int half,
+                                int pos0, float scale, int interleaved, int inverse) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    int total = rows * heads * half;
+    if (idx >= total) return;
+    int i = idx % half, vec = idx / half, row = vec / heads;
+    float a = (float)(pos0 + row) * inv_freq[i];
+    float c = cosf(a) * scale, s = sinf(a) * scale;
+    if (inverse) s = -s;
+    float* v = x + (size_t)vec * stride + off;
+    int i0 = interleaved ? 2 * i : i, i1 = interleaved ? 2 * i + 1 : i + half;
+    float p = v[i0], q = v[i1];
+    v[i0] = p * c - q * s;
+    v[i1] = q * c + p * s;
+}
+
+// Causal attention: one block per (head, query row). Scores live in dynamic
+// shared memory (one float per visible key). keys/values: [pos, kvHeads, hd].
+extern "C" __global__ void attention(float* out, const float* q, const float* keys, const float* values, int pos0,
+                                     int heads, int kvHeads, int hd, float scale, int window) {
+    extern __shared__ float sh[];
+    __shared__ float red[32];
+    int h = blockIdx.x, i = blockIdx.y;
+    int p = pos0 + i;
+    int start = window > 0 ? max(0, p - window + 1) : 0;
+    int n = p - start + 1;
+    int kh = h / (heads / kvHeads);
+    const float* qv = q + ((size_t)i * heads + h) * hd;
+    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    float mx = -INFINITY;
+    for (int t = warp; t < n; t += nw) {
+        const float* kv = keys + ((size_t)(start + t) * kvHeads + kh) * hd;
+        float d = 0.f;
+        for (int j = lane; j < hd; j += WARP) d += qv[j] * kv[j];
+        d = warp_sum(d) * scale;
+        if (lane == 0) sh[t] = d;
+        mx = fmaxf(mx, d);
+    }
+    mx = block_max(mx, red);
+    __syncthreads();
+    float sum = 0.f;
+    for (int t = threadIdx.x; t < n; t += blockDim.x) {
+        float e = __expf(sh[t] - mx);
+        sh[t] = e;
+        sum += e;
+    }
+    sum = block_sum(sum, red);
+    __syncthreads();
+    float inv = 1.f / sum;
+    for (int j = threadIdx.x; j < hd; j += blockDim.x) {
+        float acc = 0.f;
+        for (int t = 0; t < n; t++) acc += sh[t] * values[((size_t)(start + t) * kvHeads + kh) * hd + j];
+        out[((size_t)i * heads + h) * hd + j] = acc * inv;
+    }
+}
+
+// Elementwise.
+extern "C" __global__ void swiglu(float* dst, const float* gate, const float* up, int n, float limit) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = gate[i], u = up[i];
+    if (limit > 0.f) {
+        g = fminf(g, limit);
+        u = fmaxf(fminf(u, limit), -limit);
+    }
+    dst[i] = g / (1.f + __expf(-g)) * u;
+}
+
+extern "C" __global__ void add(float* dst, const float* a, const float* b, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = a[i] + b[i];
+}
+
+extern "C" __global__ void scale(float* dst, const float* a, float s, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = a[i] * s;
+}
+
+extern "C" __global__ void gemv_nvfp4_any(const uint8_t* P, const uint8_t* S, float global, const float* x, float* y,
+                                          const float* bias, int N, int K, int m) {
+    int r = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (r >= N) return;
+    for (int i = 0; i < m; i++) {
+        float acc = 0.f;
+        for (int k = lane; k < K; k += WARP) {
+            uint8_t b = P[(size_t)r * (K / 2) + k / 2];
+            float w = kE2M1[(b >> (4 * (k & 1))) & 0xf] * e4m3_to_f32(S[(size_t)r * (K / 16) + k / 16]);
+            acc += w * x[(size_t)i * K + k];
+        }
+        acc = warp_sum(acc);
+        if (lane == 0) y[(size_t)i * N + r] = acc * global + (bias ? bias[r] : 0.f);
+    }
+}
