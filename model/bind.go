@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/quant/nvfp4ckpt"
 	"github.com/manifoldlm/manifold/weights"
 )
 
@@ -61,9 +62,30 @@ func (l *Loader) Matrix(name string, rows, cols int) (backend.Weight, error) {
 }
 
 func (l *Loader) matrix(module, name string, rows, cols int) (backend.Weight, error) {
-	if module != "" && l.ck.Has(module+".weight_scale") {
-		return nil, fmt.Errorf("model: %s: NVFP4 weights are not supported by this build", module)
+	var err error
+	var h *backend.HostWeight
+	if module != "" && nvfp4ckpt.Has(l.ck, module) {
+		q, err := nvfp4ckpt.Load(l.ck, module)
+		if err != nil {
+			return nil, err
+		}
+		if q.Rows != rows || q.Cols != cols {
+			return nil, fmt.Errorf("model: %s: NVFP4 linear %q is [%d, %d], the config implies [%d, %d]", l.ck.Dir(), module, q.Rows, q.Cols, rows, cols)
+		}
+		h = &backend.HostWeight{Name: module, Rows: rows, Cols: cols, Format: backend.NVFP4, Q: q}
+	} else if h, err = l.dense(name, rows, cols); err != nil {
+		return nil, err
 	}
+	if module != "" && l.ck.Has(module+".bias") {
+		if h.Bias, err = l.Float32(module+".bias", rows); err != nil {
+			return nil, err
+		}
+	}
+	return l.b.Upload(h)
+}
+
+// dense describes a stored f32, bf16 or f16 matrix.
+func (l *Loader) dense(name string, rows, cols int) (*backend.HostWeight, error) {
 	t, err := l.ck.Tensor(name)
 	if err != nil {
 		return nil, err
@@ -83,12 +105,7 @@ func (l *Loader) matrix(module, name string, rows, cols int) (backend.Weight, er
 		return nil, fmt.Errorf("model: %s (%s): tensor %q has dtype %s; linear weights must be F32, BF16 or F16 (or NVFP4)",
 			l.ck.Dir(), t.File, name, t.DType)
 	}
-	if module != "" && l.ck.Has(module+".bias") {
-		if h.Bias, err = l.Float32(module+".bias", rows); err != nil {
-			return nil, err
-		}
-	}
-	return l.b.Upload(h)
+	return h, nil
 }
 
 func checkShape(t *weights.Tensor, want []int) error {

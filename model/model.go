@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/quant/nvfp4ckpt"
 	"github.com/manifoldlm/manifold/weights"
 )
 
@@ -53,6 +54,11 @@ func New(b backend.Backend, cfg *Config, ck *weights.Checkpoint) (Model, error) 
 	ctor, ok := architectures[cfg.ModelType]
 	if !ok {
 		return nil, fmt.Errorf("model: unknown architecture %q; supported: %v", cfg.ModelType, Supported())
+	}
+	// An unknown or malformed quantization config is an error here, before
+	// any tensor is read; NVFP4 linears are then found by their scale tensors.
+	if _, err := nvfp4ckpt.ReadConfig(ck.Dir()); err != nil {
+		return nil, err
 	}
 	return ctor(b, cfg, NewLoader(b, ck))
 }
