@@ -627,3 +627,36 @@ func TestConcurrentReads(t *testing.T) {
 		}
 	}
 }
+
+// TestTruncatedFile cuts a valid file at every length: each prefix is
+// rejected, and a cut inside the length prefix or the data is ErrTruncated.
+func TestTruncatedFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "full.safetensors")
+	w, err := Create(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range sampleTensors()[:3] {
+		if err := w.Add(tt.name, tt.dtype, tt.shape, tt.bytes()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	full, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dataStart := 8 + int(binary.LittleEndian.Uint64(full))
+	for n := 0; n < len(full); n++ {
+		_, err := parseFile("cut", full[:n])
+		if err == nil {
+			t.Fatalf("prefix of %d/%d bytes parsed", n, len(full))
+		}
+		if (n < 8 || n >= dataStart) && !errors.Is(err, ErrTruncated) {
+			t.Errorf("prefix of %d bytes: %v, want ErrTruncated", n, err)
+		}
+	}
+}
