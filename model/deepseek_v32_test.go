@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -288,5 +289,44 @@ func TestDeepseekV32ConfigErrors(t *testing.T) {
 	_, err := loadV32(t, dir, func(c map[string]any) { c["kv_lora_rank"] = c["kv_lora_rank"].(float64) + 2 })
 	if err == nil || !strings.Contains(err.Error(), "kv_a_layernorm") && !strings.Contains(err.Error(), "kv_b_proj") && !strings.Contains(err.Error(), "kv_a_proj") {
 		t.Fatalf("wrong kv_lora_rank: error %v does not name a tensor", err)
+	}
+}
+
+// TestDeepseekV32ConcurrentStates decodes on two states of one model at once
+// (run with -race to check that sessions share nothing mutable).
+func TestDeepseekV32ConcurrentStates(t *testing.T) {
+	dir := v32Dirs(t)[0]
+	ref := golden.Load(t, dir)
+	m, err := loadV32(t, dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	T, V := len(ref.InputIDs), ref.Vocab
+	errs := make(chan error, 2)
+	for _, path := range []MLAPath{MLAAuto, MLANaive} {
+		go func() {
+			st, err := m.NewStateWith(T, path)
+			if err != nil {
+				errs <- err
+				return
+			}
+			for p := range T {
+				logits, err := m.Forward(context.Background(), st, ref.InputIDs[p:p+1], false)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if d := maxAbsDiff(logits, ref.LogitsFull[p*V:(p+1)*V]); d > goldenTol {
+					errs <- fmt.Errorf("%v: position %d: max |diff| %.3g", path, p, d)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
 	}
 }
