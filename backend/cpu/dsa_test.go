@@ -183,3 +183,53 @@ func TestAxpy(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkDSADecodeAttention times one decoding query's sparse attention in
+// one layer at DeepSeek-V3.2's full size (128 heads, latent 512, nope 128,
+// rope 64, v 128, 2048 selected of 4096 cached tokens): on the naive path
+// over expanded per-head K/V, and on the absorbed path over the latent
+// (query absorption and output expansion by a bf16 kv_b_proj included).
+//
+//	go test ./backend/cpu -run '^$' -bench DSADecodeAttention -benchtime 20x
+func BenchmarkDSADecodeAttention(b *testing.B) {
+	s := layers.MLAShape{Heads: 128, QLoraRank: 1536, KVLoraRank: 512, NopeDim: 128, RopeDim: 64, VDim: 128}
+	ix := dsa.IndexerShape{Heads: 1, HeadDim: 1, RopeDim: 0, TopK: 2048}
+	const L = 4096
+	be := New(0)
+	rng := rand.New(rand.NewPCG(1, 1))
+	fill := func(n int) backend.Buffer { x := be.NewBuffer(n); be.Write(x, 0, randn(rng, n)); return x }
+	// A selection of every other token.
+	idx, _ := be.DSANewIndices(ix)
+	sel := &idx.(*dsaIndices).sel
+	sel.Resize(1, ix.TopK)
+	for j := range ix.TopK {
+		sel.Idx[j] = int32(2 * j)
+	}
+	sel.N[0] = int32(ix.TopK)
+	q := fill(s.Heads * s.QKDim())
+	rope := fill(L * s.RopeDim)
+	out := be.NewBuffer(s.Heads * s.VDim)
+	per := s.NopeDim + s.VDim
+	kvb, _ := bf16Bytes(randn(rng, s.Heads*per*s.KVLoraRank))
+	kvW, err := be.Upload(&backend.HostWeight{Name: "kv_b", Rows: s.Heads * per, Cols: s.KVLoraRank, Format: backend.BF16, Data: kvb})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("naive", func(b *testing.B) {
+		kv := fill(L * s.Heads * per)
+		for b.Loop() {
+			be.DSAAttendMLA(out, q, kv, rope, idx, 1, s, 0.1)
+		}
+		b.ReportMetric(float64(s.Heads*per*4), "cacheB/token")
+	})
+	b.Run("absorbed", func(b *testing.B) {
+		lat := fill(L * s.KVLoraRank)
+		qLat, oLat := be.NewBuffer(s.Heads*s.KVLoraRank), be.NewBuffer(s.Heads*s.KVLoraRank)
+		for b.Loop() {
+			be.MLAAbsorbQuery(qLat, q, kvW, 1, s)
+			be.DSAAttendLatent(oLat, qLat, q, lat, rope, idx, 1, s, 0.1)
+			be.MLAExpandOutput(out, oLat, kvW, 1, s)
+		}
+		b.ReportMetric(float64(s.KVLoraRank*4), "cacheB/token")
+	})
+}
