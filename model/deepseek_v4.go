@@ -2,7 +2,6 @@ package model
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 
@@ -373,17 +372,83 @@ type v4LayerState struct {
 }
 
 type v4State struct {
-	m        *DeepseekV4
-	n, cap   int
-	broken   error
-	layers   []v4LayerState
-	rows     int // scratch rows
-	scratch  v4Scratch
-	hostIdx  []int32
-	hostW    []float32
-	hostLog  []float32
-	expRows  [][]int32
-	expScale [][]float32
+	m    *DeepseekV4
+	cap  int
+	hist []int32 // the tokens of every position, so a rewind can replay them
+	done int     // positions in the caches (hist[done:] awaits replay)
+	// snap is the cache state before the last forward call, which the
+	// ping-pong buffers still hold: restoring it rewinds that call for free.
+	snap      v4Snap
+	snapValid bool
+	layers    []v4LayerState
+	rows      int // scratch rows
+	scratch   v4Scratch
+	hostIdx   []int32
+	hostW     []float32
+	hostLog   []float32
+	expRows   [][]int32
+	expScale  [][]float32
+}
+
+// v4Snap is the bookkeeping of a cache state (the data stays in the buffers).
+type v4Snap struct {
+	done   int
+	layers []v4LayerSnap
+}
+
+type v4LayerSnap struct {
+	cur, win    int
+	comp, index v4CompSnap
+}
+
+type v4CompSnap struct{ cur, prev, tail, count int }
+
+func (c *v4Comp) snap() v4CompSnap {
+	if c == nil {
+		return v4CompSnap{}
+	}
+	return v4CompSnap{c.cur, c.prev, c.tail, c.count}
+}
+
+func (c *v4Comp) restore(v v4CompSnap) {
+	if c != nil {
+		c.cur, c.prev, c.tail, c.count = v.cur, v.prev, v.tail, v.count
+	}
+}
+
+// takeSnap records the current cache state before a forward call.
+func (s *v4State) takeSnap() {
+	if s.snap.layers == nil {
+		s.snap.layers = make([]v4LayerSnap, len(s.layers))
+	}
+	s.snap.done = s.done
+	for i := range s.layers {
+		ls := &s.layers[i]
+		s.snap.layers[i] = v4LayerSnap{cur: ls.cur, win: ls.win, comp: ls.comp.snap(), index: ls.index.snap()}
+	}
+	s.snapValid = true
+}
+
+// restoreSnap rewinds the caches to the state before the last forward call.
+func (s *v4State) restoreSnap() {
+	s.done = s.snap.done
+	for i := range s.layers {
+		ls, v := &s.layers[i], s.snap.layers[i]
+		ls.cur, ls.win = v.cur, v.win
+		ls.comp.restore(v.comp)
+		ls.index.restore(v.index)
+	}
+}
+
+// reset empties the caches.
+func (s *v4State) reset() {
+	s.done, s.snapValid = 0, false
+	for i := range s.layers {
+		ls := &s.layers[i]
+		ls.win = 0
+		ls.comp.restore(v4CompSnap{cur: ls.comp.snap().cur})
+		ls.index.restore(v4CompSnap{cur: ls.index.snap().cur})
+	}
 }
 
 type v4Scratch struct {
@@ -397,30 +462,29 @@ type v4Scratch struct {
 	moeOut                         backend.Buffer
 }
 
-func (s *v4State) Len() int { return s.n }
+func (s *v4State) Len() int { return len(s.hist) }
 func (s *v4State) Cap() int { return s.cap }
 
-// Truncate rewinds the state. The compressor state cannot be rewound (the
-// reference marks V4 as stateful for the same reason), so only Truncate(0), a
-// reset, and n >= Len are supported; any other n makes the next Forward fail
-// with an error saying so.
+// Truncate keeps the first n positions. The compressed caches cannot be cut
+// back (the reference marks V4 as stateful for that reason), so the state
+// rewinds instead: into the last forward call by restoring the cache state
+// from before it (its buffers still hold it), further back by emptying the
+// caches. Either way the tokens between the restored state and n are replayed
+// by the next Forward, so a rewind costs at most a re-prefill, never a wrong
+// answer.
 func (s *v4State) Truncate(n int) {
-	switch {
-	case n >= s.n:
-	case n <= 0:
-		s.n, s.broken = 0, nil
-		for i := range s.layers {
-			ls := &s.layers[i]
-			ls.win = 0
-			for _, c := range []*v4Comp{ls.comp, ls.index} {
-				if c != nil {
-					c.prev, c.tail, c.count = 0, 0, 0
-				}
-			}
-		}
-	default:
-		s.broken = fmt.Errorf("model: deepseek_v4 state cannot rewind from %d to %d positions (its compressed cache is not rewindable); Truncate(0) and prefill again", s.n, n)
+	n = max(n, 0)
+	if n >= len(s.hist) {
+		return
 	}
+	if n < s.done {
+		if s.snapValid && n >= s.snap.done {
+			s.restoreSnap()
+		} else {
+			s.reset()
+		}
+	}
+	s.hist = s.hist[:n]
 }
 
 // CacheBytes is the memory the caches hold (allocated, in bytes).
@@ -567,27 +631,47 @@ func (m *DeepseekV4) growState(s *v4State, n int) {
 // ---------------------------------------------------------------------------
 // Forward pass.
 
-var errV4Canceled = errors.New("model: deepseek_v4 forward canceled mid-sequence; the state cannot resume: Truncate(0) and prefill again")
+// v4ReplayChunk bounds the tokens per forward pass when a rewound state
+// replays its tokens.
+const v4ReplayChunk = 512
 
-// Forward runs tokens at positions Len().. and appends them to the state.
+// Forward runs tokens at positions Len().. and appends them to the state. On
+// error (cancellation included) the state is left as it was.
 func (m *DeepseekV4) Forward(ctx context.Context, st State, tokens []int32, all bool) ([]float32, error) {
 	s, ok := st.(*v4State)
 	if !ok || s.m != m {
 		return nil, fmt.Errorf("model: state of type %T is not a state of this %s model", st, m.cfg.ModelType)
 	}
-	if s.broken != nil {
-		return nil, s.broken
-	}
 	if err := checkForward(m.cfg, st, tokens); err != nil {
 		return nil, err
 	}
+	start := len(s.hist)
+	s.hist = append(s.hist, tokens...)
+	for s.done < start { // replay what a rewind left out
+		if _, err := m.forward(ctx, s, s.hist[s.done:min(s.done+v4ReplayChunk, start)], false); err != nil {
+			s.hist = s.hist[:start]
+			return nil, err
+		}
+	}
+	logits, err := m.forward(ctx, s, tokens, all)
+	if err != nil {
+		s.hist = s.hist[:start]
+		return nil, err
+	}
+	return logits, nil
+}
+
+// forward runs tokens at positions s.done.. through the caches. When ctx is
+// canceled it restores the caches and returns the error.
+func (m *DeepseekV4) forward(ctx context.Context, s *v4State, tokens []int32, all bool) ([]float32, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	b, cfg, v := m.b, m.cfg, m.v
-	n, pos0 := len(tokens), s.n
+	n, pos0 := len(tokens), s.done
 	D, nh := cfg.HiddenSize, v.HCMult
 	m.growState(s, n)
+	s.takeSnap()
 	sc := &s.scratch
 	view := func(buf backend.Buffer, width int) backend.Buffer { return b.View(buf, 0, n*width) }
 	x, emb := view(sc.x, nh*D), view(sc.emb, D)
@@ -596,7 +680,7 @@ func (m *DeepseekV4) Forward(ctx context.Context, st State, tokens []int32, all 
 	m.hc.MHCExpand(x, emb, n, nh, D)
 	for l := range m.blocks {
 		if err := ctx.Err(); err != nil {
-			s.broken = errV4Canceled
+			s.restoreSnap()
 			return nil, err
 		}
 		blk := &m.blocks[l]
@@ -612,7 +696,7 @@ func (m *DeepseekV4) Forward(ctx context.Context, st State, tokens []int32, all 
 		f := m.moe(s, blk, h, tokens)
 		m.hc.MHCPost(x, x, f, view(sc.post, nh), view(sc.res, nh*nh), n, nh, D)
 	}
-	s.n += n
+	s.done += n
 
 	rows, xs := n, x
 	if !all {
