@@ -130,6 +130,10 @@ func (m *Model) GenerationConfig() *model.GenerationConfig { return m.gen }
 // Device describes the backend the model runs on, e.g. "cpu (16 threads)".
 func (m *Model) Device() string { return m.backend.Name() }
 
+// Backend is the compute backend the model runs on (a *cpu.Backend or a
+// *kernels.Backend), for profiling and tools; most programs never need it.
+func (m *Model) Backend() backend.Backend { return m.backend }
+
 // LoadTime is how long Load took.
 func (m *Model) LoadTime() time.Duration { return m.loadTime }
 

@@ -200,3 +200,20 @@ func TestRandomModelLoads(t *testing.T) {
 		t.Errorf("cache bytes per token %d, want %d", got, want)
 	}
 }
+
+func TestRandomNVFP4ModelLoads(t *testing.T) {
+	dir := t.TempDir()
+	spec := testmodel.Llama{Layers: 2, Hidden: 64, FFN: 96, Heads: 4, KVHeads: 2, Vocab: 100, DType: weights.BF16, NVFP4: true, Seed: 3}
+	if err := spec.Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	m, err := Load(dir, Options{ContextLength: 32, Device: "cpu"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	s, _ := m.NewSession(0)
+	if res, err := s.Generate(context.Background(), []int{5, 6, 7}, GenerateOptions{MaxTokens: 4, StopTokens: []int{}}, nil); err != nil || len(res.Tokens) != 4 {
+		t.Fatalf("%v %v", res, err)
+	}
+}

@@ -38,6 +38,11 @@ type Backend struct {
 	mu    sync.Mutex
 	err   error
 	ropes map[*layers.RoPE]*allocation
+
+	profiling bool
+	timed     []timedLaunch
+	closed    bool
+	live      map[uint64]struct{} // allocations not yet freed
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -61,7 +66,7 @@ func New(ordinal int) (*Backend, error) {
 	if len(image) == 0 {
 		return nil, fmt.Errorf("kernels: this build embeds no kernel image (run kernels/build.sh on a machine with nvcc): %w", ErrNoDriver)
 	}
-	b := &Backend{d: d, fn: map[string]uintptr{}}
+	b := &Backend{d: d, fn: map[string]uintptr{}, live: map[uint64]struct{}{}}
 	var n int32
 	if err := d.check("cuDeviceGetCount", d.cuDeviceGetCount(&n)); err != nil {
 		return nil, err
@@ -131,8 +136,16 @@ func (b *Backend) Sync() error {
 	return err
 }
 
-// Close frees the stream, the module and the context reference.
+// Close frees the stream, the module and the context reference; with the
+// last reference the driver frees every allocation of the context.
 func (b *Backend) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed = true
+	b.mu.Unlock()
 	var errs []error
 	b.d.onContext(b.ctx, func() {
 		if b.stream != 0 {
@@ -144,6 +157,10 @@ func (b *Backend) Close() error {
 			b.d.cuModuleUnload(b.module)
 			b.module = 0
 		}
+		for p := range b.live {
+			b.d.cuMemFree(p)
+		}
+		b.live = nil
 	})
 	if b.ctx != 0 {
 		b.d.cuDevicePrimaryCtxRelease(b.dev)
@@ -180,9 +197,24 @@ func (b *Backend) alloc(bytes int) (*allocation, error) {
 	if err != nil {
 		return nil, err
 	}
-	d, ctx := b.d, b.ctx
-	runtime.AddCleanup(a, func(ptr uint64) { d.onContext(ctx, func() { d.cuMemFree(ptr) }) }, a.ptr)
+	b.mu.Lock()
+	b.live[a.ptr] = struct{}{}
+	b.mu.Unlock()
+	runtime.AddCleanup(a, b.free, a.ptr)
 	return a, nil
+}
+
+// free returns device memory once nothing refers to it. Close frees what is
+// still live; after it, an address may belong to another allocation, so
+// nothing more is freed here.
+func (b *Backend) free(ptr uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return
+	}
+	delete(b.live, ptr)
+	b.d.onContext(b.ctx, func() { b.d.cuMemFree(ptr) })
 }
 
 // NewBuffer allocates n zeroed float32 values. An allocation failure is kept
@@ -333,10 +365,20 @@ func (b *Backend) launch(name string, grid [3]int, block, shared int, args ...an
 		}
 		params[i] = unsafe.Pointer(&slots[i])
 	}
+	b.mu.Lock()
+	profiling := b.profiling
+	b.mu.Unlock()
 	b.d.onContext(b.ctx, func() {
+		var ev uintptr
+		if profiling {
+			ev = b.recordStart()
+		}
 		r := b.d.cuLaunchKernel(f, uint32(grid[0]), uint32(max(grid[1], 1)), uint32(max(grid[2], 1)),
 			uint32(block), 1, 1, uint32(shared), b.stream, unsafe.Pointer(&params[0]), nil)
 		b.setErr(b.d.check("launch "+name, r))
+		if profiling {
+			b.recordEnd(name, ev)
+		}
 	})
 	runtime.KeepAlive(slots)
 	runtime.KeepAlive(blocks)

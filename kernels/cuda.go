@@ -38,6 +38,11 @@ type driver struct {
 	cuStreamDestroy           func(stream uintptr) int32
 	cuStreamSynchronize       func(stream uintptr) int32
 	cuGetErrorString          func(err int32, s **byte) int32
+	cuEventCreate             func(ev *uintptr, flags uint32) int32
+	cuEventRecord             func(ev, stream uintptr) int32
+	cuEventSynchronize        func(ev uintptr) int32
+	cuEventElapsedTime        func(ms *float32, start, end uintptr) int32
+	cuEventDestroy            func(ev uintptr) int32
 }
 
 // ErrNoDriver is returned when libcuda cannot be loaded or finds no GPU.
@@ -70,7 +75,9 @@ var loadDriver = sync.OnceValues(func() (*driver, error) {
 		{&d.cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2"}, {&d.cuMemsetD32Async, "cuMemsetD32Async"},
 		{&d.cuLaunchKernel, "cuLaunchKernel"}, {&d.cuStreamCreate, "cuStreamCreate"},
 		{&d.cuStreamDestroy, "cuStreamDestroy_v2"}, {&d.cuStreamSynchronize, "cuStreamSynchronize"},
-		{&d.cuGetErrorString, "cuGetErrorString"},
+		{&d.cuGetErrorString, "cuGetErrorString"}, {&d.cuEventCreate, "cuEventCreate"},
+		{&d.cuEventRecord, "cuEventRecord"}, {&d.cuEventSynchronize, "cuEventSynchronize"},
+		{&d.cuEventElapsedTime, "cuEventElapsedTime"}, {&d.cuEventDestroy, "cuEventDestroy_v2"},
 	} {
 		sym, err := purego.Dlsym(lib, f.name)
 		if err != nil {

@@ -6,6 +6,7 @@ package testmodel
 import (
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -19,7 +20,8 @@ import (
 // Llama describes a Llama-shape model.
 type Llama struct {
 	Layers, Hidden, FFN, Heads, KVHeads, Vocab int
-	DType                                      weights.DType // F32 or BF16
+	DType                                      weights.DType // F32 or BF16: embeddings, norms, LM head, and linears unless NVFP4
+	NVFP4                                      bool          // linears as random NVFP4 codes in ModelOpt's layout
 	Seed                                       uint64
 }
 
@@ -37,6 +39,12 @@ func (l Llama) Write(dir string) error {
 	data, _ := json.MarshalIndent(cfg, "", "  ")
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), data, 0o644); err != nil {
 		return err
+	}
+	if l.NVFP4 {
+		q := `{"producer": {"name": "manifold-testmodel"}, "quantization": {"quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ["lm_head"]}}`
+		if err := os.WriteFile(filepath.Join(dir, "hf_quant_config.json"), []byte(q), 0o644); err != nil {
+			return err
+		}
 	}
 	w, err := weights.Create(filepath.Join(dir, "model.safetensors"), map[string]string{"format": "pt"})
 	if err != nil {
@@ -60,7 +68,25 @@ func (l Llama) Write(dir string) error {
 		}
 		return w.Add(name, l.DType, shape, buf)
 	}
-	lin := func(name string, out, in int) error { return add(name+".weight", []int{out, in}, 1/math.Sqrt(float64(in)), 0) }
+	lin := func(name string, out, in int) error {
+		if !l.NVFP4 {
+			return add(name+".weight", []int{out, in}, 1/math.Sqrt(float64(in)), 0)
+		}
+		packed := make([]byte, out*in/2)
+		for i := 0; i+8 <= len(packed); i += 8 {
+			binary.LittleEndian.PutUint64(packed[i:], rng.Uint64())
+		}
+		scales := make([]byte, out*in/16)
+		for i := range scales {
+			scales[i] = quant.Float32ToE4M3(float32(0.5 + rng.Float64())) // block maxima near 6 × 1
+		}
+		global := make([]byte, 4)
+		binary.LittleEndian.PutUint32(global, math.Float32bits(float32(1/(6*math.Sqrt(float64(in))))))
+		return errors.Join(
+			w.Add(name+".weight", weights.U8, []int{out, in / 2}, packed),
+			w.Add(name+".weight_scale", weights.F8E4M3, []int{out, in / 16}, scales),
+			w.Add(name+".weight_scale_2", weights.F32, []int{}, global))
+	}
 	must := []error{
 		add("model.embed_tokens.weight", []int{l.Vocab, l.Hidden}, 1, 0),
 		add("model.norm.weight", []int{l.Hidden}, 0.05, 1),
@@ -90,9 +116,14 @@ func (l Llama) Write(dir string) error {
 }
 
 // WeightBytes is the size of the weights a decode step reads (all but the
-// embedding table, of which one row is read).
+// embedding table, of which one row is read): the linears (with their block
+// scales when NVFP4) and the LM head.
 func (l Llama) WeightBytes() int64 {
 	hd := l.Hidden / l.Heads
-	per := l.Hidden*(l.Heads*hd)*2 + l.Hidden*(l.KVHeads*hd)*2 + 3*l.Hidden*l.FFN
-	return int64(l.Layers*per+l.Vocab*l.Hidden) * int64(l.DType.Size())
+	per := int64(l.Hidden*(l.Heads*hd)*2 + l.Hidden*(l.KVHeads*hd)*2 + 3*l.Hidden*l.FFN)
+	linear := float64(per*int64(l.Layers)) * float64(l.DType.Size())
+	if l.NVFP4 {
+		linear = float64(per*int64(l.Layers)) * (0.5 + 1.0/16)
+	}
+	return int64(linear) + int64(l.Vocab*l.Hidden*l.DType.Size())
 }

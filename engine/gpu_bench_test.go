@@ -1,0 +1,82 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/manifoldlm/manifold/internal/testmodel"
+	"github.com/manifoldlm/manifold/kernels"
+	"github.com/manifoldlm/manifold/weights"
+)
+
+// BenchmarkDecodeLlama8B measures batch-1 decode of a Llama-3-8B-shape model
+// (32 layers, hidden 4096, FFN 14336, GQA 32/8, vocab 128256) with random
+// NVFP4 linears and a bf16 LM head, against the memory floor (bytes read per
+// token over the copy bandwidth), and prints the per-kernel device time.
+// MANIFOLD_BENCH_DIR may name a folder to write the 5 GB checkpoint into.
+func BenchmarkDecodeLlama8B(b *testing.B) {
+	if !kernels.Available() {
+		b.Skip("no CUDA driver or GPU")
+	}
+	spec := testmodel.Llama{Layers: 32, Hidden: 4096, FFN: 14336, Heads: 32, KVHeads: 8, Vocab: 128256,
+		DType: weights.BF16, NVFP4: true, Seed: 1}
+	dir := os.Getenv("MANIFOLD_BENCH_DIR")
+	if dir == "" {
+		dir = b.TempDir()
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := os.Stat(dir + "/model.safetensors"); err != nil {
+		start := time.Now()
+		if err := spec.Write(dir); err != nil {
+			b.Fatal(err)
+		}
+		b.Logf("wrote the random checkpoint in %s", time.Since(start))
+	}
+	m, err := Load(dir, Options{Device: "cuda", ContextLength: 1024})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	s, err := m.NewSession(0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := s.Append(ctx, []int{1, 2, 3, 4, 5, 6, 7, 8}); err != nil {
+		b.Fatal(err)
+	}
+	step := func() {
+		if s.Len() >= 900 {
+			s.Truncate(8)
+		}
+		if _, err := s.Append(ctx, []int{42}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for range 5 {
+		step()
+	}
+	const tokens = 64
+	start := time.Now()
+	for range tokens {
+		step()
+	}
+	per := time.Since(start) / tokens
+	gb := m.Backend().(*kernels.Backend)
+	copyBW := gb.CopyBandwidth()
+	floor := float64(spec.WeightBytes()) / copyBW
+	b.ReportMetric(1/per.Seconds(), "tok/s")
+	b.ReportMetric(floor/per.Seconds(), "of-floor")
+	fmt.Printf("RESULT decode8b tok_s=%.1f floor_tok_s=%.1f of_floor=%.3f bytes_per_token=%d copy_GBps=%.0f\n",
+		1/per.Seconds(), 1/floor, floor/per.Seconds(), spec.WeightBytes(), copyBW/1e9)
+	gb.StartProfile()
+	for range 8 {
+		step()
+	}
+	fmt.Print(kernels.FormatProfile(gb.StopProfile()))
+}

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# GPU tests and benchmarks in two steps, because this machine has no GPU:
+#   kernels/gpu.sh prepare   here: builds static test binaries into .device/ and
+#                            copies the fixtures ($MANIFOLD_GOLDEN_DIR) beside them
+#   kernels/gpu.sh run       on the device machine (device tool: carry .device):
+#                            runs every GPU test, then the benchmarks, logs to $OUT
+# .device/ is git-ignored.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+case "${1:-}" in
+prepare)
+  rm -rf .device && mkdir -p .device
+  cp -r "${MANIFOLD_GOLDEN_DIR:-../shared/golden}" .device/golden && chmod -R u+w .device/golden
+  for pkg in kernels engine; do
+    CGO_ENABLED=0 go test -c -o ".device/$pkg.test" "./$pkg"
+  done
+  du -sh .device
+  ;;
+run)
+  out="${OUT:-/tmp/gpu-out}"; mkdir -p "$out"
+  export MANIFOLD_GOLDEN_DIR="$PWD/.device/golden"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  status=0
+  (cd kernels && ../.device/kernels.test -test.count=1 -test.v 2>&1 | grep -v '^=== ' | tee "$out/kernels-test.log" | grep -E '^(--- |FAIL|PASS|ok)' ) || status=1
+  (cd engine && ../.device/engine.test -test.count=1 2>&1 | tail -5) || status=1
+  if [ "${2:-}" = "bench" ]; then
+    (cd kernels && ../.device/kernels.test -test.run '^$' -test.bench GEMV -test.benchtime 1x 2>&1 | grep RESULT | tee "$out/gemv.log")
+    python3 kernels/bench_torch.py 2>&1 | tee "$out/torch.log"
+    (cd engine && MANIFOLD_BENCH_DIR=/tmp/llama8b ../.device/engine.test -test.run '^$' -test.bench DecodeLlama8B -test.benchtime 1x 2>&1 | grep -v '^goos\|^goarch\|^pkg\|^cpu' | tee "$out/decode.log")
+  fi
+  exit $status
+  ;;
+*)
+  echo "usage: kernels/gpu.sh prepare|run [bench]" >&2; exit 2
+  ;;
+esac
