@@ -887,7 +887,7 @@ func parsePostProcessor(raw json.RawMessage, field string, tokenID func(string) 
 	case "ByteLevel":
 		return postNone{}, nil
 	case "TemplateProcessing":
-		return parseTemplate(&c, field)
+		return parseTemplateProcessing(&c, field)
 	case "BertProcessing", "RobertaProcessing":
 		cls, err := tokenPair(c.Cls, field+".cls")
 		if err != nil {
@@ -913,7 +913,7 @@ func tokenPair(raw []json.RawMessage, field string) (int, error) {
 	return id, nil
 }
 
-func parseTemplate(c *component, field string) (postProcessor, error) {
+func parseTemplateProcessing(c *component, field string) (postProcessor, error) {
 	var t postTemplate
 	if len(c.Single) == 0 {
 		return nil, fmt.Errorf("%s.single: missing or empty", field)

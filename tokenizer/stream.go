@@ -21,6 +21,7 @@ type StreamDecoder struct {
 	ids         []int  // context ids followed by pending ids
 	prefix      string // decoding of ids[:prefixIdx], already emitted
 	prefixIdx   int
+	badFrom     int // 1 + index in ids of the token that began a U+FFFD tail; 0 if none
 }
 
 // NewStreamDecoder returns a decoder that keeps special tokens.
@@ -36,10 +37,20 @@ func (t *Tokenizer) NewStreamDecoderSkipSpecial() *StreamDecoder {
 func (d *StreamDecoder) Add(id int) string {
 	d.ids = append(d.ids, id)
 	s := d.t.Decode(d.ids, d.skipSpecial)
-	pending := len(d.ids) - d.prefixIdx
-	if len(s) <= len(d.prefix) || strings.HasSuffix(s, "\uFFFD") && pending < maxPendingTokens {
+	if strings.HasSuffix(s, "\uFFFD") {
+		if d.badFrom == 0 {
+			d.badFrom = len(d.ids)
+		}
+		if len(d.ids)-d.badFrom+1 < maxPendingTokens {
+			return ""
+		}
+	} else {
+		d.badFrom = 0
+	}
+	if len(s) <= len(d.prefix) {
 		return ""
 	}
+	d.badFrom = 0
 	var out string
 	if strings.HasPrefix(s, d.prefix) {
 		out = s[len(d.prefix):]
@@ -68,7 +79,7 @@ func (d *StreamDecoder) Flush() string {
 			out = d.t.Decode(d.ids[d.prefixIdx:], d.skipSpecial)
 		}
 	}
-	d.ids, d.prefix, d.prefixIdx = d.ids[:0], "", 0
+	d.ids, d.prefix, d.prefixIdx, d.badFrom = d.ids[:0], "", 0, 0
 	if !utf8.ValidString(out) {
 		out = validUTF8(out)
 	}

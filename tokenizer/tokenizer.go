@@ -22,7 +22,8 @@ type Tokenizer struct {
 	added      addedVocab
 	maxID      int
 
-	cfg config
+	cfg  config
+	chat chatTemplate
 }
 
 // config holds what the tokenizer uses from tokenizer_config.json.
