@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/layers"
@@ -149,7 +150,7 @@ func loadDeepseekV4(b backend.Backend, cfg *Config, l *Loader) (*DeepseekV4, err
 	if r := max(m.mainRoPE.Dim(), m.compRoPE.Dim()); r > v.HeadDim {
 		return nil, configErr(cfg.Path, "partial_rotary_factor", "rotary dim %d exceeds head_dim %d", r, v.HeadDim)
 	}
-	if slices := v.LayerTypes; containsString(slices, v4CSA) && m.compRoPE.Dim() > v.IndexHeadDim {
+	if slices.Contains(v.LayerTypes, v4CSA) && m.compRoPE.Dim() > v.IndexHeadDim {
 		return nil, configErr(cfg.Path, "index_head_dim", "%d is smaller than the rotary dim %d", v.IndexHeadDim, m.compRoPE.Dim())
 	}
 	ones := make([]float32, v.HeadDim)
@@ -193,15 +194,6 @@ func loadDeepseekV4(b backend.Backend, cfg *Config, l *Loader) (*DeepseekV4, err
 		}
 	}
 	return m, nil
-}
-
-func containsString(s []string, x string) bool {
-	for _, v := range s {
-		if v == x {
-			return true
-		}
-	}
-	return false
 }
 
 func (m *DeepseekV4) loadBlock(l *Loader, i int, dims map[string]int) error {
@@ -607,7 +599,7 @@ func (m *DeepseekV4) growState(s *v4State, n int) {
 	sc.grp = b.NewBuffer(n * H * hd)
 	sc.grp2 = b.NewBuffer(n * v.OGroups * v.OLoraRank)
 	sc.u = b.NewBuffer(n * v.OGroups * v.OLoraRank)
-	if containsString(v.LayerTypes, v4CSA) {
+	if slices.Contains(v.LayerTypes, v4CSA) {
 		sc.iq = b.NewBuffer(n * v.IndexNHeads * v.IndexHeadDim)
 		sc.iw = b.NewBuffer(n * v.IndexNHeads)
 		sc.idx = b.NewBuffer(n * v.IndexTopK)

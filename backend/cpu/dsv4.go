@@ -1,7 +1,11 @@
 package cpu
 
 import (
+	"math"
+
 	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/layers"
+	"github.com/manifoldlm/manifold/layers/dsa"
 	"github.com/manifoldlm/manifold/layers/dsv4"
 )
 
@@ -42,30 +46,122 @@ func (b *Backend) V4Compress(dst, kv, gate, ape, norm backend.Buffer, a dsv4.Com
 	})
 }
 
-// V4IndexTopK scores and selects compressed entries, parallel over queries.
+// V4IndexTopK scores and selects compressed entries. With several queries
+// it splits the queries over threads; a single query (decoding) splits its
+// score row instead, which is where a long context spends its time.
 func (b *Backend) V4IndexTopK(idx, q, keys, weights backend.Buffer, a dsv4.IndexArgs) {
 	ix, qs, ks, ws := idx.(Buffer), q.(Buffer), keys.(Buffer), weights.(Buffer)
-	b.parallel(a.M, 1, func(lo, hi int) {
-		sub := a
-		sub.M = hi - lo
-		sub.Pos0 = a.Pos0 + lo
-		dsv4.IndexTopK(ix[lo*a.TopK:hi*a.TopK], qs[lo*a.Heads*a.Dim:hi*a.Heads*a.Dim], ks,
-			ws[lo*a.Heads:hi*a.Heads], make([]float32, a.Entries), sub)
+	if a.M > 1 {
+		b.parallel(a.M, 1, func(lo, hi int) {
+			scores := make([]float32, a.Entries)
+			var scratch layers.TopKScratch
+			for i := lo; i < hi; i++ {
+				v4IndexScores(scores, qs[i*a.Heads*a.Dim:(i+1)*a.Heads*a.Dim], ks, ws[i*a.Heads:(i+1)*a.Heads], a, i, 0, a.Entries)
+				v4Select(ix[i*a.TopK:(i+1)*a.TopK], scores, a, i, &scratch)
+			}
+		})
+		return
+	}
+	scores := make([]float32, a.Entries)
+	b.parallel(a.Entries, max(1, 4096/(a.Heads*a.Dim)), func(lo, hi int) {
+		v4IndexScores(scores, qs, ks, ws, a, 0, lo, hi)
+	})
+	v4Select(ix[:a.TopK], scores, a, 0, nil)
+}
+
+// v4IndexScores fills scores[lo:hi] for query i as dsv4.IndexTopK scores them.
+func v4IndexScores(scores, q, keys, w []float32, a dsv4.IndexArgs, i, lo, hi int) {
+	vis := min(dsv4.Visible(a.Pos0+i, a.Rate), a.Entries)
+	for e := lo; e < hi; e++ {
+		if e >= vis {
+			scores[e] = float32(math.Inf(-1))
+			continue
+		}
+		k := keys[e*a.Dim : (e+1)*a.Dim]
+		var s float32
+		for h := 0; h < a.Heads; h++ {
+			if d := dotF32(q[h*a.Dim:(h+1)*a.Dim], k); d > 0 {
+				s += d * a.Scale * w[h]
+			}
+		}
+		scores[e] = s
+	}
+}
+
+// v4Select writes query i's picks (float-coded, -1 padded) from its scores.
+func v4Select(dst, scores []float32, a dsv4.IndexArgs, i int, scratch *layers.TopKScratch) {
+	for j := range dst {
+		dst[j] = -1
+	}
+	k := min(a.TopK, a.Entries)
+	if k == 0 {
+		return
+	}
+	vis := min(dsv4.Visible(a.Pos0+i, a.Rate), a.Entries)
+	for j, e := range dsa.Select(make([]int32, k), scores, vis, k, scratch) {
+		dst[j] = float32(e)
+	}
+}
+
+// V4Attention attends, parallel over (query, head) pairs so that a single
+// decoding query uses every thread. Keys are read in place (no gather).
+func (b *Backend) V4Attention(out, q, local, comp, idx, sinks backend.Buffer, a dsv4.AttnArgs) {
+	o, qs, loc, cs, ix, sk := out.(Buffer), q.(Buffer), local.(Buffer), optional(comp), optional(idx), sinks.(Buffer)
+	b.parallel(a.M*a.Heads, 1, func(lo, hi int) {
+		rows := make([][]float32, 0, a.MaxKeys())
+		scores := make([]float32, a.MaxKeys())
+		last := -1
+		for job := lo; job < hi; job++ {
+			i, h := job/a.Heads, job%a.Heads
+			if i != last {
+				rows, last = v4KeyRows(rows[:0], loc, cs, ix, a, i), i
+			}
+			off := job * a.Dim
+			v4SinkHead(o[off:off+a.Dim], qs[off:off+a.Dim], rows, sk[h], scores, a.Scale)
+		}
 	})
 }
 
-// V4Attention attends, parallel over queries.
-func (b *Backend) V4Attention(out, q, local, comp, idx, sinks backend.Buffer, a dsv4.AttnArgs) {
-	o, qs, loc, cs, ix, sk := out.(Buffer), q.(Buffer), local.(Buffer), optional(comp), optional(idx), sinks.(Buffer)
-	hd := a.Heads * a.Dim
-	b.parallel(a.M, 1, func(lo, hi int) {
-		keys := make([]float32, a.MaxKeys()*a.Dim)
-		scores := make([]float32, a.MaxKeys())
-		for i := lo; i < hi; i++ {
-			n := dsv4.GatherKeys(keys, loc, cs, ix, a, i)
-			dsv4.SinkAttention(o[i*hd:(i+1)*hd], qs[i*hd:(i+1)*hd], keys, sk, scores, a.Heads, a.Dim, n, a.Scale)
+// v4KeyRows lists the key rows query i sees, as dsv4.GatherKeys gathers them.
+func v4KeyRows(rows [][]float32, local, comp, idx []float32, a dsv4.AttnArgs, i int) [][]float32 {
+	p := a.Pos0 + i
+	for s := max(a.Lo, p-a.Window+1); s <= p; s++ {
+		rows = append(rows, local[(s-a.Lo)*a.Dim:(s-a.Lo+1)*a.Dim])
+	}
+	switch {
+	case a.TopK > 0:
+		for _, w := range idx[i*a.TopK : (i+1)*a.TopK] {
+			if w >= 0 {
+				rows = append(rows, comp[int(w)*a.Dim:(int(w)+1)*a.Dim])
+			}
 		}
-	})
+	case a.Rate > 0:
+		for w := 0; w < min(dsv4.Visible(p, a.Rate), a.Entries); w++ {
+			rows = append(rows, comp[w*a.Dim:(w+1)*a.Dim])
+		}
+	}
+	return rows
+}
+
+// v4SinkHead is dsv4.SinkAttention for one head with the vector kernels.
+func v4SinkHead(out, q []float32, rows [][]float32, sink float32, scores []float32, scale float32) {
+	mx := sink
+	for j, r := range rows {
+		s := dotF32(q, r) * scale
+		scores[j] = s
+		mx = max(mx, s)
+	}
+	sum := float32(math.Exp(float64(sink - mx)))
+	for j := range rows {
+		e := float32(math.Exp(float64(scores[j] - mx)))
+		scores[j] = e
+		sum += e
+	}
+	clear(out)
+	inv := 1 / sum
+	for j, r := range rows {
+		axpyF32(out, r, scores[j]*inv)
+	}
 }
 
 // V4Transpose swaps the outer axes of [a, b, w].

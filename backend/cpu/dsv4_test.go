@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -65,7 +66,18 @@ func TestV4AttentionAndIndexSplit(t *testing.T) {
 	dsv4.Attention(wantA, qa, local, keys, want, sinks, aa, make([]float32, aa.MaxKeys()*aa.Dim), make([]float32, aa.MaxKeys()))
 	gotA := make(Buffer, len(qa))
 	New(3).V4Attention(gotA, Buffer(qa), Buffer(local), Buffer(keys), got, Buffer(sinks), aa)
-	if !slices.Equal([]float32(gotA), wantA) {
-		t.Error("V4Attention differs from the reference")
+	for i := range wantA {
+		if d := math.Abs(float64(gotA[i] - wantA[i])); d > 1e-6 {
+			t.Fatalf("V4Attention[%d] = %g, reference %g", i, gotA[i], wantA[i])
+		}
+	}
+	// One query (decoding): the score row is split over threads instead.
+	ia.M, ia.Pos0 = 1, 27
+	want1 := make([]float32, ia.TopK)
+	dsv4.IndexTopK(want1, q, keys, w, make([]float32, ia.Entries), ia)
+	got1 := make(Buffer, ia.TopK)
+	New(3).V4IndexTopK(got1, Buffer(q), Buffer(keys), Buffer(w), ia)
+	if !slices.Equal([]float32(got1), want1) {
+		t.Errorf("V4IndexTopK (one query) = %v, want %v", got1, want1)
 	}
 }
