@@ -123,11 +123,13 @@ func Convert(ctx context.Context, opts Options) (rep *Report, err error) {
 	defer mem.stop()
 	prog := newProgress(opts.Progress, opts.ProgressTTY, rep.SourceBytes)
 
-	w := weights.NewShardedWriter(tmp, opts.ShardBytes, map[string]string{"format": "pt"})
+	sw := weights.NewShardedWriter(tmp, opts.ShardBytes, map[string]string{"format": "pt"})
+	w := newAsyncWriter(sw)
 	closed := false
 	defer func() {
 		if !closed {
-			w.Close()
+			w.finish()
+			sw.Close()
 		}
 	}()
 	var quantizedModules, keptModules []string
@@ -181,7 +183,11 @@ func Convert(ctx context.Context, opts Options) (rep *Report, err error) {
 		return nil, fmt.Errorf("convert: interrupted: %w", err)
 	}
 	closed = true
-	if err := w.Close(); err != nil {
+	if err := w.finish(); err != nil {
+		sw.Close()
+		return nil, fmt.Errorf("convert: %w", err)
+	}
+	if err := sw.Close(); err != nil {
 		return nil, fmt.Errorf("convert: %w", err)
 	}
 	prog.finish()
@@ -280,7 +286,7 @@ func makePlans(c *weights.Checkpoint, excl *nvfp4ckpt.Config, blk [2]int) ([]pla
 // source (amax, then blocks), decoding a chunk of rows at a time per worker,
 // and writes <module>.weight, .weight_scale and .weight_scale_2. It returns
 // the accuracy figures and the bytes written.
-func quantizeTensor(w *weights.ShardedWriter, s *source, module string, workers int, mem *memSampler) (TensorStat, int64, error) {
+func quantizeTensor(w adder, s *source, module string, workers int, mem *memSampler) (TensorStat, int64, error) {
 	rows, cols := s.rows, s.cols
 	chunk := s.rowChunk()
 	var mu sync.Mutex
@@ -340,7 +346,7 @@ func quantizeTensor(w *weights.ShardedWriter, s *source, module string, workers 
 }
 
 // bf16Tensor writes a float tensor as BF16 (BF16 sources are copied as is).
-func bf16Tensor(w *weights.ShardedWriter, s *source, workers int, mem *memSampler) (int64, error) {
+func bf16Tensor(w adder, s *source, workers int, mem *memSampler) (int64, error) {
 	t := s.t
 	if t.DType == weights.BF16 {
 		return int64(len(t.Data)), w.Add(t.Name, weights.BF16, t.Shape, t.Data)
@@ -402,6 +408,70 @@ func generalize(module string) string {
 		}
 	}
 	return strings.Join(parts, ".")
+}
+
+// adder is where finished tensors go.
+type adder interface {
+	Add(name string, dtype weights.DType, shape []int, data []byte) error
+}
+
+// asyncWriter hands tensors to a ShardedWriter on its own goroutine, so
+// writing one tensor overlaps computing the next. At most a few tensors wait
+// in the queue. Add returns the first write error seen so far; finish waits
+// for the queue to drain and returns it.
+type asyncWriter struct {
+	queue chan pending
+	done  chan struct{}
+	mu    sync.Mutex
+	err   error
+	once  sync.Once
+}
+
+type pending struct {
+	name  string
+	dtype weights.DType
+	shape []int
+	data  []byte
+}
+
+func newAsyncWriter(w *weights.ShardedWriter) *asyncWriter {
+	a := &asyncWriter{queue: make(chan pending, 3), done: make(chan struct{})}
+	go func() {
+		defer close(a.done)
+		for p := range a.queue {
+			if a.firstErr() != nil {
+				continue // drain
+			}
+			if err := w.Add(p.name, p.dtype, p.shape, p.data); err != nil {
+				a.mu.Lock()
+				a.err = err
+				a.mu.Unlock()
+			}
+		}
+	}()
+	return a
+}
+
+func (a *asyncWriter) firstErr() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.err
+}
+
+// Add queues a tensor; data must not change afterwards.
+func (a *asyncWriter) Add(name string, dtype weights.DType, shape []int, data []byte) error {
+	if err := a.firstErr(); err != nil {
+		return err
+	}
+	a.queue <- pending{name, dtype, shape, data}
+	return nil
+}
+
+// finish drains the queue and returns the first write error.
+func (a *asyncWriter) finish() error {
+	a.once.Do(func() { close(a.queue) })
+	<-a.done
+	return a.firstErr()
 }
 
 // memSampler tracks the peak of the Go heap (live and unswept objects).
