@@ -4,23 +4,27 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 
 	"github.com/manifoldlm/manifold/engine"
+	"github.com/manifoldlm/manifold/internal/testmodel"
+	"github.com/manifoldlm/manifold/weights"
 )
 
-// Load a model folder, open a session and stream greedy tokens.
+// Load a model folder, open a session and stream sampled tokens.
 func Example() {
-	// The test fixtures' tiny Llama (MANIFOLD_GOLDEN_DIR, relative to the
-	// module root, default ../shared/golden); any model folder works.
-	fixtures := os.Getenv("MANIFOLD_GOLDEN_DIR")
-	if fixtures == "" {
-		fixtures = filepath.Join("..", "shared", "golden")
+	// Any model folder works; a tiny random Llama stands in for one here.
+	dir, err := os.MkdirTemp("", "manifold-example")
+	if err != nil {
+		fmt.Println(err)
+		return
 	}
-	if !filepath.IsAbs(fixtures) {
-		fixtures = filepath.Join("..", fixtures)
+	defer os.RemoveAll(dir)
+	spec := testmodel.Llama{Layers: 2, Hidden: 64, FFN: 128, Heads: 4, KVHeads: 2, Vocab: 256, DType: weights.BF16}
+	if err := spec.Write(dir); err != nil {
+		fmt.Println(err)
+		return
 	}
-	dir := filepath.Join(fixtures, "llama")
+
 	m, err := engine.Load(dir, engine.Options{Device: "cpu"})
 	if err != nil {
 		fmt.Println(err)
