@@ -23,9 +23,10 @@ import (
 )
 
 // maxRelRMS bounds a quantized tensor's relative RMS error. NVFP4 gives
-// about 9.5% on Gaussian-like weights (see quant's TestNVFP4GaussianError);
-// small tensors scatter around that, FP8 sources add their own ~2-3%.
-const maxRelRMS = 0.13
+// about 9.5% on Gaussian weights (see quant's TestNVFP4GaussianError) and
+// about 11% on uniform ones; small tensors scatter around that, FP8 sources
+// add their own ~2-3%. A broken quantizer is far above.
+const maxRelRMS = 0.15
 
 func convert(t *testing.T, opts Options) (*Report, error) {
 	t.Helper()
@@ -195,8 +196,8 @@ func TestConvertGolden(t *testing.T) {
 				ref, done := sourceRef(t, in)
 				defer done()
 				checkConverted(t, in, out, rep, ref, maxRelRMS)
-				if o := rep.Overall(); o < 0.05 || o > 0.12 {
-					t.Errorf("overall relative RMS error %.4f, want about 0.095", o)
+				if o := rep.Overall(); o < 0.05 || o > 0.13 {
+					t.Errorf("overall relative RMS error %.4f, want 0.05-0.13 (about 0.095 for Gaussian weights)", o)
 				}
 				if _, err := os.Stat(filepath.Join(out, "generation_config.json")); err != nil {
 					t.Errorf("generation_config.json not copied: %v", err)
