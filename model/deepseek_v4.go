@@ -164,8 +164,11 @@ func loadDeepseekV4(b backend.Backend, cfg *Config, l *Loader) (*DeepseekV4, err
 	if m.embed, err = l.Matrix("model.embed_tokens.weight", V, D); err != nil {
 		return nil, err
 	}
-	if m.head, err = l.Matrix("head.weight", V, D); err != nil {
-		return nil, err
+	m.head = m.embed // tie_word_embeddings: lm_head is the embedding
+	if !cfg.TieWordEmbeddings || l.Has("head.weight") {
+		if m.head, err = l.Matrix("head.weight", V, D); err != nil {
+			return nil, err
+		}
 	}
 	if m.norm, err = l.Vector("model.norm.weight", D); err != nil {
 		return nil, err
