@@ -1,7 +1,9 @@
 package tokenizer
 
 import (
+	"crypto/sha256"
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -220,4 +222,44 @@ func FuzzRoundTrip(f *testing.F) {
 			roundTrip(t, tk, names[i], x)
 		}
 	})
+}
+
+// TestHFEdgeCases compares with HuggingFace tokenizers 0.23.2 on 617 edge
+// and random strings (testdata/hf_edge.json, made on the device machine by
+// encoding with the fixture tokenizer.json files). It runs for each fixture
+// whose tokenizer.json is byte-identical to the one used then.
+func TestHFEdgeCases(t *testing.T) {
+	dir, _ := loadGolden(t)
+	b, err := os.ReadFile("testdata/hf_edge.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hf struct {
+		Tokenizers map[string]struct {
+			SHA256 string       `json:"sha256"`
+			Cases  []goldenCase `json:"cases"`
+		} `json:"tokenizers"`
+	}
+	if err := json.Unmarshal(b, &hf); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range sortedKeys(hf.Tokenizers) {
+		tj, err := os.ReadFile(filepath.Join(dir, name, "tokenizer.json"))
+		if err != nil || fmt.Sprintf("%x", sha256.Sum256(tj)) != hf.Tokenizers[name].SHA256 {
+			t.Logf("%s: fixture differs from the one the edge cases were made with; skipped", name)
+			continue
+		}
+		tk := fixtureTokenizer(t, dir, name)
+		for i, c := range hf.Tokenizers[name].Cases {
+			if got := tk.Encode(c.Text, false); !slices.Equal(got, c.IDs) {
+				t.Errorf("%s case %d %q:\n got %v\nwant %v", name, i, c.Text, got, c.IDs)
+			}
+			if got := tk.Encode(c.Text, true); !slices.Equal(got, c.IDsWithSpecial) {
+				t.Errorf("%s case %d %q with special:\n got %v\nwant %v", name, i, c.Text, got, c.IDsWithSpecial)
+			}
+			if got := tk.Decode(c.IDs, false); got != c.Decoded {
+				t.Errorf("%s case %d: Decode %q, want %q", name, i, got, c.Decoded)
+			}
+		}
+	}
 }
