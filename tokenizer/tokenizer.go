@@ -140,6 +140,15 @@ func build(tb, cb []byte, opts buildOptions) (*Tokenizer, error) {
 	if tj.Model == nil {
 		return nil, errors.New("model: missing")
 	}
+	var mt struct {
+		Type *string `json:"type"`
+	}
+	if err := json.Unmarshal(*tj.Model, &mt); err != nil {
+		return nil, fmt.Errorf("model: %w", err)
+	}
+	if mt.Type != nil && *mt.Type != "BPE" {
+		return nil, fmt.Errorf("model.type: unsupported model %q (only BPE)", *mt.Type)
+	}
 	var mj modelJSON
 	if err := json.Unmarshal(*tj.Model, &mj); err != nil {
 		return nil, fmt.Errorf("model: %w", err)

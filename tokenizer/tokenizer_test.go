@@ -105,3 +105,74 @@ func TestLossy(t *testing.T) {
 		}
 	}
 }
+
+func TestLoadErrors(t *testing.T) {
+	base := `{"version":"1.0","added_tokens":[],"normalizer":null,"pre_tokenizer":null,"post_processor":null,"decoder":null,`
+	for _, c := range []struct{ json, field string }{
+		{`{`, "parse"},
+		{base + `"model":{"type":"Unigram","vocab":[]}}`, "model.type"},
+		{base + `"model":{"type":"BPE","vocab":{"a":0},"merges":["a b"]}}`, "model.merges[0]"},
+		{base + `"model":{"type":"BPE","vocab":{"a":0},"merges":[],"unk_token":"<unk>"}}`, "model.unk_token"},
+		{base + `"model":{"type":"BPE","vocab":{"a":0},"merges":[],"dropout":0.1}}`, "model.dropout"},
+		{`{"pre_tokenizer":{"type":"Split","pattern":{"Regex":"(?<"},"behavior":"Isolated","invert":false},"model":{"type":"BPE","vocab":{},"merges":[]}}`, "pre_tokenizer.pattern.Regex"},
+		{`{"normalizer":{"type":"Precompiled"},"model":{"type":"BPE","vocab":{},"merges":[]}}`, "normalizer.type"},
+		{`{"decoder":{"type":"Sequence","decoders":[{"type":"CTC"}]},"model":{"type":"BPE","vocab":{},"merges":[]}}`, "decoder.decoders[0].type"},
+		{`{"model":{"type":"BPE","vocab":{},"merges":[]},"post_processor":{"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<s>","type_id":0}}],"special_tokens":{}}}`, "post_processor.single[0]"},
+	} {
+		_, err := FromJSON([]byte(c.json), nil)
+		if err == nil || !strings.Contains(err.Error(), c.field) {
+			t.Errorf("%s: error %v, want one naming %q", c.json, err, c.field)
+		}
+	}
+	if _, err := Load(t.TempDir()); err == nil || !strings.Contains(err.Error(), "tokenizer.json") {
+		t.Errorf("Load of an empty dir: %v, want an error naming tokenizer.json", err)
+	}
+}
+
+func TestSpecialTokensAndStream(t *testing.T) {
+	dir, _ := loadGolden(t)
+	for _, c := range []struct {
+		name     string
+		bos, eos string
+	}{
+		{"deepseek_v3", "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"},
+		{"qwen3", "", "<|im_end|>"},
+		{"llama2", "<s>", "</s>"},
+	} {
+		tk := fixtureTokenizer(t, dir, c.name)
+		for _, x := range []struct {
+			get  func() (int, bool)
+			want string
+		}{{tk.BOS, c.bos}, {tk.EOS, c.eos}} {
+			id, ok := x.get()
+			if ok != (x.want != "") {
+				t.Errorf("%s: special token %q: ok=%v", c.name, x.want, ok)
+				continue
+			}
+			if ok {
+				if s, _ := tk.Token(id); s != x.want || !tk.IsSpecial(id) {
+					t.Errorf("%s: id %d is %q, want special %q", c.name, id, s, x.want)
+				}
+			}
+		}
+		// A 4-byte emoji split over byte tokens comes out whole.
+		ids := tk.Encode("ok 😀👍🏽!", false)
+		sd := tk.NewStreamDecoder()
+		var chunks []string
+		for _, id := range ids {
+			if s := sd.Add(id); s != "" {
+				if !utf8.ValidString(s) || strings.Contains(s, "\uFFFD") {
+					t.Errorf("%s: chunk %q splits a character", c.name, s)
+				}
+				chunks = append(chunks, s)
+			}
+		}
+		chunks = append(chunks, sd.Flush())
+		if got := strings.Join(chunks, ""); got != "ok 😀👍🏽!" {
+			t.Errorf("%s: streamed %q", c.name, got)
+		}
+		if tk.VocabSize() <= 0 {
+			t.Errorf("%s: VocabSize %d", c.name, tk.VocabSize())
+		}
+	}
+}
