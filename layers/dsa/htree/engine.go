@@ -15,11 +15,13 @@ type Scratch struct {
 	scores         []float32
 	heap           topK
 	qrot, o, og    []float32
+	kern           Kernels
 }
 
 // NewScratch allocates working memory for trees of options o (defaults
-// filled in) and heads of headDim channels.
-func NewScratch(o Options, headDim int) *Scratch {
+// filled in) and heads of headDim channels; Attend will run the inner loops
+// of k.
+func NewScratch(o Options, headDim int, k Kernels) *Scratch {
 	o = o.WithDefaults()
 	n := o.MaxCandidates()
 	return &Scratch{
@@ -30,6 +32,7 @@ func NewScratch(o Options, headDim int) *Scratch {
 		qrot:    make([]float32, headDim),
 		o:       make([]float32, headDim),
 		og:      make([]float32, headDim),
+		kern:    k.withDefaults(),
 	}
 }
 
@@ -90,7 +93,7 @@ func Attend(out, q []float32, tr *Tree, ro *Rotary, t, kh int, scale float32, sc
 			bm := float32(math.Inf(-1))
 			for i, c := range bc {
 				off := int(c)*row + koff
-				s[i] = scale * ro.Dot(qrot, keys[off:off+hd], b0+i)
+				s[i] = scale * ro.dot(qrot, keys[off:off+hd], b0+i, sc.kern.RoPEDot)
 				bm = max(bm, s[i])
 			}
 			if bm > m {
@@ -107,7 +110,7 @@ func Attend(out, q []float32, tr *Tree, ro *Rotary, t, kh int, scale float32, sc
 				w := exp32(s[i] - m)
 				l += w
 				off := int(c)*row + koff
-				axpy(lo, w, vals[off:off+hd])
+				sc.kern.Axpy(lo, w, vals[off:off+hd])
 			}
 			if selecting {
 				for i, c := range bc {
@@ -126,7 +129,7 @@ func Attend(out, q []float32, tr *Tree, ro *Rotary, t, kh int, scale float32, sc
 				w := exp32(e.score - m)
 				l -= w
 				off := int(e.node)*row + koff
-				axpy(lo, -w, vals[off:off+hd])
+				sc.kern.Axpy(lo, -w, vals[off:off+hd])
 				parents = append(parents, e.node)
 			}
 			slices.Sort(parents)
@@ -149,13 +152,6 @@ func Attend(out, q []float32, tr *Tree, ro *Rotary, t, kh int, scale float32, sc
 }
 
 func exp32(x float32) float32 { return float32(math.Exp(float64(x))) }
-
-func axpy(dst []float32, a float32, x []float32) {
-	x = x[:len(dst)]
-	for j := range dst {
-		dst[j] += a * x[j]
-	}
-}
 
 // entry is a top-K candidate: its selection key (the score, +Inf for the
 // rightmost node), its score and its node.

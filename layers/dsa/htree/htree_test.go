@@ -81,7 +81,7 @@ func run(t testing.TB, q, k, v []float32, n, chunk int, sh shape, o Options) []f
 	qw, kw := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
 	for p := 0; p < n; p += chunk {
 		m := min(chunk, n-p)
-		if err := c.Attention(out[p*qw:(p+m)*qw], q[p*qw:(p+m)*qw], k[p*kw:(p+m)*kw], v[p*kw:(p+m)*kw], 1, p, m, s, nil); err != nil {
+		if err := c.Attention(out[p*qw:(p+m)*qw], q[p*qw:(p+m)*qw], k[p*kw:(p+m)*kw], v[p*kw:(p+m)*kw], 1, p, m, s, nil, Kernels{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -298,7 +298,7 @@ func TestErrors(t *testing.T) {
 		{"gap", 0, 1, 1, s, "append of positions [1, 2)"},
 		{"capacity", 0, 0, 5, s, "want"},
 	} {
-		err := c.Attention(buf, buf, buf, buf, c2.layer, c2.pos0, c2.m, c2.s, nil)
+		err := c.Attention(buf, buf, buf, buf, c2.layer, c2.pos0, c2.m, c2.s, nil, Kernels{})
 		if err == nil || !strings.Contains(err.Error(), c2.want) {
 			t.Errorf("%s: %v, want an error naming %q", c2.name, err, c2.want)
 		}

@@ -101,8 +101,8 @@ func (c *Trees) Bytes() int64 {
 // Attention is HTreeAttention on host slices: it appends k and v to layer's
 // tree and runs Attend for each of the m·Heads query heads, split over
 // parallel (which calls fn on disjoint ranges covering [0, n), possibly
-// concurrently; nil runs fn(0, n)).
-func (c *Trees) Attention(out, q, k, v []float32, layer, pos0, m int, s layers.AttentionShape, parallel func(n int, fn func(lo, hi int))) error {
+// concurrently; nil runs fn(0, n)), with the inner loops of kern.
+func (c *Trees) Attention(out, q, k, v []float32, layer, pos0, m int, s layers.AttentionShape, parallel func(n int, fn func(lo, hi int)), kern Kernels) error {
 	if layer < 0 || layer >= len(c.layers) {
 		return fmt.Errorf("htree: layer %d of a cache of %d", layer, len(c.layers))
 	}
@@ -126,7 +126,7 @@ func (c *Trees) Attention(out, q, k, v []float32, layer, pos0, m int, s layers.A
 	}
 	group := s.Heads / s.KVHeads
 	parallel(m*s.Heads, func(lo, hi int) {
-		sc := NewScratch(c.shape.Options, hd)
+		sc := NewScratch(c.shape.Options, hd, kern)
 		for job := lo; job < hi; job++ {
 			i, h := job/s.Heads, job%s.Heads
 			Attend(out[job*hd:(job+1)*hd], q[job*hd:(job+1)*hd], tr, c.rotary, pos0+i, h/group, s.Scale, sc)

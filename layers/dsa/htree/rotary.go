@@ -49,28 +49,25 @@ func (ro *Rotary) Rotate(v []float32, pos int) {
 // materializing the rotated key: over each rotary pair (a, b) of q and k,
 // cos·(a₁b₁ + a₂b₂) + sin·(a₂b₁ − a₁b₂), plus the plain dot of the channels
 // RoPE leaves alone.
-func (ro *Rotary) Dot(q, k []float32, pos int) float32 {
+func (ro *Rotary) Dot(q, k []float32, pos int) float32 { return ro.dot(q, k, pos, RoPEDot) }
+
+func (ro *Rotary) dot(q, k []float32, pos int, ropeDot func(qa, qb, ka, kb, cos, sin []float32) float32) float32 {
 	h := ro.half
 	cos := ro.cos[pos*h : (pos+1)*h]
 	sin := ro.sin[pos*h : (pos+1)*h]
-	var s0, s1 float32
+	var s float32
 	if ro.interleaved {
 		q, k := q[:2*h], k[:2*h]
+		var s0, s1 float32
 		for j := range cos {
 			a1, a2, b1, b2 := q[2*j], q[2*j+1], k[2*j], k[2*j+1]
 			s0 += cos[j] * (a1*b1 + a2*b2)
 			s1 += sin[j] * (a2*b1 - a1*b2)
 		}
+		s = s0 + s1
 	} else {
-		qa, qb := q[:h], q[h:2*h]
-		ka, kb := k[:h], k[h:2*h]
-		for j := range cos {
-			a1, a2, b1, b2 := qa[j], qb[j], ka[j], kb[j]
-			s0 += cos[j] * (a1*b1 + a2*b2)
-			s1 += sin[j] * (a2*b1 - a1*b2)
-		}
+		s = ropeDot(q[:h], q[h:2*h], k[:h], k[h:2*h], cos, sin)
 	}
-	s := s0 + s1
 	if rest := q[2*h : ro.headDim]; len(rest) > 0 {
 		kr := k[2*h : ro.headDim]
 		for j, x := range rest {
@@ -78,4 +75,46 @@ func (ro *Rotary) Dot(q, k []float32, pos int) float32 {
 		}
 	}
 	return s
+}
+
+// RoPEDot is Σⱼ cos[j]·(qa[j]·ka[j] + qb[j]·kb[j]) + sin[j]·(qb[j]·ka[j] −
+// qa[j]·kb[j]) over the len(cos) rotary pairs (qa[j], qb[j]) of a rotated
+// query and (ka[j], kb[j]) of a key: the key rotated by (cos, sin), dotted
+// with the query. It is the portable version of Kernels.RoPEDot.
+func RoPEDot(qa, qb, ka, kb, cos, sin []float32) float32 {
+	n := len(cos)
+	qa, qb, ka, kb, sin = qa[:n], qb[:n], ka[:n], kb[:n], sin[:n]
+	var s0, s1 float32
+	for j, c := range cos {
+		a1, a2, b1, b2 := qa[j], qb[j], ka[j], kb[j]
+		s0 += c * (a1*b1 + a2*b2)
+		s1 += sin[j] * (a2*b1 - a1*b2)
+	}
+	return s0 + s1
+}
+
+// Axpy adds a·x to y (len(y) values): the portable version of Kernels.Axpy.
+func Axpy(y []float32, a float32, x []float32) {
+	x = x[:len(y)]
+	for j := range y {
+		y[j] += a * x[j]
+	}
+}
+
+// Kernels are the inner loops Attend runs per candidate. A backend may
+// supply faster ones computing the same sums (in any order); nil fields
+// take the portable RoPEDot and Axpy.
+type Kernels struct {
+	RoPEDot func(qa, qb, ka, kb, cos, sin []float32) float32
+	Axpy    func(y []float32, a float32, x []float32)
+}
+
+func (k Kernels) withDefaults() Kernels {
+	if k.RoPEDot == nil {
+		k.RoPEDot = RoPEDot
+	}
+	if k.Axpy == nil {
+		k.Axpy = Axpy
+	}
+	return k
 }
