@@ -17,6 +17,7 @@ type Llama struct {
 	cfg    *Config
 	rope   *layers.RoPE
 	attn   []layers.AttentionShape // per layer (sliding windows differ)
+	htree  *llamaHTree             // non-nil: htree attention (SetAttention, llama_htree.go)
 	Embed  backend.Weight          // [vocab, hidden]
 	Norm   backend.Buffer          // final norm
 	LMHead backend.Weight          // [vocab, hidden]; the embedding when tied
@@ -111,6 +112,9 @@ func (s *llamaState) CacheBytesPerToken() int64 {
 
 // NewState allocates a KV cache for capacity positions.
 func (m *Llama) NewState(capacity int) (State, error) {
+	if m.htree != nil {
+		return m.htree.newState(m, capacity)
+	}
 	c := m.cfg
 	cache, err := m.b.NewKVCache(backend.KVShape{Layers: c.NumLayers, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim, Capacity: capacity})
 	if err != nil {
@@ -171,9 +175,13 @@ func (m *Llama) Forward(ctx context.Context, st State, tokens []int32, all bool)
 			b.RMSNorm(q, q, blk.QNorm, c.RMSNormEps)
 			b.RMSNorm(k, k, blk.KNorm, c.RMSNormEps)
 		}
-		b.RoPE(q, n, c.NumHeads, c.HeadDim, 0, pos0, m.rope, false)
-		b.RoPE(k, n, c.NumKVHeads, c.HeadDim, 0, pos0, m.rope, false)
-		b.Attention(att, q, k, v, s.cache, l, pos0, n, m.attn[l])
+		if m.htree != nil { // q and k before RoPE: htree rotates by candidate index
+			m.htree.attention(m, att, q, k, v, s.cache, l, pos0, n)
+		} else {
+			b.RoPE(q, n, c.NumHeads, c.HeadDim, 0, pos0, m.rope, false)
+			b.RoPE(k, n, c.NumKVHeads, c.HeadDim, 0, pos0, m.rope, false)
+			b.Attention(att, q, k, v, s.cache, l, pos0, n, m.attn[l])
+		}
 		b.MatMul(h, att, blk.O, n)
 		b.Add(x, x, h)
 		// MLP: x += Down · (silu(Gate·norm(x)) * Up·norm(x)).
