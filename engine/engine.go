@@ -34,6 +34,9 @@ type Options struct {
 	// ContextLength is the default number of positions a session holds
 	// (0: the model's max_position_embeddings, at most DefaultContext).
 	ContextLength int
+	// Attention chooses dense (the default) or htree attention for the
+	// architectures that offer a choice (Llama, Qwen3); see docs/htree.md.
+	Attention model.AttentionOptions
 }
 
 // DefaultContext caps the default session length, so that a model with a
@@ -86,6 +89,11 @@ func Load(dir string, opts Options) (*Model, error) {
 		ck.Close()
 		b.Close()
 		return nil, fmt.Errorf("engine: loading %s: %w", filepath.Base(dir), err)
+	}
+	if err := model.SetAttention(net, opts.Attention); err != nil {
+		ck.Close()
+		b.Close()
+		return nil, fmt.Errorf("engine: %w", err)
 	}
 	ctxLen := opts.ContextLength
 	if ctxLen <= 0 {
