@@ -1,6 +1,7 @@
 // Command generate runs a model folder on a prompt and streams the result.
 //
 //	go run ./cmd/generate -model DIR -ids 1,2,3 [-max-tokens N] [sampling flags]
+//	    [-attention dense|htree [-htree-topk K] [-htree-rate R] [-htree-dense N] [-htree-first-layer L]]
 //
 // Load time, prompt and decode tokens/s and the device go to stderr; the
 // generated tokens go to stdout as they are produced. Ctrl-C stops cleanly.
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"github.com/manifoldlm/manifold/engine"
+	"github.com/manifoldlm/manifold/model"
 )
 
 func main() {
@@ -35,6 +37,7 @@ type options struct {
 	sampling            engine.SamplingOptions
 	seed                int64
 	ignoreEOS, quietLog bool
+	attention           model.AttentionOptions
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -54,6 +57,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.sampling.RepetitionPenalty, "repeat-penalty", 1.0, "repetition penalty (1: off)")
 	fs.Int64Var(&o.seed, "seed", -1, "random seed (-1: random)")
 	fs.BoolVar(&o.ignoreEOS, "ignore-eos", false, "do not stop at the model's end-of-sequence tokens")
+	fs.StringVar(&o.attention.Kind, "attention", "dense", "dense or htree (hierarchical sparse attention, Llama/Qwen3; docs/htree.md)")
+	fs.IntVar(&o.attention.HTree.TopK, "htree-topk", 0, "htree: nodes expanded per level (0: 512)")
+	fs.IntVar(&o.attention.HTree.Rate, "htree-rate", 0, "htree: children per tree node (0: 16)")
+	fs.IntVar(&o.attention.HTree.TopCandidates, "htree-dense", 0, "htree: positions below this attend exactly, the top-level candidate bound (0: topk*rate)")
+	fs.IntVar(&o.attention.FirstLayer, "htree-first-layer", 0, "htree: layers before this one stay dense")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -92,7 +100,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	m, err := engine.Load(o.model, engine.Options{Device: o.device, Threads: o.threads, ContextLength: o.ctx})
+	m, err := engine.Load(o.model, engine.Options{Device: o.device, Threads: o.threads, ContextLength: o.ctx, Attention: o.attention})
 	if err != nil {
 		return err
 	}
