@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"runtime"
 	"sync"
 	"unsafe"
@@ -63,7 +64,14 @@ func New(ordinal int) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(image) == 0 {
+	img := image
+	if path := os.Getenv("MANIFOLD_KERNEL_IMAGE"); path != "" {
+		// For kernel development: try a freshly built image without rebuilding the Go binary.
+		if img, err = os.ReadFile(path); err != nil {
+			return nil, fmt.Errorf("kernels: MANIFOLD_KERNEL_IMAGE: %w", err)
+		}
+	}
+	if len(img) == 0 {
 		return nil, fmt.Errorf("kernels: this build embeds no kernel image (run kernels/build.sh on a machine with nvcc): %w", ErrNoDriver)
 	}
 	b := &Backend{d: d, fn: map[string]uintptr{}, live: map[uint64]struct{}{}}
@@ -92,10 +100,10 @@ func New(ordinal int) (*Backend, error) {
 		if err = d.check("cuStreamCreate", d.cuStreamCreate(&b.stream, 0)); err != nil {
 			return
 		}
-		if err = d.check("cuModuleLoadData", d.cuModuleLoadData(&b.module, unsafe.Pointer(&image[0]))); err != nil {
+		if err = d.check("cuModuleLoadData", d.cuModuleLoadData(&b.module, unsafe.Pointer(&img[0]))); err != nil {
 			return
 		}
-		for _, name := range []string{"gemv_f32", "gemv_bf16", "gemv_nvfp4", "gemv_f32_any", "gemv_bf16_any",
+		for _, name := range []string{"gemv_f32", "gemv_bf16", "gemm_nvfp4_mma", "gemv_f32_any", "gemv_bf16_any",
 			"gemv_nvfp4_any", "embed", "rmsnorm", "rope", "attention", "swiglu", "add", "scale"} {
 			var f uintptr
 			if err = d.check("cuModuleGetFunction "+name, d.cuModuleGetFunction(&f, b.module, cString(name))); err != nil {
@@ -434,11 +442,12 @@ func (b *Backend) MatMul(dst, x backend.Buffer, wt backend.Weight, m int) {
 		}
 		b.launch(name, g, 32*warps, 0, w.data.ptr, xp, ptr(dst), bias, N, K, m)
 	case backend.NVFP4:
-		name := "gemv_nvfp4"
-		if !aligned || K%32 != 0 {
-			name = "gemv_nvfp4_any"
+		if aligned && K%128 == 0 {
+			// Tensor cores: a block of 8 warps per 16 output features, splitting K.
+			b.launch("gemm_nvfp4_mma", grid1(N, 16), 32*8, 0, w.data.ptr, w.scales.ptr, w.global, xp, ptr(dst), bias, N, K, m)
+			break
 		}
-		b.launch(name, g, 32*warps, 0, w.data.ptr, w.scales.ptr, w.global, xp, ptr(dst), bias, N, K, m)
+		b.launch("gemv_nvfp4_any", g, 32*warps, 0, w.data.ptr, w.scales.ptr, w.global, xp, ptr(dst), bias, N, K, m)
 	}
 	runtime.KeepAlive(w)
 }

@@ -95,12 +95,15 @@ func hostWeight(rng *rand.Rand, f backend.Format, n, k int) *backend.HostWeight 
 
 // Tolerance: both sides accumulate in float32 in different orders; over K
 // unit-variance terms the relative error stays near 1e-6·√K, far under 1e-4.
+// The NVFP4 tensor-core kernel rounds activations to fp16 (relative 2^-11
+// each, averaging down over K), so it gets 1e-3.
 const matmulTol = 1e-4
 
 func TestMatMul(t *testing.T) {
 	g, c := newGPU(t), cpu.New(0)
 	rng := rand.New(rand.NewPCG(1, 2))
-	for _, sh := range []struct{ m, n, k int }{{1, 7, 16}, {1, 300, 64}, {3, 129, 96}, {5, 64, 40}, {1, 513, 1024}, {16, 256, 4096}, {64, 130, 512}} {
+	for _, sh := range []struct{ m, n, k int }{{1, 7, 16}, {1, 300, 64}, {3, 129, 96}, {5, 64, 40}, {1, 513, 1024}, {16, 256, 4096}, {64, 130, 512},
+		{1, 13, 128}, {17, 77, 384}, {70, 40, 256}, {130, 24, 128}} {
 		for _, f := range []backend.Format{backend.F32, backend.BF16, backend.F16, backend.NVFP4} {
 			if f == backend.NVFP4 && sh.k%16 != 0 {
 				continue
@@ -119,7 +122,11 @@ func TestMatMul(t *testing.T) {
 			c.MatMul(cpu.Buffer(want), cpu.Buffer(x), wc, sh.m)
 			out := g.NewBuffer(sh.m * sh.n)
 			g.MatMul(out, toGPU(g, x), wg, sh.m)
-			if e := relErr(fromGPU(t, g, out), want); e > matmulTol {
+			tol := matmulTol
+			if f == backend.NVFP4 {
+				tol = 1e-3
+			}
+			if e := relErr(fromGPU(t, g, out), want); e > tol {
 				t.Errorf("%v %+v: relative error %.3g", f, sh, e)
 			}
 		}

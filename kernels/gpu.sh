@@ -19,6 +19,11 @@ prepare)
 run)
   out="${OUT:-/tmp/gpu-out}"; mkdir -p "$out"
   export MANIFOLD_GOLDEN_DIR="$PWD/.device/golden"
+  if [ "${REBUILD:-}" = 1 ]; then
+    # Kernel development: build the image here and run the binaries with it.
+    kernels/build.sh && cp kernels/manifold.fatbin kernels/manifold.fatbin.sum "$out/"
+    export MANIFOLD_KERNEL_IMAGE="$PWD/kernels/manifold.fatbin"
+  fi
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   status=0
   (cd kernels && ../.device/kernels.test -test.count=1 -test.v 2>&1 | grep -v '^=== ' | tee "$out/kernels-test.log" | grep -E '^(--- |FAIL|PASS|ok)' ) || status=1

@@ -3,6 +3,7 @@
 // Activations are float32; weights stay in their stored format (f32, bf16,
 // NVFP4) and are decoded in registers.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <stdint.h>
 
 #define WARP 32
@@ -120,27 +121,6 @@ struct BF16Loader {
     __device__ float scale() const { return 1.f; }
 };
 
-// NVFP4 in ModelOpt's layout: packed [N, K/2] (element 2i in the low nibble),
-// E4M3 block scales [N, K/16], one float32 global scale. A chunk is 16 bytes
-// of packed values: 32 elements, two scale blocks.
-struct NVFP4Loader {
-    static constexpr int kChunk = 32;
-    const uint8_t* P; const uint8_t* S; int K; float global;
-    __device__ void load(int r, int k, float* w) const {
-        uint4 v = __ldg(reinterpret_cast<const uint4*>(P + (size_t)r * (K / 2) + k / 2));
-        const uint8_t* sc = S + (size_t)r * (K / 16) + k / 16;
-        float s0 = e4m3_to_f32(sc[0]), s1 = e4m3_to_f32(sc[1]);
-        uint32_t u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            float s = j < 2 ? s0 : s1;
-#pragma unroll
-            for (int b = 0; b < 8; b++) w[8 * j + b] = kE2M1[(u[j] >> (4 * b)) & 0xf] * s;
-        }
-    }
-    __device__ float scale() const { return global; }
-};
-
 // Rows per block: 8 warps.
 extern "C" __global__ void gemv_f32(const float* W, const float* x, float* y, const float* bias, int N, int K, int m) {
     int r = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
@@ -153,14 +133,6 @@ extern "C" __global__ void gemv_bf16(const uint16_t* W, const float* x, float* y
     int r = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
     if (r >= N) return;
     BF16Loader ld{W, K};
-    gemv_row(ld, x, y, bias, N, K, m, r);
-}
-
-extern "C" __global__ void gemv_nvfp4(const uint8_t* P, const uint8_t* S, float global, const float* x, float* y,
-                                      const float* bias, int N, int K, int m) {
-    int r = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
-    if (r >= N) return;
-    NVFP4Loader ld{P, S, K, global};
     gemv_row(ld, x, y, bias, N, K, m, r);
 }
 
@@ -319,5 +291,171 @@ extern "C" __global__ void gemv_nvfp4_any(const uint8_t* P, const uint8_t* S, fl
         }
         acc = warp_sum(acc);
         if (lane == 0) y[(size_t)i * N + r] = acc * global + (bias ? bias[r] : 0.f);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// NVFP4 matmul on the tensor cores: y[i, n] = global * sum_k x[i, k] * W[n, k].
+//
+// One warp computes 8 output features (n) for every input row, with
+// mma.sync m16n8k16 (fp16 inputs, fp32 accumulators). Each 16-element block
+// of a weight row times its E4M3 scale is exact in fp16 once scaled by 2^-14
+// (at most 8 significant bits, no smaller than 2^-24), so the weights reach
+// the tensor cores without rounding; the activations are rounded to fp16
+// (|x| must stay below 65504) and the global scale and 2^14 are applied to
+// the fp32 sums.
+//
+// The sum over k is order-free, so each lane may own any k as long as the A
+// and B fragments agree: within a 128-element chunk, lane (g, t) loads the 16
+// bytes of elements [32t, 32t+32) of row n0+g (one 16-byte load) and uses
+// elements 32t+4j..32t+4j+3 as its k-slots {2t, 2t+1, 2t+8, 2t+9} of the
+// j-th mma; the x fragments are gathered with the same mapping.
+
+__device__ __forceinline__ uint32_t f2h2(float a, float b) {
+    __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// fp16x2 words (times 2^-14) of the 8 E2M1 codes in u: word j holds the codes
+// of byte j (low nibble in the low half).
+__device__ __forceinline__ void e2m1x8_to_h2(uint32_t u, uint32_t w[4]) {
+    uint32_t lo = u & 0x0F0F0F0Fu, hi = (u >> 4) & 0x0F0F0F0Fu;
+    // fp16 high byte of a code n (s e1 e0 m): s<<7 | (e1 e0 m)<<1.
+    uint32_t flo = ((lo & 0x07070707u) << 1) | ((lo & 0x08080808u) << 4);
+    uint32_t fhi = ((hi & 0x07070707u) << 1) | ((hi & 0x08080808u) << 4);
+    // word j = [0, flo byte j, 0, fhi byte j]; prmt selectors index bytes 0-3 of
+    // flo and 4-7 of fhi.
+    w[0] = __byte_perm(flo, fhi, 0x4000) & 0xFF00FF00u;
+    w[1] = __byte_perm(flo, fhi, 0x5010) & 0xFF00FF00u;
+    w[2] = __byte_perm(flo, fhi, 0x6020) & 0xFF00FF00u;
+    w[3] = __byte_perm(flo, fhi, 0x7030) & 0xFF00FF00u;
+}
+
+__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// MTILES: 16-row tiles of x per pass over the weights (m <= 16*MTILES per
+// pass); NT: 8-feature tiles per warp, sharing each x fragment. The block's
+// warps split K (warp w takes chunks w, w+W, ...), each prefetching its next
+// chunk's weights before decoding the current one, and their partial sums
+// meet in shared memory.
+#define MMA_WARPS 8
+#define MMA_NT 2
+template <int MTILES>
+__device__ __forceinline__ void nvfp4_mma_pass(const uint8_t* __restrict__ P, const uint8_t* __restrict__ S,
+                                               float global, const float* __restrict__ x, float* __restrict__ y,
+                                               const float* __restrict__ bias, int N, int K, int m0, int m, int n0,
+                                               float* red) {
+    int lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3, warp = threadIdx.x / WARP;
+    float acc[MTILES][MMA_NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MTILES; mt++)
+#pragma unroll
+        for (int u = 0; u < MMA_NT; u++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[mt][u][i] = 0.f;
+    const uint8_t* prow[MMA_NT];
+    const uint8_t* srow[MMA_NT];
+    bool nok[MMA_NT];
+#pragma unroll
+    for (int u = 0; u < MMA_NT; u++) {
+        int n = n0 + 8 * u + g;
+        nok[u] = n < N;
+        prow[u] = P + (size_t)(nok[u] ? n : 0) * (K / 2);
+        srow[u] = S + (size_t)(nok[u] ? n : 0) * (K / 16);
+    }
+    const int stride = 128 * MMA_WARPS;
+    uint4 wv[MMA_NT];
+    uint32_t sv[MMA_NT];
+    auto load = [&](int c, uint4* w, uint32_t* s) {
+#pragma unroll
+        for (int u = 0; u < MMA_NT; u++) {
+            bool ok = nok[u] && c < K;
+            int k0 = c + 32 * t;
+            w[u] = ok ? __ldg(reinterpret_cast<const uint4*>(prow[u] + k0 / 2)) : make_uint4(0, 0, 0, 0);
+            s[u] = ok ? __ldg(reinterpret_cast<const uint16_t*>(srow[u] + k0 / 16)) : 0;
+        }
+    };
+    load(128 * warp, wv, sv);
+    for (int c = 128 * warp; c < K; c += stride) {
+        uint4 wn[MMA_NT];
+        uint32_t sn[MMA_NT];
+        load(c + stride, wn, sn);
+        int k0 = c + 32 * t;
+        uint32_t bw[MMA_NT][16];  // bw[u][2j], bw[u][2j+1]: the j-th mma's b0, b1 for tile u
+#pragma unroll
+        for (int u = 0; u < MMA_NT; u++) {
+            __half2 s0 = __float2half2_rn(e4m3_to_f32(sv[u] & 0xff)), s1 = __float2half2_rn(e4m3_to_f32(sv[u] >> 8));
+            uint32_t words[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                uint32_t h[4];
+                e2m1x8_to_h2(words[q], h);
+                __half2 s = q < 2 ? s0 : s1;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    __half2 v = __hmul2(*reinterpret_cast<__half2*>(&h[i]), s);
+                    bw[u][4 * q + i] = *reinterpret_cast<uint32_t*>(&v);
+                }
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < MTILES; mt++) {
+            int r0 = m0 + 16 * mt + g, r1 = r0 + 8;
+            if (m0 + 16 * mt >= m) break;
+            const float* x0 = x + (size_t)r0 * K + k0;
+            const float* x1 = x + (size_t)r1 * K + k0;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                float4 a = r0 < m ? *reinterpret_cast<const float4*>(x0 + 4 * j) : make_float4(0, 0, 0, 0);
+                float4 b = r1 < m ? *reinterpret_cast<const float4*>(x1 + 4 * j) : make_float4(0, 0, 0, 0);
+                uint32_t af[4] = {f2h2(a.x, a.y), f2h2(b.x, b.y), f2h2(a.z, a.w), f2h2(b.z, b.w)};
+#pragma unroll
+                for (int u = 0; u < MMA_NT; u++) mma16816(acc[mt][u], af, bw[u][2 * j], bw[u][2 * j + 1]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < MMA_NT; u++) {
+            wv[u] = wn[u];
+            sv[u] = sn[u];
+        }
+    }
+    // red: [MMA_WARPS][MTILES*MMA_NT*4][32] partial sums.
+    const int per = MTILES * MMA_NT * 4;
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < MTILES; mt++)
+#pragma unroll
+        for (int u = 0; u < MMA_NT; u++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) red[(warp * per + (mt * MMA_NT + u) * 4 + i) * WARP + lane] = acc[mt][u][i];
+    __syncthreads();
+    float sc = global * 16384.f;
+    for (int o = threadIdx.x; o < per * WARP; o += blockDim.x) {
+        int l = o % WARP, mi = o / WARP, i = mi % 4, u = (mi / 4) % MMA_NT, mt = mi / (4 * MMA_NT);
+        float v = 0.f;
+        for (int w = 0; w < MMA_WARPS; w++) v += red[(w * per + mi) * WARP + l];
+        int lg = l >> 2, lt = l & 3;
+        int row = m0 + 16 * mt + lg + (i < 2 ? 0 : 8), col = n0 + 8 * u + 2 * lt + (i & 1);
+        if (row < m && col < N) y[(size_t)row * N + col] = v * sc + (bias ? bias[col] : 0.f);
+    }
+}
+
+// Grid: ceil(N / (8*MMA_NT)) blocks of MMA_WARPS warps; K % 128 == 0. Passes of 64 rows of x.
+extern "C" __global__ void __launch_bounds__(MMA_WARPS * WARP) gemm_nvfp4_mma(
+    const uint8_t* P, const uint8_t* S, float global, const float* x, float* y, const float* bias, int N, int K, int m) {
+    __shared__ float red[MMA_WARPS * 4 * MMA_NT * 4 * WARP];
+    int n0 = blockIdx.x * 8 * MMA_NT;
+    if (m <= 16) {
+        nvfp4_mma_pass<1>(P, S, global, x, y, bias, N, K, 0, m, n0, red);
+        return;
+    }
+    for (int m0 = 0; m0 < m; m0 += 64) {
+        nvfp4_mma_pass<4>(P, S, global, x, y, bias, N, K, m0, m, n0, red);
+        __syncthreads();
     }
 }

@@ -90,7 +90,7 @@ func (l Llama) Write(dir string) error {
 	must := []error{
 		add("model.embed_tokens.weight", []int{l.Vocab, l.Hidden}, 1, 0),
 		add("model.norm.weight", []int{l.Hidden}, 0.05, 1),
-		lin("lm_head", l.Vocab, l.Hidden),
+		add("lm_head.weight", []int{l.Vocab, l.Hidden}, 1/math.Sqrt(float64(l.Hidden)), 0), // kept dense, as cmd/convert does
 	}
 	for i := 0; i < l.Layers; i++ {
 		p := fmt.Sprintf("model.layers.%d.", i)
