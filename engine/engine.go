@@ -21,6 +21,7 @@ import (
 	"github.com/manifoldlm/manifold/backend/cpu"
 	"github.com/manifoldlm/manifold/kernels"
 	"github.com/manifoldlm/manifold/model"
+	"github.com/manifoldlm/manifold/tokenizer"
 	"github.com/manifoldlm/manifold/weights"
 )
 
@@ -51,6 +52,7 @@ type Model struct {
 	ck       *weights.Checkpoint
 	backend  backend.Backend
 	net      model.Model
+	tok      *tokenizer.Tokenizer // nil when the folder has no tokenizer.json
 	ctxLen   int
 	loadTime time.Duration
 }
@@ -74,6 +76,16 @@ func Load(dir string, opts Options) (*Model, error) {
 	gen, err := model.LoadGenerationConfig(dir)
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
+	}
+	var tok *tokenizer.Tokenizer
+	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err == nil {
+		if tok, err = tokenizer.Load(dir); err != nil {
+			return nil, fmt.Errorf("engine: %w", err)
+		}
+		if tok.VocabSize() > cfg.VocabSize {
+			return nil, fmt.Errorf("engine: %s: tokenizer.json has %d tokens but config.json's vocab_size is %d: they belong to different models",
+				dir, tok.VocabSize(), cfg.VocabSize)
+		}
 	}
 	b, err := newBackend(opts)
 	if err != nil {
@@ -102,7 +114,7 @@ func Load(dir string, opts Options) (*Model, error) {
 			ctxLen = DefaultContext
 		}
 	}
-	return &Model{dir: dir, cfg: cfg, gen: gen, ck: ck, backend: b, net: net, ctxLen: ctxLen,
+	return &Model{dir: dir, cfg: cfg, gen: gen, ck: ck, backend: b, net: net, tok: tok, ctxLen: ctxLen,
 		loadTime: time.Since(start)}, nil
 }
 
@@ -160,4 +172,40 @@ func (m *Model) EOSTokens() []int {
 		return m.gen.EOSTokenIDs
 	}
 	return m.cfg.EOSTokenIDs
+}
+
+// ErrNoTokenizer is returned by text methods of a model folder without tokenizer.json.
+var ErrNoTokenizer = errors.New("model has no tokenizer.json")
+
+// Tokenizer is the model's tokenizer, or nil when its folder has none.
+func (m *Model) Tokenizer() *tokenizer.Tokenizer { return m.tok }
+
+// Encode turns a prompt into token ids. With chat set, the text is the user's
+// message, rendered through the model's chat template (with the generation
+// prompt); otherwise it is encoded as is, with the special tokens the
+// tokenizer adds and a BOS token when tokenizer_config.json asks for one.
+func (m *Model) Encode(text string, chat bool) ([]int, error) {
+	if m.tok == nil {
+		return nil, fmt.Errorf("engine: %s: %w (pass token ids instead)", m.dir, ErrNoTokenizer)
+	}
+	if chat {
+		prompt, err := m.tok.ApplyChatTemplate([]tokenizer.Message{{Role: "user", Content: text}}, true)
+		if err != nil {
+			return nil, fmt.Errorf("engine: chat template of %s: %w", m.dir, err)
+		}
+		return m.tok.Encode(prompt, false), nil
+	}
+	ids := m.tok.Encode(text, true)
+	if bos, ok := m.tok.BOS(); ok && m.tok.AddBOSToken() && (len(ids) == 0 || ids[0] != bos) {
+		ids = append([]int{bos}, ids...)
+	}
+	return ids, nil
+}
+
+// Decode turns token ids into text, leaving out special tokens.
+func (m *Model) Decode(ids []int) (string, error) {
+	if m.tok == nil {
+		return "", fmt.Errorf("engine: %s: %w", m.dir, ErrNoTokenizer)
+	}
+	return m.tok.Decode(ids, true), nil
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/manifoldlm/manifold/tokenizer"
 )
 
 // ErrContextFull is returned when tokens do not fit in a session.
@@ -27,6 +29,10 @@ type GenerateOptions struct {
 type Token struct {
 	ID    int
 	Index int // 0 for the first generated token
+	// Text is the token's text when the model has a tokenizer: special
+	// tokens give none, and bytes of a character split across tokens wait
+	// for the token that completes it.
+	Text string
 }
 
 // StopReason says why generation ended.
@@ -87,6 +93,10 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptio
 	}
 	res.PromptDuration = time.Since(start)
 	sampler := NewSampler(opts.Sampling)
+	var text *tokenizer.StreamDecoder
+	if s.m.tok != nil {
+		text = s.m.tok.NewStreamDecoderSkipSpecial()
+	}
 	var first time.Time
 	for {
 		if len(s.tokens) >= s.st.Cap() {
@@ -99,8 +109,12 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptio
 		}
 		res.Tokens = append(res.Tokens, tok)
 		res.DecodeDuration = time.Since(first)
+		t := Token{ID: tok, Index: len(res.Tokens) - 1}
+		if text != nil {
+			t.Text = text.Add(tok)
+		}
 		if stream != nil {
-			if err := stream(Token{ID: tok, Index: len(res.Tokens) - 1}); err != nil {
+			if err := stream(t); err != nil {
 				return res, err
 			}
 		}

@@ -1,7 +1,11 @@
 // Command generate runs a model folder on a prompt and streams the result.
 //
-//	go run ./cmd/generate -model DIR -ids 1,2,3 [-max-tokens N] [sampling flags]
+//	go run ./cmd/generate -model DIR -prompt TEXT [-chat] [-max-tokens N] [sampling flags]
+//	go run ./cmd/generate -model DIR -ids 1,2,3 ...
 //	    [-attention dense|htree [-htree-topk K] [-htree-rate R] [-htree-dense N] [-htree-first-layer L]]
+//
+// With a tokenizer.json in the model folder the output is text; without one,
+// the prompt must be given as ids and the output is ids.
 //
 // Load time, prompt and decode tokens/s and the device go to stderr; the
 // generated tokens go to stdout as they are produced. Ctrl-C stops cleanly.
@@ -32,6 +36,8 @@ func main() {
 
 type options struct {
 	model, ids, device  string
+	prompt              string
+	chat                bool
 	maxTokens, ctx      int
 	threads             int
 	sampling            engine.SamplingOptions
@@ -45,7 +51,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.SetOutput(stderr)
 	o := &options{}
 	fs.StringVar(&o.model, "model", "", "model folder (config.json, *.safetensors)")
-	fs.StringVar(&o.ids, "ids", "", "prompt as comma-separated token ids")
+	fs.StringVar(&o.prompt, "prompt", "", "prompt text (needs the model's tokenizer.json)")
+	fs.BoolVar(&o.chat, "chat", false, "render -prompt as a user message through the model's chat template")
+	fs.StringVar(&o.ids, "ids", "", "prompt as comma-separated token ids (instead of -prompt)")
 	fs.StringVar(&o.device, "device", "auto", "auto, cpu or cuda")
 	fs.IntVar(&o.maxTokens, "max-tokens", 64, "tokens to generate at most (0: until EOS or the context is full)")
 	fs.IntVar(&o.ctx, "ctx", 0, "context length in tokens (0: the model's, at most 4096)")
@@ -68,8 +76,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if o.model == "" {
 		return nil, errors.New("-model is required (a folder with config.json and safetensors weights)")
 	}
-	if o.ids == "" {
-		return nil, errors.New("-ids is required: the prompt as token ids, e.g. -ids 1,2,3")
+	if (o.ids == "") == (o.prompt == "") {
+		return nil, errors.New("give the prompt as text (-prompt TEXT) or as token ids (-ids 1,2,3), one of the two")
 	}
 	if o.seed >= 0 {
 		o.sampling.Seed = uint64(o.seed)
@@ -96,16 +104,22 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	prompt, err := parseIDs(o.ids)
-	if err != nil {
-		return err
-	}
 	m, err := engine.Load(o.model, engine.Options{Device: o.device, Threads: o.threads, ContextLength: o.ctx, Attention: o.attention})
 	if err != nil {
 		return err
 	}
 	defer m.Close()
 	fmt.Fprintf(stderr, "loaded %s (%s) in %.2fs on %s\n", o.model, m.Config().ModelType, m.LoadTime().Seconds(), m.Device())
+	var prompt []int
+	if o.prompt != "" {
+		prompt, err = m.Encode(o.prompt, o.chat)
+	} else {
+		prompt, err = parseIDs(o.ids)
+	}
+	if err != nil {
+		return err
+	}
+	asText := m.Tokenizer() != nil
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -118,6 +132,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 		opts.StopTokens = []int{}
 	}
 	res, err := s.Generate(ctx, prompt, opts, func(t engine.Token) error {
+		if asText {
+			_, err := io.WriteString(stdout, t.Text)
+			return err
+		}
 		sep := " "
 		if t.Index == 0 {
 			sep = ""

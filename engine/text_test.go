@@ -1,0 +1,98 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/manifoldlm/manifold/internal/golden"
+	"github.com/manifoldlm/manifold/internal/testmodel"
+	"github.com/manifoldlm/manifold/tokenizer"
+	"github.com/manifoldlm/manifold/weights"
+)
+
+// modelWithTokenizer writes a tiny random Llama whose vocabulary fits the
+// fixture tokenizer name, with that tokenizer's files beside it.
+func modelWithTokenizer(t *testing.T, name string) (string, *tokenizer.Tokenizer) {
+	src := filepath.Join(golden.Dir(t), "tokenizers", name)
+	tok, err := tokenizer.Load(src)
+	if err != nil {
+		t.Skipf("tokenizer %s: %v", name, err)
+	}
+	dir := t.TempDir()
+	spec := testmodel.Llama{Layers: 1, Hidden: 32, FFN: 32, Heads: 2, KVHeads: 1, Vocab: tok.VocabSize(), DType: weights.BF16, Seed: 5}
+	if err := spec.Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"tokenizer.json", "tokenizer_config.json"} {
+		if data, err := os.ReadFile(filepath.Join(src, f)); err == nil {
+			os.WriteFile(filepath.Join(dir, f), data, 0o644)
+		}
+	}
+	return dir, tok
+}
+
+func TestTextInTextOut(t *testing.T) {
+	for _, name := range []string{"llama2", "qwen3"} {
+		t.Run(name, func(t *testing.T) {
+			dir, tok := modelWithTokenizer(t, name)
+			m, err := Load(dir, Options{Device: "cpu", ContextLength: 256})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			ids, err := m.Encode("Hello, world", false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := tok.Encode("Hello, world", true)
+			if bos, ok := tok.BOS(); ok && tok.AddBOSToken() && want[0] != bos {
+				want = append([]int{bos}, want...)
+			}
+			if !slices.Equal(ids, want) {
+				t.Errorf("Encode = %v, want %v", ids, want)
+			}
+			s, _ := m.NewSession(0)
+			var streamed strings.Builder
+			res, err := s.Generate(context.Background(), ids, GenerateOptions{MaxTokens: 12, StopTokens: []int{},
+				Sampling: SamplingOptions{Temperature: 1, Seed: 3}}, func(t Token) error {
+				streamed.WriteString(t.Text)
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			full, _ := m.Decode(res.Tokens)
+			// The streamed text holds back only an unfinished character at the end.
+			if !strings.HasPrefix(full, streamed.String()) || len(full)-streamed.Len() > 4 {
+				t.Errorf("streamed %q, decoded %q", streamed.String(), full)
+			}
+			chat, err := m.Encode("Hi", true)
+			switch {
+			case tok.HasChatTemplate() && err != nil:
+				t.Errorf("chat: %v", err)
+			case !tok.HasChatTemplate() && !errors.Is(err, tokenizer.ErrNoChatTemplate):
+				t.Errorf("chat without a template: %v", err)
+			case err == nil && len(chat) <= len(tok.Encode("Hi", false)):
+				t.Errorf("chat prompt %v adds no template tokens", chat)
+			}
+		})
+	}
+}
+
+func TestTokenizerModelMismatch(t *testing.T) {
+	dir, _ := modelWithTokenizer(t, "llama2")
+	data, _ := os.ReadFile(filepath.Join(dir, "config.json"))
+	os.WriteFile(filepath.Join(dir, "config.json"), []byte(strings.Replace(string(data), `"vocab_size": 32000`, `"vocab_size": 100`, 1)), 0o644)
+	if _, err := Load(dir, Options{Device: "cpu"}); err == nil || !strings.Contains(err.Error(), "vocab_size") {
+		t.Errorf("mismatched tokenizer: %v", err)
+	}
+	m, _ := loadGolden(t, "llama")
+	if _, err := m.Encode("hi", false); !errors.Is(err, ErrNoTokenizer) {
+		t.Errorf("no tokenizer: %v", err)
+	}
+}
