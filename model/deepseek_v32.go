@@ -189,14 +189,11 @@ func loadDeepseekV32(b backend.Backend, cfg *Config, l *Loader) (*DeepseekV32, e
 		if err := l.Bind(p, blk, dims); err != nil {
 			return nil, err
 		}
-		kva := p + "self_attn.kv_a_proj_with_mqa"
-		kvaShape := []int{mla.KVLoraRank + mla.RopeDim, cfg.HiddenSize}
-		if blk.KVALatent, err = uploadRows(b, l, kva, kvaShape, 0, mla.KVLoraRank); err != nil {
+		kva, err := l.LinearSplit(p+"self_attn.kv_a_proj_with_mqa", cfg.HiddenSize, mla.KVLoraRank, mla.RopeDim)
+		if err != nil {
 			return nil, err
 		}
-		if blk.KVARope, err = uploadRows(b, l, kva, kvaShape, mla.KVLoraRank, mla.RopeDim); err != nil {
-			return nil, err
-		}
+		blk.KVALatent, blk.KVARope = kva[0], kva[1]
 		if m.sparseMLP(i) {
 			if blk.MoE, err = m.loadMoE(l, p+"mlp."); err != nil {
 				return nil, err
@@ -339,19 +336,12 @@ func (m *DeepseekV32) loadMoE(l *Loader, prefix string) (*v32MoE, error) {
 	return moe, nil
 }
 
-// uploadRows uploads rows [r0, r0+rows) of the tensor name (its .weight when
-// name is a module), viewed as a matrix of its last dimension's columns, in
-// its stored format; shape is the full shape the config implies. A module's
-// bias is sliced the same way.
+// uploadRows uploads rows [r0, r0+rows) of the tensor name (the fused
+// expert weights), viewed as a matrix of its last dimension's columns, in
+// its stored format (F32, BF16 or F16); shape is the full shape the config
+// implies. Linear modules split by rows go through Loader.LinearSplit.
 func uploadRows(b backend.Backend, l *Loader, name string, shape []int, r0, rows int) (backend.Weight, error) {
-	module, tname := "", name
-	if len(shape) == 2 && !l.Has(name) {
-		module, tname = name, name+".weight"
-	}
-	if module != "" && l.Has(module+".weight_scale") {
-		return nil, fmt.Errorf("model: %s: NVFP4 weights are not supported by this build", module)
-	}
-	t, err := l.Checkpoint().Tensor(tname)
+	t, err := l.Checkpoint().Tensor(name)
 	if err != nil {
 		return nil, err
 	}
@@ -359,7 +349,7 @@ func uploadRows(b backend.Backend, l *Loader, name string, shape []int, r0, rows
 		return nil, fmt.Errorf("model: %s: tensor %q has shape %v, the config implies %v", t.File, t.Name, t.Shape, shape)
 	}
 	cols := shape[len(shape)-1]
-	h := &backend.HostWeight{Name: fmt.Sprintf("%s[rows %d:%d]", tname, r0, r0+rows), Rows: rows, Cols: cols}
+	h := &backend.HostWeight{Name: fmt.Sprintf("%s[rows %d:%d]", name, r0, r0+rows), Rows: rows, Cols: cols}
 	switch t.DType {
 	case weights.F32:
 		h.Format = backend.F32
@@ -372,13 +362,6 @@ func uploadRows(b backend.Backend, l *Loader, name string, shape []int, r0, rows
 	}
 	size := t.DType.Size()
 	h.Data = t.Data[r0*cols*size : (r0+rows)*cols*size]
-	if module != "" && l.Has(module+".bias") {
-		bias, err := l.Float32(module+".bias", shape[0])
-		if err != nil {
-			return nil, err
-		}
-		h.Bias = bias[r0 : r0+rows]
-	}
 	return b.Upload(h)
 }
 

@@ -10,7 +10,6 @@ import (
 	"github.com/manifoldlm/manifold/layers"
 	"github.com/manifoldlm/manifold/layers/dsv4"
 	"github.com/manifoldlm/manifold/layers/mhc"
-	"github.com/manifoldlm/manifold/weights"
 )
 
 // DeepseekV4 is DeepSeek-V4 as transformers 5.17 defines it (model_type
@@ -225,7 +224,7 @@ func (m *DeepseekV4) loadBlock(l *Loader, i int, dims map[string]int) error {
 		return err
 	}
 	var err error
-	if blk.WOA, err = m.loadGrouped(l, prefix+"attn.wo_a.weight"); err != nil {
+	if blk.WOA, err = m.loadGrouped(l, prefix+"attn.wo_a"); err != nil {
 		return err
 	}
 	bindComp := func(p string, width int, csa bool) (*v4Compressor, error) {
@@ -296,42 +295,17 @@ func (m *DeepseekV4) loadBlock(l *Loader, i int, dims map[string]int) error {
 	return nil
 }
 
-// loadGrouped uploads wo_a ([o_groups*o_lora_rank, heads*head_dim/o_groups])
-// as one weight per group: group g is rows [g*o_lora_rank, (g+1)*o_lora_rank).
-func (m *DeepseekV4) loadGrouped(l *Loader, name string) ([]backend.Weight, error) {
+// loadGrouped uploads the module wo_a ([o_groups*o_lora_rank,
+// heads*head_dim/o_groups]) as one weight per group: group g is rows
+// [g*o_lora_rank, (g+1)*o_lora_rank), in the stored format (NVFP4 or dense).
+func (m *DeepseekV4) loadGrouped(l *Loader, module string) ([]backend.Weight, error) {
 	v := m.v
 	rows, cols := v.OLoraRank, m.cfg.NumHeads*v.HeadDim/v.OGroups
-	t, err := l.Checkpoint().Tensor(name)
-	if err != nil {
-		return nil, err
+	parts := make([]int, v.OGroups)
+	for g := range parts {
+		parts[g] = rows
 	}
-	if len(t.Shape) != 2 || t.Shape[0] != v.OGroups*rows || t.Shape[1] != cols {
-		return nil, fmt.Errorf("model: %s: tensor %q has shape %v, the config implies [%d %d]", t.File, name, t.Shape, v.OGroups*rows, cols)
-	}
-	var f backend.Format
-	switch t.DType {
-	case weights.F32:
-		f = backend.F32
-	case weights.BF16:
-		f = backend.BF16
-	case weights.F16:
-		f = backend.F16
-	default:
-		return nil, fmt.Errorf("model: %s: tensor %q has dtype %s; linear weights must be F32, BF16 or F16", t.File, name, t.DType)
-	}
-	per := rows * cols * t.DType.Size()
-	if len(t.Data) != v.OGroups*per {
-		return nil, fmt.Errorf("model: %s: tensor %q holds %d bytes, want %d", t.File, name, len(t.Data), v.OGroups*per)
-	}
-	out := make([]backend.Weight, v.OGroups)
-	for g := range out {
-		h := &backend.HostWeight{Name: fmt.Sprintf("%s[group %d]", name, g), Rows: rows, Cols: cols, Format: f,
-			Data: t.Data[g*per : (g+1)*per]}
-		if out[g], err = m.b.Upload(h); err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
+	return l.LinearSplit(module, cols, parts...)
 }
 
 // Config is the model's config.

@@ -1,0 +1,80 @@
+package model
+
+import (
+	"fmt"
+
+	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/quant"
+	"github.com/manifoldlm/manifold/quant/nvfp4ckpt"
+)
+
+// LinearSplit uploads the linear layer module, a [sum(parts), cols] weight,
+// as consecutive row blocks of parts[0], parts[1], ... rows, each in the
+// stored format: NVFP4 in either checkpoint layout (a block keeps the
+// tensor's global scale and shares its memory) or F32/BF16/F16. The
+// module's bias, when present, is split alike. It is for weights the model
+// applies as several matmuls (DeepSeek's kv_a_proj_with_mqa, V4's grouped
+// wo_a).
+func (l *Loader) LinearSplit(module string, cols int, parts ...int) ([]backend.Weight, error) {
+	rows := 0
+	for _, n := range parts {
+		if n <= 0 {
+			return nil, fmt.Errorf("model: %s: row block of %d rows", module, n)
+		}
+		rows += n
+	}
+	h, err := l.hostLinear(module, rows, cols)
+	if err != nil {
+		return nil, err
+	}
+	var bias []float32
+	if l.ck.Has(module + ".bias") {
+		if bias, err = l.Float32(module+".bias", rows); err != nil {
+			return nil, err
+		}
+	}
+	out := make([]backend.Weight, len(parts))
+	r0 := 0
+	for i, n := range parts {
+		s := &backend.HostWeight{Name: fmt.Sprintf("%s[rows %d:%d]", h.Name, r0, r0+n), Rows: n, Cols: cols, Format: h.Format}
+		if h.Q != nil {
+			s.Q = nvfp4Rows(h.Q, r0, n)
+		} else {
+			size := len(h.Data) / (rows * cols)
+			s.Data = h.Data[r0*cols*size : (r0+n)*cols*size]
+		}
+		if bias != nil {
+			s.Bias = bias[r0 : r0+n]
+		}
+		if out[i], err = l.b.Upload(s); err != nil {
+			return nil, err
+		}
+		r0 += n
+	}
+	return out, nil
+}
+
+// hostLinear describes the weight of module (no bias) in its stored format,
+// checking its shape against [rows, cols].
+func (l *Loader) hostLinear(module string, rows, cols int) (*backend.HostWeight, error) {
+	if !nvfp4ckpt.Has(l.ck, module) {
+		return l.dense(module+".weight", rows, cols)
+	}
+	q, err := nvfp4ckpt.Load(l.ck, module)
+	if err != nil {
+		return nil, err
+	}
+	if q.Rows != rows || q.Cols != cols {
+		return nil, fmt.Errorf("model: %s: NVFP4 linear %q is [%d, %d], the config implies [%d, %d]", l.ck.Dir(), module, q.Rows, q.Cols, rows, cols)
+	}
+	return &backend.HostWeight{Name: module, Rows: rows, Cols: cols, Format: backend.NVFP4, Q: q}, nil
+}
+
+// nvfp4Rows is rows [r0, r0+n) of q, sharing its memory and global scale.
+func nvfp4Rows(q *quant.NVFP4, r0, n int) *quant.NVFP4 {
+	half, nb := q.Cols/2, q.Cols/quant.NVFP4BlockSize
+	return &quant.NVFP4{Rows: n, Cols: q.Cols,
+		Packed:      q.Packed[r0*half : (r0+n)*half],
+		Scales:      q.Scales[r0*nb : (r0+n)*nb],
+		GlobalScale: q.GlobalScale, InputScale: q.InputScale}
+}
