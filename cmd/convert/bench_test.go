@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/manifoldlm/manifold/internal/testmodel"
+	"github.com/manifoldlm/manifold/quant/convert"
 	"github.com/manifoldlm/manifold/weights"
 )
 
@@ -16,7 +17,7 @@ import (
 // parameters) stored as BF16 and as F32, using all cores. It also reports
 // the peak Go heap as a multiple of the largest source tensor.
 //
-//	go test ./cmd/convert -run '^$' -bench Convert -benchtime 3x
+//	go test ./cmd/convert -run '^$' -bench Convert -benchtime 4x
 func BenchmarkConvert(b *testing.B) {
 	for _, dt := range []weights.DType{weights.BF16, weights.F32} {
 		b.Run(dt.String(), func(b *testing.B) {
@@ -31,12 +32,12 @@ func BenchmarkConvert(b *testing.B) {
 			}
 			b.SetBytes(st.Size())
 			work := b.TempDir()
-			var rep *Report
+			var rep *convert.Report
 			i := 0
 			for b.Loop() {
 				out := filepath.Join(work, fmt.Sprint(i))
 				i++
-				if rep, err = Convert(context.Background(), Options{In: in, Out: out}); err != nil {
+				if rep, err = convert.Convert(context.Background(), convert.Options{In: in, Out: out}); err != nil {
 					b.Fatal(err)
 				}
 				b.StopTimer()

@@ -1,32 +1,18 @@
 // Command convert converts a Hugging Face safetensors checkpoint to NVFP4 in
-// NVIDIA ModelOpt's layout.
+// NVIDIA ModelOpt's layout (see package quant/convert for what is quantized,
+// what is kept in BF16, and the guarantees about the output).
 //
 // Usage:
 //
 //	convert -in DIR -out DIR [-exclude PATTERNS] [-shard-size MB] [-workers N] [-worst N] [-quiet]
 //
-// The source may be F32, BF16, F16 or FP8 E4M3 with DeepSeek's block scales
-// (<m>.weight_scale_inv, blocks from quantization_config.weight_block_size,
-// default 128x128). Linear layers of attention, MLP and experts (recognised
-// by name and 2-D shape: q_proj ... down_proj, DeepSeek's q_a_proj,
-// kv_b_proj, wq_a, wkv, wo_a, w1/w2/w3, ...) become <m>.weight (U8 [N, K/2]),
-// <m>.weight_scale (F8_E4M3 [N, K/16]) and <m>.weight_scale_2 (F32 scalar),
-// quantized exactly as ModelOpt does. Embeddings, lm_head, norms,
-// routers/gates, mHC parameters, biases and other tensors are written in
-// BF16; integer tensors are copied. No input_scale is written: there is no
-// activation calibration, and the CPU backend keeps activations in float32.
-//
 // -exclude takes comma-separated module names or path.Match patterns
 // ("lm_head,model.layers.*.self_attn.*") to keep in BF16; it may be repeated.
 //
-// The conversion streams one tensor at a time (peak memory is a small
-// multiple of the largest tensor, reported at the end), uses all cores, shows
-// a progress bar with ETA on stderr, writes sharded output with an index,
-// copies config and tokenizer files, writes hf_quant_config.json and
-// config.json's quantization_config, and prints an accuracy report
-// (relative RMS error of every quantized tensor, the worst ones listed) on
-// stdout. It writes into a temporary directory beside -out and renames it at
-// the end: the input is never modified, and an interrupted or failed run
+// A progress bar with ETA goes to stderr (unless -quiet) and the accuracy
+// report (relative RMS error of every quantized tensor, the worst -worst
+// listed) to stdout. Output is written to a temporary directory beside -out
+// and renamed at the end; an interrupted (SIGINT, SIGTERM) or failed run
 // leaves no -out directory.
 package main
 
@@ -38,6 +24,8 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"github.com/manifoldlm/manifold/quant/convert"
 )
 
 type listFlag []string
@@ -80,14 +68,14 @@ func run(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	opts := Options{In: *in, Out: *out, Exclude: exclude, ShardBytes: *shardMB * 1e6, Workers: *workers}
+	opts := convert.Options{In: *in, Out: *out, Exclude: exclude, ShardBytes: *shardMB * 1e6, Workers: *workers}
 	if !*quiet {
 		opts.Progress = os.Stderr
 		if st, err := os.Stderr.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
 			opts.ProgressTTY = true
 		}
 	}
-	rep, err := Convert(ctx, opts)
+	rep, err := convert.Convert(ctx, opts)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

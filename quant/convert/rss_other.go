@@ -1,6 +1,6 @@
 //go:build !(linux || darwin || freebsd)
 
-package main
+package convert
 
 // maxRSS is unknown on this platform.
 func maxRSS() int64 { return 0 }

@@ -1,4 +1,4 @@
-package main
+package convert
 
 import (
 	"context"
@@ -84,7 +84,7 @@ func Convert(ctx context.Context, opts Options) (rep *Report, err error) {
 	excl := &nvfp4ckpt.Config{Algo: nvfp4ckpt.AlgoNVFP4, Exclude: opts.Exclude}
 	for _, p := range opts.Exclude {
 		if _, err := filepath.Match(p, ""); err != nil {
-			return nil, fmt.Errorf("convert: -exclude pattern %q: %w", p, err)
+			return nil, fmt.Errorf("convert: exclude pattern %q: %w", p, err)
 		}
 	}
 

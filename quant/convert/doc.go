@@ -1,0 +1,31 @@
+// Package convert converts a Hugging Face safetensors checkpoint to NVFP4 in
+// NVIDIA ModelOpt's layout; cmd/convert is its command line.
+//
+// The source may be F32, BF16, F16 or FP8 E4M3 with DeepSeek's block scales
+// (<m>.weight_scale_inv, blocks from quantization_config.weight_block_size,
+// default 128x128). Linear layers of attention, MLP and experts (recognised
+// by name and 2-D shape: q_proj ... down_proj, DeepSeek's q_a_proj,
+// kv_b_proj, wq_a, wkv, wo_a, w1/w2/w3, ...) become <m>.weight (U8 [N, K/2]),
+// <m>.weight_scale (F8_E4M3 [N, K/16]) and <m>.weight_scale_2 (F32 scalar),
+// quantized exactly as ModelOpt does. Embeddings, lm_head, norms,
+// routers/gates, mHC parameters, biases and other tensors are written in
+// BF16; integer tensors are copied. No input_scale is written: there is no
+// activation calibration, and the CPU backend keeps activations in float32.
+//
+// Options.Exclude takes module names or path.Match patterns
+// ("lm_head", "model.layers.*.self_attn.*") to keep in BF16.
+//
+// Convert streams one tensor at a time (peak memory is a small multiple of
+// the largest tensor, reported at the end), uses all cores, can show a
+// progress bar with ETA, writes sharded output with an index, copies config
+// and tokenizer files, writes hf_quant_config.json and config.json's
+// quantization_config, and returns an accuracy report (relative RMS error of
+// every quantized tensor; Report.Write lists the worst ones). It writes into
+// a temporary directory beside the output and renames it at the end: the
+// input is never modified, and an interrupted or failed run leaves no
+// output directory.
+//
+// The package owns the conversion only: reading NVFP4 checkpoints and their
+// config belongs to quant/nvfp4ckpt, the number formats to quant, flags and
+// signals to cmd/convert. It holds no package-level mutable state.
+package convert
