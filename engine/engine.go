@@ -46,15 +46,17 @@ const DefaultContext = 4096
 
 // Model is a loaded model.
 type Model struct {
-	dir      string
-	cfg      *model.Config
-	gen      *model.GenerationConfig
-	ck       *weights.Checkpoint
-	backend  backend.Backend
-	net      model.Model
-	tok      *tokenizer.Tokenizer // nil when the folder has no tokenizer.json
-	ctxLen   int
-	loadTime time.Duration
+	dir     string
+	cfg     *model.Config
+	gen     *model.GenerationConfig
+	ck      *weights.Checkpoint
+	backend backend.Backend
+	net     model.Model
+	tok     *tokenizer.Tokenizer // nil when the folder has no tokenizer.json
+	// deviceNote says why "auto" did not take the GPU, when one is present.
+	deviceNote string
+	ctxLen     int
+	loadTime   time.Duration
 }
 
 // ErrDevice is returned when the requested device cannot be used.
@@ -87,25 +89,14 @@ func Load(dir string, opts Options) (*Model, error) {
 				dir, tok.VocabSize(), cfg.VocabSize)
 		}
 	}
-	b, err := newBackend(opts)
-	if err != nil {
-		return nil, err
-	}
 	ck, err := weights.Open(dir)
 	if err != nil {
-		b.Close()
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	net, err := model.New(b, cfg, ck)
+	b, net, note, err := build(opts, cfg, ck)
 	if err != nil {
 		ck.Close()
-		b.Close()
 		return nil, fmt.Errorf("engine: loading %s: %w", filepath.Base(dir), err)
-	}
-	if err := model.SetAttention(net, opts.Attention); err != nil {
-		ck.Close()
-		b.Close()
-		return nil, fmt.Errorf("engine: %w", err)
 	}
 	ctxLen := opts.ContextLength
 	if ctxLen <= 0 {
@@ -114,31 +105,53 @@ func Load(dir string, opts Options) (*Model, error) {
 			ctxLen = DefaultContext
 		}
 	}
-	return &Model{dir: dir, cfg: cfg, gen: gen, ck: ck, backend: b, net: net, tok: tok, ctxLen: ctxLen,
+	return &Model{dir: dir, cfg: cfg, gen: gen, ck: ck, backend: b, net: net, tok: tok, ctxLen: ctxLen, deviceNote: note,
 		loadTime: time.Since(start)}, nil
 }
 
-// newBackend opens the device opts ask for. "auto" takes the first GPU when
-// a CUDA driver and a GPU are present, else the CPU.
-func newBackend(opts Options) (backend.Backend, error) {
+// build opens the device opts ask for and builds the model on it. "auto"
+// takes the first GPU when a CUDA driver and a GPU are present and the model
+// runs there, else the CPU; the returned note says why the GPU was passed over.
+func build(opts Options, cfg *model.Config, ck *weights.Checkpoint) (backend.Backend, model.Model, string, error) {
+	var note string
 	switch opts.Device {
 	case "", "auto":
 		if kernels.Available() {
-			if b, err := kernels.New(0); err == nil {
-				return b, nil
+			b, net, err := buildOn(kernels.New, opts, cfg, ck)
+			if err == nil {
+				return b, net, "", nil
 			}
+			note = "GPU not used: " + err.Error()
 		}
-		return cpu.New(opts.Threads), nil
 	case "cpu":
-		return cpu.New(opts.Threads), nil
 	case "cuda":
-		b, err := kernels.New(0)
-		if err != nil {
-			return nil, fmt.Errorf("engine: device %q: %w: %v", opts.Device, ErrDevice, err)
+		b, net, err := buildOn(kernels.New, opts, cfg, ck)
+		if errors.Is(err, kernels.ErrNoDriver) {
+			err = fmt.Errorf("device %q: %w: %v", opts.Device, ErrDevice, err)
 		}
-		return b, nil
+		return b, net, "", err
+	default:
+		return nil, nil, "", fmt.Errorf("device %q: %w: want auto, cpu or cuda", opts.Device, ErrDevice)
 	}
-	return nil, fmt.Errorf("engine: device %q: %w: want auto, cpu or cuda", opts.Device, ErrDevice)
+	b, net, err := buildOn(func(int) (*cpu.Backend, error) { return cpu.New(opts.Threads), nil }, opts, cfg, ck)
+	return b, net, note, err
+}
+
+// buildOn opens a backend with open and builds the model on it.
+func buildOn[B backend.Backend](open func(int) (B, error), opts Options, cfg *model.Config, ck *weights.Checkpoint) (backend.Backend, model.Model, error) {
+	b, err := open(0)
+	if err != nil {
+		return nil, nil, err
+	}
+	net, err := model.New(b, cfg, ck)
+	if err == nil {
+		err = model.SetAttention(net, opts.Attention)
+	}
+	if err != nil {
+		b.Close()
+		return nil, nil, err
+	}
+	return b, net, nil
 }
 
 // Config is the model's config.json.
@@ -147,8 +160,14 @@ func (m *Model) Config() *model.Config { return m.cfg }
 // GenerationConfig is the model's generation_config.json (zero if absent).
 func (m *Model) GenerationConfig() *model.GenerationConfig { return m.gen }
 
-// Device describes the backend the model runs on, e.g. "cpu (16 threads)".
-func (m *Model) Device() string { return m.backend.Name() }
+// Device describes the backend the model runs on, e.g. "cpu (16 threads)",
+// and, when "auto" passed a GPU over, why.
+func (m *Model) Device() string {
+	if m.deviceNote != "" {
+		return m.backend.Name() + "; " + m.deviceNote
+	}
+	return m.backend.Name()
+}
 
 // Backend is the compute backend the model runs on (a *cpu.Backend or a
 // *kernels.Backend), for profiling and tools; most programs never need it.
