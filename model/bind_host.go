@@ -6,6 +6,7 @@ import (
 	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/quant"
 	"github.com/manifoldlm/manifold/quant/nvfp4ckpt"
+	"github.com/manifoldlm/manifold/weights"
 )
 
 // LinearSplit uploads the linear layer module, a [sum(parts), cols] weight,
@@ -55,9 +56,14 @@ func (l *Loader) LinearSplit(module string, cols int, parts ...int) ([]backend.W
 }
 
 // hostLinear describes the weight of module (no bias) in its stored format,
-// checking its shape against [rows, cols].
+// checking its shape against [rows, cols]. A packed (U8 or I8) weight is
+// NVFP4: nvfp4ckpt.Load reads it, or names the scale tensor it lacks.
 func (l *Loader) hostLinear(module string, rows, cols int) (*backend.HostWeight, error) {
-	if !nvfp4ckpt.Has(l.ck, module) {
+	w, err := l.ck.Tensor(module + ".weight")
+	if err != nil {
+		return nil, err
+	}
+	if w.DType != weights.U8 && w.DType != weights.I8 {
 		return l.dense(module+".weight", rows, cols)
 	}
 	q, err := nvfp4ckpt.Load(l.ck, module)

@@ -440,6 +440,9 @@ func noOutput(t *testing.T, out string) {
 		c.Close()
 		t.Errorf("%s loads after a failed conversion", out)
 	}
+	if err := loadsInEngine(out); err == nil {
+		t.Errorf("engine.Load(%s) succeeds after a failed conversion", out)
+	}
 	left, _ := filepath.Glob(filepath.Join(filepath.Dir(out), ".*tmp*"))
 	if len(left) != 0 {
 		t.Errorf("temporaries left behind: %v", left)
@@ -530,7 +533,7 @@ func TestConvertBadInput(t *testing.T) {
 
 // TestConvertInterrupted: a conversion stopped part-way (an error, a
 // cancelled context, or the process killed with SIGKILL) leaves no output
-// directory that loads.
+// directory that loads, neither as safetensors nor through engine.Load.
 func TestConvertInterrupted(t *testing.T) {
 	in := t.TempDir()
 	writeModel(t, in, weights.F32)
@@ -597,6 +600,9 @@ func TestConvertInterrupted(t *testing.T) {
 			if c, err := weights.Open(dir); err == nil {
 				c.Close()
 				t.Errorf("killed run's temporary %s loads as a checkpoint", dir)
+			}
+			if err := loadsInEngine(dir); err == nil {
+				t.Errorf("engine.Load accepts the killed run's temporary %s", dir)
 			}
 		}
 		// A new run is not disturbed by the leftovers.
