@@ -234,7 +234,7 @@ const (
 // control's (mean of two noise draws). The second-order estimate
 // ½ r² Var_p(z), r the measured relative logit error, agrees with the
 // measured KL within 7% for every model. On the reference fixtures the KL bounds come out at 0.09 (Llama),
-// 0.10 (Qwen3), 0.45 (DeepSeek-V4) and 0.85 (DeepSeek-V3.2) nats.
+// 0.10 (Qwen3), 0.45 (DeepSeek-V4) and 0.87 (DeepSeek-V3.2) nats.
 //
 // Greedy agreement with the golden tokens is reported, not bounded: the
 // fixtures' logits are nearly flat (Var_p(z) about 1 nat², |z| < 5 over the
