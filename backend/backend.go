@@ -183,3 +183,18 @@ type Backend interface {
 	// Close frees the device resources of the backend.
 	Close() error
 }
+
+// TokenSampler is implemented by backends that pick the next token where the
+// logits are, so that only the token id crosses to the host.
+type TokenSampler interface {
+	// SampleToken picks a token from logits (one row of vocabulary size):
+	// the first maximum when temperature <= 0; otherwise a draw, by the
+	// uniform number u in [0, 1), from the softmax of logits/temperature over
+	// the topK largest (ties to the lower id; topK <= 0 or past
+	// MaxSampleTopK is an error). Candidates are taken from the most likely
+	// down, so the same u draws the same token on every backend.
+	SampleToken(logits Buffer, temperature float32, topK int, u float64) (int, error)
+}
+
+// MaxSampleTopK bounds TokenSampler's topK.
+const MaxSampleTopK = 256

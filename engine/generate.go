@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/model"
 	"github.com/manifoldlm/manifold/tokenizer"
 )
 
@@ -86,26 +88,22 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptio
 		stops = s.m.EOSTokens()
 	}
 	res := &Result{PromptTokens: len(prompt)}
-	start := time.Now()
-	logits, err := s.Append(ctx, prompt)
-	if err != nil {
-		return res, err
-	}
-	res.PromptDuration = time.Since(start)
-	sampler := NewSampler(opts.Sampling)
 	var text *tokenizer.StreamDecoder
 	if s.m.tok != nil {
 		text = s.m.tok.NewStreamDecoderSkipSpecial()
 	}
-	var first time.Time
+	pick := s.picker(NewSampler(opts.Sampling))
+	start := time.Now()
+	tok, err := pick(ctx, prompt)
+	if err != nil {
+		return res, err
+	}
+	res.PromptDuration = time.Since(start)
+	first := time.Now()
 	for {
 		if len(s.tokens) >= s.st.Cap() {
-			res.Reason = StopContext // no position left for another token
+			res.Reason = StopContext // no position left for the token
 			return res, nil
-		}
-		tok := sampler.Sample(logits, s.tokens)
-		if len(res.Tokens) == 0 {
-			first = time.Now()
 		}
 		res.Tokens = append(res.Tokens, tok)
 		res.DecodeDuration = time.Since(first)
@@ -129,9 +127,40 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptio
 			s.tokens = append(s.tokens, tok)
 			return res, nil
 		}
-		if logits, err = s.Append(ctx, []int{tok}); err != nil {
+		if tok, err = pick(ctx, []int{tok}); err != nil {
 			return res, err
 		}
 		res.DecodeDuration = time.Since(first)
+	}
+}
+
+// picker returns a function that appends tokens to the session and picks the
+// token that follows. When the model can leave its logits on the backend and
+// the backend samples (backend.TokenSampler) with these options (greedy, or
+// temperature with top-k alone), the token is picked there and only its id
+// comes back; otherwise the logits come to the host and sampler picks.
+// Either way sampler's random stream is used alike.
+func (s *Session) picker(sampler *Sampler) func(ctx context.Context, tokens []int) (int, error) {
+	df, forwards := s.m.net.(model.DeviceForwarder)
+	ts, samples := s.m.backend.(backend.TokenSampler)
+	if o := sampler.opts; forwards && samples && o.onDevice() {
+		return func(ctx context.Context, tokens []int) (int, error) {
+			logits, err := s.appendDevice(ctx, tokens, df)
+			if err != nil {
+				return 0, err
+			}
+			var u float64
+			if o.Temperature > 0 {
+				u = sampler.rng.Float64()
+			}
+			return ts.SampleToken(logits, float32(o.Temperature), o.TopK, u)
+		}
+	}
+	return func(ctx context.Context, tokens []int) (int, error) {
+		logits, err := s.Append(ctx, tokens)
+		if err != nil {
+			return 0, err
+		}
+		return sampler.Sample(logits, s.tokens), nil
 	}
 }

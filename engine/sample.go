@@ -5,6 +5,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+
+	"github.com/manifoldlm/manifold/backend"
 )
 
 // SamplingOptions choose the next token from the logits, in transformers'
@@ -146,4 +148,12 @@ func argmax(x []float32) int {
 		}
 	}
 	return best
+}
+
+// onDevice reports whether a backend.TokenSampler can apply these options:
+// greedy, or temperature with top-k alone (no repetition penalty, top-p or
+// min-p).
+func (o SamplingOptions) onDevice() bool {
+	plain := (o.RepetitionPenalty == 0 || o.RepetitionPenalty == 1) && (o.TopP <= 0 || o.TopP >= 1) && o.MinP <= 0
+	return plain && (o.Temperature <= 0 || (o.TopK >= 1 && o.TopK <= backend.MaxSampleTopK))
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/model"
 )
 
@@ -61,16 +62,37 @@ func (s *Session) Truncate(n int) {
 // model, and returns the logits ([vocab]) that predict the next token. On
 // error (cancellation included) the session is left as it was.
 func (s *Session) Append(ctx context.Context, tokens []int) ([]float32, error) {
+	var logits []float32
+	err := s.run(ctx, tokens, func(ids []int32) (err error) {
+		logits, err = s.m.net.Forward(ctx, s.st, ids, false)
+		return err
+	})
+	return logits, err
+}
+
+// appendDevice is Append leaving the logits on the backend.
+func (s *Session) appendDevice(ctx context.Context, tokens []int, df model.DeviceForwarder) (backend.Buffer, error) {
+	var logits backend.Buffer
+	err := s.run(ctx, tokens, func(ids []int32) (err error) {
+		logits, err = df.ForwardDevice(ctx, s.st, ids)
+		return err
+	})
+	return logits, err
+}
+
+// run checks tokens, and passes every token not yet run through forward in
+// chunks of at most prefillChunk; the last call's result is the caller's.
+func (s *Session) run(ctx context.Context, tokens []int, forward func(ids []int32) error) error {
 	for i, t := range tokens {
 		if t < 0 || t >= s.m.cfg.VocabSize {
-			return nil, fmt.Errorf("engine: token %d at index %d is outside the vocabulary [0, %d)", t, i, s.m.cfg.VocabSize)
+			return fmt.Errorf("engine: token %d at index %d is outside the vocabulary [0, %d)", t, i, s.m.cfg.VocabSize)
 		}
 	}
 	start := s.st.Len()
 	run := append(slices.Clone(s.tokens[start:]), tokens...)
 	if len(run) == 0 {
 		if start == 0 {
-			return nil, fmt.Errorf("engine: append: no tokens")
+			return fmt.Errorf("engine: append: no tokens")
 		}
 		// Everything has run: rerun the last token for its logits.
 		start--
@@ -78,24 +100,23 @@ func (s *Session) Append(ctx context.Context, tokens []int) ([]float32, error) {
 		run = s.tokens[start:]
 	}
 	if free := s.st.Cap() - start; len(run) > free {
-		return nil, fmt.Errorf("engine: %d tokens do not fit in the context: %d of %d positions used: %w",
+		return fmt.Errorf("engine: %d tokens do not fit in the context: %d of %d positions used: %w",
 			len(run), start, s.st.Cap(), ErrContextFull)
 	}
 	ids := make([]int32, len(run))
 	for i, t := range run {
 		ids[i] = int32(t)
 	}
-	var logits []float32
 	for lo := 0; lo < len(ids); lo += prefillChunk {
 		err := ctx.Err()
 		if err == nil {
-			logits, err = s.m.net.Forward(ctx, s.st, ids[lo:min(lo+prefillChunk, len(ids))], false)
+			err = forward(ids[lo:min(lo+prefillChunk, len(ids))])
 		}
 		if err != nil {
 			s.st.Truncate(start)
-			return nil, err
+			return err
 		}
 	}
 	s.tokens = append(s.tokens[:start], run...)
-	return logits, nil
+	return nil
 }

@@ -44,6 +44,9 @@ type Backend struct {
 	timed     []timedLaunch
 	closed    bool
 	live      map[uint64]struct{} // allocations not yet freed
+
+	sampleMu sync.Mutex
+	sample   sampler
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -104,14 +107,20 @@ func New(ordinal int) (*Backend, error) {
 			return
 		}
 		for _, name := range []string{"gemv_f32", "gemv_bf16", "gemm_nvfp4_mma", "gemv_f32_any", "gemv_bf16_any",
-			"gemv_nvfp4_any", "embed", "rmsnorm", "rope", "attention", "swiglu", "add", "scale"} {
+			"gemv_nvfp4_any", "embed", "rmsnorm", "rope", "attention", "swiglu", "add", "scale",
+			"sample_partial", "sample_final"} {
 			var f uintptr
 			if err = d.check("cuModuleGetFunction "+name, d.cuModuleGetFunction(&f, b.module, cString(name))); err != nil {
 				return
 			}
 			b.fn[name] = f
 		}
-		err = d.check("cuFuncSetAttribute", d.cuFuncSetAttribute(b.fn["attention"], 8, int32(b.maxShare)))
+		// Dynamic shared memory past the default 48 KB must be asked for.
+		for name, bytes := range map[string]int{"attention": b.maxShare, "sample_final": sampleFinalShared} {
+			if err = d.check("cuFuncSetAttribute "+name, d.cuFuncSetAttribute(b.fn[name], 8, int32(bytes))); err != nil {
+				return
+			}
+		}
 	})
 	if err != nil {
 		b.Close()
@@ -356,6 +365,8 @@ func (b *Backend) launch(name string, grid [3]int, block, shared int, args ...an
 			slots = append(slots, uint64(uint32(int32(v))))
 		case float32:
 			slots = append(slots, uint64(math.Float32bits(v)))
+		case float64:
+			slots = append(slots, math.Float64bits(v))
 		case []int32:
 			blocks = append(blocks, v)
 			slots = append(slots, 0)

@@ -311,3 +311,41 @@ func TestGoldenOnGPU(t *testing.T) {
 		}
 	}
 }
+
+// TestSampleToken holds the device sampler to backend/cpu.SampleToken: the
+// same id for the same logits and u, ties included (to the lower id).
+func TestSampleToken(t *testing.T) {
+	g := newGPU(t)
+	rng := rand.New(rand.NewPCG(11, 12))
+	for _, n := range []int{5, 1000, 32000, 128256} {
+		l := randn(rng, n)
+		for i := 0; i < n; i += 7 { // plenty of exact ties
+			l[i] = l[i/2]
+		}
+		l[n/3] = 9 // a clear winner, tied once more below
+		l[n-1] = 9
+		gl := toGPU(g, l)
+		for _, tc := range []struct {
+			temp float32
+			k    int
+		}{{0, 0}, {0.7, 1}, {1, 40}, {1.3, 256}} {
+			for trial := range 5 {
+				u := rng.Float64()
+				want, err := cpu.SampleToken(l, tc.temp, tc.k, u)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := g.SampleToken(gl, tc.temp, tc.k, u)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got != want {
+					t.Errorf("n=%d temp=%g k=%d u=%g (trial %d): GPU picked %d, CPU %d", n, tc.temp, tc.k, u, trial, got, want)
+				}
+			}
+		}
+	}
+	if _, err := g.SampleToken(toGPU(g, []float32{1, 2}), 1, 0, 0.5); err == nil {
+		t.Error("top-k 0 with a temperature accepted")
+	}
+}

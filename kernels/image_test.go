@@ -5,16 +5,24 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 )
 
-// TestImageMatchesSources fails when manifold.cu or build.sh changed since
-// manifold.fatbin was built: rebuild with build.sh on a machine with nvcc.
-// The hash is build.sh's: sha256 of the `sha256sum manifold.cu build.sh` listing.
+// TestImageMatchesSources fails when manifold.cu, a *.cuh it includes or
+// build.sh changed since manifold.fatbin was built: rebuild with build.sh on
+// a machine with nvcc. The hash is build.sh's: sha256 of the sha256sum listing
+// of manifold.cu, the *.cuh files in byte order, and build.sh.
 func TestImageMatchesSources(t *testing.T) {
+	headers, err := filepath.Glob("*.cuh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Strings(headers) // byte order, as build.sh's LC_ALL=C ls
 	var listing strings.Builder
-	for _, name := range []string{"manifold.cu", "build.sh"} {
+	for _, name := range append(append([]string{"manifold.cu"}, headers...), "build.sh") {
 		data, err := os.ReadFile(name)
 		if err != nil {
 			t.Fatal(err)

@@ -459,3 +459,5 @@ extern "C" __global__ void __launch_bounds__(MMA_WARPS * WARP) gemm_nvfp4_mma(
         __syncthreads();
     }
 }
+
+#include "sample.cuh"

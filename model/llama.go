@@ -141,8 +141,9 @@ func (m *Llama) grow(s *llamaState, n int) {
 	s.logits = b.NewBuffer(n * c.VocabSize)
 }
 
-// Forward runs the decoder over tokens.
-func (m *Llama) Forward(ctx context.Context, st State, tokens []int32, all bool) ([]float32, error) {
+// forward runs the decoder over tokens and returns the logits on the backend:
+// every token's when all is set, else the last one's.
+func (m *Llama) forward(ctx context.Context, st State, tokens []int32, all bool) (backend.Buffer, error) {
 	s, ok := st.(*llamaState)
 	if !ok {
 		return nil, fmt.Errorf("model: state of type %T is not a %s state", st, m.cfg.ModelType)
@@ -199,7 +200,22 @@ func (m *Llama) Forward(ctx context.Context, st State, tokens []int32, all bool)
 	b.RMSNorm(h, x, m.Norm, c.RMSNormEps)
 	logits := b.View(s.logits, 0, rows*c.VocabSize)
 	b.MatMul(logits, h, m.LMHead, rows)
-	out := make([]float32, rows*c.VocabSize)
-	b.Read(out, logits, 0)
-	return out, b.Sync()
+	return logits, nil
+}
+
+// Forward runs the decoder over tokens and reads the logits back.
+func (m *Llama) Forward(ctx context.Context, st State, tokens []int32, all bool) ([]float32, error) {
+	logits, err := m.forward(ctx, st, tokens, all)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]float32, logits.Len())
+	m.b.Read(out, logits, 0)
+	return out, m.b.Sync()
+}
+
+// ForwardDevice runs the decoder over tokens and leaves the last token's
+// logits on the backend (valid until the next call with st).
+func (m *Llama) ForwardDevice(ctx context.Context, st State, tokens []int32) (backend.Buffer, error) {
+	return m.forward(ctx, st, tokens, false)
 }

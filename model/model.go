@@ -23,6 +23,14 @@ type Model interface {
 	Forward(ctx context.Context, st State, tokens []int32, all bool) ([]float32, error)
 }
 
+// DeviceForwarder is implemented by models that can leave the logits on the
+// backend, so that a backend.TokenSampler picks the next token there.
+type DeviceForwarder interface {
+	// ForwardDevice is Forward for the last token's logits, returned as a
+	// backend buffer that stays valid until the next call with st.
+	ForwardDevice(ctx context.Context, st State, tokens []int32) (backend.Buffer, error)
+}
+
 // State is one sequence's cache on the backend. It is not safe for concurrent use.
 type State interface {
 	// Len is the number of positions processed.
