@@ -64,16 +64,12 @@ func (l *Loader) Matrix(name string, rows, cols int) (backend.Weight, error) {
 func (l *Loader) matrix(module, name string, rows, cols int) (backend.Weight, error) {
 	var err error
 	var h *backend.HostWeight
-	if module != "" && nvfp4ckpt.Has(l.ck, module) {
-		q, err := nvfp4ckpt.Load(l.ck, module)
-		if err != nil {
-			return nil, err
-		}
-		if q.Rows != rows || q.Cols != cols {
-			return nil, fmt.Errorf("model: %s: NVFP4 linear %q is [%d, %d], the config implies [%d, %d]", l.ck.Dir(), module, q.Rows, q.Cols, rows, cols)
-		}
-		h = &backend.HostWeight{Name: module, Rows: rows, Cols: cols, Format: backend.NVFP4, Q: q}
-	} else if h, err = l.dense(name, rows, cols); err != nil {
+	if module != "" {
+		h, err = l.hostLinear(module, rows, cols) // NVFP4 when the weight is packed
+	} else {
+		h, err = l.dense(name, rows, cols)
+	}
+	if err != nil {
 		return nil, err
 	}
 	if module != "" && l.ck.Has(module+".bias") {
@@ -82,6 +78,27 @@ func (l *Loader) matrix(module, name string, rows, cols int) (backend.Weight, er
 		}
 	}
 	return l.b.Upload(h)
+}
+
+// hostLinear describes the weight of module (no bias) in its stored format,
+// checking its shape against [rows, cols]. A packed (U8 or I8) weight is
+// NVFP4: nvfp4ckpt.Load reads it, or names the scale tensor it lacks.
+func (l *Loader) hostLinear(module string, rows, cols int) (*backend.HostWeight, error) {
+	w, err := l.ck.Tensor(module + ".weight")
+	if err != nil {
+		return nil, err
+	}
+	if w.DType != weights.U8 && w.DType != weights.I8 {
+		return l.dense(module+".weight", rows, cols)
+	}
+	q, err := nvfp4ckpt.Load(l.ck, module)
+	if err != nil {
+		return nil, err
+	}
+	if q.Rows != rows || q.Cols != cols {
+		return nil, fmt.Errorf("model: %s: NVFP4 linear %q is [%d, %d], the config implies [%d, %d]", l.ck.Dir(), module, q.Rows, q.Cols, rows, cols)
+	}
+	return &backend.HostWeight{Name: module, Rows: rows, Cols: cols, Format: backend.NVFP4, Q: q}, nil
 }
 
 // dense describes a stored f32, bf16 or f16 matrix.
@@ -102,8 +119,8 @@ func (l *Loader) dense(name string, rows, cols int) (*backend.HostWeight, error)
 	case weights.F16:
 		h.Format = backend.F16
 	default:
-		return nil, fmt.Errorf("model: %s (%s): tensor %q has dtype %s; linear weights must be F32, BF16 or F16 (or NVFP4)",
-			l.ck.Dir(), t.File, name, t.DType)
+		return nil, fmt.Errorf("model: %s (%s): tensor %q: %w %s; linear weights must be F32, BF16 or F16 (or NVFP4)",
+			l.ck.Dir(), t.File, name, nvfp4ckpt.ErrUnsupportedDType, t.DType)
 	}
 	return h, nil
 }

@@ -5,8 +5,6 @@ import (
 
 	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/quant"
-	"github.com/manifoldlm/manifold/quant/nvfp4ckpt"
-	"github.com/manifoldlm/manifold/weights"
 )
 
 // LinearSplit uploads the linear layer module, a [sum(parts), cols] weight,
@@ -53,27 +51,6 @@ func (l *Loader) LinearSplit(module string, cols int, parts ...int) ([]backend.W
 		r0 += n
 	}
 	return out, nil
-}
-
-// hostLinear describes the weight of module (no bias) in its stored format,
-// checking its shape against [rows, cols]. A packed (U8 or I8) weight is
-// NVFP4: nvfp4ckpt.Load reads it, or names the scale tensor it lacks.
-func (l *Loader) hostLinear(module string, rows, cols int) (*backend.HostWeight, error) {
-	w, err := l.ck.Tensor(module + ".weight")
-	if err != nil {
-		return nil, err
-	}
-	if w.DType != weights.U8 && w.DType != weights.I8 {
-		return l.dense(module+".weight", rows, cols)
-	}
-	q, err := nvfp4ckpt.Load(l.ck, module)
-	if err != nil {
-		return nil, err
-	}
-	if q.Rows != rows || q.Cols != cols {
-		return nil, fmt.Errorf("model: %s: NVFP4 linear %q is [%d, %d], the config implies [%d, %d]", l.ck.Dir(), module, q.Rows, q.Cols, rows, cols)
-	}
-	return &backend.HostWeight{Name: module, Rows: rows, Cols: cols, Format: backend.NVFP4, Q: q}, nil
 }
 
 // nvfp4Rows is rows [r0, r0+n) of q, sharing its memory and global scale.

@@ -56,14 +56,13 @@ func TestConvertedBadInputEngine(t *testing.T) {
 		editCfg func(map[string]any)
 		want    error
 		mention string
-		pending string // a known gap outside this package: skip, not fail, until it is closed
 	}{
 		{"unsupported dtype (F32 block scales)", damage(func(suffix string, tn *weights.Tensor) []*weights.Tensor {
 			if suffix != nvfp4ckpt.SuffixWeightScale {
 				return keep(tn)
 			}
 			return []*weights.Tensor{{Name: tn.Name, DType: weights.F32, Shape: tn.Shape, Data: make([]byte, 4*tn.NumElements())}}
-		}), nil, nvfp4ckpt.ErrUnsupportedDType, module + nvfp4ckpt.SuffixWeightScale, ""},
+		}), nil, nvfp4ckpt.ErrUnsupportedDType, module + nvfp4ckpt.SuffixWeightScale},
 		{"K not divisible by 16", damage(func(suffix string, tn *weights.Tensor) []*weights.Tensor {
 			switch suffix {
 			case nvfp4ckpt.SuffixWeight: // K = 24
@@ -74,20 +73,19 @@ func TestConvertedBadInputEngine(t *testing.T) {
 				return []*weights.Tensor{{Name: tn.Name, DType: weights.F8E4M3, Shape: []int{n, 1}, Data: make([]byte, n)}}
 			}
 			return keep(tn)
-		}), nil, quant.ErrBlockAlign, module + nvfp4ckpt.SuffixWeight, ""},
+		}), nil, quant.ErrBlockAlign, module + nvfp4ckpt.SuffixWeight},
 		{"missing weight_scale_2", damage(func(suffix string, tn *weights.Tensor) []*weights.Tensor {
 			if suffix == nvfp4ckpt.SuffixWeightScale2 {
 				return nil
 			}
 			return keep(tn)
-		}), nil, nvfp4ckpt.ErrMissingScale, module + nvfp4ckpt.SuffixWeightScale2, ""},
+		}), nil, nvfp4ckpt.ErrMissingScale, module + nvfp4ckpt.SuffixWeightScale2},
 		{"missing weight_scale", damage(func(suffix string, tn *weights.Tensor) []*weights.Tensor {
 			if suffix == nvfp4ckpt.SuffixWeightScale {
 				return nil
 			}
 			return keep(tn)
-		}), nil, nvfp4ckpt.ErrMissingScale, module + nvfp4ckpt.SuffixWeightScale,
-			"model.Loader.Linear (bind.go) takes a U8 weight without weight_scale for a dense one (Loader.LinearSplit does not)"},
+		}), nil, nvfp4ckpt.ErrMissingScale, module + nvfp4ckpt.SuffixWeightScale},
 		{"dense weight of unsupported dtype", damage(func(suffix string, tn *weights.Tensor) []*weights.Tensor {
 			if suffix == nvfp4ckpt.SuffixWeight {
 				return []*weights.Tensor{{Name: tn.Name, DType: weights.F8E5M2, Shape: []int{tn.Shape[0], 2 * tn.Shape[1]}, Data: make([]byte, 2*tn.NumElements())}}
@@ -96,19 +94,15 @@ func TestConvertedBadInputEngine(t *testing.T) {
 				return nil
 			}
 			return keep(tn)
-		}), func(cfg map[string]any) { delete(cfg, "quantization_config") }, nvfp4ckpt.ErrUnsupportedDType, module + nvfp4ckpt.SuffixWeight,
-			"model.Loader's dtype error (bind.go) names the tensor but wraps no sentinel"},
+		}), func(cfg map[string]any) { delete(cfg, "quantization_config") }, nvfp4ckpt.ErrUnsupportedDType, module + nvfp4ckpt.SuffixWeight},
 		{"unknown quant_algo", keep, func(cfg map[string]any) {
 			cfg["quantization_config"].(map[string]any)["quant_algo"] = "MXFP9"
-		}, nvfp4ckpt.ErrUnknownQuantAlgo, "MXFP9", ""},
+		}, nvfp4ckpt.ErrUnknownQuantAlgo, "MXFP9"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := rewrite(t, good, tc.edit, tc.editCfg)
 			err := loadsInEngine(dir)
-			if !errors.Is(err, tc.want) && tc.pending != "" {
-				t.Skipf("known gap: %s: err = %v", tc.pending, err)
-			}
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("engine.Load: err = %v, want %v", err, tc.want)
 			}
