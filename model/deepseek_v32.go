@@ -26,18 +26,16 @@ import (
 // the absorbed path and prefilling with whichever costs fewer operations;
 // NewStateWith picks a path explicitly.
 type DeepseekV32 struct {
-	b      backend.Backend
-	ops    dsa.Ops
-	cfg    *Config
-	v      v32Config
-	mla    layers.MLAShape
-	ixs    dsa.IndexerShape
-	scale  float32      // MLA softmax scale (yarn mscale included)
-	rope   *layers.RoPE // MLA: interleaved pairs
-	irope  *layers.RoPE // indexer: half split, same frequencies
-	Embed  backend.Weight
-	Norm   backend.Buffer
-	LMHead backend.Weight
+	b     backend.Backend
+	ops   dsa.Ops
+	cfg   *Config
+	v     v32Config
+	mla   layers.MLAShape
+	ixs   dsa.IndexerShape
+	scale float32      // MLA softmax scale (yarn mscale included)
+	rope  *layers.RoPE // MLA: interleaved pairs
+	irope *layers.RoPE // indexer: half split, same frequencies
+	head
 	Blocks []v32Block
 }
 
@@ -171,17 +169,8 @@ func loadDeepseekV32(b backend.Backend, cfg *Config, l *Loader) (*DeepseekV32, e
 		"index_dim":   m.ixs.HeadDim,
 		"index_heads": m.ixs.Heads,
 	}
-	if m.Embed, err = l.Matrix("model.embed_tokens.weight", cfg.VocabSize, cfg.HiddenSize); err != nil {
+	if m.head, err = loadHead(l, cfg); err != nil {
 		return nil, err
-	}
-	if m.Norm, err = l.Vector("model.norm.weight", cfg.HiddenSize); err != nil {
-		return nil, err
-	}
-	m.LMHead = m.Embed
-	if !cfg.TieWordEmbeddings || l.Has("lm_head.weight") {
-		if m.LMHead, err = l.Linear("lm_head", cfg.VocabSize, cfg.HiddenSize); err != nil {
-			return nil, err
-		}
 	}
 	for i := range m.Blocks {
 		blk := &m.Blocks[i]

@@ -230,14 +230,8 @@ func (m *DeepseekV32) Forward(ctx context.Context, st State, tokens []int32, all
 		b.Add(x, x, y)
 	}
 	s.n = pos0 + n
-	rows := n
-	if !all {
-		rows, x, h = 1, b.View(x, (n-1)*H, H), b.View(h, (n-1)*H, H)
-	}
-	b.RMSNorm(h, x, m.Norm, c.RMSNormEps)
-	logits := b.View(s.logits, 0, rows*c.VocabSize)
-	b.MatMul(logits, h, m.LMHead, rows)
-	out := make([]float32, rows*c.VocabSize)
+	logits := m.head.logits(b, c, x, h, s.logits, n, all)
+	out := make([]float32, logits.Len())
 	b.Read(out, logits, 0)
 	return out, b.Sync()
 }

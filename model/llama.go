@@ -13,14 +13,12 @@ import (
 // embedding, N blocks of pre-norm grouped-query attention with RoPE and a
 // pre-norm SwiGLU MLP, a final RMSNorm and the LM head.
 type Llama struct {
-	b      backend.Backend
-	cfg    *Config
-	rope   *layers.RoPE
-	attn   []layers.AttentionShape // per layer (sliding windows differ)
-	htree  *llamaHTree             // non-nil: htree attention (SetAttention, llama_htree.go)
-	Embed  backend.Weight          // [vocab, hidden]
-	Norm   backend.Buffer          // final norm
-	LMHead backend.Weight          // [vocab, hidden]; the embedding when tied
+	b     backend.Backend
+	cfg   *Config
+	rope  *layers.RoPE
+	attn  []layers.AttentionShape // per layer (sliding windows differ)
+	htree *llamaHTree             // non-nil: htree attention (SetAttention, llama_htree.go)
+	head
 	Blocks []llamaBlock
 }
 
@@ -61,17 +59,8 @@ func loadLlama(b backend.Backend, cfg *Config, l *Loader, qkNorm bool) (*Llama, 
 		"head_dim": cfg.HeadDim,
 		"ffn":      cfg.IntermediateSize,
 	}
-	if m.Embed, err = l.Matrix("model.embed_tokens.weight", cfg.VocabSize, cfg.HiddenSize); err != nil {
+	if m.head, err = loadHead(l, cfg); err != nil {
 		return nil, err
-	}
-	if m.Norm, err = l.Vector("model.norm.weight", cfg.HiddenSize); err != nil {
-		return nil, err
-	}
-	m.LMHead = m.Embed
-	if !cfg.TieWordEmbeddings || l.Has("lm_head.weight") {
-		if m.LMHead, err = l.Linear("lm_head", cfg.VocabSize, cfg.HiddenSize); err != nil {
-			return nil, err
-		}
 	}
 	for i := range m.Blocks {
 		blk := &m.Blocks[i]
@@ -193,14 +182,7 @@ func (m *Llama) forward(ctx context.Context, st State, tokens []int32, all bool)
 		b.MatMul(h, gate, blk.Down, n)
 		b.Add(x, x, h)
 	}
-	rows := n
-	if !all {
-		rows, x, h = 1, b.View(x, (n-1)*H, H), b.View(h, (n-1)*H, H)
-	}
-	b.RMSNorm(h, x, m.Norm, c.RMSNormEps)
-	logits := b.View(s.logits, 0, rows*c.VocabSize)
-	b.MatMul(logits, h, m.LMHead, rows)
-	return logits, nil
+	return m.head.logits(b, c, x, h, s.logits, n, all), nil
 }
 
 // Forward runs the decoder over tokens and reads the logits back.
