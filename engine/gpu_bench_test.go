@@ -9,13 +9,16 @@ import (
 
 	"github.com/manifoldlm/manifold/internal/testmodel"
 	"github.com/manifoldlm/manifold/kernels"
+	"github.com/manifoldlm/manifold/model"
 	"github.com/manifoldlm/manifold/weights"
 )
 
 // BenchmarkDecodeLlama8B measures batch-1 decode of a Llama-3-8B-shape model
 // (32 layers, hidden 4096, FFN 14336, GQA 32/8, vocab 128256) with random
 // NVFP4 linears and a bf16 LM head, against the memory floor (bytes read per
-// token over the copy bandwidth), and prints the per-kernel device time.
+// token over the copy bandwidth), with and without CUDA graphs, and prints
+// the per-kernel device time. A step is a greedy generation step: forward,
+// then the token picked on the device.
 // MANIFOLD_BENCH_DIR may name a folder to write the 5 GB checkpoint into.
 func BenchmarkDecodeLlama8B(b *testing.B) {
 	if !kernels.Available() {
@@ -50,30 +53,47 @@ func BenchmarkDecodeLlama8B(b *testing.B) {
 	if _, err := s.Append(ctx, []int{1, 2, 3, 4, 5, 6, 7, 8}); err != nil {
 		b.Fatal(err)
 	}
+	gb := m.Backend().(*kernels.Backend)
+	df, ok := m.net.(model.DeviceForwarder)
+	if !ok {
+		b.Fatal("the Llama model does not forward on the device")
+	}
+	// A greedy generation step: the forward pass, then the token picked on
+	// the device, so only its id comes back.
 	step := func() {
 		if s.Len() >= 900 {
 			s.Truncate(8)
 		}
-		if _, err := s.Append(ctx, []int{42}); err != nil {
+		logits, err := s.appendDevice(ctx, []int{42}, df)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := gb.SampleToken(logits, 0, 0, 0); err != nil {
 			b.Fatal(err)
 		}
 	}
-	for range 5 {
-		step()
-	}
 	const tokens = 64
-	start := time.Now()
-	for range tokens {
-		step()
+	measure := func() time.Duration {
+		for range 5 {
+			step()
+		}
+		start := time.Now()
+		for range tokens {
+			step()
+		}
+		return time.Since(start) / tokens
 	}
-	per := time.Since(start) / tokens
-	gb := m.Backend().(*kernels.Backend)
+	per := measure()
 	copyBW := gb.CopyBandwidth()
 	floor := float64(spec.WeightBytes()) / copyBW
+	gb.SetGraphs(false)
+	perDirect := measure()
+	gb.SetGraphs(true)
 	b.ReportMetric(1/per.Seconds(), "tok/s")
 	b.ReportMetric(floor/per.Seconds(), "of-floor")
-	fmt.Printf("RESULT decode8b tok_s=%.1f floor_tok_s=%.1f of_floor=%.3f bytes_per_token=%d copy_GBps=%.0f\n",
-		1/per.Seconds(), 1/floor, floor/per.Seconds(), spec.WeightBytes(), copyBW/1e9)
+	fmt.Printf("RESULT decode8b tok_s=%.1f floor_tok_s=%.1f of_floor=%.3f bytes_per_token=%d copy_GBps=%.0f graph_launches=%d\n",
+		1/per.Seconds(), 1/floor, floor/per.Seconds(), spec.WeightBytes(), copyBW/1e9, gb.GraphLaunches())
+	fmt.Printf("RESULT decode8b_no_graphs tok_s=%.1f of_floor=%.3f\n", 1/perDirect.Seconds(), floor/perDirect.Seconds())
 	gb.StartProfile()
 	for range 8 {
 		step()

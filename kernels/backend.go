@@ -47,6 +47,29 @@ type Backend struct {
 
 	sampleMu sync.Mutex
 	sample   sampler
+
+	// The launch queue and CUDA graphs (queue.go); qmu guards them and the
+	// stream, and is taken before mu.
+	qmu           sync.Mutex
+	q             queue
+	dyn           *allocation // dynSlots ints: the queue's per-step values
+	graphs        bool
+	graphCache    map[uint64]*graphEntry
+	graphSeen     map[uint64]int
+	graphLaunches int
+	paramPtrs     []unsafe.Pointer
+	gemvDec       int         // 0 or 1: the NVFP4 kernels' decoding (fuse.go)
+	gemvOff       bool        // benchmarks: NVFP4 matmuls on gemm_nvfp4_mma only
+	gemvPipe      bool        // benchmarks: m == 1 activations streamed with the weights
+	gemvSt4       bool        // benchmarks: 4-stage pipeline, fewer warps
+	gemvX8        bool        // m == 1 on the m <= 8 kernel (x read per chunk, no staging)
+	gemvSmallM    bool        // 2 <= m <= 16 on the decode-shape kernels too
+	gemvFlags     int         // GemvArgs.flags (gemv.cuh)
+	normFusion    bool        // RMSNorm of one row runs inside the NVFP4 matmul after it
+	bf16Kernel    string      // benchmarks: the aligned bf16 matmul kernel ("" picks by shape)
+	partMu        sync.Mutex  // guards attnPart (taken before qmu)
+	attnPart      *allocation // attention_kv's split partials
+	attnPartLen   int
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -77,7 +100,10 @@ func New(ordinal int) (*Backend, error) {
 	if len(img) == 0 {
 		return nil, fmt.Errorf("kernels: this build embeds no kernel image (run kernels/build.sh on a machine with nvcc): %w", ErrNoDriver)
 	}
-	b := &Backend{d: d, fn: map[string]uintptr{}, live: map[uint64]struct{}{}}
+	b := &Backend{d: d, fn: map[string]uintptr{}, live: map[uint64]struct{}{},
+		graphs: os.Getenv("MANIFOLD_CUDA_GRAPHS") != "0", graphCache: map[uint64]*graphEntry{}, graphSeen: map[uint64]int{},
+		gemvDec: defaultGemvDec, normFusion: os.Getenv("MANIFOLD_NORM_FUSION") == "1",
+		gemvX8: os.Getenv("MANIFOLD_GEMV_M1") == "m8"}
 	var n int32
 	if err := d.check("cuDeviceGetCount", d.cuDeviceGetCount(&n)); err != nil {
 		return nil, err
@@ -108,7 +134,9 @@ func New(ordinal int) (*Backend, error) {
 		}
 		for _, name := range []string{"gemv_f32", "gemv_bf16", "gemm_nvfp4_mma", "gemv_f32_any", "gemv_bf16_any",
 			"gemv_nvfp4_any", "embed", "rmsnorm", "rope", "attention", "swiglu", "add", "scale",
-			"sample_partial", "sample_final"} {
+			"sample_partial", "sample_final", "embed_ids", "rope_dyn", "attention_kv", "attention_kv_64", "attention_kv_128", "attn_combine", "gemv_bf16_u4",
+			"gemv_nvfp4_m1_d0", "gemv_nvfp4_m1_d1", "gemv_nvfp4_s1_d0", "gemv_nvfp4_s1_d1", "gemv_nvfp4_s1_d1_st4", "gemv_nvfp4_m8_d0", "gemv_nvfp4_m8_d1",
+			"gemv_nvfp4_m16_d0", "gemv_nvfp4_m16_d1"} {
 			var f uintptr
 			if err = d.check("cuModuleGetFunction "+name, d.cuModuleGetFunction(&f, b.module, cString(name))); err != nil {
 				return
@@ -116,13 +144,22 @@ func New(ordinal int) (*Backend, error) {
 			b.fn[name] = f
 		}
 		// Dynamic shared memory past the default 48 KB must be asked for.
-		for name, bytes := range map[string]int{"attention": b.maxShare, "sample_final": sampleFinalShared} {
+		for name, bytes := range map[string]int{"attention": b.maxShare, "sample_final": sampleFinalShared,
+			"attention_kv": b.maxShare - attnStatic, "attention_kv_64": b.maxShare - attnStatic,
+			"attention_kv_128": b.maxShare - attnStatic, "gemv_nvfp4_m1_d0": b.maxShare, "gemv_nvfp4_m1_d1": b.maxShare,
+			"gemv_nvfp4_s1_d0": b.maxShare, "gemv_nvfp4_s1_d1": b.maxShare, "gemv_nvfp4_s1_d1_st4": b.maxShare,
+			"gemv_nvfp4_m8_d0": b.maxShare, "gemv_nvfp4_m8_d1": b.maxShare, "gemv_nvfp4_m16_d0": b.maxShare,
+			"gemv_nvfp4_m16_d1": b.maxShare} {
 			if err = d.check("cuFuncSetAttribute "+name, d.cuFuncSetAttribute(b.fn[name], 8, int32(bytes))); err != nil {
 				return
 			}
 		}
 	})
 	if err != nil {
+		b.Close()
+		return nil, err
+	}
+	if b.dyn, err = b.alloc(4 * dynSlots); err != nil {
 		b.Close()
 		return nil, err
 	}
@@ -145,7 +182,7 @@ func (b *Backend) setErr(err error) {
 
 // Sync waits for queued work and returns the first error seen since the last Sync.
 func (b *Backend) Sync() error {
-	b.d.onContext(b.ctx, func() { b.setErr(b.d.check("cuStreamSynchronize", b.d.cuStreamSynchronize(b.stream))) })
+	b.onContext(func() { b.setErr(b.d.check("cuStreamSynchronize", b.d.cuStreamSynchronize(b.stream))) })
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	err := b.err
@@ -164,7 +201,8 @@ func (b *Backend) Close() error {
 	b.closed = true
 	b.mu.Unlock()
 	var errs []error
-	b.d.onContext(b.ctx, func() {
+	b.onContext(func() {
+		b.destroyGraphs()
 		if b.stream != 0 {
 			errs = append(errs, b.d.check("cuStreamSynchronize", b.d.cuStreamSynchronize(b.stream)))
 			b.d.cuStreamDestroy(b.stream)
@@ -205,6 +243,10 @@ func (x *Buffer) Len() int { return x.n }
 func (b *Backend) alloc(bytes int) (*allocation, error) {
 	a := &allocation{}
 	var err error
+	// Under qmu (no capture is under way) but without launching the queue:
+	// nothing queued can refer to new memory.
+	b.qmu.Lock()
+	defer b.qmu.Unlock()
 	b.d.onContext(b.ctx, func() {
 		err = b.d.check(fmt.Sprintf("cuMemAlloc(%d bytes)", bytes), b.d.cuMemAlloc(&a.ptr, uintptr(max(bytes, 4))))
 		if err == nil {
@@ -225,6 +267,8 @@ func (b *Backend) alloc(bytes int) (*allocation, error) {
 // still live; after it, an address may belong to another allocation, so
 // nothing more is freed here.
 func (b *Backend) free(ptr uint64) {
+	b.qmu.Lock()
+	defer b.qmu.Unlock()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
@@ -260,7 +304,7 @@ func (b *Backend) Write(x backend.Buffer, off int, src []float32) {
 		return
 	}
 	xb := x.(*Buffer)
-	b.d.onContext(b.ctx, func() {
+	b.onContext(func() {
 		b.setErr(b.d.check("cuMemcpyHtoD", b.d.cuMemcpyHtoD(xb.ptr+uint64(4*off), unsafe.Pointer(&src[0]), uintptr(4*len(src)))))
 	})
 	runtime.KeepAlive(xb)
@@ -272,7 +316,7 @@ func (b *Backend) Read(dst []float32, x backend.Buffer, off int) {
 		return
 	}
 	xb := x.(*Buffer)
-	b.d.onContext(b.ctx, func() {
+	b.onContext(func() {
 		b.setErr(b.d.check("cuMemcpyDtoH", b.d.cuMemcpyDtoH(unsafe.Pointer(&dst[0]), xb.ptr+uint64(4*off), uintptr(4*len(dst)))))
 	})
 	runtime.KeepAlive(xb)
@@ -284,7 +328,7 @@ func (b *Backend) upload(data []byte) (*allocation, error) {
 		return nil, err
 	}
 	if len(data) > 0 {
-		b.d.onContext(b.ctx, func() {
+		b.onContext(func() {
 			err = b.d.check("cuMemcpyHtoD", b.d.cuMemcpyHtoD(a.ptr, unsafe.Pointer(&data[0]), uintptr(len(data))))
 		})
 	}
@@ -352,62 +396,19 @@ func (b *Backend) Upload(h *backend.HostWeight) (backend.Weight, error) {
 // Launching.
 
 // launch queues kernel name with the given grid, block and dynamic shared
-// memory; args are uint64 (device pointers), int, float32 or IdBlock values.
+// memory; args are uint64 (device pointers), int, float32, float64 or []int32
+// (IdBlock) values. Queued work runs when the queue is launched (queue.go):
+// code that then talks to the driver directly goes through b.onContext.
 func (b *Backend) launch(name string, grid [3]int, block, shared int, args ...any) {
-	f := b.fn[name]
-	slots := make([]uint64, 0, len(args))
-	var blocks [][]int32
-	for _, a := range args {
-		switch v := a.(type) {
-		case uint64:
-			slots = append(slots, v)
-		case int:
-			slots = append(slots, uint64(uint32(int32(v))))
-		case float32:
-			slots = append(slots, uint64(math.Float32bits(v)))
-		case float64:
-			slots = append(slots, math.Float64bits(v))
-		case []int32:
-			blocks = append(blocks, v)
-			slots = append(slots, 0)
-		default:
-			panic(fmt.Sprintf("kernels: launch %s: argument of type %T", name, a))
-		}
-	}
-	params := make([]unsafe.Pointer, len(args))
-	bi := 0
-	for i, a := range args {
-		if _, ok := a.([]int32); ok {
-			params[i] = unsafe.Pointer(&blocks[bi][0])
-			bi++
-			continue
-		}
-		params[i] = unsafe.Pointer(&slots[i])
-	}
-	b.mu.Lock()
-	profiling := b.profiling
-	b.mu.Unlock()
-	b.d.onContext(b.ctx, func() {
-		var ev uintptr
-		if profiling {
-			ev = b.recordStart()
-		}
-		r := b.d.cuLaunchKernel(f, uint32(grid[0]), uint32(max(grid[1], 1)), uint32(max(grid[2], 1)),
-			uint32(block), 1, 1, uint32(shared), b.stream, unsafe.Pointer(&params[0]), nil)
-		b.setErr(b.d.check("launch "+name, r))
-		if profiling {
-			b.recordEnd(name, ev)
-		}
-	})
-	runtime.KeepAlive(slots)
-	runtime.KeepAlive(blocks)
+	b.enqueue(name, grid, block, shared, args...)
 }
 
 func ptr(x backend.Buffer) uint64 { return x.(*Buffer).ptr }
 
 func grid1(n, block int) [3]int { return [3]int{(n + block - 1) / block, 1, 1} }
 
-// Embed gathers rows of table into dst.
+// Embed gathers rows of table into dst; the ids travel in the queue's step
+// values, so a decode step's launches do not depend on the token.
 func (b *Backend) Embed(dst backend.Buffer, table backend.Weight, ids []int32) {
 	t := table.(*Weight)
 	format, scales := 0, uint64(0)
@@ -417,14 +418,21 @@ func (b *Backend) Embed(dst backend.Buffer, table backend.Weight, ids []int32) {
 	case backend.NVFP4:
 		format, scales = 2, t.scales.ptr
 	}
-	const idBlock = 256
-	for lo := 0; lo < len(ids); lo += idBlock {
-		blk := make([]int32, idBlock)
-		n := copy(blk, ids[lo:])
-		out := ptr(dst) + uint64(4*lo*t.cols)
-		b.launch("embed", [3]int{n, 1, 1}, 256, 0, t.data.ptr, scales, t.global, format, blk, out, t.cols)
+	b.qmu.Lock()
+	defer b.qmu.Unlock()
+	b.q.keep = append(b.q.keep, t, dst)
+	for lo := 0; lo < len(ids); {
+		n := min(len(ids)-lo, dynSlots/2)
+		off := b.q.addIDs(ids[lo : lo+n])
+		if off < 0 {
+			b.d.onContext(b.ctx, b.flushLocked)
+			continue
+		}
+		o := op{kind: opKernel, name: "embed_ids", fn: b.fn["embed_ids"], grid: [3]uint32{uint32(n), 1, 1}, block: 256}
+		o.setParams(t.data.ptr, scales, t.global, format, b.dyn.ptr+uint64(4*off), ptr(dst)+uint64(4*lo*t.cols), t.cols)
+		b.q.ops = append(b.q.ops, o)
+		lo += n
 	}
-	runtime.KeepAlive(t)
 }
 
 // MatMul computes dst[m, rows] = x[m, cols]·wᵀ (+ bias).
@@ -447,12 +455,27 @@ func (b *Backend) MatMul(dst, x backend.Buffer, wt backend.Weight, m int) {
 		}
 		b.launch(name, g, 32*warps, 0, w.data.ptr, xp, ptr(dst), bias, N, K, m)
 	case backend.BF16:
+		// Four loads in flight per lane pay off on tall matrices (the LM head:
+		// 100% of the copy rate against 90%), one on the 4096/14336 shapes.
 		name := "gemv_bf16"
+		if N >= 32768 {
+			name = "gemv_bf16_u4"
+		}
+		if b.bf16Kernel != "" {
+			name = b.bf16Kernel
+		}
 		if !aligned || K%8 != 0 {
 			name = "gemv_bf16_any"
 		}
 		b.launch(name, g, 32*warps, 0, w.data.ptr, xp, ptr(dst), bias, N, K, m)
 	case backend.NVFP4:
+		if xb, db := x.(*Buffer), dst.(*Buffer); !b.gemvOff && gemvEligible(xb, db, w, m, b.gemvSmallM) {
+			// Decode shapes: pipelined tensor-core kernel, fusable (fuse.go).
+			b.qmu.Lock()
+			b.queueGemv(db, xb, w, m)
+			b.qmu.Unlock()
+			break
+		}
 		if aligned && K%128 == 0 {
 			// Tensor cores: a block of 8 warps per 16 output features, splitting K.
 			b.launch("gemm_nvfp4_mma", grid1(N, 16), 32*8, 0, w.data.ptr, w.scales.ptr, w.global, xp, ptr(dst), bias, N, K, m)
@@ -463,27 +486,22 @@ func (b *Backend) MatMul(dst, x backend.Buffer, wt backend.Weight, m int) {
 	runtime.KeepAlive(w)
 }
 
-// RMSNorm normalizes rows of weight.Len() values.
+// RMSNorm normalizes rows of weight.Len() values. A single row followed by
+// an NVFP4 matmul of it is computed inside that matmul (fuse.go).
 func (b *Backend) RMSNorm(dst, x, weight backend.Buffer, eps float32) {
-	n := weight.Len()
-	rows := x.Len() / n
-	b.launch("rmsnorm", [3]int{rows, 1, 1}, min(1024, max(32, (n+31)/32*32)), 0, ptr(dst), ptr(x), ptr(weight), n, eps)
+	b.qmu.Lock()
+	b.queueNorm(dst.(*Buffer), x.(*Buffer), weight.(*Buffer), eps)
+	b.qmu.Unlock()
 }
 
-// RoPE rotates in place; the frequencies are uploaded per call (a few hundred bytes).
+// RoPE rotates in place; the position comes from the queue's step values,
+// and a RoPE of k right after one of q joins it (fuse.go).
 func (b *Backend) RoPE(x backend.Buffer, rows, heads, stride, off, pos0 int, r *layers.RoPE, inverse bool) {
 	freqs := b.ropeTable(r)
-	half := len(r.InvFreq)
-	total := rows * heads * half
-	inter, inv := 0, 0
-	if r.Interleaved {
-		inter = 1
-	}
-	if inverse {
-		inv = 1
-	}
-	b.launch("rope", grid1(total, 256), 256, 0, ptr(x), freqs.ptr, rows, heads, stride, off, half, pos0, r.Scale, inter, inv)
-	runtime.KeepAlive(freqs)
+	b.qmu.Lock()
+	b.queueRoPE(x.(*Buffer), rows, heads, stride, off, pos0, r, freqs.ptr, inverse)
+	b.q.keep = append(b.q.keep, freqs)
+	b.qmu.Unlock()
 }
 
 // ropeTable uploads the inverse frequencies once per *layers.RoPE.
@@ -511,12 +529,24 @@ func (b *Backend) ropeTable(r *layers.RoPE) *allocation {
 
 // SwiGLU computes silu(gate)*up (clamped when limit > 0).
 func (b *Backend) SwiGLU(dst, gate, up backend.Buffer, limit float32) {
+	b.qmu.Lock()
+	fused := b.fuseSwiGLU(dst.(*Buffer), gate.(*Buffer), up.(*Buffer), limit)
+	b.qmu.Unlock()
+	if fused {
+		return
+	}
 	n := dst.Len()
 	b.launch("swiglu", grid1(n, 256), 256, 0, ptr(dst), ptr(gate), ptr(up), n, limit)
 }
 
 // Add computes a + b.
 func (b *Backend) Add(dst, x, y backend.Buffer) {
+	b.qmu.Lock()
+	fused := b.fuseAdd(dst.(*Buffer), x.(*Buffer), y.(*Buffer))
+	b.qmu.Unlock()
+	if fused {
+		return
+	}
 	n := dst.Len()
 	b.launch("add", grid1(n, 256), 256, 0, ptr(dst), ptr(x), ptr(y), n)
 }
@@ -533,9 +563,9 @@ func (b *Backend) Copy(dst, src backend.Buffer) {
 }
 
 func (b *Backend) copyBytes(dst, src uint64, n int) {
-	b.d.onContext(b.ctx, func() {
-		b.setErr(b.d.check("cuMemcpyDtoDAsync", b.d.cuMemcpyDtoDAsync(dst, src, uintptr(n), b.stream)))
-	})
+	b.qmu.Lock()
+	b.q.ops = append(b.q.ops, op{kind: opCopy, name: "copy", params: []uint64{dst, src, uint64(n)}})
+	b.qmu.Unlock()
 }
 
 // ---------------------------------------------------------------------------
@@ -583,22 +613,83 @@ func (c *kvCache) Truncate(n int) {
 	}
 }
 
-// Attention appends k, v to the cache at pos0 and attends causally.
+// attnStatic is attention_kv's static shared memory (q, the warps' partial
+// outputs, a reduction array), less than which its dynamic share may take.
+const attnStatic = 4*256 + 4*8*256 + 4*32
+
+// Attention appends k, v to the cache at pos0 and attends causally. Head
+// sizes that are multiples of 4 up to 256 take attention_kv, which appends
+// in the same launch and reads the position from the queue's step values;
+// decode over long contexts splits the keys over blocks (flash-decoding).
 func (b *Backend) Attention(out, q, k, v backend.Buffer, cache backend.KVCache, layer, pos0, m int, s layers.AttentionShape) {
 	c := cache.(*kvCache)
 	if pos0+m > c.shape.Capacity || pos0 > c.n[layer] {
 		b.setErr(fmt.Errorf("kernels: attention at positions [%d, %d) past the cache (len %d, cap %d)", pos0, pos0+m, c.n[layer], c.shape.Capacity))
 		return
 	}
-	row := 4 * s.KVHeads * s.HeadDim
-	b.copyBytes(c.k[layer].ptr+uint64(pos0*row), ptr(k), m*row)
-	b.copyBytes(c.v[layer].ptr+uint64(pos0*row), ptr(v), m*row)
 	c.n[layer] = pos0 + m
 	visible := pos0 + m
 	if s.Window > 0 {
 		visible = min(visible, s.Window)
 	}
-	b.launch("attention", [3]int{s.Heads, m, 1}, 128, 4*visible, ptr(out), ptr(q), c.k[layer].ptr, c.v[layer].ptr,
-		pos0, s.Heads, s.KVHeads, s.HeadDim, s.Scale, s.Window)
-	runtime.KeepAlive(c)
+	if s.HeadDim%4 != 0 || s.HeadDim > 256 || s.KVHeads <= 0 || s.Heads%s.KVHeads != 0 {
+		row := 4 * s.KVHeads * s.HeadDim
+		b.copyBytes(c.k[layer].ptr+uint64(pos0*row), ptr(k), m*row)
+		b.copyBytes(c.v[layer].ptr+uint64(pos0*row), ptr(v), m*row)
+		b.launch("attention", [3]int{s.Heads, m, 1}, 128, 4*visible, ptr(out), ptr(q), c.k[layer].ptr, c.v[layer].ptr,
+			pos0, s.Heads, s.KVHeads, s.HeadDim, s.Scale, s.Window)
+		runtime.KeepAlive(c)
+		return
+	}
+	// Launch shape from the visible length rounded up to a power of two, so
+	// that consecutive decode steps queue the same launches.
+	vb := 1
+	for vb < visible {
+		vb *= 2
+	}
+	vb = min(vb, c.shape.Capacity)
+	splits := 1
+	if m <= 4 {
+		splits = min(max(vb/256, 1), 64)
+	}
+	for 4*((vb+splits-1)/splits) > b.maxShare-attnStatic {
+		splits *= 2
+	}
+	share := (vb + splits - 1) / splits
+	var part uint64
+	var partAlloc *allocation
+	if splits > 1 {
+		need := m * s.Heads * splits * (s.HeadDim + 2)
+		b.partMu.Lock()
+		if b.attnPartLen < need {
+			// A smaller array still queued stays alive through the queue's keep.
+			a, err := b.alloc(4 * need)
+			if err != nil {
+				b.partMu.Unlock()
+				b.setErr(err)
+				return
+			}
+			b.attnPart, b.attnPartLen = a, need
+		}
+		partAlloc = b.attnPart
+		b.partMu.Unlock()
+		part = partAlloc.ptr
+	}
+	b.qmu.Lock()
+	defer b.qmu.Unlock()
+	b.q.keep = append(b.q.keep, c, out, q, k, v, partAlloc)
+	name := "attention_kv"
+	if s.HeadDim == 64 || s.HeadDim == 128 {
+		name = fmt.Sprintf("attention_kv_%d", s.HeadDim)
+	}
+	o := op{kind: opKernel, name: name, fn: b.fn[name], grid: [3]uint32{uint32(s.Heads), uint32(m), uint32(splits)},
+		block: 256, shared: uint32(4 * share)}
+	o.setParams(ptr(out), ptr(q), ptr(k), ptr(v), c.k[layer].ptr, c.v[layer].ptr, b.dyn.ptr, b.q.posRel(pos0),
+		s.Heads, s.KVHeads, s.HeadDim, s.Scale, s.Window, part)
+	b.q.ops = append(b.q.ops, o)
+	if splits > 1 {
+		o := op{kind: opKernel, name: "attn_combine", fn: b.fn["attn_combine"], grid: [3]uint32{uint32(s.Heads), uint32(m), 1}, block: 128}
+		o.setParams(ptr(out), part, s.Heads, s.HeadDim, splits)
+		b.q.ops = append(b.q.ops, o)
+	}
 }

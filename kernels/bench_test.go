@@ -22,43 +22,81 @@ func randomNVFP4(rng *rand.Rand, n, k int) *quant.NVFP4 {
 
 // BenchmarkGEMV times the NVFP4, bf16 and f32 matmuls at decode shapes
 // (m = 1) and small batches, and reports the weight bytes streamed per second
-// as a fraction of the copy bandwidth measured in the same run.
+// as a fraction of the copy bandwidth measured in the same run. Variants:
+// nvfp4 at m = 1 is gemv_nvfp4_s1 (gemv.cuh), at m > 1 gemm_nvfp4_mma;
+// nvfp4-m16 the decode-shape kernel at m = 16; nvfp4-dec0 the m = 1 kernel
+// with integer E2M1 decoding, nvfp4-mma gemm_nvfp4_mma at m = 1, nvfp4-pipe
+// the m = 1 kernel streaming x with the weights, -contig with each warp on a
+// contiguous run of K, -st4 with 4 pipeline stages and fewer warps, -x8 the
+// m <= 8 kernel (x read per chunk, nothing staged); bf16 picks its kernel
+// by shape (one load in flight per lane, four on tall matrices), bf16-1load
+// and bf16-4loads force one. 128256x4096 is the 8B model's LM head.
 func BenchmarkGEMV(b *testing.B) {
 	g := newGPU(b)
+	g.SetGraphs(false) // every launch timed as launched
 	copyBW := g.CopyBandwidth()
 	b.Logf("device copy bandwidth (read+write): %.0f GB/s", copyBW/1e9)
+	fmt.Printf("RESULT copy copy_GBps=%.0f\n", copyBW/1e9)
 	rng := rand.New(rand.NewPCG(1, 1))
-	for _, shape := range [][2]int{{4096, 14336}, {14336, 4096}} {
+	type variant struct {
+		name string
+		h    *backend.HostWeight
+		ms   []int
+		set  func()
+	}
+	reset := func() {
+		g.gemvDec, g.bf16Kernel, g.gemvOff, g.gemvPipe, g.gemvFlags, g.gemvSt4, g.gemvX8, g.gemvSmallM = defaultGemvDec, "", false, false, 0, false, false, false
+	}
+	for _, shape := range [][2]int{{4096, 14336}, {14336, 4096}, {128256, 4096}} {
 		N, K := shape[0], shape[1]
-		q := randomNVFP4(rng, N, K)
 		bf := make([]byte, 2*N*K)
-		for i := range bf {
+		for i := range bf[:1<<20] {
 			bf[i] = byte(rng.Uint32() & 0x3f) // small finite bf16 values
 		}
-		for _, h := range []*backend.HostWeight{
-			{Name: "nvfp4", Rows: N, Cols: K, Format: backend.NVFP4, Q: q},
-			{Name: "bf16", Rows: N, Cols: K, Format: backend.BF16, Data: bf},
-		} {
+		for i := 1 << 20; i < len(bf); i += copy(bf[i:], bf[:1<<20]) {
+		}
+		bfw := &backend.HostWeight{Name: "bf16", Rows: N, Cols: K, Format: backend.BF16, Data: bf}
+		var vs []variant
+		if N == 128256 {
+			vs = []variant{{"bf16", bfw, []int{1}, reset}, {"bf16-1load", bfw, []int{1}, func() { g.bf16Kernel = "gemv_bf16" }}}
+		} else {
+			q := randomNVFP4(rng, N, K)
+			nv := &backend.HostWeight{Name: "nvfp4", Rows: N, Cols: K, Format: backend.NVFP4, Q: q}
+			vs = []variant{{"nvfp4", nv, []int{1, 16, 64}, reset}, {"nvfp4-dec0", nv, []int{1}, func() { g.gemvDec = 0 }},
+				{"nvfp4-m16", nv, []int{16}, func() { g.gemvSmallM = true }},
+				{"nvfp4-mma", nv, []int{1}, func() { g.gemvOff = true }},
+				{"nvfp4-pipe", nv, []int{1}, func() { g.gemvPipe = true }},
+				{"nvfp4-contig", nv, []int{1}, func() { g.gemvFlags = 1 }},
+				{"nvfp4-st4", nv, []int{1}, func() { g.gemvSt4 = true }},
+				{"nvfp4-x8", nv, []int{1}, func() { g.gemvX8 = true }},
+				{"nvfp4-x8-contig", nv, []int{1}, func() { g.gemvX8, g.gemvFlags = true, 1 }},
+				{"bf16", bfw, []int{1, 16, 64}, reset}, {"bf16-4loads", bfw, []int{1}, func() { g.bf16Kernel = "gemv_bf16_u4" }}}
+		}
+		for _, v := range vs {
+			h := v.h
 			w, err := g.Upload(h)
 			if err != nil {
 				b.Fatal(err)
 			}
-			for _, m := range []int{1, 16, 64} {
-				b.Run(fmt.Sprintf("%s/%dx%d/m=%d", h.Name, N, K, m), func(b *testing.B) {
+			v.set()
+			for _, m := range v.ms {
+				b.Run(fmt.Sprintf("%s/%dx%d/m=%d", v.name, N, K, m), func(b *testing.B) {
 					x, y := g.NewBuffer(m*K), g.NewBuffer(m*N)
+					g.Write(x, 0, randn(rng, m*K))
 					g.MatMul(y, x, w, m)
 					d := deviceTime(g, 50, func() { g.MatMul(y, x, w, m) })
 					bytes := float64(N*K) * h.Format.BytesPerValue()
 					b.ReportMetric(float64(d.Microseconds()), "us/op")
 					b.ReportMetric(bytes/d.Seconds()/1e9, "weight-GB/s")
 					b.ReportMetric(bytes/d.Seconds()/copyBW, "of-copy-bw")
-					fmt.Printf("RESULT gemv %s N=%d K=%d m=%d time_us=%.2f weight_GBps=%.0f of_copy=%.3f\n", h.Name, N, K, m,
+					fmt.Printf("RESULT gemv %s N=%d K=%d m=%d time_us=%.2f weight_GBps=%.0f of_copy=%.3f\n", v.name, N, K, m,
 						float64(d.Nanoseconds())/1e3, bytes/d.Seconds()/1e9, bytes/d.Seconds()/copyBW)
 					if err := g.Sync(); err != nil {
 						b.Fatal(err)
 					}
 				})
 			}
+			reset()
 		}
 	}
 }

@@ -43,6 +43,14 @@ type driver struct {
 	cuEventSynchronize        func(ev uintptr) int32
 	cuEventElapsedTime        func(ms *float32, start, end uintptr) int32
 	cuEventDestroy            func(ev uintptr) int32
+
+	cuMemcpyHtoDAsync           func(dst uint64, src unsafe.Pointer, n uintptr, stream uintptr) int32
+	cuStreamBeginCapture        func(stream uintptr, mode int32) int32
+	cuStreamEndCapture          func(stream uintptr, graph *uintptr) int32
+	cuGraphInstantiateWithFlags func(exec *uintptr, graph uintptr, flags uint64) int32
+	cuGraphLaunch               func(exec, stream uintptr) int32
+	cuGraphExecDestroy          func(exec uintptr) int32
+	cuGraphDestroy              func(graph uintptr) int32
 }
 
 // ErrNoDriver is returned when libcuda cannot be loaded or finds no GPU.
@@ -78,6 +86,10 @@ var loadDriver = sync.OnceValues(func() (*driver, error) {
 		{&d.cuGetErrorString, "cuGetErrorString"}, {&d.cuEventCreate, "cuEventCreate"},
 		{&d.cuEventRecord, "cuEventRecord"}, {&d.cuEventSynchronize, "cuEventSynchronize"},
 		{&d.cuEventElapsedTime, "cuEventElapsedTime"}, {&d.cuEventDestroy, "cuEventDestroy_v2"},
+		{&d.cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"}, {&d.cuStreamBeginCapture, "cuStreamBeginCapture_v2"},
+		{&d.cuStreamEndCapture, "cuStreamEndCapture"}, {&d.cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags"},
+		{&d.cuGraphLaunch, "cuGraphLaunch"}, {&d.cuGraphExecDestroy, "cuGraphExecDestroy"},
+		{&d.cuGraphDestroy, "cuGraphDestroy"},
 	} {
 		sym, err := purego.Dlsym(lib, f.name)
 		if err != nil {
@@ -121,6 +133,8 @@ func cString(s string) *byte {
 
 // onContext runs fn on an OS thread whose current context is ctx: the driver
 // keeps the current context per thread, and goroutines move between threads.
+// Backend code calls Backend.onContext instead, which first launches the
+// backend's queued work (queue.go).
 func (d *driver) onContext(ctx uintptr, fn func()) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()

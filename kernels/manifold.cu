@@ -461,3 +461,6 @@ extern "C" __global__ void __launch_bounds__(MMA_WARPS * WARP) gemm_nvfp4_mma(
 }
 
 #include "sample.cuh"
+
+#include "gemv.cuh"
+#include "decode.cuh"

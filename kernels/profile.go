@@ -17,10 +17,13 @@ type timedLaunch struct {
 }
 
 // StartProfile begins recording per-kernel device time.
+// Queued operations are timed as the queue is launched, one by one (no
+// graphs), so the times include any gaps between launches.
 func (b *Backend) StartProfile() {
-	b.mu.Lock()
+	b.onContext(func() {}) // what was queued before is not profiled
+	b.qmu.Lock()
 	b.profiling = true
-	b.mu.Unlock()
+	b.qmu.Unlock()
 }
 
 func (b *Backend) recordStart() uintptr {
@@ -48,13 +51,16 @@ type KernelTime struct {
 
 // StopProfile ends recording and returns the device time per kernel, largest first.
 func (b *Backend) StopProfile() []KernelTime {
-	b.mu.Lock()
+	b.onContext(func() {}) // time what is queued
+	b.qmu.Lock()
 	b.profiling = false
+	b.qmu.Unlock()
+	b.mu.Lock()
 	timed := b.timed
 	b.timed = nil
 	b.mu.Unlock()
 	sums := map[string]*KernelTime{}
-	b.d.onContext(b.ctx, func() {
+	b.onContext(func() {
 		b.d.cuStreamSynchronize(b.stream)
 		for _, t := range timed {
 			var ms float32
@@ -107,7 +113,7 @@ func (b *Backend) CopyBandwidth() float64 {
 func deviceTime(b *Backend, iters int, fn func()) time.Duration {
 	var start, end uintptr
 	var ms float32
-	b.d.onContext(b.ctx, func() {
+	b.onContext(func() {
 		b.d.cuEventCreate(&start, 0)
 		b.d.cuEventCreate(&end, 0)
 		b.d.cuEventRecord(start, b.stream)
@@ -115,7 +121,7 @@ func deviceTime(b *Backend, iters int, fn func()) time.Duration {
 	for range iters {
 		fn()
 	}
-	b.d.onContext(b.ctx, func() {
+	b.onContext(func() {
 		b.d.cuEventRecord(end, b.stream)
 		b.d.cuEventSynchronize(end)
 		b.d.cuEventElapsedTime(&ms, start, end)

@@ -42,6 +42,9 @@ func (b *Backend) SampleToken(logits backend.Buffer, temperature float32, topK i
 	}
 	b.sampleMu.Lock()
 	defer b.sampleMu.Unlock()
+	// Launch what is queued (a decode step) before queueing the sampler, whose
+	// draw u changes every step: the step then replays as one graph (queue.go).
+	b.onContext(func() {})
 	if b.sample.cand == nil {
 		var err error
 		if b.sample.cand, err = b.alloc(2 * 4 * sampleBlocks * backend.MaxSampleTopK); err != nil {
@@ -61,7 +64,7 @@ func (b *Backend) SampleToken(logits backend.Buffer, temperature float32, topK i
 	m := sampleBlocks * k
 	b.launch("sample_final", [3]int{1, 1, 1}, 256, m*9, candv, candi, m, k, temperature, u, b.sample.out.ptr)
 	var id int32
-	b.d.onContext(b.ctx, func() {
+	b.onContext(func() {
 		b.setErr(b.d.check("cuMemcpyDtoH", b.d.cuMemcpyDtoH(unsafe.Pointer(&id), b.sample.out.ptr, 4)))
 	})
 	runtime.KeepAlive(logits)

@@ -1,0 +1,203 @@
+// Kernels whose launches do not depend on the token position, so that a
+// decode step can be captured once as a CUDA graph and replayed: the
+// position (and the token ids) live in a small device array `dyn` that the
+// backend writes before each step. pos0 = dyn[0] + posRel.
+
+// Embedding gather: dst[i, :] = table[ids[i], :] as float32; ids on the device.
+extern "C" __global__ void embed_ids(const void* table, const uint8_t* S, float global, int format, const int* ids,
+                                     float* dst, int n) {
+    int i = blockIdx.x;
+    size_t r = (size_t)ids[i];
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        float v;
+        if (format == 0) v = ((const float*)table)[r * n + j];
+        else if (format == 1) v = bf16_to_f32(((const uint16_t*)table)[r * n + j]);
+        else {
+            uint8_t b = ((const uint8_t*)table)[r * (n / 2) + j / 2];
+            v = kE2M1[(b >> (4 * (j & 1))) & 0xf] * e4m3_to_f32(S[r * (n / 16) + j / 16]) * global;
+        }
+        dst[(size_t)i * n + j] = v;
+    }
+}
+
+// RoPE as the rope kernel, on up to two tensors at once (q and k: heads1
+// vectors per row of x1, heads2 of x2, both `stride` apart).
+extern "C" __global__ void rope_dyn(float* x1, int heads1, float* x2, int heads2, const float* inv_freq, int rows,
+                                    int stride, int off, int half, const int* dyn, int posRel, float scale,
+                                    int interleaved, int inverse) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    int heads = heads1 + heads2;
+    int total = rows * heads * half;
+    if (idx >= total) return;
+    int pos0 = dyn[0] + posRel;
+    int i = idx % half, vec = idx / half, row = vec / heads, hh = vec % heads;
+    float a = (float)(pos0 + row) * inv_freq[i];
+    float c = cosf(a) * scale, s = sinf(a) * scale;
+    if (inverse) s = -s;
+    float* v = hh < heads1 ? x1 + ((size_t)row * heads1 + hh) * stride + off
+                           : x2 + ((size_t)row * heads2 + (hh - heads1)) * stride + off;
+    int i0 = interleaved ? 2 * i : i, i1 = interleaved ? 2 * i + 1 : i + half;
+    float p = v[i0], q = v[i1];
+    v[i0] = p * c - q * s;
+    v[i1] = q * c + p * s;
+}
+
+// Causal attention with the step's keys and values appended to the cache in
+// the same launch. Grid (heads, m, splits), ATT_THREADS threads; hd % 4 == 0,
+// hd <= 256. Query row i is at position p = pos0 + i and sees keys
+// [start, p], start = max(0, p - window + 1) with a window, else 0; key t
+// comes from the cache when t < pos0 and from row t - pos0 of knew/vnew
+// otherwise (nothing in this launch reads the cache at pos0 and after, which
+// blocks (h < kvHeads, i, 0) write). Split s takes an equal share of the keys;
+// with one split the block writes out, else its (max, sum, unnormalized
+// output) go to part for attn_combine. Scores live in dynamic shared memory
+// (one float per key of the share).
+#define ATT_THREADS 256
+// HD: the head size when known at compile time (the loops unroll, so every
+// load of a key is in flight at once), else 0.
+template <int HD>
+__device__ __forceinline__ void attention_kv_body(float* out, const float* q, const float* knew, const float* vnew,
+                                                  float* kc, float* vc, const int* dyn, int posRel, int heads,
+                                                  int kvHeads, int hd, float scale, int window, float* part) {
+    extern __shared__ float sh[];
+    __shared__ float red[32];
+    __shared__ __align__(16) float qs[256];
+    __shared__ __align__(16) float pv[ATT_THREADS / WARP][256];
+    if (HD) hd = HD;
+    const int h = blockIdx.x, i = blockIdx.y, s = blockIdx.z, splits = gridDim.z;
+    const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP, nw = ATT_THREADS / WARP;
+    const int pos0 = dyn[0] + posRel;
+    const size_t row = (size_t)kvHeads * hd;
+    if (s == 0 && h < kvHeads) {
+        const float* kn = knew + (size_t)i * row + (size_t)h * hd;
+        const float* vn = vnew + (size_t)i * row + (size_t)h * hd;
+        float* kd = kc + (size_t)(pos0 + i) * row + (size_t)h * hd;
+        float* vd = vc + (size_t)(pos0 + i) * row + (size_t)h * hd;
+        for (int j = tid; j < hd; j += ATT_THREADS) {
+            kd[j] = kn[j];
+            vd[j] = vn[j];
+        }
+    }
+    const int p = pos0 + i;
+    const int start = window > 0 ? max(0, p - window + 1) : 0;
+    const int n = p - start + 1;
+    const int len = (n + splits - 1) / splits;
+    const int t0 = start + s * len, t1 = min(p + 1, t0 + len);
+    const int kh = h / (heads / kvHeads);
+    const float* qv = q + ((size_t)i * heads + h) * hd;
+    for (int j = tid; j < hd; j += ATT_THREADS) qs[j] = qv[j] * scale;
+    __syncthreads();
+    // Scores: one thread per key.
+    float mx = -INFINITY;
+    const int hd4 = hd / 4;
+    for (int t = t0 + tid; t < t1; t += ATT_THREADS) {
+        const float* kv = t < pos0 ? kc + (size_t)t * row + (size_t)kh * hd : knew + (size_t)(t - pos0) * row + (size_t)kh * hd;
+        if (t < pos0) {  // the key's values, for the weighted sum below
+            const float* vv = vc + (size_t)t * row + (size_t)kh * hd;
+            for (int j = 0; j < hd; j += 32) asm volatile("prefetch.global.L2 [%0];" ::"l"(vv + j));
+        }
+        float d0 = 0.f, d1 = 0.f;
+#pragma unroll
+        for (int j = 0; j < (HD ? HD / 4 : 1); j++) {
+            if (!HD) break;
+            float4 k4 = *reinterpret_cast<const float4*>(kv + 4 * j);
+            float4 q4 = *reinterpret_cast<const float4*>(qs + 4 * j);
+            d0 += q4.x * k4.x + q4.y * k4.y;
+            d1 += q4.z * k4.z + q4.w * k4.w;
+        }
+        if (!HD) {
+            for (int j = 0; j < hd4; j++) {
+                float4 k4 = *reinterpret_cast<const float4*>(kv + 4 * j);
+                float4 q4 = *reinterpret_cast<const float4*>(qs + 4 * j);
+                d0 += q4.x * k4.x + q4.y * k4.y;
+                d1 += q4.z * k4.z + q4.w * k4.w;
+            }
+        }
+        float d = d0 + d1;
+        sh[t - t0] = d;
+        mx = fmaxf(mx, d);
+    }
+    mx = block_max(mx, red);
+    __syncthreads();
+    float sum = 0.f;
+    for (int t = tid; t < t1 - t0; t += ATT_THREADS) {
+        float e = __expf(sh[t] - mx);
+        sh[t] = e;
+        sum += e;
+    }
+    sum = block_sum(sum, red);
+    __syncthreads();
+    // Weighted values: warp w takes keys w, w+nw, ...; lane takes 4 channels (and 4 more past 128).
+    float4 acc0 = make_float4(0.f, 0.f, 0.f, 0.f), acc1 = acc0;
+    const bool c0 = lane < hd4, c1 = lane + WARP < hd4;
+#pragma unroll 8
+    for (int t = t0 + warp; t < t1; t += nw) {
+        const float* vv = t < pos0 ? vc + (size_t)t * row + (size_t)kh * hd : vnew + (size_t)(t - pos0) * row + (size_t)kh * hd;
+        float e = sh[t - t0];
+        if (c0) {
+            float4 v4 = *reinterpret_cast<const float4*>(vv + 4 * lane);
+            acc0.x += e * v4.x; acc0.y += e * v4.y; acc0.z += e * v4.z; acc0.w += e * v4.w;
+        }
+        if (c1) {
+            float4 v4 = *reinterpret_cast<const float4*>(vv + 4 * (lane + WARP));
+            acc1.x += e * v4.x; acc1.y += e * v4.y; acc1.z += e * v4.z; acc1.w += e * v4.w;
+        }
+    }
+    if (c0) *reinterpret_cast<float4*>(&pv[warp][4 * lane]) = acc0;
+    if (c1) *reinterpret_cast<float4*>(&pv[warp][4 * (lane + WARP)]) = acc1;
+    __syncthreads();
+    if (splits == 1) {
+        float inv = 1.f / sum;
+        float* o = out + ((size_t)i * heads + h) * hd;
+        for (int j = tid; j < hd; j += ATT_THREADS) {
+            float v = 0.f;
+            for (int w = 0; w < nw; w++) v += pv[w][j];
+            o[j] = v * inv;
+        }
+        return;
+    }
+    // part: [m][heads][splits][hd + 2]: the output sums, then max and sum.
+    float* pp = part + (((size_t)i * heads + h) * splits + s) * (hd + 2);
+    for (int j = tid; j < hd; j += ATT_THREADS) {
+        float v = 0.f;
+        for (int w = 0; w < nw; w++) v += pv[w][j];
+        pp[j] = v;
+    }
+    if (tid == 0) {
+        pp[hd] = t1 > t0 ? mx : -INFINITY;
+        pp[hd + 1] = t1 > t0 ? sum : 0.f;
+    }
+}
+
+#define ATTENTION_KV(NAME, HD)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS) NAME(                                                 \
+        float* out, const float* q, const float* knew, const float* vnew, float* kc, float* vc, const int* dyn,     \
+        int posRel, int heads, int kvHeads, int hd, float scale, int window, float* part) {                         \
+        attention_kv_body<HD>(out, q, knew, vnew, kc, vc, dyn, posRel, heads, kvHeads, hd, scale, window, part);    \
+    }
+ATTENTION_KV(attention_kv, 0)
+ATTENTION_KV(attention_kv_64, 64)
+ATTENTION_KV(attention_kv_128, 128)
+
+// Merges attention_kv's splits: grid (heads, m), one thread per channel (loop).
+extern "C" __global__ void attn_combine(float* out, const float* part, int heads, int hd, int splits) {
+    const int h = blockIdx.x, i = blockIdx.y;
+    const float* pp = part + ((size_t)i * heads + h) * splits * (hd + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < splits; s++) M = fmaxf(M, pp[s * (hd + 2) + hd]);
+    float den = 0.f;
+    for (int s = 0; s < splits; s++) {
+        float mx = pp[s * (hd + 2) + hd];
+        if (mx > -INFINITY) den += __expf(mx - M) * pp[s * (hd + 2) + hd + 1];
+    }
+    float inv = 1.f / den;
+    float* o = out + ((size_t)i * heads + h) * hd;
+    for (int j = threadIdx.x; j < hd; j += blockDim.x) {
+        float v = 0.f;
+        for (int s = 0; s < splits; s++) {
+            float mx = pp[s * (hd + 2) + hd];
+            if (mx > -INFINITY) v += __expf(mx - M) * pp[s * (hd + 2) + j];
+        }
+        o[j] = v * inv;
+    }
+}

@@ -1,0 +1,227 @@
+package kernels
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/backend/cpu"
+	"github.com/manifoldlm/manifold/layers"
+	"github.com/manifoldlm/manifold/quant"
+)
+
+// TestDecodeStepFusedAndGraphed runs a decode step shaped like a Llama block
+// (fused q/k/v matmuls, RoPE of q and k, attention with the cache append,
+// output projection with the residual add, gate/up with SwiGLU, down with the
+// residual add) on the GPU and the CPU, step after step, so that the GPU
+// replays it as a graph from the third step on; both decodings of the NVFP4
+// kernels (the integer one with the RMSNorms fused into the matmuls), with
+// graphs and without. Weights scale as 1/√fan-in, as in a
+// trained model, so that activations stay near unit size. Tolerance: five
+// NVFP4 matmuls in series each round their input to fp16 (relative 2^-12 on
+// average per element), and RMSNorm and attention pass relative errors on
+// unamplified: 5e-3 over the residual stream and logits.
+func TestDecodeStepFusedAndGraphed(t *testing.T) {
+	for _, dec := range []int{1, 0} {
+		for _, graphs := range []bool{true, false} {
+			t.Run(fmt.Sprintf("dec%d/graphs=%v", dec, graphs), func(t *testing.T) {
+				testDecodeStep(t, dec, graphs)
+			})
+		}
+	}
+}
+
+func testDecodeStep(t *testing.T, dec int, graphs bool) {
+	g, c := newGPU(t), cpu.New(0)
+	g.gemvDec = dec
+	g.normFusion = dec == 0 // dec0 also covers the staged kernel with RMSNorm inside
+	g.SetGraphs(graphs)
+	rng := rand.New(rand.NewPCG(21, uint64(dec)))
+	const hidden, ffn, heads, kvHeads, hd, vocab = 512, 768, 8, 2, 64, 300
+	s := layers.AttentionShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: float32(1 / math.Sqrt(hd))}
+	rope, err := layers.NewRoPE(layers.RoPEParams{Theta: 10000}, hd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	upload := func(n, k int, f backend.Format) (backend.Weight, backend.Weight) {
+		h := scaledWeight(rng, f, n, k)
+		wc, err := c.Upload(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg, err := g.Upload(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return wc, wg
+	}
+	nv := backend.NVFP4
+	type pair struct{ c, g backend.Weight }
+	mk := func(n, k int, f backend.Format) pair { a, b := upload(n, k, f); return pair{a, b} }
+	embed, wq, wk, wv, wo := mk(vocab, hidden, backend.BF16), mk(heads*hd, hidden, nv), mk(kvHeads*hd, hidden, nv), mk(kvHeads*hd, hidden, nv), mk(hidden, heads*hd, nv)
+	wgate, wup, wdown, head := mk(ffn, hidden, nv), mk(ffn, hidden, nv), mk(hidden, ffn, nv), mk(vocab, hidden, backend.BF16)
+	norm := randn(rng, hidden)
+	cc, _ := c.NewKVCache(backend.KVShape{Layers: 1, KVHeads: kvHeads, HeadDim: hd, Capacity: 64})
+	gc, err := g.NewKVCache(backend.KVShape{Layers: 1, KVHeads: kvHeads, HeadDim: hd, Capacity: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One set of buffers per backend, as a model's state.
+	type bufs struct{ x, h, q, k, v, att, gate, up, logits, norm backend.Buffer }
+	newBufs := func(b backend.Backend) bufs {
+		nb := b.NewBuffer
+		n := nb(hidden)
+		b.Write(n, 0, norm)
+		return bufs{nb(hidden), nb(hidden), nb(heads * hd), nb(kvHeads * hd), nb(kvHeads * hd), nb(heads * hd),
+			nb(ffn), nb(ffn), nb(vocab), n}
+	}
+	bc, bg := newBufs(c), newBufs(g)
+	step := func(b backend.Backend, u bufs, w func(pair) backend.Weight, cache backend.KVCache, tok int32, pos int) {
+		b.Embed(u.x, w(embed), []int32{tok})
+		b.RMSNorm(u.h, u.x, u.norm, 1e-5)
+		b.MatMul(u.q, u.h, w(wq), 1)
+		b.MatMul(u.k, u.h, w(wk), 1)
+		b.MatMul(u.v, u.h, w(wv), 1)
+		b.RoPE(u.q, 1, heads, hd, 0, pos, rope, false)
+		b.RoPE(u.k, 1, kvHeads, hd, 0, pos, rope, false)
+		b.Attention(u.att, u.q, u.k, u.v, cache, 0, pos, 1, s)
+		b.MatMul(u.h, u.att, w(wo), 1)
+		b.Add(u.x, u.x, u.h)
+		b.RMSNorm(u.h, u.x, u.norm, 1e-5)
+		b.MatMul(u.gate, u.h, w(wgate), 1)
+		b.MatMul(u.up, u.h, w(wup), 1)
+		b.SwiGLU(u.gate, u.gate, u.up, 0)
+		b.MatMul(u.h, u.gate, w(wdown), 1)
+		b.Add(u.x, u.x, u.h)
+		b.RMSNorm(u.h, u.x, u.norm, 1e-5)
+		b.MatMul(u.logits, u.h, w(head), 1)
+	}
+	before := g.GraphLaunches()
+	for pos := range 12 {
+		tok := int32(rng.IntN(vocab))
+		step(c, bc, func(p pair) backend.Weight { return p.c }, cc, tok, pos)
+		step(g, bg, func(p pair) backend.Weight { return p.g }, gc, tok, pos)
+		for _, cmp := range []struct {
+			name   string
+			gb, cb backend.Buffer
+			tol    float64
+		}{{"x", bg.x, bc.x, 5e-3}, {"up", bg.up, bc.up, 5e-3}, {"logits", bg.logits, bc.logits, 5e-3}} {
+			if e := relErr(fromGPU(t, g, cmp.gb), cmp.cb.(cpu.Buffer)); e > cmp.tol {
+				t.Errorf("position %d: %s: relative error %.3g", pos, cmp.name, e)
+			}
+		}
+	}
+	if n := g.GraphLaunches() - before; graphs && n == 0 {
+		t.Errorf("no step was replayed as a graph")
+	} else {
+		t.Logf("%d of 12 steps replayed as graphs", n)
+	}
+}
+
+// scaledWeight is hostWeight with values of standard deviation 1/√k and no bias.
+func scaledWeight(rng *rand.Rand, f backend.Format, n, k int) *backend.HostWeight {
+	h := hostWeight(rng, backend.F32, n, k)
+	w := make([]float32, n*k)
+	for i := range w {
+		w[i] = math.Float32frombits(binary.LittleEndian.Uint32(h.Data[4*i:])) / float32(math.Sqrt(float64(k)))
+	}
+	out := &backend.HostWeight{Name: "w", Rows: n, Cols: k, Format: f}
+	switch f {
+	case backend.BF16:
+		out.Data = make([]byte, 2*len(w))
+		for i, v := range w {
+			binary.LittleEndian.PutUint16(out.Data[2*i:], quant.Float32ToBF16(v))
+		}
+	case backend.NVFP4:
+		out.Q, _ = quant.QuantizeNVFP4(w, n, k)
+	default:
+		panic("scaledWeight: bf16 or nvfp4")
+	}
+	return out
+}
+
+// TestAttentionSplits covers flash-decoding: decode rows over a context long
+// enough to split the keys over blocks, after a long prefill.
+func TestAttentionSplits(t *testing.T) {
+	g, c := newGPU(t), cpu.New(0)
+	rng := rand.New(rand.NewPCG(9, 10))
+	s := layers.AttentionShape{Heads: 4, KVHeads: 2, HeadDim: 32}
+	s.Scale = float32(1 / math.Sqrt(float64(s.HeadDim)))
+	T := 1100
+	qr, kr := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
+	q, k, v := randn(rng, T*qr), randn(rng, T*kr), randn(rng, T*kr)
+	cc, _ := c.NewKVCache(backend.KVShape{Layers: 1, KVHeads: s.KVHeads, HeadDim: s.HeadDim, Capacity: T})
+	gc, err := g.NewKVCache(backend.KVShape{Layers: 1, KVHeads: s.KVHeads, HeadDim: s.HeadDim, Capacity: T})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, span := range [][2]int{{0, 1040}, {1040, 1041}, {1041, 1044}, {1044, 1045}} {
+		lo, hi := span[0], span[1]
+		want := make(cpu.Buffer, (hi-lo)*qr)
+		c.Attention(want, cpu.Buffer(q[lo*qr:hi*qr]), cpu.Buffer(k[lo*kr:hi*kr]), cpu.Buffer(v[lo*kr:hi*kr]), cc, 0, lo, hi-lo, s)
+		out := g.NewBuffer((hi - lo) * qr)
+		g.Attention(out, toGPU(g, q[lo*qr:hi*qr]), toGPU(g, k[lo*kr:hi*kr]), toGPU(g, v[lo*kr:hi*kr]), gc, 0, lo, hi-lo, s)
+		if e := relErr(fromGPU(t, g, out), want); e > 1e-5 {
+			t.Errorf("rows [%d,%d): relative error %.3g", lo, hi, e)
+		}
+	}
+}
+
+// TestNormFusedIntoMatMul: RMSNorm of one row then an NVFP4 matmul of it run
+// as one kernel, which also writes the normalized row.
+func TestNormFusedIntoMatMul(t *testing.T) {
+	g, c := newGPU(t), cpu.New(0)
+	g.normFusion = true
+	rng := rand.New(rand.NewPCG(13, 14))
+	for _, sh := range [][2]int{{300, 512}, {40, 4096}} {
+		n, k := sh[0], sh[1]
+		h := scaledWeight(rng, backend.NVFP4, n, k)
+		wc, _ := c.Upload(h)
+		wg, err := g.Upload(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		x, nw := randn(rng, k), randn(rng, k)
+		hc, yc := make(cpu.Buffer, k), make(cpu.Buffer, n)
+		c.RMSNorm(hc, cpu.Buffer(x), cpu.Buffer(nw), 1e-6)
+		c.MatMul(yc, hc, wc, 1)
+		gx, gw := toGPU(g, x), toGPU(g, nw)
+		hg, yg := g.NewBuffer(k), g.NewBuffer(n)
+		g.RMSNorm(hg, gx, gw, 1e-6)
+		g.MatMul(yg, hg, wg, 1)
+		if e := relErr(fromGPU(t, g, hg), hc); e > 1e-6 {
+			t.Errorf("%v: normalized row: relative error %.3g", sh, e)
+		}
+		if e := relErr(fromGPU(t, g, yg), yc); e > 1e-3 {
+			t.Errorf("%v: matmul: relative error %.3g", sh, e)
+		}
+	}
+}
+
+// TestSmallMDecodeKernels holds the decode-shape NVFP4 kernels at 2 <= m <=
+// 16 (benchmarked against gemm_nvfp4_mma, which production uses there) to
+// the CPU backend; tolerance as TestMatMul's for NVFP4.
+func TestSmallMDecodeKernels(t *testing.T) {
+	g, c := newGPU(t), cpu.New(0)
+	g.gemvSmallM = true
+	rng := rand.New(rand.NewPCG(15, 16))
+	for _, sh := range []struct{ m, n, k int }{{5, 100, 512}, {16, 256, 4096}, {9, 40, 768}, {2, 24, 256}} {
+		h := hostWeight(rng, backend.NVFP4, sh.n, sh.k)
+		wc, _ := c.Upload(h)
+		wg, err := g.Upload(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		x := randn(rng, sh.m*sh.k)
+		want := make(cpu.Buffer, sh.m*sh.n)
+		c.MatMul(want, cpu.Buffer(x), wc, sh.m)
+		out := g.NewBuffer(sh.m * sh.n)
+		g.MatMul(out, toGPU(g, x), wg, sh.m)
+		if e := relErr(fromGPU(t, g, out), want); e > 1e-3 {
+			t.Errorf("%+v: relative error %.3g", sh, e)
+		}
+	}
+}

@@ -1,0 +1,313 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/layers"
+)
+
+// Decode-shape NVFP4 matmuls (gemv.cuh) and their fusions. A queued matmul
+// stays open to what follows it until the queue is launched:
+//   - another NVFP4 matmul of the same input (up to three: q, k, v) joins it;
+//   - SwiGLU(gate, gate, up) after the gate and up matmuls becomes its epilogue;
+//   - Add(r, r, y) after a matmul into y becomes its epilogue (r += y).
+// Each fusion checks that the buffers involved do not overlap in a way that
+// would let one block's writes reach another block's reads.
+
+// gemvGroup is one weight of a fused launch.
+type gemvGroup struct {
+	w    *Weight
+	y    span
+	bias uint64
+}
+
+// span is a range of device memory in bytes.
+type span struct{ ptr, end uint64 }
+
+func spanOf(x backend.Buffer) span {
+	xb := x.(*Buffer)
+	return span{xb.ptr, xb.ptr + uint64(4*xb.n)}
+}
+
+func (s span) overlaps(t span) bool { return s.ptr < t.end && t.ptr < s.end }
+
+type gemvOp struct {
+	x      span
+	m, K   int
+	groups []gemvGroup
+	mode   int // 0 plain, 1 SwiGLU of groups 0 (gate) and 1 (up), 2 residual add into res
+	res    span
+	limit  float32
+	norm   *normOp // x is this RMSNorm's output, computed in the matmul (m == 1)
+}
+
+// normOp is a queued RMSNorm of one row, which the matmul after it may take in.
+type normOp struct {
+	dst, x, w span
+	eps       float32
+}
+
+// gemvDec picks the E2M1 decoding of the NVFP4 kernels (see gemv.cuh): 1 via
+// cvt.f16x2.e4m3x2, 0 with integer operations.
+const defaultGemvDec = 1
+
+// gemvEligible reports whether the decode-shape NVFP4 kernel takes this
+// matmul: m = 1 (for 2 <= m <= 16 gemm_nvfp4_mma measured faster; smallM
+// lets benchmarks and tests reach the m <= 16 variants).
+func gemvEligible(x, dst *Buffer, w *Weight, m int, smallM bool) bool {
+	return w.format == backend.NVFP4 && w.cols%256 == 0 && (m == 1 || smallM && m >= 1 && m <= 16) &&
+		x.ptr%16 == 0 && dst.ptr%4 == 0 && x.n >= m*w.cols && dst.n >= m*w.rows
+}
+
+// queueGemv queues dst = x·wᵀ, joining the last queued matmul when it can. qmu held.
+func (b *Backend) queueGemv(dst, x *Buffer, w *Weight, m int) {
+	q := &b.q
+	y := span{dst.ptr, dst.ptr + uint64(4*m*w.rows)}
+	xs := span{x.ptr, x.ptr + uint64(4*m*w.cols)}
+	bias := uint64(0)
+	if w.bias != nil {
+		bias = w.bias.ptr
+	}
+	q.keep = append(q.keep, dst, x, w)
+	if n := len(q.ops); n > 0 && q.ops[n-1].norm != nil && m == 1 && b.normFusion {
+		// RMSNorm(x, r, nw) then x·wᵀ: the matmul normalizes r while staging it
+		// and writes x too; x must not overlap r (blocks read r while block 0 writes x).
+		nm := q.ops[n-1].norm
+		// The staged row must fit beside the widest pipeline (8 warps).
+		fits := 16*4*2304+2*w.cols <= b.maxShare
+		if fits && nm.dst == xs && !nm.dst.overlaps(nm.x) && !y.overlaps(xs) && !y.overlaps(nm.x) && !y.overlaps(nm.w) {
+			q.ops[n-1] = op{kind: opKernel, gemv: &gemvOp{x: xs, m: m, K: w.cols, norm: nm,
+				groups: []gemvGroup{{w: w, y: y, bias: bias}}}}
+			return
+		}
+	}
+	if n := len(q.ops); n > 0 && q.ops[n-1].gemv != nil {
+		g := q.ops[n-1].gemv
+		ok := g.mode == 0 && len(g.groups) < 3 && g.x == xs && g.m == m && g.K == w.cols && !y.overlaps(xs)
+		if g.norm != nil {
+			ok = ok && !y.overlaps(g.norm.x) && !y.overlaps(g.norm.w)
+		}
+		for _, gg := range g.groups {
+			ok = ok && !y.overlaps(gg.y)
+		}
+		if ok {
+			g.groups = append(g.groups, gemvGroup{w: w, y: y, bias: bias})
+			return
+		}
+	}
+	q.ops = append(q.ops, op{kind: opKernel, gemv: &gemvOp{x: xs, m: m, K: w.cols,
+		groups: []gemvGroup{{w: w, y: y, bias: bias}}}})
+}
+
+// fuseSwiGLU makes the last queued matmul pair's epilogue SwiGLU(dst=gate, gate, up). qmu held.
+func (b *Backend) fuseSwiGLU(dst, gate, up *Buffer, limit float32) bool {
+	q := &b.q
+	n := len(q.ops)
+	if n == 0 || q.ops[n-1].gemv == nil {
+		return false
+	}
+	g := q.ops[n-1].gemv
+	if g.mode != 0 || len(g.groups) != 2 || dst.ptr != gate.ptr || dst.n != gate.n || up.n != gate.n {
+		return false
+	}
+	gs, us := g.groups[0], g.groups[1]
+	N := gs.w.rows
+	if gs.y.ptr != gate.ptr || us.y.ptr != up.ptr || us.w.rows != N || gate.n != g.m*N {
+		return false
+	}
+	g.mode, g.limit = 1, limit
+	return true
+}
+
+// fuseAdd makes dst = a + c (dst being a or c, the other the last matmul's
+// output) the last matmul's epilogue. qmu held.
+func (b *Backend) fuseAdd(dst, a, c *Buffer) bool {
+	q := &b.q
+	n := len(q.ops)
+	if n == 0 || q.ops[n-1].gemv == nil {
+		return false
+	}
+	g := q.ops[n-1].gemv
+	if g.mode != 0 || len(g.groups) != 1 || dst.n != a.n || dst.n != c.n {
+		return false
+	}
+	if g.norm != nil { // the residual must not be the normalized row the matmul reads
+		return false
+	}
+	y := g.groups[0].y
+	var other *Buffer
+	switch {
+	case y.ptr == c.ptr && dst.ptr == a.ptr:
+		other = a
+	case y.ptr == a.ptr && dst.ptr == c.ptr:
+		other = c
+	default:
+		return false
+	}
+	res := span{other.ptr, other.ptr + uint64(4*other.n)}
+	if uint64(4*other.n) != y.end-y.ptr || res.overlaps(g.x) || res.overlaps(y) {
+		return false
+	}
+	g.mode, g.res = 2, res
+	q.keep = append(q.keep, other)
+	return true
+}
+
+// finalizeGemv fills in the kernel, launch shape and parameters of a queued matmul.
+func (b *Backend) finalizeGemv(o *op) {
+	g := o.gemv
+	var tiles [3]int
+	total := 0
+	if g.mode == 1 {
+		total = (g.groups[0].w.rows + 7) / 8
+		tiles[0], tiles[1], tiles[2] = total, total, total
+	} else {
+		for i, gg := range g.groups {
+			total += (gg.w.rows + 15) / 16
+			tiles[i] = total
+		}
+		for i := len(g.groups); i < 3; i++ {
+			tiles[i] = total
+		}
+	}
+	// Warps per tile (splitting K): as many as fit the GPU at once (about 22
+	// per multiprocessor at 88 registers), at most 16 and one per 256-element
+	// chunk. The kernels are bound by instruction latency, not by bytes in
+	// flight: many warps with 2 pipeline stages beat few with deep pipelines.
+	st := 2
+	if b.gemvSt4 {
+		st = 4
+	}
+	perSM := 22
+	if st == 4 {
+		perSM = 16
+	}
+	kw := min(max(perSM*b.sms/total, 1), 16, max(g.K/256, 1))
+	mr := 16
+	switch {
+	case g.m == 1 && (g.norm != nil || !b.gemvX8):
+		mr = 1
+	case g.m <= 8:
+		mr = 8
+	}
+	// m == 1: activations staged per block (s1), or streamed with the
+	// weights (m1, slower on the H100: see docs/PERFORMANCE.md).
+	kind := fmt.Sprintf("m%d", mr)
+	shared := kw * st * 2304
+	switch {
+	case mr == 1 && (g.norm != nil || !b.gemvPipe) && shared+2*g.K <= b.maxShare:
+		kind, shared = "s1", shared+2*g.K
+	case mr == 1:
+		shared = kw * st * (2304 + 1024)
+	}
+	o.name = fmt.Sprintf("gemv_nvfp4_%s_d%d", kind, b.gemvDec)
+	if st == 4 {
+		o.name = "gemv_nvfp4_s1_d1_st4" // benchmarks only (with gemvDec 1, m == 1)
+	}
+	o.fn = b.fn[o.name]
+	o.grid = [3]uint32{uint32(total), 1, 1}
+	o.block = uint32(32 * kw)
+	o.shared = uint32(shared)
+	var a [25]uint64
+	a[24] = uint64(b.gemvFlags) << 32
+	var global [4]float32
+	var N [3]int
+	for i, gg := range g.groups {
+		a[i], a[3+i], a[6+i], a[9+i] = gg.w.data.ptr, gg.w.scales.ptr, gg.y.ptr, gg.bias
+		global[i], N[i] = gg.w.global, gg.w.rows
+	}
+	global[3] = g.limit
+	ngroups := len(g.groups)
+	if g.mode == 1 {
+		ngroups = 1 // every tile holds features of both weights
+	}
+	pair := func(lo, hi uint32) uint64 { return uint64(lo) | uint64(hi)<<32 }
+	f := math.Float32bits
+	a[12], a[13] = g.x.ptr, g.res.ptr
+	a[14] = pair(f(global[0]), f(global[1]))
+	a[15] = pair(f(global[2]), f(global[3]))
+	a[16] = pair(uint32(N[0]), uint32(N[1]))
+	a[17] = pair(uint32(N[2]), uint32(tiles[0]))
+	a[18] = pair(uint32(tiles[1]), uint32(tiles[2]))
+	a[19] = pair(uint32(g.K), uint32(g.m))
+	a[20] = pair(uint32(ngroups), uint32(g.mode))
+	if nm := g.norm; nm != nil {
+		a[21], a[22], a[23], a[24] = nm.x.ptr, nm.w.ptr, nm.dst.ptr, uint64(f(nm.eps))|uint64(b.gemvFlags)<<32
+	}
+	o.setParams(a[:])
+}
+
+// ropeOp is a queued RoPE of one or two tensors (q, then k).
+type ropeOp struct {
+	x1, x2         span
+	heads1, heads2 int
+	rows, stride   int
+	off, half      int
+	posRel         int
+	freqs          uint64
+	scale          float32
+	inter, inverse int
+}
+
+// queueRoPE queues a RoPE, joining the last queued one when only the tensor differs. qmu held.
+func (b *Backend) queueRoPE(x *Buffer, rows, heads, stride, off, pos0 int, r *layers.RoPE, freqs uint64, inverse bool) {
+	q := &b.q
+	ro := ropeOp{x1: spanOf(x), heads1: heads, rows: rows, stride: stride, off: off, half: len(r.InvFreq),
+		posRel: q.posRel(pos0), freqs: freqs, scale: r.Scale}
+	if r.Interleaved {
+		ro.inter = 1
+	}
+	if inverse {
+		ro.inverse = 1
+	}
+	q.keep = append(q.keep, x)
+	if n := len(q.ops); n > 0 && q.ops[n-1].rope != nil {
+		p := q.ops[n-1].rope
+		if p.x2.ptr == 0 && p.rows == ro.rows && p.stride == ro.stride && p.off == ro.off && p.half == ro.half &&
+			p.posRel == ro.posRel && p.freqs == ro.freqs && p.scale == ro.scale && p.inter == ro.inter &&
+			p.inverse == ro.inverse && !p.x1.overlaps(ro.x1) {
+			p.x2, p.heads2 = ro.x1, ro.heads1
+			return
+		}
+	}
+	q.ops = append(q.ops, op{kind: opKernel, rope: &ro})
+}
+
+func (b *Backend) finalizeRoPE(o *op) {
+	r := o.rope
+	total := r.rows * (r.heads1 + r.heads2) * r.half
+	o.name = "rope_dyn"
+	o.fn = b.fn[o.name]
+	o.grid = [3]uint32{uint32((total + 255) / 256), 1, 1}
+	o.block, o.shared = 256, 0
+	o.setParams(r.x1.ptr, r.heads1, r.x2.ptr, r.heads2, r.freqs, r.rows, r.stride, r.off, r.half, b.dyn.ptr,
+		r.posRel, r.scale, r.inter, r.inverse)
+}
+
+// queueNorm queues RMSNorm of rows of w's length; one row may be taken in by
+// the NVFP4 matmul that follows. qmu held.
+func (b *Backend) queueNorm(dst, x, w *Buffer, eps float32) {
+	q := &b.q
+	n := w.n
+	rows := x.n / n
+	o := op{kind: opKernel, name: "rmsnorm", fn: b.fn["rmsnorm"], grid: [3]uint32{uint32(rows), 1, 1},
+		block: uint32(min(1024, max(32, (n+31)/32*32)))}
+	o.setParams(dst.ptr, x.ptr, w.ptr, n, eps)
+	if rows == 1 && dst.n == n && n%256 == 0 && x.ptr%16 == 0 && w.ptr%16 == 0 && dst.ptr%16 == 0 {
+		o.norm = &normOp{dst: spanOf(dst), x: spanOf(x), w: spanOf(w), eps: eps}
+	}
+	q.keep = append(q.keep, dst, x, w)
+	q.ops = append(q.ops, o)
+}
+
+// finalize builds the parameters of fusable operations once nothing more can join them.
+func (b *Backend) finalize(o *op) {
+	switch {
+	case o.gemv != nil:
+		b.finalizeGemv(o)
+	case o.rope != nil:
+		b.finalizeRoPE(o)
+	}
+}

@@ -1,0 +1,422 @@
+// Decode-shape matmuls (m <= 16): NVFP4 on the tensor cores with a cp.async
+// pipeline, several weights sharing one input per launch, and fused epilogues
+// (SwiGLU, residual add); bf16 with four 16-byte loads in flight per lane.
+//
+// NVFP4 (gemv_nvfp4_*): y[i, n] = global * sum_k x[i, k] * W[n, k], K % 256 == 0.
+// A block takes a tile of 16 output features (two 8-feature mma tiles, u = 0,
+// 1) and its KW warps split K: warp w takes the 256-element chunks w, w+KW, ...
+// Within a chunk, lane (g, t) owns elements [64t, 64t+64) of feature row g of
+// each tile: 32 bytes of E2M1 pairs and 4 E4M3 scale bytes, which it copies to
+// its own slots of shared memory with cp.async, GEMV_STAGES chunks ahead, and
+// reads back itself (no barrier: cp.async.wait_group orders a thread's own
+// copies). The sum over k is order-free, so the k-slots of each mma are any
+// fixed assignment of those elements, the x fragments gathered alike.
+//
+// Exactness: each weight times its block scale reaches the mma as an fp16
+// value without rounding. DEC 1 widens the nibbles to E4M3 bytes (x 2^-6) and
+// converts pairs with cvt.f16x2.e4m3x2; DEC 0 builds the fp16 bits directly
+// (x 2^-14). Either product with the E4M3 scale has at most 6 significant bits
+// and lies in [2^-24, 42], so the fp16 multiply is exact; the activations are
+// rounded to fp16 (|x| < 65504), sums are fp32.
+
+// Per warp and stage: 2 tiles x 2 x 16 B x 32 lanes of weights, 2 x 4 B x 32
+// of scales, and with XS == 2 the chunk's 256 activations (f32).
+#define GEMV_WS_BYTES 2304
+#define GEMV_X_BYTES 1024
+
+// One launch: up to three weights of the same K reading the same x (tiles of
+// weight j end at tiles[j]). mode 0: y_j = W_j x (+ bias_j). mode 1 (two
+// weights of equal N, gate and up): a tile holds 8 features of each; y_0 =
+// silu(gate) * up (clamped when limit > 0), y_1 = up. mode 2 (one weight):
+// y_0 = W x (+ bias) and res += y_0.
+struct GemvArgs {
+    unsigned long long P[3], S[3], y[3], bias[3];
+    unsigned long long x, res;
+    float global[3];
+    float limit;
+    int N[3];
+    int tiles[3];
+    int K, m, ngroups, mode;
+    // m == 1 only: when nx is set, x is RMSNorm(nx) * nw (eps) computed while
+    // staging, and block 0 also writes it to nh (the RMSNorm's output).
+    unsigned long long nx, nw, nh;
+    float eps;
+    int flags;  // bit 0: each warp takes a contiguous run of chunks; bit 1: weight copies prefetch 256 B into L2
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async16_l2(uint32_t dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// Two E4M3 bytes (the low or high half of v, low byte first) to fp16x2 (low half first).
+__device__ __forceinline__ uint32_t e4m3x2_lo(uint32_t v) {
+    uint32_t r;
+    asm("{.reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;}\n" : "=r"(r) : "r"(v));
+    return r;
+}
+__device__ __forceinline__ uint32_t e4m3x2_hi(uint32_t v) {
+    uint32_t r;
+    asm("{.reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;}\n" : "=r"(r) : "r"(v));
+    return r;
+}
+
+__device__ __forceinline__ uint32_t hmul2u(uint32_t a, uint32_t b) {
+    __half2 r = __hmul2(*reinterpret_cast<__half2*>(&a), *reinterpret_cast<__half2*>(&b));
+    return *reinterpret_cast<uint32_t*>(&r);
+}
+
+template <int DEC>
+__device__ __forceinline__ void fp4x8_decode(uint32_t u, uint32_t h[4]) {
+    if (DEC == 1) {
+        // E4M3 byte of a code s e1 e0 m: s<<7 | e1 e0 m << 2 (the value x 2^-6).
+        uint32_t e0 = ((u << 2) & 0x1C1C1C1Cu) | ((u << 4) & 0x80808080u);  // elements 0, 2, 4, 6
+        uint32_t e1 = ((u >> 2) & 0x1C1C1C1Cu) | (u & 0x80808080u);         // elements 1, 3, 5, 7
+        h[0] = e4m3x2_lo(e0);  // (0, 2)
+        h[1] = e4m3x2_hi(e0);  // (4, 6)
+        h[2] = e4m3x2_lo(e1);  // (1, 3)
+        h[3] = e4m3x2_hi(e1);  // (5, 7)
+    } else {
+        e2m1x8_to_h2(u, h);  // (0, 1), (2, 3), (4, 5), (6, 7)
+    }
+}
+
+// fp16x2 x fragments of 8 consecutive activations, paired as fp4x8_decode's words.
+template <int DEC>
+__device__ __forceinline__ void x8_pairs(float4 a, float4 b, uint32_t p[4]) {
+    if (DEC == 1) {
+        p[0] = f2h2(a.x, a.z);
+        p[1] = f2h2(b.x, b.z);
+        p[2] = f2h2(a.y, a.w);
+        p[3] = f2h2(b.y, b.w);
+    } else {
+        p[0] = f2h2(a.x, a.y);
+        p[1] = f2h2(a.z, a.w);
+        p[2] = f2h2(b.x, b.y);
+        p[3] = f2h2(b.z, b.w);
+    }
+}
+
+// MR: 1 (m == 1), 8 (m <= 8) or 16 (m <= 16). XS, where x comes from: 0
+// read per chunk from global memory (MR 8, 16); 1 staged once per block in
+// shared memory as the fp16 pairs each lane's words need, optionally
+// RMS-normalized on the way (MR 1); 2 copied with each chunk's weights by
+// cp.async, laid out [q][t][8] so that a lane's reads hit distinct banks (MR 1).
+//
+// The weights are the mma's A operand (rows g: feature g of the tile's first
+// 8, rows g+8: feature g of its second 8) and x is B (column g: token g), so
+// one m16n8k16 covers 16 features and 8 tokens, every fragment register holds
+// data, and each lane's B pairs are its x pairs as loaded.
+template <int MR, int DEC, int XS, int GEMV_STAGES>
+__device__ __forceinline__ void gemv_nvfp4_body(const GemvArgs& a) {
+    constexpr int SB = GEMV_WS_BYTES + (XS == 2 ? GEMV_X_BYTES : 0);  // stage bytes
+    extern __shared__ __align__(16) unsigned char gsm[];
+    const int lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3, warp = threadIdx.x / WARP;
+    const int KW = blockDim.x / WARP;
+    const int K = a.K, m = a.m;
+    // Which weight and which features this block's tile covers.
+    int b = blockIdx.x, gi = 0;
+    if (a.ngroups > 1 && b >= a.tiles[0]) gi = (a.ngroups > 2 && b >= a.tiles[1]) ? 2 : 1;
+    int lt = b - (gi ? a.tiles[gi - 1] : 0);
+    const bool swiglu = a.mode == 1;
+    int n0 = swiglu ? lt * 8 : lt * 16;
+    const uint8_t* prow[2];
+    const uint8_t* srow[2];
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        int gu = swiglu ? u : gi;
+        int row = swiglu ? n0 + g : n0 + 8 * u + g;
+        row = row < a.N[gu] ? row : 0;
+        prow[u] = (const uint8_t*)a.P[gu] + (size_t)row * (K / 2) + 16 * t;
+        srow[u] = (const uint8_t*)a.S[gu] + (size_t)row * (K / 16) + 4 * t;
+    }
+    unsigned char* wsm = gsm + warp * (GEMV_STAGES * SB);
+    // Each cp.async instruction copies 64 contiguous bytes of every row: lane
+    // (g, t) copies bytes [64j + 16t, +16) of the chunk (j = 0, 1), which are
+    // piece t%2 of lane (g, 2j + t/2)'s 32 bytes; a __syncwarp after the wait
+    // makes them visible to their owner. The 4 scale bytes are the lane's own.
+    const uint32_t sbase = smem_u32(wsm) + 2048 + lane * 4;
+    const uint32_t wdst0 = smem_u32(wsm) + (t % 2) * 512 + (g * 4 + t / 2) * 16;      // j = 0
+    const uint32_t wdst1 = smem_u32(wsm) + (t % 2) * 512 + (g * 4 + 2 + t / 2) * 16;  // j = 1
+    const int C = K / 256;
+    const bool contig = a.flags & 1, l2pf = a.flags & 2;
+    const int c0 = contig ? warp * C / KW : warp;
+    const int nch = contig ? (warp + 1) * C / KW - c0 : (warp < C ? (C - 1 - warp) / KW + 1 : 0);
+    const int cstep = contig ? 1 : KW;
+    auto issue = [&](int i) {
+        int ch = c0 + i * cstep, st = i % GEMV_STAGES;
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const uint8_t* p = prow[u] + (size_t)ch * 128;
+            if (l2pf) {
+                cp_async16_l2(wdst0 + st * SB + u * 1024, p);
+                cp_async16_l2(wdst1 + st * SB + u * 1024, p + 64);
+            } else {
+                cp_async16(wdst0 + st * SB + u * 1024, p);
+                cp_async16(wdst1 + st * SB + u * 1024, p + 64);
+            }
+            cp_async4(sbase + st * SB + u * 128, srow[u] + (size_t)ch * 16);
+        }
+        if (XS == 2) {  // lane L copies activations [8L, 8L+8) of the chunk: q = L % 8, t = L / 8
+            const float* xg = (const float*)a.x + (size_t)ch * 256 + 8 * lane;
+            uint32_t d = smem_u32(wsm) + st * SB + GEMV_WS_BYTES + ((lane % 8) * 4 + lane / 8) * 32;
+            cp_async16(d, xg);
+            cp_async16(d + 16, xg + 4);
+        }
+    };
+#pragma unroll
+    for (int i = 0; i < GEMV_STAGES - 1; i++) {
+        if (i < nch) issue(i);
+        cp_async_commit();
+    }
+    // m == 1: xs[(chunk*8 + q)*4 + t] holds the 4 pairs of word q of lane t's
+    // elements of the chunk (consecutive t: no bank conflicts).
+    uint4* xs = reinterpret_cast<uint4*>(gsm + KW * (GEMV_STAGES * SB));
+    if (XS == 1) {
+        const float* x = (const float*)(a.nx ? a.nx : a.x);
+        float inv = 1.f;
+        if (a.nx) {
+            __shared__ float nred[32];
+            float ss = 0.f;
+            for (int j0 = threadIdx.x; j0 < K / 4; j0 += 8 * blockDim.x) {
+                float4 v[8];
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    int j = j0 + u * blockDim.x;
+                    v[u] = j < K / 4 ? __ldg(reinterpret_cast<const float4*>(x) + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+#pragma unroll
+                for (int u = 0; u < 8; u++) ss += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
+            }
+            ss = block_sum(ss, nred);
+            inv = rsqrtf(ss / K + a.eps);
+        }
+        const float* nw = (const float*)a.nw;
+        float* nh = blockIdx.x == 0 ? (float*)a.nh : nullptr;
+#pragma unroll 4
+        for (int j = threadIdx.x; j < K / 8; j += blockDim.x) {
+            int tt = j & 3, q = (j >> 2) & 7, ch = j >> 5;
+            int e = ch * 256 + 64 * tt + 8 * q;
+            float4 xa = __ldg(reinterpret_cast<const float4*>(x + e)), xb = __ldg(reinterpret_cast<const float4*>(x + e + 4));
+            if (a.nx) {  // as the rmsnorm kernel: w * (x * inv)
+                float4 wa = __ldg(reinterpret_cast<const float4*>(nw + e)), wb = __ldg(reinterpret_cast<const float4*>(nw + e + 4));
+                xa = make_float4(wa.x * (xa.x * inv), wa.y * (xa.y * inv), wa.z * (xa.z * inv), wa.w * (xa.w * inv));
+                xb = make_float4(wb.x * (xb.x * inv), wb.y * (xb.y * inv), wb.z * (xb.z * inv), wb.w * (xb.w * inv));
+                if (nh) {
+                    *reinterpret_cast<float4*>(nh + e) = xa;
+                    *reinterpret_cast<float4*>(nh + e + 4) = xb;
+                }
+            }
+            uint32_t pr[4];
+            x8_pairs<DEC>(xa, xb, pr);
+            xs[j] = make_uint4(pr[0], pr[1], pr[2], pr[3]);
+        }
+        __syncthreads();
+    }
+
+    // acc: tokens 0-7 (column 2t, 2t+1 of features g, g+8); acc8: tokens 8-15.
+    // NA independent chains each, so that consecutive mma do not wait on one another.
+    constexpr int NA = MR == 16 ? 2 : 4;
+    float acc[NA][4], acc8[NA][4];
+#pragma unroll
+    for (int c = 0; c < NA; c++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[c][i] = acc8[c][i] = 0.f;
+    const float* xr0 = (const float*)a.x + (size_t)min(g, m - 1) * K + 64 * t;
+    const float* xr8 = (const float*)a.x + (size_t)min(g + 8, m - 1) * K + 64 * t;
+    for (int i = 0; i < nch; i++) {
+        cp_async_wait<GEMV_STAGES - 2>();
+        __syncwarp();
+        int st = i % GEMV_STAGES;
+        const unsigned char* s = wsm + st * SB;
+        uint4 w[2][2];
+        uint32_t sc[2];
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            w[u][0] = *reinterpret_cast<const uint4*>(s + (u * 2) * 512 + lane * 16);
+            w[u][1] = *reinterpret_cast<const uint4*>(s + (u * 2 + 1) * 512 + lane * 16);
+            sc[u] = *reinterpret_cast<const uint32_t*>(s + 2048 + u * 128 + lane * 4);
+        }
+        if (i + GEMV_STAGES - 1 < nch) issue(i + GEMV_STAGES - 1);
+        cp_async_commit();
+        int k0 = (c0 + i * cstep) * 256;
+        // Scales as fp16x2 pairs (s, s), one per 16-element block.
+        uint32_t sh[2][4];
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            uint32_t lo = e4m3x2_lo(sc[u]), hi = e4m3x2_hi(sc[u]);
+            sh[u][0] = __byte_perm(lo, 0, 0x1010);
+            sh[u][1] = __byte_perm(lo, 0, 0x3232);
+            sh[u][2] = __byte_perm(hi, 0, 0x1010);
+            sh[u][3] = __byte_perm(hi, 0, 0x3232);
+        }
+#pragma unroll
+        for (int q = 0; q < 8; q++) {
+            uint32_t xp[4], xp8[4];
+            if (XS == 1) {
+                uint4 v = xs[((k0 / 256) * 8 + q) * 4 + t];
+                xp[0] = v.x, xp[1] = v.y, xp[2] = v.z, xp[3] = v.w;
+            } else if (XS == 2) {
+                const float4* xv = reinterpret_cast<const float4*>(s + GEMV_WS_BYTES + (q * 4 + t) * 32);
+                x8_pairs<DEC>(xv[0], xv[1], xp);
+            } else {
+                float4 xa = __ldg(reinterpret_cast<const float4*>(xr0 + k0 + 8 * q));
+                float4 xb = __ldg(reinterpret_cast<const float4*>(xr0 + k0 + 8 * q + 4));
+                x8_pairs<DEC>(xa, xb, xp);
+            }
+            if (MR == 16) {
+                float4 xa = __ldg(reinterpret_cast<const float4*>(xr8 + k0 + 8 * q));
+                float4 xb = __ldg(reinterpret_cast<const float4*>(xr8 + k0 + 8 * q + 4));
+                x8_pairs<DEC>(xa, xb, xp8);
+            }
+            uint32_t h[2][4];
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                uint4 wv = w[u][q / 4];
+                uint32_t word = (q % 4 == 0) ? wv.x : (q % 4 == 1) ? wv.y : (q % 4 == 2) ? wv.z : wv.w;
+                fp4x8_decode<DEC>(word, h[u]);
+                uint32_t s2 = sh[u][q / 2];
+#pragma unroll
+                for (int j = 0; j < 4; j++) h[u][j] = hmul2u(h[u][j], s2);
+            }
+            uint32_t a0[4] = {h[0][0], h[1][0], h[0][1], h[1][1]};
+            uint32_t a1[4] = {h[0][2], h[1][2], h[0][3], h[1][3]};
+            mma16816(acc[(2 * q) % NA], a0, xp[0], xp[1]);
+            mma16816(acc[(2 * q + 1) % NA], a1, xp[2], xp[3]);
+            if (MR == 16) {
+                mma16816(acc8[(2 * q) % NA], a0, xp8[0], xp8[1]);
+                mma16816(acc8[(2 * q + 1) % NA], a1, xp8[2], xp8[3]);
+            }
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    // red: [KW][8][32] partial sums over the block's warps (acc, then acc8).
+    float* red = reinterpret_cast<float*>(gsm);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float v = 0.f, v8 = 0.f;
+#pragma unroll
+        for (int c = 0; c < NA; c++) v += acc[c][i], v8 += acc8[c][i];
+        red[(warp * 8 + i) * WARP + lane] = v;
+        red[(warp * 8 + 4 + i) * WARP + lane] = v8;
+    }
+    __syncthreads();
+    const float F = DEC == 1 ? 64.f : 16384.f;
+    const int nj = MR == 16 ? 8 : 4;
+    if (swiglu) {
+        // Entries i = 0, 1 are gate features, i + 2 the up features of the same lane.
+        for (int o = threadIdx.x; o < nj / 2 * WARP; o += blockDim.x) {
+            int l = o % WARP, j = o / WARP, i = j % 2, half = j / 2;
+            float gs = 0.f, us = 0.f;
+            for (int w2 = 0; w2 < KW; w2++) {
+                gs += red[(w2 * 8 + half * 4 + i) * WARP + l];
+                us += red[(w2 * 8 + half * 4 + i + 2) * WARP + l];
+            }
+            int tok = 2 * (l & 3) + i + 8 * half, col = n0 + (l >> 2);
+            if (tok < m && col < a.N[0]) {
+                const float* b0 = (const float*)a.bias[0];
+                const float* b1 = (const float*)a.bias[1];
+                float gv = gs * (a.global[0] * F) + (b0 ? b0[col] : 0.f);
+                float uv = us * (a.global[1] * F) + (b1 ? b1[col] : 0.f);
+                ((float*)a.y[1])[(size_t)tok * a.N[1] + col] = uv;
+                if (a.limit > 0.f) {
+                    gv = fminf(gv, a.limit);
+                    uv = fmaxf(fminf(uv, a.limit), -a.limit);
+                }
+                ((float*)a.y[0])[(size_t)tok * a.N[0] + col] = gv / (1.f + __expf(-gv)) * uv;
+            }
+        }
+        return;
+    }
+    const int N = a.N[gi];
+    const float sc = a.global[gi] * F;
+    const float* bias = (const float*)a.bias[gi];
+    float* y = (float*)a.y[gi];
+    float* res = (float*)a.res;
+    for (int o = threadIdx.x; o < nj * WARP; o += blockDim.x) {
+        int l = o % WARP, j = o / WARP, i = j % 4, half = j / 4;
+        float v = 0.f;
+        for (int w2 = 0; w2 < KW; w2++) v += red[(w2 * 8 + j) * WARP + l];
+        int tok = 2 * (l & 3) + (i & 1) + 8 * half, col = n0 + (l >> 2) + (i < 2 ? 0 : 8);
+        if (tok < m && col < N) {
+            v = v * sc + (bias ? bias[col] : 0.f);
+            y[(size_t)tok * N + col] = v;
+            if (a.mode == 2) res[(size_t)tok * N + col] += v;
+        }
+    }
+}
+
+// Blocks of up to 16 warps; ST pipeline stages (chunks in flight per warp, less one).
+#define GEMV_NVFP4(NAME, MR, DEC, XS, ST)                                                               \
+    extern "C" __global__ void __launch_bounds__(512) NAME(const __grid_constant__ GemvArgs a) { \
+        gemv_nvfp4_body<MR, DEC, XS, ST>(a);                                                            \
+    }
+GEMV_NVFP4(gemv_nvfp4_m1_d0, 1, 0, 2, 2)
+GEMV_NVFP4(gemv_nvfp4_m1_d1, 1, 1, 2, 2)
+GEMV_NVFP4(gemv_nvfp4_s1_d0, 1, 0, 1, 2)
+GEMV_NVFP4(gemv_nvfp4_s1_d1, 1, 1, 1, 2)
+GEMV_NVFP4(gemv_nvfp4_s1_d1_st4, 1, 1, 1, 4)
+GEMV_NVFP4(gemv_nvfp4_m8_d0, 8, 0, 0, 2)
+GEMV_NVFP4(gemv_nvfp4_m8_d1, 8, 1, 0, 2)
+GEMV_NVFP4(gemv_nvfp4_m16_d0, 16, 0, 0, 2)
+GEMV_NVFP4(gemv_nvfp4_m16_d1, 16, 1, 0, 2)
+
+// bf16 GEMV, m <= 4 per pass, K % 8 == 0, 16-byte aligned x: one warp per
+// output row, each lane with four 16-byte weight loads in flight.
+extern "C" __global__ void __launch_bounds__(256, 4) gemv_bf16_u4(const uint16_t* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
+                                        const float* __restrict__ bias, int N, int K, int m) {
+    int r = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (r >= N) return;
+    const uint16_t* wr = W + (size_t)r * K;
+    for (int i0 = 0; i0 < m; i0 += 4) {
+        int mt = min(4, m - i0);
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int k = lane * 8; k < K; k += 4 * WARP * 8) {
+            uint4 wv[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int kk = k + u * WARP * 8;
+                wv[u] = kk < K ? __ldg(reinterpret_cast<const uint4*>(wr + kk)) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int kk = k + u * WARP * 8;
+                if (kk >= K) break;
+                uint32_t uw[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
+                float w[8];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    w[2 * j] = __uint_as_float(uw[j] << 16);
+                    w[2 * j + 1] = __uint_as_float(uw[j] & 0xffff0000u);
+                }
+#pragma unroll
+                for (int tt = 0; tt < 4; tt++) {
+                    if (tt < mt) {
+                        const float* xr = x + (size_t)(i0 + tt) * K + kk;
+                        float4 xa = __ldg(reinterpret_cast<const float4*>(xr));
+                        float4 xb = __ldg(reinterpret_cast<const float4*>(xr + 4));
+                        acc[tt] += w[0] * xa.x + w[1] * xa.y + w[2] * xa.z + w[3] * xa.w + w[4] * xb.x + w[5] * xb.y +
+                                   w[6] * xb.z + w[7] * xb.w;
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int tt = 0; tt < 4; tt++) {
+            float s = warp_sum(acc[tt]);
+            if (lane == 0 && tt < mt) y[(size_t)(i0 + tt) * N + r] = s + (bias ? bias[r] : 0.f);
+        }
+    }
+}

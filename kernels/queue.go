@@ -1,0 +1,353 @@
+package kernels
+
+import (
+	"fmt"
+	"hash/maphash"
+	"math"
+	"slices"
+	"unsafe"
+)
+
+// The backend does not launch kernels as its methods are called: it queues
+// them, and launches the queue when something needs the stream (a read, a
+// write, Sync, a profile, a direct driver call through Backend.onContext).
+// A decode step is thus one queue, and the same queue comes back every step:
+// the second time a queue is seen it is captured as a CUDA graph, and from
+// then on the graph is replayed, one driver call instead of hundreds of
+// launches. What changes from step to step, the position and the token ids,
+// lives in a small device array (dyn) that the kernels read and that is
+// written before each launch of the queue; the queue refers to it only by
+// offsets relative to the step's first position, so consecutive steps queue
+// identical work. Queued NVFP4 matmuls that read the same input, SwiGLU and
+// residual adds after them, and RoPE of q then k are fused as they are
+// queued (fuse.go).
+
+type opKind uint8
+
+const (
+	opKernel opKind = iota
+	opCopy          // params: dst, src, bytes
+)
+
+// op is one queued stream operation. A kernel's parameters are 8-byte slots;
+// offs[i] is the first slot of parameter i (a struct parameter takes several).
+type op struct {
+	kind   opKind
+	name   string
+	fn     uintptr
+	grid   [3]uint32
+	block  uint32
+	shared uint32
+	params []uint64
+	offs   []uint16
+	gemv   *gemvOp // an NVFP4 matmul that later operations may fuse into
+	rope   *ropeOp // a RoPE that the next RoPE may join
+	norm   *normOp // an RMSNorm that the next matmul may take in
+}
+
+func (o *op) equal(p *op) bool {
+	return o.kind == p.kind && o.fn == p.fn && o.grid == p.grid && o.block == p.block && o.shared == p.shared &&
+		slices.Equal(o.params, p.params) && slices.Equal(o.offs, p.offs)
+}
+
+// dynSlots is the size of the device array of per-step values: the base
+// position, then the token ids of every Embed in the queue.
+const dynSlots = 1 << 16
+
+// queue is the work not yet launched; Backend.qmu guards it and the stream.
+type queue struct {
+	ops     []op
+	dyn     []int32 // host values of the dyn array for this queue
+	hasBase bool    // dyn[0] holds a position
+	keep    []any   // buffers and weights the queued work uses, alive until launch
+}
+
+type graphEntry struct {
+	ops  []op
+	exec uintptr
+}
+
+// Graph cache bounds: entries kept, and queues shorter than this are launched
+// directly (a graph launch costs about as much as a few kernel launches).
+const (
+	maxGraphs    = 32
+	minGraphOps  = 8
+	captureAfter = 1 // capture a queue seen this many times before
+)
+
+// posRel returns pos relative to the queue's base position (setting the base
+// to pos if the queue has none).
+func (q *queue) posRel(pos int) int {
+	if !q.hasBase {
+		if len(q.dyn) == 0 {
+			q.dyn = append(q.dyn, 0)
+		}
+		q.dyn[0] = int32(pos)
+		q.hasBase = true
+	}
+	return pos - int(q.dyn[0])
+}
+
+// addIDs appends ids to the dyn array and returns their slot, or -1 when the
+// array is full (the caller launches the queue and tries again).
+func (q *queue) addIDs(ids []int32) int {
+	if len(q.dyn) == 0 {
+		q.dyn = append(q.dyn, 0)
+	}
+	if len(q.dyn)+len(ids) > dynSlots {
+		return -1
+	}
+	off := len(q.dyn)
+	q.dyn = append(q.dyn, ids...)
+	return off
+}
+
+// enqueue queues a kernel. args are uint64 (device pointers), int, float32,
+// float64, []int32 (a by-value block of ints, as IdBlock) or []uint64 (a
+// by-value struct, as 8-byte slots).
+func (b *Backend) enqueue(name string, grid [3]int, block, shared int, args ...any) {
+	o := op{kind: opKernel, name: name, fn: b.fn[name],
+		grid:  [3]uint32{uint32(grid[0]), uint32(max(grid[1], 1)), uint32(max(grid[2], 1))},
+		block: uint32(block), shared: uint32(shared)}
+	if o.fn == 0 {
+		panic(fmt.Sprintf("kernels: no kernel named %s", name))
+	}
+	o.setParams(args...)
+	b.qmu.Lock()
+	b.q.ops = append(b.q.ops, o)
+	b.qmu.Unlock()
+}
+
+func (o *op) setParams(args ...any) {
+	o.params = o.params[:0]
+	o.offs = o.offs[:0]
+	for _, a := range args {
+		o.offs = append(o.offs, uint16(len(o.params)))
+		switch v := a.(type) {
+		case uint64:
+			o.params = append(o.params, v)
+		case int:
+			o.params = append(o.params, uint64(uint32(int32(v))))
+		case float32:
+			o.params = append(o.params, uint64(math.Float32bits(v)))
+		case float64:
+			o.params = append(o.params, math.Float64bits(v))
+		case []int32:
+			for i := 0; i < len(v); i += 2 {
+				w := uint64(uint32(v[i]))
+				if i+1 < len(v) {
+					w |= uint64(uint32(v[i+1])) << 32
+				}
+				o.params = append(o.params, w)
+			}
+		case []uint64:
+			o.params = append(o.params, v...)
+		default:
+			panic(fmt.Sprintf("kernels: launch %s: argument of type %T", o.name, a))
+		}
+	}
+}
+
+// onContext runs fn with the backend's context current on this thread, after
+// launching everything queued. Code that calls the driver directly (copies,
+// synchronization, events) goes through it, so that queued work comes first.
+func (b *Backend) onContext(fn func()) {
+	b.qmu.Lock()
+	defer b.qmu.Unlock()
+	b.d.onContext(b.ctx, func() {
+		b.flushLocked()
+		fn()
+	})
+}
+
+// flushLocked launches the queue: as a cached graph, by capturing one, or
+// kernel by kernel. It runs with qmu held and the context current.
+func (b *Backend) flushLocked() {
+	q := &b.q
+	if len(q.ops) == 0 {
+		q.dyn, q.hasBase, q.keep = q.dyn[:0], false, q.keep[:0]
+		return
+	}
+	for i := range q.ops {
+		b.finalize(&q.ops[i])
+	}
+	if len(q.dyn) > 0 {
+		b.setErr(b.d.check("cuMemcpyHtoDAsync (step values)",
+			b.d.cuMemcpyHtoDAsync(b.dyn.ptr, unsafe.Pointer(&q.dyn[0]), uintptr(4*len(q.dyn)), b.stream)))
+	}
+	switch {
+	case b.profiling || !b.graphs || len(q.ops) < minGraphOps:
+		b.launchOps(q.ops)
+	default:
+		b.launchGraph(q.ops)
+	}
+	// Keep the op slices for reuse, dropping references to what they held.
+	for i := range q.ops {
+		q.ops[i].gemv, q.ops[i].rope, q.ops[i].norm = nil, nil, nil
+	}
+	clear(q.keep)
+	q.ops, q.dyn, q.hasBase, q.keep = q.ops[:0], q.dyn[:0], false, q.keep[:0]
+}
+
+func (b *Backend) launchOps(ops []op) {
+	for i := range ops {
+		o := &ops[i]
+		var ev uintptr
+		if b.profiling {
+			ev = b.recordStart()
+		}
+		b.launchOp(o)
+		if b.profiling {
+			b.recordEnd(o.name, ev)
+		}
+	}
+}
+
+func (b *Backend) launchOp(o *op) {
+	switch o.kind {
+	case opCopy:
+		b.setErr(b.d.check("cuMemcpyDtoDAsync", b.d.cuMemcpyDtoDAsync(o.params[0], o.params[1], uintptr(o.params[2]), b.stream)))
+	case opKernel:
+		ptrs := b.paramPtrs[:0]
+		for _, off := range o.offs {
+			ptrs = append(ptrs, unsafe.Pointer(&o.params[off]))
+		}
+		var p unsafe.Pointer
+		if len(ptrs) > 0 {
+			p = unsafe.Pointer(&ptrs[0])
+		}
+		r := b.d.cuLaunchKernel(o.fn, o.grid[0], o.grid[1], o.grid[2], o.block, 1, 1, o.shared, b.stream, p, nil)
+		b.setErr(b.d.check("launch "+o.name, r))
+		b.paramPtrs = ptrs[:0]
+	}
+}
+
+var graphSeed = maphash.MakeSeed()
+
+func signature(ops []op) uint64 {
+	var h maphash.Hash
+	h.SetSeed(graphSeed)
+	var buf [8]byte
+	put := func(v uint64) {
+		for i := range buf {
+			buf[i] = byte(v >> (8 * i))
+		}
+		h.Write(buf[:])
+	}
+	for i := range ops {
+		o := &ops[i]
+		put(uint64(o.kind)<<56 ^ uint64(o.fn))
+		put(uint64(o.grid[0]) | uint64(o.grid[1])<<32)
+		put(uint64(o.grid[2]) | uint64(o.block)<<32)
+		put(uint64(o.shared) | uint64(len(o.params))<<32)
+		for _, p := range o.params {
+			put(p)
+		}
+	}
+	return h.Sum64()
+}
+
+func (b *Backend) launchGraph(ops []op) {
+	sig := signature(ops)
+	if e := b.graphCache[sig]; e != nil && len(e.ops) == len(ops) {
+		same := true
+		for i := range ops {
+			if !ops[i].equal(&e.ops[i]) {
+				same = false
+				break
+			}
+		}
+		if same {
+			b.setErr(b.d.check("cuGraphLaunch", b.d.cuGraphLaunch(e.exec, b.stream)))
+			b.graphLaunches++
+			return
+		}
+	}
+	if b.graphSeen[sig] < captureAfter {
+		if len(b.graphSeen) > 4096 { // queues that never repeat
+			clear(b.graphSeen)
+		}
+		b.graphSeen[sig]++
+		b.launchOps(ops)
+		return
+	}
+	exec, err := b.capture(ops)
+	if err != nil {
+		// Capture failed (some operation is not capturable): launch directly from now on.
+		b.graphs = false
+		b.launchOps(ops)
+		return
+	}
+	if len(b.graphCache) >= maxGraphs {
+		for k, e := range b.graphCache {
+			b.d.cuGraphExecDestroy(e.exec)
+			delete(b.graphCache, k)
+		}
+		clear(b.graphSeen)
+	}
+	saved := make([]op, len(ops))
+	for i, o := range ops {
+		saved[i] = op{kind: o.kind, name: o.name, fn: o.fn, grid: o.grid, block: o.block, shared: o.shared,
+			params: slices.Clone(o.params), offs: slices.Clone(o.offs)}
+	}
+	b.graphCache[sig] = &graphEntry{ops: saved, exec: exec}
+	b.setErr(b.d.check("cuGraphLaunch", b.d.cuGraphLaunch(exec, b.stream)))
+	b.graphLaunches++
+}
+
+// capture records ops into a graph and instantiates it.
+func (b *Backend) capture(ops []op) (uintptr, error) {
+	const threadLocal = 1 // CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+	if err := b.d.check("cuStreamBeginCapture", b.d.cuStreamBeginCapture(b.stream, threadLocal)); err != nil {
+		return 0, err
+	}
+	b.mu.Lock()
+	saved := b.err
+	b.mu.Unlock()
+	for i := range ops {
+		b.launchOp(&ops[i])
+	}
+	var graph uintptr
+	err := b.d.check("cuStreamEndCapture", b.d.cuStreamEndCapture(b.stream, &graph))
+	b.mu.Lock()
+	failed := b.err != saved
+	b.mu.Unlock()
+	if err == nil && failed {
+		err = fmt.Errorf("kernels: a launch failed during graph capture")
+	}
+	if err != nil {
+		if graph != 0 {
+			b.d.cuGraphDestroy(graph)
+		}
+		b.mu.Lock()
+		b.err = saved // the direct launches that follow report their own errors
+		b.mu.Unlock()
+		return 0, err
+	}
+	var exec uintptr
+	err = b.d.check("cuGraphInstantiate", b.d.cuGraphInstantiateWithFlags(&exec, graph, 0))
+	b.d.cuGraphDestroy(graph)
+	return exec, err
+}
+
+// SetGraphs turns capturing and replaying decode steps as CUDA graphs on or
+// off (on by default); off launches every kernel directly.
+func (b *Backend) SetGraphs(on bool) {
+	b.qmu.Lock()
+	b.graphs = on
+	b.qmu.Unlock()
+}
+
+// GraphLaunches is the number of queues launched as graphs so far.
+func (b *Backend) GraphLaunches() int {
+	b.qmu.Lock()
+	defer b.qmu.Unlock()
+	return b.graphLaunches
+}
+
+func (b *Backend) destroyGraphs() {
+	for k, e := range b.graphCache {
+		b.d.cuGraphExecDestroy(e.exec)
+		delete(b.graphCache, k)
+	}
+}
