@@ -354,7 +354,7 @@ func (b *Backend) Upload(h *backend.HostWeight) (backend.Weight, error) {
 // launch queues kernel name with the given grid, block and dynamic shared
 // memory; args are uint64 (device pointers), int, float32 or IdBlock values.
 func (b *Backend) launch(name string, grid [3]int, block, shared int, args ...any) {
-	f := b.fn[name]
+	f := b.function(name)
 	slots := make([]uint64, 0, len(args))
 	var blocks [][]int32
 	for _, a := range args {
