@@ -380,3 +380,27 @@ func TestFunctionBodiesParse(t *testing.T) {
 
 // errStop ends generation at the function's closing brace.
 var errStop = errors.New("end of function")
+
+// BenchmarkExtractWarm is the cost of finding an already extracted model:
+// hashing the embedded files and checking the folder.
+func BenchmarkExtractWarm(b *testing.B) {
+	root := b.TempDir()
+	if _, err := ExtractTo(root); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, err := ExtractTo(root); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkExtractCold writes the model into a fresh folder each time.
+func BenchmarkExtractCold(b *testing.B) {
+	root := b.TempDir()
+	for i := 0; b.Loop(); i++ {
+		if _, err := ExtractTo(filepath.Join(root, fmt.Sprint(i))); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
