@@ -59,7 +59,7 @@ template <int HD>
 __device__ __forceinline__ void attention_kv_body(float* out, const float* q, const float* knew, const float* vnew,
                                                   float* kc, float* vc, const int* dyn, int posRel, int heads,
                                                   int kvHeads, int hd, float scale, int window, float* part) {
-    extern __shared__ float sh[];
+    extern __shared__ float att_sh[];
     __shared__ float red[32];
     __shared__ __align__(16) float qs[256];
     __shared__ __align__(16) float pv[ATT_THREADS / WARP][256];
@@ -114,15 +114,15 @@ __device__ __forceinline__ void attention_kv_body(float* out, const float* q, co
             }
         }
         float d = d0 + d1;
-        sh[t - t0] = d;
+        att_sh[t - t0] = d;
         mx = fmaxf(mx, d);
     }
     mx = block_max(mx, red);
     __syncthreads();
     float sum = 0.f;
     for (int t = tid; t < t1 - t0; t += ATT_THREADS) {
-        float e = __expf(sh[t] - mx);
-        sh[t] = e;
+        float e = __expf(att_sh[t] - mx);
+        att_sh[t] = e;
         sum += e;
     }
     sum = block_sum(sum, red);
@@ -133,7 +133,7 @@ __device__ __forceinline__ void attention_kv_body(float* out, const float* q, co
 #pragma unroll 8
     for (int t = t0 + warp; t < t1; t += nw) {
         const float* vv = t < pos0 ? vc + (size_t)t * row + (size_t)kh * hd : vnew + (size_t)(t - pos0) * row + (size_t)kh * hd;
-        float e = sh[t - t0];
+        float e = att_sh[t - t0];
         if (c0) {
             float4 v4 = *reinterpret_cast<const float4*>(vv + 4 * lane);
             acc0.x += e * v4.x; acc0.y += e * v4.y; acc0.z += e * v4.z; acc0.w += e * v4.w;

@@ -461,6 +461,9 @@ extern "C" __global__ void __launch_bounds__(MMA_WARPS * WARP) gemm_nvfp4_mma(
 }
 
 #include "sample.cuh"
-
+#include "mhc.cuh"
+#include "dsv4.cuh"
+#include "dsa.cuh"
+#include "htree.cuh"
 #include "gemv.cuh"
 #include "decode.cuh"

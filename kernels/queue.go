@@ -106,11 +106,11 @@ func (q *queue) addIDs(ids []int32) int {
 // float64, []int32 (a by-value block of ints, as IdBlock) or []uint64 (a
 // by-value struct, as 8-byte slots).
 func (b *Backend) enqueue(name string, grid [3]int, block, shared int, args ...any) {
-	o := op{kind: opKernel, name: name, fn: b.fn[name],
+	o := op{kind: opKernel, name: name, fn: b.function(name),
 		grid:  [3]uint32{uint32(grid[0]), uint32(max(grid[1], 1)), uint32(max(grid[2], 1))},
 		block: uint32(block), shared: uint32(shared)}
 	if o.fn == 0 {
-		panic(fmt.Sprintf("kernels: no kernel named %s", name))
+		return // b.function kept the error for Sync
 	}
 	o.setParams(args...)
 	b.qmu.Lock()

@@ -1,9 +1,12 @@
 // Command generate runs a model folder on a prompt and streams the result.
 //
+//	go run ./cmd/generate -prompt "func main() {"
 //	go run ./cmd/generate -model DIR -prompt TEXT [-chat] [-max-tokens N] [sampling flags]
 //	go run ./cmd/generate -model DIR -ids 1,2,3 ...
 //	    [-attention dense|htree [-htree-topk K] [-htree-rate R] [-htree-dense N] [-htree-first-layer L]]
 //
+// Without -model it runs the built-in model (internal/defaultmodel: a small
+// DeepSeek-V4 that writes Go, extracted to the user cache on first use).
 // With a tokenizer.json in the model folder the output is text; without one,
 // the prompt must be given as ids and the output is ids.
 //
@@ -24,6 +27,7 @@ import (
 	"time"
 
 	"github.com/manifoldlm/manifold/engine"
+	"github.com/manifoldlm/manifold/internal/defaultmodel"
 	"github.com/manifoldlm/manifold/model"
 )
 
@@ -50,7 +54,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("generate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	o := &options{}
-	fs.StringVar(&o.model, "model", "", "model folder (config.json, *.safetensors)")
+	fs.StringVar(&o.model, "model", "", "model folder (config.json, *.safetensors); empty: the built-in Go model")
 	fs.StringVar(&o.prompt, "prompt", "", "prompt text (needs the model's tokenizer.json)")
 	fs.BoolVar(&o.chat, "chat", false, "render -prompt as a user message through the model's chat template")
 	fs.StringVar(&o.ids, "ids", "", "prompt as comma-separated token ids (instead of -prompt)")
@@ -72,9 +76,6 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.attention.FirstLayer, "htree-first-layer", 0, "htree: layers before this one stay dense")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
-	}
-	if o.model == "" {
-		return nil, errors.New("-model is required (a folder with config.json and safetensors weights)")
 	}
 	if (o.ids == "") == (o.prompt == "") {
 		return nil, errors.New("give the prompt as text (-prompt TEXT) or as token ids (-ids 1,2,3), one of the two")
@@ -103,6 +104,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 	o, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
+	}
+	if o.model == "" {
+		if o.model, err = defaultmodel.Dir(); err != nil {
+			return err
+		}
 	}
 	m, err := engine.Load(o.model, engine.Options{Device: o.device, Threads: o.threads, ContextLength: o.ctx, Attention: o.attention})
 	if err != nil {

@@ -32,7 +32,6 @@ func TestGenerateBadArgs(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"-ids", "1"}, "-model"},
 		{[]string{"-model", dir}, "-prompt"},
 		{[]string{"-model", dir, "-ids", "1", "-prompt", "x"}, "one of the two"},
 		{[]string{"-model", dir, "-ids", "1,x"}, `"x"`},

@@ -1,0 +1,440 @@
+// DeepSeek Sparse Attention and MLA (layers/dsa, dsa.Ops), and the
+// lightning indexer's scores and exact top-k shared with DeepSeek-V4's
+// indexer (dsv4.Ops.V4IndexTopK). Plain kernels, correctness first.
+
+// ---------------------------------------------------------------------------
+// Indexer scores: scores[i, e] = sum_h w[i, h] * ReLU(scale * q[i, h] . keys[e])
+// for e < vis_i = min((pos0 + i + 1) / rate, n), -inf beyond (rate 1: DSA's
+// causal mask over tokens; rate m: V4's closed windows). One warp per entry,
+// grid (ceil(n / warps), rows).
+extern "C" __global__ void idx_scores(float* scores, const float* q, const float* keys, const float* w, int heads,
+                                      int dim, int n, int pos0, int rate, float scale) {
+    int i = blockIdx.y;
+    int lane = threadIdx.x % WARP;
+    int e = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    if (e >= n) return;
+    int vis = min((pos0 + i + 1) / rate, n);
+    float* out = scores + (size_t)i * n;
+    if (e >= vis) {
+        if (lane == 0) out[e] = -INFINITY;
+        return;
+    }
+    const float* k = keys + (size_t)e * dim;
+    const float* qi = q + (size_t)i * heads * dim;
+    const float* wi = w + (size_t)i * heads;
+    float s = 0.f;
+    for (int h = 0; h < heads; h++) {
+        float d = 0.f;
+        for (int j = lane; j < dim; j += WARP) d += qi[(size_t)h * dim + j] * k[j];
+        d = __fmul_rn(warp_sum(d), scale);
+        if (d > 0.f) s = __fadd_rn(s, __fmul_rn(wi[h], d));
+    }
+    if (lane == 0) out[e] = s;
+}
+
+// ---------------------------------------------------------------------------
+// Exact top-k with torch's CPU tie-breaking (layers.TopK).
+//
+// Keys: a float's order as torch's comparator sees it, as an unsigned
+// integer: NaN above everything (all NaNs equal), -0 equal to +0.
+__device__ __forceinline__ unsigned tk_key(float v) {
+    if (v != v) return 0xffffffffu;
+    unsigned u = __float_as_uint(v);
+    if (u == 0x80000000u) u = 0;
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// tk_radix returns the k-th largest key (1 <= k <= n) of keyf(0..n-1) and,
+// in *need, how many elements equal to it belong to the k largest (k minus
+// the number above it). A block-wide radix select, 8 bits a pass; every
+// thread of the block must call it.
+template <typename KeyF>
+__device__ unsigned tk_radix(KeyF keyf, int n, int k, int* need) {
+    __shared__ unsigned hist[256];
+    __shared__ unsigned s_bin;
+    __shared__ int s_need;
+    unsigned prefix = 0, mask = 0;
+    int kk = k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
+        __syncthreads();
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            unsigned key = keyf(i);
+            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int acc = 0, b = 255;
+            for (; b > 0; b--) {
+                if (acc + (int)hist[b] >= kk) break;
+                acc += (int)hist[b];
+            }
+            s_bin = (unsigned)b;
+            s_need = kk - acc;
+        }
+        __syncthreads();
+        prefix |= s_bin << shift;
+        mask |= 255u << shift;
+        kk = s_need;
+    }
+    *need = kk;
+    return prefix;
+}
+
+// tk_compact calls emit(i, rank) for every i in [0, n) with pred(i), rank
+// counting those in increasing i, and returns their number. pred is called
+// once per i. Every thread of the block must call it (blockDim a multiple of 32).
+template <typename Pred, typename Emit>
+__device__ int tk_compact(int n, Pred pred, Emit emit) {
+    __shared__ int wc[32];
+    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    int base = 0;
+    for (int t0 = 0; t0 < n; t0 += blockDim.x) {
+        int i = t0 + threadIdx.x;
+        bool p = i < n && pred(i);
+        unsigned bal = __ballot_sync(0xffffffffu, p);
+        if (lane == 0) wc[warp] = __popc(bal);
+        __syncthreads();
+        int off = 0, total = 0;
+        for (int w = 0; w < nw; w++) {
+            int c = wc[w];
+            if (w < warp) off += c;
+            total += c;
+        }
+        if (p) emit(i, base + off + __popc(bal & ((1u << lane) - 1u)));
+        base += total;
+        __syncthreads();
+    }
+    return base;
+}
+
+// The sequential algorithm of layers.TopK (torch's CPU kernel: a k-entry
+// heap when k*64 <= n, else libstdc++'s introselect), one thread, on global
+// scratch. Used only when ties at the k-th value make the set depend on it.
+struct TkEntry {
+    float v;
+    int i;
+};
+
+__device__ __forceinline__ bool tk_less(TkEntry a, TkEntry b) {
+    bool an = a.v != a.v, bn = b.v != b.v;
+    return (an && !bn) || a.v > b.v;
+}
+
+__device__ __forceinline__ void tk_swap(TkEntry* q, int a, int b) {
+    TkEntry t = q[a];
+    q[a] = q[b];
+    q[b] = t;
+}
+
+__device__ void tk_push_heap(TkEntry* q, int hole, int top, TkEntry v) {
+    int parent = (hole - 1) / 2;
+    while (hole > top && tk_less(q[parent], v)) {
+        q[hole] = q[parent];
+        hole = parent;
+        parent = (hole - 1) / 2;
+    }
+    q[hole] = v;
+}
+
+__device__ void tk_adjust_heap(TkEntry* q, int hole, int n, TkEntry v) {
+    int top = hole, second = hole;
+    while (second < (n - 1) / 2) {
+        second = 2 * (second + 1);
+        if (tk_less(q[second], q[second - 1])) second--;
+        q[hole] = q[second];
+        hole = second;
+    }
+    if ((n & 1) == 0 && second == (n - 2) / 2) {
+        second = 2 * (second + 1);
+        q[hole] = q[second - 1];
+        hole = second - 1;
+    }
+    tk_push_heap(q, hole, top, v);
+}
+
+__device__ void tk_pop_heap(TkEntry* q, int n, int result) {
+    TkEntry v = q[result];
+    q[result] = q[0];
+    tk_adjust_heap(q, 0, n, v);
+}
+
+__device__ void tk_make_heap(TkEntry* q, int n) {
+    if (n < 2) return;
+    for (int parent = (n - 2) / 2;; parent--) {
+        tk_adjust_heap(q, parent, n, q[parent]);
+        if (parent == 0) return;
+    }
+}
+
+__device__ void tk_heap_select(TkEntry* q, int first, int middle, int last) {
+    TkEntry* h = q + first;
+    int n = middle - first;
+    tk_make_heap(h, n);
+    for (int i = n; i < last - first; i++)
+        if (tk_less(h[i], h[0])) tk_pop_heap(h, n, i);
+}
+
+__device__ void tk_move_median_to_first(TkEntry* q, int result, int a, int b, int c) {
+    if (tk_less(q[a], q[b])) {
+        if (tk_less(q[b], q[c])) tk_swap(q, result, b);
+        else if (tk_less(q[a], q[c])) tk_swap(q, result, c);
+        else tk_swap(q, result, a);
+    } else if (tk_less(q[a], q[c])) tk_swap(q, result, a);
+    else if (tk_less(q[b], q[c])) tk_swap(q, result, c);
+    else tk_swap(q, result, b);
+}
+
+__device__ int tk_unguarded_partition(TkEntry* q, int first, int last, int pivot) {
+    for (;;) {
+        while (tk_less(q[first], q[pivot])) first++;
+        last--;
+        while (tk_less(q[pivot], q[last])) last--;
+        if (first >= last) return first;
+        tk_swap(q, first, last);
+        first++;
+    }
+}
+
+__device__ void tk_unguarded_linear_insert(TkEntry* q, int last) {
+    TkEntry v = q[last];
+    int next = last - 1;
+    while (tk_less(v, q[next])) {
+        q[last] = q[next];
+        last = next;
+        next--;
+    }
+    q[last] = v;
+}
+
+__device__ void tk_insertion_sort(TkEntry* q, int first, int last) {
+    if (first == last) return;
+    for (int i = first + 1; i != last; i++) {
+        if (tk_less(q[i], q[first])) {
+            TkEntry v = q[i];
+            for (int j = i; j > first; j--) q[j] = q[j - 1];
+            q[first] = v;
+        } else {
+            tk_unguarded_linear_insert(q, i);
+        }
+    }
+}
+
+__device__ int tk_lg(int n) {
+    int r = -1;
+    for (; n > 0; n >>= 1) r++;
+    return r;
+}
+
+__device__ void tk_introselect(TkEntry* q, int first, int nth, int last, int depth) {
+    while (last - first > 3) {
+        if (depth == 0) {
+            tk_heap_select(q, first, nth + 1, last);
+            tk_swap(q, first, nth);
+            return;
+        }
+        depth--;
+        int mid = first + (last - first) / 2;
+        tk_move_median_to_first(q, first, first + 1, mid, last - 1);
+        int cut = tk_unguarded_partition(q, first + 1, last, first);
+        if (cut <= nth) first = cut;
+        else last = cut;
+    }
+    tk_insertion_sort(q, first, last);
+}
+
+// tk_torch marks in flag (zeroed) the indices layers.TopK(row, k, sorted=false) returns.
+__device__ void tk_torch(TkEntry* q, const float* row, int n, int k, int* flag) {
+    if (k * 64 <= n) {
+        for (int j = 0; j < k; j++) q[j] = TkEntry{row[j], j};
+        tk_make_heap(q, k);
+        for (int idx = k; idx < n; idx++) {
+            TkEntry v{row[idx], idx};
+            if (tk_less(v, q[0])) {
+                if (k > 1) tk_pop_heap(q, k - 1, k - 1);
+                q[k - 1] = v;
+                tk_push_heap(q, k - 1, 0, v);
+            }
+        }
+    } else {
+        for (int j = 0; j < n; j++) q[j] = TkEntry{row[j], j};
+        tk_introselect(q, 0, k - 1, n, 2 * tk_lg(n));
+    }
+    for (int j = 0; j < k; j++) flag[q[j].i] = 1;
+}
+
+// topk_select: one block per row i of scores ([rows, n]): dsa.Select, the
+// torch.topk set of k = min(topk, n) entries keeping those below vis_i =
+// min((pos0 + i + 1) / rate, n), in increasing order. The k-th largest value
+// T is found by radix select; when the ties at T that could be kept are all
+// taken (or are all masked) the set is every visible entry >= T, otherwise
+// thread 0 runs torch's algorithm itself (tk_torch) on scratch ([rows, 3n]
+// words). mode 0: out is int [rows, ostride] and cnt[i] the count; mode 1:
+// out is float [rows, ostride], -1 padded.
+extern "C" __global__ void topk_select(const float* scores, int n, int topk, int pos0, int rate, void* out,
+                                       int ostride, int* cnt, int mode, float* scratch) {
+    __shared__ int s_ties[2];
+    int i = blockIdx.x;
+    const float* row = scores + (size_t)i * n;
+    int k = min(topk, n);
+    int vis = min((pos0 + i + 1) / rate, n);
+    int* oi = (int*)out + (size_t)i * ostride;
+    float* of = (float*)out + (size_t)i * ostride;
+    int total = 0;
+    if (k > 0) {
+        auto key = [&](int j) { return tk_key(row[j]); };
+        int need;
+        unsigned T = tk_radix(key, n, k, &need);
+        if (threadIdx.x == 0) s_ties[0] = s_ties[1] = 0;
+        __syncthreads();
+        int e = 0, ev = 0;
+        for (int j = threadIdx.x; j < n; j += blockDim.x) {
+            if (key(j) == T) {
+                e++;
+                if (j < vis) ev++;
+            }
+        }
+        if (e) atomicAdd(&s_ties[0], e);
+        if (ev) atomicAdd(&s_ties[1], ev);
+        __syncthreads();
+        bool exact = s_ties[0] == need || s_ties[1] == 0;
+        int* flag = (int*)(scratch + (size_t)i * 3 * n);
+        if (!exact) {
+            for (int j = threadIdx.x; j < n; j += blockDim.x) flag[j] = 0;
+            __syncthreads();
+            if (threadIdx.x == 0) tk_torch((TkEntry*)(flag + n), row, n, k, flag);
+            __syncthreads();
+        }
+        total = tk_compact(
+            vis, [&](int j) { return exact ? key(j) >= T : flag[j] != 0; },
+            [&](int j, int r) {
+                if (mode == 0) oi[r] = j;
+                else of[r] = (float)j;
+            });
+    }
+    if (mode == 0) {
+        if (threadIdx.x == 0) cnt[i] = total;
+    } else {
+        for (int j = total + threadIdx.x; j < ostride; j += blockDim.x) of[j] = -1.f;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// LayerNorm over rows of n values (layers.LayerNorm, float32 sums): one block per row.
+extern "C" __global__ void dsa_layernorm(float* dst, const float* x, const float* w, const float* b, int n, float eps) {
+    __shared__ float red[32];
+    const float* xr = x + (size_t)blockIdx.x * n;
+    float* dr = dst + (size_t)blockIdx.x * n;
+    float s = 0.f;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) s += xr[j];
+    float mean = block_sum(s, red) / (float)n;
+    float vs = 0.f;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        float d = xr[j] - mean;
+        vs += d * d;
+    }
+    vs = block_sum(vs, red);
+    float inv = 1.f / sqrtf(vs / (float)n + eps);
+    __syncthreads();  // every thread has read its row before dst (may be x) is written
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        float y = __fmul_rn((xr[j] - mean) * inv, w[j]);
+        dr[j] = b ? __fadd_rn(y, b[j]) : y;
+    }
+}
+
+// Sparse attention over each query's selected tokens (sel [rows, K], cnt
+// [rows]), one block per (head, query), scores in dynamic shared memory (K
+// floats):
+//
+//	s_t = scale * (qa . A[t] + qb . B[t]),   out = sum_t softmax(s)_t V[t]
+//
+// qa for (i, h) at qa + i*qaI + h*qaH (la values), A[t] at A + h*aH + t*aT;
+// qb at qb + i*qbI + h*qbH (lb values), B[t] at B + t*bT; V[t] at V + h*vH +
+// t*vT (lv values); out at out + (i*heads + h)*lv. DSAAttendLatent and
+// DSAAttendMLA are both this with different strides.
+extern "C" __global__ void dsa_attend(float* out, const float* qa, int qaI, int qaH, const float* A, int aH, int aT,
+                                      int la, const float* qb, int qbI, int qbH, const float* B, int bT, int lb,
+                                      const float* V, int vH, int vT, int lv, const int* sel, const int* cnt, int K,
+                                      int heads, float scale) {
+    extern __shared__ float p[];
+    __shared__ float red[32];
+    int h = blockIdx.x, i = blockIdx.y;
+    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    int n = cnt[i];
+    const int* ts = sel + (size_t)i * K;
+    const float* qav = qa + (size_t)i * qaI + (size_t)h * qaH;
+    const float* qbv = qb + (size_t)i * qbI + (size_t)h * qbH;
+    float mx = -INFINITY;
+    for (int j = warp; j < n; j += nw) {
+        size_t t = (size_t)ts[j];
+        const float* a = A + (size_t)h * aH + t * aT;
+        const float* bb = B + t * bT;
+        float d = 0.f, dr = 0.f;
+        for (int x = lane; x < la; x += WARP) d += qav[x] * a[x];
+        for (int x = lane; x < lb; x += WARP) dr += qbv[x] * bb[x];
+        float s = (warp_sum(d) + warp_sum(dr)) * scale;
+        if (lane == 0) p[j] = s;
+        mx = fmaxf(mx, s);
+    }
+    mx = block_max(mx, red);
+    __syncthreads();
+    float sum = 0.f;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        float e = expf(p[j] - mx);
+        p[j] = e;
+        sum += e;
+    }
+    sum = block_sum(sum, red);
+    __syncthreads();
+    float inv = 1.f / sum;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) p[j] *= inv;
+    __syncthreads();
+    float* o = out + ((size_t)i * heads + h) * lv;
+    const float* vh = V + (size_t)h * vH;
+    for (int x = threadIdx.x; x < lv; x += blockDim.x) {
+        float a = 0.f;
+        for (int j = 0; j < n; j++) a += p[j] * vh[(size_t)ts[j] * vT + x];
+        o[x] = a;
+    }
+}
+
+// Element (r, c) of a weight of cols columns in its stored format (0 f32, 1
+// bf16, 2 NVFP4 with scales S and the global scale).
+__device__ __forceinline__ float weight_at(const void* W, const uint8_t* S, float global, int format, size_t r,
+                                           int c, int cols) {
+    if (format == 0) return ((const float*)W)[r * cols + c];
+    if (format == 1) return bf16_to_f32(((const uint16_t*)W)[r * cols + c]);
+    uint8_t b = ((const uint8_t*)W)[r * (cols / 2) + c / 2];
+    return kE2M1[(b >> (4 * (c & 1))) & 0xf] * e4m3_to_f32(S[r * (cols / 16) + c / 16]) * global;
+}
+
+// MLAAbsorbQuery: qLat[i, h, j] = sum_{c < nope} q[i, h, c] * W[h*per + c, j]
+// (W = kv_b_proj, [heads*per, rank]); grid (ceil(rank/block), heads, rows).
+extern "C" __global__ void mla_absorb(float* qLat, const float* q, const void* W, const uint8_t* S, float global,
+                                      int format, int heads, int rank, int nope, int per, int qk) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    int h = blockIdx.y, i = blockIdx.z;
+    if (j >= rank) return;
+    const float* qn = q + ((size_t)i * heads + h) * qk;
+    float a = 0.f;
+    for (int c = 0; c < nope; c++) a = __fadd_rn(a, __fmul_rn(qn[c], weight_at(W, S, global, format, (size_t)h * per + c, j, rank)));
+    qLat[((size_t)i * heads + h) * rank + j] = a;
+}
+
+// MLAExpandOutput: out[i, h, c] = sum_j outLat[i, h, j] * W[h*per + nope + c, j];
+// one warp per output value.
+extern "C" __global__ void mla_expand(float* out, const float* outLat, const void* W, const uint8_t* S, float global,
+                                      int format, int rows, int heads, int rank, int nope, int per, int vd) {
+    long long o = (long long)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (o >= (long long)rows * heads * vd) return;
+    int c = (int)(o % vd);
+    long long ih = o / vd;
+    int h = (int)(ih % heads);
+    const float* ol = outLat + ih * rank;
+    size_t r = (size_t)h * per + nope + c;
+    float a = 0.f;
+    for (int j = lane; j < rank; j += WARP) a += ol[j] * weight_at(W, S, global, format, r, j, rank);
+    a = warp_sum(a);
+    if (lane == 0) out[o] = a;
+}

@@ -1,0 +1,189 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+	"runtime"
+
+	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/layers"
+	"github.com/manifoldlm/manifold/layers/dsa"
+)
+
+// DeepSeek Sparse Attention and the MLA steps on the GPU (dsa.Ops), kernels
+// in dsa.cuh. ops_test.go holds each to the CPU backend.
+
+var _ dsa.Ops = (*Backend)(nil)
+
+// dsaIndices is the GPU's dsa.Indices: each query's selected token indices
+// (int32 [rows, k], increasing) and their counts, on the device.
+type dsaIndices struct {
+	shape   dsa.IndexerShape
+	rows, k int
+	sel     *allocation // int32 [rows, k]
+	cnt     *allocation // int32 [rows]
+	selCap  int         // values sel holds
+	cntCap  int
+}
+
+func (x *dsaIndices) Rows() int { return x.rows }
+
+// read returns the selected indices of every query (for tests).
+func (x *dsaIndices) read(b *Backend) ([][]int32, error) {
+	if x.rows == 0 {
+		return nil, b.Sync()
+	}
+	cnt := make([]float32, x.rows)
+	sel := make([]float32, x.rows*x.k)
+	b.Read(cnt, &Buffer{a: x.cnt, ptr: x.cnt.ptr, n: x.rows}, 0)
+	b.Read(sel, &Buffer{a: x.sel, ptr: x.sel.ptr, n: x.rows * x.k}, 0)
+	if err := b.Sync(); err != nil {
+		return nil, err
+	}
+	out := make([][]int32, x.rows)
+	for i := range out {
+		n := int(int32(math.Float32bits(cnt[i])))
+		for _, v := range sel[i*x.k : i*x.k+n] {
+			out[i] = append(out[i], int32(math.Float32bits(v)))
+		}
+	}
+	return out, nil
+}
+
+// DSALayerNorm is layers.LayerNorm over rows of w.Len() values (float32 sums).
+func (b *Backend) DSALayerNorm(dst, x, w, bias backend.Buffer, eps float32) {
+	n := w.Len()
+	rows := x.Len() / n
+	if rows <= 0 {
+		return
+	}
+	b.launch("dsa_layernorm", [3]int{rows, 1, 1}, min(1024, max(32, (n+31)/32*32)), 0, ptr(dst), ptr(x), ptr(w), optPtr(bias), n, eps)
+}
+
+// DSANewIndices allocates an empty selection; its device memory grows on use.
+func (b *Backend) DSANewIndices(s dsa.IndexerShape) (dsa.Indices, error) {
+	if err := s.Validate(); err != nil {
+		return nil, fmt.Errorf("kernels: %w", err)
+	}
+	return &dsaIndices{shape: s}, nil
+}
+
+// grow makes *a hold at least n 4-byte values (reallocating, contents lost).
+func (b *Backend) grow(a **allocation, have *int, n int) error {
+	if *a != nil && *have >= n {
+		return nil
+	}
+	na, err := b.alloc(4 * max(n, 1))
+	if err != nil {
+		return err
+	}
+	*a, *have = na, n
+	return nil
+}
+
+// DSASelect scales the weights, scores every visible key per query (a warp
+// per key) and selects with topk_select.
+func (b *Backend) DSASelect(idx dsa.Indices, q, w, keys backend.Buffer, m, nKeys, pos0 int) {
+	x := idx.(*dsaIndices)
+	s := x.shape
+	x.rows, x.k = 0, 0
+	if m <= 0 {
+		return
+	}
+	wv := b.View(w, 0, m*s.Heads)
+	b.Scale(wv, wv, s.WeightScale())
+	k := min(s.TopK, nKeys)
+	if err := b.grow(&x.sel, &x.selCap, m*k); err != nil {
+		b.setErr(err)
+		return
+	}
+	if err := b.grow(&x.cnt, &x.cntCap, m); err != nil {
+		b.setErr(err)
+		return
+	}
+	x.rows, x.k = m, k
+	sel := &Buffer{a: x.sel, ptr: x.sel.ptr, n: m * k}
+	b.selectTopK(sel, 0, x.cnt, m, nKeys, s.TopK, k, pos0, 1, func(scores uint64) {
+		b.launch("idx_scores", [3]int{(nKeys + 7) / 8, m, 1}, 256, 0, scores, ptr(q), ptr(keys), ptr(w),
+			s.Heads, s.HeadDim, nKeys, pos0, 1, s.ScoreScale())
+	})
+}
+
+// attendSparse launches dsa_attend (see dsa.cuh for the strides).
+func (b *Backend) attendSparse(x *dsaIndices, m, heads int, scale float32, args ...any) {
+	if m <= 0 {
+		return
+	}
+	if m > x.rows {
+		b.setErr(fmt.Errorf("kernels: sparse attention of %d queries with a selection of %d", m, x.rows))
+		return
+	}
+	shared := 4 * max(x.k, 1)
+	if shared > b.opsShare() {
+		b.setErr(fmt.Errorf("kernels: index_topk %d exceeds this GPU's shared memory", x.k))
+		return
+	}
+	all := append(args, uint64(x.sel.ptr), uint64(x.cnt.ptr), x.k, heads, scale)
+	b.launch("dsa_attend", [3]int{heads, m, 1}, 128, shared, all...)
+	runtime.KeepAlive(x)
+}
+
+// DSAAttendMLA is AttendMLA over the selected tokens, one block per (head, query).
+func (b *Backend) DSAAttendMLA(out, q, kv, kRope backend.Buffer, idx dsa.Indices, m int, s layers.MLAShape, scale float32) {
+	nd, rd, vd, qk := s.NopeDim, s.RopeDim, s.VDim, s.QKDim()
+	per := nd + vd
+	row := s.Heads * per
+	H := s.Heads
+	b.attendSparse(idx.(*dsaIndices), m, H, scale,
+		ptr(out),
+		ptr(q), H*qk, qk, ptr(kv), per, row, nd,
+		ptr(q)+uint64(4*nd), H*qk, qk, ptr(kRope), rd, rd,
+		ptr(kv)+uint64(4*nd), per, row, vd)
+}
+
+// DSAAttendLatent is AttendLatent over the selected tokens, one block per (head, query).
+func (b *Backend) DSAAttendLatent(out, qLat, q, latent, kRope backend.Buffer, idx dsa.Indices, m int, s layers.MLAShape, scale float32) {
+	r, rd, nd, qk := s.KVLoraRank, s.RopeDim, s.NopeDim, s.QKDim()
+	H := s.Heads
+	b.attendSparse(idx.(*dsaIndices), m, H, scale,
+		ptr(out),
+		ptr(qLat), H*r, r, ptr(latent), 0, r, r,
+		ptr(q)+uint64(4*nd), H*qk, qk, ptr(kRope), rd, rd,
+		ptr(latent), 0, r, r)
+}
+
+// MLAAbsorbQuery folds W_UK (read from kv_b_proj in its stored format) into the nope queries.
+func (b *Backend) MLAAbsorbQuery(qLat, q backend.Buffer, kvB backend.Weight, m int, s layers.MLAShape) {
+	if m <= 0 {
+		return
+	}
+	w := kvB.(*Weight)
+	f, data, scales, global := weightArgs(w)
+	r := s.KVLoraRank
+	b.launch("mla_absorb", [3]int{(r + 127) / 128, s.Heads, m}, 128, 0, ptr(qLat), ptr(q), data, scales, global, f,
+		s.Heads, r, s.NopeDim, s.NopeDim+s.VDim, s.QKDim())
+	runtime.KeepAlive(w)
+}
+
+// MLAExpandOutput applies W_UV to the latent outputs, a warp per output value.
+func (b *Backend) MLAExpandOutput(out, outLat backend.Buffer, kvB backend.Weight, m int, s layers.MLAShape) {
+	total := m * s.Heads * s.VDim
+	if total <= 0 {
+		return
+	}
+	w := kvB.(*Weight)
+	f, data, scales, global := weightArgs(w)
+	b.launch("mla_expand", grid1(total, 8), 256, 0, ptr(out), ptr(outLat), data, scales, global, f,
+		m, s.Heads, s.KVLoraRank, s.NopeDim, s.NopeDim+s.VDim, s.VDim)
+	runtime.KeepAlive(w)
+}
+
+// DSAGather copies rows of src into dst (MoE dispatch).
+func (b *Backend) DSAGather(dst, src backend.Buffer, rows []int32, w int) {
+	b.gatherRows(dst, src, rows, w)
+}
+
+// DSAScatterAdd adds scaled rows of src into rows of dst (MoE combine).
+func (b *Backend) DSAScatterAdd(dst, src backend.Buffer, rows []int32, scale []float32, w int) {
+	b.scatterAddRows(dst, src, rows, scale, w)
+}

@@ -1,0 +1,158 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+	"runtime"
+
+	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/layers/dsv4"
+)
+
+// DeepSeek-V4's operations of layers/dsv4 on the GPU (dsv4.Ops), kernels in
+// dsv4.cuh (and the indexer's scores and top-k in dsa.cuh). ops_test.go
+// holds each to the CPU backend.
+
+var _ dsv4.Ops = (*Backend)(nil)
+
+// v4Chunk is V4_CHUNK of dsv4.cuh: key scores in shared memory at a time.
+const v4Chunk = 1024
+
+// topkThreads is the block size of topk_select.
+const topkThreads = 512
+
+// V4Compress pools, normalizes and rotates compressed entries, one block per entry.
+func (b *Backend) V4Compress(dst, kv, gate, ape, norm backend.Buffer, a dsv4.CompressArgs) {
+	if a.Entries <= 0 {
+		return
+	}
+	if 4*a.Width > b.opsShare() {
+		b.setErr(fmt.Errorf("kernels: compressor width %d exceeds this GPU's shared memory", a.Width))
+		return
+	}
+	var tab *allocation
+	var freqs uint64
+	half, inter, rscale := 0, 0, float32(1)
+	if a.RoPE != nil {
+		if a.RoPE.Dim() > a.Width {
+			b.setErr(fmt.Errorf("kernels: compressor rotary dim %d exceeds its width %d", a.RoPE.Dim(), a.Width))
+			return
+		}
+		tab = b.ropeTable(a.RoPE)
+		freqs, half, rscale, inter = tab.ptr, len(a.RoPE.InvFreq), a.RoPE.Scale, boolInt(a.RoPE.Interleaved)
+	}
+	b.launch("v4_compress", [3]int{a.Entries, 1, 1}, 256, 4*a.Width, ptr(dst), ptr(kv), ptr(gate), ptr(ape), ptr(norm),
+		a.Rate, a.Width, boolInt(a.Overlap), boolInt(a.Prev), a.Pos0, a.Eps, freqs, half, rscale, inter)
+	runtime.KeepAlive(tab)
+}
+
+// V4IndexTopK scores every compressed entry for each query (a warp per
+// entry), then selects each query's entries with the exact top-k of
+// topk_select (torch's ties; see dsa.cuh).
+func (b *Backend) V4IndexTopK(idx, q, keys, weights backend.Buffer, a dsv4.IndexArgs) {
+	if a.M <= 0 {
+		return
+	}
+	if a.Rate <= 0 {
+		b.setErr(fmt.Errorf("kernels: indexer compression rate %d", a.Rate))
+		return
+	}
+	b.selectTopK(idx, 1, nil, a.M, a.Entries, a.TopK, a.TopK, a.Pos0, a.Rate, func(scores uint64) {
+		b.launch("idx_scores", [3]int{(a.Entries + 7) / 8, a.M, 1}, 256, 0, scores, ptr(q), ptr(keys), ptr(weights),
+			a.Heads, a.Dim, a.Entries, a.Pos0, a.Rate, a.Scale)
+	})
+}
+
+// selectTopK scores rows queries over n keys with score (which writes
+// [rows, n] floats at the address it gets) and selects each row's top-k
+// into out: mode 1 writes float-coded indices, -1 padded, rows ostride
+// apart; mode 0 writes int32 indices and cnt the counts. Query i sees keys
+// below min((pos0+i+1)/rate, n). The scores and the fallback's scratch are
+// allocated per call.
+func (b *Backend) selectTopK(out backend.Buffer, mode int, cnt *allocation, rows, n, topk, ostride, pos0, rate int, score func(scores uint64)) {
+	var scores, scratch *allocation
+	var sp, xp uint64
+	if n > 0 {
+		var err error
+		if scores, err = b.alloc(4 * rows * n); err != nil {
+			b.setErr(err)
+			return
+		}
+		if scratch, err = b.alloc(4 * 3 * rows * n); err != nil {
+			b.setErr(err)
+			return
+		}
+		sp, xp = scores.ptr, scratch.ptr
+		score(sp)
+	}
+	var cp uint64
+	if cnt != nil {
+		cp = cnt.ptr
+	}
+	b.launch("topk_select", [3]int{rows, 1, 1}, topkThreads, 0, sp, n, topk, pos0, rate, ptr(out), ostride, cp, mode, xp)
+	runtime.KeepAlive(scores)
+	runtime.KeepAlive(scratch)
+}
+
+// V4Attention attends with sinks, one block per (head, query).
+func (b *Backend) V4Attention(out, q, local, comp, idx, sinks backend.Buffer, a dsv4.AttnArgs) {
+	if a.M <= 0 {
+		return
+	}
+	shared := 4 * (v4Chunk + a.Dim)
+	if shared > b.opsShare() {
+		b.setErr(fmt.Errorf("kernels: V4 attention head dim %d exceeds this GPU's shared memory", a.Dim))
+		return
+	}
+	b.launch("v4_attention", [3]int{a.Heads, a.M, 1}, 128, shared, ptr(out), ptr(q), ptr(local), optPtr(comp), optPtr(idx),
+		ptr(sinks), a.Heads, a.Dim, a.Pos0, a.Lo, a.Window, a.Rate, a.TopK, a.Entries, a.Scale)
+}
+
+// V4Transpose swaps the outer axes of [a, b, w].
+func (b *Backend) V4Transpose(dst, src backend.Buffer, a, bb, w int) {
+	if a*bb*w <= 0 {
+		return
+	}
+	b.launch("v4_transpose", grid1(a*bb*w, 256), 256, 0, ptr(dst), ptr(src), a, bb, w)
+}
+
+// V4Gather gathers rows.
+func (b *Backend) V4Gather(dst, src backend.Buffer, rows []int32, w int) {
+	b.gatherRows(dst, src, rows, w)
+}
+
+// V4ScatterAdd adds scaled rows.
+func (b *Backend) V4ScatterAdd(dst, src backend.Buffer, rows []int32, scale []float32, w int) {
+	b.scatterAddRows(dst, src, rows, scale, w)
+}
+
+// gatherRows copies rows[i] of src to row i of dst, up to 256 rows a launch
+// with the ids in the kernel's parameters.
+func (b *Backend) gatherRows(dst, src backend.Buffer, rows []int32, w int) {
+	if w <= 0 {
+		return
+	}
+	const idBlock = 256
+	for lo := 0; lo < len(rows); lo += idBlock {
+		blk := make([]int32, idBlock)
+		n := copy(blk, rows[lo:])
+		b.launch("rows_gather", [3]int{(w + 255) / 256, n, 1}, 256, 0, ptr(dst)+uint64(4*lo*w), ptr(src), blk, w)
+	}
+}
+
+// scatterAddRows adds scale[i] * row i of src to row rows[i] of dst, up to
+// 128 rows a launch (rows and scales in the parameters), in order.
+func (b *Backend) scatterAddRows(dst, src backend.Buffer, rows []int32, scale []float32, w int) {
+	if w <= 0 {
+		return
+	}
+	const rowBlock = 128
+	for lo := 0; lo < len(rows); lo += rowBlock {
+		blk := make([]int32, 2*rowBlock)
+		n := copy(blk, rows[lo:min(lo+rowBlock, len(rows))])
+		for i, s := range scale[lo : lo+n] {
+			blk[rowBlock+i] = int32(math.Float32bits(s))
+		}
+		b.launch("rows_scatter_add", [3]int{(w + 255) / 256, 1, 1}, 256, 0, ptr(dst), ptr(src)+uint64(4*lo*w), blk, n, w)
+	}
+}

@@ -1,0 +1,65 @@
+package kernels
+
+import "github.com/manifoldlm/manifold/backend"
+
+// function returns kernel name's handle: the core kernels are looked up by
+// New; the others (the architecture ops of mhc.go, dsv4.go, dsa.go and
+// htree.go) on first use, then cached. A kernel looked up here may use up to
+// opsShare() bytes of dynamic shared memory. A failed lookup is kept for
+// Sync and yields 0, which the launch then also reports.
+func (b *Backend) function(name string) uintptr {
+	b.mu.Lock()
+	f, ok := b.fn[name]
+	b.mu.Unlock()
+	if ok {
+		return f
+	}
+	var err error
+	b.d.onContext(b.ctx, func() {
+		if err = b.d.check("cuModuleGetFunction "+name, b.d.cuModuleGetFunction(&f, b.module, cString(name))); err != nil {
+			return
+		}
+		err = b.d.check("cuFuncSetAttribute "+name, b.d.cuFuncSetAttribute(f, 8, int32(b.opsShare())))
+	})
+	if err != nil {
+		b.setErr(err)
+		return 0
+	}
+	b.mu.Lock()
+	b.fn[name] = f
+	b.mu.Unlock()
+	return f
+}
+
+// opsShare is the dynamic shared memory a lazily looked-up kernel may use:
+// the opt-in maximum less room for its static shared arrays (the radix
+// histogram and reductions of dsa.cuh take under 2 KiB).
+func (b *Backend) opsShare() int { return b.maxShare - 4096 }
+
+func boolInt(v bool) int {
+	if v {
+		return 1
+	}
+	return 0
+}
+
+// optPtr is the device address of an optional buffer (0 for nil).
+func optPtr(x backend.Buffer) uint64 {
+	if x == nil {
+		return 0
+	}
+	return ptr(x)
+}
+
+// weightArgs are the format code (0 f32, 1 bf16, 2 NVFP4), data, scales and
+// global scale of a weight, as the kernels' weight_at takes them.
+func weightArgs(w *Weight) (format int, data, scales uint64, global float32) {
+	data = w.data.ptr
+	switch w.format {
+	case backend.BF16:
+		format = 1
+	case backend.NVFP4:
+		format, scales, global = 2, w.scales.ptr, w.global
+	}
+	return format, data, scales, global
+}
