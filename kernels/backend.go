@@ -456,9 +456,10 @@ func (b *Backend) MatMul(dst, x backend.Buffer, wt backend.Weight, m int) {
 		b.launch(name, g, 32*warps, 0, w.data.ptr, xp, ptr(dst), bias, N, K, m)
 	case backend.BF16:
 		// Four loads in flight per lane pay off on tall matrices (the LM head:
-		// 100% of the copy rate against 90%), one on the 4096/14336 shapes.
+		// 100% of the copy rate against 90%) and for m > 1; at m = 1 on the
+		// 4096/14336 shapes one load measured faster (docs/PERFORMANCE.md).
 		name := "gemv_bf16"
-		if N >= 32768 {
+		if N >= 32768 || m > 1 {
 			name = "gemv_bf16_u4"
 		}
 		if b.bf16Kernel != "" {
