@@ -16,7 +16,8 @@ import (
 // BenchmarkDecodeLlama8B measures batch-1 decode of a Llama-3-8B-shape model
 // (32 layers, hidden 4096, FFN 14336, GQA 32/8, vocab 128256) with random
 // NVFP4 linears and a bf16 LM head, against the memory floor (bytes read per
-// token over the copy bandwidth), with and without CUDA graphs, and prints
+// token over the copy bandwidth), with and without CUDA graphs and
+// programmatic dependent launch, and prints
 // the per-kernel device time. A step is a greedy generation step: forward,
 // then the token picked on the device.
 // MANIFOLD_BENCH_DIR may name a folder to write the 5 GB checkpoint into.
@@ -89,11 +90,15 @@ func BenchmarkDecodeLlama8B(b *testing.B) {
 	gb.SetGraphs(false)
 	perDirect := measure()
 	gb.SetGraphs(true)
+	gb.SetPDL(false)
+	perNoPDL := measure()
+	gb.SetPDL(true)
 	b.ReportMetric(1/per.Seconds(), "tok/s")
 	b.ReportMetric(floor/per.Seconds(), "of-floor")
 	fmt.Printf("RESULT decode8b tok_s=%.1f floor_tok_s=%.1f of_floor=%.3f bytes_per_token=%d copy_GBps=%.0f graph_launches=%d\n",
 		1/per.Seconds(), 1/floor, floor/per.Seconds(), spec.WeightBytes(), copyBW/1e9, gb.GraphLaunches())
 	fmt.Printf("RESULT decode8b_no_graphs tok_s=%.1f of_floor=%.3f\n", 1/perDirect.Seconds(), floor/perDirect.Seconds())
+	fmt.Printf("RESULT decode8b_no_pdl tok_s=%.1f of_floor=%.3f\n", 1/perNoPDL.Seconds(), floor/perNoPDL.Seconds())
 	gb.StartProfile()
 	for range 8 {
 		step()

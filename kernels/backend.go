@@ -58,12 +58,15 @@ type Backend struct {
 	graphSeen     map[uint64]int
 	graphLaunches int
 	paramPtrs     []unsafe.Pointer
-	gemvDec       int         // 0 or 1: the NVFP4 kernels' decoding (fuse.go)
-	gemvOff       bool        // benchmarks: NVFP4 matmuls on gemm_nvfp4_mma only
-	gemvPipe      bool        // benchmarks: m == 1 activations streamed with the weights
-	gemvSt4       bool        // benchmarks: 4-stage pipeline, fewer warps
-	gemvX8        bool        // m == 1 on the m <= 8 kernel (x read per chunk, no staging)
-	gemvSmallM    bool        // 2 <= m <= 16 on the decode-shape kernels too
+	gemvDec       int  // 0 or 1: the NVFP4 kernels' decoding (fuse.go)
+	gemvOff       bool // benchmarks: NVFP4 matmuls on gemm_nvfp4_mma only
+	gemvPipe      bool // benchmarks: m == 1 activations streamed with the weights
+	gemvSt4       bool // benchmarks: 4-stage pipeline, fewer warps
+	gemvX8        bool // m == 1 on the m <= 8 kernel (x read per chunk, no staging)
+	gemvSmallM    bool // 2 <= m <= 16 on the decode-shape kernels too
+	pdl           bool // programmatic dependent launch (queue.go)
+	pdlConfig     launchConfig
+	pdlAttr       launchAttribute
 	gemvFlags     int         // GemvArgs.flags (gemv.cuh)
 	normFusion    bool        // RMSNorm of one row runs inside the NVFP4 matmul after it
 	bf16Kernel    string      // benchmarks: the aligned bf16 matmul kernel ("" picks by shape)
@@ -103,7 +106,7 @@ func New(ordinal int) (*Backend, error) {
 	b := &Backend{d: d, fn: map[string]uintptr{}, live: map[uint64]struct{}{},
 		graphs: os.Getenv("MANIFOLD_CUDA_GRAPHS") != "0", graphCache: map[uint64]*graphEntry{}, graphSeen: map[uint64]int{},
 		gemvDec: defaultGemvDec, normFusion: os.Getenv("MANIFOLD_NORM_FUSION") == "1",
-		gemvX8: os.Getenv("MANIFOLD_GEMV_M1") == "m8"}
+		gemvX8: os.Getenv("MANIFOLD_GEMV_M1") == "m8", pdl: os.Getenv("MANIFOLD_CUDA_PDL") != "0"}
 	var n int32
 	if err := d.check("cuDeviceGetCount", d.cuDeviceGetCount(&n)); err != nil {
 		return nil, err
@@ -428,7 +431,7 @@ func (b *Backend) Embed(dst backend.Buffer, table backend.Weight, ids []int32) {
 			b.d.onContext(b.ctx, b.flushLocked)
 			continue
 		}
-		o := op{kind: opKernel, name: "embed_ids", fn: b.fn["embed_ids"], grid: [3]uint32{uint32(n), 1, 1}, block: 256}
+		o := op{kind: opKernel, name: "embed_ids", fn: b.fn["embed_ids"], grid: [3]uint32{uint32(n), 1, 1}, block: 256, pdl: true}
 		o.setParams(t.data.ptr, scales, t.global, format, b.dyn.ptr+uint64(4*off), ptr(dst)+uint64(4*lo*t.cols), t.cols)
 		b.q.ops = append(b.q.ops, o)
 		lo += n
@@ -684,12 +687,12 @@ func (b *Backend) Attention(out, q, k, v backend.Buffer, cache backend.KVCache, 
 		name = fmt.Sprintf("attention_kv_%d", s.HeadDim)
 	}
 	o := op{kind: opKernel, name: name, fn: b.fn[name], grid: [3]uint32{uint32(s.Heads), uint32(m), uint32(splits)},
-		block: 256, shared: uint32(4 * share)}
+		block: 256, shared: uint32(4 * share), pdl: true}
 	o.setParams(ptr(out), ptr(q), ptr(k), ptr(v), c.k[layer].ptr, c.v[layer].ptr, b.dyn.ptr, b.q.posRel(pos0),
 		s.Heads, s.KVHeads, s.HeadDim, s.Scale, s.Window, part)
 	b.q.ops = append(b.q.ops, o)
 	if splits > 1 {
-		o := op{kind: opKernel, name: "attn_combine", fn: b.fn["attn_combine"], grid: [3]uint32{uint32(s.Heads), uint32(m), 1}, block: 128}
+		o := op{kind: opKernel, name: "attn_combine", fn: b.fn["attn_combine"], grid: [3]uint32{uint32(s.Heads), uint32(m), 1}, block: 128, pdl: true}
 		o.setParams(ptr(out), part, s.Heads, s.HeadDim, splits)
 		b.q.ops = append(b.q.ops, o)
 	}

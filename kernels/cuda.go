@@ -51,6 +51,7 @@ type driver struct {
 	cuGraphLaunch               func(exec, stream uintptr) int32
 	cuGraphExecDestroy          func(exec uintptr) int32
 	cuGraphDestroy              func(graph uintptr) int32
+	cuLaunchKernelEx            func(config unsafe.Pointer, fn uintptr, params, extra unsafe.Pointer) int32
 }
 
 // ErrNoDriver is returned when libcuda cannot be loaded or finds no GPU.
@@ -89,7 +90,7 @@ var loadDriver = sync.OnceValues(func() (*driver, error) {
 		{&d.cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"}, {&d.cuStreamBeginCapture, "cuStreamBeginCapture_v2"},
 		{&d.cuStreamEndCapture, "cuStreamEndCapture"}, {&d.cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags"},
 		{&d.cuGraphLaunch, "cuGraphLaunch"}, {&d.cuGraphExecDestroy, "cuGraphExecDestroy"},
-		{&d.cuGraphDestroy, "cuGraphDestroy"},
+		{&d.cuGraphDestroy, "cuGraphDestroy"}, {&d.cuLaunchKernelEx, "cuLaunchKernelEx"},
 	} {
 		sym, err := purego.Dlsym(lib, f.name)
 		if err != nil {

@@ -6,6 +6,8 @@
 // Embedding gather: dst[i, :] = table[ids[i], :] as float32; ids on the device.
 extern "C" __global__ void embed_ids(const void* table, const uint8_t* S, float global, int format, const int* ids,
                                      float* dst, int n) {
+    pdl_launch();
+    pdl_wait();
     int i = blockIdx.x;
     size_t r = (size_t)ids[i];
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
@@ -25,6 +27,8 @@ extern "C" __global__ void embed_ids(const void* table, const uint8_t* S, float 
 extern "C" __global__ void rope_dyn(float* x1, int heads1, float* x2, int heads2, const float* inv_freq, int rows,
                                     int stride, int off, int half, const int* dyn, int posRel, float scale,
                                     int interleaved, int inverse) {
+    pdl_launch();
+    pdl_wait();
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     int heads = heads1 + heads2;
     int total = rows * heads * half;
@@ -64,6 +68,8 @@ __device__ __forceinline__ void attention_kv_body(float* out, const float* q, co
     __shared__ __align__(16) float qs[256];
     __shared__ __align__(16) float pv[ATT_THREADS / WARP][256];
     if (HD) hd = HD;
+    pdl_launch();
+    pdl_wait();
     const int h = blockIdx.x, i = blockIdx.y, s = blockIdx.z, splits = gridDim.z;
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP, nw = ATT_THREADS / WARP;
     const int pos0 = dyn[0] + posRel;
@@ -181,6 +187,8 @@ ATTENTION_KV(attention_kv_128, 128)
 
 // Merges attention_kv's splits: grid (heads, m), one thread per channel (loop).
 extern "C" __global__ void attn_combine(float* out, const float* part, int heads, int hd, int splits) {
+    pdl_launch();
+    pdl_wait();
     const int h = blockIdx.x, i = blockIdx.y;
     const float* pp = part + ((size_t)i * heads + h) * splits * (hd + 2);
     float M = -INFINITY;

@@ -152,6 +152,8 @@ __device__ __forceinline__ void gemv_nvfp4_body(const GemvArgs& a) {
     const bool contig = a.flags & 1, l2pf = a.flags & 2;
     const int c0 = contig ? warp * C / KW : warp;
     const int nch = contig ? (warp + 1) * C / KW - c0 : (warp < C ? (C - 1 - warp) / KW + 1 : 0);
+    pdl_launch();
+    if (XS == 2) pdl_wait();  // its prologue copies x
     const int cstep = contig ? 1 : KW;
     auto issue = [&](int i) {
         int ch = c0 + i * cstep, st = i % GEMV_STAGES;
@@ -179,6 +181,9 @@ __device__ __forceinline__ void gemv_nvfp4_body(const GemvArgs& a) {
         if (i < nch) issue(i);
         cp_async_commit();
     }
+    // The weights are constant: their first copies are in flight before the
+    // wait for the previous kernel, which wrote x.
+    if (XS != 2) pdl_wait();
     // m == 1: xs[(chunk*8 + q)*4 + t] holds the 4 pairs of word q of lane t's
     // elements of the chunk (consecutive t: no bank conflicts).
     uint4* xs = reinterpret_cast<uint4*>(gsm + KW * (GEMV_STAGES * SB));
@@ -376,6 +381,8 @@ GEMV_NVFP4(gemv_nvfp4_m16_d1, 16, 1, 0, 2)
 // output row, each lane with four 16-byte weight loads in flight.
 extern "C" __global__ void __launch_bounds__(256, 4) gemv_bf16_u4(const uint16_t* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
                                         const float* __restrict__ bias, int N, int K, int m) {
+    pdl_launch();
+    pdl_wait();
     int r = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
     int lane = threadIdx.x % WARP;
     if (r >= N) return;

@@ -14,6 +14,14 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// Programmatic dependent launch (kernels launched with it, kernels/queue.go):
+// pdl_launch lets the next kernel in the stream start its blocks now;
+// pdl_wait waits until the previous kernel has finished and its writes are
+// visible. A kernel launched with the attribute must pdl_wait before it reads
+// what earlier work wrote or writes what earlier work reads.
+__device__ __forceinline__ void pdl_launch() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
@@ -187,6 +195,8 @@ extern "C" __global__ void embed(const void* table, const uint8_t* S, float glob
 // RMSNorm: one block per row of n values; dst may alias x.
 extern "C" __global__ void rmsnorm(float* dst, const float* x, const float* w, int n, float eps) {
     __shared__ float red[32];
+    pdl_launch();
+    pdl_wait();
     const float* xr = x + (size_t)blockIdx.x * n;
     float* dr = dst + (size_t)blockIdx.x * n;
     float ss = 0.f;

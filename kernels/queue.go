@@ -5,6 +5,7 @@ import (
 	"hash/maphash"
 	"math"
 	"slices"
+	"strings"
 	"unsafe"
 )
 
@@ -40,6 +41,7 @@ type op struct {
 	shared uint32
 	params []uint64
 	offs   []uint16
+	pdl    bool    // the kernel waits for its predecessor itself (pdl_wait): launch it with programmatic serialization
 	gemv   *gemvOp // an NVFP4 matmul that later operations may fuse into
 	rope   *ropeOp // a RoPE that the next RoPE may join
 	norm   *normOp // an RMSNorm that the next matmul may take in
@@ -112,6 +114,7 @@ func (b *Backend) enqueue(name string, grid [3]int, block, shared int, args ...a
 	if o.fn == 0 {
 		return // b.function kept the error for Sync
 	}
+	o.pdl = pdlKernel(name)
 	o.setParams(args...)
 	b.qmu.Lock()
 	b.q.ops = append(b.q.ops, o)
@@ -216,10 +219,75 @@ func (b *Backend) launchOp(o *op) {
 		if len(ptrs) > 0 {
 			p = unsafe.Pointer(&ptrs[0])
 		}
-		r := b.d.cuLaunchKernel(o.fn, o.grid[0], o.grid[1], o.grid[2], o.block, 1, 1, o.shared, b.stream, p, nil)
+		var r int32
+		if o.pdl && b.pdl && !b.profiling {
+			r = b.launchPDL(o, p)
+		} else {
+			r = b.d.cuLaunchKernel(o.fn, o.grid[0], o.grid[1], o.grid[2], o.block, 1, 1, o.shared, b.stream, p, nil)
+		}
 		b.setErr(b.d.check("launch "+o.name, r))
 		b.paramPtrs = ptrs[:0]
 	}
+}
+
+// Programmatic dependent launch: a kernel launched with programmatic stream
+// serialization may start while the kernel before it drains; it calls
+// pdl_wait (manifold.cu) before touching what earlier work wrote, and the NVFP4
+// matmuls start their weight copies before that wait. Graph capture keeps
+// the relation as a programmatic edge.
+
+// pdlKernel reports whether kernel name calls pdl_wait before any dependent access.
+func pdlKernel(name string) bool {
+	switch name {
+	case "rmsnorm", "embed_ids", "rope_dyn", "attention_kv", "attention_kv_64", "attention_kv_128", "attn_combine",
+		"gemv_bf16_u4":
+		return true
+	}
+	return strings.HasPrefix(name, "gemv_nvfp4_")
+}
+
+// launchConfig and launchAttribute are CUlaunchConfig and CUlaunchAttribute.
+type launchConfig struct {
+	grid   [3]uint32
+	block  [3]uint32
+	shared uint32
+	_      uint32
+	stream uintptr
+	attrs  *launchAttribute
+	nattrs uint32
+	_      uint32
+}
+
+type launchAttribute struct {
+	id    uint32
+	_     uint32
+	value [64]byte
+}
+
+const attrProgrammaticStreamSerialization = 6 // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+func (b *Backend) launchPDL(o *op, params unsafe.Pointer) int32 {
+	attr := &b.pdlAttr
+	attr.id = attrProgrammaticStreamSerialization
+	attr.value[0] = 1 // programmaticStreamSerializationAllowed
+	cfg := &b.pdlConfig
+	*cfg = launchConfig{grid: o.grid, block: [3]uint32{o.block, 1, 1}, shared: o.shared, stream: b.stream, attrs: attr, nattrs: 1}
+	return b.d.cuLaunchKernelEx(unsafe.Pointer(cfg), o.fn, params, nil)
+}
+
+// SetPDL turns programmatic dependent launch on or off (on by default);
+// graphs captured under the other setting are dropped.
+func (b *Backend) SetPDL(on bool) {
+	b.qmu.Lock()
+	defer b.qmu.Unlock()
+	if b.pdl != on {
+		b.d.onContext(b.ctx, func() {
+			b.flushLocked()
+			b.destroyGraphs()
+		})
+		clear(b.graphSeen)
+	}
+	b.pdl = on
 }
 
 var graphSeed = maphash.MakeSeed()
