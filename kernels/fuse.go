@@ -181,8 +181,11 @@ func (b *Backend) finalizeGemv(o *op) {
 		st = 4
 	}
 	perSM := 22
-	if st == 4 {
+	switch {
+	case st == 4:
 		perSM = 16
+	case b.gemvLB && g.m == 1:
+		perSM = 32
 	}
 	kw := min(max(perSM*b.sms/total, 1), 16, max(g.K/256, 1))
 	mr := 16
@@ -206,6 +209,9 @@ func (b *Backend) finalizeGemv(o *op) {
 	o.pdl = true
 	if st == 4 {
 		o.name = "gemv_nvfp4_s1_d1_st4" // benchmarks only (with gemvDec 1, m == 1)
+	}
+	if b.gemvLB && kind == "s1" && b.gemvDec == 1 {
+		o.name = "gemv_nvfp4_s1_d1_lb"
 	}
 	o.fn = b.fn[o.name]
 	o.grid = [3]uint32{uint32(total), 1, 1}

@@ -372,6 +372,10 @@ GEMV_NVFP4(gemv_nvfp4_m1_d1, 1, 1, 2, 2)
 GEMV_NVFP4(gemv_nvfp4_s1_d0, 1, 0, 1, 2)
 GEMV_NVFP4(gemv_nvfp4_s1_d1, 1, 1, 1, 2)
 GEMV_NVFP4(gemv_nvfp4_s1_d1_st4, 1, 1, 1, 4)
+// At most 64 registers, so that 32 warps fit on a multiprocessor.
+extern "C" __global__ void __launch_bounds__(512, 2) gemv_nvfp4_s1_d1_lb(const __grid_constant__ GemvArgs a) {
+    gemv_nvfp4_body<1, 1, 1, 2>(a);
+}
 GEMV_NVFP4(gemv_nvfp4_m8_d0, 8, 0, 0, 2)
 GEMV_NVFP4(gemv_nvfp4_m8_d1, 8, 1, 0, 2)
 GEMV_NVFP4(gemv_nvfp4_m16_d0, 16, 0, 0, 2)
