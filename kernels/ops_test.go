@@ -569,32 +569,44 @@ func (e exactNVFP4) MatMul(dst, x backend.Buffer, wt backend.Weight, m int) {
 	e.launch("gemv_nvfp4_any", grid1(w.rows, 8), 256, 0, w.data.ptr, w.scales.ptr, w.global, ptr(x), ptr(dst), bias, w.rows, w.cols, m)
 }
 
-// TestNVFP4GoldenOnGPU converts the golden DeepSeek models to NVFP4 and
-// runs them on the GPU against the CPU backend. With the NVFP4 matmuls on
-// float32 activations (exactNVFP4) the GPU computes what the CPU computes:
-// logits within 2e-2, greedy equal. The default tensor-core path rounds the
-// activations to fp16 (relative 2^-11), which moves router logits and
-// indexer scores enough to flip some of these tiny models' discrete choices
-// (experts, selected keys); its difference is logged, and it must stay
-// finite.
+// TestNVFP4GoldenOnGPU converts every golden model to NVFP4 and runs it on
+// the GPU against the CPU backend. The default tensor-core path rounds the
+// activations to fp16 (relative 2^-11): for the dense decoders (Llama, Qwen3:
+// no data-dependent discrete choice in the forward pass) it must still give
+// logits within 2e-2 and equal greedy tokens. For the DeepSeek decoders it
+// moves router logits and indexer scores enough to flip some of these tiny
+// random models' expert and key choices, so its difference is logged and must
+// stay finite, and the same bound is required of the NVFP4 matmuls on float32
+// activations (exactNVFP4), which compute what the CPU computes. (exactNVFP4
+// launches outside the backend's decode-step fusions, which the dense
+// decoders' forward passes are built around, so it is not used for them.)
 func TestNVFP4GoldenOnGPU(t *testing.T) {
 	g := newGPU(t)
 	root := golden.Dir(t)
-	for _, arch := range []string{"deepseek_v4", "deepseek_v32"} {
+	dense := map[string]bool{"llama": true, "qwen3": true} // model_type without routing or top-k selection
+	for _, arch := range golden.Models(t) {
 		t.Run(arch, func(t *testing.T) {
 			src := filepath.Join(root, arch)
+			cfg, err := model.LoadConfig(src)
+			if err != nil {
+				t.Skipf("%v", err)
+			}
 			ref := golden.Load(t, src)
 			out := filepath.Join(t.TempDir(), "nvfp4")
 			if _, err := convert.Convert(context.Background(), convert.Options{In: src, Out: out, Workers: 2}); err != nil {
 				t.Fatal(err)
 			}
-			d, same := compareModels(t, exactNVFP4{g}, out, ref.InputIDs, nil)
-			requireClose(t, d, same)
-			d, same = compareModels(t, g, out, ref.InputIDs, nil)
+			d, same := compareModels(t, g, out, ref.InputIDs, nil)
+			t.Logf("tensor-core NVFP4 path: max |GPU - CPU| logit %.3g, greedy equal %v", d, same)
+			if dense[cfg.ModelType] {
+				requireClose(t, d, same)
+				return
+			}
 			if math.IsInf(d, 0) || math.IsNaN(d) {
 				t.Errorf("tensor-core NVFP4: logits not finite")
 			}
-			t.Logf("tensor-core NVFP4 path: max |GPU - CPU| logit %.3g, greedy equal %v", d, same)
+			d, same = compareModels(t, exactNVFP4{g}, out, ref.InputIDs, nil)
+			requireClose(t, d, same)
 		})
 	}
 }
