@@ -577,9 +577,11 @@ func (e exactNVFP4) MatMul(dst, x backend.Buffer, wt backend.Weight, m int) {
 // moves router logits and indexer scores enough to flip some of these tiny
 // random models' expert and key choices, so its difference is logged and must
 // stay finite, and the same bound is required of the NVFP4 matmuls on float32
-// activations (exactNVFP4), which compute what the CPU computes. (exactNVFP4
-// launches outside the backend's decode-step fusions, which the dense
-// decoders' forward passes are built around, so it is not used for them.)
+// activations (exactNVFP4), which compute what the CPU computes. On the dense
+// decoders exactNVFP4 itself gave wrong logits (max diff 5) on the H100 while
+// the production path matched the CPU; its cause is not found yet (a guess:
+// its direct launches interleave badly with the backend's decode-step queue),
+// so it is not used for them.
 func TestNVFP4GoldenOnGPU(t *testing.T) {
 	g := newGPU(t)
 	root := golden.Dir(t)
