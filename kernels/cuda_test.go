@@ -1,13 +1,11 @@
 package kernels
 
 import (
-	"context"
 	"encoding/binary"
 	"errors"
 	"math"
 	"math/rand/v2"
 	"path/filepath"
-	"slices"
 	"testing"
 
 	"github.com/manifoldlm/manifold/backend"
@@ -16,7 +14,6 @@ import (
 	"github.com/manifoldlm/manifold/layers"
 	"github.com/manifoldlm/manifold/model"
 	"github.com/manifoldlm/manifold/quant"
-	"github.com/manifoldlm/manifold/weights"
 )
 
 func newGPU(t testing.TB) *Backend {
@@ -243,71 +240,16 @@ func TestGoldenOnGPU(t *testing.T) {
 	for _, arch := range golden.Models(t) {
 		for _, variant := range []string{"", "bf16"} {
 			dir := filepath.Join(root, arch, variant)
-			cfg, err := model.LoadConfig(dir)
-			if err != nil {
+			if _, err := model.LoadConfig(dir); err != nil {
 				if errors.Is(err, model.ErrConfig) {
 					t.Logf("%s: %v", dir, err)
 				}
 				continue
 			}
 			t.Run(filepath.Join(arch, variant+"."), func(t *testing.T) {
-				ck, err := weights.Open(dir)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer ck.Close()
-				mg, err := model.New(g, cfg, ck)
-				if err != nil {
-					t.Skipf("not on the GPU yet: %v", err)
-				}
-				mc, err := model.New(cpu.New(0), cfg, ck)
-				if err != nil {
-					t.Fatal(err)
-				}
 				ref := golden.Load(t, filepath.Join(root, arch))
-				ctx := context.Background()
-				run := func(m model.Model) ([]float32, []int32) {
-					st, err := m.NewState(len(ref.InputIDs) + 24)
-					if err != nil {
-						t.Fatal(err)
-					}
-					full, err := m.Forward(ctx, st, ref.InputIDs, true)
-					if err != nil {
-						t.Fatal(err)
-					}
-					st2, _ := m.NewState(64)
-					logits, err := m.Forward(ctx, st2, ref.InputIDs[:20], false)
-					if err != nil {
-						t.Fatal(err)
-					}
-					var toks []int32
-					for range 24 {
-						tok := int32(0)
-						for i, v := range logits {
-							if v > logits[tok] {
-								tok = int32(i)
-							}
-						}
-						toks = append(toks, tok)
-						if logits, err = m.Forward(ctx, st2, []int32{tok}, false); err != nil {
-							t.Fatal(err)
-						}
-					}
-					return full, toks
-				}
-				gl, gt := run(mg)
-				cl, ct := run(mc)
-				var d float64
-				for i := range gl {
-					d = max(d, math.Abs(float64(gl[i]-cl[i])))
-				}
-				if d > 2e-2 {
-					t.Errorf("GPU logits differ from the CPU backend's by %.3g > 2e-2", d)
-				}
-				if !slices.Equal(gt, ct) {
-					t.Errorf("greedy tokens differ:\nGPU %v\nCPU %v", gt, ct)
-				}
-				t.Logf("max |GPU - CPU| logit %.3g; greedy equal", d)
+				d, same := compareModels(t, g, dir, ref.InputIDs, nil)
+				requireClose(t, d, same)
 			})
 		}
 	}
