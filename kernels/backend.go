@@ -65,6 +65,8 @@ type Backend struct {
 	gemvX8        bool // m == 1 on the m <= 8 kernel (x read per chunk, no staging)
 	gemvSmallM    bool // 2 <= m <= 16 on the decode-shape kernels too
 	gemvLB        bool // m == 1 on the 64-register variant (32 warps per multiprocessor; measured faster)
+	gemvMT        bool // m == 1: several tiles per block, x staged once for them (MANIFOLD_GEMV_TILES=1: one)
+	gemvTiles     int  // tests: tiles per block forced (> 1) where they fit
 	pdl           bool // programmatic dependent launch (queue.go)
 	pdlConfig     launchConfig
 	pdlAttr       launchAttribute
@@ -108,7 +110,7 @@ func New(ordinal int) (*Backend, error) {
 		graphs: os.Getenv("MANIFOLD_CUDA_GRAPHS") != "0", graphCache: map[uint64]*graphEntry{}, graphSeen: map[uint64]int{},
 		gemvDec: defaultGemvDec, normFusion: os.Getenv("MANIFOLD_NORM_FUSION") == "1",
 		gemvX8: os.Getenv("MANIFOLD_GEMV_M1") == "m8", pdl: os.Getenv("MANIFOLD_CUDA_PDL") != "0",
-		gemvLB: os.Getenv("MANIFOLD_GEMV_M1") != "s1"}
+		gemvLB: os.Getenv("MANIFOLD_GEMV_M1") != "s1", gemvMT: os.Getenv("MANIFOLD_GEMV_TILES") != "1"}
 	var n int32
 	if err := d.check("cuDeviceGetCount", d.cuDeviceGetCount(&n)); err != nil {
 		return nil, err
@@ -140,7 +142,7 @@ func New(ordinal int) (*Backend, error) {
 		for _, name := range []string{"gemv_f32", "gemv_bf16", "gemm_nvfp4_mma", "gemv_f32_any", "gemv_bf16_any",
 			"gemv_nvfp4_any", "embed", "rmsnorm", "rope", "attention", "swiglu", "add", "scale",
 			"sample_partial", "sample_final", "embed_ids", "rope_dyn", "attention_kv", "attention_kv_64", "attention_kv_128", "attn_combine", "gemv_bf16_u4",
-			"gemv_nvfp4_m1_d0", "gemv_nvfp4_m1_d1", "gemv_nvfp4_s1_d0", "gemv_nvfp4_s1_d1", "gemv_nvfp4_s1_d1_st4", "gemv_nvfp4_s1_d1_lb", "gemv_nvfp4_m8_d0", "gemv_nvfp4_m8_d1",
+			"gemv_nvfp4_m1_d0", "gemv_nvfp4_m1_d1", "gemv_nvfp4_s1_d0", "gemv_nvfp4_s1_d1", "gemv_nvfp4_s1_d1_st4", "gemv_nvfp4_s1_d1_lb", "gemv_nvfp4_s1_d1_mt", "gemv_nvfp4_m8_d0", "gemv_nvfp4_m8_d1",
 			"gemv_nvfp4_m16_d0", "gemv_nvfp4_m16_d1"} {
 			var f uintptr
 			if err = d.check("cuModuleGetFunction "+name, d.cuModuleGetFunction(&f, b.module, cString(name))); err != nil {
@@ -152,7 +154,7 @@ func New(ordinal int) (*Backend, error) {
 		for name, bytes := range map[string]int{"attention": b.maxShare, "sample_final": sampleFinalShared,
 			"attention_kv": b.maxShare - attnStatic, "attention_kv_64": b.maxShare - attnStatic,
 			"attention_kv_128": b.maxShare - attnStatic, "gemv_nvfp4_m1_d0": b.maxShare, "gemv_nvfp4_m1_d1": b.maxShare,
-			"gemv_nvfp4_s1_d0": b.maxShare, "gemv_nvfp4_s1_d1": b.maxShare, "gemv_nvfp4_s1_d1_st4": b.maxShare, "gemv_nvfp4_s1_d1_lb": b.maxShare,
+			"gemv_nvfp4_s1_d0": b.maxShare, "gemv_nvfp4_s1_d1": b.maxShare, "gemv_nvfp4_s1_d1_st4": b.maxShare, "gemv_nvfp4_s1_d1_lb": b.maxShare, "gemv_nvfp4_s1_d1_mt": b.maxShare,
 			"gemv_nvfp4_m8_d0": b.maxShare, "gemv_nvfp4_m8_d1": b.maxShare, "gemv_nvfp4_m16_d0": b.maxShare,
 			"gemv_nvfp4_m16_d1": b.maxShare} {
 			if err = d.check("cuFuncSetAttribute "+name, d.cuFuncSetAttribute(b.fn[name], 8, int32(bytes))); err != nil {

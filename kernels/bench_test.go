@@ -29,7 +29,8 @@ func randomNVFP4(rng *rand.Rand, n, k int) *quant.NVFP4 {
 // the m = 1 kernel streaming x with the weights, -contig with each warp on a
 // contiguous run of K, -st4 with 4 pipeline stages and fewer warps, -x8 the
 // m <= 8 kernel (x read per chunk, nothing staged), -88reg the m = 1 kernel
-// without the 64-register cap (fewer warps per SM), -pdl with programmatic
+// without the 64-register cap (fewer warps per SM), -1tile with one tile
+// (16 features) per block, x staged by every block, -pdl with programmatic
 // dependent launch (each call overlapping the previous one's tail); bf16 picks its kernel
 // by shape (one load in flight per lane, four on tall matrices), bf16-1load
 // and bf16-4loads force one. 128256x4096 is the 8B model's LM head.
@@ -49,7 +50,7 @@ func BenchmarkGEMV(b *testing.B) {
 	}
 	reset := func() {
 		g.gemvDec, g.bf16Kernel, g.gemvOff, g.gemvPipe, g.gemvFlags, g.gemvSt4, g.gemvX8, g.gemvSmallM = defaultGemvDec, "", false, false, 0, false, false, false
-		g.gemvLB = true
+		g.gemvLB, g.gemvMT = true, true
 		g.SetPDL(false)
 	}
 	for _, shape := range [][2]int{{4096, 14336}, {14336, 4096}, {128256, 4096}} {
@@ -75,6 +76,8 @@ func BenchmarkGEMV(b *testing.B) {
 				{"nvfp4-st4", nv, []int{1}, func() { g.gemvSt4 = true }},
 				{"nvfp4-pdl", nv, []int{1}, func() { g.SetPDL(true) }},
 				{"nvfp4-88reg", nv, []int{1}, func() { g.gemvLB = false }},
+				{"nvfp4-1tile", nv, []int{1}, func() { g.gemvMT = false }},
+				{"nvfp4-1tile-pdl", nv, []int{1}, func() { g.gemvMT = false; g.SetPDL(true) }},
 				{"nvfp4-x8", nv, []int{1}, func() { g.gemvX8 = true }},
 				{"nvfp4-x8-contig", nv, []int{1}, func() { g.gemvX8, g.gemvFlags = true, 1 }},
 				{"bf16", bfw, []int{1, 16, 64}, reset}, {"bf16-4loads", bfw, []int{1}, func() { g.bf16Kernel = "gemv_bf16_u4" }}}

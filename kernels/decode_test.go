@@ -28,15 +28,19 @@ func TestDecodeStepFusedAndGraphed(t *testing.T) {
 	for _, dec := range []int{1, 0} {
 		for _, graphs := range []bool{true, false} {
 			t.Run(fmt.Sprintf("dec%d/graphs=%v", dec, graphs), func(t *testing.T) {
-				testDecodeStep(t, dec, graphs)
+				testDecodeStep(t, dec, graphs, 0)
 			})
 		}
 	}
+	// Several tiles per block (gemv_nvfp4_s1_d1_mt), a count that divides
+	// none of the launches' tile counts.
+	t.Run("dec1/graphs=true/tiles=3", func(t *testing.T) { testDecodeStep(t, 1, true, 3) })
 }
 
-func testDecodeStep(t *testing.T, dec int, graphs bool) {
+func testDecodeStep(t *testing.T, dec int, graphs bool, tiles int) {
 	g, c := newGPU(t), cpu.New(0)
 	g.gemvDec = dec
+	g.gemvTiles = tiles
 	g.normFusion = dec == 0 // dec0 also covers the staged kernel with RMSNorm inside
 	g.SetGraphs(graphs)
 	rng := rand.New(rand.NewPCG(21, uint64(dec)))
@@ -197,6 +201,34 @@ func TestNormFusedIntoMatMul(t *testing.T) {
 		}
 		if e := relErr(fromGPU(t, g, yg), yc); e > 1e-3 {
 			t.Errorf("%v: matmul: relative error %.3g", sh, e)
+		}
+	}
+}
+
+// TestGemvTilesPerBlock holds the m = 1 kernel with several tiles per block
+// (x staged once for them; forced here, since these shapes are too small for
+// the launch to choose it) to the CPU backend, tile counts that T does not
+// divide included; tolerance as TestMatMul's for NVFP4.
+func TestGemvTilesPerBlock(t *testing.T) {
+	g, c := newGPU(t), cpu.New(0)
+	rng := rand.New(rand.NewPCG(17, 18))
+	for _, tiles := range []int{2, 3, 4, 8} {
+		for _, sh := range []struct{ n, k int }{{300, 1024}, {513, 1024}, {24, 256}, {1000, 4096}, {64, 2048}} {
+			g.gemvTiles = tiles
+			h := hostWeight(rng, backend.NVFP4, sh.n, sh.k)
+			wc, _ := c.Upload(h)
+			wg, err := g.Upload(h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			x := randn(rng, sh.k)
+			want := make(cpu.Buffer, sh.n)
+			c.MatMul(want, cpu.Buffer(x), wc, 1)
+			out := g.NewBuffer(sh.n)
+			g.MatMul(out, toGPU(g, x), wg, 1)
+			if e := relErr(fromGPU(t, g, out), want); e > 1e-3 {
+				t.Errorf("T=%d %+v: relative error %.3g", tiles, sh, e)
+			}
 		}
 	}
 }

@@ -210,15 +210,44 @@ func (b *Backend) finalizeGemv(o *op) {
 	if st == 4 {
 		o.name = "gemv_nvfp4_s1_d1_st4" // benchmarks only (with gemvDec 1, m == 1)
 	}
+	// Several tiles per block (m == 1, x staged): x is read from L2 and
+	// staged once per T tiles instead of once per tile. T doubles while the
+	// block stays within 32 warps, the grid still covers 90% of the
+	// multiprocessors (measured better in decode than requiring all of them:
+	// docs/PERFORMANCE.md) and all its blocks fit on the GPU at once.
+	tpb := 1
 	if b.gemvLB && kind == "s1" && b.gemvDec == 1 {
 		o.name = "gemv_nvfp4_s1_d1_lb"
+		if t := b.gemvTiles; t > 1 && t*kw <= 32 && t*kw*st*2304+2*g.K <= b.maxShare {
+			tpb = t // tests: a given T
+		} else if b.gemvMT {
+			for {
+				t2 := 2 * tpb
+				bw := t2 * kw
+				if bw > 32 {
+					break
+				}
+				grid := (total + t2 - 1) / t2
+				sh := bw*st*2304 + 2*g.K
+				perSM := min(32/bw, b.maxShare/(sh+1024))
+				if sh > b.maxShare || perSM < 1 || grid < b.sms*9/10 || grid > perSM*b.sms {
+					break
+				}
+				tpb = t2
+			}
+		}
+		if tpb > 1 {
+			o.name = "gemv_nvfp4_s1_d1_mt"
+			shared = tpb*kw*st*2304 + 2*g.K
+		}
 	}
 	o.fn = b.fn[o.name]
-	o.grid = [3]uint32{uint32(total), 1, 1}
-	o.block = uint32(32 * kw)
+	o.grid = [3]uint32{uint32((total + tpb - 1) / tpb), 1, 1}
+	o.block = uint32(32 * kw * tpb)
 	o.shared = uint32(shared)
+	flags := b.gemvFlags | tpb<<8
 	var a [25]uint64
-	a[24] = uint64(b.gemvFlags) << 32
+	a[24] = uint64(flags) << 32
 	var global [4]float32
 	var N [3]int
 	for i, gg := range g.groups {
@@ -241,7 +270,7 @@ func (b *Backend) finalizeGemv(o *op) {
 	a[19] = pair(uint32(g.K), uint32(g.m))
 	a[20] = pair(uint32(ngroups), uint32(g.mode))
 	if nm := g.norm; nm != nil {
-		a[21], a[22], a[23], a[24] = nm.x.ptr, nm.w.ptr, nm.dst.ptr, uint64(f(nm.eps))|uint64(b.gemvFlags)<<32
+		a[21], a[22], a[23], a[24] = nm.x.ptr, nm.w.ptr, nm.dst.ptr, uint64(f(nm.eps))|uint64(flags)<<32
 	}
 	o.setParams(a[:])
 }

@@ -41,8 +41,18 @@ struct GemvArgs {
     // staging, and block 0 also writes it to nh (the RMSNorm's output).
     unsigned long long nx, nw, nh;
     float eps;
-    int flags;  // bit 0: each warp takes a contiguous run of chunks; bit 1: weight copies prefetch 256 B into L2
+    // bit 0: each warp takes a contiguous run of chunks; bit 1: weight copies
+    // prefetch 256 B into L2; bits 8-15: T, tiles per block (0 means 1).
+    int flags;
 };
+
+// Tile tl of a launch: which weight (gi) and its first feature (n0).
+__device__ __forceinline__ void gemv_tile(const GemvArgs& a, int tl, int& gi, int& n0) {
+    gi = 0;
+    if (a.ngroups > 1 && tl >= a.tiles[0]) gi = (a.ngroups > 2 && tl >= a.tiles[1]) ? 2 : 1;
+    int lt = tl - (gi ? a.tiles[gi - 1] : 0);
+    n0 = a.mode == 1 ? lt * 8 : lt * 16;
+}
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -117,19 +127,21 @@ __device__ __forceinline__ void x8_pairs(float4 a, float4 b, uint32_t p[4]) {
 // 8, rows g+8: feature g of its second 8) and x is B (column g: token g), so
 // one m16n8k16 covers 16 features and 8 tokens, every fragment register holds
 // data, and each lane's B pairs are its x pairs as loaded.
-template <int MR, int DEC, int XS, int GEMV_STAGES>
+// TM: tiles per block, 0 for T from a.flags (gemv_nvfp4_s1_d1_mt).
+template <int MR, int DEC, int XS, int GEMV_STAGES, int TM = 1>
 __device__ __forceinline__ void gemv_nvfp4_body(const GemvArgs& a) {
     constexpr int SB = GEMV_WS_BYTES + (XS == 2 ? GEMV_X_BYTES : 0);  // stage bytes
     extern __shared__ __align__(16) unsigned char gsm[];
     const int lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3, warp = threadIdx.x / WARP;
-    const int KW = blockDim.x / WARP;
     const int K = a.K, m = a.m;
-    // Which weight and which features this block's tile covers.
-    int b = blockIdx.x, gi = 0;
-    if (a.ngroups > 1 && b >= a.tiles[0]) gi = (a.ngroups > 2 && b >= a.tiles[1]) ? 2 : 1;
-    int lt = b - (gi ? a.tiles[gi - 1] : 0);
+    // A block holds T tiles (consecutive), each split over KW warps, and stages
+    // x once for all of them. Which weight and features this warp's tile covers:
+    const int T = TM ? TM : max((a.flags >> 8) & 0xff, 1);
+    const int KW = blockDim.x / WARP / T, wt = warp % KW, tb = warp / KW;
+    const int tile = blockIdx.x * T + tb;
+    int gi, n0;
+    gemv_tile(a, tile, gi, n0);
     const bool swiglu = a.mode == 1;
-    int n0 = swiglu ? lt * 8 : lt * 16;
     const uint8_t* prow[2];
     const uint8_t* srow[2];
 #pragma unroll
@@ -150,8 +162,9 @@ __device__ __forceinline__ void gemv_nvfp4_body(const GemvArgs& a) {
     const uint32_t wdst1 = smem_u32(wsm) + (t % 2) * 512 + (g * 4 + 2 + t / 2) * 16;  // j = 1
     const int C = K / 256;
     const bool contig = a.flags & 1, l2pf = a.flags & 2;
-    const int c0 = contig ? warp * C / KW : warp;
-    const int nch = contig ? (warp + 1) * C / KW - c0 : (warp < C ? (C - 1 - warp) / KW + 1 : 0);
+    const int c0 = contig ? wt * C / KW : wt;
+    int nch = contig ? (wt + 1) * C / KW - c0 : (wt < C ? (C - 1 - wt) / KW + 1 : 0);
+    if (tile >= a.tiles[2]) nch = 0;  // past the last tile (the grid rounds up)
     pdl_launch();
     if (XS == 2) pdl_wait();  // its prologue copies x
     const int cstep = contig ? 1 : KW;
@@ -186,7 +199,7 @@ __device__ __forceinline__ void gemv_nvfp4_body(const GemvArgs& a) {
     if (XS != 2) pdl_wait();
     // m == 1: xs[(chunk*8 + q)*4 + t] holds the 4 pairs of word q of lane t's
     // elements of the chunk (consecutive t: no bank conflicts).
-    uint4* xs = reinterpret_cast<uint4*>(gsm + KW * (GEMV_STAGES * SB));
+    uint4* xs = reinterpret_cast<uint4*>(gsm + (blockDim.x / WARP) * (GEMV_STAGES * SB));
     if (XS == 1) {
         const float* x = (const float*)(a.nx ? a.nx : a.x);
         float inv = 1.f;
@@ -306,7 +319,7 @@ __device__ __forceinline__ void gemv_nvfp4_body(const GemvArgs& a) {
     }
     cp_async_wait<0>();
     __syncthreads();
-    // red: [KW][8][32] partial sums over the block's warps (acc, then acc8).
+    // red: [warps][8][32] partial sums of the block's warps (acc, then acc8).
     float* red = reinterpret_cast<float*>(gsm);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -321,10 +334,12 @@ __device__ __forceinline__ void gemv_nvfp4_body(const GemvArgs& a) {
     const int nj = MR == 16 ? 8 : 4;
     if (swiglu) {
         // Entries i = 0, 1 are gate features, i + 2 the up features of the same lane.
-        for (int o = threadIdx.x; o < nj / 2 * WARP; o += blockDim.x) {
-            int l = o % WARP, j = o / WARP, i = j % 2, half = j / 2;
+        for (int o = threadIdx.x; o < T * (nj / 2 * WARP); o += blockDim.x) {
+            int ot = o / (nj / 2 * WARP), l = o % WARP, j = o % (nj / 2 * WARP) / WARP, i = j % 2, half = j / 2;
+            int tgi, n0;
+            gemv_tile(a, blockIdx.x * T + ot, tgi, n0);
             float gs = 0.f, us = 0.f;
-            for (int w2 = 0; w2 < KW; w2++) {
+            for (int w2 = ot * KW; w2 < ot * KW + KW; w2++) {
                 gs += red[(w2 * 8 + half * 4 + i) * WARP + l];
                 us += red[(w2 * 8 + half * 4 + i + 2) * WARP + l];
             }
@@ -344,15 +359,17 @@ __device__ __forceinline__ void gemv_nvfp4_body(const GemvArgs& a) {
         }
         return;
     }
-    const int N = a.N[gi];
-    const float sc = a.global[gi] * F;
-    const float* bias = (const float*)a.bias[gi];
-    float* y = (float*)a.y[gi];
     float* res = (float*)a.res;
-    for (int o = threadIdx.x; o < nj * WARP; o += blockDim.x) {
-        int l = o % WARP, j = o / WARP, i = j % 4, half = j / 4;
+    for (int o = threadIdx.x; o < T * (nj * WARP); o += blockDim.x) {
+        int ot = o / (nj * WARP), l = o % WARP, j = o % (nj * WARP) / WARP, i = j % 4, half = j / 4;
+        int gi, n0;
+        gemv_tile(a, blockIdx.x * T + ot, gi, n0);
+        const int N = a.N[gi];
+        const float sc = a.global[gi] * F;
+        const float* bias = (const float*)a.bias[gi];
+        float* y = (float*)a.y[gi];
         float v = 0.f;
-        for (int w2 = 0; w2 < KW; w2++) v += red[(w2 * 8 + j) * WARP + l];
+        for (int w2 = ot * KW; w2 < ot * KW + KW; w2++) v += red[(w2 * 8 + j) * WARP + l];
         int tok = 2 * (l & 3) + (i & 1) + 8 * half, col = n0 + (l >> 2) + (i < 2 ? 0 : 8);
         if (tok < m && col < N) {
             v = v * sc + (bias ? bias[col] : 0.f);
@@ -375,6 +392,10 @@ GEMV_NVFP4(gemv_nvfp4_s1_d1_st4, 1, 1, 1, 4)
 // At most 64 registers, so that 32 warps fit on a multiprocessor.
 extern "C" __global__ void __launch_bounds__(512, 2) gemv_nvfp4_s1_d1_lb(const __grid_constant__ GemvArgs a) {
     gemv_nvfp4_body<1, 1, 1, 2>(a);
+}
+// The same with blocks of up to 32 warps (several tiles per block, x staged once).
+extern "C" __global__ void __launch_bounds__(1024, 1) gemv_nvfp4_s1_d1_mt(const __grid_constant__ GemvArgs a) {
+    gemv_nvfp4_body<1, 1, 1, 2, 0>(a);
 }
 GEMV_NVFP4(gemv_nvfp4_m8_d0, 8, 0, 0, 2)
 GEMV_NVFP4(gemv_nvfp4_m8_d1, 8, 1, 0, 2)
