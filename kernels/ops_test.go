@@ -484,7 +484,7 @@ func runGreedy(t *testing.T, m model.Model, ids []int32) ([]float32, []int32) {
 
 // compareModels loads dir on the GPU (g) and the CPU (after setup, if any)
 // and returns the largest |logit| difference of a full pass and whether the
-// greedy tokens are equal.
+// greedy tokens agree (equal, or the GPU follows the CPU's up to exact ties).
 func compareModels(t *testing.T, g backend.Backend, dir string, ids []int32, setup func(model.Model) error) (float64, bool) {
 	t.Helper()
 	cfg, err := model.LoadConfig(dir)
@@ -521,10 +521,45 @@ func compareModels(t *testing.T, g backend.Backend, dir string, ids []int32, set
 			d = math.Inf(1)
 		}
 	}
-	if !slices.Equal(gt, ct) {
-		t.Logf("greedy tokens differ:\nGPU %v\nCPU %v", gt, ct)
+	if slices.Equal(gt, ct) {
+		return d, true
 	}
-	return d, slices.Equal(gt, ct)
+	// A flip is only a disagreement if the GPU, fed the CPU's tokens, ranks the
+	// CPU's choice below its own by more than float32 summation order can
+	// explain: near-ties on these tiny random models may go either way.
+	same := followsGreedy(t, mg, ids, ct, greedyTieTol)
+	t.Logf("greedy tokens differ:\nGPU %v\nCPU %v\nGPU fed the CPU's tokens agrees up to ties within %g: %v", gt, ct, greedyTieTol, same)
+	return d, same
+}
+
+// greedyTieTol is the logit gap under which two candidates count as tied:
+// far above float32 reordering error on these models (~1e-5), far below the
+// 2e-2 logit tolerance.
+const greedyTieTol = 1e-4
+
+// followsGreedy feeds want (greedy tokens from ids[:20]) through m and reports
+// whether at each step want's token is within tol of m's best logit.
+func followsGreedy(t *testing.T, m model.Model, ids, want []int32, tol float32) bool {
+	t.Helper()
+	ctx := context.Background()
+	st, _ := m.NewState(64)
+	logits, err := m.Forward(ctx, st, ids[:20], false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, tok := range want {
+		best := slices.Max(logits)
+		if logits[tok] < best-tol {
+			t.Logf("step %d: token %d at %.6g, best %.6g", i, tok, logits[tok], best)
+			return false
+		}
+		if i+1 < len(want) {
+			if logits, err = m.Forward(ctx, st, []int32{tok}, false); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return true
 }
 
 // requireClose fails unless the logits are within 2e-2 and greedy equal.
