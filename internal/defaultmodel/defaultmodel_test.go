@@ -15,6 +15,7 @@ import (
 
 	"github.com/manifoldlm/manifold/backend/cpu"
 	"github.com/manifoldlm/manifold/engine"
+	"github.com/manifoldlm/manifold/internal/golden"
 	"github.com/manifoldlm/manifold/model"
 	"github.com/manifoldlm/manifold/weights"
 )
@@ -109,32 +110,11 @@ func loadFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	defer ck.Close()
-	ints := func(name string) []int32 {
-		tn, err := ck.Tensor(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		v, err := tn.Int64s()
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := make([]int32, len(v))
-		for i, x := range v {
-			out[i] = int32(x)
-		}
-		return out
-	}
+	ints := func(name string) []int32 { return golden.Int32s(t, ck, name) }
 	fx := &fixture{prompt: ints("prompt_ids"), greedy: ints("greedy_ids")}
 	for k := 0; ck.Has(fmt.Sprintf("input_ids_%d", k)); k++ {
 		fx.seqs = append(fx.seqs, ints(fmt.Sprintf("input_ids_%d", k)))
-		tn, err := ck.Tensor(fmt.Sprintf("logits_%d", k))
-		if err != nil {
-			t.Fatal(err)
-		}
-		v, err := tn.Float32()
-		if err != nil {
-			t.Fatal(err)
-		}
+		v, _ := golden.Float32s(t, ck, fmt.Sprintf("logits_%d", k))
 		fx.logits = append(fx.logits, v)
 	}
 	if len(fx.seqs) == 0 {

@@ -90,33 +90,13 @@ func Load(t testing.TB, dir string) *Reference {
 		if !ck.Has(name) {
 			return nil
 		}
-		tn, err := ck.Tensor(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		v, err := tn.Int64s()
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := make([]int32, len(v))
-		for i, x := range v {
-			out[i] = int32(x)
-		}
-		return out
+		return Int32s(t, ck, name)
 	}
 	floats := func(name string) ([]float32, []int) {
 		if !ck.Has(name) {
 			return nil, nil
 		}
-		tn, err := ck.Tensor(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		v, err := tn.Float32()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return v, tn.Shape
+		return Float32s(t, ck, name)
 	}
 	r := &Reference{InputIDs: ints("input_ids"), GreedyTokens: ints("greedy_tokens")}
 	var shape []int
@@ -130,4 +110,36 @@ func Load(t testing.TB, dir string) *Reference {
 		r.IncrementalRows = shape[0]
 	}
 	return r
+}
+
+// Int32s reads the integer tensor name of ck as int32, failing the test on error.
+func Int32s(t testing.TB, ck *weights.Checkpoint, name string) []int32 {
+	t.Helper()
+	tn, err := ck.Tensor(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := tn.Int64s()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]int32, len(v))
+	for i, x := range v {
+		out[i] = int32(x)
+	}
+	return out
+}
+
+// Float32s reads the float tensor name of ck and its shape, failing the test on error.
+func Float32s(t testing.TB, ck *weights.Checkpoint, name string) ([]float32, []int) {
+	t.Helper()
+	tn, err := ck.Tensor(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := tn.Float32()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v, tn.Shape
 }
