@@ -663,17 +663,8 @@ func parseNormalizer(raw json.RawMessage, field string, opts *buildOptions) (nor
 	}
 	switch c.Type {
 	case "Sequence":
-		var seq normSequence
-		for i, r := range c.Normalizers {
-			n, err := parseNormalizer(r, fmt.Sprintf("%s.normalizers[%d]", field, i), opts)
-			if err != nil {
-				return nil, err
-			}
-			if n != nil {
-				seq = append(seq, n)
-			}
-		}
-		return seq, nil
+		seq, err := parseEach(c.Normalizers, field+".normalizers", func(r json.RawMessage, f string) (normalizer, error) { return parseNormalizer(r, f, opts) })
+		return normSequence(seq), err
 	case "NFC":
 		return normForm{norm.NFC}, nil
 	case "NFD":
@@ -718,17 +709,8 @@ func parsePreTokenizer(raw json.RawMessage, field string, opts *buildOptions) (p
 	}
 	switch c.Type {
 	case "Sequence":
-		var seq preSequence
-		for i, r := range c.Pretokenizers {
-			p, err := parsePreTokenizer(r, fmt.Sprintf("%s.pretokenizers[%d]", field, i), opts)
-			if err != nil {
-				return nil, err
-			}
-			if p != nil {
-				seq = append(seq, p)
-			}
-		}
-		return seq, nil
+		seq, err := parseEach(c.Pretokenizers, field+".pretokenizers", func(r json.RawMessage, f string) (preTokenizer, error) { return parsePreTokenizer(r, f, opts) })
+		return preSequence(seq), err
 	case "Split":
 		m, err := c.pattern(field, opts.scanners)
 		if err != nil {
@@ -813,17 +795,8 @@ func parseDecoder(raw json.RawMessage, field string, opts *buildOptions) (decode
 	}
 	switch c.Type {
 	case "Sequence":
-		var seq decSequence
-		for i, r := range c.Decoders {
-			d, err := parseDecoder(r, fmt.Sprintf("%s.decoders[%d]", field, i), opts)
-			if err != nil {
-				return nil, err
-			}
-			if d != nil {
-				seq = append(seq, d)
-			}
-		}
-		return seq, nil
+		seq, err := parseEach(c.Decoders, field+".decoders", func(r json.RawMessage, f string) (decoder, error) { return parseDecoder(r, f, opts) })
+		return decSequence(seq), err
 	case "ByteLevel":
 		return decByteLevel{}, nil
 	case "Metaspace":
@@ -947,4 +920,21 @@ func parseTemplateProcessing(c *component, field string) (postProcessor, error) 
 		}
 	}
 	return t, nil
+}
+
+// parseEach parses the items of a Sequence component (naming them field[i]
+// in errors), dropping the ones that parse to nothing.
+func parseEach[T comparable](items []json.RawMessage, field string, parse func(json.RawMessage, string) (T, error)) ([]T, error) {
+	var out []T
+	var none T
+	for i, r := range items {
+		p, err := parse(r, fmt.Sprintf("%s[%d]", field, i))
+		if err != nil {
+			return nil, err
+		}
+		if p != none {
+			out = append(out, p)
+		}
+	}
+	return out, nil
 }
