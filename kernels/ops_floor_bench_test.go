@@ -1,0 +1,263 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/layers"
+	"github.com/manifoldlm/manifold/layers/dsa"
+	"github.com/manifoldlm/manifold/layers/dsa/htree"
+	"github.com/manifoldlm/manifold/layers/mhc"
+)
+
+// Issue 11's benchmarks: each op's device time against its bandwidth floor
+// (the bytes that must move divided by CopyBandwidth, measured in the same
+// process), DSA sparse decode against dense MLA decode over the same cache,
+// and htree decode attention against dense flash-decoding. Times are
+// deviceTime's (CUDA events around iters queued runs, so launch and queueing
+// gaps count). Caches are filled with random data directly. Run on the device
+// machine, in kernels/, with bench_mhc_torch.py for the PyTorch eager mHC:
+//
+//	kernels.test -test.run '^$' -test.bench 'OpsFloor|OpsVsDense' -test.benchtime 3x
+
+func floorGPU(b *testing.B) (*Backend, float64) {
+	if !Available() {
+		b.Skip("no CUDA driver or GPU")
+	}
+	g, err := New(0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { g.Close() })
+	bw := g.CopyBandwidth()
+	if err := g.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	return g, bw
+}
+
+// fillRandom writes n random values at p, tiling one random block of at most
+// 1<<22 values (host generation stays short at 128k contexts).
+func fillRandom(g *Backend, rng *rand.Rand, p uint64, n int) {
+	tile := randn(rng, min(n, 1<<22))
+	for off := 0; off < n; off += len(tile) {
+		w := min(len(tile), n-off)
+		g.Write(&Buffer{ptr: p + uint64(4*off), n: w}, 0, tile[:w])
+	}
+}
+
+// timeOp runs fn b.N times (warm-up, graph capture) and then reports
+// deviceTime over iters runs as dev-us, with the floor for bytes at bw.
+func timeOp(b *testing.B, g *Backend, bw float64, iters int, bytes float64, fn func()) time.Duration {
+	for range b.N {
+		fn()
+	}
+	if err := g.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	d := deviceTime(g, iters, fn)
+	if err := g.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	floor := bytes / bw
+	b.ReportMetric(float64(d.Nanoseconds())/1e3, "dev-us")
+	if bytes > 0 {
+		b.ReportMetric(floor*1e6, "floor-us")
+		b.ReportMetric(100*floor/d.Seconds(), "%floor")
+	}
+	return d
+}
+
+func BenchmarkOpsFloorMHC(b *testing.B) {
+	const n, C = 4, 7168
+	g, bw := floorGPU(b)
+	b.Logf("copy bandwidth %.0f GB/s", bw/1e9)
+	rng := rand.New(rand.NewPCG(11, 1))
+	cfg := mhc.Config{Streams: n, Hidden: C, SinkhornIters: 20, Eps: 1e-6, NormEps: 1e-6}
+	mx, _ := mhc.New(cfg)
+	mix := cfg.MixDim()
+	h := hostWeight(rng, backend.BF16, mix, n*C)
+	h.Bias = nil
+	w, err := g.Upload(h)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, rows := range []int{1, 2, 4, 8, 16, 32, 64, 8192} {
+		x := g.NewBuffer(rows * n * C)
+		fillRandom(g, rng, ptr(x), rows*n*C)
+		out := toGPU(g, randn(rng, rows*C))
+		logits := g.NewBuffer(rows * mix)
+		pre, post, res := g.NewBuffer(rows*n), g.NewBuffer(rows*n), g.NewBuffer(rows*n*n)
+		base, scale := toGPU(g, randn(rng, mix)), toGPU(g, []float32{0.5, 0.5, 0.5})
+		dst, nx := g.NewBuffer(rows*C), g.NewBuffer(rows*n*C)
+		iters := 20
+		if rows > 64 {
+			iters = 3
+		}
+		// coefficients + pre: the stream read once, the projection weight
+		// (bf16) once, the layer input written.
+		b.Run(fmt.Sprintf("B=%d/coeffs+pre", rows), func(b *testing.B) {
+			bytes := float64(4*rows*n*C + 2*mix*n*C + 4*rows*C)
+			timeOp(b, g, bw, iters, bytes, func() {
+				g.MHCProject(logits, x, w, rows, 1e-6)
+				g.MHCActivate(mx, pre, post, res, logits, base, scale, rows)
+				g.MHCPre(dst, x, pre, rows, n, C)
+			})
+		})
+		b.Run(fmt.Sprintf("B=%d/coeffs", rows), func(b *testing.B) {
+			timeOp(b, g, bw, iters, float64(4*rows*n*C+2*mix*n*C), func() {
+				g.MHCProject(logits, x, w, rows, 1e-6)
+				g.MHCActivate(mx, pre, post, res, logits, base, scale, rows)
+			})
+		})
+		b.Run(fmt.Sprintf("B=%d/pre", rows), func(b *testing.B) {
+			timeOp(b, g, bw, 20, float64(4*rows*(n+1)*C), func() { g.MHCPre(dst, x, pre, rows, n, C) })
+		})
+		// post: the stream and the layer output read, the new stream written.
+		b.Run(fmt.Sprintf("B=%d/post", rows), func(b *testing.B) {
+			timeOp(b, g, bw, 20, float64(4*rows*(2*n+1)*C), func() { g.MHCPost(nx, x, out, post, res, rows, n, C) })
+		})
+		if err := g.Sync(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// allIndices is a selection of positions 0..k-1 for one query: the dense
+// path through the sparse kernel.
+func allIndices(b *testing.B, g *Backend, s dsa.IndexerShape, k int) *dsaIndices {
+	x := &dsaIndices{shape: s}
+	if err := g.grow(&x.sel, &x.selCap, k); err != nil {
+		b.Fatal(err)
+	}
+	if err := g.grow(&x.cnt, &x.cntCap, 1); err != nil {
+		b.Fatal(err)
+	}
+	v := make([]float32, k)
+	for i := range v {
+		v[i] = math.Float32frombits(uint32(i))
+	}
+	g.Write(&Buffer{a: x.sel, ptr: x.sel.ptr, n: k}, 0, v)
+	g.Write(&Buffer{a: x.cnt, ptr: x.cnt.ptr, n: 1}, 0, []float32{math.Float32frombits(uint32(k))})
+	x.rows, x.k = 1, k
+	return x
+}
+
+// BenchmarkOpsVsDenseDSA: one decode query at V3.2 shapes. sparse = DSASelect
+// (indexer scores + exact top-k 2048) + DSAAttendLatent over the selection;
+// dense = DSAAttendLatent over every position (in chunks of at most 32768
+// keys, the kernel's shared-memory bound on one selection; the chunks' merge
+// is not counted).
+func BenchmarkOpsVsDenseDSA(b *testing.B) {
+	s := layers.MLAShape{Heads: 128, QLoraRank: 1536, KVLoraRank: 512, NopeDim: 128, RopeDim: 64, VDim: 128}
+	ix := dsa.IndexerShape{Heads: 64, HeadDim: 128, RopeDim: 64, TopK: 2048}
+	g, bw := floorGPU(b)
+	b.Logf("copy bandwidth %.0f GB/s", bw/1e9)
+	rng := rand.New(rand.NewPCG(11, 2))
+	const chunk = 32768
+	rowBytes := float64(4 * (s.KVLoraRank + s.RopeDim))
+	for _, L := range []int{8192, 32768, 131072} {
+		q := toGPU(g, randn(rng, s.Heads*s.QKDim()))
+		qLat := toGPU(g, randn(rng, s.Heads*s.KVLoraRank))
+		lat, kr, ik := g.NewBuffer(L*s.KVLoraRank), g.NewBuffer(L*s.RopeDim), g.NewBuffer(L*ix.HeadDim)
+		fillRandom(g, rng, ptr(lat), L*s.KVLoraRank)
+		fillRandom(g, rng, ptr(kr), L*s.RopeDim)
+		fillRandom(g, rng, ptr(ik), L*ix.HeadDim)
+		iq := toGPU(g, randn(rng, ix.Heads*ix.HeadDim))
+		iw := toGPU(g, randn(rng, ix.Heads))
+		out := g.NewBuffer(s.Heads * s.KVLoraRank)
+		idx, err := g.DSANewIndices(ix)
+		if err != nil {
+			b.Fatal(err)
+		}
+		g.DSASelect(idx, iq, iw, ik, 1, L, L-1)
+		all := allIndices(b, g, ix, min(L, chunk))
+		name := fmt.Sprintf("ctx=%d/", L)
+		attendBytes := float64(ix.TopK) * rowBytes
+		selectBytes := float64(4 * L * ix.HeadDim)
+		b.Run(name+"select", func(b *testing.B) {
+			timeOp(b, g, bw, 10, selectBytes, func() { g.DSASelect(idx, iq, iw, ik, 1, L, L-1) })
+		})
+		b.Run(name+"attend", func(b *testing.B) {
+			timeOp(b, g, bw, 10, attendBytes, func() { g.DSAAttendLatent(out, qLat, q, lat, kr, idx, 1, s, 0.1) })
+		})
+		b.Run(name+"sparse", func(b *testing.B) {
+			timeOp(b, g, bw, 10, selectBytes+attendBytes, func() {
+				g.DSASelect(idx, iq, iw, ik, 1, L, L-1)
+				g.DSAAttendLatent(out, qLat, q, lat, kr, idx, 1, s, 0.1)
+			})
+		})
+		b.Run(name+"dense", func(b *testing.B) {
+			timeOp(b, g, bw, 3, float64(L)*rowBytes, func() {
+				for c0 := 0; c0 < L; c0 += chunk {
+					k := min(chunk, L-c0)
+					g.DSAAttendLatent(out, qLat, q, g.View(lat, c0*s.KVLoraRank, k*s.KVLoraRank),
+						g.View(kr, c0*s.RopeDim, k*s.RopeDim), all, 1, s, 0.1)
+				}
+			})
+		})
+		if err := g.Sync(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkOpsVsDenseHTree: one decode step of one layer (32 query heads, 8
+// KV heads of 128) at position L-1 over a cache holding L-1 random
+// positions: htree (default options) against Backend.Attention's
+// flash-decoding. The dense cache is built directly, past NewKVCache's
+// single-block capacity bound, which the split path does not need.
+func BenchmarkOpsVsDenseHTree(b *testing.B) {
+	as := layers.AttentionShape{Heads: 32, KVHeads: 8, HeadDim: 128, Scale: 1 / float32(math.Sqrt(128))}
+	g, bw := floorGPU(b)
+	b.Logf("copy bandwidth %.0f GB/s", bw/1e9)
+	rng := rand.New(rand.NewPCG(11, 3))
+	rope, err := layers.NewRoPE(layers.RoPEParams{Theta: 500000}, as.HeadDim)
+	if err != nil {
+		b.Fatal(err)
+	}
+	row := as.KVHeads * as.HeadDim
+	for _, L := range []int{32768, 131072} {
+		q := toGPU(g, randn(rng, as.Heads*as.HeadDim))
+		k, v := toGPU(g, randn(rng, row)), toGPU(g, randn(rng, row))
+		out := g.NewBuffer(as.Heads * as.HeadDim)
+
+		hc, err := g.HTreeNewCache(htree.CacheShape{Layers: 1, KVHeads: as.KVHeads, HeadDim: as.HeadDim, Capacity: L, RoPE: rope})
+		if err != nil {
+			b.Fatal(err)
+		}
+		c := hc.(*htreeCache)
+		fillRandom(g, rng, c.k[0].ptr, c.nodes*row)
+		fillRandom(g, rng, c.v[0].ptr, c.nodes*row)
+		c.n[0] = L - 1
+
+		dc := &kvCache{shape: backend.KVShape{Layers: 1, KVHeads: as.KVHeads, HeadDim: as.HeadDim, Capacity: L}, n: []int{L - 1}}
+		for range 2 {
+			a, err := g.alloc(4 * L * row)
+			if err != nil {
+				b.Fatal(err)
+			}
+			fillRandom(g, rng, a.ptr, L*row)
+			if dc.k == nil {
+				dc.k = []*allocation{a}
+			} else {
+				dc.v = []*allocation{a}
+			}
+		}
+		kvBytes := float64(2 * 4 * L * row)
+		name := fmt.Sprintf("ctx=%d/", L)
+		b.Run(name+"htree", func(b *testing.B) {
+			timeOp(b, g, bw, 10, 0, func() { g.HTreeAttention(out, q, k, v, hc, 0, L-1, 1, as) })
+		})
+		b.Run(name+"dense", func(b *testing.B) {
+			timeOp(b, g, bw, 10, kvBytes, func() { g.Attention(out, q, k, v, dc, 0, L-1, 1, as) })
+		})
+		if err := g.Sync(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
