@@ -208,24 +208,34 @@ func TestEmbedAndAttention(t *testing.T) {
 		}
 	}
 	for _, s := range []layers.AttentionShape{{Heads: 8, KVHeads: 2, HeadDim: 64}, {Heads: 4, KVHeads: 4, HeadDim: 40, Window: 7}, {Heads: 3, KVHeads: 1, HeadDim: 128}} {
-		s.Scale = float32(1 / math.Sqrt(float64(s.HeadDim)))
-		T := 37
-		qr, kr := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
-		q, k, v := randn(rng, T*qr), randn(rng, T*kr), randn(rng, T*kr)
-		cc, _ := c.NewKVCache(backend.KVShape{Layers: 2, KVHeads: s.KVHeads, HeadDim: s.HeadDim, Capacity: T})
-		gc, err := g.NewKVCache(backend.KVShape{Layers: 2, KVHeads: s.KVHeads, HeadDim: s.HeadDim, Capacity: T})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, span := range [][2]int{{0, 30}, {30, 31}, {31, 37}} {
-			lo, hi := span[0], span[1]
-			want := make(cpu.Buffer, (hi-lo)*qr)
-			c.Attention(want, cpu.Buffer(q[lo*qr:hi*qr]), cpu.Buffer(k[lo*kr:hi*kr]), cpu.Buffer(v[lo*kr:hi*kr]), cc, 1, lo, hi-lo, s)
-			out := g.NewBuffer((hi - lo) * qr)
-			g.Attention(out, toGPU(g, q[lo*qr:hi*qr]), toGPU(g, k[lo*kr:hi*kr]), toGPU(g, v[lo*kr:hi*kr]), gc, 1, lo, hi-lo, s)
-			if e := relErr(fromGPU(t, g, out), want); e > 1e-5 {
-				t.Errorf("attention %+v rows [%d,%d): %.3g", s, lo, hi, e)
-			}
+		compareAttention(t, g, c, rng, s, 2, 1, [][2]int{{0, 30}, {30, 31}, {31, 37}})
+	}
+}
+
+// compareAttention runs attention over random q, k, v on the GPU and the CPU
+// in the given spans of positions (a prefill, then decode steps) through a
+// cache of the given layers, attending in layer, and requires the outputs to
+// agree within 1e-5 relative (float32 both sides, __expf on the GPU).
+func compareAttention(t *testing.T, g *Backend, c *cpu.Backend, rng *rand.Rand, s layers.AttentionShape, nLayers, layer int, spans [][2]int) {
+	t.Helper()
+	s.Scale = float32(1 / math.Sqrt(float64(s.HeadDim)))
+	T := spans[len(spans)-1][1]
+	qr, kr := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
+	q, k, v := randn(rng, T*qr), randn(rng, T*kr), randn(rng, T*kr)
+	shape := backend.KVShape{Layers: nLayers, KVHeads: s.KVHeads, HeadDim: s.HeadDim, Capacity: T}
+	cc, _ := c.NewKVCache(shape)
+	gc, err := g.NewKVCache(shape)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, span := range spans {
+		lo, hi := span[0], span[1]
+		want := make(cpu.Buffer, (hi-lo)*qr)
+		c.Attention(want, cpu.Buffer(q[lo*qr:hi*qr]), cpu.Buffer(k[lo*kr:hi*kr]), cpu.Buffer(v[lo*kr:hi*kr]), cc, layer, lo, hi-lo, s)
+		out := g.NewBuffer((hi - lo) * qr)
+		g.Attention(out, toGPU(g, q[lo*qr:hi*qr]), toGPU(g, k[lo*kr:hi*kr]), toGPU(g, v[lo*kr:hi*kr]), gc, layer, lo, hi-lo, s)
+		if e := relErr(fromGPU(t, g, out), want); e > 1e-5 {
+			t.Errorf("attention %+v rows [%d,%d): relative error %.3g", s, lo, hi, e)
 		}
 	}
 }

@@ -153,25 +153,7 @@ func TestAttentionSplits(t *testing.T) {
 	g, c := newGPU(t), cpu.New(0)
 	rng := rand.New(rand.NewPCG(9, 10))
 	s := layers.AttentionShape{Heads: 4, KVHeads: 2, HeadDim: 32}
-	s.Scale = float32(1 / math.Sqrt(float64(s.HeadDim)))
-	T := 1100
-	qr, kr := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
-	q, k, v := randn(rng, T*qr), randn(rng, T*kr), randn(rng, T*kr)
-	cc, _ := c.NewKVCache(backend.KVShape{Layers: 1, KVHeads: s.KVHeads, HeadDim: s.HeadDim, Capacity: T})
-	gc, err := g.NewKVCache(backend.KVShape{Layers: 1, KVHeads: s.KVHeads, HeadDim: s.HeadDim, Capacity: T})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, span := range [][2]int{{0, 1040}, {1040, 1041}, {1041, 1044}, {1044, 1045}} {
-		lo, hi := span[0], span[1]
-		want := make(cpu.Buffer, (hi-lo)*qr)
-		c.Attention(want, cpu.Buffer(q[lo*qr:hi*qr]), cpu.Buffer(k[lo*kr:hi*kr]), cpu.Buffer(v[lo*kr:hi*kr]), cc, 0, lo, hi-lo, s)
-		out := g.NewBuffer((hi - lo) * qr)
-		g.Attention(out, toGPU(g, q[lo*qr:hi*qr]), toGPU(g, k[lo*kr:hi*kr]), toGPU(g, v[lo*kr:hi*kr]), gc, 0, lo, hi-lo, s)
-		if e := relErr(fromGPU(t, g, out), want); e > 1e-5 {
-			t.Errorf("rows [%d,%d): relative error %.3g", lo, hi, e)
-		}
-	}
+	compareAttention(t, g, c, rng, s, 1, 0, [][2]int{{0, 1040}, {1040, 1041}, {1041, 1044}, {1044, 1045}})
 }
 
 // TestNormFusedIntoMatMul: RMSNorm of one row then an NVFP4 matmul of it run
