@@ -67,11 +67,13 @@ type Backend struct {
 	gemvLB        bool // m == 1 on the 64-register variant (32 warps per multiprocessor; measured faster)
 	gemvMT        bool // m == 1: several tiles per block, x staged once for them (MANIFOLD_GEMV_TILES=1: one)
 	gemvTiles     int  // tests: tiles per block forced (> 1) where they fit
+	gemvTMA       bool // m == 1, K % 2048 == 0: the persistent bulk-copy kernel (MANIFOLD_GEMV_TMA=0: off)
 	pdl           bool // programmatic dependent launch (queue.go)
 	pdlConfig     launchConfig
 	pdlAttr       launchAttribute
 	gemvFlags     int         // GemvArgs.flags (gemv.cuh)
 	normFusion    bool        // RMSNorm of one row runs inside the NVFP4 matmul after it
+	tmaNorm       bool        // ... where the bulk-copy kernel takes the matmul (its staging overlaps the weight copies)
 	bf16Kernel    string      // benchmarks: the aligned bf16 matmul kernel ("" picks by shape)
 	partMu        sync.Mutex  // guards attnPart (taken before qmu)
 	attnPart      *allocation // attention_kv's split partials
@@ -110,7 +112,9 @@ func New(ordinal int) (*Backend, error) {
 		graphs: os.Getenv("MANIFOLD_CUDA_GRAPHS") != "0", graphCache: map[uint64]*graphEntry{}, graphSeen: map[uint64]int{},
 		gemvDec: defaultGemvDec, normFusion: os.Getenv("MANIFOLD_NORM_FUSION") == "1",
 		gemvX8: os.Getenv("MANIFOLD_GEMV_M1") == "m8", pdl: os.Getenv("MANIFOLD_CUDA_PDL") != "0",
-		gemvLB: os.Getenv("MANIFOLD_GEMV_M1") != "s1", gemvMT: os.Getenv("MANIFOLD_GEMV_TILES") != "1"}
+		gemvLB: os.Getenv("MANIFOLD_GEMV_M1") != "s1", gemvMT: os.Getenv("MANIFOLD_GEMV_TILES") != "1",
+		gemvTMA: os.Getenv("MANIFOLD_GEMV_TMA") != "0"}
+	b.tmaNorm = os.Getenv("MANIFOLD_NORM_FUSION") != "0"
 	var n int32
 	if err := d.check("cuDeviceGetCount", d.cuDeviceGetCount(&n)); err != nil {
 		return nil, err
@@ -143,7 +147,7 @@ func New(ordinal int) (*Backend, error) {
 			"gemv_nvfp4_any", "embed", "rmsnorm", "rope", "attention", "swiglu", "add", "scale",
 			"sample_partial", "sample_final", "embed_ids", "rope_dyn", "attention_kv", "attention_kv_64", "attention_kv_128", "attn_combine", "gemv_bf16_u4",
 			"gemv_nvfp4_m1_d0", "gemv_nvfp4_m1_d1", "gemv_nvfp4_s1_d0", "gemv_nvfp4_s1_d1", "gemv_nvfp4_s1_d1_st4", "gemv_nvfp4_s1_d1_lb", "gemv_nvfp4_s1_d1_mt", "gemv_nvfp4_m8_d0", "gemv_nvfp4_m8_d1",
-			"gemv_nvfp4_m16_d0", "gemv_nvfp4_m16_d1"} {
+			"gemv_nvfp4_m16_d0", "gemv_nvfp4_m16_d1", "gemv_nvfp4_tma"} {
 			var f uintptr
 			if err = d.check("cuModuleGetFunction "+name, d.cuModuleGetFunction(&f, b.module, cString(name))); err != nil {
 				return
@@ -156,7 +160,7 @@ func New(ordinal int) (*Backend, error) {
 			"attention_kv_128": b.maxShare - attnStatic, "gemv_nvfp4_m1_d0": b.maxShare, "gemv_nvfp4_m1_d1": b.maxShare,
 			"gemv_nvfp4_s1_d0": b.maxShare, "gemv_nvfp4_s1_d1": b.maxShare, "gemv_nvfp4_s1_d1_st4": b.maxShare, "gemv_nvfp4_s1_d1_lb": b.maxShare, "gemv_nvfp4_s1_d1_mt": b.maxShare,
 			"gemv_nvfp4_m8_d0": b.maxShare, "gemv_nvfp4_m8_d1": b.maxShare, "gemv_nvfp4_m16_d0": b.maxShare,
-			"gemv_nvfp4_m16_d1": b.maxShare} {
+			"gemv_nvfp4_m16_d1": b.maxShare, "gemv_nvfp4_tma": b.maxShare} {
 			if err = d.check("cuFuncSetAttribute "+name, d.cuFuncSetAttribute(b.fn[name], 8, int32(bytes))); err != nil {
 				return
 			}

@@ -23,7 +23,8 @@ func randomNVFP4(rng *rand.Rand, n, k int) *quant.NVFP4 {
 // BenchmarkGEMV times the NVFP4, bf16 and f32 matmuls at decode shapes
 // (m = 1) and small batches, and reports the weight bytes streamed per second
 // as a fraction of the copy bandwidth measured in the same run. Variants:
-// nvfp4 at m = 1 is gemv_nvfp4_s1 (gemv.cuh), at m > 1 gemm_nvfp4_mma;
+// nvfp4 at m = 1 is gemv_nvfp4_tma (gemv.cuh), at m > 1 gemm_nvfp4_mma;
+// nvfp4-s1 the m = 1 kernel before it (x staged per block, cp.async);
 // nvfp4-m16 the decode-shape kernel at m = 16; nvfp4-dec0 the m = 1 kernel
 // with integer E2M1 decoding, nvfp4-mma gemm_nvfp4_mma at m = 1, nvfp4-pipe
 // the m = 1 kernel streaming x with the weights, -contig with each warp on a
@@ -50,7 +51,7 @@ func BenchmarkGEMV(b *testing.B) {
 	}
 	reset := func() {
 		g.gemvDec, g.bf16Kernel, g.gemvOff, g.gemvPipe, g.gemvFlags, g.gemvSt4, g.gemvX8, g.gemvSmallM = defaultGemvDec, "", false, false, 0, false, false, false
-		g.gemvLB, g.gemvMT = true, true
+		g.gemvLB, g.gemvMT, g.gemvTMA = true, true, true
 		g.SetPDL(false)
 	}
 	for _, shape := range [][2]int{{4096, 14336}, {14336, 4096}, {128256, 4096}} {
@@ -75,6 +76,8 @@ func BenchmarkGEMV(b *testing.B) {
 				{"nvfp4-contig", nv, []int{1}, func() { g.gemvFlags = 1 }},
 				{"nvfp4-st4", nv, []int{1}, func() { g.gemvSt4 = true }},
 				{"nvfp4-pdl", nv, []int{1}, func() { g.SetPDL(true) }},
+				{"nvfp4-s1", nv, []int{1}, func() { g.gemvTMA = false }},
+				{"nvfp4-s1-pdl", nv, []int{1}, func() { g.gemvTMA = false; g.SetPDL(true) }},
 				{"nvfp4-88reg", nv, []int{1}, func() { g.gemvLB = false }},
 				{"nvfp4-1tile", nv, []int{1}, func() { g.gemvMT = false }},
 				{"nvfp4-1tile-pdl", nv, []int{1}, func() { g.gemvMT = false; g.SetPDL(true) }},

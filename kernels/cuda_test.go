@@ -100,7 +100,9 @@ func TestMatMul(t *testing.T) {
 	g, c := newGPU(t), cpu.New(0)
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, sh := range []struct{ m, n, k int }{{1, 7, 16}, {1, 300, 64}, {3, 129, 96}, {5, 64, 40}, {1, 513, 1024}, {16, 256, 4096}, {64, 130, 512},
-		{1, 13, 128}, {17, 77, 384}, {70, 40, 256}, {130, 24, 128}, {5, 100, 512}, {1, 24, 256}, {9, 40, 768}, {8, 1000, 256}} {
+		{1, 13, 128}, {17, 77, 384}, {70, 40, 256}, {130, 24, 128}, {5, 100, 512}, {1, 24, 256}, {9, 40, 768}, {8, 1000, 256},
+		// gemv_nvfp4_tma (K % 2048 == 0): one tile, a partial tile, more tiles than multiprocessors.
+		{1, 7, 2048}, {1, 300, 4096}, {1, 4133, 2048}, {1, 17, 14336}} {
 		for _, f := range []backend.Format{backend.F32, backend.BF16, backend.F16, backend.NVFP4} {
 			if f == backend.NVFP4 && sh.k%16 != 0 {
 				continue

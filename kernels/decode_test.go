@@ -35,17 +35,27 @@ func TestDecodeStepFusedAndGraphed(t *testing.T) {
 	// Several tiles per block (gemv_nvfp4_s1_d1_mt), a count that divides
 	// none of the launches' tile counts.
 	t.Run("dec1/graphs=true/tiles=3", func(t *testing.T) { testDecodeStep(t, 1, true, 3) })
+	// Widths that gemv_nvfp4_tma takes (K % 2048 == 0), its RMSNorms fused in.
+	for _, graphs := range []bool{true, false} {
+		t.Run(fmt.Sprintf("tma/graphs=%v", graphs), func(t *testing.T) { testDecodeStep(t, 1, graphs, -1) })
+	}
 }
 
+// testDecodeStep: tiles > 0 forces that many tiles per block, -1 selects
+// widths for gemv_nvfp4_tma.
 func testDecodeStep(t *testing.T, dec int, graphs bool, tiles int) {
 	g, c := newGPU(t), cpu.New(0)
 	g.gemvDec = dec
-	g.gemvTiles = tiles
+	g.gemvTiles = max(tiles, 0)
 	g.normFusion = dec == 0 // dec0 also covers the staged kernel with RMSNorm inside
+	g.gemvTMA = tiles < 0
 	g.SetGraphs(graphs)
 	rng := rand.New(rand.NewPCG(21, uint64(dec)))
-	const hidden, ffn, heads, kvHeads, hd, vocab = 512, 768, 8, 2, 64, 300
-	s := layers.AttentionShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: float32(1 / math.Sqrt(hd))}
+	hidden, ffn, heads, kvHeads, hd, vocab := 512, 768, 8, 2, 64, 300
+	if tiles < 0 {
+		hidden, ffn, heads, kvHeads = 2048, 4096, 32, 4
+	}
+	s := layers.AttentionShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: float32(1 / math.Sqrt(float64(hd)))}
 	rope, err := layers.NewRoPE(layers.RoPEParams{Theta: 10000}, hd)
 	if err != nil {
 		t.Fatal(err)
@@ -162,7 +172,9 @@ func TestNormFusedIntoMatMul(t *testing.T) {
 	g, c := newGPU(t), cpu.New(0)
 	g.normFusion = true
 	rng := rand.New(rand.NewPCG(13, 14))
-	for _, sh := range [][2]int{{300, 512}, {40, 4096}} {
+	// {40, 4096} and {300, 6144} on gemv_nvfp4_tma, then on the staged kernel.
+	for i, sh := range [][2]int{{300, 512}, {40, 4096}, {300, 6144}, {40, 4096}, {300, 6144}} {
+		g.gemvTMA = i < 3
 		n, k := sh[0], sh[1]
 		h := scaledWeight(rng, backend.NVFP4, n, k)
 		wc, _ := c.Upload(h)

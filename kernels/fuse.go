@@ -71,7 +71,7 @@ func (b *Backend) queueGemv(dst, x *Buffer, w *Weight, m int) {
 		bias = w.bias.ptr
 	}
 	q.keep = append(q.keep, dst, x, w)
-	if n := len(q.ops); n > 0 && q.ops[n-1].norm != nil && m == 1 && b.normFusion {
+	if n := len(q.ops); n > 0 && q.ops[n-1].norm != nil && m == 1 && (b.normFusion || b.tmaNorm && b.tmaStages(w.cols) > 0) {
 		// RMSNorm(x, r, nw) then x·wᵀ: the matmul normalizes r while staging it
 		// and writes x too; x must not overlap r (blocks read r while block 0 writes x).
 		nm := q.ops[n-1].norm
@@ -153,6 +153,29 @@ func (b *Backend) fuseAdd(dst, a, c *Buffer) bool {
 	g.mode, g.res = 2, res
 	q.keep = append(q.keep, other)
 	return true
+}
+
+// The bulk-copy kernel's shared memory (gemv.cuh): tmaStage bytes per ring
+// slot, then x staged as fp16 (2 bytes per element) and tmaFixed bytes of
+// zeros, reductions and barriers.
+const (
+	tmaStage    = 16*1088 + 16*144
+	tmaFixed    = 32 + 2*16*16*4 + 16*4 + 2*8*8
+	tmaMaxSlots = 8
+	tmaThreads  = 17 * 32
+)
+
+// tmaStages is the ring depth of gemv_nvfp4_tma for K, or 0 when the kernel
+// does not take it (off, K not a multiple of 2048, or under 2 slots fit).
+func (b *Backend) tmaStages(K int) int {
+	if !b.gemvTMA || K%2048 != 0 {
+		return 0
+	}
+	ns := min(tmaMaxSlots, (b.maxShare-2*K-tmaFixed)/tmaStage)
+	if ns < 2 {
+		return 0
+	}
+	return ns
 }
 
 // finalizeGemv fills in the kernel, launch shape and parameters of a queued matmul.
@@ -241,11 +264,19 @@ func (b *Backend) finalizeGemv(o *op) {
 			shared = tpb*kw*st*2304 + 2*g.K
 		}
 	}
-	o.fn = b.fn[o.name]
 	o.grid = [3]uint32{uint32((total + tpb - 1) / tpb), 1, 1}
 	o.block = uint32(32 * kw * tpb)
 	o.shared = uint32(shared)
 	flags := b.gemvFlags | tpb<<8
+	if ns := b.tmaStages(g.K); ns > 0 && g.m == 1 {
+		// One persistent block per multiprocessor (at most one per tile).
+		o.name = "gemv_nvfp4_tma"
+		o.grid = [3]uint32{uint32(min(total, b.sms)), 1, 1}
+		o.block = tmaThreads
+		o.shared = uint32(ns*tmaStage + 2*g.K + tmaFixed)
+		flags = ns << 16
+	}
+	o.fn = b.fn[o.name]
 	var a [25]uint64
 	a[24] = uint64(flags) << 32
 	var global [4]float32

@@ -452,3 +452,260 @@ extern "C" __global__ void __launch_bounds__(256, 4) gemv_bf16_u4(const uint16_t
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// gemv_nvfp4_tma: the m = 1 NVFP4 matmul as a persistent kernel fed by bulk
+// copies (K % 2048 == 0; same GemvArgs, modes and epilogues as above).
+//
+// One block per multiprocessor walks its tiles (16 weight rows each, numbered
+// as gemv_tile does; block b takes tiles b, b + grid, ...) in stages of 2048
+// elements of every row. Warp TMA_CW (the producer) copies a stage's 16 x 1024
+// weight bytes and 16 x 128 scale bytes into a ring of NS slots with
+// cp.async.bulk, the copies' arrival counted by the slot's "full" mbarrier,
+// and refills a slot once the TMA_CW consumer warps have released it on its
+// "empty" mbarrier. The copy engine keeps up to NS stages (up to 150 KB) in
+// flight per multiprocessor without registers or instructions per byte.
+//
+// Consumer warp w takes 128-element group w of every stage: lane (g, t) owns
+// elements [32t, 32t+32) of rows g and g+8 (16 bytes each), which are scale
+// blocks 2t and 2t+1 of the group. The block scales leave the inner loop:
+// the mma's A operand is the raw E2M1 values (x 2^-6, exact in fp16) and its
+// B column c carries the activations of block c only (zero elsewhere), so
+// D[r][c] is row r's unscaled dot product over block c. The lane holding
+// D[r][2t], D[r][2t+1] multiplies them by row r's scales of those blocks in
+// fp32: 4 FMA per 8 mma instead of a multiply per weight pair.
+#define TMA_CW 16                                  // consumer warps
+#define TMA_ROWSTRIDE 1088                         // a row's 1024 weight bytes, padded: rows g, g+1 on other banks
+#define TMA_SROW 144                               // a row's 128 scale bytes, padded likewise
+#define TMA_WBYTES (16 * TMA_ROWSTRIDE)
+#define TMA_STAGE (TMA_WBYTES + 16 * TMA_SROW)     // 19712 bytes
+#define TMA_MAXNS 8
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the barrier's phase of the given parity has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile(
+            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+// Named barrier 1 over the consumer warps (the producer never joins it).
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(TMA_CW * WARP) : "memory"); }
+
+// d = A·B with a zero accumulator.
+__device__ __forceinline__ void mma16816_z(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
+}
+
+// Shared memory: [NS stages][xs: K/8 uint4 (x8_pairs<1> of each 8 activations)]
+// [zero: 2 uint4][red: 2 x TMA_CW x 16 floats][nred: TMA_CW floats][full, empty: NS each].
+extern "C" __global__ void __launch_bounds__((TMA_CW + 1) * WARP, 1) gemv_nvfp4_tma(const __grid_constant__ GemvArgs a) {
+    extern __shared__ __align__(16) unsigned char tsm[];
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const int K = a.K, NS = (a.flags >> 16) & 0xff, stages = K / 2048, total = a.tiles[2];
+    const bool swiglu = a.mode == 1;
+    unsigned char* ring = tsm;
+    uint4* xs = reinterpret_cast<uint4*>(tsm + NS * TMA_STAGE);
+    uint4* zero = xs + K / 8;
+    float* red = reinterpret_cast<float*>(zero + 2);
+    float* nred = red + 2 * TMA_CW * 16;
+    const uint32_t bars = smem_u32(nred + TMA_CW);  // 8-byte aligned: everything before is a multiple of 16 bytes
+    auto full = [&](int s) { return bars + 8 * s; };
+    auto empty = [&](int s) { return bars + 8 * (NS + s); };
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < NS; s++) {
+            mbar_init(full(s), 1);
+            mbar_init(empty(s), TMA_CW);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    pdl_launch();
+
+    if (warp == TMA_CW) {
+        // Producer: lane r < 16 copies weight row r of each stage, lane 16 + r its scales.
+        // The weights are constant: copies start before the wait for the previous kernel.
+        const int r = lane & 15;
+        const bool wl = lane < 16;
+        const uint32_t bytes = wl ? 1024u : 128u;
+        const uint32_t doff = wl ? r * TMA_ROWSTRIDE : TMA_WBYTES + r * TMA_SROW;
+        int slot = 0;
+        uint32_t phase = 0;
+        for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+            int gi, n0;
+            gemv_tile(a, tile, gi, n0);
+            const int gu = swiglu ? (r >> 3) : gi;
+            int row = swiglu ? n0 + (r & 7) : n0 + r;
+            row = row < a.N[gu] ? row : 0;
+            const uint8_t* src = wl ? (const uint8_t*)a.P[gu] + (size_t)row * (K / 2) : (const uint8_t*)a.S[gu] + (size_t)row * (K / 16);
+            for (int ks = 0; ks < stages; ks++) {
+                mbar_wait(empty(slot), phase ^ 1);
+                if (lane == 0) mbar_expect_tx(full(slot), 16 * 1024 + 16 * 128);
+                __syncwarp();
+                bulk_g2s(smem_u32(ring + slot * TMA_STAGE + doff), src + (size_t)ks * bytes, bytes, full(slot));
+                if (++slot == NS) slot = 0, phase ^= 1;
+            }
+        }
+        return;
+    }
+
+    // Consumers: stage x (optionally RMS-normalized) as fp16 pairs.
+    pdl_wait();
+    const int tid = threadIdx.x;
+    const float* x = (const float*)(a.nx ? a.nx : a.x);
+    float inv = 1.f;
+    if (a.nx) {
+        float ss = 0.f;
+        for (int j = tid; j < K / 4; j += TMA_CW * WARP) {
+            float4 v = __ldg(reinterpret_cast<const float4*>(x) + j);
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        ss = warp_sum(ss);
+        if (lane == 0) nred[warp] = ss;
+        consumers_sync();
+        ss = 0.f;
+#pragma unroll
+        for (int w2 = 0; w2 < TMA_CW; w2++) ss += nred[w2];
+        inv = rsqrtf(ss / K + a.eps);
+    }
+    {
+        const float* nw = (const float*)a.nw;
+        float* nh = blockIdx.x == 0 ? (float*)a.nh : nullptr;
+        for (int j = tid; j < K / 8; j += TMA_CW * WARP) {
+            const int e = 8 * j;
+            float4 xa = __ldg(reinterpret_cast<const float4*>(x + e)), xb = __ldg(reinterpret_cast<const float4*>(x + e + 4));
+            if (a.nx) {  // as the rmsnorm kernel: w * (x * inv)
+                float4 wa = __ldg(reinterpret_cast<const float4*>(nw + e)), wb = __ldg(reinterpret_cast<const float4*>(nw + e + 4));
+                xa = make_float4(wa.x * (xa.x * inv), wa.y * (xa.y * inv), wa.z * (xa.z * inv), wa.w * (xa.w * inv));
+                xb = make_float4(wb.x * (xb.x * inv), wb.y * (xb.y * inv), wb.z * (xb.z * inv), wb.w * (xb.w * inv));
+                if (nh) {
+                    *reinterpret_cast<float4*>(nh + e) = xa;
+                    *reinterpret_cast<float4*>(nh + e + 4) = xb;
+                }
+            }
+            uint32_t pr[4];
+            x8_pairs<1>(xa, xb, pr);
+            xs[j] = make_uint4(pr[0], pr[1], pr[2], pr[3]);
+        }
+        if (tid < 2) zero[tid] = make_uint4(0, 0, 0, 0);
+    }
+    consumers_sync();
+
+    const int g = lane >> 2, t = lane & 3;
+    // The B operand's sources: block 2t of the group (words 0, 1) is real for
+    // column g == 2t, block 2t+1 (words 2, 3) for g == 2t+1; others read zeros.
+    const uint4* xb0 = g == 2 * t ? xs + 4 * t : zero;
+    const uint4* xb1 = g == 2 * t + 1 ? xs + 4 * t + 2 : zero;
+    const int xst0 = g == 2 * t ? 16 : 0, xst1 = g == 2 * t + 1 ? 16 : 0;  // uint4 per group
+    const int woff = g * TMA_ROWSTRIDE + warp * 64 + t * 16;
+    const int soff = TMA_WBYTES + g * TMA_SROW + warp * 8 + 2 * t;
+    int slot = 0, tl = 0;
+    uint32_t phase = 0;
+    for (int tile = blockIdx.x; tile < total; tile += gridDim.x, tl++) {
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int ks = 0; ks < stages; ks++) {
+            mbar_wait(full(slot), phase);
+            const unsigned char* st = ring + slot * TMA_STAGE;
+            const uint4 wa = *reinterpret_cast<const uint4*>(st + woff);
+            const uint4 wb = *reinterpret_cast<const uint4*>(st + woff + 8 * TMA_ROWSTRIDE);
+            const uint32_t sa = *reinterpret_cast<const uint16_t*>(st + soff);
+            const uint32_t sb = *reinterpret_cast<const uint16_t*>(st + soff + 8 * TMA_SROW);
+            const int grp = ks * 16 + warp;  // the group's index in the row
+            const uint4* p0 = xb0 + grp * xst0;
+            const uint4* p1 = xb1 + grp * xst1;
+            const uint4 xv[4] = {p0[0], p0[1], p1[0], p1[1]};
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty(slot));  // every shared read of the slot is done
+            if (++slot == NS) slot = 0, phase ^= 1;
+            const uint32_t wva[4] = {wa.x, wa.y, wa.z, wa.w}, wvb[4] = {wb.x, wb.y, wb.z, wb.w};
+            float da[4], db[4];
+#pragma unroll
+            for (int w = 0; w < 4; w++) {
+                uint32_t ha[4], hb[4];
+                fp4x8_decode<1>(wva[w], ha);
+                fp4x8_decode<1>(wvb[w], hb);
+                const uint32_t ae[4] = {ha[0], hb[0], ha[1], hb[1]};
+                const uint32_t ao[4] = {ha[2], hb[2], ha[3], hb[3]};
+                if (w == 0) {
+                    mma16816_z(da, ae, xv[w].x, xv[w].y);
+                    mma16816_z(db, ao, xv[w].z, xv[w].w);
+                } else {
+                    mma16816(da, ae, xv[w].x, xv[w].y);
+                    mma16816(db, ao, xv[w].z, xv[w].w);
+                }
+            }
+            const uint32_t hsa = e4m3x2_lo(sa), hsb = e4m3x2_lo(sb);
+            const float2 fa = __half22float2(*reinterpret_cast<const __half2*>(&hsa));
+            const float2 fb = __half22float2(*reinterpret_cast<const __half2*>(&hsb));
+            acc[0] = fmaf(da[0] + db[0], fa.x, acc[0]);
+            acc[1] = fmaf(da[1] + db[1], fa.y, acc[1]);
+            acc[2] = fmaf(da[2] + db[2], fb.x, acc[2]);
+            acc[3] = fmaf(da[3] + db[3], fb.y, acc[3]);
+        }
+        // Rows g and g+8 of this warp's groups, summed over t, then over the warps.
+        float vg = acc[0] + acc[1], v8 = acc[2] + acc[3];
+        vg += __shfl_xor_sync(0xffffffff, vg, 1);
+        vg += __shfl_xor_sync(0xffffffff, vg, 2);
+        v8 += __shfl_xor_sync(0xffffffff, v8, 1);
+        v8 += __shfl_xor_sync(0xffffffff, v8, 2);
+        float* rb = red + (tl & 1) * (TMA_CW * 16);
+        if (t == 0) {
+            rb[warp * 16 + g] = vg;
+            rb[warp * 16 + g + 8] = v8;
+        }
+        consumers_sync();
+        if (warp == 0 && lane < 16) {
+            // red is double-buffered by tile: warps reach the next tile's
+            // barrier only after warp 0 has read this one.
+            float v = 0.f;
+#pragma unroll
+            for (int w2 = 0; w2 < TMA_CW; w2++) v += rb[w2 * 16 + lane];
+            int gi, n0;
+            gemv_tile(a, tile, gi, n0);
+            if (swiglu) {
+                const float u = __shfl_down_sync(0x0000ffff, v, 8, 16);  // lane r < 8: the up row r
+                const int col = n0 + lane;
+                if (lane < 8 && col < a.N[0]) {
+                    const float* b0 = (const float*)a.bias[0];
+                    const float* b1 = (const float*)a.bias[1];
+                    float gv = v * (a.global[0] * 64.f) + (b0 ? b0[col] : 0.f);
+                    float uv = u * (a.global[1] * 64.f) + (b1 ? b1[col] : 0.f);
+                    ((float*)a.y[1])[col] = uv;
+                    if (a.limit > 0.f) {
+                        gv = fminf(gv, a.limit);
+                        uv = fmaxf(fminf(uv, a.limit), -a.limit);
+                    }
+                    ((float*)a.y[0])[col] = gv / (1.f + __expf(-gv)) * uv;
+                }
+            } else {
+                const int col = n0 + lane;
+                if (col < a.N[gi]) {
+                    const float* bias = (const float*)a.bias[gi];
+                    v = v * (a.global[gi] * 64.f) + (bias ? bias[col] : 0.f);
+                    ((float*)a.y[gi])[col] = v;
+                    if (a.mode == 2) ((float*)a.res)[col] += v;
+                }
+            }
+        }
+    }
+}
