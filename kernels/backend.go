@@ -68,6 +68,10 @@ type Backend struct {
 	gemvMT        bool // m == 1: several tiles per block, x staged once for them (MANIFOLD_GEMV_TILES=1: one)
 	gemvTiles     int  // tests: tiles per block forced (> 1) where they fit
 	gemvTMA       bool // m == 1, K % 2048 == 0: the persistent bulk-copy kernel (MANIFOLD_GEMV_TMA=0: off)
+	tmaWarps      int  // its consumer warps: 16 (one block per multiprocessor) or 8
+	tmaSlots      int  // benchmarks: its ring depth forced (> 0)
+	tmaOcc        int  // with 8 warps: blocks per multiprocessor (2 or 3), shared memory and registers split so many ways
+	tmaTPB        int  // tiles per block (0: a persistent grid of tmaOcc blocks per multiprocessor)
 	pdl           bool // programmatic dependent launch (queue.go)
 	pdlConfig     launchConfig
 	pdlAttr       launchAttribute
@@ -113,7 +117,10 @@ func New(ordinal int) (*Backend, error) {
 		gemvDec: defaultGemvDec, normFusion: os.Getenv("MANIFOLD_NORM_FUSION") == "1",
 		gemvX8: os.Getenv("MANIFOLD_GEMV_M1") == "m8", pdl: os.Getenv("MANIFOLD_CUDA_PDL") != "0",
 		gemvLB: os.Getenv("MANIFOLD_GEMV_M1") != "s1", gemvMT: os.Getenv("MANIFOLD_GEMV_TILES") != "1",
-		gemvTMA: os.Getenv("MANIFOLD_GEMV_TMA") != "0"}
+		gemvTMA: os.Getenv("MANIFOLD_GEMV_TMA") != "0", tmaWarps: 16, tmaOcc: 1}
+	if os.Getenv("MANIFOLD_GEMV_TMA") == "8" {
+		b.tmaWarps = 8
+	}
 	b.tmaNorm = os.Getenv("MANIFOLD_NORM_FUSION") != "0"
 	var n int32
 	if err := d.check("cuDeviceGetCount", d.cuDeviceGetCount(&n)); err != nil {
@@ -147,7 +154,7 @@ func New(ordinal int) (*Backend, error) {
 			"gemv_nvfp4_any", "embed", "rmsnorm", "rope", "attention", "swiglu", "add", "scale",
 			"sample_partial", "sample_final", "embed_ids", "rope_dyn", "attention_kv", "attention_kv_64", "attention_kv_128", "attn_combine", "gemv_bf16_u4",
 			"gemv_nvfp4_m1_d0", "gemv_nvfp4_m1_d1", "gemv_nvfp4_s1_d0", "gemv_nvfp4_s1_d1", "gemv_nvfp4_s1_d1_st4", "gemv_nvfp4_s1_d1_lb", "gemv_nvfp4_s1_d1_mt", "gemv_nvfp4_m8_d0", "gemv_nvfp4_m8_d1",
-			"gemv_nvfp4_m16_d0", "gemv_nvfp4_m16_d1", "gemv_nvfp4_tma"} {
+			"gemv_nvfp4_m16_d0", "gemv_nvfp4_m16_d1", "gemv_nvfp4_tma", "gemv_nvfp4_tma8", "gemv_nvfp4_tma8_3"} {
 			var f uintptr
 			if err = d.check("cuModuleGetFunction "+name, d.cuModuleGetFunction(&f, b.module, cString(name))); err != nil {
 				return
@@ -160,7 +167,7 @@ func New(ordinal int) (*Backend, error) {
 			"attention_kv_128": b.maxShare - attnStatic, "gemv_nvfp4_m1_d0": b.maxShare, "gemv_nvfp4_m1_d1": b.maxShare,
 			"gemv_nvfp4_s1_d0": b.maxShare, "gemv_nvfp4_s1_d1": b.maxShare, "gemv_nvfp4_s1_d1_st4": b.maxShare, "gemv_nvfp4_s1_d1_lb": b.maxShare, "gemv_nvfp4_s1_d1_mt": b.maxShare,
 			"gemv_nvfp4_m8_d0": b.maxShare, "gemv_nvfp4_m8_d1": b.maxShare, "gemv_nvfp4_m16_d0": b.maxShare,
-			"gemv_nvfp4_m16_d1": b.maxShare, "gemv_nvfp4_tma": b.maxShare} {
+			"gemv_nvfp4_m16_d1": b.maxShare, "gemv_nvfp4_tma": b.maxShare, "gemv_nvfp4_tma8": b.maxShare, "gemv_nvfp4_tma8_3": b.maxShare} {
 			if err = d.check("cuFuncSetAttribute "+name, d.cuFuncSetAttribute(b.fn[name], 8, int32(bytes))); err != nil {
 				return
 			}

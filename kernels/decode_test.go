@@ -251,3 +251,33 @@ func TestSmallMDecodeKernels(t *testing.T) {
 		}
 	}
 }
+
+// TestGemvTMA holds gemv_nvfp4_tma's variants to the CPU: 16 or 8 consumer
+// warps, one to three blocks per multiprocessor, persistent or a few tiles
+// per block, a ring of 2 slots (wrapping many times per tile) or the
+// deepest that fits; the SwiGLU and residual
+// epilogues are covered by TestDecodeStepFusedAndGraphed.
+func TestGemvTMA(t *testing.T) {
+	g, c := newGPU(t), cpu.New(0)
+	rng := rand.New(rand.NewPCG(17, 18))
+	for _, v := range []struct{ warps, occ, slots, tpb int }{{16, 1, 0, 0}, {16, 1, 2, 0}, {8, 2, 0, 0}, {8, 3, 0, 1}, {8, 2, 2, 3}} {
+		g.tmaWarps, g.tmaOcc, g.tmaSlots, g.tmaTPB = v.warps, v.occ, v.slots, v.tpb
+		for _, sh := range [][2]int{{5, 2048}, {300, 6144}, {4133, 2048}} {
+			n, k := sh[0], sh[1]
+			h := scaledWeight(rng, backend.NVFP4, n, k)
+			wc, _ := c.Upload(h)
+			wg, err := g.Upload(h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			x := randn(rng, k)
+			yc := make(cpu.Buffer, n)
+			c.MatMul(yc, cpu.Buffer(x), wc, 1)
+			yg := g.NewBuffer(n)
+			g.MatMul(yg, toGPU(g, x), wg, 1)
+			if e := relErr(fromGPU(t, g, yg), yc); e > 1e-3 {
+				t.Errorf("%+v %v: relative error %.3g", v, sh, e)
+			}
+		}
+	}
+}

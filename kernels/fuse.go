@@ -167,11 +167,19 @@ const (
 
 // tmaStages is the ring depth of gemv_nvfp4_tma for K, or 0 when the kernel
 // does not take it (off, K not a multiple of 2048, or under 2 slots fit).
+// With 8 consumer warps a block takes at most half the shared memory.
 func (b *Backend) tmaStages(K int) int {
 	if !b.gemvTMA || K%2048 != 0 {
 		return 0
 	}
-	ns := min(tmaMaxSlots, (b.maxShare-2*K-tmaFixed)/tmaStage)
+	share := b.maxShare
+	if b.tmaWarps == 8 {
+		share = (b.maxShare+1024)/max(b.tmaOcc, 2) - 1024
+	}
+	ns := min(tmaMaxSlots, (share-2*K-tmaFixed)/tmaStage)
+	if b.tmaSlots > 0 {
+		ns = min(ns, b.tmaSlots)
+	}
 	if ns < 2 {
 		return 0
 	}
@@ -273,6 +281,17 @@ func (b *Backend) finalizeGemv(o *op) {
 		o.name = "gemv_nvfp4_tma"
 		o.grid = [3]uint32{uint32(min(total, b.sms)), 1, 1}
 		o.block = tmaThreads
+		if b.tmaWarps == 8 {
+			occ := max(b.tmaOcc, 2)
+			o.name, o.block = "gemv_nvfp4_tma8", 9*32
+			if occ > 2 {
+				o.name = "gemv_nvfp4_tma8_3"
+			}
+			o.grid[0] = uint32(min(total, occ*b.sms))
+		}
+		if b.tmaTPB > 0 {
+			o.grid[0] = uint32((total + b.tmaTPB - 1) / b.tmaTPB)
+		}
 		o.shared = uint32(ns*tmaStage + 2*g.K + tmaFixed)
 		flags = ns << 16
 	}

@@ -474,7 +474,6 @@ extern "C" __global__ void __launch_bounds__(256, 4) gemv_bf16_u4(const uint16_t
 // D[r][c] is row r's unscaled dot product over block c. The lane holding
 // D[r][2t], D[r][2t+1] multiplies them by row r's scales of those blocks in
 // fp32: 4 FMA per 8 mma instead of a multiply per weight pair.
-#define TMA_CW 16                                  // consumer warps
 #define TMA_ROWSTRIDE 1088                         // a row's 1024 weight bytes, padded: rows g, g+1 on other banks
 #define TMA_SROW 144                               // a row's 128 scale bytes, padded likewise
 #define TMA_WBYTES (16 * TMA_ROWSTRIDE)
@@ -506,8 +505,9 @@ __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t
                  "l"(src), "r"(bytes), "r"(bar)
                  : "memory");
 }
-// Named barrier 1 over the consumer warps (the producer never joins it).
-__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(TMA_CW * WARP) : "memory"); }
+// Named barrier 1 over the CW consumer warps (the producer never joins it).
+template <int CW>
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(CW * WARP) : "memory"); }
 
 // d = A·B with a zero accumulator.
 __device__ __forceinline__ void mma16816_z(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
@@ -519,7 +519,9 @@ __device__ __forceinline__ void mma16816_z(float d[4], const uint32_t a[4], uint
 
 // Shared memory: [NS stages][xs: K/8 uint4 (x8_pairs<1> of each 8 activations)]
 // [zero: 2 uint4][red: 2 x TMA_CW x 16 floats][nred: TMA_CW floats][full, empty: NS each].
-extern "C" __global__ void __launch_bounds__((TMA_CW + 1) * WARP, 1) gemv_nvfp4_tma(const __grid_constant__ GemvArgs a) {
+template <int CW>
+__device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a) {
+    constexpr int GP = 16 / CW;  // groups per consumer warp and stage
     extern __shared__ __align__(16) unsigned char tsm[];
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     const int K = a.K, NS = (a.flags >> 16) & 0xff, stages = K / 2048, total = a.tiles[2];
@@ -528,21 +530,21 @@ extern "C" __global__ void __launch_bounds__((TMA_CW + 1) * WARP, 1) gemv_nvfp4_
     uint4* xs = reinterpret_cast<uint4*>(tsm + NS * TMA_STAGE);
     uint4* zero = xs + K / 8;
     float* red = reinterpret_cast<float*>(zero + 2);
-    float* nred = red + 2 * TMA_CW * 16;
-    const uint32_t bars = smem_u32(nred + TMA_CW);  // 8-byte aligned: everything before is a multiple of 16 bytes
+    float* nred = red + 2 * CW * 16;
+    const uint32_t bars = smem_u32(nred + CW);  // 8-byte aligned: everything before is a multiple of 16 bytes
     auto full = [&](int s) { return bars + 8 * s; };
     auto empty = [&](int s) { return bars + 8 * (NS + s); };
     if (threadIdx.x == 0) {
         for (int s = 0; s < NS; s++) {
             mbar_init(full(s), 1);
-            mbar_init(empty(s), TMA_CW);
+            mbar_init(empty(s), CW);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
     pdl_launch();
 
-    if (warp == TMA_CW) {
+    if (warp == CW) {
         // Producer: lane r < 16 copies weight row r of each stage, lane 16 + r its scales.
         // The weights are constant: copies start before the wait for the previous kernel.
         const int r = lane & 15;
@@ -576,22 +578,22 @@ extern "C" __global__ void __launch_bounds__((TMA_CW + 1) * WARP, 1) gemv_nvfp4_
     float inv = 1.f;
     if (a.nx) {
         float ss = 0.f;
-        for (int j = tid; j < K / 4; j += TMA_CW * WARP) {
+        for (int j = tid; j < K / 4; j += CW * WARP) {
             float4 v = __ldg(reinterpret_cast<const float4*>(x) + j);
             ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
         }
         ss = warp_sum(ss);
         if (lane == 0) nred[warp] = ss;
-        consumers_sync();
+        consumers_sync<CW>();
         ss = 0.f;
 #pragma unroll
-        for (int w2 = 0; w2 < TMA_CW; w2++) ss += nred[w2];
+        for (int w2 = 0; w2 < CW; w2++) ss += nred[w2];
         inv = rsqrtf(ss / K + a.eps);
     }
     {
         const float* nw = (const float*)a.nw;
         float* nh = blockIdx.x == 0 ? (float*)a.nh : nullptr;
-        for (int j = tid; j < K / 8; j += TMA_CW * WARP) {
+        for (int j = tid; j < K / 8; j += CW * WARP) {
             const int e = 8 * j;
             float4 xa = __ldg(reinterpret_cast<const float4*>(x + e)), xb = __ldg(reinterpret_cast<const float4*>(x + e + 4));
             if (a.nx) {  // as the rmsnorm kernel: w * (x * inv)
@@ -609,7 +611,7 @@ extern "C" __global__ void __launch_bounds__((TMA_CW + 1) * WARP, 1) gemv_nvfp4_
         }
         if (tid < 2) zero[tid] = make_uint4(0, 0, 0, 0);
     }
-    consumers_sync();
+    consumers_sync<CW>();
 
     const int g = lane >> 2, t = lane & 3;
     // The B operand's sources: block 2t of the group (words 0, 1) is real for
@@ -617,7 +619,7 @@ extern "C" __global__ void __launch_bounds__((TMA_CW + 1) * WARP, 1) gemv_nvfp4_
     const uint4* xb0 = g == 2 * t ? xs + 4 * t : zero;
     const uint4* xb1 = g == 2 * t + 1 ? xs + 4 * t + 2 : zero;
     const int xst0 = g == 2 * t ? 16 : 0, xst1 = g == 2 * t + 1 ? 16 : 0;  // uint4 per group
-    const int woff = g * TMA_ROWSTRIDE + warp * 64 + t * 16;
+    const int woff = g * TMA_ROWSTRIDE + warp * 64 + t * 16;  // group warp + CW * gq: + CW * gq * 64
     const int soff = TMA_WBYTES + g * TMA_SROW + warp * 8 + 2 * t;
     int slot = 0, tl = 0;
     uint32_t phase = 0;
@@ -626,41 +628,49 @@ extern "C" __global__ void __launch_bounds__((TMA_CW + 1) * WARP, 1) gemv_nvfp4_
         for (int ks = 0; ks < stages; ks++) {
             mbar_wait(full(slot), phase);
             const unsigned char* st = ring + slot * TMA_STAGE;
-            const uint4 wa = *reinterpret_cast<const uint4*>(st + woff);
-            const uint4 wb = *reinterpret_cast<const uint4*>(st + woff + 8 * TMA_ROWSTRIDE);
-            const uint32_t sa = *reinterpret_cast<const uint16_t*>(st + soff);
-            const uint32_t sb = *reinterpret_cast<const uint16_t*>(st + soff + 8 * TMA_SROW);
-            const int grp = ks * 16 + warp;  // the group's index in the row
-            const uint4* p0 = xb0 + grp * xst0;
-            const uint4* p1 = xb1 + grp * xst1;
-            const uint4 xv[4] = {p0[0], p0[1], p1[0], p1[1]};
+            uint4 wa[GP], wb[GP], xv[GP][4];
+            uint32_t sa[GP], sb[GP];
+#pragma unroll
+            for (int gq = 0; gq < GP; gq++) {
+                wa[gq] = *reinterpret_cast<const uint4*>(st + woff + CW * gq * 64);
+                wb[gq] = *reinterpret_cast<const uint4*>(st + woff + CW * gq * 64 + 8 * TMA_ROWSTRIDE);
+                sa[gq] = *reinterpret_cast<const uint16_t*>(st + soff + CW * gq * 8);
+                sb[gq] = *reinterpret_cast<const uint16_t*>(st + soff + CW * gq * 8 + 8 * TMA_SROW);
+                const int grp = ks * 16 + warp + CW * gq;  // the group's index in the row
+                const uint4* p0 = xb0 + grp * xst0;
+                const uint4* p1 = xb1 + grp * xst1;
+                xv[gq][0] = p0[0], xv[gq][1] = p0[1], xv[gq][2] = p1[0], xv[gq][3] = p1[1];
+            }
             __syncwarp();
             if (lane == 0) mbar_arrive(empty(slot));  // every shared read of the slot is done
             if (++slot == NS) slot = 0, phase ^= 1;
-            const uint32_t wva[4] = {wa.x, wa.y, wa.z, wa.w}, wvb[4] = {wb.x, wb.y, wb.z, wb.w};
-            float da[4], db[4];
 #pragma unroll
-            for (int w = 0; w < 4; w++) {
-                uint32_t ha[4], hb[4];
-                fp4x8_decode<1>(wva[w], ha);
-                fp4x8_decode<1>(wvb[w], hb);
-                const uint32_t ae[4] = {ha[0], hb[0], ha[1], hb[1]};
-                const uint32_t ao[4] = {ha[2], hb[2], ha[3], hb[3]};
-                if (w == 0) {
-                    mma16816_z(da, ae, xv[w].x, xv[w].y);
-                    mma16816_z(db, ao, xv[w].z, xv[w].w);
-                } else {
-                    mma16816(da, ae, xv[w].x, xv[w].y);
-                    mma16816(db, ao, xv[w].z, xv[w].w);
+            for (int gq = 0; gq < GP; gq++) {
+                const uint32_t wva[4] = {wa[gq].x, wa[gq].y, wa[gq].z, wa[gq].w}, wvb[4] = {wb[gq].x, wb[gq].y, wb[gq].z, wb[gq].w};
+                float da[4], db[4];
+#pragma unroll
+                for (int w = 0; w < 4; w++) {
+                    uint32_t ha[4], hb[4];
+                    fp4x8_decode<1>(wva[w], ha);
+                    fp4x8_decode<1>(wvb[w], hb);
+                    const uint32_t ae[4] = {ha[0], hb[0], ha[1], hb[1]};
+                    const uint32_t ao[4] = {ha[2], hb[2], ha[3], hb[3]};
+                    if (w == 0) {
+                        mma16816_z(da, ae, xv[gq][w].x, xv[gq][w].y);
+                        mma16816_z(db, ao, xv[gq][w].z, xv[gq][w].w);
+                    } else {
+                        mma16816(da, ae, xv[gq][w].x, xv[gq][w].y);
+                        mma16816(db, ao, xv[gq][w].z, xv[gq][w].w);
+                    }
                 }
+                const uint32_t hsa = e4m3x2_lo(sa[gq]), hsb = e4m3x2_lo(sb[gq]);
+                const float2 fa = __half22float2(*reinterpret_cast<const __half2*>(&hsa));
+                const float2 fb = __half22float2(*reinterpret_cast<const __half2*>(&hsb));
+                acc[0] = fmaf(da[0] + db[0], fa.x, acc[0]);
+                acc[1] = fmaf(da[1] + db[1], fa.y, acc[1]);
+                acc[2] = fmaf(da[2] + db[2], fb.x, acc[2]);
+                acc[3] = fmaf(da[3] + db[3], fb.y, acc[3]);
             }
-            const uint32_t hsa = e4m3x2_lo(sa), hsb = e4m3x2_lo(sb);
-            const float2 fa = __half22float2(*reinterpret_cast<const __half2*>(&hsa));
-            const float2 fb = __half22float2(*reinterpret_cast<const __half2*>(&hsb));
-            acc[0] = fmaf(da[0] + db[0], fa.x, acc[0]);
-            acc[1] = fmaf(da[1] + db[1], fa.y, acc[1]);
-            acc[2] = fmaf(da[2] + db[2], fb.x, acc[2]);
-            acc[3] = fmaf(da[3] + db[3], fb.y, acc[3]);
         }
         // Rows g and g+8 of this warp's groups, summed over t, then over the warps.
         float vg = acc[0] + acc[1], v8 = acc[2] + acc[3];
@@ -668,18 +678,18 @@ extern "C" __global__ void __launch_bounds__((TMA_CW + 1) * WARP, 1) gemv_nvfp4_
         vg += __shfl_xor_sync(0xffffffff, vg, 2);
         v8 += __shfl_xor_sync(0xffffffff, v8, 1);
         v8 += __shfl_xor_sync(0xffffffff, v8, 2);
-        float* rb = red + (tl & 1) * (TMA_CW * 16);
+        float* rb = red + (tl & 1) * (CW * 16);
         if (t == 0) {
             rb[warp * 16 + g] = vg;
             rb[warp * 16 + g + 8] = v8;
         }
-        consumers_sync();
+        consumers_sync<CW>();
         if (warp == 0 && lane < 16) {
             // red is double-buffered by tile: warps reach the next tile's
             // barrier only after warp 0 has read this one.
             float v = 0.f;
 #pragma unroll
-            for (int w2 = 0; w2 < TMA_CW; w2++) v += rb[w2 * 16 + lane];
+            for (int w2 = 0; w2 < CW; w2++) v += rb[w2 * 16 + lane];
             int gi, n0;
             gemv_tile(a, tile, gi, n0);
             if (swiglu) {
@@ -708,4 +718,18 @@ extern "C" __global__ void __launch_bounds__((TMA_CW + 1) * WARP, 1) gemv_nvfp4_
             }
         }
     }
+}
+
+// 16 consumer warps, one block per multiprocessor; 8 consumer warps (two
+// groups each per stage) with at most half a multiprocessor's registers, so
+// that the next launch's block fits beside it (its copies start while this
+// one drains, with programmatic dependent launch).
+extern "C" __global__ void __launch_bounds__(17 * WARP, 1) gemv_nvfp4_tma(const __grid_constant__ GemvArgs a) {
+    gemv_nvfp4_tma_body<16>(a);
+}
+extern "C" __global__ void __launch_bounds__(9 * WARP, 2) gemv_nvfp4_tma8(const __grid_constant__ GemvArgs a) {
+    gemv_nvfp4_tma_body<8>(a);
+}
+extern "C" __global__ void __launch_bounds__(9 * WARP, 3) gemv_nvfp4_tma8_3(const __grid_constant__ GemvArgs a) {
+    gemv_nvfp4_tma_body<8>(a);
 }
