@@ -24,6 +24,8 @@ type dsaIndices struct {
 	cnt     *allocation // int32 [rows]
 	selCap  int         // values sel holds
 	cntCap  int
+	part    *allocation // dsa_attend_split's partial results
+	partCap int
 }
 
 func (x *dsaIndices) Rows() int { return x.rows }
@@ -141,15 +143,94 @@ func (b *Backend) DSAAttendMLA(out, q, kv, kRope backend.Buffer, idx dsa.Indices
 		ptr(kv)+uint64(4*nd), per, row, vd)
 }
 
-// DSAAttendLatent is AttendLatent over the selected tokens, one block per (head, query).
+// DSAAttendLatent is AttendLatent over the selected tokens: dsa_attend_split
+// (the selected rows read once per 16 heads, the selection split over blocks,
+// dsa_attend_combine merging the splits) where the shapes allow it, else
+// dsa_attend, one block per (head, query).
 func (b *Backend) DSAAttendLatent(out, qLat, q, latent, kRope backend.Buffer, idx dsa.Indices, m int, s layers.MLAShape, scale float32) {
 	r, rd, nd, qk := s.KVLoraRank, s.RopeDim, s.NopeDim, s.QKDim()
 	H := s.Heads
-	b.attendSparse(idx.(*dsaIndices), m, H, scale,
+	x := idx.(*dsaIndices)
+	if m > 0 && m <= x.rows && b.attendSplitFits(r, rd, ptr(out), ptr(latent), ptr(kRope)) {
+		b.attendLatentSplit(x, m, H, scale, ptr(out), ptr(qLat), ptr(q)+uint64(4*nd), H*qk, qk, ptr(latent), ptr(kRope), r, rd)
+		return
+	}
+	b.attendSparse(x, m, H, scale,
 		ptr(out),
 		ptr(qLat), H*r, r, ptr(latent), 0, r, r,
 		ptr(q)+uint64(4*nd), H*qk, qk, ptr(kRope), rd, rd,
 		ptr(latent), 0, r, r)
+}
+
+// dsa_attend_split's launch constants (DSA_G, DSA_TT, DSA_THREADS and
+// DSA_MAX_SPLITS in dsa.cuh).
+const (
+	dsaGroup     = 16
+	dsaTile      = 32
+	dsaThreads   = 256
+	dsaMaxSplits = 64
+)
+
+// dsaRowStride is dsa.cuh's dsa_row_stride: d floats padded to an odd
+// number of float4s.
+func dsaRowStride(d int) int {
+	if (d/4)%2 == 0 {
+		return d + 4
+	}
+	return d + 8
+}
+
+// attendSplitShare is dsa_attend_split's dynamic shared memory in bytes.
+func attendSplitShare(la, lb int) int {
+	return 4 * ((dsaTile+dsaGroup)*dsaRowStride(la+lb) + dsaTile*dsaGroup)
+}
+
+// attendSplitFits reports whether dsa_attend_split takes a latent rank la
+// and rope dim lb: multiples of 4, la at most 512 (two float4 columns per
+// thread), 16-byte aligned rows and output, the tile in shared memory.
+func (b *Backend) attendSplitFits(la, lb int, out, latent, rope uint64) bool {
+	return la > 0 && la <= 512 && la%4 == 0 && lb >= 0 && lb%4 == 0 &&
+		out%16 == 0 && latent%16 == 0 && rope%16 == 0 && attendSplitShare(la, lb) <= b.opsShare()
+}
+
+// dsaSplits is how many slices dsa_attend_split cuts a selection of k
+// tokens into for rows queries of heads heads, and each slice's length (a
+// multiple of the tile): enough blocks to give every SM two, at most
+// dsaMaxSplits, no slice shorter than a tile.
+func (b *Backend) dsaSplits(k, rows, heads int) (splits, per int) {
+	groups := (heads + dsaGroup - 1) / dsaGroup
+	tiles := max((k+dsaTile-1)/dsaTile, 1)
+	want := max(2*b.sms, 1)
+	splits = min(max((want+groups*rows-1)/(groups*rows), 1), tiles, dsaMaxSplits)
+	per = (tiles + splits - 1) / splits * dsaTile
+	splits = max((k+per-1)/per, 1)
+	return splits, per
+}
+
+// attendLatentSplit launches dsa_attend_split (and dsa_attend_combine when
+// the selection is split); see dsa.cuh for the layouts.
+func (b *Backend) attendLatentSplit(x *dsaIndices, m, heads int, scale float32, out, qLat, qRope uint64, qrI, qrH int, lat, rope uint64, la, lb int) {
+	splits, per := b.dsaSplits(x.k, m, heads)
+	var part uint64
+	if splits > 1 {
+		if err := b.grow(&x.part, &x.partCap, m*splits*heads*(la+2)); err != nil {
+			b.setErr(err)
+			return
+		}
+		part = x.part.ptr
+	}
+	// The queue keeps the allocations alive until it launches, even if a
+	// later call grows them.
+	b.qmu.Lock()
+	b.q.keep = append(b.q.keep, x.sel, x.cnt, x.part)
+	b.qmu.Unlock()
+	groups := (heads + dsaGroup - 1) / dsaGroup
+	b.launch("dsa_attend_split", [3]int{splits, groups, m}, dsaThreads, attendSplitShare(la, lb), out, part, qLat, qRope,
+		qrI, qrH, lat, rope, la, lb, uint64(x.sel.ptr), uint64(x.cnt.ptr), x.k, heads, per, scale)
+	if splits > 1 {
+		b.launch("dsa_attend_combine", [3]int{heads, m, 1}, 128, 0, out, part, m, heads, la, splits)
+	}
+	runtime.KeepAlive(x)
 }
 
 // MLAAbsorbQuery folds W_UK (read from kv_b_proj in its stored format) into the nope queries.
