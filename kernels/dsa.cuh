@@ -2,6 +2,23 @@
 // lightning indexer's scores and exact top-k shared with DeepSeek-V4's
 // indexer (dsv4.Ops.V4IndexTopK). Plain kernels, correctness first.
 
+// Shared-memory helpers: dsa_row_stride pads a row of d floats (d a
+// multiple of 4) to an odd number of float4s, so that 8 rows read at one
+// column hit distinct banks; dsa_cp16 copies 16 bytes global -> shared
+// asynchronously (cp.async, both 16-byte aligned); dsa_cp_wait waits for the
+// calling thread's copies (a __syncthreads must follow before others read).
+__host__ __device__ __forceinline__ int dsa_row_stride(int d) { return ((d / 4) % 2 == 0) ? d + 4 : d + 8; }
+
+__device__ __forceinline__ void dsa_cp16(float* dst, const float* src) {
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void dsa_cp_wait() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
 // ---------------------------------------------------------------------------
 // Indexer scores: scores[i, e] = sum_h w[i, h] * ReLU(scale * q[i, h] . keys[e])
 // for e < vis_i = min((pos0 + i + 1) / rate, n), -inf beyond (rate 1: DSA's
@@ -32,6 +49,92 @@ extern "C" __global__ void idx_scores(float* scores, const float* q, const float
     if (lane == 0) out[e] = s;
 }
 
+// idx_scores_tile is idx_scores with the keys read once per block for all
+// heads: block (tile, i) scores keys [64*tile, 64*tile + 64) of query i. The
+// visible keys of the tile go to shared memory (cp.async), the queries follow
+// in chunks of 64 heads, each thread computes 4 heads x 4 keys of dot
+// products, and one thread per key adds the heads' terms in head order, as
+// idx_scores does. dim a multiple of 4, keys 16-byte aligned; 256 threads;
+// dynamic shared memory (2 * 64 * dsa_row_stride(dim) + 64 * 64) floats.
+#define IDX_KT 64
+#define IDX_HC 64
+
+extern "C" __global__ void __launch_bounds__(256) idx_scores_tile(float* scores, const float* q, const float* keys,
+                                                                  const float* w, int heads, int dim, int n, int pos0,
+                                                                  int rate, float scale) {
+    extern __shared__ __align__(16) float idx_sm[];
+    __shared__ float s_sum[IDX_KT];
+    const int KS = dsa_row_stride(dim);
+    float* Ks = idx_sm;             // [IDX_KT][KS] keys
+    float* Qs = Ks + IDX_KT * KS;   // [IDX_HC][KS] queries of a chunk of heads
+    float* Vs = Qs + IDX_HC * KS;   // [IDX_HC][IDX_KT] weighted ReLU terms
+    const int tid = threadIdx.x, i = blockIdx.y, e0 = blockIdx.x * IDX_KT;
+    const int vis = min((pos0 + i + 1) / rate, n);
+    const int ne = min(IDX_KT, vis - e0);  // visible keys in the tile
+    float* out = scores + (size_t)i * n;
+    if (ne <= 0) {
+        for (int j = tid; j < IDX_KT && e0 + j < n; j += blockDim.x) out[e0 + j] = -INFINITY;
+        return;
+    }
+    const int d4 = dim / 4;
+    for (int x = tid; x < ne * d4; x += blockDim.x) {
+        int r = x / d4, c = x - r * d4;
+        dsa_cp16(Ks + r * KS + 4 * c, keys + (size_t)(e0 + r) * dim + 4 * c);
+    }
+    dsa_cp_wait();
+    if (tid < IDX_KT) s_sum[tid] = 0.f;
+    const float* qi = q + (size_t)i * heads * dim;
+    const float* wi = w + (size_t)i * heads;
+    const int kg = tid % 16, hg = tid / 16;  // keys kg + 16u, heads hg + 16r (u, r < 4)
+    for (int h0 = 0; h0 < heads; h0 += IDX_HC) {
+        const int nh = min(IDX_HC, heads - h0);
+        __syncthreads();  // the previous chunk's Qs and Vs are read
+        for (int x = tid; x < nh * dim; x += blockDim.x) {
+            int r = x / dim, c = x - r * dim;
+            Qs[r * KS + c] = qi[(size_t)(h0 + r) * dim + c];
+        }
+        __syncthreads();  // Ks (each thread waited for its copies) and Qs visible
+        float acc[4][4];
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+#pragma unroll
+            for (int u = 0; u < 4; u++) acc[r][u] = 0.f;
+        for (int d = 0; d < dim; d += 4) {
+            float4 qv[4], kv[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) qv[r] = *(const float4*)(Qs + (hg + 16 * r) * KS + d);
+#pragma unroll
+            for (int u = 0; u < 4; u++) kv[u] = *(const float4*)(Ks + (kg + 16 * u) * KS + d);
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    acc[r][u] = fmaf(qv[r].x, kv[u].x, acc[r][u]);
+                    acc[r][u] = fmaf(qv[r].y, kv[u].y, acc[r][u]);
+                    acc[r][u] = fmaf(qv[r].z, kv[u].z, acc[r][u]);
+                    acc[r][u] = fmaf(qv[r].w, kv[u].w, acc[r][u]);
+                }
+        }
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            int hl = hg + 16 * r;
+            float wh = hl < nh ? wi[h0 + hl] : 0.f;
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                float d = __fmul_rn(acc[r][u], scale);
+                Vs[hl * IDX_KT + kg + 16 * u] = hl < nh && d > 0.f ? __fmul_rn(wh, d) : 0.f;
+            }
+        }
+        __syncthreads();  // Vs complete
+        if (tid < IDX_KT) {
+            float s = s_sum[tid];
+            for (int h = 0; h < nh; h++) s = __fadd_rn(s, Vs[h * IDX_KT + tid]);
+            s_sum[tid] = s;
+        }
+    }
+    if (tid < IDX_KT && e0 + tid < n) out[e0 + tid] = tid < ne ? s_sum[tid] : -INFINITY;
+}
+
 // ---------------------------------------------------------------------------
 // Exact top-k with torch's CPU tie-breaking (layers.TopK).
 //
@@ -47,7 +150,7 @@ __device__ __forceinline__ unsigned tk_key(float v) {
 // tk_radix returns the k-th largest key (1 <= k <= n) of keyf(0..n-1) and,
 // in *need, how many elements equal to it belong to the k largest (k minus
 // the number above it). A block-wide radix select, 8 bits a pass; every
-// thread of the block must call it.
+// thread of the block must call it (blockDim a multiple of 32).
 template <typename KeyF>
 __device__ unsigned tk_radix(KeyF keyf, int n, int k, int* need) {
     __shared__ unsigned hist[256];
@@ -58,9 +161,17 @@ __device__ unsigned tk_radix(KeyF keyf, int n, int k, int* need) {
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
         __syncthreads();
-        for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            unsigned key = keyf(i);
-            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+        // Warp-aggregated counts: the lanes with the same bin add once (the
+        // top byte of similar scores falls in a few bins).
+        for (int i0 = 0; i0 < n; i0 += blockDim.x) {
+            int i = i0 + threadIdx.x;
+            unsigned bin = 256u;
+            if (i < n) {
+                unsigned key = keyf(i);
+                if ((key & mask) == prefix) bin = (key >> shift) & 255u;
+            }
+            unsigned peers = __match_any_sync(0xffffffffu, bin);
+            if (bin < 256u && (int)(threadIdx.x % WARP) == __ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned)__popc(peers));
         }
         __syncthreads();
         if (threadIdx.x == 0) {
@@ -460,20 +571,6 @@ extern "C" __global__ void mla_expand(float* out, const float* outLat, const voi
 #define DSA_TT 32
 #define DSA_THREADS 256
 #define DSA_MAX_SPLITS 64
-
-// dsa_row_stride pads a row of d floats (d a multiple of 4) to an odd number
-// of float4s, so that 8 rows read at one column hit distinct banks.
-__host__ __device__ __forceinline__ int dsa_row_stride(int d) { return ((d / 4) % 2 == 0) ? d + 4 : d + 8; }
-
-__device__ __forceinline__ void dsa_cp16(float* dst, const float* src) {
-    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
-}
-
-__device__ __forceinline__ void dsa_cp_wait() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
 
 extern "C" __global__ void __launch_bounds__(DSA_THREADS, 2)
     dsa_attend_split(float* out, float* part, const float* qLat, const float* qRope, int qrI, int qrH,

@@ -26,7 +26,16 @@ type dsaIndices struct {
 	cntCap  int
 	part    *allocation // dsa_attend_split's partial results
 	partCap int
+	// DSASelect's scores [rows, nKeys] and topk_select's scratch [rows,
+	// 3*nKeys], kept between calls up to dsaKeepScores scores.
+	scores, scratch       *allocation
+	scoresCap, scratchCap int
 }
+
+// dsaKeepScores bounds the scores a selection keeps between calls (16
+// bytes each with the scratch): decode over long contexts keeps them, long
+// prefills allocate per call as selectTopK does.
+const dsaKeepScores = 1 << 22
 
 func (x *dsaIndices) Rows() int { return x.rows }
 
@@ -83,8 +92,9 @@ func (b *Backend) grow(a **allocation, have *int, n int) error {
 	return nil
 }
 
-// DSASelect scales the weights, scores every visible key per query (a warp
-// per key) and selects with topk_select.
+// DSASelect scales the weights, scores every visible key per query
+// (idx_scores_tile: a block per 64 keys, all heads; idx_scores, a warp per
+// key, for odd shapes) and selects with topk_select.
 func (b *Backend) DSASelect(idx dsa.Indices, q, w, keys backend.Buffer, m, nKeys, pos0 int) {
 	x := idx.(*dsaIndices)
 	s := x.shape
@@ -105,10 +115,52 @@ func (b *Backend) DSASelect(idx dsa.Indices, q, w, keys backend.Buffer, m, nKeys
 	}
 	x.rows, x.k = m, k
 	sel := &Buffer{a: x.sel, ptr: x.sel.ptr, n: m * k}
-	b.selectTopK(sel, 0, x.cnt, m, nKeys, s.TopK, k, pos0, 1, func(scores uint64) {
-		b.launch("idx_scores", [3]int{(nKeys + 7) / 8, m, 1}, 256, 0, scores, ptr(q), ptr(keys), ptr(w),
-			s.Heads, s.HeadDim, nKeys, pos0, 1, s.ScoreScale())
-	})
+	score := func(scores uint64) { b.indexScores(scores, q, w, keys, m, nKeys, pos0, s) }
+	if m*nKeys > dsaKeepScores {
+		b.selectTopK(sel, 0, x.cnt, m, nKeys, s.TopK, k, pos0, 1, score)
+		return
+	}
+	var sp, xp uint64
+	if nKeys > 0 {
+		if err := b.grow(&x.scores, &x.scoresCap, m*nKeys); err != nil {
+			b.setErr(err)
+			return
+		}
+		if err := b.grow(&x.scratch, &x.scratchCap, 3*m*nKeys); err != nil {
+			b.setErr(err)
+			return
+		}
+		sp, xp = x.scores.ptr, x.scratch.ptr
+		score(sp)
+	}
+	// The queue keeps the allocations alive until it launches, even if a
+	// later call grows them.
+	b.qmu.Lock()
+	b.q.keep = append(b.q.keep, x.sel, x.cnt, x.scores, x.scratch)
+	b.qmu.Unlock()
+	b.launch("topk_select", [3]int{m, 1, 1}, topkThreads, 0, sp, nKeys, s.TopK, pos0, 1, x.sel.ptr, k, x.cnt.ptr, 0, xp)
+	runtime.KeepAlive(x)
+}
+
+// idxTile is idx_scores_tile's keys per block and heads per chunk (IDX_KT,
+// IDX_HC in dsa.cuh).
+const idxTile = 64
+
+// idxScoresShare is idx_scores_tile's dynamic shared memory in bytes.
+func idxScoresShare(dim int) int {
+	return 4 * (2*idxTile*dsaRowStride(dim) + idxTile*idxTile)
+}
+
+// indexScores writes the indexer scores of m queries over nKeys keys to
+// scores ([m, nKeys]).
+func (b *Backend) indexScores(scores uint64, q, w, keys backend.Buffer, m, nKeys, pos0 int, s dsa.IndexerShape) {
+	if dim := s.HeadDim; dim > 0 && dim%4 == 0 && ptr(keys)%16 == 0 && idxScoresShare(dim) <= b.opsShare() {
+		b.launch("idx_scores_tile", [3]int{(nKeys + idxTile - 1) / idxTile, m, 1}, 256, idxScoresShare(dim), scores,
+			ptr(q), ptr(keys), ptr(w), s.Heads, dim, nKeys, pos0, 1, s.ScoreScale())
+		return
+	}
+	b.launch("idx_scores", [3]int{(nKeys + 7) / 8, m, 1}, 256, 0, scores, ptr(q), ptr(keys), ptr(w),
+		s.Heads, s.HeadDim, nKeys, pos0, 1, s.ScoreScale())
 }
 
 // attendSparse launches dsa_attend (see dsa.cuh for the strides).

@@ -394,6 +394,43 @@ func TestDSAOps(t *testing.T) {
 	testGatherScatter(t, g, c, rng, g.DSAGather, c.DSAGather, g.DSAScatterAdd, c.DSAScatterAdd)
 }
 
+// TestDSASelectShapes holds DSASelect to the layers/dsa indexer at shapes
+// that take idx_scores_tile's edges (one and two chunks of 64 heads, the
+// second partial; key counts not a multiple of the 64-key tile; queries
+// whose visible keys end inside a tile; several calls reusing the kept
+// scores) and idx_scores' (head dim not a multiple of 4).
+func TestDSASelectShapes(t *testing.T) {
+	g := newGPU(t)
+	rng := rand.New(rand.NewPCG(21, 22))
+	gi, err := g.DSANewIndices(dsa.IndexerShape{Heads: 1, HeadDim: 4, TopK: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ heads, dim, nKeys, topk, m int }{
+		{72, 20, 130, 16, 3}, {64, 128, 200, 2048, 1}, {8, 32, 1000, 64, 70}, {5, 30, 100, 10, 2}, {130, 16, 64, 8, 1},
+	} {
+		ix := dsa.IndexerShape{Heads: tc.heads, HeadDim: tc.dim, RopeDim: 8, TopK: tc.topk}
+		gi.(*dsaIndices).shape = ix // one selection across shapes: the kept scores are reused and grown
+		m, L := tc.m, tc.nKeys
+		pos0 := L - m
+		iq, iw, ik := randn(rng, m*ix.Heads*ix.HeadDim), randn(rng, m*ix.Heads), randn(rng, L*ix.HeadDim)
+		g.DSASelect(gi, toGPU(g, iq), toGPU(g, iw), toGPU(g, ik), m, L, pos0)
+		ref, _ := dsa.NewIndexer(ix, 1)
+		dsa.PrepareWeights(iw, ix)
+		var want dsa.Selection
+		ref.Select(&want, iq, iw, ik, m, L, func(i int) int { return pos0 + i + 1 })
+		got, err := gi.(*dsaIndices).read(g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range m {
+			if !slices.Equal(got[i], want.Row(i)) {
+				t.Errorf("select heads=%d dim=%d top-%d of %d, query %d: GPU %v, want %v", tc.heads, tc.dim, tc.topk, L, i, got[i], want.Row(i))
+			}
+		}
+	}
+}
+
 // TestDSAAttendLatentShapes holds DSAAttendLatent to the CPU at shapes that
 // take dsa_attend_split's edges: one and several groups of 16 heads (the last
 // one partial), top-k above the context, selections not a multiple of the
