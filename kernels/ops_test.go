@@ -448,7 +448,7 @@ func TestDSAAttendLatentShapes(t *testing.T) {
 		{20, 512, 64, 300, 100, 1, true},  // 2 groups (4 heads in the second), 4 splits
 		{40, 300, 20, 1000, 256, 3, true}, // 3 groups, 3 queries, columns past 256
 		{4, 64, 16, 40, 64, 20, true},     // rows of 21..40 selected: empty splits
-		{4, 64, 16, 3000, 3000, 1, true},  // the split cap: 47 slices of 64
+		{4, 64, 16, 3000, 3000, 1, true},  // the 64-split cap (47 slices of 64 with 132 SMs)
 		{4, 64, 16, 320, 40, 300, true},   // prefill: one split, written directly
 		{16, 128, 64, 129, 2048, 2, true}, // exactly one group
 		{3, 30, 16, 90, 50, 2, false},     // rank not a multiple of 4: dsa_attend
