@@ -2,6 +2,23 @@
 // lightning indexer's scores and exact top-k shared with DeepSeek-V4's
 // indexer (dsv4.Ops.V4IndexTopK). Plain kernels, correctness first.
 
+// Shared-memory helpers: dsa_row_stride pads a row of d floats (d a
+// multiple of 4) to an odd number of float4s, so that 8 rows read at one
+// column hit distinct banks; dsa_cp16 copies 16 bytes global -> shared
+// asynchronously (cp.async, both 16-byte aligned); dsa_cp_wait waits for the
+// calling thread's copies (a __syncthreads must follow before others read).
+__host__ __device__ __forceinline__ int dsa_row_stride(int d) { return ((d / 4) % 2 == 0) ? d + 4 : d + 8; }
+
+__device__ __forceinline__ void dsa_cp16(float* dst, const float* src) {
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void dsa_cp_wait() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
 // ---------------------------------------------------------------------------
 // Indexer scores: scores[i, e] = sum_h w[i, h] * ReLU(scale * q[i, h] . keys[e])
 // for e < vis_i = min((pos0 + i + 1) / rate, n), -inf beyond (rate 1: DSA's
@@ -32,6 +49,92 @@ extern "C" __global__ void idx_scores(float* scores, const float* q, const float
     if (lane == 0) out[e] = s;
 }
 
+// idx_scores_tile is idx_scores with the keys read once per block for all
+// heads: block (tile, i) scores keys [64*tile, 64*tile + 64) of query i. The
+// visible keys of the tile go to shared memory (cp.async), the queries follow
+// in chunks of 64 heads, each thread computes 4 heads x 4 keys of dot
+// products, and one thread per key adds the heads' terms in head order, as
+// idx_scores does. dim a multiple of 4, keys 16-byte aligned; 256 threads;
+// dynamic shared memory (2 * 64 * dsa_row_stride(dim) + 64 * 64) floats.
+#define IDX_KT 64
+#define IDX_HC 64
+
+extern "C" __global__ void __launch_bounds__(256) idx_scores_tile(float* scores, const float* q, const float* keys,
+                                                                  const float* w, int heads, int dim, int n, int pos0,
+                                                                  int rate, float scale) {
+    extern __shared__ __align__(16) float idx_sm[];
+    __shared__ float s_sum[IDX_KT];
+    const int KS = dsa_row_stride(dim);
+    float* Ks = idx_sm;             // [IDX_KT][KS] keys
+    float* Qs = Ks + IDX_KT * KS;   // [IDX_HC][KS] queries of a chunk of heads
+    float* Vs = Qs + IDX_HC * KS;   // [IDX_HC][IDX_KT] weighted ReLU terms
+    const int tid = threadIdx.x, i = blockIdx.y, e0 = blockIdx.x * IDX_KT;
+    const int vis = min((pos0 + i + 1) / rate, n);
+    const int ne = min(IDX_KT, vis - e0);  // visible keys in the tile
+    float* out = scores + (size_t)i * n;
+    if (ne <= 0) {
+        for (int j = tid; j < IDX_KT && e0 + j < n; j += blockDim.x) out[e0 + j] = -INFINITY;
+        return;
+    }
+    const int d4 = dim / 4;
+    for (int x = tid; x < ne * d4; x += blockDim.x) {
+        int r = x / d4, c = x - r * d4;
+        dsa_cp16(Ks + r * KS + 4 * c, keys + (size_t)(e0 + r) * dim + 4 * c);
+    }
+    dsa_cp_wait();
+    if (tid < IDX_KT) s_sum[tid] = 0.f;
+    const float* qi = q + (size_t)i * heads * dim;
+    const float* wi = w + (size_t)i * heads;
+    const int kg = tid % 16, hg = tid / 16;  // keys kg + 16u, heads hg + 16r (u, r < 4)
+    for (int h0 = 0; h0 < heads; h0 += IDX_HC) {
+        const int nh = min(IDX_HC, heads - h0);
+        __syncthreads();  // the previous chunk's Qs and Vs are read
+        for (int x = tid; x < nh * dim; x += blockDim.x) {
+            int r = x / dim, c = x - r * dim;
+            Qs[r * KS + c] = qi[(size_t)(h0 + r) * dim + c];
+        }
+        __syncthreads();  // Ks (each thread waited for its copies) and Qs visible
+        float acc[4][4];
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+#pragma unroll
+            for (int u = 0; u < 4; u++) acc[r][u] = 0.f;
+        for (int d = 0; d < dim; d += 4) {
+            float4 qv[4], kv[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) qv[r] = *(const float4*)(Qs + (hg + 16 * r) * KS + d);
+#pragma unroll
+            for (int u = 0; u < 4; u++) kv[u] = *(const float4*)(Ks + (kg + 16 * u) * KS + d);
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    acc[r][u] = fmaf(qv[r].x, kv[u].x, acc[r][u]);
+                    acc[r][u] = fmaf(qv[r].y, kv[u].y, acc[r][u]);
+                    acc[r][u] = fmaf(qv[r].z, kv[u].z, acc[r][u]);
+                    acc[r][u] = fmaf(qv[r].w, kv[u].w, acc[r][u]);
+                }
+        }
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            int hl = hg + 16 * r;
+            float wh = hl < nh ? wi[h0 + hl] : 0.f;
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                float d = __fmul_rn(acc[r][u], scale);
+                Vs[hl * IDX_KT + kg + 16 * u] = hl < nh && d > 0.f ? __fmul_rn(wh, d) : 0.f;
+            }
+        }
+        __syncthreads();  // Vs complete
+        if (tid < IDX_KT) {
+            float s = s_sum[tid];
+            for (int h = 0; h < nh; h++) s = __fadd_rn(s, Vs[h * IDX_KT + tid]);
+            s_sum[tid] = s;
+        }
+    }
+    if (tid < IDX_KT && e0 + tid < n) out[e0 + tid] = tid < ne ? s_sum[tid] : -INFINITY;
+}
+
 // ---------------------------------------------------------------------------
 // Exact top-k with torch's CPU tie-breaking (layers.TopK).
 //
@@ -47,7 +150,7 @@ __device__ __forceinline__ unsigned tk_key(float v) {
 // tk_radix returns the k-th largest key (1 <= k <= n) of keyf(0..n-1) and,
 // in *need, how many elements equal to it belong to the k largest (k minus
 // the number above it). A block-wide radix select, 8 bits a pass; every
-// thread of the block must call it.
+// thread of the block must call it (blockDim a multiple of 32).
 template <typename KeyF>
 __device__ unsigned tk_radix(KeyF keyf, int n, int k, int* need) {
     __shared__ unsigned hist[256];
@@ -58,9 +161,17 @@ __device__ unsigned tk_radix(KeyF keyf, int n, int k, int* need) {
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
         __syncthreads();
-        for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            unsigned key = keyf(i);
-            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+        // Warp-aggregated counts: the lanes with the same bin add once (the
+        // top byte of similar scores falls in a few bins).
+        for (int i0 = 0; i0 < n; i0 += blockDim.x) {
+            int i = i0 + threadIdx.x;
+            unsigned bin = 256u;
+            if (i < n) {
+                unsigned key = keyf(i);
+                if ((key & mask) == prefix) bin = (key >> shift) & 255u;
+            }
+            unsigned peers = __match_any_sync(0xffffffffu, bin);
+            if (bin < 256u && (int)(threadIdx.x % WARP) == __ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned)__popc(peers));
         }
         __syncthreads();
         if (threadIdx.x == 0) {
@@ -437,4 +548,211 @@ extern "C" __global__ void mla_expand(float* out, const float* outLat, const voi
     for (int j = lane; j < rank; j += WARP) a += ol[j] * weight_at(W, S, global, format, r, j, rank);
     a = warp_sum(a);
     if (lane == 0) out[o] = a;
+}
+
+// ---------------------------------------------------------------------------
+// Sparse latent attention (DSAAttendLatent), flash-decoding style: the
+// selected latent + rope rows are read once per group of DSA_G heads instead
+// of once per head. Block (split, group, query i) takes the split's slice
+// [split*per, split*per + per) of the query's cnt[i] selected tokens, in
+// tiles of DSA_TT rows that cp.async copies into shared memory, and keeps
+// for its DSA_G heads the running max, the running sum of exp and the
+// unnormalized weighted sum of latent rows (online softmax). With one split
+// it writes out itself; otherwise it writes those to part and
+// dsa_attend_combine merges the splits.
+//
+// Shapes: la (kv_lora) a multiple of 4 up to 512, lb (rope) a multiple of 4;
+// lat, rope 16-byte aligned (dsa.go checks all that). qLat is [rows, heads,
+// la]; the rope query of (i, h) at qRope + i*qrI + h*qrH (lb values); out
+// [rows, heads, la]. part: [rows, splits, heads, la] partial sums, then
+// [rows, splits, heads, 2] (max, sum). 256 threads; dynamic shared memory
+// ((DSA_TT + DSA_G) * DS + DSA_TT * DSA_G) floats, DS = dsa_row_stride(la + lb).
+#define DSA_G 16
+#define DSA_TT 32
+#define DSA_THREADS 256
+#define DSA_MAX_SPLITS 64
+
+extern "C" __global__ void __launch_bounds__(DSA_THREADS, 2)
+    dsa_attend_split(float* out, float* part, const float* qLat, const float* qRope, int qrI, int qrH,
+                     const float* lat, const float* rope, int la, int lb, const int* sel, const int* cnt, int K,
+                     int heads, int per, float scale) {
+    extern __shared__ __align__(16) float dsa_sm[];
+    __shared__ float s_m[DSA_G], s_l[DSA_G], s_a[DSA_G];
+    __shared__ int s_tok[DSA_TT];
+    const int D = la + lb, DS = dsa_row_stride(D);
+    float* Ks = dsa_sm;                 // [DSA_TT][DS] selected rows: latent | rope
+    float* Qs = Ks + DSA_TT * DS;       // [DSA_G][DS] queries: qLat | qRope
+    float* Ps = Qs + DSA_G * DS;        // [DSA_TT][DSA_G] scores, then probabilities
+    const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
+    const int split = blockIdx.x, nsplit = gridDim.x, hb = blockIdx.y * DSA_G, i = blockIdx.z;
+    const int n = cnt[i];
+    const int lo = min(split * per, n), hi = min(lo + per, n);
+    const int* ts = sel + (size_t)i * K;
+
+    // Queries of the group (zero for heads past the last).
+    for (int x = tid; x < DSA_G * D; x += DSA_THREADS) {
+        int g = x / D, d = x - g * D, h = hb + g;
+        float v = 0.f;
+        if (h < heads) v = d < la ? qLat[((size_t)i * heads + h) * la + d] : qRope[(size_t)i * qrI + (size_t)h * qrH + (d - la)];
+        Qs[g * DS + d] = v;
+    }
+    if (tid < DSA_G) {
+        s_m[tid] = -INFINITY;
+        s_l[tid] = 0.f;
+        s_a[tid] = 1.f;
+    }
+
+    // Score mapping: warp (wh, wt), lane (hs, tsub): heads g0 and g0 + 4, token tt.
+    const int g0 = (warp & 1) * 8 + (lane & 3), tt = (warp >> 1) * 8 + (lane >> 2);
+    // Output mapping: heads 4*hq .. 4*hq+3, columns 4*cq .. +3 and 256 + 4*cq .. +3.
+    const int hq = tid / 64, cq = tid % 64;
+    const bool c0ok = 4 * cq < la, c1ok = 256 + 4 * cq < la;
+    float acc[4][8];
+#pragma unroll
+    for (int r = 0; r < 4; r++)
+#pragma unroll
+        for (int c = 0; c < 8; c++) acc[r][c] = 0.f;
+
+    const int q4 = D / 4, la4 = la / 4;
+    for (int t0 = lo; t0 < hi; t0 += DSA_TT) {
+        const int nt = min(DSA_TT, hi - t0);
+        if (tid < nt) s_tok[tid] = ts[t0 + tid];
+        __syncthreads();  // s_tok (and, the first time, Qs and the stats) visible
+        for (int x = tid; x < nt * q4; x += DSA_THREADS) {
+            int r = x / q4, c = x - r * q4;
+            size_t t = (size_t)s_tok[r];
+            const float* src = c < la4 ? lat + t * la + 4 * c : rope + t * lb + 4 * (c - la4);
+            dsa_cp16(Ks + r * DS + 4 * c, src);
+        }
+        dsa_cp_wait();
+        __syncthreads();  // the tile is in Ks
+
+        // Scores of heads g0, g0 + 4 against token tt (rows past nt hold stale data: masked).
+        {
+            const float* qa = Qs + g0 * DS;
+            const float* qb = Qs + (g0 + 4) * DS;
+            const float* kr = Ks + tt * DS;
+            float s0 = 0.f, s1 = 0.f;
+#pragma unroll 4
+            for (int d = 0; d < D; d += 4) {
+                float4 k = *(const float4*)(kr + d);
+                float4 a = *(const float4*)(qa + d);
+                float4 b = *(const float4*)(qb + d);
+                s0 = fmaf(a.x, k.x, s0);
+                s0 = fmaf(a.y, k.y, s0);
+                s0 = fmaf(a.z, k.z, s0);
+                s0 = fmaf(a.w, k.w, s0);
+                s1 = fmaf(b.x, k.x, s1);
+                s1 = fmaf(b.y, k.y, s1);
+                s1 = fmaf(b.z, k.z, s1);
+                s1 = fmaf(b.w, k.w, s1);
+            }
+            bool ok = tt < nt;
+            Ps[tt * DSA_G + g0] = ok && hb + g0 < heads ? s0 * scale : -INFINITY;
+            Ps[tt * DSA_G + g0 + 4] = ok && hb + g0 + 4 < heads ? s1 * scale : -INFINITY;
+        }
+        __syncthreads();  // all scores in Ps
+
+        // Online softmax: warp w takes heads 2w, 2w+1; lane = token (DSA_TT == WARP).
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            int g = 2 * warp + u;
+            float s = Ps[lane * DSA_G + g];
+            float mo = s_m[g], lo_sum = s_l[g];
+            float mn = fmaxf(mo, warp_max(s));
+            float p = mn == -INFINITY ? 0.f : expf(s - mn);
+            float ps = warp_sum(p);
+            Ps[lane * DSA_G + g] = p;
+            __syncwarp();  // every lane has read s_m[g], s_l[g]
+            if (lane == 0) {
+                float a = mn == -INFINITY ? 1.f : expf(mo - mn);
+                s_a[g] = a;
+                s_l[g] = lo_sum * a + ps;
+                s_m[g] = mn;
+            }
+        }
+        __syncthreads();  // probabilities in Ps, rescale factors in s_a
+
+        // Weighted latent rows: acc[r][.] for head 4*hq + r.
+        {
+            float a0 = s_a[4 * hq], a1 = s_a[4 * hq + 1], a2 = s_a[4 * hq + 2], a3 = s_a[4 * hq + 3];
+#pragma unroll
+            for (int c = 0; c < 8; c++) {
+                acc[0][c] *= a0;
+                acc[1][c] *= a1;
+                acc[2][c] *= a2;
+                acc[3][c] *= a3;
+            }
+            const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int t = 0; t < nt; t++) {
+                float4 p = *(const float4*)(Ps + t * DSA_G + 4 * hq);
+                const float* kr = Ks + t * DS;
+                float4 v0 = c0ok ? *(const float4*)(kr + 4 * cq) : zero;
+                float4 v1 = c1ok ? *(const float4*)(kr + 256 + 4 * cq) : zero;
+                float pr[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    acc[r][0] = fmaf(pr[r], v0.x, acc[r][0]);
+                    acc[r][1] = fmaf(pr[r], v0.y, acc[r][1]);
+                    acc[r][2] = fmaf(pr[r], v0.z, acc[r][2]);
+                    acc[r][3] = fmaf(pr[r], v0.w, acc[r][3]);
+                    acc[r][4] = fmaf(pr[r], v1.x, acc[r][4]);
+                    acc[r][5] = fmaf(pr[r], v1.y, acc[r][5]);
+                    acc[r][6] = fmaf(pr[r], v1.z, acc[r][6]);
+                    acc[r][7] = fmaf(pr[r], v1.w, acc[r][7]);
+                }
+            }
+        }
+        __syncthreads();  // Ks, Ps, s_tok free for the next tile
+    }
+    if (hi <= lo) __syncthreads();  // no tile: the stats' initial values visible
+
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        int g = 4 * hq + r, h = hb + g;
+        if (h >= heads) continue;
+        float* o;
+        float f = 1.f;
+        if (nsplit == 1) {
+            float l = s_l[g];
+            f = l > 0.f ? 1.f / l : 0.f;
+            o = out + ((size_t)i * heads + h) * la;
+        } else {
+            o = part + (((size_t)i * nsplit + split) * heads + h) * la;
+        }
+        if (c0ok) *(float4*)(o + 4 * cq) = make_float4(acc[r][0] * f, acc[r][1] * f, acc[r][2] * f, acc[r][3] * f);
+        if (c1ok) *(float4*)(o + 256 + 4 * cq) = make_float4(acc[r][4] * f, acc[r][5] * f, acc[r][6] * f, acc[r][7] * f);
+    }
+    if (nsplit > 1 && tid < DSA_G && hb + tid < heads) {
+        float* ml = part + (size_t)gridDim.z * nsplit * heads * la + (((size_t)i * nsplit + split) * heads + hb + tid) * 2;
+        ml[0] = s_m[tid];
+        ml[1] = s_l[tid];
+    }
+}
+
+// dsa_attend_combine merges dsa_attend_split's splits: out = sum_s w_s O_s /
+// sum_s w_s l_s, w_s = exp(m_s - max m). Grid (heads, rows), 128 threads.
+extern "C" __global__ void dsa_attend_combine(float* out, const float* part, int rows, int heads, int la, int nsplit) {
+    __shared__ float w[DSA_MAX_SPLITS];
+    int h = blockIdx.x, i = blockIdx.y;
+    const float* ml = part + (size_t)rows * nsplit * heads * la;
+    float M = -INFINITY;
+    for (int s = 0; s < nsplit; s++) M = fmaxf(M, ml[(((size_t)i * nsplit + s) * heads + h) * 2]);
+    for (int s = threadIdx.x; s < nsplit; s += blockDim.x) {
+        float m = ml[(((size_t)i * nsplit + s) * heads + h) * 2];
+        w[s] = m == -INFINITY ? 0.f : expf(m - M);
+    }
+    __syncthreads();
+    float L = 0.f;
+    for (int s = 0; s < nsplit; s++) L += w[s] * ml[(((size_t)i * nsplit + s) * heads + h) * 2 + 1];
+    float inv = L > 0.f ? 1.f / L : 0.f;
+    float* o = out + ((size_t)i * heads + h) * la;
+    for (int x = threadIdx.x; x < la; x += blockDim.x) {
+        float a = 0.f;
+        for (int s = 0; s < nsplit; s++) {
+            float ws = w[s];
+            if (ws != 0.f) a = fmaf(ws, part[(((size_t)i * nsplit + s) * heads + h) * la + x], a);
+        }
+        o[x] = a * inv;
+    }
 }

@@ -24,7 +24,18 @@ type dsaIndices struct {
 	cnt     *allocation // int32 [rows]
 	selCap  int         // values sel holds
 	cntCap  int
+	part    *allocation // dsa_attend_split's partial results
+	partCap int
+	// DSASelect's scores [rows, nKeys] and topk_select's scratch [rows,
+	// 3*nKeys], kept between calls up to dsaKeepScores scores.
+	scores, scratch       *allocation
+	scoresCap, scratchCap int
 }
+
+// dsaKeepScores bounds the scores a selection keeps between calls (16
+// bytes each with the scratch): decode over long contexts keeps them, long
+// prefills allocate per call as selectTopK does.
+const dsaKeepScores = 1 << 22
 
 func (x *dsaIndices) Rows() int { return x.rows }
 
@@ -81,8 +92,9 @@ func (b *Backend) grow(a **allocation, have *int, n int) error {
 	return nil
 }
 
-// DSASelect scales the weights, scores every visible key per query (a warp
-// per key) and selects with topk_select.
+// DSASelect scales the weights, scores every visible key per query
+// (idx_scores_tile: a block per 64 keys, all heads; idx_scores, a warp per
+// key, for odd shapes) and selects with topk_select.
 func (b *Backend) DSASelect(idx dsa.Indices, q, w, keys backend.Buffer, m, nKeys, pos0 int) {
 	x := idx.(*dsaIndices)
 	s := x.shape
@@ -103,10 +115,52 @@ func (b *Backend) DSASelect(idx dsa.Indices, q, w, keys backend.Buffer, m, nKeys
 	}
 	x.rows, x.k = m, k
 	sel := &Buffer{a: x.sel, ptr: x.sel.ptr, n: m * k}
-	b.selectTopK(sel, 0, x.cnt, m, nKeys, s.TopK, k, pos0, 1, func(scores uint64) {
-		b.launch("idx_scores", [3]int{(nKeys + 7) / 8, m, 1}, 256, 0, scores, ptr(q), ptr(keys), ptr(w),
-			s.Heads, s.HeadDim, nKeys, pos0, 1, s.ScoreScale())
-	})
+	score := func(scores uint64) { b.indexScores(scores, q, w, keys, m, nKeys, pos0, s) }
+	if m*nKeys > dsaKeepScores {
+		b.selectTopK(sel, 0, x.cnt, m, nKeys, s.TopK, k, pos0, 1, score)
+		return
+	}
+	var sp, xp uint64
+	if nKeys > 0 {
+		if err := b.grow(&x.scores, &x.scoresCap, m*nKeys); err != nil {
+			b.setErr(err)
+			return
+		}
+		if err := b.grow(&x.scratch, &x.scratchCap, 3*m*nKeys); err != nil {
+			b.setErr(err)
+			return
+		}
+		sp, xp = x.scores.ptr, x.scratch.ptr
+		score(sp)
+	}
+	// The queue keeps the allocations alive until it launches, even if a
+	// later call grows them.
+	b.qmu.Lock()
+	b.q.keep = append(b.q.keep, x.sel, x.cnt, x.scores, x.scratch)
+	b.qmu.Unlock()
+	b.launch("topk_select", [3]int{m, 1, 1}, topkThreads, 0, sp, nKeys, s.TopK, pos0, 1, x.sel.ptr, k, x.cnt.ptr, 0, xp)
+	runtime.KeepAlive(x)
+}
+
+// idxTile is idx_scores_tile's keys per block and heads per chunk (IDX_KT,
+// IDX_HC in dsa.cuh).
+const idxTile = 64
+
+// idxScoresShare is idx_scores_tile's dynamic shared memory in bytes.
+func idxScoresShare(dim int) int {
+	return 4 * (2*idxTile*dsaRowStride(dim) + idxTile*idxTile)
+}
+
+// indexScores writes the indexer scores of m queries over nKeys keys to
+// scores ([m, nKeys]).
+func (b *Backend) indexScores(scores uint64, q, w, keys backend.Buffer, m, nKeys, pos0 int, s dsa.IndexerShape) {
+	if dim := s.HeadDim; dim > 0 && dim%4 == 0 && ptr(keys)%16 == 0 && idxScoresShare(dim) <= b.opsShare() {
+		b.launch("idx_scores_tile", [3]int{(nKeys + idxTile - 1) / idxTile, m, 1}, 256, idxScoresShare(dim), scores,
+			ptr(q), ptr(keys), ptr(w), s.Heads, dim, nKeys, pos0, 1, s.ScoreScale())
+		return
+	}
+	b.launch("idx_scores", [3]int{(nKeys + 7) / 8, m, 1}, 256, 0, scores, ptr(q), ptr(keys), ptr(w),
+		s.Heads, s.HeadDim, nKeys, pos0, 1, s.ScoreScale())
 }
 
 // attendSparse launches dsa_attend (see dsa.cuh for the strides).
@@ -141,15 +195,94 @@ func (b *Backend) DSAAttendMLA(out, q, kv, kRope backend.Buffer, idx dsa.Indices
 		ptr(kv)+uint64(4*nd), per, row, vd)
 }
 
-// DSAAttendLatent is AttendLatent over the selected tokens, one block per (head, query).
+// DSAAttendLatent is AttendLatent over the selected tokens: dsa_attend_split
+// (the selected rows read once per 16 heads, the selection split over blocks,
+// dsa_attend_combine merging the splits) where the shapes allow it, else
+// dsa_attend, one block per (head, query).
 func (b *Backend) DSAAttendLatent(out, qLat, q, latent, kRope backend.Buffer, idx dsa.Indices, m int, s layers.MLAShape, scale float32) {
 	r, rd, nd, qk := s.KVLoraRank, s.RopeDim, s.NopeDim, s.QKDim()
 	H := s.Heads
-	b.attendSparse(idx.(*dsaIndices), m, H, scale,
+	x := idx.(*dsaIndices)
+	if m > 0 && m <= x.rows && b.attendSplitFits(r, rd, ptr(out), ptr(latent), ptr(kRope)) {
+		b.attendLatentSplit(x, m, H, scale, ptr(out), ptr(qLat), ptr(q)+uint64(4*nd), H*qk, qk, ptr(latent), ptr(kRope), r, rd)
+		return
+	}
+	b.attendSparse(x, m, H, scale,
 		ptr(out),
 		ptr(qLat), H*r, r, ptr(latent), 0, r, r,
 		ptr(q)+uint64(4*nd), H*qk, qk, ptr(kRope), rd, rd,
 		ptr(latent), 0, r, r)
+}
+
+// dsa_attend_split's launch constants (DSA_G, DSA_TT, DSA_THREADS and
+// DSA_MAX_SPLITS in dsa.cuh).
+const (
+	dsaGroup     = 16
+	dsaTile      = 32
+	dsaThreads   = 256
+	dsaMaxSplits = 64
+)
+
+// dsaRowStride is dsa.cuh's dsa_row_stride: d floats padded to an odd
+// number of float4s.
+func dsaRowStride(d int) int {
+	if (d/4)%2 == 0 {
+		return d + 4
+	}
+	return d + 8
+}
+
+// attendSplitShare is dsa_attend_split's dynamic shared memory in bytes.
+func attendSplitShare(la, lb int) int {
+	return 4 * ((dsaTile+dsaGroup)*dsaRowStride(la+lb) + dsaTile*dsaGroup)
+}
+
+// attendSplitFits reports whether dsa_attend_split takes a latent rank la
+// and rope dim lb: multiples of 4, la at most 512 (two float4 columns per
+// thread), 16-byte aligned rows and output, the tile in shared memory.
+func (b *Backend) attendSplitFits(la, lb int, out, latent, rope uint64) bool {
+	return la > 0 && la <= 512 && la%4 == 0 && lb >= 0 && lb%4 == 0 &&
+		out%16 == 0 && latent%16 == 0 && rope%16 == 0 && attendSplitShare(la, lb) <= b.opsShare()
+}
+
+// dsaSplits is how many slices dsa_attend_split cuts a selection of k
+// tokens into for rows queries of heads heads, and each slice's length (a
+// multiple of the tile): enough blocks to give every SM two, at most
+// dsaMaxSplits, no slice shorter than a tile.
+func (b *Backend) dsaSplits(k, rows, heads int) (splits, per int) {
+	groups := (heads + dsaGroup - 1) / dsaGroup
+	tiles := max((k+dsaTile-1)/dsaTile, 1)
+	want := max(2*b.sms, 1)
+	splits = min(max((want+groups*rows-1)/(groups*rows), 1), tiles, dsaMaxSplits)
+	per = (tiles + splits - 1) / splits * dsaTile
+	splits = max((k+per-1)/per, 1)
+	return splits, per
+}
+
+// attendLatentSplit launches dsa_attend_split (and dsa_attend_combine when
+// the selection is split); see dsa.cuh for the layouts.
+func (b *Backend) attendLatentSplit(x *dsaIndices, m, heads int, scale float32, out, qLat, qRope uint64, qrI, qrH int, lat, rope uint64, la, lb int) {
+	splits, per := b.dsaSplits(x.k, m, heads)
+	var part uint64
+	if splits > 1 {
+		if err := b.grow(&x.part, &x.partCap, m*splits*heads*(la+2)); err != nil {
+			b.setErr(err)
+			return
+		}
+		part = x.part.ptr
+	}
+	// The queue keeps the allocations alive until it launches, even if a
+	// later call grows them.
+	b.qmu.Lock()
+	b.q.keep = append(b.q.keep, x.sel, x.cnt, x.part)
+	b.qmu.Unlock()
+	groups := (heads + dsaGroup - 1) / dsaGroup
+	b.launch("dsa_attend_split", [3]int{splits, groups, m}, dsaThreads, attendSplitShare(la, lb), out, part, qLat, qRope,
+		qrI, qrH, lat, rope, la, lb, uint64(x.sel.ptr), uint64(x.cnt.ptr), x.k, heads, per, scale)
+	if splits > 1 {
+		b.launch("dsa_attend_combine", [3]int{heads, m, 1}, 128, 0, out, part, m, heads, la, splits)
+	}
+	runtime.KeepAlive(x)
 }
 
 // MLAAbsorbQuery folds W_UK (read from kv_b_proj in its stored format) into the nope queries.

@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"path/filepath"
@@ -391,6 +392,98 @@ func TestDSAOps(t *testing.T) {
 		check(t, "expand "+tc.f.String(), fromGPU(t, g, eg), ec, opsTol)
 	}
 	testGatherScatter(t, g, c, rng, g.DSAGather, c.DSAGather, g.DSAScatterAdd, c.DSAScatterAdd)
+}
+
+// TestDSASelectShapes holds DSASelect to the layers/dsa indexer at shapes
+// that take idx_scores_tile's edges (one and two chunks of 64 heads, the
+// second partial; key counts not a multiple of the 64-key tile; queries
+// whose visible keys end inside a tile; several calls reusing the kept
+// scores) and idx_scores' (head dim not a multiple of 4).
+func TestDSASelectShapes(t *testing.T) {
+	g := newGPU(t)
+	rng := rand.New(rand.NewPCG(21, 22))
+	gi, err := g.DSANewIndices(dsa.IndexerShape{Heads: 1, HeadDim: 4, TopK: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ heads, dim, nKeys, topk, m int }{
+		{72, 20, 130, 16, 3}, {64, 128, 200, 2048, 1}, {8, 32, 1000, 64, 70}, {5, 30, 100, 10, 2}, {130, 16, 64, 8, 1},
+	} {
+		ix := dsa.IndexerShape{Heads: tc.heads, HeadDim: tc.dim, RopeDim: 8, TopK: tc.topk}
+		gi.(*dsaIndices).shape = ix // one selection across shapes: the kept scores are reused and grown
+		m, L := tc.m, tc.nKeys
+		pos0 := L - m
+		iq, iw, ik := randn(rng, m*ix.Heads*ix.HeadDim), randn(rng, m*ix.Heads), randn(rng, L*ix.HeadDim)
+		g.DSASelect(gi, toGPU(g, iq), toGPU(g, iw), toGPU(g, ik), m, L, pos0)
+		ref, _ := dsa.NewIndexer(ix, 1)
+		dsa.PrepareWeights(iw, ix)
+		var want dsa.Selection
+		ref.Select(&want, iq, iw, ik, m, L, func(i int) int { return pos0 + i + 1 })
+		got, err := gi.(*dsaIndices).read(g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range m {
+			if !slices.Equal(got[i], want.Row(i)) {
+				t.Errorf("select heads=%d dim=%d top-%d of %d, query %d: GPU %v, want %v", tc.heads, tc.dim, tc.topk, L, i, got[i], want.Row(i))
+			}
+		}
+	}
+}
+
+// TestDSAAttendLatentShapes holds DSAAttendLatent to the CPU at shapes that
+// take dsa_attend_split's edges: one and several groups of 16 heads (the last
+// one partial), top-k above the context, selections not a multiple of the
+// 32-token tile, one split or many (up to the 64 cap) with some empty for
+// short rows, kv_lora up to 512 and not a multiple of 256, and shapes that
+// fall back to dsa_attend (rank or rope dim not a multiple of 4).
+func TestDSAAttendLatentShapes(t *testing.T) {
+	g, c := newGPU(t), cpu.New(0)
+	rng := rand.New(rand.NewPCG(19, 20))
+	for _, tc := range []struct {
+		heads, la, lb, nKeys, topk, m int
+		split                         bool
+	}{
+		{4, 64, 16, 77, 200, 1, true},     // top-k > context, 3 splits, last 13 tokens
+		{20, 512, 64, 300, 100, 1, true},  // 2 groups (4 heads in the second), 4 splits
+		{40, 300, 20, 1000, 256, 3, true}, // 3 groups, 3 queries, columns past 256
+		{4, 64, 16, 40, 64, 20, true},     // rows of 21..40 selected: empty splits
+		{4, 64, 16, 3000, 3000, 1, true},  // the 64-split cap (47 slices of 64 with 132 SMs)
+		{4, 64, 16, 320, 40, 300, true},   // prefill: one split, written directly
+		{16, 128, 64, 129, 2048, 2, true}, // exactly one group
+		{3, 30, 16, 90, 50, 2, false},     // rank not a multiple of 4: dsa_attend
+		{18, 64, 18, 90, 50, 1, false},    // rope dim not a multiple of 4: dsa_attend
+	} {
+		s := layers.MLAShape{Heads: tc.heads, QLoraRank: 16, KVLoraRank: tc.la, NopeDim: 8, RopeDim: tc.lb, VDim: 8}
+		ix := dsa.IndexerShape{Heads: 4, HeadDim: 16, RopeDim: 8, TopK: tc.topk}
+		m, L, H, qk := tc.m, tc.nKeys, tc.heads, s.QKDim()
+		pos0 := L - m
+		iq, iw, ik := randn(rng, m*ix.Heads*ix.HeadDim), randn(rng, m*ix.Heads), randn(rng, L*ix.HeadDim)
+		ic, err := c.DSANewIndices(ix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gi, err := g.DSANewIndices(ix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.DSASelect(ic, cpu.Buffer(append([]float32{}, iq...)), cpu.Buffer(append([]float32{}, iw...)), cpu.Buffer(ik), m, L, pos0)
+		g.DSASelect(gi, toGPU(g, iq), toGPU(g, iw), toGPU(g, ik), m, L, pos0)
+		q, qLat := randn(rng, m*H*qk), randn(rng, m*H*tc.la)
+		lat, kr := randn(rng, L*tc.la), randn(rng, L*tc.lb)
+		scale := float32(1 / math.Sqrt(float64(qk)))
+		latg, krg, og := toGPU(g, lat), toGPU(g, kr), poisoned(g, m*H*tc.la)
+		if fits := g.attendSplitFits(tc.la, tc.lb, ptr(og), ptr(latg), ptr(krg)); fits != tc.split {
+			t.Errorf("heads %d rank %d rope %d: split path %v, want %v", H, tc.la, tc.lb, fits, tc.split)
+		}
+		splits, per := g.dsaSplits(min(tc.topk, L), m, H)
+		oc := make(cpu.Buffer, m*H*tc.la)
+		c.DSAAttendLatent(oc, cpu.Buffer(qLat), cpu.Buffer(q), cpu.Buffer(lat), cpu.Buffer(kr), ic, m, s, scale)
+		g.DSAAttendLatent(og, toGPU(g, qLat), toGPU(g, q), latg, krg, gi, m, s, scale)
+		name := fmt.Sprintf("attend latent heads=%d rank=%d rope=%d keys=%d top-%d m=%d (%d splits of %d)",
+			H, tc.la, tc.lb, L, tc.topk, m, splits, per)
+		check(t, name, fromGPU(t, g, og), oc, opsTol)
+	}
 }
 
 // TestHTreeOps runs htree attention on both backends over trees of several
