@@ -158,9 +158,9 @@ func (b *Backend) MHCCoeffsPre(m *mhc.Mixer, dst, pre, post, res, logits, x back
 		return
 	}
 	p, ok := b.mhcProjPart(x, fn, rows)
-	if !ok || p.mix != c.MixDim() {
+	if !ok || p.mix != c.MixDim() || p.k != c.Width() {
 		if ok {
-			b.setErr(fmt.Errorf("kernels: mHC projection of %d rows, want %d (MixDim)", p.mix, c.MixDim()))
+			b.setErr(fmt.Errorf("kernels: mHC projection weight [%d, %d], want [%d, %d] (MixDim, n*C)", p.mix, p.k, c.MixDim(), c.Width()))
 			return
 		}
 		b.MHCProject(logits, x, fn, rows, c.NormEps)
