@@ -47,16 +47,12 @@ __device__ void mhc_perm(int k, int n, int* p) {
     }
 }
 
-// Mixer.Activate, one thread per row: pre/post sigmoids, then Sinkhorn-Knopp
-// (lite == 0) on res in place or mHC-lite's convex combination of the nz = n!
-// permutation matrices. logits [rows, 2n + nz] is overwritten like the
+// Mixer.Activate of row r: pre/post sigmoids, then Sinkhorn-Knopp (lite ==
+// 0) on res in place or mHC-lite's convex combination of the nz = n!
+// permutation matrices. l is the row's logits [2n + nz], overwritten like the
 // reference's.
-extern "C" __global__ void mhc_activate(float* pre, float* post, float* res, float* logits, const float* base,
-                                        const float* scale, int rows, int n, int iters, float eps, int lite, int nz) {
-    int r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= rows) return;
-    int mix = 2 * n + nz;
-    float* l = logits + (size_t)r * mix;
+__device__ void mhc_activate_row(float* pre, float* post, float* res, float* l, const float* base,
+                                 const float* scale, int r, int n, int iters, float eps, int lite, int nz) {
     float s0 = scale[0], s1 = scale[1], s2 = scale[2];
     for (int i = 0; i < n; i++) {
         pre[(size_t)r * n + i] = __fadd_rn(mhc_sigmoid(__fadd_rn(__fmul_rn(l[i], s0), base[i])), eps);
@@ -112,6 +108,261 @@ extern "C" __global__ void mhc_activate(float* pre, float* post, float* res, flo
             for (int i = 0; i < n; i++) h[i * n + j] /= s;
         }
     }
+}
+
+// Mixer.Activate, one thread per row; logits [rows, 2n + nz] is overwritten.
+extern "C" __global__ void mhc_activate(float* pre, float* post, float* res, float* logits, const float* base,
+                                        const float* scale, int rows, int n, int iters, float eps, int lite, int nz) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    mhc_activate_row(pre, post, res, logits + (size_t)r * (2 * n + nz), base, scale, r, n, iters, eps, lite, nz);
+}
+
+// ---------------------------------------------------------------------------
+// Fused projection (MHCProject): per token the sum of squares of its n*C
+// stream row and the mix dot products with fn [mix, K = n*C], in one pass
+// over the stream, then the row scale.
+//
+// mhc_proj_part_*: grid (slices, tiles), MHC_PTHREADS threads = 8 warps as
+// wt token groups x (8 / wt) K groups. Block (s, y) takes the K slice
+// [s*ks, s*ks + ks) and the tokens [y*16*wt, (y+1)*16*wt): it copies
+// fn[:, slice] into shared memory once (rows padded to a multiple of 8 with
+// zeros, row stride ks + 16 so the fragment loads are free of bank
+// conflicts), then each warp runs 16 tokens over every (8 / wt)-th 32-wide
+// chunk of the slice on the tensor cores (mma m16n8k8 tf32). x is read
+// straight from global memory into the A fragments: lane (g = lane/4,
+// t = lane%4) loads x[row g and g+8][c + 4t .. +3] and [c + 16 + 4t .. +3],
+// and the k8 step s uses the pair at (s/2)*16 + 4t + 2(s%2) as the fragment's
+// logical columns t and t+4; the B fragments take fn at the same physical
+// columns, so each dot product still covers every column once. Float32
+// accuracy from tf32 operands: x = hi + lo (both tf32), x·w = hi·w + lo·w
+// (+ hi·w_lo for f32 weights; bf16 weights are exact in tf32), and each
+// chunk's mma sums (32 columns) are added into float32 accumulators on the
+// CUDA cores. The partial sums go to part [slices, rows, mix + 1] (column mix:
+// the sum of squares); mhc_proj_finish or mhc_proj_activate add the slices.
+// ks is a multiple of 64 (mhc.go); mix <= 8*MHC_PMAXNT.
+#define MHC_PTHREADS 256
+#define MHC_PWARPS (MHC_PTHREADS / WARP)
+#define MHC_PMAXNT 4  // 8-wide output tiles: mix <= 32 (mhc.go checks)
+
+__device__ __forceinline__ uint32_t mhc_tf32(float v) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+    return r;
+}
+
+__device__ __forceinline__ void mhc_mma_tf32(float d[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                             uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Four consecutive values of a stream row p at k (< len) into v, zeros past len.
+template <bool VEC>
+__device__ __forceinline__ void mhc_x4(const float* __restrict__ p, int k, int len, float* v) {
+    if (VEC && k + 4 <= len) {
+        float4 q = __ldg(reinterpret_cast<const float4*>(p + k));
+        v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; j++) v[j] = k + j < len ? __ldg(p + k + j) : 0.f;
+    }
+}
+
+// Four consecutive weights from shared memory as float32 (16-byte or 8-byte aligned).
+__device__ __forceinline__ void mhc_w4(const float* p, float* w) {
+    float4 q = *reinterpret_cast<const float4*>(p);
+    w[0] = q.x; w[1] = q.y; w[2] = q.z; w[3] = q.w;
+}
+__device__ __forceinline__ void mhc_w4(const uint16_t* p, float* w) {
+    uint2 q = *reinterpret_cast<const uint2*>(p);
+    w[0] = __uint_as_float(q.x << 16);
+    w[1] = __uint_as_float(q.x & 0xffff0000u);
+    w[2] = __uint_as_float(q.y << 16);
+    w[3] = __uint_as_float(q.y & 0xffff0000u);
+}
+
+template <typename T, bool VEC>
+__device__ __forceinline__ void mhc_proj_part(float* __restrict__ part, const float* __restrict__ x,
+                                              const T* __restrict__ W, int rows, int K, int mix, int ks, int wt) {
+    extern __shared__ __align__(16) unsigned char mhc_sh[];
+    constexpr bool kSplitW = sizeof(T) == 4;  // f32 weights: hi + lo tf32 parts
+    const int npad = (mix + 7) & ~7, nt = npad / 8, rs = ks + 16, cols = mix + 1;
+    T* ws = reinterpret_cast<T*>(mhc_sh);                                         // [npad][rs]
+    float* red = reinterpret_cast<float*>(mhc_sh + (size_t)npad * rs * sizeof(T));  // [8 warps][16][npad + 1]
+    const int k0 = blockIdx.x * ks, len = min(ks, K - k0);
+
+    // fn[:, k0 .. k0 + len) into ws, zeros in the padding rows and columns.
+    constexpr int V = 16 / sizeof(T);
+    const int per = ks / V;
+    for (int i = threadIdx.x; i < npad * per; i += blockDim.x) {
+        int m = i / per, kk = (i - m * per) * V;
+        T* d = ws + m * rs + kk;
+        if (VEC && m < mix && kk + V <= len) {
+            *reinterpret_cast<uint4*>(d) = __ldg(reinterpret_cast<const uint4*>(W + (size_t)m * K + k0 + kk));
+        } else {
+#pragma unroll
+            for (int j = 0; j < V; j++) d[j] = (m < mix && kk + j < len) ? W[(size_t)m * K + k0 + kk + j] : T(0);
+        }
+    }
+    __syncthreads();
+
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
+    const int wk = MHC_PWARPS / wt, tw = warp % wt, kw = warp / wt;
+    const int r0 = (blockIdx.y * wt + tw) * 16;
+    // Rows past the end read the last row (never stored; rows of an mma are independent).
+    const float* xa = x + (size_t)min(r0 + g, rows - 1) * K + k0;
+    const float* xb = x + (size_t)min(r0 + g + 8, rows - 1) * K + k0;
+    float acc[MHC_PMAXNT][4];
+#pragma unroll
+    for (int j = 0; j < MHC_PMAXNT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    float ssa = 0.f, ssb = 0.f;
+    if (r0 < rows) {  // warp-uniform
+        const int step = 32 * wk;
+        int c = kw * 32;
+        float nx[16];  // the next chunk: row a at c+4t, c+16+4t; row b likewise
+        if (c < len) {
+            mhc_x4<VEC>(xa, c + 4 * t, len, nx);
+            mhc_x4<VEC>(xa, c + 16 + 4 * t, len, nx + 4);
+            mhc_x4<VEC>(xb, c + 4 * t, len, nx + 8);
+            mhc_x4<VEC>(xb, c + 16 + 4 * t, len, nx + 12);
+        }
+        for (; c < len; c += step) {
+            float xv[16];
+#pragma unroll
+            for (int i = 0; i < 16; i++) xv[i] = nx[i];
+            if (c + step < len) {
+                mhc_x4<VEC>(xa, c + step + 4 * t, len, nx);
+                mhc_x4<VEC>(xa, c + step + 16 + 4 * t, len, nx + 4);
+                mhc_x4<VEC>(xb, c + step + 4 * t, len, nx + 8);
+                mhc_x4<VEC>(xb, c + step + 16 + 4 * t, len, nx + 12);
+            }
+            uint32_t hi[16], lo[16];
+#pragma unroll
+            for (int i = 0; i < 8; i++) ssa = fmaf(xv[i], xv[i], ssa);
+#pragma unroll
+            for (int i = 8; i < 16; i++) ssb = fmaf(xv[i], xv[i], ssb);
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                hi[i] = mhc_tf32(xv[i]);
+                lo[i] = mhc_tf32(xv[i] - __uint_as_float(hi[i]));
+            }
+#pragma unroll
+            for (int j = 0; j < MHC_PMAXNT; j++) {
+                if (j < nt) {
+                    const T* wr = ws + (j * 8 + g) * rs + c + 4 * t;
+                    float w[8];
+                    mhc_w4(wr, w);
+                    mhc_w4(wr + 16, w + 4);
+                    float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                    for (int s = 0; s < 4; s++) {
+                        const int o = (s >> 1) * 4 + (s & 1) * 2;  // columns o, o+1 of the row's 8
+                        uint32_t b0 = __float_as_uint(w[o]), b1 = __float_as_uint(w[o + 1]);
+                        if (kSplitW) {
+                            b0 = mhc_tf32(w[o]);
+                            b1 = mhc_tf32(w[o + 1]);
+                            mhc_mma_tf32(d, hi[o], hi[8 + o], hi[o + 1], hi[9 + o], mhc_tf32(w[o] - __uint_as_float(b0)),
+                                         mhc_tf32(w[o + 1] - __uint_as_float(b1)));
+                        }
+                        mhc_mma_tf32(d, lo[o], lo[8 + o], lo[o + 1], lo[9 + o], b0, b1);
+                        mhc_mma_tf32(d, hi[o], hi[8 + o], hi[o + 1], hi[9 + o], b0, b1);
+                    }
+#pragma unroll
+                    for (int i = 0; i < 4; i++) acc[j][i] += d[i];
+                }
+            }
+        }
+    }
+    ssa += __shfl_xor_sync(0xffffffffu, ssa, 1);
+    ssa += __shfl_xor_sync(0xffffffffu, ssa, 2);
+    ssb += __shfl_xor_sync(0xffffffffu, ssb, 1);
+    ssb += __shfl_xor_sync(0xffffffffu, ssb, 2);
+
+    // Each warp's 16 x (npad + 1) sums into red, then the K groups added.
+    const int rstride = npad + 1;
+    float* rw = red + (size_t)warp * 16 * rstride;
+#pragma unroll
+    for (int j = 0; j < MHC_PMAXNT; j++) {
+        if (j < nt) {
+            rw[g * rstride + j * 8 + 2 * t] = acc[j][0];
+            rw[g * rstride + j * 8 + 2 * t + 1] = acc[j][1];
+            rw[(g + 8) * rstride + j * 8 + 2 * t] = acc[j][2];
+            rw[(g + 8) * rstride + j * 8 + 2 * t + 1] = acc[j][3];
+        }
+    }
+    if (t == 0) {
+        rw[g * rstride + npad] = ssa;
+        rw[(g + 8) * rstride + npad] = ssb;
+    }
+    __syncthreads();
+    const int base = blockIdx.y * 16 * wt;
+    for (int e = threadIdx.x; e < 16 * wt * cols; e += blockDim.x) {
+        int i = e / cols, m = e - i * cols;
+        int r = base + i;
+        if (r >= rows) break;  // e only grows, and so does r
+        int src = m < mix ? m : npad, grp = i / 16, row = i % 16;
+        float v = 0.f;
+        for (int q = 0; q < wk; q++) v += red[((size_t)(q * wt + grp) * 16 + row) * rstride + src];
+        part[((size_t)blockIdx.x * rows + r) * cols + m] = v;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(MHC_PTHREADS, 2)
+    mhc_proj_part_f32(float* part, const float* x, const float* W, int rows, int K, int mix, int ks, int wt) {
+    mhc_proj_part<float, false>(part, x, W, rows, K, mix, ks, wt);
+}
+extern "C" __global__ void __launch_bounds__(MHC_PTHREADS, 2)
+    mhc_proj_part_f32_v(float* part, const float* x, const float* W, int rows, int K, int mix, int ks, int wt) {
+    mhc_proj_part<float, true>(part, x, W, rows, K, mix, ks, wt);
+}
+extern "C" __global__ void __launch_bounds__(MHC_PTHREADS, 2)
+    mhc_proj_part_bf16(float* part, const float* x, const uint16_t* W, int rows, int K, int mix, int ks, int wt) {
+    mhc_proj_part<uint16_t, false>(part, x, W, rows, K, mix, ks, wt);
+}
+extern "C" __global__ void __launch_bounds__(MHC_PTHREADS, 2)
+    mhc_proj_part_bf16_v(float* part, const float* x, const uint16_t* W, int rows, int K, int mix, int ks, int wt) {
+    mhc_proj_part<uint16_t, true>(part, x, W, rows, K, mix, ks, wt);
+}
+
+// 1/rms of row r from the slices' sums of squares, as the CPU computes it
+// (float64, rounded once).
+__device__ __forceinline__ float mhc_part_inv(const float* part, int r, int rows, int mix, int S, int K, float eps) {
+    double ss = 0.0;
+    for (int s = 0; s < S; s++) ss += part[((size_t)s * rows + r) * (mix + 1) + mix];
+    return (float)(1.0 / sqrt(ss / (double)K + (double)eps));
+}
+
+// logits[r, m] = sum over slices of part[s, r, m], times 1/rms; a warp per row.
+extern "C" __global__ void mhc_proj_finish(float* logits, const float* part, int rows, int mix, int S, int K, float eps) {
+    int r = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (r >= rows) return;
+    float inv = mhc_part_inv(part, r, rows, mix, S, K, eps);
+    for (int m = lane; m < mix; m += WARP) {
+        float v = 0.f;
+        for (int s = 0; s < S; s++) v += part[((size_t)s * rows + r) * (mix + 1) + m];
+        logits[(size_t)r * mix + m] = v * inv;
+    }
+}
+
+// mhc_proj_finish and mhc_activate in one, a thread per row (MHCCoeffsPre):
+// logits [rows, 2n + nz] are left as mhc_activate leaves them.
+extern "C" __global__ void mhc_proj_activate(float* pre, float* post, float* res, float* logits, const float* part,
+                                             const float* base, const float* scale, int rows, int n, int S, int K,
+                                             float normEps, int iters, float eps, int lite, int nz) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    int mix = 2 * n + nz;
+    float inv = mhc_part_inv(part, r, rows, mix, S, K, normEps);
+    float* l = logits + (size_t)r * mix;
+    for (int m = 0; m < mix; m++) {
+        float v = 0.f;
+        for (int s = 0; s < S; s++) v += part[((size_t)s * rows + r) * (mix + 1) + m];
+        l[m] = v * inv;
+    }
+    mhc_activate_row(pre, post, res, l, base, scale, r, n, iters, eps, lite, nz);
 }
 
 // Pre: dst[r, c] = sum_i pre[r, i] * x[r, i, c]; one thread per (r, c).

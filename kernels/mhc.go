@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"fmt"
+	"runtime"
 
 	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/layers/mhc"
@@ -10,19 +11,168 @@ import (
 // The hyper-connection steps of layers/mhc on the GPU (mhc.Ops), kernels in
 // mhc.cuh. ops_test.go holds each to the CPU backend.
 
-var _ mhc.Ops = (*Backend)(nil)
+var (
+	_ mhc.Ops      = (*Backend)(nil)
+	_ mhc.FusedOps = (*Backend)(nil)
+)
 
 // mhcMaxStreams is MHC_MAXN of mhc.cuh: the most streams the kernels take.
 const mhcMaxStreams = 16
 
-// MHCProject is the projection (a MatMul on the raw stream) followed by each
-// row's scale by 1/rms of the stream.
+// MHCProject is the projection with each row's scale by 1/rms of the stream:
+// for f32 and bf16 weights of up to 32 rows the fused kernels (mhc.cuh:
+// mhc_proj_part over K slices, then mhc_proj_finish), else a MatMul followed
+// by mhc_rowscale.
 func (b *Backend) MHCProject(logits, x backend.Buffer, fn backend.Weight, rows int, normEps float32) {
 	if rows <= 0 {
 		return
 	}
-	b.MatMul(logits, x, fn, rows)
-	b.launch("mhc_rowscale", [3]int{rows, 1, 1}, 256, 0, ptr(logits), ptr(x), fn.Cols(), fn.Rows(), normEps)
+	p, ok := b.mhcProjPart(x, fn, rows)
+	if !ok {
+		b.MatMul(logits, x, fn, rows)
+		b.launch("mhc_rowscale", [3]int{rows, 1, 1}, 256, 0, ptr(logits), ptr(x), fn.Cols(), fn.Rows(), normEps)
+		return
+	}
+	b.launch("mhc_proj_finish", grid1(rows, 8), 256, 0, ptr(logits), p.part, rows, p.mix, p.slices, p.k, normEps)
+	runtime.KeepAlive(p.alloc)
+}
+
+// mhcProjMaxMix is 8*MHC_PMAXNT of mhc.cuh: the most weight rows the fused
+// projection takes.
+const mhcProjMaxMix = 32
+
+// mhcProjKS caps the K slice of mhc_proj_part: at B = 8192, n = 4, C = 7168
+// it makes 28 x 64 blocks of 128 tokens (several waves, short tail) and
+// keeps the partial sums (slices x rows x (mix+1) floats) near 2% of the
+// stream's bytes per side.
+const mhcProjKS = 1024
+
+// mhcProjShare is the shared memory one mhc_proj_part block may take, so
+// that two blocks fit on a multiprocessor (228 KiB, 1 KiB reserved each).
+const mhcProjShare = 110 * 1024
+
+// mhcProjPlan is a launch of mhc_proj_part: its grid, arguments and where
+// its partial sums [slices, rows, mix+1] went.
+type mhcProjPlan struct {
+	part          uint64
+	alloc         *allocation
+	mix, k        int
+	slices, tiles int
+}
+
+// mhcProjPlanShape picks the K slice ks (a multiple of 64) and the warps'
+// split wt (token groups of 16 per block; 8/wt warps share the K slice) for
+// rows tokens of width k and mix outputs with elem-byte weights, and the
+// block's shared memory. ok is false if no slice fits in share bytes.
+func mhcProjPlanShape(rows, k, mix, elem, sms, share int) (ks, wt, shared int, ok bool) {
+	wt = 8
+	switch {
+	case rows <= 16:
+		wt = 1
+	case rows <= 32:
+		wt = 2
+	case rows <= 64:
+		wt = 4
+	}
+	npad := (mix + 7) &^ 7
+	red := 8 * 16 * (npad + 1) * 4
+	maxKS := ((share-red)/(npad*elem) - 16) &^ 63
+	maxKS = min(maxKS, mhcProjKS)
+	if maxKS < 64 {
+		return 0, 0, 0, false
+	}
+	tiles := (rows + 16*wt - 1) / (16 * wt)
+	// Enough blocks for two per multiprocessor; at least a 32-wide chunk per
+	// warp of a K group.
+	want := max(1, (2*max(sms, 1)+tiles-1)/tiles)
+	ks = ((k+want-1)/want + 63) &^ 63
+	ks = max(ks, 32*(8/wt), 64)
+	ks = min(ks, maxKS, (k+63)&^63)
+	return ks, wt, npad*(ks+16)*elem + red, true
+}
+
+// mhcProjPart queues mhc_proj_part for rows tokens of x against fn; ok is
+// false where the fused kernels do not apply (weight format, mix > 32, shared
+// memory) and nothing was queued.
+func (b *Backend) mhcProjPart(x backend.Buffer, fn backend.Weight, rows int) (mhcProjPlan, bool) {
+	w := fn.(*Weight)
+	mix, k := w.rows, w.cols
+	if mix < 1 || mix > mhcProjMaxMix || k < 1 {
+		return mhcProjPlan{}, false
+	}
+	var name string
+	elem := 4
+	switch w.format {
+	case backend.F32:
+		name = "mhc_proj_part_f32"
+	case backend.BF16:
+		name, elem = "mhc_proj_part_bf16", 2
+	default:
+		return mhcProjPlan{}, false
+	}
+	ks, wt, shared, ok := mhcProjPlanShape(rows, k, mix, elem, b.sms, min(b.opsShare(), mhcProjShare))
+	if !ok {
+		return mhcProjPlan{}, false
+	}
+	if k%8 == 0 && ptr(x)%16 == 0 {
+		name += "_v" // 16-byte loads of x and fn
+	}
+	p := mhcProjPlan{mix: mix, k: k, slices: (k + ks - 1) / ks, tiles: (rows + 16*wt - 1) / (16 * wt)}
+	// The partial sums share attention_kv's split scratch: both are consumed
+	// by the next kernel in the stream.
+	need := p.slices * rows * (mix + 1)
+	b.partMu.Lock()
+	if b.attnPartLen < need {
+		a, err := b.alloc(4 * need)
+		if err != nil {
+			b.partMu.Unlock()
+			b.setErr(err)
+			return mhcProjPlan{}, false
+		}
+		b.attnPart, b.attnPartLen = a, need
+	}
+	p.alloc = b.attnPart
+	b.partMu.Unlock()
+	p.part = p.alloc.ptr
+	b.qmu.Lock()
+	b.q.keep = append(b.q.keep, p.alloc, w)
+	b.qmu.Unlock()
+	b.launch(name, [3]int{p.slices, p.tiles, 1}, 256, shared, p.part, ptr(x), w.data.ptr, rows, k, mix, ks, wt)
+	runtime.KeepAlive(w)
+	return p, true
+}
+
+// MHCCoeffsPre is mhc.FusedOps: the fused projection's partial sums, then a
+// thread per token adding them, scaling by 1/rms and activating
+// (mhc_proj_activate), then mhc_pre: three kernels for the four of
+// MHCProject, MHCActivate and MHCPre.
+func (b *Backend) MHCCoeffsPre(m *mhc.Mixer, dst, pre, post, res, logits, x backend.Buffer, fn backend.Weight,
+	base, scale backend.Buffer, rows int) {
+	c := m.Config()
+	n := c.Streams
+	if n < 1 || n > mhcMaxStreams {
+		b.setErr(fmt.Errorf("kernels: mHC with %d streams: the kernels take 1 to %d", n, mhcMaxStreams))
+		return
+	}
+	if rows <= 0 {
+		return
+	}
+	p, ok := b.mhcProjPart(x, fn, rows)
+	if !ok || p.mix != c.MixDim() || p.k != c.Width() {
+		if ok {
+			b.setErr(fmt.Errorf("kernels: mHC projection weight [%d, %d], want [%d, %d] (MixDim, n*C)", p.mix, p.k, c.MixDim(), c.Width()))
+			return
+		}
+		b.MHCProject(logits, x, fn, rows, c.NormEps)
+		b.MHCActivate(m, pre, post, res, logits, base, scale, rows)
+		b.MHCPre(dst, x, pre, rows, n, c.Hidden)
+		return
+	}
+	lite := boolInt(c.Residual == mhc.Lite)
+	b.launch("mhc_proj_activate", grid1(rows, 64), 64, 0, ptr(pre), ptr(post), ptr(res), ptr(logits), p.part,
+		ptr(base), ptr(scale), rows, n, p.slices, p.k, c.NormEps, c.SinkhornIters, c.Eps, lite, c.ResDim())
+	runtime.KeepAlive(p.alloc)
+	b.MHCPre(dst, x, pre, rows, n, c.Hidden)
 }
 
 // MHCActivate turns the logits into pre, post and the residual matrix, one

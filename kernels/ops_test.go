@@ -128,6 +128,116 @@ func TestMHCOps(t *testing.T) {
 	}
 }
 
+// The fused projection (mhc_proj_part + mhc_proj_finish) and MHCCoeffsPre
+// against the CPU backend: n = 3 and 4, K = n*C not a multiple of the 64-wide
+// K slices (and odd, for the scalar loads), B = 1, 5, 64 and 300 (each warp
+// split of mhc_proj_part, token tiles not full), f32 and bf16 weights, the
+// mHC-lite width (32 rows, four 8-wide tiles), the head's n rows and a
+// stream that is not 16-byte aligned. Tolerance 1e-5 relative, as for the
+// float32 dot products: the tensor cores see tf32 parts (x = hi + lo, and
+// w = hi + lo for f32 weights), so each product is within about 2^-21 of
+// float32's, and the sums are float32 (promoted every 32 columns).
+func TestMHCProjectFused(t *testing.T) {
+	g, c := newGPU(t), cpu.New(0)
+	rng := rand.New(rand.NewPCG(21, 22))
+	type tcase struct {
+		n, hidden int
+		res       mhc.Residual
+		f         backend.Format
+		head      bool // the head projection: n rows
+		misalign  bool // x one float past a 16-byte boundary
+	}
+	var cases []tcase
+	for _, f := range []backend.Format{backend.BF16, backend.F32} {
+		cases = append(cases, tcase{n: 4, hidden: 1000, f: f}, tcase{n: 3, hidden: 257, f: f})
+	}
+	cases = append(cases, tcase{n: 4, hidden: 100, res: mhc.Lite, f: backend.BF16},
+		tcase{n: 4, hidden: 300, f: backend.BF16, head: true}, tcase{n: 4, hidden: 1000, f: backend.BF16, misalign: true})
+	for _, tc := range cases {
+		cfg := mhc.Config{Streams: tc.n, Hidden: tc.hidden, SinkhornIters: 20, Eps: 1e-6, NormEps: 1e-6, Residual: tc.res}
+		mx, err := mhc.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, C, K, mix := tc.n, tc.hidden, tc.n*tc.hidden, cfg.MixDim()
+		if tc.head {
+			mix = n
+		}
+		h := hostWeight(rng, tc.f, mix, K)
+		h.Bias = nil
+		wc, _ := c.Upload(h)
+		wg, err := g.Upload(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, rows := range []int{1, 5, 64, 300} {
+			name := func(s string) string {
+				return fmt.Sprintf("%s %v n=%d C=%d B=%d %v head=%v misalign=%v", s, tc.res, n, C, rows, tc.f, tc.head, tc.misalign)
+			}
+			x := randn(rng, rows*K)
+			var xg backend.Buffer
+			if tc.misalign {
+				xg = g.View(toGPU(g, append([]float32{0}, x...)), 1, rows*K)
+			} else {
+				xg = toGPU(g, x)
+			}
+			lc := make(cpu.Buffer, rows*mix)
+			c.MHCProject(lc, cpu.Buffer(x), wc, rows, cfg.NormEps)
+			lg := poisoned(g, rows*mix)
+			g.MHCProject(lg, xg, wg, rows, cfg.NormEps)
+			check(t, name("project"), fromGPU(t, g, lg), lc, opsTol)
+			if tc.head {
+				continue
+			}
+			// The fused coefficients and pre against the CPU's three steps.
+			base, scale := randn(rng, mix), []float32{0.5, 0.8, 1.3}
+			pc, qc, rc := make(cpu.Buffer, rows*n), make(cpu.Buffer, rows*n), make(cpu.Buffer, rows*n*n)
+			c.MHCActivate(mx, pc, qc, rc, lc, cpu.Buffer(base), cpu.Buffer(scale), rows)
+			dc := make(cpu.Buffer, rows*C)
+			c.MHCPre(dc, cpu.Buffer(x), pc, rows, n, C)
+			pg, qg, rg, dg := poisoned(g, rows*n), poisoned(g, rows*n), poisoned(g, rows*n*n), poisoned(g, rows*C)
+			lg = poisoned(g, rows*mix)
+			g.MHCCoeffsPre(mx, dg, pg, qg, rg, lg, xg, wg, toGPU(g, base), toGPU(g, scale), rows)
+			check(t, name("fused logits"), fromGPU(t, g, lg), lc, opsTol)
+			check(t, name("fused pre"), fromGPU(t, g, pg), pc, opsTol)
+			check(t, name("fused post"), fromGPU(t, g, qg), qc, opsTol)
+			check(t, name("fused res"), fromGPU(t, g, rg), rc, opsTol)
+			check(t, name("fused dst"), fromGPU(t, g, dg), dc, opsTol)
+		}
+	}
+}
+
+// TestMHCProjectPlan holds mhc_proj_part's launch shapes to the kernel's
+// assumptions (no GPU needed): K slices a multiple of 64 covering the width,
+// a 32-wide chunk for every warp of a K group where the width allows, shared memory within the
+// budget, and the B = 8192, n = 4, C = 7168 shape at 1024-wide slices.
+func TestMHCProjectPlan(t *testing.T) {
+	for _, tc := range []struct{ rows, k, mix, elem int }{
+		{1, 28672, 24, 2}, {5, 771, 15, 4}, {64, 28672, 24, 2}, {65, 4000, 32, 4}, {300, 1028, 4, 2},
+		{8192, 28672, 24, 2}, {8192, 28672, 24, 4}, {17, 64, 1, 2}, {3, 1, 1, 4},
+	} {
+		ks, wt, shared, ok := mhcProjPlanShape(tc.rows, tc.k, tc.mix, tc.elem, 132, mhcProjShare)
+		if !ok {
+			t.Errorf("%+v: no plan", tc)
+			continue
+		}
+		slices := (tc.k + ks - 1) / ks
+		switch {
+		case ks%64 != 0 || ks < min(32*(8/wt), (tc.k+63)&^63):
+			t.Errorf("%+v: slice %d with %d token groups", tc, ks, wt)
+		case wt != 1 && wt != 2 && wt != 4 && wt != 8, 16*wt < min(tc.rows, 128):
+			t.Errorf("%+v: %d token groups", tc, wt)
+		case shared > mhcProjShare:
+			t.Errorf("%+v: %d bytes of shared memory", tc, shared)
+		case slices*ks < tc.k || (slices-1)*ks >= tc.k:
+			t.Errorf("%+v: %d slices of %d", tc, slices, ks)
+		}
+		if tc.rows == 8192 && ks != 1024 {
+			t.Errorf("%+v: slice %d, want 1024", tc, ks)
+		}
+	}
+}
+
 func TestV4Ops(t *testing.T) {
 	g, c := newGPU(t), cpu.New(0)
 	rng := rand.New(rand.NewPCG(13, 14))

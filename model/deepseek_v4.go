@@ -691,9 +691,13 @@ func (m *DeepseekV4) hcPre(s *v4State, site *v4HC, x backend.Buffer, n int) back
 	mix := m.mixer.Config().MixDim()
 	logits := b.View(sc.logits, 0, n*mix)
 	pre, post, res := b.View(sc.pre, 0, n*nh), b.View(sc.post, 0, n*nh), b.View(sc.res, 0, n*nh*nh)
+	c := b.View(sc.c, 0, n*D)
+	if f, ok := m.hc.(mhc.FusedOps); ok && m.mixer.Config().NormEps == m.cfg.RMSNormEps {
+		f.MHCCoeffsPre(m.mixer, c, pre, post, res, logits, x, site.Fn, site.Base, site.Scale, n)
+		return c
+	}
 	m.hc.MHCProject(logits, x, site.Fn, n, m.cfg.RMSNormEps)
 	m.hc.MHCActivate(m.mixer, pre, post, res, logits, site.Base, site.Scale, n)
-	c := b.View(sc.c, 0, n*D)
 	m.hc.MHCPre(c, x, pre, n, nh, D)
 	return c
 }

@@ -24,6 +24,18 @@ type Ops interface {
 	MHCExpand(dst, emb backend.Buffer, rows, n, hidden int)
 }
 
+// FusedOps is optional: a backend that implements it runs a site's
+// coefficients and its Pre in one call (seed 000's fused kernels), with what
+// Ops' separate steps leave. Callers use it when the backend has it and fall
+// back to MHCProject, MHCActivate and MHCPre otherwise.
+type FusedOps interface {
+	// MHCCoeffsPre is MHCProject (with m's NormEps), MHCActivate and MHCPre
+	// in one: from x [rows, n, C] and the site's fn, base and scale it writes
+	// logits [rows, MixDim] (as MHCActivate leaves them), pre and post
+	// [rows, n], res [rows, n, n] and dst [rows, C].
+	MHCCoeffsPre(m *Mixer, dst, pre, post, res, logits, x backend.Buffer, fn backend.Weight, base, scale backend.Buffer, rows int)
+}
+
 // HeadActivate is the reference of Ops.MHCHeadActivate.
 func HeadActivate(pre, base []float32, scale, eps float32, rows, n int) {
 	for i, v := range pre[:rows*n] {
