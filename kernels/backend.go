@@ -117,9 +117,9 @@ func New(ordinal int) (*Backend, error) {
 		gemvDec: defaultGemvDec, normFusion: os.Getenv("MANIFOLD_NORM_FUSION") == "1",
 		gemvX8: os.Getenv("MANIFOLD_GEMV_M1") == "m8", pdl: os.Getenv("MANIFOLD_CUDA_PDL") != "0",
 		gemvLB: os.Getenv("MANIFOLD_GEMV_M1") != "s1", gemvMT: os.Getenv("MANIFOLD_GEMV_TILES") != "1",
-		gemvTMA: os.Getenv("MANIFOLD_GEMV_TMA") != "0", tmaWarps: 16, tmaOcc: 1}
-	if os.Getenv("MANIFOLD_GEMV_TMA") == "8" {
-		b.tmaWarps = 8
+		gemvTMA: os.Getenv("MANIFOLD_GEMV_TMA") != "0", tmaWarps: 8, tmaOcc: 2}
+	if os.Getenv("MANIFOLD_GEMV_TMA") == "16" { // one block of 16 consumer warps per multiprocessor
+		b.tmaWarps, b.tmaOcc = 16, 1
 	}
 	b.tmaNorm = os.Getenv("MANIFOLD_NORM_FUSION") != "0"
 	var n int32

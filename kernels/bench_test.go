@@ -52,7 +52,7 @@ func BenchmarkGEMV(b *testing.B) {
 	reset := func() {
 		g.gemvDec, g.bf16Kernel, g.gemvOff, g.gemvPipe, g.gemvFlags, g.gemvSt4, g.gemvX8, g.gemvSmallM = defaultGemvDec, "", false, false, 0, false, false, false
 		g.gemvLB, g.gemvMT, g.gemvTMA = true, true, true
-		g.tmaWarps, g.tmaSlots, g.tmaOcc, g.tmaTPB = 16, 0, 1, 0
+		g.tmaWarps, g.tmaSlots, g.tmaOcc, g.tmaTPB = 8, 0, 2, 0
 		g.SetPDL(false)
 	}
 	for _, shape := range [][2]int{{4096, 14336}, {14336, 4096}, {128256, 4096}, {16384, 14336}} {
@@ -68,7 +68,7 @@ func BenchmarkGEMV(b *testing.B) {
 		if N == 16384 { // 132 MB of NVFP4: the kernels' rate with launch and ramp amortized
 			q := randomNVFP4(rng, N, K)
 			nv := &backend.HostWeight{Name: "nvfp4", Rows: N, Cols: K, Format: backend.NVFP4, Q: q}
-			vs = []variant{{"nvfp4", nv, []int{1}, reset}, {"nvfp4-16w", nv, []int{1}, func() { g.tmaWarps = 16 }},
+			vs = []variant{{"nvfp4", nv, []int{1}, reset}, {"nvfp4-16w", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc = 16, 1 }},
 				{"nvfp4-x2", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc = 8, 2 }},
 				{"nvfp4-x3-tpb1", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc, g.tmaTPB = 8, 3, 1 }},
 				{"nvfp4-s1", nv, []int{1}, func() { g.gemvTMA = false }}}
@@ -84,8 +84,8 @@ func BenchmarkGEMV(b *testing.B) {
 				{"nvfp4-contig", nv, []int{1}, func() { g.gemvFlags = 1 }},
 				{"nvfp4-st4", nv, []int{1}, func() { g.gemvSt4 = true }},
 				{"nvfp4-pdl", nv, []int{1}, func() { g.SetPDL(true) }},
-				{"nvfp4-16w", nv, []int{1}, func() { g.tmaWarps = 16 }},
-				{"nvfp4-16w-pdl", nv, []int{1}, func() { g.tmaWarps = 16; g.SetPDL(true) }},
+				{"nvfp4-16w", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc = 16, 1 }},
+				{"nvfp4-16w-pdl", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc = 16, 1; g.SetPDL(true) }},
 				{"nvfp4-x2", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc = 8, 2 }},
 				{"nvfp4-x2-pdl", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc = 8, 2; g.SetPDL(true) }},
 				{"nvfp4-x3", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc = 8, 3 }},
