@@ -72,6 +72,8 @@ type Backend struct {
 	tmaSlots      int  // benchmarks: its ring depth forced (> 0)
 	tmaOcc        int  // with 8 warps: blocks per multiprocessor (2 or 3), shared memory and registers split so many ways
 	tmaTPB        int  // tiles per block (0: a persistent grid of tmaOcc blocks per multiprocessor)
+	tmaUneven     bool // benchmarks: tmaOcc blocks per multiprocessor even when their tile counts differ
+	tmaEvict      bool // its weight copies marked evict-first in L2
 	pdl           bool // programmatic dependent launch (queue.go)
 	pdlConfig     launchConfig
 	pdlAttr       launchAttribute

@@ -52,10 +52,10 @@ func BenchmarkGEMV(b *testing.B) {
 	reset := func() {
 		g.gemvDec, g.bf16Kernel, g.gemvOff, g.gemvPipe, g.gemvFlags, g.gemvSt4, g.gemvX8, g.gemvSmallM = defaultGemvDec, "", false, false, 0, false, false, false
 		g.gemvLB, g.gemvMT, g.gemvTMA = true, true, true
-		g.tmaWarps, g.tmaSlots, g.tmaOcc, g.tmaTPB = 8, 0, 2, 0
+		g.tmaWarps, g.tmaSlots, g.tmaOcc, g.tmaTPB, g.tmaUneven, g.tmaEvict = 8, 0, 2, 0, false, false
 		g.SetPDL(false)
 	}
-	for _, shape := range [][2]int{{4096, 14336}, {14336, 4096}, {128256, 4096}, {16384, 14336}} {
+	for _, shape := range [][2]int{{4096, 14336}, {14336, 4096}, {6144, 4096}, {128256, 4096}, {16384, 14336}} {
 		N, K := shape[0], shape[1]
 		bf := make([]byte, 2*N*K)
 		for i := range bf[:1<<20] {
@@ -86,8 +86,10 @@ func BenchmarkGEMV(b *testing.B) {
 				{"nvfp4-pdl", nv, []int{1}, func() { g.SetPDL(true) }},
 				{"nvfp4-16w", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc = 16, 1 }},
 				{"nvfp4-16w-pdl", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc = 16, 1; g.SetPDL(true) }},
-				{"nvfp4-x2", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc = 8, 2 }},
-				{"nvfp4-x2-pdl", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc = 8, 2; g.SetPDL(true) }},
+				{"nvfp4-uneven", nv, []int{1}, func() { g.tmaUneven = true }},
+				{"nvfp4-evict", nv, []int{1}, func() { g.tmaEvict = true }},
+				{"nvfp4-evict-pdl", nv, []int{1}, func() { g.tmaEvict = true; g.SetPDL(true) }},
+				{"nvfp4-uneven-pdl", nv, []int{1}, func() { g.tmaUneven = true; g.SetPDL(true) }},
 				{"nvfp4-x3", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc = 8, 3 }},
 				{"nvfp4-x3-pdl", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc = 8, 3; g.SetPDL(true) }},
 				{"nvfp4-x2-tpb1", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc, g.tmaTPB = 8, 2, 1 }},

@@ -260,8 +260,12 @@ func TestSmallMDecodeKernels(t *testing.T) {
 func TestGemvTMA(t *testing.T) {
 	g, c := newGPU(t), cpu.New(0)
 	rng := rand.New(rand.NewPCG(17, 18))
-	for _, v := range []struct{ warps, occ, slots, tpb int }{{16, 1, 0, 0}, {16, 1, 2, 0}, {8, 2, 0, 0}, {8, 3, 0, 1}, {8, 2, 2, 3}} {
-		g.tmaWarps, g.tmaOcc, g.tmaSlots, g.tmaTPB = v.warps, v.occ, v.slots, v.tpb
+	for _, v := range []struct {
+		warps, occ, slots, tpb int
+		uneven, evict          bool
+	}{{16, 1, 0, 0, false, false}, {16, 1, 2, 0, false, false}, {8, 2, 0, 0, false, true}, {8, 2, 0, 0, true, false},
+		{8, 3, 0, 1, false, false}, {8, 2, 2, 3, false, false}} {
+		g.tmaWarps, g.tmaOcc, g.tmaSlots, g.tmaTPB, g.tmaUneven, g.tmaEvict = v.warps, v.occ, v.slots, v.tpb, v.uneven, v.evict
 		for _, sh := range [][2]int{{5, 2048}, {300, 6144}, {4133, 2048}} {
 			n, k := sh[0], sh[1]
 			h := scaledWeight(rng, backend.NVFP4, n, k)

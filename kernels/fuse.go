@@ -288,12 +288,18 @@ func (b *Backend) finalizeGemv(o *op) {
 				o.name = "gemv_nvfp4_tma8_3"
 			}
 			o.grid[0] = uint32(min(total, occ*b.sms))
+			if !b.tmaUneven {
+				// As many tiles for every block: the fewest blocks that take
+				// ceil(total / (occ * SMs)) tiles each.
+				per := (total + occ*b.sms - 1) / (occ * b.sms)
+				o.grid[0] = uint32((total + per - 1) / per)
+			}
 		}
 		if b.tmaTPB > 0 {
 			o.grid[0] = uint32((total + b.tmaTPB - 1) / b.tmaTPB)
 		}
 		o.shared = uint32(ns*tmaStage + 2*g.K + tmaFixed)
-		flags = ns << 16
+		flags = ns<<16 | boolInt(b.tmaEvict)<<24
 	}
 	o.fn = b.fn[o.name]
 	var a [25]uint64

@@ -505,6 +505,12 @@ __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t
                  "l"(src), "r"(bytes), "r"(bar)
                  : "memory");
 }
+// The same, streaming: the lines are first to go from L2.
+__device__ __forceinline__ void bulk_g2s_stream(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar, uint64_t policy) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+                 : "memory");
+}
 // Named barrier 1 over the CW consumer warps (the producer never joins it).
 template <int CW>
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(CW * WARP) : "memory"); }
@@ -551,6 +557,9 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a) {
         const bool wl = lane < 16;
         const uint32_t bytes = wl ? 1024u : 128u;
         const uint32_t doff = wl ? r * TMA_ROWSTRIDE : TMA_WBYTES + r * TMA_SROW;
+        const bool evict = (a.flags >> 24) & 1;  // weights marked evict-first in L2
+        uint64_t policy = 0;
+        if (evict) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
         int slot = 0;
         uint32_t phase = 0;
         for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
@@ -564,7 +573,10 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a) {
                 mbar_wait(empty(slot), phase ^ 1);
                 if (lane == 0) mbar_expect_tx(full(slot), 16 * 1024 + 16 * 128);
                 __syncwarp();
-                bulk_g2s(smem_u32(ring + slot * TMA_STAGE + doff), src + (size_t)ks * bytes, bytes, full(slot));
+                if (evict)
+                    bulk_g2s_stream(smem_u32(ring + slot * TMA_STAGE + doff), src + (size_t)ks * bytes, bytes, full(slot), policy);
+                else
+                    bulk_g2s(smem_u32(ring + slot * TMA_STAGE + doff), src + (size_t)ks * bytes, bytes, full(slot));
                 if (++slot == NS) slot = 0, phase ^= 1;
             }
         }

@@ -47,6 +47,55 @@ __device__ void mhc_perm(int k, int n, int* p) {
     }
 }
 
+// Sinkhorn-Knopp of mhc_activate_row below for a compile-time n, in
+// registers (the general loop works in place in global memory, a dependent
+// round trip per step): the same operations in the same order.
+template <int N>
+__device__ __forceinline__ void mhc_sinkhorn_reg(float* h, const float* z, int iters, float eps) {
+    float m[N * N];
+#pragma unroll
+    for (int i = 0; i < N * N; i++) m[i] = z[i];
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        float mx = m[i * N];
+#pragma unroll
+        for (int j = 1; j < N; j++) mx = fmaxf(mx, m[i * N + j]);
+        float s = 0.f;
+#pragma unroll
+        for (int j = 0; j < N; j++) {
+            float e = (float)exp((double)(m[i * N + j] - mx));
+            m[i * N + j] = e;
+            s += e;
+        }
+#pragma unroll
+        for (int j = 0; j < N; j++) m[i * N + j] = __fadd_rn(m[i * N + j] / s, eps);
+    }
+    for (int it = 0; it < max(iters, 1); it++) {
+        if (it > 0) {
+#pragma unroll
+            for (int i = 0; i < N; i++) {
+                float s = 0.f;
+#pragma unroll
+                for (int j = 0; j < N; j++) s += m[i * N + j];
+                s += eps;
+#pragma unroll
+                for (int j = 0; j < N; j++) m[i * N + j] /= s;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < N; j++) {
+            float s = 0.f;
+#pragma unroll
+            for (int i = 0; i < N; i++) s += m[i * N + j];
+            s += eps;
+#pragma unroll
+            for (int i = 0; i < N; i++) m[i * N + j] /= s;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < N * N; i++) h[i] = m[i];
+}
+
 // Mixer.Activate of row r: pre/post sigmoids, then Sinkhorn-Knopp (lite ==
 // 0) on res in place or mHC-lite's convex combination of the nz = n!
 // permutation matrices. l is the row's logits [2n + nz], overwritten like the
@@ -77,6 +126,14 @@ __device__ void mhc_activate_row(float* pre, float* post, float* res, float* l, 
             mhc_perm(k, n, p);
             for (int i = 0; i < n; i++) h[i * n + p[i]] += z[k];
         }
+        return;
+    }
+    if (n == 4) {
+        mhc_sinkhorn_reg<4>(h, z, iters, eps);
+        return;
+    }
+    if (n == 3) {
+        mhc_sinkhorn_reg<3>(h, z, iters, eps);
         return;
     }
     for (int i = 0; i < n * n; i++) h[i] = z[i];
@@ -327,42 +384,54 @@ extern "C" __global__ void __launch_bounds__(MHC_PTHREADS, 2)
     mhc_proj_part<uint16_t, true>(part, x, W, rows, K, mix, ks, wt);
 }
 
-// 1/rms of row r from the slices' sums of squares, as the CPU computes it
-// (float64, rounded once).
-__device__ __forceinline__ float mhc_part_inv(const float* part, int r, int rows, int mix, int S, int K, float eps) {
+// Row r's logits from the slices' partial sums (mix values then the sum of
+// squares per slice): thread (g, m) of a block of MHC_FT threads adds column
+// m over slices g, g + G, ... (independent loads in flight), then the groups
+// are added in shared memory and 1/rms (float64, as the CPU) applied.
+#define MHC_FT 128
+#define MHC_FG (MHC_FT / 64)
+__device__ __forceinline__ void mhc_sum_slices(float* l, const float* part, int r, int rows, int mix, int S, int K, float eps) {
+    __shared__ float acc[MHC_FG][64];
+    __shared__ double ssd[MHC_FG];
+    const int m = threadIdx.x & 63, grp = threadIdx.x >> 6;
+    float v = 0.f;
     double ss = 0.0;
-    for (int s = 0; s < S; s++) ss += part[((size_t)s * rows + r) * (mix + 1) + mix];
-    return (float)(1.0 / sqrt(ss / (double)K + (double)eps));
-}
-
-// logits[r, m] = sum over slices of part[s, r, m], times 1/rms; a warp per row.
-extern "C" __global__ void mhc_proj_finish(float* logits, const float* part, int rows, int mix, int S, int K, float eps) {
-    int r = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    if (r >= rows) return;
-    float inv = mhc_part_inv(part, r, rows, mix, S, K, eps);
-    for (int m = lane; m < mix; m += WARP) {
-        float v = 0.f;
-        for (int s = 0; s < S; s++) v += part[((size_t)s * rows + r) * (mix + 1) + m];
-        logits[(size_t)r * mix + m] = v * inv;
+    if (m <= mix) {
+#pragma unroll 4
+        for (int s = grp; s < S; s += MHC_FG) {
+            float p = part[((size_t)s * rows + r) * (mix + 1) + m];
+            if (m == mix) ss += p;
+            else v += p;
+        }
+    }
+    acc[grp][m] = v;
+    if (m == mix) ssd[grp] = ss;
+    __syncthreads();
+    if (grp == 0 && m < mix) {
+        float tv = 0.f;
+        double tss = 0.0;
+#pragma unroll
+        for (int g2 = 0; g2 < MHC_FG; g2++) tv += acc[g2][m], tss += ssd[g2];
+        l[m] = tv * (float)(1.0 / sqrt(tss / (double)K + (double)eps));
     }
 }
 
-// mhc_proj_finish and mhc_activate in one, a thread per row (MHCCoeffsPre):
-// logits [rows, 2n + nz] are left as mhc_activate leaves them.
+// logits[r, m] = sum over slices of part[s, r, m], times 1/rms; a block per row.
+extern "C" __global__ void mhc_proj_finish(float* logits, const float* part, int rows, int mix, int S, int K, float eps) {
+    mhc_sum_slices(logits + (size_t)blockIdx.x * mix, part, blockIdx.x, rows, mix, S, K, eps);
+}
+
+// mhc_proj_finish and mhc_activate in one (MHCCoeffsPre): a block per row
+// adds the slices, then its thread 0 activates the row; logits [rows, 2n +
+// nz] are left as mhc_activate leaves them.
 extern "C" __global__ void mhc_proj_activate(float* pre, float* post, float* res, float* logits, const float* part,
                                              const float* base, const float* scale, int rows, int n, int S, int K,
                                              float normEps, int iters, float eps, int lite, int nz) {
-    int r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= rows) return;
-    int mix = 2 * n + nz;
-    float inv = mhc_part_inv(part, r, rows, mix, S, K, normEps);
+    const int r = blockIdx.x, mix = 2 * n + nz;
     float* l = logits + (size_t)r * mix;
-    for (int m = 0; m < mix; m++) {
-        float v = 0.f;
-        for (int s = 0; s < S; s++) v += part[((size_t)s * rows + r) * (mix + 1) + m];
-        l[m] = v * inv;
-    }
-    mhc_activate_row(pre, post, res, l, base, scale, r, n, iters, eps, lite, nz);
+    mhc_sum_slices(l, part, r, rows, mix, S, K, normEps);
+    __syncthreads();  // the row's logits, written by the block, are visible to thread 0
+    if (threadIdx.x == 0) mhc_activate_row(pre, post, res, l, base, scale, r, n, iters, eps, lite, nz);
 }
 
 // Pre: dst[r, c] = sum_i pre[r, i] * x[r, i, c]; one thread per (r, c).

@@ -16,6 +16,10 @@ var (
 	_ mhc.FusedOps = (*Backend)(nil)
 )
 
+// mhcFinishThreads is MHC_FT of mhc.cuh: mhc_proj_finish's and
+// mhc_proj_activate's block (a block per token).
+const mhcFinishThreads = 128
+
 // mhcMaxStreams is MHC_MAXN of mhc.cuh: the most streams the kernels take.
 const mhcMaxStreams = 16
 
@@ -33,7 +37,7 @@ func (b *Backend) MHCProject(logits, x backend.Buffer, fn backend.Weight, rows i
 		b.launch("mhc_rowscale", [3]int{rows, 1, 1}, 256, 0, ptr(logits), ptr(x), fn.Cols(), fn.Rows(), normEps)
 		return
 	}
-	b.launch("mhc_proj_finish", grid1(rows, 8), 256, 0, ptr(logits), p.part, rows, p.mix, p.slices, p.k, normEps)
+	b.launch("mhc_proj_finish", [3]int{rows, 1, 1}, mhcFinishThreads, 0, ptr(logits), p.part, rows, p.mix, p.slices, p.k, normEps)
 	runtime.KeepAlive(p.alloc)
 }
 
@@ -143,7 +147,7 @@ func (b *Backend) mhcProjPart(x backend.Buffer, fn backend.Weight, rows int) (mh
 }
 
 // MHCCoeffsPre is mhc.FusedOps: the fused projection's partial sums, then a
-// thread per token adding them, scaling by 1/rms and activating
+// block per token adding them, scaling by 1/rms and activating
 // (mhc_proj_activate), then mhc_pre: three kernels for the four of
 // MHCProject, MHCActivate and MHCPre.
 func (b *Backend) MHCCoeffsPre(m *mhc.Mixer, dst, pre, post, res, logits, x backend.Buffer, fn backend.Weight,
@@ -169,7 +173,7 @@ func (b *Backend) MHCCoeffsPre(m *mhc.Mixer, dst, pre, post, res, logits, x back
 		return
 	}
 	lite := boolInt(c.Residual == mhc.Lite)
-	b.launch("mhc_proj_activate", grid1(rows, 64), 64, 0, ptr(pre), ptr(post), ptr(res), ptr(logits), p.part,
+	b.launch("mhc_proj_activate", [3]int{rows, 1, 1}, mhcFinishThreads, 0, ptr(pre), ptr(post), ptr(res), ptr(logits), p.part,
 		ptr(base), ptr(scale), rows, n, p.slices, p.k, c.NormEps, c.SinkhornIters, c.Eps, lite, c.ResDim())
 	runtime.KeepAlive(p.alloc)
 	b.MHCPre(dst, x, pre, rows, n, c.Hidden)

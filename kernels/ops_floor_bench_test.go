@@ -168,7 +168,11 @@ func BenchmarkOpsVsDenseDSA(b *testing.B) {
 		fillRandom(g, rng, ptr(kr), L*s.RopeDim)
 		fillRandom(g, rng, ptr(ik), L*ix.HeadDim)
 		iq := toGPU(g, randn(rng, ix.Heads*ix.HeadDim))
-		iw := toGPU(g, randn(rng, ix.Heads))
+		// DSASelect scales the weights in place (as the model's per-token
+		// buffer): each call selects with a fresh copy, or repeated calls
+		// would drive them to zero and every score into one tie.
+		iw0, iw := toGPU(g, randn(rng, ix.Heads)), g.NewBuffer(ix.Heads)
+		g.Copy(iw, iw0)
 		out := g.NewBuffer(s.Heads * s.KVLoraRank)
 		idx, err := g.DSANewIndices(ix)
 		if err != nil {
@@ -180,13 +184,14 @@ func BenchmarkOpsVsDenseDSA(b *testing.B) {
 		attendBytes := float64(ix.TopK) * rowBytes
 		selectBytes := float64(4 * L * ix.HeadDim)
 		b.Run(name+"select", func(b *testing.B) {
-			timeOp(b, g, bw, 10, selectBytes, func() { g.DSASelect(idx, iq, iw, ik, 1, L, L-1) })
+			timeOp(b, g, bw, 10, selectBytes, func() { g.Copy(iw, iw0); g.DSASelect(idx, iq, iw, ik, 1, L, L-1) })
 		})
 		b.Run(name+"attend", func(b *testing.B) {
 			timeOp(b, g, bw, 10, attendBytes, func() { g.DSAAttendLatent(out, qLat, q, lat, kr, idx, 1, s, 0.1) })
 		})
 		b.Run(name+"sparse", func(b *testing.B) {
 			timeOp(b, g, bw, 10, selectBytes+attendBytes, func() {
+				g.Copy(iw, iw0)
 				g.DSASelect(idx, iq, iw, ik, 1, L, L-1)
 				g.DSAAttendLatent(out, qLat, q, lat, kr, idx, 1, s, 0.1)
 			})
