@@ -82,8 +82,11 @@ type Backend struct {
 	tmaNorm       bool        // ... where the bulk-copy kernel takes the matmul (its staging overlaps the weight copies)
 	bf16Kernel    string      // benchmarks: the aligned bf16 matmul kernel ("" picks by shape)
 	partMu        sync.Mutex  // guards attnPart (taken before qmu)
-	attnPart      *allocation // attention_kv's split partials
+	attnPart      *allocation // attention_kv's and attn_decode's split partials
 	attnPartLen   int
+	attnDecodeOff bool        // one-row attention on attention_kv instead of attn_decode (tests, benchmarks)
+	attnTicket    *allocation // attn_decode's per-kv-head counts of finished splits (zero between launches)
+	attnTicketLen int
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -154,7 +157,7 @@ func New(ordinal int) (*Backend, error) {
 		}
 		for _, name := range []string{"gemv_f32", "gemv_bf16", "gemm_nvfp4_mma", "gemv_f32_any", "gemv_bf16_any",
 			"gemv_nvfp4_any", "embed", "rmsnorm", "rope", "attention", "swiglu", "add", "scale",
-			"sample_partial", "sample_final", "embed_ids", "rope_dyn", "attention_kv", "attention_kv_64", "attention_kv_128", "attn_combine", "gemv_bf16_u4",
+			"sample_partial", "sample_final", "embed_ids", "rope_dyn", "attention_kv", "attention_kv_64", "attention_kv_128", "attn_combine", "attn_decode_64", "attn_decode_128", "gemv_bf16_u4",
 			"gemv_nvfp4_m1_d0", "gemv_nvfp4_m1_d1", "gemv_nvfp4_s1_d0", "gemv_nvfp4_s1_d1", "gemv_nvfp4_s1_d1_st4", "gemv_nvfp4_s1_d1_lb", "gemv_nvfp4_s1_d1_mt", "gemv_nvfp4_m8_d0", "gemv_nvfp4_m8_d1",
 			"gemv_nvfp4_m16_d0", "gemv_nvfp4_m16_d1", "gemv_nvfp4_tma", "gemv_nvfp4_tma8", "gemv_nvfp4_tma8_3"} {
 			var f uintptr
@@ -166,7 +169,7 @@ func New(ordinal int) (*Backend, error) {
 		// Dynamic shared memory past the default 48 KB must be asked for.
 		for name, bytes := range map[string]int{"attention": b.maxShare, "sample_final": sampleFinalShared,
 			"attention_kv": b.maxShare - attnStatic, "attention_kv_64": b.maxShare - attnStatic,
-			"attention_kv_128": b.maxShare - attnStatic, "gemv_nvfp4_m1_d0": b.maxShare, "gemv_nvfp4_m1_d1": b.maxShare,
+			"attention_kv_128": b.maxShare - attnStatic, "attn_decode_64": b.maxShare, "attn_decode_128": b.maxShare, "gemv_nvfp4_m1_d0": b.maxShare, "gemv_nvfp4_m1_d1": b.maxShare,
 			"gemv_nvfp4_s1_d0": b.maxShare, "gemv_nvfp4_s1_d1": b.maxShare, "gemv_nvfp4_s1_d1_st4": b.maxShare, "gemv_nvfp4_s1_d1_lb": b.maxShare, "gemv_nvfp4_s1_d1_mt": b.maxShare,
 			"gemv_nvfp4_m8_d0": b.maxShare, "gemv_nvfp4_m8_d1": b.maxShare, "gemv_nvfp4_m16_d0": b.maxShare,
 			"gemv_nvfp4_m16_d1": b.maxShare, "gemv_nvfp4_tma": b.maxShare, "gemv_nvfp4_tma8": b.maxShare, "gemv_nvfp4_tma8_3": b.maxShare} {
@@ -669,6 +672,10 @@ func (b *Backend) Attention(out, q, k, v backend.Buffer, cache backend.KVCache, 
 		vb *= 2
 	}
 	vb = min(vb, c.shape.Capacity)
+	if m == 1 && !b.attnDecodeOff && (s.HeadDim == 64 || s.HeadDim == 128) && s.Heads/s.KVHeads <= 16 {
+		b.attnDecode(out, q, k, v, c, layer, pos0, vb, s)
+		return
+	}
 	splits := 1
 	if m <= 4 {
 		splits = min(max(vb/256, 1), 64)
@@ -713,4 +720,72 @@ func (b *Backend) Attention(out, q, k, v backend.Buffer, cache backend.KVCache, 
 		o.setParams(ptr(out), part, s.Heads, s.HeadDim, splits)
 		b.q.ops = append(b.q.ops, o)
 	}
+}
+
+// attnDecodeChunk is attn_decode's chunk of keys (ATTD_CH in decode.cuh).
+const attnDecodeChunk = 32
+
+// attnDecode queues attn_decode for one query row: the keys split over
+// blocks (kvHeads x splits, each at least a chunk, about two blocks per
+// multiprocessor at long contexts), merged by the last block of each kv head.
+// A RoPE of exactly q and k queued just before it moves into the launch.
+func (b *Backend) attnDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos0, vb int, s layers.AttentionShape) {
+	splits := min(max(vb/attnDecodeChunk, 1), max((2*b.sms+s.KVHeads-1)/s.KVHeads, 1))
+	G := s.Heads / s.KVHeads
+	var part uint64
+	var keep []any
+	b.partMu.Lock()
+	if splits > 1 {
+		if need := s.Heads * splits * (s.HeadDim + 2); b.attnPartLen < need {
+			// A smaller array still queued stays alive through the queue's keep.
+			a, err := b.alloc(4 * need)
+			if err != nil {
+				b.partMu.Unlock()
+				b.setErr(err)
+				return
+			}
+			b.attnPart, b.attnPartLen = a, need
+		}
+		if b.attnTicketLen < s.KVHeads {
+			a, err := b.alloc(4 * s.KVHeads) // zeroed; each launch leaves it zero
+			if err != nil {
+				b.partMu.Unlock()
+				b.setErr(err)
+				return
+			}
+			b.attnTicket, b.attnTicketLen = a, s.KVHeads
+		}
+		part = b.attnPart.ptr
+		keep = append(keep, b.attnPart, b.attnTicket)
+	}
+	var ticket uint64
+	if b.attnTicket != nil {
+		ticket = b.attnTicket.ptr
+	}
+	b.partMu.Unlock()
+	b.qmu.Lock()
+	defer b.qmu.Unlock()
+	q0 := &b.q
+	posRel := q0.posRel(pos0)
+	// RoPE folded in: the last queued op rotates exactly this q and k at this position.
+	var freqs uint64
+	var rhalf, roff, rinter int
+	rscale := float32(1)
+	if n := len(q0.ops); n > 0 && q0.ops[n-1].rope != nil {
+		r := q0.ops[n-1].rope
+		if r.x1 == spanOf(q) && r.x2 == spanOf(k) && r.heads1 == s.Heads && r.heads2 == s.KVHeads && r.rows == 1 &&
+			r.stride == s.HeadDim && r.inverse == 0 && r.posRel == posRel && r.off+2*r.half <= s.HeadDim {
+			freqs, rhalf, roff, rscale, rinter = r.freqs, r.half, r.off, r.scale, r.inter
+			q0.ops = q0.ops[:n-1]
+		}
+	}
+	q0.keep = append(q0.keep, c, out, q, k, v)
+	q0.keep = append(q0.keep, keep...)
+	name := fmt.Sprintf("attn_decode_%d", s.HeadDim)
+	floats := 4*attnDecodeChunk*(s.HeadDim+4) + G*s.HeadDim + G*attnDecodeChunk + 2*s.HeadDim
+	o := op{kind: opKernel, name: name, fn: b.fn[name], grid: [3]uint32{uint32(s.KVHeads), uint32(splits), 1},
+		block: 128, shared: uint32(4 * floats), pdl: true}
+	o.setParams(ptr(out), ptr(q), ptr(k), ptr(v), c.k[layer].ptr, c.v[layer].ptr, b.dyn.ptr, posRel,
+		s.Heads, s.KVHeads, s.Scale, s.Window, part, ticket, freqs, rhalf, roff, rscale, rinter)
+	q0.ops = append(q0.ops, o)
 }

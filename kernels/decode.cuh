@@ -209,3 +209,220 @@ extern "C" __global__ void attn_combine(float* out, const float* part, int heads
         o[j] = v * inv;
     }
 }
+
+// Decode attention for one query row (m == 1), flash-decoding style, with
+// the step's key and value appended to the cache and, optionally, RoPE
+// applied to q and the new key in the same launch (the rope_dyn it replaces:
+// channels [roff, roff + 2*rhalf), angle float(p) * inv_freq[i], cos and sin
+// times rscale; rhalf == 0: no rotation). Grid (kvHeads, splits),
+// ATTD_WARPS warps: block (kh, s) takes the query heads kh*G .. kh*G+G-1
+// (G = heads / kvHeads <= 16), which share every key and value it loads, over
+// an equal share of the visible keys [start, p], in chunks of ATTD_CH keys
+// double-buffered through shared memory (cp.async). Warp w keeps the online
+// softmax (max, sum, output) of heads w, w + ATTD_WARPS, ...; lane j holds
+// the score of the chunk's key j and HD/32 output channels. With one split
+// the block writes out; else each writes its (output, max, sum) to part, and
+// the last block of a kv head to finish (ticket[kh], reset by it) merges
+// them: no second launch.
+//
+// The cache rows before p are read before pdl_wait: the kernels that wrote
+// them (this layer's attention in earlier steps) are complete, since every
+// kernel between them fills the GPU and waits for its predecessor. Row p
+// (the new key, rotated, and value) is written by the block whose share ends
+// at p, which also stages it into its chunk from shared memory.
+#define ATTD_WARPS 4
+#define ATTD_CH 32
+__device__ __forceinline__ float attd_rot(const float* v, int c, int p, const float* inv_freq, int rhalf, int roff,
+                                          float rscale, int rinter) {
+    const int r = c - roff;
+    if (rhalf == 0 || r < 0 || r >= 2 * rhalf) return v[c];
+    const int i = rinter ? r / 2 : r % rhalf;
+    const int i0 = roff + (rinter ? 2 * i : i), i1 = roff + (rinter ? 2 * i + 1 : i + rhalf);
+    const float a = (float)p * inv_freq[i];
+    const float cs = cosf(a) * rscale, sn = sinf(a) * rscale;
+    return c == i0 ? v[i0] * cs - v[i1] * sn : v[i1] * cs + v[i0] * sn;
+}
+
+template <int HD>
+__device__ __forceinline__ void attn_decode_body(float* out, const float* q, const float* knew, const float* vnew,
+                                                 float* kc, float* vc, const int* dyn, int posRel, int heads,
+                                                 int kvHeads, float scale, int window, float* part, int* ticket,
+                                                 const float* inv_freq, int rhalf, int roff, float rscale, int rinter) {
+    constexpr int VEC = HD / WARP;  // output channels per lane
+    constexpr int RS = HD + 4;      // padded row: 8 rows at one column hit distinct banks
+    constexpr int NT = ATTD_WARPS * WARP;
+    constexpr int GPW = 16 / ATTD_WARPS;  // heads per warp, at most
+    extern __shared__ __align__(16) float ad_sh[];
+    __shared__ int is_last;
+    const int G = heads / kvHeads;
+    float* kbuf = ad_sh;                     // [2][CH][RS]
+    float* vbuf = kbuf + 2 * ATTD_CH * RS;   // [2][CH][RS]
+    float* qs = vbuf + 2 * ATTD_CH * RS;     // [G][HD], rotated and scaled
+    float* sc = qs + G * HD;                 // [G][CH] the chunk's scores
+    float* kn = sc + G * ATTD_CH;            // [HD] the new key, rotated
+    float* vn = kn + HD;                     // [HD] the new value
+    const int kh = blockIdx.x, s = blockIdx.y, splits = gridDim.y;
+    const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
+    pdl_launch();
+    const int p = dyn[0] + posRel;
+    const int start = window > 0 ? max(0, p - window + 1) : 0;
+    const int len = (p - start + 1 + splits - 1) / splits;
+    const int t0 = start + s * len, t1 = min(p + 1, t0 + len);
+    const size_t row = (size_t)kvHeads * HD;
+    // Rows [c, c + CH) of the share, those before p, into buffer b; one commit group.
+    auto load = [&](int c, int b) {
+        for (int i = tid; i < 2 * ATTD_CH * (HD / 4); i += NT) {
+            const int isv = i >= ATTD_CH * (HD / 4);
+            const int ii = isv ? i - ATTD_CH * (HD / 4) : i;
+            const int j = ii / (HD / 4), c4 = ii % (HD / 4), t = c + j;
+            if (t < t1 && t < p) {
+                const float* src = (isv ? vc : kc) + (size_t)t * row + (size_t)kh * HD + 4 * c4;
+                cp_async16(smem_u32((isv ? vbuf : kbuf) + (b * ATTD_CH + j) * RS + 4 * c4), src);
+            }
+        }
+        cp_async_commit();
+    };
+    if (t0 < t1) load(t0, 0);
+    pdl_wait();
+    for (int i = tid; i < G * HD; i += NT) {
+        const int g = i / HD, c = i % HD;
+        qs[i] = attd_rot(q + (size_t)(kh * G + g) * HD, c, p, inv_freq, rhalf, roff, rscale, rinter) * scale;
+    }
+    const bool mine = t0 < t1 && t1 == p + 1;  // this share ends at the new key
+    if (mine) {
+        for (int c = tid; c < HD; c += NT) {
+            const float kr = attd_rot(knew + (size_t)kh * HD, c, p, inv_freq, rhalf, roff, rscale, rinter);
+            const float vv = vnew[(size_t)kh * HD + c];
+            kn[c] = kr;
+            vn[c] = vv;
+            kc[(size_t)p * row + (size_t)kh * HD + c] = kr;
+            vc[(size_t)p * row + (size_t)kh * HD + c] = vv;
+        }
+    }
+    float mrun[GPW], lrun[GPW], o[GPW][VEC];
+#pragma unroll
+    for (int gi = 0; gi < GPW; gi++) {
+        mrun[gi] = -INFINITY, lrun[gi] = 0.f;
+#pragma unroll
+        for (int v = 0; v < VEC; v++) o[gi][v] = 0.f;
+    }
+    int b = 0;
+    for (int c = t0; c < t1; c += ATTD_CH, b ^= 1) {
+        if (c + ATTD_CH < t1) load(c + ATTD_CH, b ^ 1);
+        else cp_async_commit();
+        cp_async_wait<1>();
+        if (mine && p >= c && p < c + ATTD_CH) {  // the new row from shared memory
+            for (int i = tid; i < HD; i += NT) {
+                kbuf[(b * ATTD_CH + p - c) * RS + i] = kn[i];
+                vbuf[(b * ATTD_CH + p - c) * RS + i] = vn[i];
+            }
+        }
+        __syncthreads();
+        const int nk = min(ATTD_CH, t1 - c);
+        for (int i = tid; i < G * ATTD_CH; i += NT) {
+            const int g = i / ATTD_CH, j = i % ATTD_CH;
+            float d = -INFINITY;
+            if (j < nk) {
+                const float4* kr = reinterpret_cast<const float4*>(kbuf + (b * ATTD_CH + j) * RS);
+                const float4* qr = reinterpret_cast<const float4*>(qs + g * HD);
+                float d0 = 0.f, d1 = 0.f;
+#pragma unroll
+                for (int u = 0; u < HD / 4; u++) {
+                    const float4 k4 = kr[u], q4 = qr[u];
+                    d0 += q4.x * k4.x + q4.y * k4.y;
+                    d1 += q4.z * k4.z + q4.w * k4.w;
+                }
+                d = d0 + d1;
+            }
+            sc[i] = d;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int gi = 0; gi < GPW; gi++) {
+            const int g = warp + gi * ATTD_WARPS;
+            if (g >= G) break;
+            const float sj = sc[g * ATTD_CH + lane];
+            const float mnew = fmaxf(mrun[gi], warp_max(sj));  // finite: the chunk holds a key
+            const float alpha = __expf(mrun[gi] - mnew);
+            const float pj = __expf(sj - mnew);
+            lrun[gi] = lrun[gi] * alpha + warp_sum(pj);
+            mrun[gi] = mnew;
+#pragma unroll
+            for (int v = 0; v < VEC; v++) o[gi][v] *= alpha;
+            const float* vb = vbuf + b * ATTD_CH * RS + lane * VEC;
+            for (int j = 0; j < nk; j++) {
+                const float e = __shfl_sync(0xffffffff, pj, j);
+                if constexpr (VEC == 4) {
+                    const float4 w = *reinterpret_cast<const float4*>(vb + j * RS);
+                    o[gi][0] += e * w.x, o[gi][1] += e * w.y, o[gi][2] += e * w.z, o[gi][3] += e * w.w;
+                } else {
+                    const float2 w = *reinterpret_cast<const float2*>(vb + j * RS);
+                    o[gi][0] += e * w.x, o[gi][1] += e * w.y;
+                }
+            }
+        }
+        __syncthreads();  // buffer b is free for the load two chunks on
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int gi = 0; gi < GPW; gi++) {
+        const int g = warp + gi * ATTD_WARPS;
+        if (g >= G) break;
+        const int h = kh * G + g;
+        if (splits == 1) {
+            const float inv = 1.f / lrun[gi];
+#pragma unroll
+            for (int v = 0; v < VEC; v++) out[(size_t)h * HD + lane * VEC + v] = o[gi][v] * inv;
+        } else {
+            float* pp = part + ((size_t)h * splits + s) * (HD + 2);
+#pragma unroll
+            for (int v = 0; v < VEC; v++) pp[lane * VEC + v] = o[gi][v];
+            if (lane == 0) pp[HD] = mrun[gi], pp[HD + 1] = lrun[gi];
+        }
+    }
+    if (splits == 1) return;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) is_last = atomicAdd(ticket + kh, 1) == splits - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    if (tid == 0) ticket[kh] = 0;
+#pragma unroll
+    for (int gi = 0; gi < GPW; gi++) {
+        const int g = warp + gi * ATTD_WARPS;
+        if (g >= G) break;
+        const int h = kh * G + g;
+        const float* ph = part + (size_t)h * splits * (HD + 2);
+        float M = -INFINITY;
+        for (int s2 = lane; s2 < splits; s2 += WARP) M = fmaxf(M, __ldcg(ph + s2 * (HD + 2) + HD));
+        M = warp_max(M);
+        float den = 0.f, acc[VEC];
+#pragma unroll
+        for (int v = 0; v < VEC; v++) acc[v] = 0.f;
+#pragma unroll 4
+        for (int s2 = 0; s2 < splits; s2++) {
+            const float* pq = ph + s2 * (HD + 2);
+            const float mx = __ldcg(pq + HD);
+            if (mx == -INFINITY) continue;  // an empty share
+            const float e = __expf(mx - M);
+            den += e * __ldcg(pq + HD + 1);
+#pragma unroll
+            for (int v = 0; v < VEC; v++) acc[v] += e * __ldcg(pq + lane * VEC + v);
+        }
+        const float inv = 1.f / den;
+#pragma unroll
+        for (int v = 0; v < VEC; v++) out[(size_t)h * HD + lane * VEC + v] = acc[v] * inv;
+    }
+}
+
+#define ATTN_DECODE(NAME, HD)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(ATTD_WARPS * WARP) NAME(                                            \
+        float* out, const float* q, const float* knew, const float* vnew, float* kc, float* vc, const int* dyn,      \
+        int posRel, int heads, int kvHeads, float scale, int window, float* part, int* ticket, const float* inv_freq, \
+        int rhalf, int roff, float rscale, int rinter) {                                                             \
+        attn_decode_body<HD>(out, q, knew, vnew, kc, vc, dyn, posRel, heads, kvHeads, scale, window, part, ticket,   \
+                             inv_freq, rhalf, roff, rscale, rinter);                                                 \
+    }
+ATTN_DECODE(attn_decode_64, 64)
+ATTN_DECODE(attn_decode_128, 128)

@@ -39,6 +39,7 @@ func TestDecodeStepFusedAndGraphed(t *testing.T) {
 	for _, graphs := range []bool{true, false} {
 		t.Run(fmt.Sprintf("tma/graphs=%v", graphs), func(t *testing.T) { testDecodeStep(t, 1, graphs, -1) })
 	}
+	t.Run("tma/attention_kv", func(t *testing.T) { testDecodeStep(t, 1, true, -2) })
 }
 
 // testDecodeStep: tiles > 0 forces that many tiles per block, -1 selects
@@ -49,6 +50,7 @@ func testDecodeStep(t *testing.T, dec int, graphs bool, tiles int) {
 	g.gemvTiles = max(tiles, 0)
 	g.normFusion = dec == 0 // dec0 also covers the staged kernel with RMSNorm inside
 	g.gemvTMA = tiles < 0
+	g.attnDecodeOff = tiles == -2
 	g.SetGraphs(graphs)
 	rng := rand.New(rand.NewPCG(21, uint64(dec)))
 	hidden, ffn, heads, kvHeads, hd, vocab := 512, 768, 8, 2, 64, 300
@@ -266,7 +268,7 @@ func TestGemvTMA(t *testing.T) {
 	}{{16, 1, 0, 0, false, false}, {16, 1, 2, 0, false, false}, {8, 2, 0, 0, false, true}, {8, 2, 0, 0, true, false},
 		{8, 3, 0, 1, false, false}, {8, 2, 2, 3, false, false}} {
 		g.tmaWarps, g.tmaOcc, g.tmaSlots, g.tmaTPB, g.tmaUneven, g.tmaEvict = v.warps, v.occ, v.slots, v.tpb, v.uneven, v.evict
-		for _, sh := range [][2]int{{5, 2048}, {300, 6144}, {4133, 2048}} {
+		for _, sh := range [][2]int{{5, 2048}, {300, 6144}, {4133, 2048}, {700, 4096}, {64, 14336}} {
 			n, k := sh[0], sh[1]
 			h := scaledWeight(rng, backend.NVFP4, n, k)
 			wc, _ := c.Upload(h)
@@ -281,6 +283,72 @@ func TestGemvTMA(t *testing.T) {
 			g.MatMul(yg, toGPU(g, x), wg, 1)
 			if e := relErr(fromGPU(t, g, yg), yc); e > 1e-3 {
 				t.Errorf("%+v %v: relative error %.3g", v, sh, e)
+			}
+		}
+	}
+}
+
+// TestAttnDecode holds attn_decode (one query row; head sizes 64 and 128,
+// query heads per kv head 1 to 16, a sliding window, one split and many,
+// chunks cut short by the context's end) to the CPU backend at 1e-5, as
+// compareAttention: float32 on both sides, different summation orders.
+func TestAttnDecode(t *testing.T) {
+	g, c := newGPU(t), cpu.New(0)
+	rng := rand.New(rand.NewPCG(31, 32))
+	spans := [][2]int{{0, 1}, {1, 2}, {2, 33}, {33, 34}, {34, 35}, {35, 100}, {100, 101}, {101, 700}, {700, 701}, {701, 1500}, {1500, 1501}}
+	for _, tc := range []struct{ heads, kv, hd, window int }{{8, 2, 128, 0}, {16, 16, 64, 0}, {28, 4, 128, 0}, {32, 2, 64, 50}, {16, 1, 128, 0}} {
+		s := layers.AttentionShape{Heads: tc.heads, KVHeads: tc.kv, HeadDim: tc.hd, Window: tc.window}
+		compareAttention(t, g, c, rng, s, 2, 1, spans)
+	}
+}
+
+// TestAttnDecodeRoPE: a RoPE of q and k queued just before a one-row
+// attention runs inside attn_decode; against the CPU's RoPE then attention
+// (half and interleaved pairs, every channel rotated or the first half
+// only), tolerance as TestAttnDecode's.
+func TestAttnDecodeRoPE(t *testing.T) {
+	g, c := newGPU(t), cpu.New(0)
+	rng := rand.New(rand.NewPCG(33, 34))
+	const heads, kvHeads, hd, T = 8, 2, 128, 300
+	s := layers.AttentionShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: float32(1 / math.Sqrt(hd))}
+	for _, rc := range []struct {
+		inter bool
+		dim   int
+	}{{false, hd}, {true, hd}, {false, hd / 2}} {
+		rope := &layers.RoPE{Scale: 1.25, Interleaved: rc.inter, InvFreq: make([]float32, rc.dim/2)}
+		for i := range rope.InvFreq {
+			rope.InvFreq[i] = float32(math.Pow(10000, -2*float64(i)/float64(rc.dim)))
+		}
+		shape := backend.KVShape{Layers: 1, KVHeads: kvHeads, HeadDim: hd, Capacity: T}
+		cc, _ := c.NewKVCache(shape)
+		gc, err := g.NewKVCache(shape)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for pos := 0; pos < T; pos++ {
+			q, k, v := randn(rng, heads*hd), randn(rng, kvHeads*hd), randn(rng, kvHeads*hd)
+			qc, kc := cpu.Buffer(append([]float32(nil), q...)), cpu.Buffer(append([]float32(nil), k...))
+			c.RoPE(qc, 1, heads, hd, 0, pos, rope, false)
+			c.RoPE(kc, 1, kvHeads, hd, 0, pos, rope, false)
+			want := make(cpu.Buffer, heads*hd)
+			c.Attention(want, qc, kc, cpu.Buffer(v), cc, 0, pos, 1, s)
+			qg, kg, out := toGPU(g, q), toGPU(g, k), g.NewBuffer(heads*hd)
+			vg := toGPU(g, v)
+			g.RoPE(qg, 1, heads, hd, 0, pos, rope, false)
+			g.RoPE(kg, 1, kvHeads, hd, 0, pos, rope, false)
+			g.Attention(out, qg, kg, vg, gc, 0, pos, 1, s)
+			g.qmu.Lock()
+			for _, o := range g.q.ops {
+				if o.rope != nil {
+					t.Errorf("rope %+v position %d: the RoPE was not moved into the attention", rc, pos)
+				}
+			}
+			g.qmu.Unlock()
+			if pos%37 != 0 && pos != T-1 {
+				continue
+			}
+			if e := relErr(fromGPU(t, g, out), want); e > 1e-5 {
+				t.Errorf("rope %+v position %d: relative error %.3g", rc, pos, e)
 			}
 		}
 	}

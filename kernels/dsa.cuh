@@ -4,20 +4,9 @@
 
 // Shared-memory helpers: dsa_row_stride pads a row of d floats (d a
 // multiple of 4) to an odd number of float4s, so that 8 rows read at one
-// column hit distinct banks; dsa_cp16 copies 16 bytes global -> shared
-// asynchronously (cp.async, both 16-byte aligned); dsa_cp_wait waits for the
-// calling thread's copies (a __syncthreads must follow before others read).
+// column hit distinct banks. Rows are staged with cp_async16 (manifold.cu);
+// a __syncthreads must follow the wait before other threads read them.
 __host__ __device__ __forceinline__ int dsa_row_stride(int d) { return ((d / 4) % 2 == 0) ? d + 4 : d + 8; }
-
-__device__ __forceinline__ void dsa_cp16(float* dst, const float* src) {
-    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
-}
-
-__device__ __forceinline__ void dsa_cp_wait() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
 
 // ---------------------------------------------------------------------------
 // Indexer scores: scores[i, e] = sum_h w[i, h] * ReLU(scale * q[i, h] . keys[e])
@@ -79,9 +68,10 @@ extern "C" __global__ void __launch_bounds__(256) idx_scores_tile(float* scores,
     const int d4 = dim / 4;
     for (int x = tid; x < ne * d4; x += blockDim.x) {
         int r = x / d4, c = x - r * d4;
-        dsa_cp16(Ks + r * KS + 4 * c, keys + (size_t)(e0 + r) * dim + 4 * c);
+        cp_async16(smem_u32(Ks + r * KS + 4 * c), keys + (size_t)(e0 + r) * dim + 4 * c);
     }
-    dsa_cp_wait();
+    cp_async_commit();
+    cp_async_wait<0>();
     if (tid < IDX_KT) s_sum[tid] = 0.f;
     const float* qi = q + (size_t)i * heads * dim;
     const float* wi = w + (size_t)i * heads;
@@ -622,9 +612,10 @@ extern "C" __global__ void __launch_bounds__(DSA_THREADS, 2)
             int r = x / q4, c = x - r * q4;
             size_t t = (size_t)s_tok[r];
             const float* src = c < la4 ? lat + t * la + 4 * c : rope + t * lb + 4 * (c - la4);
-            dsa_cp16(Ks + r * DS + 4 * c, src);
+            cp_async16(smem_u32(Ks + r * DS + 4 * c), src);
         }
-        dsa_cp_wait();
+        cp_async_commit();
+        cp_async_wait<0>();
         __syncthreads();  // the tile is in Ks
 
         // Scores of heads g0, g0 + 4 against token tt (rows past nt hold stale data: masked).

@@ -54,20 +54,6 @@ __device__ __forceinline__ void gemv_tile(const GemvArgs& a, int tl, int& gi, in
     n0 = a.mode == 1 ? lt * 8 : lt * 16;
 }
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
-__device__ __forceinline__ void cp_async16_l2(uint32_t dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // Two E4M3 bytes (the low or high half of v, low byte first) to fp16x2 (low half first).
 __device__ __forceinline__ uint32_t e4m3x2_lo(uint32_t v) {
@@ -583,46 +569,104 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a) {
         return;
     }
 
-    // Consumers: stage x (optionally RMS-normalized) as fp16 pairs.
-    pdl_wait();
+    // Consumers: stage x (optionally RMS-normalized) as fp16 pairs. Up to
+    // K = 16384 every load of x is in flight before the first use (a loop of
+    // dependent round trips cost 1-3 us at K = 14336), and the first norm
+    // weights (constant) are loaded before the wait for the previous kernel.
     const int tid = threadIdx.x;
-    const float* x = (const float*)(a.nx ? a.nx : a.x);
-    float inv = 1.f;
-    if (a.nx) {
-        float ss = 0.f;
-        for (int j = tid; j < K / 4; j += CW * WARP) {
-            float4 v = __ldg(reinterpret_cast<const float4*>(x) + j);
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-        }
-        ss = warp_sum(ss);
-        if (lane == 0) nred[warp] = ss;
-        consumers_sync<CW>();
-        ss = 0.f;
+    const float* nw = (const float*)a.nw;
+    float* nh = blockIdx.x == 0 ? (float*)a.nh : nullptr;
+    constexpr int NT = CW * WARP, MI = 16384 / (8 * NT), MW = 4096 / (8 * NT) > 0 ? 4096 / (8 * NT) : 1;
+    if (K <= 8 * NT * MI) {
+        float4 wa[MW], wb[MW], xa[MI], xb[MI];
+        if (a.nx) {
 #pragma unroll
-        for (int w2 = 0; w2 < CW; w2++) ss += nred[w2];
-        inv = rsqrtf(ss / K + a.eps);
-    }
-    {
-        const float* nw = (const float*)a.nw;
-        float* nh = blockIdx.x == 0 ? (float*)a.nh : nullptr;
-        for (int j = tid; j < K / 8; j += CW * WARP) {
-            const int e = 8 * j;
-            float4 xa = __ldg(reinterpret_cast<const float4*>(x + e)), xb = __ldg(reinterpret_cast<const float4*>(x + e + 4));
+            for (int i = 0; i < MW; i++) {
+                const int e = 8 * (tid + i * NT);
+                if (e < K) wa[i] = __ldg(reinterpret_cast<const float4*>(nw + e)), wb[i] = __ldg(reinterpret_cast<const float4*>(nw + e + 4));
+            }
+        }
+        // x is the previous kernel's output: plain loads, which stay after
+        // the wait (the compiler may hoist __ldg, a read-only load, above it).
+        pdl_wait();
+        const float* x = (const float*)(a.nx ? a.nx : a.x);
+#pragma unroll
+        for (int i = 0; i < MI; i++) {
+            const int e = 8 * (tid + i * NT);
+            xa[i] = xb[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (e < K) xa[i] = *reinterpret_cast<const float4*>(x + e), xb[i] = *reinterpret_cast<const float4*>(x + e + 4);
+        }
+        float inv = 1.f;
+        if (a.nx) {
+            float ss = 0.f;
+#pragma unroll
+            for (int i = 0; i < MI; i++)
+                ss += xa[i].x * xa[i].x + xa[i].y * xa[i].y + xa[i].z * xa[i].z + xa[i].w * xa[i].w + xb[i].x * xb[i].x +
+                      xb[i].y * xb[i].y + xb[i].z * xb[i].z + xb[i].w * xb[i].w;
+            ss = warp_sum(ss);
+            if (lane == 0) nred[warp] = ss;
+            consumers_sync<CW>();
+            ss = 0.f;
+#pragma unroll
+            for (int w2 = 0; w2 < CW; w2++) ss += nred[w2];
+            inv = rsqrtf(ss / K + a.eps);
+        }
+#pragma unroll
+        for (int i = 0; i < MI; i++) {
+            const int j = tid + i * NT, e = 8 * j;
+            if (e >= K) break;
+            float4 va = xa[i], vb = xb[i];
             if (a.nx) {  // as the rmsnorm kernel: w * (x * inv)
-                float4 wa = __ldg(reinterpret_cast<const float4*>(nw + e)), wb = __ldg(reinterpret_cast<const float4*>(nw + e + 4));
-                xa = make_float4(wa.x * (xa.x * inv), wa.y * (xa.y * inv), wa.z * (xa.z * inv), wa.w * (xa.w * inv));
-                xb = make_float4(wb.x * (xb.x * inv), wb.y * (xb.y * inv), wb.z * (xb.z * inv), wb.w * (xb.w * inv));
+                float4 w0, w1;
+                if (i < MW) w0 = wa[i < MW ? i : 0], w1 = wb[i < MW ? i : 0];
+                else w0 = __ldg(reinterpret_cast<const float4*>(nw + e)), w1 = __ldg(reinterpret_cast<const float4*>(nw + e + 4));
+                va = make_float4(w0.x * (va.x * inv), w0.y * (va.y * inv), w0.z * (va.z * inv), w0.w * (va.w * inv));
+                vb = make_float4(w1.x * (vb.x * inv), w1.y * (vb.y * inv), w1.z * (vb.z * inv), w1.w * (vb.w * inv));
                 if (nh) {
-                    *reinterpret_cast<float4*>(nh + e) = xa;
-                    *reinterpret_cast<float4*>(nh + e + 4) = xb;
+                    *reinterpret_cast<float4*>(nh + e) = va;
+                    *reinterpret_cast<float4*>(nh + e + 4) = vb;
                 }
             }
             uint32_t pr[4];
-            x8_pairs<1>(xa, xb, pr);
+            x8_pairs<1>(va, vb, pr);
             xs[j] = make_uint4(pr[0], pr[1], pr[2], pr[3]);
         }
-        if (tid < 2) zero[tid] = make_uint4(0, 0, 0, 0);
+    } else {
+        pdl_wait();
+        const float* x = (const float*)(a.nx ? a.nx : a.x);
+        float inv = 1.f;
+        if (a.nx) {
+            float ss = 0.f;
+            for (int j = tid; j < K / 4; j += NT) {
+                float4 v = reinterpret_cast<const float4*>(x)[j];
+                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            }
+            ss = warp_sum(ss);
+            if (lane == 0) nred[warp] = ss;
+            consumers_sync<CW>();
+            ss = 0.f;
+#pragma unroll
+            for (int w2 = 0; w2 < CW; w2++) ss += nred[w2];
+            inv = rsqrtf(ss / K + a.eps);
+        }
+        for (int j = tid; j < K / 8; j += NT) {
+            const int e = 8 * j;
+            float4 va = *reinterpret_cast<const float4*>(x + e), vb = *reinterpret_cast<const float4*>(x + e + 4);
+            if (a.nx) {
+                float4 w0 = __ldg(reinterpret_cast<const float4*>(nw + e)), w1 = __ldg(reinterpret_cast<const float4*>(nw + e + 4));
+                va = make_float4(w0.x * (va.x * inv), w0.y * (va.y * inv), w0.z * (va.z * inv), w0.w * (va.w * inv));
+                vb = make_float4(w1.x * (vb.x * inv), w1.y * (vb.y * inv), w1.z * (vb.z * inv), w1.w * (vb.w * inv));
+                if (nh) {
+                    *reinterpret_cast<float4*>(nh + e) = va;
+                    *reinterpret_cast<float4*>(nh + e + 4) = vb;
+                }
+            }
+            uint32_t pr[4];
+            x8_pairs<1>(va, vb, pr);
+            xs[j] = make_uint4(pr[0], pr[1], pr[2], pr[3]);
+        }
     }
+    if (tid < 2) zero[tid] = make_uint4(0, 0, 0, 0);
     consumers_sync<CW>();
 
     const int g = lane >> 2, t = lane & 3;
