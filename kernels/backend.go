@@ -726,12 +726,21 @@ func (b *Backend) Attention(out, q, k, v backend.Buffer, cache backend.KVCache, 
 const attnDecodeChunk = 32
 
 // attnDecode queues attn_decode for one query row: the keys split over
-// blocks (kvHeads x splits, each at least a chunk, about two blocks per
-// multiprocessor at long contexts), merged by the last block of each kv head.
+// blocks (each at least a chunk, about two blocks per multiprocessor at long
+// contexts, the query heads of a kv head spread over more blocks at short
+// ones), merged by the last block of each row of splits.
 // A RoPE of exactly q and k queued just before it moves into the launch.
 func (b *Backend) attnDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos0, vb int, s layers.AttentionShape) {
 	splits := min(max(vb/attnDecodeChunk, 1), max((2*b.sms+s.KVHeads-1)/s.KVHeads, 1))
 	G := s.Heads / s.KVHeads
+	// Short contexts leave most multiprocessors idle: the query heads of a kv
+	// head go to several blocks (each loading the keys again, from L2) while
+	// that keeps the grid within about the multiprocessor count.
+	hgroups := 1
+	for G%(2*hgroups) == 0 && 2*hgroups*s.KVHeads*splits <= b.sms {
+		hgroups *= 2
+	}
+	rowsOfBlocks := s.KVHeads * hgroups
 	var part uint64
 	var keep []any
 	b.partMu.Lock()
@@ -746,14 +755,14 @@ func (b *Backend) attnDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos
 			}
 			b.attnPart, b.attnPartLen = a, need
 		}
-		if b.attnTicketLen < s.KVHeads {
-			a, err := b.alloc(4 * s.KVHeads) // zeroed; each launch leaves it zero
+		if b.attnTicketLen < rowsOfBlocks {
+			a, err := b.alloc(4 * rowsOfBlocks) // zeroed; each launch leaves it zero
 			if err != nil {
 				b.partMu.Unlock()
 				b.setErr(err)
 				return
 			}
-			b.attnTicket, b.attnTicketLen = a, s.KVHeads
+			b.attnTicket, b.attnTicketLen = a, rowsOfBlocks
 		}
 		part = b.attnPart.ptr
 		keep = append(keep, b.attnPart, b.attnTicket)
@@ -782,10 +791,10 @@ func (b *Backend) attnDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos
 	q0.keep = append(q0.keep, c, out, q, k, v)
 	q0.keep = append(q0.keep, keep...)
 	name := fmt.Sprintf("attn_decode_%d", s.HeadDim)
-	floats := 4*attnDecodeChunk*(s.HeadDim+4) + G*s.HeadDim + G*attnDecodeChunk + 2*s.HeadDim
-	o := op{kind: opKernel, name: name, fn: b.fn[name], grid: [3]uint32{uint32(s.KVHeads), uint32(splits), 1},
+	floats := 4*attnDecodeChunk*(s.HeadDim+4) + G*s.HeadDim + G*attnDecodeChunk + 3*s.HeadDim
+	o := op{kind: opKernel, name: name, fn: b.fn[name], grid: [3]uint32{uint32(rowsOfBlocks), uint32(splits), 1},
 		block: 128, shared: uint32(4 * floats), pdl: true}
 	o.setParams(ptr(out), ptr(q), ptr(k), ptr(v), c.k[layer].ptr, c.v[layer].ptr, b.dyn.ptr, posRel,
-		s.Heads, s.KVHeads, s.Scale, s.Window, part, ticket, freqs, rhalf, roff, rscale, rinter)
+		s.Heads, s.KVHeads, s.Scale, s.Window, part, ticket, freqs, rhalf, roff, rscale, rinter, hgroups)
 	q0.ops = append(q0.ops, o)
 }

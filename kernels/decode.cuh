@@ -214,15 +214,17 @@ extern "C" __global__ void attn_combine(float* out, const float* part, int heads
 // the step's key and value appended to the cache and, optionally, RoPE
 // applied to q and the new key in the same launch (the rope_dyn it replaces:
 // channels [roff, roff + 2*rhalf), angle float(p) * inv_freq[i], cos and sin
-// times rscale; rhalf == 0: no rotation). Grid (kvHeads, splits),
-// ATTD_WARPS warps: block (kh, s) takes the query heads kh*G .. kh*G+G-1
-// (G = heads / kvHeads <= 16), which share every key and value it loads, over
+// times rscale; rhalf == 0: no rotation). Grid (kvHeads * hgroups, splits),
+// ATTD_WARPS warps: block (kh*hgroups + j, s) takes query heads j*GB ..
+// j*GB+GB-1 of kv head kh (G = heads / kvHeads <= 16 of them, GB = G /
+// hgroups: several per block share every key and value it loads; more
+// blocks, fewer heads each, when the context is short), over
 // an equal share of the visible keys [start, p], in chunks of ATTD_CH keys
 // double-buffered through shared memory (cp.async). Warp w keeps the online
 // softmax (max, sum, output) of heads w, w + ATTD_WARPS, ...; lane j holds
 // the score of the chunk's key j and HD/32 output channels. With one split
 // the block writes out; else each writes its (output, max, sum) to part, and
-// the last block of a kv head to finish (ticket[kh], reset by it) merges
+// the last of a block row's splits to finish (ticket[blockIdx.x], reset by it) merges
 // them: no second launch.
 //
 // The cache rows before p are read before pdl_wait: the kernels that wrote
@@ -232,36 +234,40 @@ extern "C" __global__ void attn_combine(float* out, const float* part, int heads
 // at p, which also stages it into its chunk from shared memory.
 #define ATTD_WARPS 4
 #define ATTD_CH 32
-__device__ __forceinline__ float attd_rot(const float* v, int c, int p, const float* inv_freq, int rhalf, int roff,
-                                          float rscale, int rinter) {
+// Channel c of v rotated by the angles whose cos and sin (times rscale) are
+// rc[i], rs[i] for pair i.
+__device__ __forceinline__ float attd_rot(const float* v, int c, const float* rc, const float* rs, int rhalf, int roff,
+                                          int rinter) {
     const int r = c - roff;
     if (rhalf == 0 || r < 0 || r >= 2 * rhalf) return v[c];
     const int i = rinter ? r / 2 : r % rhalf;
     const int i0 = roff + (rinter ? 2 * i : i), i1 = roff + (rinter ? 2 * i + 1 : i + rhalf);
-    const float a = (float)p * inv_freq[i];
-    const float cs = cosf(a) * rscale, sn = sinf(a) * rscale;
-    return c == i0 ? v[i0] * cs - v[i1] * sn : v[i1] * cs + v[i0] * sn;
+    return c == i0 ? v[i0] * rc[i] - v[i1] * rs[i] : v[i1] * rc[i] + v[i0] * rs[i];
 }
 
 template <int HD>
 __device__ __forceinline__ void attn_decode_body(float* out, const float* q, const float* knew, const float* vnew,
                                                  float* kc, float* vc, const int* dyn, int posRel, int heads,
                                                  int kvHeads, float scale, int window, float* part, int* ticket,
-                                                 const float* inv_freq, int rhalf, int roff, float rscale, int rinter) {
+                                                 const float* inv_freq, int rhalf, int roff, float rscale, int rinter,
+                                                 int hgroups) {
     constexpr int VEC = HD / WARP;  // output channels per lane
     constexpr int RS = HD + 4;      // padded row: 8 rows at one column hit distinct banks
     constexpr int NT = ATTD_WARPS * WARP;
     constexpr int GPW = 16 / ATTD_WARPS;  // heads per warp, at most
     extern __shared__ __align__(16) float ad_sh[];
     __shared__ int is_last;
-    const int G = heads / kvHeads;
+    const int G = heads / kvHeads, GB = G / hgroups;  // the kv head's query heads, the block's
     float* kbuf = ad_sh;                     // [2][CH][RS]
     float* vbuf = kbuf + 2 * ATTD_CH * RS;   // [2][CH][RS]
     float* qs = vbuf + 2 * ATTD_CH * RS;     // [G][HD], rotated and scaled
     float* sc = qs + G * HD;                 // [G][CH] the chunk's scores
     float* kn = sc + G * ATTD_CH;            // [HD] the new key, rotated
     float* vn = kn + HD;                     // [HD] the new value
-    const int kh = blockIdx.x, s = blockIdx.y, splits = gridDim.y;
+    float* rc = vn + HD;                     // [HD/2] cos and sin of the rotation's angles
+    float* rs = rc + HD / 2;
+    const int kh = blockIdx.x / hgroups, hb = kh * G + (blockIdx.x % hgroups) * GB;  // kv head, first query head
+    const int s = blockIdx.y, splits = gridDim.y;
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
     pdl_launch();
     const int p = dyn[0] + posRel;
@@ -271,9 +277,10 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
     const size_t row = (size_t)kvHeads * HD;
     // Rows [c, c + CH) of the share, those before p, into buffer b; one commit group.
     auto load = [&](int c, int b) {
-        for (int i = tid; i < 2 * ATTD_CH * (HD / 4); i += NT) {
-            const int isv = i >= ATTD_CH * (HD / 4);
-            const int ii = isv ? i - ATTD_CH * (HD / 4) : i;
+        const int rows = min(ATTD_CH, t1 - c);
+        for (int i = tid; i < 2 * rows * (HD / 4); i += NT) {
+            const int isv = i >= rows * (HD / 4);
+            const int ii = isv ? i - rows * (HD / 4) : i;
             const int j = ii / (HD / 4), c4 = ii % (HD / 4), t = c + j;
             if (t < t1 && t < p) {
                 const float* src = (isv ? vc : kc) + (size_t)t * row + (size_t)kh * HD + 4 * c4;
@@ -283,20 +290,29 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
         cp_async_commit();
     };
     if (t0 < t1) load(t0, 0);
+    // The rotation depends on the position alone: one sincosf per pair, shared by the heads.
+    for (int i = tid; i < rhalf; i += NT) {
+        float sn, cs;
+        sincosf((float)p * inv_freq[i], &sn, &cs);
+        rc[i] = cs * rscale, rs[i] = sn * rscale;
+    }
+    __syncthreads();
     pdl_wait();
-    for (int i = tid; i < G * HD; i += NT) {
+    for (int i = tid; i < GB * HD; i += NT) {
         const int g = i / HD, c = i % HD;
-        qs[i] = attd_rot(q + (size_t)(kh * G + g) * HD, c, p, inv_freq, rhalf, roff, rscale, rinter) * scale;
+        qs[i] = attd_rot(q + (size_t)(hb + g) * HD, c, rc, rs, rhalf, roff, rinter) * scale;
     }
     const bool mine = t0 < t1 && t1 == p + 1;  // this share ends at the new key
     if (mine) {
         for (int c = tid; c < HD; c += NT) {
-            const float kr = attd_rot(knew + (size_t)kh * HD, c, p, inv_freq, rhalf, roff, rscale, rinter);
+            const float kr = attd_rot(knew + (size_t)kh * HD, c, rc, rs, rhalf, roff, rinter);
             const float vv = vnew[(size_t)kh * HD + c];
             kn[c] = kr;
             vn[c] = vv;
-            kc[(size_t)p * row + (size_t)kh * HD + c] = kr;
-            vc[(size_t)p * row + (size_t)kh * HD + c] = vv;
+            if (blockIdx.x % hgroups == 0) {  // one block per kv head writes the cache
+                kc[(size_t)p * row + (size_t)kh * HD + c] = kr;
+                vc[(size_t)p * row + (size_t)kh * HD + c] = vv;
+            }
         }
     }
     float mrun[GPW], lrun[GPW], o[GPW][VEC];
@@ -319,7 +335,7 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
         }
         __syncthreads();
         const int nk = min(ATTD_CH, t1 - c);
-        for (int i = tid; i < G * ATTD_CH; i += NT) {
+        for (int i = tid; i < GB * ATTD_CH; i += NT) {
             const int g = i / ATTD_CH, j = i % ATTD_CH;
             float d = -INFINITY;
             if (j < nk) {
@@ -340,7 +356,7 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
 #pragma unroll
         for (int gi = 0; gi < GPW; gi++) {
             const int g = warp + gi * ATTD_WARPS;
-            if (g >= G) break;
+            if (g >= GB) break;
             const float sj = sc[g * ATTD_CH + lane];
             const float mnew = fmaxf(mrun[gi], warp_max(sj));  // finite: the chunk holds a key
             const float alpha = __expf(mrun[gi] - mnew);
@@ -367,8 +383,8 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
 #pragma unroll
     for (int gi = 0; gi < GPW; gi++) {
         const int g = warp + gi * ATTD_WARPS;
-        if (g >= G) break;
-        const int h = kh * G + g;
+        if (g >= GB) break;
+        const int h = hb + g;
         if (splits == 1) {
             const float inv = 1.f / lrun[gi];
 #pragma unroll
@@ -383,16 +399,16 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
     if (splits == 1) return;
     __threadfence();
     __syncthreads();
-    if (tid == 0) is_last = atomicAdd(ticket + kh, 1) == splits - 1;
+    if (tid == 0) is_last = atomicAdd(ticket + blockIdx.x, 1) == splits - 1;
     __syncthreads();
     if (!is_last) return;
     __threadfence();
-    if (tid == 0) ticket[kh] = 0;
+    if (tid == 0) ticket[blockIdx.x] = 0;
 #pragma unroll
     for (int gi = 0; gi < GPW; gi++) {
         const int g = warp + gi * ATTD_WARPS;
-        if (g >= G) break;
-        const int h = kh * G + g;
+        if (g >= GB) break;
+        const int h = hb + g;
         const float* ph = part + (size_t)h * splits * (HD + 2);
         float M = -INFINITY;
         for (int s2 = lane; s2 < splits; s2 += WARP) M = fmaxf(M, __ldcg(ph + s2 * (HD + 2) + HD));
@@ -420,9 +436,9 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
     extern "C" __global__ void __launch_bounds__(ATTD_WARPS * WARP) NAME(                                            \
         float* out, const float* q, const float* knew, const float* vnew, float* kc, float* vc, const int* dyn,      \
         int posRel, int heads, int kvHeads, float scale, int window, float* part, int* ticket, const float* inv_freq, \
-        int rhalf, int roff, float rscale, int rinter) {                                                             \
+        int rhalf, int roff, float rscale, int rinter, int hgroups) {                                                \
         attn_decode_body<HD>(out, q, knew, vnew, kc, vc, dyn, posRel, heads, kvHeads, scale, window, part, ticket,   \
-                             inv_freq, rhalf, roff, rscale, rinter);                                                 \
+                             inv_freq, rhalf, roff, rscale, rinter, hgroups);                                        \
     }
 ATTN_DECODE(attn_decode_64, 64)
 ATTN_DECODE(attn_decode_128, 128)

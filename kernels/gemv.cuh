@@ -82,6 +82,16 @@ __device__ __forceinline__ void fp4x8_decode(uint32_t u, uint32_t h[4]) {
         h[1] = e4m3x2_hi(e0);  // (4, 6)
         h[2] = e4m3x2_lo(e1);  // (1, 3)
         h[3] = e4m3x2_hi(e1);  // (5, 7)
+    } else if (DEC == 2) {
+        // fp16 with the code's bits in place (s -> bit 15, e1 e0 m -> bits 11..9):
+        // the value x 2^-14, exact (0.5 a subnormal). Integer ops only, 11 per
+        // word against DEC 1's 7 and 4 conversions, which share the pipe.
+        const uint32_t flo = ((u << 1) & 0x0E0E0E0Eu) | ((u << 4) & 0x80808080u);  // bytes: elements 0, 2, 4, 6
+        const uint32_t fhi = ((u >> 3) & 0x0E0E0E0Eu) | (u & 0x80808080u);         // bytes: elements 1, 3, 5, 7
+        h[0] = __byte_perm(flo, 0, 0x1404);  // (0, 2)
+        h[1] = __byte_perm(flo, 0, 0x3424);  // (4, 6)
+        h[2] = __byte_perm(fhi, 0, 0x1404);  // (1, 3)
+        h[3] = __byte_perm(fhi, 0, 0x3424);  // (5, 7)
     } else {
         e2m1x8_to_h2(u, h);  // (0, 1), (2, 3), (4, 5), (6, 7)
     }
@@ -455,7 +465,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) gemv_bf16_u4(const uint16_t
 // Consumer warp w takes 128-element group w of every stage: lane (g, t) owns
 // elements [32t, 32t+32) of rows g and g+8 (16 bytes each), which are scale
 // blocks 2t and 2t+1 of the group. The block scales leave the inner loop:
-// the mma's A operand is the raw E2M1 values (x 2^-6, exact in fp16) and its
+// the mma's A operand is the raw E2M1 values (decoded by integer ops: x 2^-14, exact in fp16) and its
 // B column c carries the activations of block c only (zero elsewhere), so
 // D[r][c] is row r's unscaled dot product over block c. The lane holding
 // D[r][2t], D[r][2t+1] multiplies them by row r's scales of those blocks in
@@ -465,6 +475,8 @@ extern "C" __global__ void __launch_bounds__(256, 4) gemv_bf16_u4(const uint16_t
 #define TMA_WBYTES (16 * TMA_ROWSTRIDE)
 #define TMA_STAGE (TMA_WBYTES + 16 * TMA_SROW)     // 19712 bytes
 #define TMA_MAXNS 8
+#define TMA_DEC 2           // fp4x8_decode's variant (same pairs as 1, values x 2^-14)
+#define TMA_UNIT 16384.f    // 1 / the decoded values' scale
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -707,8 +719,8 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a) {
 #pragma unroll
                 for (int w = 0; w < 4; w++) {
                     uint32_t ha[4], hb[4];
-                    fp4x8_decode<1>(wva[w], ha);
-                    fp4x8_decode<1>(wvb[w], hb);
+                    fp4x8_decode<TMA_DEC>(wva[w], ha);
+                    fp4x8_decode<TMA_DEC>(wvb[w], hb);
                     const uint32_t ae[4] = {ha[0], hb[0], ha[1], hb[1]};
                     const uint32_t ao[4] = {ha[2], hb[2], ha[3], hb[3]};
                     if (w == 0) {
@@ -754,8 +766,8 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a) {
                 if (lane < 8 && col < a.N[0]) {
                     const float* b0 = (const float*)a.bias[0];
                     const float* b1 = (const float*)a.bias[1];
-                    float gv = v * (a.global[0] * 64.f) + (b0 ? b0[col] : 0.f);
-                    float uv = u * (a.global[1] * 64.f) + (b1 ? b1[col] : 0.f);
+                    float gv = v * (a.global[0] * TMA_UNIT) + (b0 ? b0[col] : 0.f);
+                    float uv = u * (a.global[1] * TMA_UNIT) + (b1 ? b1[col] : 0.f);
                     ((float*)a.y[1])[col] = uv;
                     if (a.limit > 0.f) {
                         gv = fminf(gv, a.limit);
@@ -767,7 +779,7 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a) {
                 const int col = n0 + lane;
                 if (col < a.N[gi]) {
                     const float* bias = (const float*)a.bias[gi];
-                    v = v * (a.global[gi] * 64.f) + (bias ? bias[col] : 0.f);
+                    v = v * (a.global[gi] * TMA_UNIT) + (bias ? bias[col] : 0.f);
                     ((float*)a.y[gi])[col] = v;
                     if (a.mode == 2) ((float*)a.res)[col] += v;
                 }
