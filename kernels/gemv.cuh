@@ -207,7 +207,7 @@ __device__ __forceinline__ void gemv_nvfp4_body(const GemvArgs& a) {
 #pragma unroll
                 for (int u = 0; u < 8; u++) {
                     int j = j0 + u * blockDim.x;
-                    v[u] = j < K / 4 ? __ldg(reinterpret_cast<const float4*>(x) + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    v[u] = j < K / 4 ? reinterpret_cast<const float4*>(x)[j] : make_float4(0.f, 0.f, 0.f, 0.f);
                 }
 #pragma unroll
                 for (int u = 0; u < 8; u++) ss += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
@@ -221,7 +221,7 @@ __device__ __forceinline__ void gemv_nvfp4_body(const GemvArgs& a) {
         for (int j = threadIdx.x; j < K / 8; j += blockDim.x) {
             int tt = j & 3, q = (j >> 2) & 7, ch = j >> 5;
             int e = ch * 256 + 64 * tt + 8 * q;
-            float4 xa = __ldg(reinterpret_cast<const float4*>(x + e)), xb = __ldg(reinterpret_cast<const float4*>(x + e + 4));
+            float4 xa = *reinterpret_cast<const float4*>(x + e), xb = *reinterpret_cast<const float4*>(x + e + 4);
             if (a.nx) {  // as the rmsnorm kernel: w * (x * inv)
                 float4 wa = __ldg(reinterpret_cast<const float4*>(nw + e)), wb = __ldg(reinterpret_cast<const float4*>(nw + e + 4));
                 xa = make_float4(wa.x * (xa.x * inv), wa.y * (xa.y * inv), wa.z * (xa.z * inv), wa.w * (xa.w * inv));
@@ -284,13 +284,13 @@ __device__ __forceinline__ void gemv_nvfp4_body(const GemvArgs& a) {
                 const float4* xv = reinterpret_cast<const float4*>(s + GEMV_WS_BYTES + (q * 4 + t) * 32);
                 x8_pairs<DEC>(xv[0], xv[1], xp);
             } else {
-                float4 xa = __ldg(reinterpret_cast<const float4*>(xr0 + k0 + 8 * q));
-                float4 xb = __ldg(reinterpret_cast<const float4*>(xr0 + k0 + 8 * q + 4));
+                float4 xa = *reinterpret_cast<const float4*>(xr0 + k0 + 8 * q);
+                float4 xb = *reinterpret_cast<const float4*>(xr0 + k0 + 8 * q + 4);
                 x8_pairs<DEC>(xa, xb, xp);
             }
             if (MR == 16) {
-                float4 xa = __ldg(reinterpret_cast<const float4*>(xr8 + k0 + 8 * q));
-                float4 xb = __ldg(reinterpret_cast<const float4*>(xr8 + k0 + 8 * q + 4));
+                float4 xa = *reinterpret_cast<const float4*>(xr8 + k0 + 8 * q);
+                float4 xb = *reinterpret_cast<const float4*>(xr8 + k0 + 8 * q + 4);
                 x8_pairs<DEC>(xa, xb, xp8);
             }
             uint32_t h[2][4];
@@ -433,8 +433,8 @@ extern "C" __global__ void __launch_bounds__(256, 4) gemv_bf16_u4(const uint16_t
                 for (int tt = 0; tt < 4; tt++) {
                     if (tt < mt) {
                         const float* xr = x + (size_t)(i0 + tt) * K + kk;
-                        float4 xa = __ldg(reinterpret_cast<const float4*>(xr));
-                        float4 xb = __ldg(reinterpret_cast<const float4*>(xr + 4));
+                        float4 xa = *reinterpret_cast<const float4*>(xr);
+                        float4 xb = *reinterpret_cast<const float4*>(xr + 4);
                         acc[tt] += w[0] * xa.x + w[1] * xa.y + w[2] * xa.z + w[3] * xa.w + w[4] * xb.x + w[5] * xb.y +
                                    w[6] * xb.z + w[7] * xb.w;
                     }
