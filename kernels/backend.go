@@ -688,19 +688,11 @@ func (b *Backend) Attention(out, q, k, v backend.Buffer, cache backend.KVCache, 
 	var partAlloc *allocation
 	if splits > 1 {
 		need := m * s.Heads * splits * (s.HeadDim + 2)
-		b.partMu.Lock()
-		if b.attnPartLen < need {
-			// A smaller array still queued stays alive through the queue's keep.
-			a, err := b.alloc(4 * need)
-			if err != nil {
-				b.partMu.Unlock()
-				b.setErr(err)
-				return
-			}
-			b.attnPart, b.attnPartLen = a, need
+		var err error
+		if partAlloc, _, err = b.attnScratch(need, 0); err != nil {
+			b.setErr(err)
+			return
 		}
-		partAlloc = b.attnPart
-		b.partMu.Unlock()
 		part = partAlloc.ptr
 	}
 	b.qmu.Lock()
@@ -743,35 +735,16 @@ func (b *Backend) attnDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos
 	rowsOfBlocks := s.KVHeads * hgroups
 	var part uint64
 	var keep []any
-	b.partMu.Lock()
-	if splits > 1 {
-		if need := s.Heads * splits * (s.HeadDim + 2); b.attnPartLen < need {
-			// A smaller array still queued stays alive through the queue's keep.
-			a, err := b.alloc(4 * need)
-			if err != nil {
-				b.partMu.Unlock()
-				b.setErr(err)
-				return
-			}
-			b.attnPart, b.attnPartLen = a, need
-		}
-		if b.attnTicketLen < rowsOfBlocks {
-			a, err := b.alloc(4 * rowsOfBlocks) // zeroed; each launch leaves it zero
-			if err != nil {
-				b.partMu.Unlock()
-				b.setErr(err)
-				return
-			}
-			b.attnTicket, b.attnTicketLen = a, rowsOfBlocks
-		}
-		part = b.attnPart.ptr
-		keep = append(keep, b.attnPart, b.attnTicket)
-	}
 	var ticket uint64
-	if b.attnTicket != nil {
-		ticket = b.attnTicket.ptr
+	if splits > 1 {
+		pa, ta, err := b.attnScratch(s.Heads*splits*(s.HeadDim+2), rowsOfBlocks)
+		if err != nil {
+			b.setErr(err)
+			return
+		}
+		part, ticket = pa.ptr, ta.ptr
+		keep = append(keep, pa, ta)
 	}
-	b.partMu.Unlock()
 	b.qmu.Lock()
 	defer b.qmu.Unlock()
 	q0 := &b.q
@@ -797,4 +770,28 @@ func (b *Backend) attnDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos
 	o.setParams(ptr(out), ptr(q), ptr(k), ptr(v), c.k[layer].ptr, c.v[layer].ptr, b.dyn.ptr, posRel,
 		s.Heads, s.KVHeads, s.Scale, s.Window, part, ticket, freqs, rhalf, roff, rscale, rinter, hgroups)
 	q0.ops = append(q0.ops, o)
+}
+
+// attnScratch returns the split partials' array (at least parts floats) and,
+// when tickets > 0, attn_decode's ticket array (at least that many counters,
+// zero between launches), growing either as needed. A smaller array still
+// queued stays alive through the queue's keep.
+func (b *Backend) attnScratch(parts, tickets int) (part, ticket *allocation, err error) {
+	b.partMu.Lock()
+	defer b.partMu.Unlock()
+	if b.attnPartLen < parts {
+		a, err := b.alloc(4 * parts)
+		if err != nil {
+			return nil, nil, err
+		}
+		b.attnPart, b.attnPartLen = a, parts
+	}
+	if tickets > 0 && b.attnTicketLen < tickets {
+		a, err := b.alloc(4 * tickets) // zeroed by alloc; each launch leaves it zero
+		if err != nil {
+			return nil, nil, err
+		}
+		b.attnTicket, b.attnTicketLen = a, tickets
+	}
+	return b.attnPart, b.attnTicket, nil
 }
