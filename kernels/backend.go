@@ -85,7 +85,7 @@ type Backend struct {
 	attnPart      *allocation // attention_kv's and attn_decode's split partials
 	attnPartLen   int
 	attnDecodeOff bool        // one-row attention on attention_kv instead of attn_decode (tests, benchmarks)
-	attnTicket    *allocation // attn_decode's per-kv-head counts of finished splits (zero between launches)
+	attnTicket    *allocation // attn_decode's counts of finished splits, one per row of blocks (zero between launches)
 	attnTicketLen int
 }
 
