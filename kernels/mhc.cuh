@@ -471,6 +471,389 @@ extern "C" __global__ void mhc_post(float* dst, const float* x, const float* out
     }
 }
 
+// mhc_pre and mhc_post four columns at a time (hidden % 4 == 0, every
+// pointer 16-byte aligned; mhc.go picks them): thread e takes columns
+// [4c, 4c + 4) of row r, e = r*(hidden/4) + c, with float4 loads (n + 1 in
+// flight per thread) and stores; each column's operations are those above.
+extern "C" __global__ void mhc_pre4(float* dst, const float* x, const float* pre, int rows, int n, int hidden) {
+    const int q = hidden >> 2;
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)rows * q) return;
+    int r = (int)(idx / q), c = (int)(idx - (long long)r * q) * 4;
+    const float4* xs = reinterpret_cast<const float4*>(x + (size_t)r * n * hidden + c);
+    const float* w = pre + (size_t)r * n;
+    float4 t[MHC_MAXN];
+#pragma unroll
+    for (int i = 0; i < MHC_MAXN; i++)
+        if (i < n) t[i] = xs[(size_t)i * q];
+    float w0 = w[0];
+    float4 a = make_float4(__fmul_rn(w0, t[0].x), __fmul_rn(w0, t[0].y), __fmul_rn(w0, t[0].z), __fmul_rn(w0, t[0].w));
+#pragma unroll
+    for (int i = 1; i < MHC_MAXN; i++) {
+        if (i < n) {
+            float wi = w[i];
+            a.x = __fadd_rn(a.x, __fmul_rn(wi, t[i].x));
+            a.y = __fadd_rn(a.y, __fmul_rn(wi, t[i].y));
+            a.z = __fadd_rn(a.z, __fmul_rn(wi, t[i].z));
+            a.w = __fadd_rn(a.w, __fmul_rn(wi, t[i].w));
+        }
+    }
+    *reinterpret_cast<float4*>(dst + (size_t)r * hidden + c) = a;
+}
+
+extern "C" __global__ void mhc_post4(float* dst, const float* x, const float* out, const float* post, const float* res,
+                                     int rows, int n, int hidden) {
+    const int q = hidden >> 2;
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)rows * q) return;
+    int r = (int)(idx / q), c = (int)(idx - (long long)r * q) * 4;
+    const float4* xs = reinterpret_cast<const float4*>(x + (size_t)r * n * hidden + c);
+    float4 t[MHC_MAXN];
+#pragma unroll
+    for (int j = 0; j < MHC_MAXN; j++)
+        if (j < n) t[j] = xs[(size_t)j * q];
+    float4 oc = *reinterpret_cast<const float4*>(out + (size_t)r * hidden + c);
+    const float* p = post + (size_t)r * n;
+    const float* h = res + (size_t)r * n * n;
+    float4* ds = reinterpret_cast<float4*>(dst + (size_t)r * n * hidden + c);
+    for (int k = 0; k < n; k++) {
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int j = 0; j < MHC_MAXN; j++) {
+            if (j < n) {
+                float hj = h[j * n + k];
+                a.x = __fadd_rn(a.x, __fmul_rn(hj, t[j].x));
+                a.y = __fadd_rn(a.y, __fmul_rn(hj, t[j].y));
+                a.z = __fadd_rn(a.z, __fmul_rn(hj, t[j].z));
+                a.w = __fadd_rn(a.w, __fmul_rn(hj, t[j].w));
+            }
+        }
+        float pk = p[k];
+        ds[(size_t)k * q] = make_float4(__fadd_rn(__fmul_rn(pk, oc.x), a.x), __fadd_rn(__fmul_rn(pk, oc.y), a.y),
+                                        __fadd_rn(__fmul_rn(pk, oc.z), a.z), __fadd_rn(__fmul_rn(pk, oc.w), a.w));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Coefficients and pre in one pass over the stream (MHCCoeffsPre; seed 000's
+// fused operator): norm + projection + the pre sigmoids + the collapse, the
+// stream read from memory once.
+//
+// A cluster of MHC_CS blocks takes MHC_CT tokens at a time (persistent: the
+// clusters step through the tiles). Block `rank` owns the columns [c0, c0 +
+// cw) of each of the n streams (c0 = rank*cw, cw a multiple of 8): it keeps
+// the matching columns of the bf16 projection weight in shared memory for
+// the whole kernel, and copies its part of each tile's stream (cp.async, the
+// next tile's copies in flight while this one is worked on) into shared
+// memory. The projection runs on the tensor cores (mma m16n8k8 tf32, the
+// weight rows as A, the tile's tokens as the 8 columns of B, x split hi + lo
+// for float32 accuracy, as mhc_proj_part; lane t's logical columns t and t+4
+// of a k8 step are the physical pair 2t, 2t+1, so each fragment is one
+// 8-byte load of x and one 4-byte load of a weight row), with each token's
+// sum of squares alongside; the block's partial sums go to its shared
+// memory, the cluster synchronizes, and every block adds the MHC_CS partials
+// (distributed shared memory, ranks in order, so every block gets the same
+// logits), scales by 1/rms, computes the n pre sigmoids and writes its
+// columns of the collapsed layer input from the copy of x it already holds.
+// Rank 0 writes the logits; post and the residual matrix (Sinkhorn) are
+// mhc_activate's, a launch after this one.
+//
+// The per-tile work is a chain of dependent steps (copies, mma, barriers,
+// reductions) run by one block per multiprocessor: it is written to issue
+// few instructions (thread-to-column maps computed once, no divisions in the
+// loops) so that the chain stays shorter than the next tile's copies.
+#define MHC_CS 16        // blocks per cluster (a non-portable size: mhc.go opts in)
+#define MHC_CT 8         // tokens per tile: the mma's 8 columns
+#define MHC_CR 33        // partial-sum rows: up to 32 logits, then the sum of squares
+#define MHC_CTHREADS 512
+#define MHC_CWARPS (MHC_CTHREADS / WARP)
+
+__device__ __forceinline__ void mhc_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// The four floats at p (this block's shared memory, 16-byte aligned) in
+// block `rank` of the cluster.
+__device__ __forceinline__ float4 mhc_ld4_rank(const float* p, int rank) {
+    uint32_t a;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_u32(p)), "r"(rank));
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(a)
+                 : "memory");
+    return v;
+}
+
+// A thread's share of a tile's rows of width cw: it takes columns [4*c4,
+// 4*c4 + 4) (VEC) or column c4 of rows seg0, seg0 + step, ... (a row per
+// token and stream); threads past step*per take none.
+struct MhcMap {
+    int c4, seg0, step;
+};
+__device__ __forceinline__ MhcMap mhc_map(int per) {
+    MhcMap m;
+    m.step = max(blockDim.x / per, 1);
+    m.c4 = threadIdx.x % per;
+    m.seg0 = threadIdx.x / per;
+    if (per > (int)blockDim.x) m.c4 = threadIdx.x, m.seg0 = 0;  // then the caller loops over columns too
+    return m;
+}
+
+template <bool VEC>
+__device__ __forceinline__ void mhc_cp_tile(float* xt, const float* __restrict__ x, int tile, int rows, int n, int C,
+                                            int c0, int cw, int xrs, MhcMap mp) {
+    constexpr int V = VEC ? 4 : 1;
+    const int per = cw / V, left = rows - tile * MHC_CT;
+    if (mp.seg0 >= mp.step) return;
+    int tok = mp.seg0 / n, i = mp.seg0 - tok * n;
+    for (int seg = mp.seg0; seg < MHC_CT * n; seg += mp.step) {
+        const float* src = x + ((size_t)(tile * MHC_CT + tok) * n + i) * C + c0;
+        float* d = xt + tok * xrs + i * cw;
+        for (int c = mp.c4; c < per; c += blockDim.x) {
+            const int col = c * V;
+            if (tok < left && c0 + col < C) {
+                if (VEC) cp_async16(smem_u32(d + col), src + col);
+                else cp_async4(smem_u32(d + col), src + col);
+            } else if (VEC) {
+                *reinterpret_cast<float4*>(d + col) = make_float4(0.f, 0.f, 0.f, 0.f);
+            } else {
+                d[col] = 0.f;
+            }
+        }
+        for (i += mp.step; i >= n; i -= n) tok++;
+    }
+}
+
+template <bool VEC>
+__device__ __forceinline__ void mhc_coeffs_pre_cl(float* __restrict__ dst, float* __restrict__ logits,
+                                                  const float* __restrict__ x, const uint16_t* __restrict__ W,
+                                                  const float* __restrict__ base, const float* __restrict__ scale,
+                                                  int rows, int n, int C, int mix, int cw, float normEps, float eps) {
+    extern __shared__ __align__(16) unsigned char mhc_sh[];
+    const int K = n * C, kw = n * cw, ng = (mix + 7) >> 3, nmt = (mix + 15) >> 4;
+    // Row strides: wrs/2 words = 4 (mod 32) and xrs = 8 (mod 32), so the
+    // fragment loads (lane (g, t) at row g, pair t) fall in distinct banks.
+    const int wrs = ((kw + 63) & ~63) + 8, xrs = ((kw + 31) & ~31) + 8;
+    uint16_t* ws = reinterpret_cast<uint16_t*>(mhc_sh);                   // [ng*8][wrs]
+    float* xs = reinterpret_cast<float*>(mhc_sh + (size_t)ng * 8 * wrs * 2);  // [2][MHC_CT][xrs]
+    float* red = xs + 2 * MHC_CT * xrs;                                     // [warps][MHC_CR][MHC_CT]
+    float* cpart = red + MHC_CWARPS * MHC_CR * MHC_CT;                      // [2][MHC_CR][MHC_CT]
+    float* fin = cpart + 2 * MHC_CR * MHC_CT;                               // [MHC_CR][MHC_CT]
+    float* prec = fin + MHC_CR * MHC_CT;                                    // [MHC_CT][MHC_MAXN]
+    const int rank = blockIdx.x % MHC_CS, cl = blockIdx.x / MHC_CS, ncl = gridDim.x / MHC_CS;
+    const int c0 = rank * cw, ntiles = (rows + MHC_CT - 1) / MHC_CT;
+    const MhcMap cmap = mhc_map(VEC ? cw / 4 : cw);
+
+    // The weight's columns of this block, rows past mix and columns past C zero.
+    if (VEC) {
+        const int per = kw >> 3;
+        for (int e = threadIdx.x; e < ng * 8 * per; e += blockDim.x) {
+            const int m = e / per, kk = (e - m * per) * 8, i = kk / cw, col = kk - i * cw;
+            uint16_t* d = ws + m * wrs + kk;
+            if (m < mix && c0 + col < C)
+                cp_async16(smem_u32(d), W + (size_t)m * K + (size_t)i * C + c0 + col);
+            else
+                *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
+        }
+    } else {
+        for (int e = threadIdx.x; e < ng * 8 * kw; e += blockDim.x) {
+            const int m = e / kw, kk = e - m * kw, i = kk / cw, col = kk - i * cw;
+            ws[m * wrs + kk] = (m < mix && c0 + col < C) ? W[(size_t)m * K + (size_t)i * C + c0 + col] : (uint16_t)0;
+        }
+    }
+    if (cl < ntiles) mhc_cp_tile<VEC>(xs, x, cl, rows, n, C, c0, cw, xrs, cmap);
+    cp_async_commit();
+
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
+    const float s0 = scale[0];
+    int p = 0;
+    for (int tile = cl; tile < ntiles; tile += ncl, p ^= 1) {
+        // The next tile's copies go out before this one is worked on; its
+        // buffer was last read before the previous iteration's final barrier.
+        if (tile + ncl < ntiles) mhc_cp_tile<VEC>(xs + (p ^ 1) * MHC_CT * xrs, x, tile + ncl, rows, n, C, c0, cw, xrs, cmap);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+
+        // Projection and sums of squares over this block's columns: warp w
+        // takes the k8 steps w, w + MHC_CWARPS, ...; hi and lo parts in
+        // separate accumulators (independent mma chains).
+        const float* xt = xs + p * MHC_CT * xrs;
+        const float* xg = xt + g * xrs + 2 * t;
+        const uint16_t* wg = ws + g * wrs + 2 * t;
+        float ah[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        float al[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        float ss = 0.f;
+#pragma unroll 2
+        for (int s = warp; s < (kw >> 3); s += MHC_CWARPS) {
+            const float2 v = *reinterpret_cast<const float2*>(xg + s * 8);
+            ss = fmaf(v.x, v.x, ss);
+            ss = fmaf(v.y, v.y, ss);
+            const uint32_t h0 = mhc_tf32(v.x), h1 = mhc_tf32(v.y);
+            const uint32_t l0 = mhc_tf32(v.x - __uint_as_float(h0)), l1 = mhc_tf32(v.y - __uint_as_float(h1));
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                if (mt < nmt) {
+                    const uint32_t wa = *reinterpret_cast<const uint32_t*>(wg + mt * 16 * wrs + s * 8);
+                    const uint32_t wb =
+                        mt * 16 + 8 < ng * 8 ? *reinterpret_cast<const uint32_t*>(wg + (mt * 16 + 8) * wrs + s * 8) : 0u;
+                    const uint32_t a0 = wa << 16, a1 = wb << 16, a2 = wa & 0xffff0000u, a3 = wb & 0xffff0000u;
+                    mhc_mma_tf32(al[mt], a0, a1, a2, a3, l0, l1);
+                    mhc_mma_tf32(ah[mt], a0, a1, a2, a3, h0, h1);
+                }
+            }
+        }
+        ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+        ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+        // Lane (g, t) holds logits rows mt*16 + g (+8) of tokens 2t, 2t + 1.
+        float* rw = red + warp * MHC_CR * MHC_CT;
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+            if (mt < nmt) {
+                float* r0w = rw + (mt * 16 + g) * MHC_CT + 2 * t;
+                *reinterpret_cast<float2*>(r0w) = make_float2(ah[mt][0] + al[mt][0], ah[mt][1] + al[mt][1]);
+                *reinterpret_cast<float2*>(r0w + 8 * MHC_CT) = make_float2(ah[mt][2] + al[mt][2], ah[mt][3] + al[mt][3]);
+            }
+        }
+        if (t == 0) rw[32 * MHC_CT + g] = ss;
+        __syncthreads();
+        float* cp = cpart + p * MHC_CR * MHC_CT;
+        const int e = threadIdx.x, em = e / MHC_CT;  // MHC_CR*MHC_CT = 264 <= MHC_CTHREADS
+        const bool mine = e < MHC_CR * MHC_CT && (em < mix || em == 32);
+        if (mine) {
+            float v = 0.f;
+#pragma unroll
+            for (int w = 0; w < MHC_CWARPS; w++) v += red[w * MHC_CR * MHC_CT + e];
+            cp[e] = v;
+        }
+        // Every block's partials of this tile are complete after this; they
+        // are rewritten two tiles on, after the next tile's barrier, by which
+        // time every block has read them.
+        mhc_cluster_sync();
+        // The MHC_CS blocks' partials added in rank order, four tokens per
+        // remote load; row 32 becomes each token's 1/rms (float64, as the CPU).
+        if (e < MHC_CR * MHC_CT / 4) {
+            const int e4 = e * 4, m4 = e4 / MHC_CT;
+            if (m4 < mix || m4 == 32) {
+                float4 v[MHC_CS];
+#pragma unroll
+                for (int q = 0; q < MHC_CS; q++) v[q] = mhc_ld4_rank(cp + e4, q);
+                float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+                for (int q = 0; q < MHC_CS; q++) sum.x += v[q].x, sum.y += v[q].y, sum.z += v[q].z, sum.w += v[q].w;
+                if (m4 == 32) {
+                    sum.x = (float)(1.0 / sqrt((double)sum.x / (double)K + (double)normEps));
+                    sum.y = (float)(1.0 / sqrt((double)sum.y / (double)K + (double)normEps));
+                    sum.z = (float)(1.0 / sqrt((double)sum.z / (double)K + (double)normEps));
+                    sum.w = (float)(1.0 / sqrt((double)sum.w / (double)K + (double)normEps));
+                }
+                *reinterpret_cast<float4*>(fin + e4) = sum;
+            }
+        }
+        __syncthreads();
+        const int r0 = tile * MHC_CT;
+        if (e < MHC_CT * mix) {
+            const int tok = e / mix, m = e - tok * mix;
+            const float l = fin[m * MHC_CT + tok] * fin[32 * MHC_CT + tok];
+            if (m < n) prec[tok * MHC_MAXN + m] = __fadd_rn(mhc_sigmoid(__fadd_rn(__fmul_rn(l, s0), base[m])), eps);
+            if (rank == 0 && r0 + tok < rows) logits[(size_t)(r0 + tok) * mix + m] = l;
+        }
+        __syncthreads();
+
+        // This block's columns of the layer input: dst[r, c] = sum_i pre[r, i] * x[r, i, c].
+        if (cmap.seg0 < cmap.step) {
+            constexpr int V = VEC ? 4 : 1;
+            const int per = cw / V;
+            for (int tok = cmap.seg0; tok < MHC_CT && r0 + tok < rows; tok += cmap.step) {
+                const float* w = prec + tok * MHC_MAXN;
+                const float* xr = xt + tok * xrs;
+                float* dr = dst + (size_t)(r0 + tok) * C + c0;
+                for (int c = cmap.c4; c < per; c += blockDim.x) {
+                    const int col = c * V;
+                    if (c0 + col >= C) break;
+                    if (VEC) {
+                        float4 v = *reinterpret_cast<const float4*>(xr + col);
+                        const float w0 = w[0];
+                        float4 a = make_float4(__fmul_rn(w0, v.x), __fmul_rn(w0, v.y), __fmul_rn(w0, v.z), __fmul_rn(w0, v.w));
+                        for (int i = 1; i < n; i++) {
+                            v = *reinterpret_cast<const float4*>(xr + i * cw + col);
+                            const float wi = w[i];
+                            a.x = __fadd_rn(a.x, __fmul_rn(wi, v.x));
+                            a.y = __fadd_rn(a.y, __fmul_rn(wi, v.y));
+                            a.z = __fadd_rn(a.z, __fmul_rn(wi, v.z));
+                            a.w = __fadd_rn(a.w, __fmul_rn(wi, v.w));
+                        }
+                        *reinterpret_cast<float4*>(dr + col) = a;
+                    } else {
+                        float a = __fmul_rn(w[0], xr[col]);
+                        for (int i = 1; i < n; i++) a = __fadd_rn(a, __fmul_rn(w[i], xr[i * cw + col]));
+                        dr[col] = a;
+                    }
+                }
+            }
+        }
+        __syncthreads();  // xs[p], fin and prec are free for the next tiles
+    }
+    mhc_cluster_sync();  // no block leaves while another may still read its partials
+}
+
+extern "C" __global__ void __launch_bounds__(MHC_CTHREADS, 1)
+    mhc_coeffs_pre_cl(float* dst, float* logits, const float* x, const uint16_t* W, const float* base, const float* scale,
+                      int rows, int n, int C, int mix, int cw, float normEps, float eps) {
+    mhc_coeffs_pre_cl<false>(dst, logits, x, W, base, scale, rows, n, C, mix, cw, normEps, eps);
+}
+extern "C" __global__ void __launch_bounds__(MHC_CTHREADS, 1)
+    mhc_coeffs_pre_cl_v(float* dst, float* logits, const float* x, const uint16_t* W, const float* base,
+                        const float* scale, int rows, int n, int C, int mix, int cw, float normEps, float eps) {
+    mhc_coeffs_pre_cl<true>(dst, logits, x, W, base, scale, rows, n, C, mix, cw, normEps, eps);
+}
+
+// Mixer.Activate for Sinkhorn residuals with n <= 4: 16 lanes per token,
+// lane L holding element L = i*n + j of the n x n matrix. Each row's and
+// column's sum is gathered by shuffles and added in the reference's order
+// (mhc_activate_row, mhc_sinkhorn_reg), so the results are the same bits;
+// the latency of one token's 20 iterations is spread over 16 lanes instead
+// of one thread.
+extern "C" __global__ void mhc_activate16(float* pre, float* post, float* res, float* logits, const float* base,
+                                          const float* scale, int rows, int n, int iters, float eps) {
+    const int r = blockIdx.x * (blockDim.x / 16) + threadIdx.x / 16, L = threadIdx.x & 15;
+    if (r >= rows) return;  // a token's 16 lanes leave together
+    const unsigned mask = 0xffffu << (threadIdx.x & 16);
+    const int nz = n * n;
+    float* l = logits + (size_t)r * (2 * n + nz);
+    if (L < n) {
+        pre[(size_t)r * n + L] = __fadd_rn(mhc_sigmoid(__fadd_rn(__fmul_rn(l[L], scale[0]), base[L])), eps);
+        post[(size_t)r * n + L] = 2.f * mhc_sigmoid(__fadd_rn(__fmul_rn(l[n + L], scale[1]), base[n + L]));
+    }
+    float m = 0.f;
+    if (L < nz) {
+        m = __fadd_rn(__fmul_rn(l[2 * n + L], scale[2]), base[2 * n + L]);
+        l[2 * n + L] = m;
+    }
+    // Lanes past n*n compute along (their sources wrap within the 16) and store nothing.
+    const int i = L / n, j = L - i * n;
+    float mx = __shfl_sync(mask, m, i * n, 16);
+    for (int jj = 1; jj < n; jj++) mx = fmaxf(mx, __shfl_sync(mask, m, i * n + jj, 16));
+    const float e = (float)exp((double)(m - mx));
+    float s = 0.f;
+    for (int jj = 0; jj < n; jj++) s += __shfl_sync(mask, e, i * n + jj, 16);
+    m = __fadd_rn(e / s, eps);
+    for (int it = 0; it < max(iters, 1); it++) {
+        if (it > 0) {
+            s = 0.f;
+            for (int jj = 0; jj < n; jj++) s += __shfl_sync(mask, m, i * n + jj, 16);
+            s += eps;
+            m /= s;
+        }
+        s = 0.f;
+        for (int ii = 0; ii < n; ii++) s += __shfl_sync(mask, m, ii * n + j, 16);
+        s += eps;
+        m /= s;
+    }
+    if (L < nz) res[(size_t)r * nz + L] = m;
+}
+
 // HeadActivate: pre[i] = sigmoid(pre[i] * scale + base[i % n]) + eps.
 extern "C" __global__ void mhc_head_activate(float* pre, const float* base, float scale, float eps, int total, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
