@@ -77,16 +77,12 @@ type Backend struct {
 	pdl           bool // programmatic dependent launch (queue.go)
 	pdlConfig     launchConfig
 	pdlAttr       launchAttribute
-	clustAttr     launchAttribute
-	clustConfig   launchConfig
-	clustCap      map[string]int // clusters' answers, by kernel/cluster size/block/shared
-	mhcNoCluster  bool           // MHCCoeffsPre without mhc_coeffs_pre_cl (tests, benchmarks)
-	gemvFlags     int            // GemvArgs.flags (gemv.cuh)
-	normFusion    bool           // RMSNorm of one row runs inside the NVFP4 matmul after it
-	tmaNorm       bool           // ... where the bulk-copy kernel takes the matmul (its staging overlaps the weight copies)
-	bf16Kernel    string         // benchmarks: the aligned bf16 matmul kernel ("" picks by shape)
-	partMu        sync.Mutex     // guards attnPart (taken before qmu)
-	attnPart      *allocation    // attention_kv's and attn_decode's split partials
+	gemvFlags     int         // GemvArgs.flags (gemv.cuh)
+	normFusion    bool        // RMSNorm of one row runs inside the NVFP4 matmul after it
+	tmaNorm       bool        // ... where the bulk-copy kernel takes the matmul (its staging overlaps the weight copies)
+	bf16Kernel    string      // benchmarks: the aligned bf16 matmul kernel ("" picks by shape)
+	partMu        sync.Mutex  // guards attnPart (taken before qmu)
+	attnPart      *allocation // attention_kv's and attn_decode's split partials
 	attnPartLen   int
 	attnDecodeOff bool        // one-row attention on attention_kv instead of attn_decode (tests, benchmarks)
 	attnTicket    *allocation // attn_decode's counts of finished splits, one per row of blocks (zero between launches)
@@ -121,7 +117,7 @@ func New(ordinal int) (*Backend, error) {
 	if len(img) == 0 {
 		return nil, fmt.Errorf("kernels: this build embeds no kernel image (run kernels/build.sh on a machine with nvcc): %w", ErrNoDriver)
 	}
-	b := &Backend{d: d, fn: map[string]uintptr{}, live: map[uint64]struct{}{}, clustCap: map[string]int{},
+	b := &Backend{d: d, fn: map[string]uintptr{}, live: map[uint64]struct{}{},
 		graphs: os.Getenv("MANIFOLD_CUDA_GRAPHS") != "0", graphCache: map[uint64]*graphEntry{}, graphSeen: map[uint64]int{},
 		gemvDec: defaultGemvDec, normFusion: os.Getenv("MANIFOLD_NORM_FUSION") == "1",
 		gemvX8: os.Getenv("MANIFOLD_GEMV_M1") == "m8", pdl: os.Getenv("MANIFOLD_CUDA_PDL") != "0",

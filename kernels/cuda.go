@@ -44,15 +44,14 @@ type driver struct {
 	cuEventElapsedTime        func(ms *float32, start, end uintptr) int32
 	cuEventDestroy            func(ev uintptr) int32
 
-	cuMemcpyHtoDAsync            func(dst uint64, src unsafe.Pointer, n uintptr, stream uintptr) int32
-	cuStreamBeginCapture         func(stream uintptr, mode int32) int32
-	cuStreamEndCapture           func(stream uintptr, graph *uintptr) int32
-	cuGraphInstantiateWithFlags  func(exec *uintptr, graph uintptr, flags uint64) int32
-	cuGraphLaunch                func(exec, stream uintptr) int32
-	cuGraphExecDestroy           func(exec uintptr) int32
-	cuGraphDestroy               func(graph uintptr) int32
-	cuLaunchKernelEx             func(config unsafe.Pointer, fn uintptr, params, extra unsafe.Pointer) int32
-	cuOccupancyMaxActiveClusters func(n *int32, fn uintptr, config unsafe.Pointer) int32
+	cuMemcpyHtoDAsync           func(dst uint64, src unsafe.Pointer, n uintptr, stream uintptr) int32
+	cuStreamBeginCapture        func(stream uintptr, mode int32) int32
+	cuStreamEndCapture          func(stream uintptr, graph *uintptr) int32
+	cuGraphInstantiateWithFlags func(exec *uintptr, graph uintptr, flags uint64) int32
+	cuGraphLaunch               func(exec, stream uintptr) int32
+	cuGraphExecDestroy          func(exec uintptr) int32
+	cuGraphDestroy              func(graph uintptr) int32
+	cuLaunchKernelEx            func(config unsafe.Pointer, fn uintptr, params, extra unsafe.Pointer) int32
 }
 
 // ErrNoDriver is returned when libcuda cannot be loaded or finds no GPU.
@@ -92,7 +91,6 @@ var loadDriver = sync.OnceValues(func() (*driver, error) {
 		{&d.cuStreamEndCapture, "cuStreamEndCapture"}, {&d.cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags"},
 		{&d.cuGraphLaunch, "cuGraphLaunch"}, {&d.cuGraphExecDestroy, "cuGraphExecDestroy"},
 		{&d.cuGraphDestroy, "cuGraphDestroy"}, {&d.cuLaunchKernelEx, "cuLaunchKernelEx"},
-		{&d.cuOccupancyMaxActiveClusters, "cuOccupancyMaxActiveClusters"},
 	} {
 		sym, err := purego.Dlsym(lib, f.name)
 		if err != nil {

@@ -161,10 +161,6 @@ func (b *Backend) MHCCoeffsPre(m *mhc.Mixer, dst, pre, post, res, logits, x back
 	if rows <= 0 {
 		return
 	}
-	if b.mhcCoeffsPreCluster(c, dst, logits, x, fn, base, scale, rows) {
-		b.MHCActivate(m, pre, post, res, logits, base, scale, rows)
-		return
-	}
 	p, ok := b.mhcProjPart(x, fn, rows)
 	if !ok || p.mix != c.MixDim() || p.k != c.Width() {
 		if ok {
@@ -188,62 +184,6 @@ func (b *Backend) MHCCoeffsPre(m *mhc.Mixer, dst, pre, post, res, logits, x back
 		ptr(base), ptr(scale), rows, n, p.slices, p.k, c.NormEps, c.SinkhornIters, c.Eps, lite, c.ResDim())
 	runtime.KeepAlive(p.alloc)
 	b.MHCPre(dst, x, pre, rows, n, c.Hidden)
-}
-
-// mhcClusterBlocks and mhcClusterTokens are MHC_CS and MHC_CT of mhc.cuh:
-// mhc_coeffs_pre_cl's blocks per cluster and tokens per tile.
-const (
-	mhcClusterBlocks  = 16
-	mhcClusterTokens  = 8
-	mhcClusterThreads = 512 // MHC_CTHREADS
-)
-
-// mhcClusterShape is mhc_coeffs_pre_cl's split of the C columns over a
-// cluster's blocks (cw each, a multiple of 8) and the shared memory one block
-// takes, as the kernel lays it out: the weight's columns (bf16, rows padded to
-// 8), two tiles of the stream, and the partial sums.
-func mhcClusterShape(n, C, mix int) (cw, shared int) {
-	cw = ((C+mhcClusterBlocks-1)/mhcClusterBlocks + 7) &^ 7
-	kw := n * cw
-	wrs, xrs := (kw+63)&^63+8, (kw+31)&^31+8
-	const rowsPart, warps = 33, mhcClusterThreads / 32 // MHC_CR, MHC_CWARPS
-	t := mhcClusterTokens
-	shared = (mix+7)&^7*wrs*2 + 4*(2*t*xrs+(warps+3)*rowsPart*t+t*mhcMaxStreams)
-	return cw, shared
-}
-
-// mhcCoeffsPreCluster queues mhc_coeffs_pre_cl (the projection, the pre
-// sigmoids and pre in one pass over the stream; logits left scaled by 1/rms
-// for MHCActivate) if it applies: a bf16 projection weight of MixDim <= 32
-// rows, the block's share of the stream and weight within shared memory, and
-// a GPU that runs clusters of 16 such blocks. ok is false where nothing was
-// queued.
-func (b *Backend) mhcCoeffsPreCluster(c mhc.Config, dst, logits, x backend.Buffer, fn backend.Weight, base, scale backend.Buffer, rows int) bool {
-	w := fn.(*Weight)
-	n, C, mix := c.Streams, c.Hidden, c.MixDim()
-	if b.mhcNoCluster || w.format != backend.BF16 || w.rows != mix || w.cols != n*C || mix > 32 {
-		return false
-	}
-	cw, shared := mhcClusterShape(n, C, mix)
-	if shared > b.opsShare() {
-		return false
-	}
-	name := "mhc_coeffs_pre_cl"
-	if C%8 == 0 && ptr(x)%16 == 0 && ptr(dst)%16 == 0 && w.data.ptr%16 == 0 {
-		name += "_v" // 16-byte copies of the stream and weight, float4 stores
-	}
-	nc := b.clusters(name, mhcClusterBlocks, mhcClusterThreads, shared)
-	if nc < 1 {
-		return false
-	}
-	tiles := (rows + mhcClusterTokens - 1) / mhcClusterTokens
-	grid := min(nc, tiles) * mhcClusterBlocks
-	b.qmu.Lock()
-	b.q.keep = append(b.q.keep, w)
-	b.qmu.Unlock()
-	b.enqueueCluster(name, mhcClusterBlocks, [3]int{grid, 1, 1}, mhcClusterThreads, shared, ptr(dst), ptr(logits), ptr(x),
-		w.data.ptr, ptr(base), ptr(scale), rows, n, C, mix, cw, c.NormEps, c.Eps)
-	return true
 }
 
 // MHCActivate turns the logits into pre, post and the residual matrix: 16

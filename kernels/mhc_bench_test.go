@@ -12,8 +12,7 @@ import (
 // BenchmarkMHCFused times the fused projection alone (MHCProject: the stream
 // read once, the bf16 weight once) and MHCCoeffsPre (projection, activation
 // and pre; its floor counts the stream read once and the layer input
-// written), with mhc_coeffs_pre_cl (one pass over the stream) and without it
-// (nocluster: pre reads the stream a second time), at n = 4, C = 7168,
+// written, so pre's second read shows as the gap) at n = 4, C = 7168,
 // against the bandwidth floor, like
 // BenchmarkOpsFloorMHC. On the device machine, in kernels/:
 //
@@ -31,9 +30,6 @@ func BenchmarkMHCFused(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	_, shared := mhcClusterShape(n, C, mix)
-	b.Logf("mhc_coeffs_pre_cl: %d clusters of %d blocks resident, %d bytes of shared memory each",
-		g.clusters("mhc_coeffs_pre_cl_v", mhcClusterBlocks, mhcClusterThreads, shared), mhcClusterBlocks, shared)
 	for _, rows := range []int{1, 8, 64, 1024, 8192} {
 		x := g.NewBuffer(rows * n * C)
 		fillRandom(g, rng, ptr(x), rows*n*C)
@@ -48,19 +44,11 @@ func BenchmarkMHCFused(b *testing.B) {
 		b.Run(fmt.Sprintf("B=%d/project", rows), func(b *testing.B) {
 			timeOp(b, g, bw, iters, float64(4*rows*n*C+2*mix*n*C), func() { g.MHCProject(logits, x, w, rows, 1e-6) })
 		})
-		for _, noCluster := range []bool{false, true} {
-			name := fmt.Sprintf("B=%d/coeffs+pre", rows)
-			if noCluster {
-				name += "/nocluster"
-			}
-			b.Run(name, func(b *testing.B) {
-				g.mhcNoCluster = noCluster
-				defer func() { g.mhcNoCluster = false }()
-				timeOp(b, g, bw, iters, float64(4*rows*n*C+2*mix*n*C+4*rows*C), func() {
-					g.MHCCoeffsPre(mx, dst, pre, post, res, logits, x, w, base, scale, rows)
-				})
+		b.Run(fmt.Sprintf("B=%d/coeffs+pre", rows), func(b *testing.B) {
+			timeOp(b, g, bw, iters, float64(4*rows*n*C+2*mix*n*C+4*rows*C), func() {
+				g.MHCCoeffsPre(mx, dst, pre, post, res, logits, x, w, base, scale, rows)
 			})
-		}
+		})
 		if err := g.Sync(); err != nil {
 			b.Fatal(err)
 		}

@@ -1,7 +1,6 @@
 package kernels
 
 import (
-	"encoding/binary"
 	"fmt"
 	"hash/maphash"
 	"math"
@@ -43,14 +42,13 @@ type op struct {
 	params []uint64
 	offs   []uint16
 	pdl    bool    // the kernel waits for its predecessor itself (pdl_wait): launch it with programmatic serialization
-	clust  uint32  // blocks per thread block cluster (grid[0] a multiple of it); 0 or 1: no clusters
 	gemv   *gemvOp // an NVFP4 matmul that later operations may fuse into
 	rope   *ropeOp // a RoPE that the next RoPE may join
 	norm   *normOp // an RMSNorm that the next matmul may take in
 }
 
 func (o *op) equal(p *op) bool {
-	return o.kind == p.kind && o.fn == p.fn && o.grid == p.grid && o.block == p.block && o.shared == p.shared && o.clust == p.clust &&
+	return o.kind == p.kind && o.fn == p.fn && o.grid == p.grid && o.block == p.block && o.shared == p.shared &&
 		slices.Equal(o.params, p.params) && slices.Equal(o.offs, p.offs)
 }
 
@@ -110,19 +108,13 @@ func (q *queue) addIDs(ids []int32) int {
 // float64, []int32 (a by-value block of ints, as IdBlock) or []uint64 (a
 // by-value struct, as 8-byte slots).
 func (b *Backend) enqueue(name string, grid [3]int, block, shared int, args ...any) {
-	b.enqueueCluster(name, 0, grid, block, shared, args...)
-}
-
-// enqueueCluster queues a kernel launched in clusters of clust blocks
-// (grid[0] a multiple of clust; see clusters).
-func (b *Backend) enqueueCluster(name string, clust int, grid [3]int, block, shared int, args ...any) {
 	o := op{kind: opKernel, name: name, fn: b.function(name),
 		grid:  [3]uint32{uint32(grid[0]), uint32(max(grid[1], 1)), uint32(max(grid[2], 1))},
-		block: uint32(block), shared: uint32(shared), clust: uint32(clust)}
+		block: uint32(block), shared: uint32(shared)}
 	if o.fn == 0 {
 		return // b.function kept the error for Sync
 	}
-	o.pdl = pdlKernel(name) && clust <= 1
+	o.pdl = pdlKernel(name)
 	o.setParams(args...)
 	b.qmu.Lock()
 	b.q.ops = append(b.q.ops, o)
@@ -228,9 +220,7 @@ func (b *Backend) launchOp(o *op) {
 			p = unsafe.Pointer(&ptrs[0])
 		}
 		var r int32
-		if o.clust > 1 {
-			r = b.launchCluster(o, p)
-		} else if o.pdl && b.pdl && !b.profiling {
+		if o.pdl && b.pdl && !b.profiling {
 			r = b.launchPDL(o, p)
 		} else {
 			r = b.d.cuLaunchKernel(o.fn, o.grid[0], o.grid[1], o.grid[2], o.block, 1, 1, o.shared, b.stream, p, nil)
@@ -274,61 +264,7 @@ type launchAttribute struct {
 	value [64]byte
 }
 
-const (
-	attrClusterDimension                  = 4  // CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-	attrProgrammaticStreamSerialization   = 6  // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-	funcAttrNonPortableClusterSizeAllowed = 14 // CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
-)
-
-// clusterAttr is a launch attribute asking for clusters of cs blocks along x.
-func clusterAttr(cs uint32) launchAttribute {
-	a := launchAttribute{id: attrClusterDimension}
-	binary.LittleEndian.PutUint32(a.value[0:], cs)
-	binary.LittleEndian.PutUint32(a.value[4:], 1)
-	binary.LittleEndian.PutUint32(a.value[8:], 1)
-	return a
-}
-
-// launchCluster launches o in thread block clusters of o.clust blocks.
-func (b *Backend) launchCluster(o *op, params unsafe.Pointer) int32 {
-	b.clustAttr = clusterAttr(o.clust)
-	cfg := &b.clustConfig
-	*cfg = launchConfig{grid: o.grid, block: [3]uint32{o.block, 1, 1}, shared: o.shared, stream: b.stream, attrs: &b.clustAttr, nattrs: 1}
-	return b.d.cuLaunchKernelEx(unsafe.Pointer(cfg), o.fn, params, nil)
-}
-
-// clusters returns how many clusters of cs blocks of kernel name (block
-// threads, shared bytes of dynamic shared memory each) can run at once, 0
-// if none can (or the driver cannot say); the answer is cached.
-func (b *Backend) clusters(name string, cs, block, shared int) int {
-	key := fmt.Sprintf("%s/%d/%d/%d", name, cs, block, shared)
-	b.mu.Lock()
-	n, ok := b.clustCap[key]
-	b.mu.Unlock()
-	if ok {
-		return n
-	}
-	fn := b.function(name)
-	if fn == 0 {
-		return 0
-	}
-	var v int32
-	b.d.onContext(b.ctx, func() {
-		if cs > 8 && b.d.cuFuncSetAttribute(fn, funcAttrNonPortableClusterSizeAllowed, 1) != 0 {
-			return
-		}
-		attr := clusterAttr(uint32(cs))
-		cfg := launchConfig{grid: [3]uint32{uint32(cs), 1, 1}, block: [3]uint32{uint32(block), 1, 1}, shared: uint32(shared),
-			stream: b.stream, attrs: &attr, nattrs: 1}
-		if b.d.cuOccupancyMaxActiveClusters(&v, fn, unsafe.Pointer(&cfg)) != 0 {
-			v = 0
-		}
-	})
-	b.mu.Lock()
-	b.clustCap[key] = int(v)
-	b.mu.Unlock()
-	return int(v)
-}
+const attrProgrammaticStreamSerialization = 6 // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 
 func (b *Backend) launchPDL(o *op, params unsafe.Pointer) int32 {
 	attr := &b.pdlAttr
