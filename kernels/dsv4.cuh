@@ -92,13 +92,20 @@ __device__ __forceinline__ const float* v4_row(int t, int nloc, const float* loc
 
 // Attention with sinks: one block per (head, query); the keys are processed
 // in chunks of V4_CHUNK with online rescaling, starting from the sink
-// (max = sink, sum = 1). Dynamic shared memory: V4_CHUNK + dim floats.
-extern "C" __global__ void v4_attention(float* out, const float* q, const float* local, const float* comp,
-                                        const float* idx, const float* sinks, int heads, int dim, int pos0, int lo,
-                                        int window, int rate, int topk, int entries, float scale) {
+// (max = sink, sum = 1). A warp scores a key at a time and keeps the key's
+// row address in shared memory; the weighted sum then walks the chunk's rows
+// four at a time (four independent loads in flight per thread), each thread
+// owning VW consecutive columns (VW = 4: float4 loads; dsv4.go checks the
+// alignment). Dynamic shared memory: V4_CHUNK scores, dim floats, V4_CHUNK
+// row addresses.
+template <int VW>
+__device__ __forceinline__ void v4_attention_t(float* out, const float* q, const float* local, const float* comp,
+                                               const float* idx, const float* sinks, int heads, int dim, int pos0, int lo,
+                                               int window, int rate, int topk, int entries, float scale) {
     extern __shared__ float sh[];
     float* sc = sh;
     float* acc = sh + V4_CHUNK;
+    const float** rp = reinterpret_cast<const float**>(acc + ((dim + 3) & ~3));
     __shared__ float red[32];
     int h = blockIdx.x, i = blockIdx.y, p = pos0 + i;
     int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nw = blockDim.x / WARP;
@@ -121,7 +128,10 @@ extern "C" __global__ void v4_attention(float* out, const float* q, const float*
                 for (int j = lane; j < dim; j += WARP) s += qv[j] * kr[j];
                 d = warp_sum(s) * scale;
             }
-            if (lane == 0) sc[t] = d;
+            if (lane == 0) {
+                sc[t] = d;
+                rp[t] = kr ? kr : local;  // a -1 slot: weight 0 on a readable row
+            }
             cmax = fmaxf(cmax, d);
         }
         cmax = block_max(cmax, red);
@@ -137,19 +147,53 @@ extern "C" __global__ void v4_attention(float* out, const float* q, const float*
         ps = block_sum(ps, red);
         __syncthreads();
         S = S * f + ps;
-        for (int j = threadIdx.x; j < dim; j += blockDim.x) {
-            float a = acc[j] * f;
-            for (int t = 0; t < cn; t++) {
-                float w = sc[t];
-                if (w != 0.f) a += w * v4_row(c0 + t, nloc, local, l0, lo, comp, fi, topk, dim)[j];
+        for (int j = threadIdx.x * VW; j < dim; j += blockDim.x * VW) {
+            float a[VW];
+#pragma unroll
+            for (int u = 0; u < VW; u++) a[u] = acc[j + u] * f;
+            int t = 0;
+            for (; t + 4 <= cn; t += 4) {
+                float v[4][VW];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    if (VW == 4) {
+                        float4 x = *reinterpret_cast<const float4*>(rp[t + k] + j);
+                        v[k][0] = x.x, v[k][1] = x.y, v[k][2] = x.z, v[k][3] = x.w;
+                    } else {
+                        v[k][0] = rp[t + k][j];
+                    }
+                }
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const float w = sc[t + k];
+#pragma unroll
+                    for (int u = 0; u < VW; u++) a[u] += w * v[k][u];
+                }
             }
-            acc[j] = a;
+            for (; t < cn; t++) {
+                const float w = sc[t];
+#pragma unroll
+                for (int u = 0; u < VW; u++) a[u] += w * rp[t][j + u];
+            }
+#pragma unroll
+            for (int u = 0; u < VW; u++) acc[j + u] = a[u];
         }
         M = nm;
         __syncthreads();
     }
     float inv = 1.f / S;
     for (int j = threadIdx.x; j < dim; j += blockDim.x) out[((size_t)i * heads + h) * dim + j] = acc[j] * inv;
+}
+
+extern "C" __global__ void v4_attention(float* out, const float* q, const float* local, const float* comp,
+                                        const float* idx, const float* sinks, int heads, int dim, int pos0, int lo,
+                                        int window, int rate, int topk, int entries, float scale) {
+    v4_attention_t<1>(out, q, local, comp, idx, sinks, heads, dim, pos0, lo, window, rate, topk, entries, scale);
+}
+extern "C" __global__ void v4_attention4(float* out, const float* q, const float* local, const float* comp,
+                                         const float* idx, const float* sinks, int heads, int dim, int pos0, int lo,
+                                         int window, int rate, int topk, int entries, float scale) {
+    v4_attention_t<4>(out, q, local, comp, idx, sinks, heads, dim, pos0, lo, window, rate, topk, entries, scale);
 }
 
 // Transpose: src [a, b, w] into dst [b, a, w].

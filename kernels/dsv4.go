@@ -94,17 +94,21 @@ func (b *Backend) selectTopK(out backend.Buffer, mode int, cnt *allocation, rows
 	runtime.KeepAlive(scratch)
 }
 
-// V4Attention attends with sinks, one block per (head, query).
+// V4Attention attends with sinks, one block per (head, query) (dsv4.cuh).
 func (b *Backend) V4Attention(out, q, local, comp, idx, sinks backend.Buffer, a dsv4.AttnArgs) {
 	if a.M <= 0 {
 		return
 	}
-	shared := 4 * (v4Chunk + a.Dim)
+	shared := 4*(v4Chunk+(a.Dim+3)&^3) + 8*v4Chunk // scores, the accumulator, the keys' row addresses
 	if shared > b.opsShare() {
 		b.setErr(fmt.Errorf("kernels: V4 attention head dim %d exceeds this GPU's shared memory", a.Dim))
 		return
 	}
-	b.launch("v4_attention", [3]int{a.Heads, a.M, 1}, 128, shared, ptr(out), ptr(q), ptr(local), optPtr(comp), optPtr(idx),
+	name := "v4_attention"
+	if a.Dim%4 == 0 && (ptr(local)|optPtr(comp))%16 == 0 {
+		name = "v4_attention4" // float4 loads of the value rows
+	}
+	b.launch(name, [3]int{a.Heads, a.M, 1}, 128, shared, ptr(out), ptr(q), ptr(local), optPtr(comp), optPtr(idx),
 		ptr(sinks), a.Heads, a.Dim, a.Pos0, a.Lo, a.Window, a.Rate, a.TopK, a.Entries, a.Scale)
 }
 

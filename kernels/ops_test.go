@@ -285,6 +285,8 @@ func TestV4Ops(t *testing.T) {
 		{M: 3, Heads: 4, Dim: 64, Pos0: 20, Lo: 5, Window: 16},
 		{M: 1, Heads: 3, Dim: 64, Pos0: 24000, Lo: 23985, Window: 16, Rate: 16, Entries: 1500},
 		{M: 4, Heads: 2, Dim: 128, Pos0: 100, Lo: 85, Window: 16, Rate: 4, TopK: 7, Entries: 26},
+		{M: 2, Heads: 3, Dim: 512, Pos0: 300, Lo: 180, Window: 128, Rate: 4, TopK: 37, Entries: 75},
+		{M: 1, Heads: 2, Dim: 62, Pos0: 40, Lo: 30, Window: 11, Rate: 8, Entries: 5},
 	} {
 		a.Scale = float32(1 / math.Sqrt(float64(a.Dim)))
 		q := randn(rng, a.M*a.Heads*a.Dim)
