@@ -139,70 +139,119 @@ __device__ __forceinline__ unsigned tk_key(float v) {
 
 // tk_radix returns the k-th largest key (1 <= k <= n) of keyf(0..n-1) and,
 // in *need, how many elements equal to it belong to the k largest (k minus
-// the number above it). A block-wide radix select, 8 bits a pass; every
-// thread of the block must call it (blockDim a multiple of 32).
+// the number above it), in *ties how many equal it. A block-wide radix
+// select over digits of 11, 11 and 10 bits: each pass counts the keys that
+// match the digits found so far into TK_BINS bins (TK_U keys loaded per
+// thread before counting, so the loads overlap), then a suffix scan of the
+// bins finds the digit of the k-th largest. Every thread of the block must
+// call it; blockDim a power of two from 32 to 1024.
+#define TK_BINS 2048
+#define TK_U 8
 template <typename KeyF>
-__device__ unsigned tk_radix(KeyF keyf, int n, int k, int* need) {
-    __shared__ unsigned hist[256];
-    __shared__ unsigned s_bin;
+__device__ unsigned tk_radix(KeyF keyf, int n, int k, int* need, int* ties) {
+    __shared__ unsigned hist[TK_BINS];
+    __shared__ unsigned wsum[32];
+    __shared__ unsigned s_bin, s_cnt;
     __shared__ int s_need;
+    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    int per = TK_BINS / blockDim.x;  // bins per thread in the scan
     unsigned prefix = 0, mask = 0;
     int kk = k;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
+    const int shifts[3] = {21, 10, 0}, widths[3] = {11, 11, 10};
+    for (int p = 0; p < 3; p++) {
+        int shift = shifts[p];
+        unsigned dmask = (1u << widths[p]) - 1u;
+        for (int b = threadIdx.x; b < TK_BINS; b += blockDim.x) hist[b] = 0;
         __syncthreads();
-        // Warp-aggregated counts: the lanes with the same bin add once (the
-        // top byte of similar scores falls in a few bins).
-        for (int i0 = 0; i0 < n; i0 += blockDim.x) {
-            int i = i0 + threadIdx.x;
-            unsigned bin = 256u;
-            if (i < n) {
-                unsigned key = keyf(i);
-                if ((key & mask) == prefix) bin = (key >> shift) & 255u;
+        for (int i0 = 0; i0 < n; i0 += blockDim.x * TK_U) {
+            unsigned key[TK_U];
+#pragma unroll
+            for (int u = 0; u < TK_U; u++) {
+                int i = i0 + u * blockDim.x + threadIdx.x;
+                key[u] = i < n ? keyf(i) : 0u;
             }
-            unsigned peers = __match_any_sync(0xffffffffu, bin);
-            if (bin < 256u && (int)(threadIdx.x % WARP) == __ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned)__popc(peers));
+#pragma unroll
+            for (int u = 0; u < TK_U; u++) {
+                int i = i0 + u * blockDim.x + threadIdx.x;
+                unsigned bin = TK_BINS;
+                if (i < n && (key[u] & mask) == prefix) bin = (key[u] >> shift) & dmask;
+                // Warp-aggregated counts: lanes with the same bin add once
+                // (similar scores share their top digits).
+                unsigned peers = __match_any_sync(0xffffffffu, bin);
+                if (bin < TK_BINS && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned)__popc(peers));
+            }
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
-            int acc = 0, b = 255;
-            for (; b > 0; b--) {
-                if (acc + (int)hist[b] >= kk) break;
-                acc += (int)hist[b];
+        // Suffix sums from the top bin: thread t holds bins [t*per, t*per + per).
+        unsigned c = 0;
+        for (int j = 0; j < per; j++) c += hist[threadIdx.x * per + j];
+        unsigned x = c;
+#pragma unroll
+        for (int o = 1; o < WARP; o <<= 1) {
+            unsigned y = __shfl_down_sync(0xffffffffu, x, o);
+            if (lane + o < WARP) x += y;
+        }
+        if (lane == 0) wsum[warp] = x;
+        __syncthreads();
+        for (int w = warp + 1; w < nw; w++) x += wsum[w];
+        // x: keys in bins >= t*per; the k-th largest is in this thread's bins
+        // when x >= kk > x - c.
+        if (x >= (unsigned)kk && x - c < (unsigned)kk) {
+            unsigned acc = x - c;
+            int b = threadIdx.x * per + per - 1;
+            for (; b > threadIdx.x * per; b--) {
+                if (acc + hist[b] >= (unsigned)kk) break;
+                acc += hist[b];
             }
             s_bin = (unsigned)b;
-            s_need = kk - acc;
+            s_need = kk - (int)acc;
+            s_cnt = hist[b];
         }
         __syncthreads();
         prefix |= s_bin << shift;
-        mask |= 255u << shift;
+        mask |= dmask << shift;
         kk = s_need;
+        __syncthreads();
     }
     *need = kk;
+    *ties = (int)s_cnt;
     return prefix;
 }
 
 // tk_compact calls emit(i, rank) for every i in [0, n) with pred(i), rank
 // counting those in increasing i, and returns their number. pred is called
-// once per i. Every thread of the block must call it (blockDim a multiple of 32).
+// once per i. Each thread takes TK_U consecutive i of a chunk, a block scan
+// of the counts gives the ranks. Every thread of the block must call it
+// (blockDim a multiple of 32).
 template <typename Pred, typename Emit>
 __device__ int tk_compact(int n, Pred pred, Emit emit) {
     __shared__ int wc[32];
     int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nw = blockDim.x / WARP;
     int base = 0;
-    for (int t0 = 0; t0 < n; t0 += blockDim.x) {
-        int i = t0 + threadIdx.x;
-        bool p = i < n && pred(i);
-        unsigned bal = __ballot_sync(0xffffffffu, p);
-        if (lane == 0) wc[warp] = __popc(bal);
+    for (int c0 = 0; c0 < n; c0 += blockDim.x * TK_U) {
+        int i0 = c0 + threadIdx.x * TK_U;
+        unsigned bits = 0;
+#pragma unroll
+        for (int u = 0; u < TK_U; u++)
+            if (i0 + u < n && pred(i0 + u)) bits |= 1u << u;
+        int c = __popc(bits), x = c;
+#pragma unroll
+        for (int o = 1; o < WARP; o <<= 1) {
+            int y = __shfl_up_sync(0xffffffffu, x, o);
+            if (lane >= o) x += y;
+        }
+        if (lane == WARP - 1) wc[warp] = x;
         __syncthreads();
         int off = 0, total = 0;
         for (int w = 0; w < nw; w++) {
-            int c = wc[w];
-            if (w < warp) off += c;
-            total += c;
+            int cw = wc[w];
+            if (w < warp) off += cw;
+            total += cw;
         }
-        if (p) emit(i, base + off + __popc(bal & ((1u << lane) - 1u)));
+        int r = base + off + x - c;
+#pragma unroll
+        for (int u = 0; u < TK_U; u++)
+            if (bits >> u & 1u) emit(i0 + u, r++);
         base += total;
         __syncthreads();
     }
@@ -372,9 +421,9 @@ __device__ void tk_torch(TkEntry* q, const float* row, int n, int k, int* flag) 
 // thread 0 runs torch's algorithm itself (tk_torch) on scratch ([rows, 3n]
 // words). mode 0: out is int [rows, ostride] and cnt[i] the count; mode 1:
 // out is float [rows, ostride], -1 padded.
-extern "C" __global__ void topk_select(const float* scores, int n, int topk, int pos0, int rate, void* out,
+extern "C" __global__ void __launch_bounds__(1024) topk_select(const float* scores, int n, int topk, int pos0, int rate, void* out,
                                        int ostride, int* cnt, int mode, float* scratch) {
-    __shared__ int s_ties[2];
+    __shared__ int s_vis;
     int i = blockIdx.x;
     const float* row = scores + (size_t)i * n;
     int k = min(topk, n);
@@ -384,21 +433,20 @@ extern "C" __global__ void topk_select(const float* scores, int n, int topk, int
     int total = 0;
     if (k > 0) {
         auto key = [&](int j) { return tk_key(row[j]); };
-        int need;
-        unsigned T = tk_radix(key, n, k, &need);
-        if (threadIdx.x == 0) s_ties[0] = s_ties[1] = 0;
-        __syncthreads();
-        int e = 0, ev = 0;
-        for (int j = threadIdx.x; j < n; j += blockDim.x) {
-            if (key(j) == T) {
-                e++;
-                if (j < vis) ev++;
-            }
+        int need, ties;
+        unsigned T = tk_radix(key, n, k, &need, &ties);
+        // Visible ties: all of them when every entry is visible.
+        int tv = ties;
+        if (vis < n && ties != need) {
+            if (threadIdx.x == 0) s_vis = 0;
+            __syncthreads();
+            int ev = 0;
+            for (int j = threadIdx.x; j < vis; j += blockDim.x) ev += key(j) == T;
+            if (ev) atomicAdd(&s_vis, ev);
+            __syncthreads();
+            tv = s_vis;
         }
-        if (e) atomicAdd(&s_ties[0], e);
-        if (ev) atomicAdd(&s_ties[1], ev);
-        __syncthreads();
-        bool exact = s_ties[0] == need || s_ties[1] == 0;
+        bool exact = ties == need || tv == 0;
         int* flag = (int*)(scratch + (size_t)i * 3 * n);
         if (!exact) {
             for (int j = threadIdx.x; j < n; j += blockDim.x) flag[j] = 0;

@@ -19,7 +19,7 @@ var _ dsv4.Ops = (*Backend)(nil)
 const v4Chunk = 1024
 
 // topkThreads is the block size of topk_select.
-const topkThreads = 512
+const topkThreads = 1024
 
 // V4Compress pools, normalizes and rotates compressed entries, one block per entry.
 func (b *Backend) V4Compress(dst, kv, gate, ape, norm backend.Buffer, a dsv4.CompressArgs) {

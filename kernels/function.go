@@ -33,8 +33,8 @@ func (b *Backend) function(name string) uintptr {
 
 // opsShare is the dynamic shared memory a lazily looked-up kernel may use:
 // the opt-in maximum less room for its static shared arrays (the radix
-// histogram and reductions of dsa.cuh take under 2 KiB).
-func (b *Backend) opsShare() int { return b.maxShare - 4096 }
+// histogram and reductions of dsa.cuh take under 9 KiB).
+func (b *Backend) opsShare() int { return b.maxShare - 12288 }
 
 func boolInt(v bool) int {
 	if v {

@@ -1,6 +1,6 @@
 // htree attention (docs/htree.md, htree.Ops): the incremental update of the
 // mean-pooled tree and the per-query attention over its levels. Uses the
-// radix select and compaction of dsa.cuh. Plain kernels, correctness first.
+// radix select and compaction of dsa.cuh.
 
 // Node nodes lo..hi of a level as the mean of their present children
 // (children nodes in the level below), summed in order in float32 like
@@ -29,140 +29,254 @@ struct HtLevels {
     int off[HT_MAXLEVELS];  // first node of each level in the layer's K and V
 };
 
-// Attention of one query head per block (job = job0 + blockIdx.x: query i
-// = job / heads at position pos0 + i, head h = job % heads): per level from
-// the query's top, the candidates (0..rho at the top, else the children of
-// the selected parents up to rho), their scores against the query rotated to
-// rank n-1 with each key rotated to its rank, the top-K selection (rho
-// pinned to +inf, ties to the smaller node), and the unselected candidates'
-// terms merged into the global softmax state. Every level's term sum is
-// taken directly over the unselected candidates (the CPU engine subtracts
-// the selected ones from the sum of all; the same sum up to rounding).
+// ---------------------------------------------------------------------------
+// Decode attention over the tree, level by level from the top, four kernels
+// per level (HTreeAttention queues them):
 //
-// scratch per block (stride words): scores [mc], cands [mc], flags [mc],
-// parents [topk]. Shared: the rotated query and the output sum (2*hd floats).
-extern "C" __global__ void ht_attend(float* out, const float* q, const float* K, const float* V, HtLevels lv,
-                                     const float* cosT, const float* sinT, int half, int interleaved, float* scratch,
-                                     int stride, int mc, int job0, int pos0, int heads, int group, int kvHeads,
-                                     int hd, float scale, int rate, int topk, int topCand) {
-    extern __shared__ float sh[];
-    float* qrot = sh;
-    float* og = sh + hd;
-    __shared__ float red[32];
+//   ht_score   candidates of the level and their scores, HT_T per block
+//   ht_select  the top-K (levels >= 1): the next level's parents
+//   ht_part    the unselected candidates' terms, one partial (m, l, o) per
+//              tile of HT_T candidates
+//   ht_combine (once, after level 0) every partial of the query head merged
+//              into the output
+//
+// A job is one query head: job = job0 + blockIdx.y (blockIdx.x for the
+// per-job kernels), query i = job / heads at position pos0 + i, head h =
+// job % heads. Scratch per job (stride words): scores [mc], cands [mc],
+// flags [mc], parents [topk]. part: [jobs of the wave, levels, tiles, hd+2].
+#define HT_T 64
+
+struct HtJob {
+    int i, h, t, top;  // query row, head, position, top level
+    int n;             // candidates at the level asked for
+    int rho;           // the level's node holding t
+};
+
+// ht_job locates a job at level lev: its top level and, when lev <= top,
+// the level's candidate count, which depends on t only: the top level
+// scores 0..rho, each level below the children (up to rho) of
+// min(n above, topk) parents whose last is rho above.
+__device__ HtJob ht_job(int job, int pos0, int heads, int lev, int rate, int topk, int topCand) {
+    HtJob j;
+    j.i = job / heads;
+    j.h = job % heads;
+    j.t = pos0 + j.i;
+    j.top = 0;
+    int pw = 1;
+    for (int tt = j.t; tt >= topCand; tt /= rate) j.top++, pw *= rate;
+    j.n = 0;
+    j.rho = 0;
+    if (lev > j.top) return j;
+    int rho = j.t / pw, n = rho + 1;
+    for (int l = j.top - 1; l >= lev; l--) {
+        pw /= rate;
+        int r = j.t / pw, np = min(n, topk);
+        n = (np - 1) * rate + min(rate, r - rho * rate + 1);
+        rho = r;
+    }
+    j.n = n;
+    j.rho = rho;
+    return j;
+}
+
+// ht_score: block (tile, job) writes the node and the score of candidates
+// [HT_T*tile, HT_T*tile + HT_T) of the level: the query rotated to rank n-1
+// against each key rotated to its rank inside the dot, a warp per candidate
+// (HT_T / 8 each, their loads issued together). Levels >= 1 with n <= topk
+// expand every candidate: only the nodes are written. 256 threads; dynamic
+// shared memory hd floats.
+extern "C" __global__ void __launch_bounds__(256) ht_score(const float* q, const float* K, HtLevels lv, const float* cosT,
+                                                           const float* sinT, int half, int interleaved, float* scratch,
+                                                           int stride, int mc, int job0, int pos0, int heads, int group,
+                                                           int kvHeads, int hd, float scale, int rate, int topk,
+                                                           int topCand, int lev) {
+    extern __shared__ float qrot[];
+    int job = job0 + blockIdx.y;
+    HtJob j = ht_job(job, pos0, heads, lev, rate, topk, topCand);
+    int r0 = blockIdx.x * HT_T;
+    if (lev > j.top || r0 >= j.n) return;
+    int n = j.n, kh = j.h / group, row = kvHeads * hd;
+    float* scores = scratch + (size_t)blockIdx.y * stride;
+    int* cands = (int*)(scores + mc);
+    const int* parents = (const int*)(scores + 3 * mc);
+    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    __shared__ int node[HT_T];
+    for (int x = threadIdx.x; x < HT_T && r0 + x < n; x += blockDim.x) {
+        int r = r0 + x;
+        int c = lev == j.top ? r : parents[r / rate] * rate + r % rate;
+        node[x] = c;
+        cands[r] = c;
+    }
+    if (lev > 0 && n <= topk) return;
+    const float* qv = q + ((size_t)j.i * heads + j.h) * hd;
+    const float* cq = cosT + (size_t)(n - 1) * half;
+    const float* sq = sinT + (size_t)(n - 1) * half;
+    for (int x = threadIdx.x; x < hd; x += blockDim.x) qrot[x] = qv[x];
+    __syncthreads();
+    for (int x = threadIdx.x; x < half; x += blockDim.x) {
+        int i0 = interleaved ? 2 * x : x, i1 = interleaved ? 2 * x + 1 : x + half;
+        float a = qrot[i0], b = qrot[i1];
+        qrot[i0] = __fsub_rn(__fmul_rn(a, cq[x]), __fmul_rn(b, sq[x]));
+        qrot[i1] = __fadd_rn(__fmul_rn(b, cq[x]), __fmul_rn(a, sq[x]));
+    }
+    __syncthreads();
+    const float* Kl = K + (size_t)lv.off[lev] * row + (size_t)kh * hd;
+    constexpr int PW = HT_T / 8;  // candidates per warp
+#pragma unroll
+    for (int u = 0; u < PW; u++) {
+        int x0 = warp * PW + u, r = r0 + x0;
+        if (r >= n) break;
+        const float* kr = Kl + (size_t)node[x0] * row;
+        const float* c = cosT + (size_t)r * half;
+        const float* s = sinT + (size_t)r * half;
+        float acc = 0.f;
+        for (int x = lane; x < half; x += WARP) {
+            int i0 = interleaved ? 2 * x : x, i1 = interleaved ? 2 * x + 1 : x + half;
+            float a1 = qrot[i0], a2 = qrot[i1], b1 = kr[i0], b2 = kr[i1];
+            acc += c[x] * (a1 * b1 + a2 * b2) + s[x] * (a2 * b1 - a1 * b2);
+        }
+        for (int x = 2 * half + lane; x < hd; x += WARP) acc += qrot[x] * kr[x];
+        acc = scale * warp_sum(acc);
+        if (lane == 0) scores[r] = acc;
+    }
+}
+
+// ht_select: block per job at level lev >= 1: the next level's parents. With
+// n <= topk every candidate; otherwise the top-K by (score desc, node asc)
+// with rho (rank n-1) pinned to +inf, flags[r] marking the selected ranks.
+// 1024 threads.
+extern "C" __global__ void __launch_bounds__(1024) ht_select(float* scratch, int stride, int mc, int job0, int pos0,
+                                                             int heads, int rate, int topk, int topCand, int lev) {
     __shared__ int s_cut;
     int job = job0 + blockIdx.x;
-    int i = job / heads, h = job % heads, t = pos0 + i, kh = h / group;
-    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    HtJob j = ht_job(job, pos0, heads, lev, rate, topk, topCand);
+    if (lev > j.top || lev == 0) return;
+    int n = j.n;
     float* scores = scratch + (size_t)blockIdx.x * stride;
     int* cands = (int*)(scores + mc);
     int* flags = cands + mc;
     int* parents = flags + mc;
-    int row = kvHeads * hd;
-
-    int top = 0, pw = 1;
-    for (int tt = t; tt >= topCand; tt /= rate) top++, pw *= rate;
-    for (int x = threadIdx.x; x < hd; x += blockDim.x) og[x] = 0.f;
-    float gm = -INFINITY, gl = 0.f;
-    int np = 0;
-    const float* qv = q + ((size_t)i * heads + h) * hd;
-    for (int lev = top; lev >= 0; lev--, pw /= rate) {
-        int rho = t / pw;
-        int n;
-        if (lev == top) {
-            n = rho + 1;
-            for (int x = threadIdx.x; x < n; x += blockDim.x) cands[x] = x;
-        } else {
-            int last = parents[np - 1];
-            n = (np - 1) * rate + min(rate, rho - last * rate + 1);
-            for (int x = threadIdx.x; x < n; x += blockDim.x) cands[x] = parents[x / rate] * rate + x % rate;
-        }
-        __syncthreads();
-        if (lev > 0 && n <= topk) {  // every candidate is expanded: no term at this level
-            for (int x = threadIdx.x; x < n; x += blockDim.x) parents[x] = cands[x];
-            np = n;
-            __syncthreads();
-            continue;
-        }
-        // The query rotated to rank n-1.
-        const float* cq = cosT + (size_t)(n - 1) * half;
-        const float* sq = sinT + (size_t)(n - 1) * half;
-        for (int x = threadIdx.x; x < hd; x += blockDim.x) qrot[x] = qv[x];
-        __syncthreads();
-        for (int x = threadIdx.x; x < half; x += blockDim.x) {
-            int i0 = interleaved ? 2 * x : x, i1 = interleaved ? 2 * x + 1 : x + half;
-            float a = qrot[i0], b = qrot[i1];
-            qrot[i0] = __fsub_rn(__fmul_rn(a, cq[x]), __fmul_rn(b, sq[x]));
-            qrot[i1] = __fadd_rn(__fmul_rn(b, cq[x]), __fmul_rn(a, sq[x]));
-        }
-        __syncthreads();
-        const float* Kl = K + (size_t)lv.off[lev] * row + (size_t)kh * hd;
-        const float* Vl = V + (size_t)lv.off[lev] * row + (size_t)kh * hd;
-        // Scores: a warp per candidate, the key rotated to its rank inside the dot.
-        float mx = -INFINITY;
-        for (int r = warp; r < n; r += nw) {
-            const float* kr = Kl + (size_t)cands[r] * row;
-            const float* c = cosT + (size_t)r * half;
-            const float* s = sinT + (size_t)r * half;
-            float acc = 0.f;
-            for (int x = lane; x < half; x += WARP) {
-                int i0 = interleaved ? 2 * x : x, i1 = interleaved ? 2 * x + 1 : x + half;
-                float a1 = qrot[i0], a2 = qrot[i1], b1 = kr[i0], b2 = kr[i1];
-                acc += c[x] * (a1 * b1 + a2 * b2) + s[x] * (a2 * b1 - a1 * b2);
-            }
-            for (int x = 2 * half + lane; x < hd; x += WARP) acc += qrot[x] * kr[x];
-            acc = scale * warp_sum(acc);
-            if (lane == 0) scores[r] = acc;
-            mx = fmaxf(mx, acc);
-        }
-        mx = block_max(mx, red);
-        __syncthreads();
-        if (lev > 0) {
-            // Top-K by (score desc, node asc), rho (rank n-1) pinned to +inf.
-            auto key = [&](int r) { return tk_key(r == n - 1 ? INFINITY : scores[r]); };
-            int need;
-            unsigned T = tk_radix(key, n, topk, &need);
-            // The need-th tie in rank order is the last tie kept.
-            tk_compact(
-                n, [&](int r) { return key(r) == T; },
-                [&](int r, int rank) {
-                    if (rank == need - 1) s_cut = r;
-                });
-            int cut = s_cut;
-            np = tk_compact(
-                n,
-                [&](int r) {
-                    unsigned k = key(r);
-                    bool sel = k > T || (k == T && r <= cut);
-                    flags[r] = sel;
-                    return sel;
-                },
-                [&](int r, int rank) { parents[rank] = cands[r]; });
-        }
-        // The unselected candidates' terms.
-        float ls = 0.f;
-        for (int r = threadIdx.x; r < n; r += blockDim.x) {
-            float w = lev > 0 && flags[r] ? 0.f : expf(scores[r] - mx);
-            scores[r] = w;
-            ls += w;
-        }
-        ls = block_sum(ls, red);
-        __syncthreads();
-        if (ls > 0.f) {
-            float nm = fmaxf(gm, mx);
-            float fg = expf(gm - nm), fl = expf(mx - nm);
-            for (int x = threadIdx.x; x < hd; x += blockDim.x) {
-                float o = 0.f;
-                for (int r = 0; r < n; r++) {
-                    float w = scores[r];
-                    if (w != 0.f) o += w * Vl[(size_t)cands[r] * row + x];
-                }
-                og[x] = og[x] * fg + o * fl;
-            }
-            gl = gl * fg + ls * fl;
-            gm = nm;
-        }
-        __syncthreads();
+    if (n <= topk) {
+        for (int x = threadIdx.x; x < n; x += blockDim.x) parents[x] = cands[x];
+        return;
     }
-    float inv = 1.f / gl;
-    for (int x = threadIdx.x; x < hd; x += blockDim.x) out[((size_t)i * heads + h) * hd + x] = og[x] * inv;
+    auto key = [&](int r) { return tk_key(r == n - 1 ? INFINITY : scores[r]); };
+    int need, ties;
+    unsigned T = tk_radix(key, n, topk, &need, &ties);
+    // The need-th tie in rank order is the last tie kept.
+    if (ties == need) {
+        if (threadIdx.x == 0) s_cut = n;
+    } else {
+        tk_compact(
+            n, [&](int r) { return key(r) == T; },
+            [&](int r, int rank) {
+                if (rank == need - 1) s_cut = r;
+            });
+    }
+    __syncthreads();
+    int cut = s_cut;
+    tk_compact(
+        n,
+        [&](int r) {
+            unsigned k = key(r);
+            bool sel = k > T || (k == T && r <= cut);
+            flags[r] = sel;
+            return sel;
+        },
+        [&](int r, int rank) { parents[rank] = cands[r]; });
+}
+
+// ht_part: block (tile, job) sums the terms of the tile's candidates that
+// are not selected (all of them at level 0; none at levels >= 1 with n <=
+// topk): m = their largest score, l = sum exp(s - m), o = sum exp(s - m) v,
+// written to the job's partial of (lev, tile), l = 0 when there are none.
+// 128 threads.
+extern "C" __global__ void __launch_bounds__(128) ht_part(float* part, const float* V, HtLevels lv, const float* scratch,
+                                                          int stride, int mc, int job0, int pos0, int heads, int group,
+                                                          int kvHeads, int hd, int rate, int topk, int topCand,
+                                                          int levels, int tiles, int lev) {
+    __shared__ float w[HT_T];
+    __shared__ int node[HT_T];
+    __shared__ float red[32];
+    int job = job0 + blockIdx.y;
+    HtJob j = ht_job(job, pos0, heads, lev, rate, topk, topCand);
+    float* pp = part + (((size_t)blockIdx.y * levels + lev) * tiles + blockIdx.x) * (hd + 2);
+    int r0 = blockIdx.x * HT_T;
+    int n = j.n;
+    if (lev > j.top || r0 >= n || (lev > 0 && n <= topk)) {
+        if (threadIdx.x == 0) pp[hd + 1] = 0.f;
+        return;
+    }
+    const float* scores = scratch + (size_t)blockIdx.y * stride;
+    const int* cands = (const int*)(scores + mc);
+    const int* flags = cands + mc;
+    int cnt = min(HT_T, n - r0);
+    float s = -INFINITY;
+    if (threadIdx.x < cnt) {
+        int r = r0 + threadIdx.x;
+        bool term = lev == 0 || !flags[r];
+        s = term ? scores[r] : -INFINITY;
+        node[threadIdx.x] = cands[r];
+    }
+    float m = block_max(s, red);
+    __syncthreads();
+    if (m == -INFINITY) {  // every candidate of the tile selected
+        if (threadIdx.x == 0) pp[hd + 1] = 0.f;
+        return;
+    }
+    float e = s == -INFINITY ? 0.f : expf(s - m);
+    if (threadIdx.x < HT_T) w[threadIdx.x] = threadIdx.x < cnt ? e : 0.f;
+    float l = block_sum(e, red);
+    __syncthreads();
+    int row = kvHeads * hd;
+    const float* Vl = V + (size_t)lv.off[lev] * row + (size_t)(j.h / group) * hd;
+    for (int x = threadIdx.x; x < hd; x += blockDim.x) {
+        float o = 0.f;
+#pragma unroll 8
+        for (int r = 0; r < cnt; r++) {
+            float wr = w[r];
+            if (wr != 0.f) o += wr * Vl[(size_t)node[r] * row + x];
+        }
+        pp[x] = o;
+    }
+    if (threadIdx.x == 0) {
+        pp[hd] = m;
+        pp[hd + 1] = l;
+    }
+}
+
+// ht_combine: block per job: out = sum_p e^(m_p - M) o_p / sum_p e^(m_p - M)
+// l_p over the job's partials with l_p > 0 (levels 0..top, every tile).
+// 128 threads.
+extern "C" __global__ void __launch_bounds__(128) ht_combine(float* out, const float* part, int job0, int pos0, int heads,
+                                                             int hd, int rate, int topk, int topCand, int levels,
+                                                             int tiles) {
+    __shared__ float red[32];
+    int job = job0 + blockIdx.x;
+    HtJob j = ht_job(job, pos0, heads, 0, rate, topk, topCand);
+    const float* pj = part + (size_t)blockIdx.x * levels * tiles * (hd + 2);
+    int np = (j.top + 1) * tiles;
+    float M = -INFINITY;
+    for (int p = threadIdx.x; p < np; p += blockDim.x) {
+        const float* pp = pj + (size_t)p * (hd + 2);
+        if (pp[hd + 1] > 0.f) M = fmaxf(M, pp[hd]);
+    }
+    M = block_max(M, red);
+    __syncthreads();
+    float L = 0.f;
+    for (int p = threadIdx.x; p < np; p += blockDim.x) {
+        const float* pp = pj + (size_t)p * (hd + 2);
+        if (pp[hd + 1] > 0.f) L += expf(pp[hd] - M) * pp[hd + 1];
+    }
+    L = block_sum(L, red);
+    float inv = 1.f / L;
+    for (int x = threadIdx.x; x < hd; x += blockDim.x) {
+        float o = 0.f;
+        for (int p = 0; p < np; p++) {
+            const float* pp = pj + (size_t)p * (hd + 2);
+            float l = pp[hd + 1];
+            if (l > 0.f) o += expf(pp[hd] - M) * pp[x];
+        }
+        out[((size_t)j.i * heads + j.h) * hd + x] = o * inv;
+    }
 }

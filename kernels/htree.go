@@ -20,9 +20,12 @@ var _ htree.Ops = (*Backend)(nil)
 // htMaxLevels is HT_MAXLEVELS of htree.cuh.
 const htMaxLevels = 32
 
-// htWave bounds the query heads of one ht_attend launch (each block takes
+// htWave bounds the query heads of one wave of launches (each head takes
 // its own slice of the scratch memory).
 const htWave = 512
+
+// htTile is HT_T of htree.cuh: candidates per block of ht_score and ht_part.
+const htTile = 64
 
 // htreeCache is the GPU's htree.Cache.
 type htreeCache struct {
@@ -34,8 +37,10 @@ type htreeCache struct {
 	n        []int            // positions per layer
 	cos, sin *allocation      // [mc, half]
 	half, mc int
-	scratch  *allocation
-	scrCap   int // 4-byte words
+	scratch  *allocation // per query head: scores, candidates, flags [mc each], parents [TopK]
+	scrCap   int         // 4-byte words
+	part     *allocation // ht_part's partials [heads of a wave, levels, tiles, hd+2]
+	partCap  int
 }
 
 func (c *htreeCache) Len() int { return c.n[len(c.n)-1] }
@@ -103,8 +108,10 @@ func (b *Backend) HTreeNewCache(s htree.CacheShape) (htree.Cache, error) {
 }
 
 // HTreeAttention appends k and v to layer's tree (level 0 by copy, the
-// changed nodes of every upper level recomputed), then attends each query
-// head in one block, in waves of htWave blocks sharing the cache's scratch.
+// changed nodes of every upper level recomputed), then attends level by
+// level from the top (ht_score, ht_select, ht_part over tiles of candidates
+// for every query head, then ht_combine; see htree.cuh), in waves of htWave
+// query heads sharing the cache's scratch.
 func (b *Backend) HTreeAttention(out, q, k, v backend.Buffer, cache htree.Cache, layer, pos0, m int, s layers.AttentionShape) {
 	c := cache.(*htreeCache)
 	sh := c.shape
@@ -136,22 +143,41 @@ func (b *Backend) HTreeAttention(out, q, k, v backend.Buffer, cache htree.Cache,
 		children = (children + o.Rate - 1) / o.Rate
 	}
 
+	// Levels from the highest top among the rows down to 0; a row whose top
+	// is lower skips the levels above it.
+	top := o.TopLevel(pos0 + m - 1)
+	levels := top + 1
+	tiles := (c.mc + htTile - 1) / htTile
 	jobs := m * s.Heads
 	wave := min(jobs, htWave)
 	stride := 3*c.mc + o.TopK
-	if c.scratch == nil || c.scrCap < wave*stride {
-		a, err := b.alloc(4 * wave * stride)
-		if err != nil {
-			b.setErr(err)
-			return
-		}
-		c.scratch, c.scrCap = a, wave*stride
+	if err := b.grow(&c.scratch, &c.scrCap, wave*stride); err != nil {
+		b.setErr(err)
+		return
 	}
+	if err := b.grow(&c.part, &c.partCap, wave*levels*tiles*(s.HeadDim+2)); err != nil {
+		b.setErr(err)
+		return
+	}
+	b.qmu.Lock()
+	b.q.keep = append(b.q.keep, c.scratch, c.part)
+	b.qmu.Unlock()
+	group := s.Heads / s.KVHeads
 	for job0 := 0; job0 < jobs; job0 += wave {
 		n := min(wave, jobs-job0)
-		b.launch("ht_attend", [3]int{n, 1, 1}, 128, 8*s.HeadDim, ptr(out), ptr(q), kl.ptr, vl.ptr, c.off,
-			c.cos.ptr, c.sin.ptr, c.half, boolInt(sh.RoPE.Interleaved), c.scratch.ptr, stride, c.mc, job0, pos0,
-			s.Heads, s.Heads/s.KVHeads, s.KVHeads, s.HeadDim, s.Scale, o.Rate, o.TopK, o.TopCandidates)
+		for lev := top; lev >= 0; lev-- {
+			b.launch("ht_score", [3]int{tiles, n, 1}, 256, 4*s.HeadDim, ptr(q), kl.ptr, c.off, c.cos.ptr, c.sin.ptr,
+				c.half, boolInt(sh.RoPE.Interleaved), c.scratch.ptr, stride, c.mc, job0, pos0, s.Heads, group,
+				s.KVHeads, s.HeadDim, s.Scale, o.Rate, o.TopK, o.TopCandidates, lev)
+			if lev > 0 {
+				b.launch("ht_select", [3]int{n, 1, 1}, 1024, 0, c.scratch.ptr, stride, c.mc, job0, pos0, s.Heads,
+					o.Rate, o.TopK, o.TopCandidates, lev)
+			}
+			b.launch("ht_part", [3]int{tiles, n, 1}, 128, 0, c.part.ptr, vl.ptr, c.off, c.scratch.ptr, stride, c.mc,
+				job0, pos0, s.Heads, group, s.KVHeads, s.HeadDim, o.Rate, o.TopK, o.TopCandidates, levels, tiles, lev)
+		}
+		b.launch("ht_combine", [3]int{n, 1, 1}, 128, 0, ptr(out), c.part.ptr, job0, pos0, s.Heads, s.HeadDim,
+			o.Rate, o.TopK, o.TopCandidates, levels, tiles)
 	}
 	runtime.KeepAlive(c)
 }

@@ -371,6 +371,8 @@ func TestTopKTies(t *testing.T) {
 		{40, 3, 4, 4, 30, false}, {40, 50, 3, 3, 10, false}, {200, 3, 2, 5, 195, false}, {200, 16, 5, 5, 150, false},
 		{1000, 10, 3, 3, 997, false}, {1000, 300, 4, 3, 600, false}, {5000, 64, 6, 2, 4998, false},
 		{5000, 2048, 8, 2, 4500, false}, {300, 7, 3, 3, 297, true}, {3000, 1, 2, 2, 2998, false}, {129, 129, 2, 2, 100, false},
+		// Long rows: several radix chunks per thread, few ties at the k-th value.
+		{140000, 2048, 1 << 20, 2, 139995, false}, {70001, 2048, 1 << 30, 1, 60000, false},
 	} {
 		scores := make([]float32, tc.rows*tc.n)
 		for i := range tc.rows {
