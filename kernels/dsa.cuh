@@ -173,12 +173,9 @@ __device__ unsigned tk_radix(KeyF keyf, int n, int k, int* need, int* ties) {
 #pragma unroll
             for (int u = 0; u < TK_U; u++) {
                 int i = i0 + u * blockDim.x + threadIdx.x;
-                unsigned bin = TK_BINS;
-                if (i < n && (key[u] & mask) == prefix) bin = (key[u] >> shift) & dmask;
-                // Warp-aggregated counts: lanes with the same bin add once
-                // (similar scores share their top digits).
-                unsigned peers = __match_any_sync(0xffffffffu, bin);
-                if (bin < TK_BINS && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned)__popc(peers));
+                // Plain shared atomics: warp aggregation by __match_any_sync
+                // measured several times slower (MATCH is a slow instruction).
+                if (i < n && (key[u] & mask) == prefix) atomicAdd(&hist[(key[u] >> shift) & dmask], 1u);
             }
         }
         __syncthreads();

@@ -27,6 +27,10 @@ const htWave = 512
 // htTile is HT_T of htree.cuh: candidates per block of ht_score and ht_part.
 const htTile = 64
 
+// htCombineShare is ht_combine's dynamic shared memory in bytes for np
+// partials: their factors and 16 warps' column sums.
+func htCombineShare(np, hd int) int { return 4 * (np + 16*hd) }
+
 // htreeCache is the GPU's htree.Cache.
 type htreeCache struct {
 	shape    htree.CacheShape // options with defaults
@@ -73,8 +77,8 @@ func (b *Backend) HTreeNewCache(s htree.CacheShape) (htree.Cache, error) {
 	if levels > htMaxLevels {
 		return nil, fmt.Errorf("kernels: htree of %d levels (rate %d, capacity %d): the kernels take at most %d", levels, o.Rate, s.Capacity, htMaxLevels)
 	}
-	if 8*s.HeadDim > b.opsShare() {
-		return nil, fmt.Errorf("kernels: htree head dim %d exceeds this GPU's shared memory", s.HeadDim)
+	if need := htCombineShare(levels*((o.MaxCandidates()+htTile-1)/htTile), s.HeadDim); need > b.opsShare() {
+		return nil, fmt.Errorf("kernels: htree of head dim %d and %d levels needs %d bytes of shared memory, this GPU has %d", s.HeadDim, levels, need, b.opsShare())
 	}
 	c := &htreeCache{shape: s, row: s.KVHeads * s.HeadDim, off: make([]int32, htMaxLevels), n: make([]int, s.Layers),
 		half: len(r.InvFreq), mc: o.MaxCandidates()}
@@ -176,7 +180,7 @@ func (b *Backend) HTreeAttention(out, q, k, v backend.Buffer, cache htree.Cache,
 			b.launch("ht_part", [3]int{tiles, n, 1}, 128, 0, c.part.ptr, vl.ptr, c.off, c.scratch.ptr, stride, c.mc,
 				job0, pos0, s.Heads, group, s.KVHeads, s.HeadDim, o.Rate, o.TopK, o.TopCandidates, levels, tiles, lev)
 		}
-		b.launch("ht_combine", [3]int{n, 1, 1}, 128, 0, ptr(out), c.part.ptr, job0, pos0, s.Heads, s.HeadDim,
+		b.launch("ht_combine", [3]int{n, 1, 1}, 512, htCombineShare(levels*tiles, s.HeadDim), ptr(out), c.part.ptr, job0, pos0, s.Heads, s.HeadDim,
 			o.Rate, o.TopK, o.TopCandidates, levels, tiles)
 	}
 	runtime.KeepAlive(c)
