@@ -196,7 +196,7 @@ extern "C" __global__ void mhc_activate(float* pre, float* post, float* res, flo
 // (+ hi·w_lo for f32 weights; bf16 weights are exact in tf32), and each
 // chunk's mma sums (32 columns) are added into float32 accumulators on the
 // CUDA cores. The partial sums go to part [slices, rows, mix + 1] (column mix:
-// the sum of squares); mhc_proj_finish or mhc_proj_activate add the slices.
+// the sum of squares); mhc_proj_finish adds the slices.
 // ks is a multiple of 64 (mhc.go); mix <= 8*MHC_PMAXNT.
 #define MHC_PTHREADS 256
 #define MHC_PWARPS (MHC_PTHREADS / WARP)
@@ -419,19 +419,6 @@ __device__ __forceinline__ void mhc_sum_slices(float* l, const float* part, int 
 // logits[r, m] = sum over slices of part[s, r, m], times 1/rms; a block per row.
 extern "C" __global__ void mhc_proj_finish(float* logits, const float* part, int rows, int mix, int S, int K, float eps) {
     mhc_sum_slices(logits + (size_t)blockIdx.x * mix, part, blockIdx.x, rows, mix, S, K, eps);
-}
-
-// mhc_proj_finish and mhc_activate in one (MHCCoeffsPre): a block per row
-// adds the slices, then its thread 0 activates the row; logits [rows, 2n +
-// nz] are left as mhc_activate leaves them.
-extern "C" __global__ void mhc_proj_activate(float* pre, float* post, float* res, float* logits, const float* part,
-                                             const float* base, const float* scale, int rows, int n, int S, int K,
-                                             float normEps, int iters, float eps, int lite, int nz) {
-    const int r = blockIdx.x, mix = 2 * n + nz;
-    float* l = logits + (size_t)r * mix;
-    mhc_sum_slices(l, part, r, rows, mix, S, K, normEps);
-    __syncthreads();  // the row's logits, written by the block, are visible to thread 0
-    if (threadIdx.x == 0) mhc_activate_row(pre, post, res, l, base, scale, r, n, iters, eps, lite, nz);
 }
 
 // Pre: dst[r, c] = sum_i pre[r, i] * x[r, i, c]; one thread per (r, c).
