@@ -180,8 +180,8 @@ func (b *Backend) HTreeAttention(out, q, k, v backend.Buffer, cache htree.Cache,
 			b.launch("ht_part", [3]int{tiles, n, 1}, 128, 0, c.part.ptr, vl.ptr, c.off, c.scratch.ptr, stride, c.mc,
 				job0, pos0, s.Heads, group, s.KVHeads, s.HeadDim, o.Rate, o.TopK, o.TopCandidates, levels, tiles, lev)
 		}
-		b.launch("ht_combine", [3]int{n, 1, 1}, 512, htCombineShare(levels*tiles, s.HeadDim), ptr(out), c.part.ptr, job0, pos0, s.Heads, s.HeadDim,
-			o.Rate, o.TopK, o.TopCandidates, levels, tiles)
+		b.launch("ht_combine", [3]int{n, 1, 1}, 512, htCombineShare(levels*tiles, s.HeadDim), ptr(out), c.part.ptr,
+			job0, pos0, s.Heads, s.HeadDim, o.Rate, o.TopK, o.TopCandidates, levels, tiles)
 	}
 	runtime.KeepAlive(c)
 }
