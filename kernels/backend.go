@@ -74,6 +74,7 @@ type Backend struct {
 	tmaTPB        int  // tiles per block (0: a persistent grid of tmaOcc blocks per multiprocessor)
 	tmaUneven     bool // benchmarks: tmaOcc blocks per multiprocessor even when their tile counts differ
 	tmaEvict      bool // its weight copies marked evict-first in L2
+	tmaAblate     int  // benchmarks: gemv_nvfp4_tma's ablation bits (flags bits 4, 5: no x staging, no decoding)
 	pdl           bool // programmatic dependent launch (queue.go)
 	pdlConfig     launchConfig
 	pdlAttr       launchAttribute

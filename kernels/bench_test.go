@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/quant"
@@ -33,7 +34,9 @@ func randomNVFP4(rng *rand.Rand, n, k int) *quant.NVFP4 {
 // m <= 8 kernel (x read per chunk, nothing staged), -88reg the m = 1 kernel
 // without the 64-register cap (fewer warps per SM), -1tile with one tile
 // (16 features) per block, x staged by every block, -pdl with programmatic
-// dependent launch (each call overlapping the previous one's tail); bf16 picks its kernel
+// dependent launch (each call overlapping the previous one's tail), -nox and
+// -nodec gemv_nvfp4_tma with x not staged or the weights not decoded
+// (ablations: what each costs); bf16 picks its kernel
 // by shape (one load in flight per lane, four on tall matrices), bf16-1load
 // and bf16-4loads force one. 128256x4096 is the 8B model's LM head.
 func BenchmarkGEMV(b *testing.B) {
@@ -53,7 +56,7 @@ func BenchmarkGEMV(b *testing.B) {
 	reset := func() {
 		g.gemvDec, g.bf16Kernel, g.gemvOff, g.gemvPipe, g.gemvFlags, g.gemvSt4, g.gemvX8, g.gemvSmallM = defaultGemvDec, "", false, false, 0, false, false, false
 		g.gemvLB, g.gemvMT, g.gemvTMA = true, true, true
-		g.tmaWarps, g.tmaSlots, g.tmaOcc, g.tmaTPB, g.tmaUneven, g.tmaEvict = 8, 0, 2, 0, false, false
+		g.tmaWarps, g.tmaSlots, g.tmaOcc, g.tmaTPB, g.tmaUneven, g.tmaEvict, g.tmaAblate = 8, 0, 2, 0, false, false, 0
 		g.SetPDL(false)
 	}
 	for _, shape := range [][2]int{{4096, 14336}, {14336, 4096}, {6144, 4096}, {128256, 4096}, {16384, 14336}} {
@@ -91,6 +94,12 @@ func BenchmarkGEMV(b *testing.B) {
 				{"nvfp4-evict", nv, []int{1}, func() { g.tmaEvict = true }},
 				{"nvfp4-evict-pdl", nv, []int{1}, func() { g.tmaEvict = true; g.SetPDL(true) }},
 				{"nvfp4-uneven-pdl", nv, []int{1}, func() { g.tmaUneven = true; g.SetPDL(true) }},
+				{"nvfp4-nox", nv, []int{1}, func() { g.tmaAblate = 0x10 }},
+				{"nvfp4-nox-pdl", nv, []int{1}, func() { g.tmaAblate = 0x10; g.SetPDL(true) }},
+				{"nvfp4-nodec", nv, []int{1}, func() { g.tmaAblate = 0x20 }},
+				{"nvfp4-nodec-pdl", nv, []int{1}, func() { g.tmaAblate = 0x20; g.SetPDL(true) }},
+				{"nvfp4-nox-nodec", nv, []int{1}, func() { g.tmaAblate = 0x30 }},
+				{"nvfp4-nox-nodec-pdl", nv, []int{1}, func() { g.tmaAblate = 0x30; g.SetPDL(true) }},
 				{"nvfp4-x3", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc = 8, 3 }},
 				{"nvfp4-x3-pdl", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc = 8, 3; g.SetPDL(true) }},
 				{"nvfp4-x2-tpb1", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc, g.tmaTPB = 8, 2, 1 }},
@@ -128,11 +137,18 @@ func BenchmarkGEMV(b *testing.B) {
 					g.MatMul(y, x, ws[0], m)
 					i := 0
 					d := deviceTime(g, 50, func() { i++; g.MatMul(y, x, ws[i%len(ws)], m) })
+					hs := time.Now() // the host's cost of queueing and launching one
+					for range 50 {
+						i++
+						g.MatMul(y, x, ws[i%len(ws)], m)
+					}
+					g.onContext(func() {})
+					host := time.Since(hs) / 50
 					b.ReportMetric(float64(d.Microseconds()), "us/op")
 					b.ReportMetric(bytes/d.Seconds()/1e9, "weight-GB/s")
 					b.ReportMetric(bytes/d.Seconds()/copyBW, "of-copy-bw")
-					fmt.Printf("RESULT gemv %s N=%d K=%d m=%d time_us=%.2f weight_GBps=%.0f of_copy=%.3f\n", v.name, N, K, m,
-						float64(d.Nanoseconds())/1e3, bytes/d.Seconds()/1e9, bytes/d.Seconds()/copyBW)
+					fmt.Printf("RESULT gemv %s N=%d K=%d m=%d time_us=%.2f weight_GBps=%.0f of_copy=%.3f host_us=%.2f\n", v.name, N, K, m,
+						float64(d.Nanoseconds())/1e3, bytes/d.Seconds()/1e9, bytes/d.Seconds()/copyBW, float64(host.Nanoseconds())/1e3)
 					if err := g.Sync(); err != nil {
 						b.Fatal(err)
 					}

@@ -299,7 +299,7 @@ func (b *Backend) finalizeGemv(o *op) {
 			o.grid[0] = uint32((total + b.tmaTPB - 1) / b.tmaTPB)
 		}
 		o.shared = uint32(ns*tmaStage + 2*g.K + tmaFixed)
-		flags = ns<<16 | boolInt(b.tmaEvict)<<24
+		flags = ns<<16 | boolInt(b.tmaEvict)<<24 | b.tmaAblate
 	}
 	o.fn = b.fn[o.name]
 	var a [25]uint64

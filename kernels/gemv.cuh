@@ -586,10 +586,16 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a) {
     // dependent round trips cost 1-3 us at K = 14336), and the first norm
     // weights (constant) are loaded before the wait for the previous kernel.
     const int tid = threadIdx.x;
+    // Benchmark ablations (flags bit 4: x not staged, zeros instead; bit 5:
+    // the weights read from the ring but not decoded or multiplied).
+    const bool noX = (a.flags >> 4) & 1, noDec = (a.flags >> 5) & 1;
     const float* nw = (const float*)a.nw;
     float* nh = blockIdx.x == 0 ? (float*)a.nh : nullptr;
     constexpr int NT = CW * WARP, MI = 16384 / (8 * NT), MW = 4096 / (8 * NT) > 0 ? 4096 / (8 * NT) : 1;
-    if (K <= 8 * NT * MI) {
+    if (noX) {
+        pdl_wait();
+        for (int j = tid; j < K / 8; j += NT) xs[j] = make_uint4(0, 0, 0, 0);
+    } else if (K <= 8 * NT * MI) {
         float4 wa[MW], wb[MW], xa[MI], xb[MI];
         if (a.nx) {
 #pragma unroll
@@ -712,6 +718,12 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a) {
             __syncwarp();
             if (lane == 0) mbar_arrive(empty(slot));  // every shared read of the slot is done
             if (++slot == NS) slot = 0, phase ^= 1;
+            if (noDec) {
+#pragma unroll
+                for (int gq = 0; gq < GP; gq++)
+                    acc[0] += __uint_as_float((wa[gq].x ^ wb[gq].w ^ sa[gq] ^ xv[gq][1].y) & 0x3f800001u);
+                continue;
+            }
 #pragma unroll
             for (int gq = 0; gq < GP; gq++) {
                 const uint32_t wva[4] = {wa[gq].x, wa[gq].y, wa[gq].z, wa[gq].w}, wvb[4] = {wb[gq].x, wb[gq].y, wb[gq].z, wb[gq].w};

@@ -459,65 +459,108 @@ extern "C" __global__ void mhc_post(float* dst, const float* x, const float* out
 }
 
 // mhc_pre and mhc_post four columns at a time (hidden % 4 == 0, every
-// pointer 16-byte aligned; mhc.go picks them): thread e takes columns
-// [4c, 4c + 4) of row r, e = r*(hidden/4) + c, with float4 loads (n + 1 in
-// flight per thread) and stores; each column's operations are those above.
-extern "C" __global__ void mhc_pre4(float* dst, const float* x, const float* pre, int rows, int n, int hidden) {
-    const int q = hidden >> 2;
-    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (long long)rows * q) return;
-    int r = (int)(idx / q), c = (int)(idx - (long long)r * q) * 4;
-    const float4* xs = reinterpret_cast<const float4*>(x + (size_t)r * n * hidden + c);
-    const float* w = pre + (size_t)r * n;
-    float4 t[MHC_MAXN];
+// pointer 16-byte aligned; mhc.go picks them): block (x, y) takes columns
+// [4c, 4c + 4), c = x * blockDim + thread, of rows y, y + gridDim.y, ...;
+// each column's operations are those above, in the same order. The
+// coefficients are loaded before the stream, the n stream loads and the
+// output's are in flight together, and the stream is read and written with
+// streaming hints (each byte is touched once). n is a template parameter
+// up to 4 (the streams in registers), a loop bound above it.
+template <int N>
+__device__ __forceinline__ void mhc_pre4_row(float* dst, const float* x, const float* pre, int r, int c, int n, int hidden) {
+    const int nn = N > 0 ? N : n, q = hidden >> 2;
+    const float* w = pre + (size_t)r * nn;
+    const float4* xs = reinterpret_cast<const float4*>(x + (size_t)r * nn * hidden) + c;
+    float4 a;
+    if (N > 0) {
+        constexpr int M = N > 0 ? N : 1;
+        float wv[M];
+        float4 t[M];
 #pragma unroll
-    for (int i = 0; i < MHC_MAXN; i++)
-        if (i < n) t[i] = xs[(size_t)i * q];
-    float w0 = w[0];
-    float4 a = make_float4(__fmul_rn(w0, t[0].x), __fmul_rn(w0, t[0].y), __fmul_rn(w0, t[0].z), __fmul_rn(w0, t[0].w));
+        for (int i = 0; i < M; i++) wv[i] = w[i];
 #pragma unroll
-    for (int i = 1; i < MHC_MAXN; i++) {
-        if (i < n) {
-            float wi = w[i];
-            a.x = __fadd_rn(a.x, __fmul_rn(wi, t[i].x));
-            a.y = __fadd_rn(a.y, __fmul_rn(wi, t[i].y));
-            a.z = __fadd_rn(a.z, __fmul_rn(wi, t[i].z));
-            a.w = __fadd_rn(a.w, __fmul_rn(wi, t[i].w));
+        for (int i = 0; i < M; i++) t[i] = __ldcs(xs + (size_t)i * q);
+        a = make_float4(__fmul_rn(wv[0], t[0].x), __fmul_rn(wv[0], t[0].y), __fmul_rn(wv[0], t[0].z), __fmul_rn(wv[0], t[0].w));
+#pragma unroll
+        for (int i = 1; i < M; i++) {
+            a.x = __fadd_rn(a.x, __fmul_rn(wv[i], t[i].x));
+            a.y = __fadd_rn(a.y, __fmul_rn(wv[i], t[i].y));
+            a.z = __fadd_rn(a.z, __fmul_rn(wv[i], t[i].z));
+            a.w = __fadd_rn(a.w, __fmul_rn(wv[i], t[i].w));
+        }
+    } else {
+        const float4 t0 = __ldcs(xs);
+        a = make_float4(__fmul_rn(w[0], t0.x), __fmul_rn(w[0], t0.y), __fmul_rn(w[0], t0.z), __fmul_rn(w[0], t0.w));
+        for (int i = 1; i < nn; i++) {
+            const float4 ti = __ldcs(xs + (size_t)i * q);
+            const float wi = w[i];
+            a.x = __fadd_rn(a.x, __fmul_rn(wi, ti.x));
+            a.y = __fadd_rn(a.y, __fmul_rn(wi, ti.y));
+            a.z = __fadd_rn(a.z, __fmul_rn(wi, ti.z));
+            a.w = __fadd_rn(a.w, __fmul_rn(wi, ti.w));
         }
     }
-    *reinterpret_cast<float4*>(dst + (size_t)r * hidden + c) = a;
+    __stcs(reinterpret_cast<float4*>(dst + (size_t)r * hidden) + c, a);
 }
 
-extern "C" __global__ void mhc_post4(float* dst, const float* x, const float* out, const float* post, const float* res,
-                                     int rows, int n, int hidden) {
+extern "C" __global__ void mhc_pre4(float* dst, const float* x, const float* pre, int rows, int n, int hidden) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= (hidden >> 2)) return;
+    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+        switch (n) {
+        case 1: mhc_pre4_row<1>(dst, x, pre, r, c, n, hidden); break;
+        case 2: mhc_pre4_row<2>(dst, x, pre, r, c, n, hidden); break;
+        case 3: mhc_pre4_row<3>(dst, x, pre, r, c, n, hidden); break;
+        case 4: mhc_pre4_row<4>(dst, x, pre, r, c, n, hidden); break;
+        default: mhc_pre4_row<0>(dst, x, pre, r, c, n, hidden);
+        }
+    }
+}
+
+// dst may be x: a thread reads its columns of every stream before it writes them.
+template <int N>
+__device__ __forceinline__ void mhc_post4_row(float* dst, const float* x, const float* out, const float* post, const float* res,
+                                              int r, int c, int hidden) {
     const int q = hidden >> 2;
-    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (long long)rows * q) return;
-    int r = (int)(idx / q), c = (int)(idx - (long long)r * q) * 4;
-    const float4* xs = reinterpret_cast<const float4*>(x + (size_t)r * n * hidden + c);
-    float4 t[MHC_MAXN];
+    float h[N * N], p[N];
 #pragma unroll
-    for (int j = 0; j < MHC_MAXN; j++)
-        if (j < n) t[j] = xs[(size_t)j * q];
-    float4 oc = *reinterpret_cast<const float4*>(out + (size_t)r * hidden + c);
-    const float* p = post + (size_t)r * n;
-    const float* h = res + (size_t)r * n * n;
-    float4* ds = reinterpret_cast<float4*>(dst + (size_t)r * n * hidden + c);
-    for (int k = 0; k < n; k++) {
+    for (int i = 0; i < N * N; i++) h[i] = res[(size_t)r * N * N + i];
+#pragma unroll
+    for (int k = 0; k < N; k++) p[k] = post[(size_t)r * N + k];
+    const float4* xs = reinterpret_cast<const float4*>(x + (size_t)r * N * hidden) + c;
+    float4 t[N];
+#pragma unroll
+    for (int j = 0; j < N; j++) t[j] = __ldcs(xs + (size_t)j * q);
+    const float4 oc = __ldcs(reinterpret_cast<const float4*>(out + (size_t)r * hidden) + c);
+    float4* ds = reinterpret_cast<float4*>(dst + (size_t)r * N * hidden) + c;
+#pragma unroll
+    for (int k = 0; k < N; k++) {
         float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-        for (int j = 0; j < MHC_MAXN; j++) {
-            if (j < n) {
-                float hj = h[j * n + k];
-                a.x = __fadd_rn(a.x, __fmul_rn(hj, t[j].x));
-                a.y = __fadd_rn(a.y, __fmul_rn(hj, t[j].y));
-                a.z = __fadd_rn(a.z, __fmul_rn(hj, t[j].z));
-                a.w = __fadd_rn(a.w, __fmul_rn(hj, t[j].w));
-            }
+        for (int j = 0; j < N; j++) {
+            const float hj = h[j * N + k];
+            a.x = __fadd_rn(a.x, __fmul_rn(hj, t[j].x));
+            a.y = __fadd_rn(a.y, __fmul_rn(hj, t[j].y));
+            a.z = __fadd_rn(a.z, __fmul_rn(hj, t[j].z));
+            a.w = __fadd_rn(a.w, __fmul_rn(hj, t[j].w));
         }
-        float pk = p[k];
-        ds[(size_t)k * q] = make_float4(__fadd_rn(__fmul_rn(pk, oc.x), a.x), __fadd_rn(__fmul_rn(pk, oc.y), a.y),
-                                        __fadd_rn(__fmul_rn(pk, oc.z), a.z), __fadd_rn(__fmul_rn(pk, oc.w), a.w));
+        __stcs(ds + (size_t)k * q, make_float4(__fadd_rn(__fmul_rn(p[k], oc.x), a.x), __fadd_rn(__fmul_rn(p[k], oc.y), a.y),
+                                               __fadd_rn(__fmul_rn(p[k], oc.z), a.z), __fadd_rn(__fmul_rn(p[k], oc.w), a.w)));
+    }
+}
+
+// n from 1 to 4 (mhc.go sends more streams to mhc_post).
+extern "C" __global__ void mhc_post4(float* dst, const float* x, const float* out, const float* post, const float* res,
+                                     int rows, int n, int hidden) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= (hidden >> 2)) return;
+    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+        switch (n) {
+        case 1: mhc_post4_row<1>(dst, x, out, post, res, r, c, hidden); break;
+        case 2: mhc_post4_row<2>(dst, x, out, post, res, r, c, hidden); break;
+        case 3: mhc_post4_row<3>(dst, x, out, post, res, r, c, hidden); break;
+        default: mhc_post4_row<4>(dst, x, out, post, res, r, c, hidden);
+        }
     }
 }
 

@@ -192,7 +192,7 @@ func (b *Backend) MHCPre(dst, x, pre backend.Buffer, rows, n, hidden int) {
 		return
 	}
 	if n <= mhcMaxStreams && hidden%4 == 0 && (ptr(dst)|ptr(x))%16 == 0 {
-		b.launch("mhc_pre4", grid1(rows*hidden/4, 256), 256, 0, ptr(dst), ptr(x), ptr(pre), rows, n, hidden)
+		b.launch("mhc_pre4", rowGrid(hidden/4, rows), 256, 0, ptr(dst), ptr(x), ptr(pre), rows, n, hidden)
 		return
 	}
 	b.launch("mhc_pre", grid1(rows*hidden, 256), 256, 0, ptr(dst), ptr(x), ptr(pre), rows, n, hidden)
@@ -207,11 +207,12 @@ func (b *Backend) MHCPost(dst, x, out, post, res backend.Buffer, rows, n, hidden
 	if rows*hidden <= 0 {
 		return
 	}
-	name, per := "mhc_post", 1
-	if hidden%4 == 0 && (ptr(dst)|ptr(x)|ptr(out))%16 == 0 {
-		name, per = "mhc_post4", 4 // four columns per thread, 16-byte loads and stores
+	if n <= 4 && hidden%4 == 0 && (ptr(dst)|ptr(x)|ptr(out))%16 == 0 {
+		// Four columns per thread, 16-byte loads and stores.
+		b.launch("mhc_post4", rowGrid(hidden/4, rows), 256, 0, ptr(dst), ptr(x), ptr(out), ptr(post), ptr(res), rows, n, hidden)
+		return
 	}
-	b.launch(name, grid1(rows*hidden/per, 256), 256, 0, ptr(dst), ptr(x), ptr(out), ptr(post), ptr(res), rows, n, hidden)
+	b.launch("mhc_post", grid1(rows*hidden, 256), 256, 0, ptr(dst), ptr(x), ptr(out), ptr(post), ptr(res), rows, n, hidden)
 }
 
 // MHCHeadActivate turns hc_head logits into collapse weights in place.
@@ -228,4 +229,10 @@ func (b *Backend) MHCExpand(dst, emb backend.Buffer, rows, n, hidden int) {
 		return
 	}
 	b.launch("mhc_expand", grid1(rows*n*hidden, 256), 256, 0, ptr(dst), ptr(emb), rows, n, hidden)
+}
+
+// rowGrid covers cols threads per row (256 to a block) over rows rows, a
+// row per grid row, the kernel striding over rows past the grid's 65535.
+func rowGrid(cols, rows int) [3]int {
+	return [3]int{(cols + 255) / 256, min(rows, 65535), 1}
 }

@@ -128,6 +128,36 @@ func TestMHCOps(t *testing.T) {
 	}
 }
 
+// TestMHCPrePost holds the stream kernels (mhc_pre4 / mhc_post4 and their
+// one-column forms) to the CPU at every stream count the four-column kernels
+// specialize (1 to 4) and past it (5, 6), widths that do and do not take
+// four columns per thread, and more rows than a grid's rows (65535), which
+// the four-column kernels stride over. Same operations in the same order as
+// the CPU: the tolerance is float32 rounding only.
+func TestMHCPrePost(t *testing.T) {
+	g, c := newGPU(t), cpu.New(0)
+	rng := rand.New(rand.NewPCG(21, 22))
+	for _, tc := range []struct{ n, hidden, rows int }{
+		{1, 8, 3}, {2, 1028, 2}, {3, 300, 5}, {4, 7168, 3}, {4, 258, 4}, {5, 16, 7}, {6, 40, 2}, {4, 4, 70000},
+	} {
+		n, C, rows := tc.n, tc.hidden, tc.rows
+		name := fmt.Sprintf("n=%d C=%d rows=%d", n, C, rows)
+		x := randn(rng, rows*n*C)
+		pre, post, res := randn(rng, rows*n), randn(rng, rows*n), randn(rng, rows*n*n)
+		dc := make(cpu.Buffer, rows*C)
+		c.MHCPre(dc, cpu.Buffer(x), cpu.Buffer(pre), rows, n, C)
+		dg := poisoned(g, rows*C)
+		xg := toGPU(g, x)
+		g.MHCPre(dg, xg, toGPU(g, pre), rows, n, C)
+		check(t, name+" pre", fromGPU(t, g, dg), dc, 1e-6)
+		out := randn(rng, rows*C)
+		xc := append(cpu.Buffer{}, x...)
+		c.MHCPost(xc, xc, cpu.Buffer(out), cpu.Buffer(post), cpu.Buffer(res), rows, n, C)
+		g.MHCPost(xg, xg, toGPU(g, out), toGPU(g, post), toGPU(g, res), rows, n, C)
+		check(t, name+" post", fromGPU(t, g, xg), xc, 1e-6)
+	}
+}
+
 // The fused projection (mhc_proj_part + mhc_proj_finish) and MHCCoeffsPre
 // against the CPU backend: n = 3 and 4, K = n*C not a multiple of the 64-wide
 // K slices (and odd, for the scalar loads), B = 1, 5, 64 and 300 (each warp
