@@ -58,23 +58,26 @@ type Backend struct {
 	graphSeen     map[uint64]int
 	graphLaunches int
 	paramPtrs     []unsafe.Pointer
-	gemvDec       int  // 0 or 1: the NVFP4 kernels' decoding (fuse.go)
-	gemvOff       bool // benchmarks: NVFP4 matmuls on gemm_nvfp4_mma only
-	gemvPipe      bool // benchmarks: m == 1 activations streamed with the weights
-	gemvSt4       bool // benchmarks: 4-stage pipeline, fewer warps
-	gemvX8        bool // m == 1 on the m <= 8 kernel (x read per chunk, no staging)
-	gemvSmallM    bool // 2 <= m <= 16 on the decode-shape kernels too
-	gemvLB        bool // m == 1 on the 64-register variant (32 warps per multiprocessor; measured faster)
-	gemvMT        bool // m == 1: several tiles per block, x staged once for them (MANIFOLD_GEMV_TILES=1: one)
-	gemvTiles     int  // tests: tiles per block forced (> 1) where they fit
-	gemvTMA       bool // m == 1, K % 2048 == 0: the persistent bulk-copy kernel (MANIFOLD_GEMV_TMA=0: off)
-	tmaWarps      int  // its consumer warps: 16 (one block per multiprocessor) or 8
-	tmaSlots      int  // benchmarks: its ring depth forced (> 0)
-	tmaOcc        int  // with 8 warps: blocks per multiprocessor (2 or 3), shared memory and registers split so many ways
-	tmaTPB        int  // tiles per block (0: a persistent grid of tmaOcc blocks per multiprocessor)
-	tmaUneven     bool // benchmarks: tmaOcc blocks per multiprocessor even when their tile counts differ
-	tmaEvict      bool // its weight copies marked evict-first in L2
-	tmaAblate     int  // benchmarks: gemv_nvfp4_tma's ablation bits (flags bits 4, 5: no x staging, no decoding)
+	gemvDec       int         // 0 or 1: the NVFP4 kernels' decoding (fuse.go)
+	gemvOff       bool        // benchmarks: NVFP4 matmuls on gemm_nvfp4_mma only
+	gemvPipe      bool        // benchmarks: m == 1 activations streamed with the weights
+	gemvSt4       bool        // benchmarks: 4-stage pipeline, fewer warps
+	gemvX8        bool        // m == 1 on the m <= 8 kernel (x read per chunk, no staging)
+	gemvSmallM    bool        // 2 <= m <= 16 on the decode-shape kernels too
+	gemvLB        bool        // m == 1 on the 64-register variant (32 warps per multiprocessor; measured faster)
+	gemvMT        bool        // m == 1: several tiles per block, x staged once for them (MANIFOLD_GEMV_TILES=1: one)
+	gemvTiles     int         // tests: tiles per block forced (> 1) where they fit
+	gemvTMA       bool        // m == 1, K % 2048 == 0: the persistent bulk-copy kernel (MANIFOLD_GEMV_TMA=0: off)
+	tmaWarps      int         // its consumer warps: 16 (one block per multiprocessor) or 8
+	tmaSlots      int         // benchmarks: its ring depth forced (> 0)
+	tmaOcc        int         // with 8 warps: blocks per multiprocessor (2 or 3), shared memory and registers split so many ways
+	tmaTPB        int         // tiles per block (0: a persistent grid of tmaOcc blocks per multiprocessor)
+	tmaUneven     bool        // benchmarks: tmaOcc blocks per multiprocessor even when their tile counts differ
+	tmaEvict      bool        // its weight copies marked evict-first in L2
+	tmaAblate     int         // benchmarks: gemv_nvfp4_tma's ablation bits (flags bits 4, 5: no x staging, no decoding)
+	tkmWS         *allocation // the many-block top-k's workspace (dsv4.go: topK)
+	tkmCap        int
+	tkmOff        bool // tests and benchmarks: one block per row for every top-k
 	pdl           bool // programmatic dependent launch (queue.go)
 	pdlConfig     launchConfig
 	pdlAttr       launchAttribute

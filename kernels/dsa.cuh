@@ -466,6 +466,192 @@ extern "C" __global__ void __launch_bounds__(1024) topk_select(const float* scor
 }
 
 // ---------------------------------------------------------------------------
+// topk_select for a few long rows, over many blocks: block (b, i) takes keys
+// [b*TKM_CHUNK, (b+1)*TKM_CHUNK) of row i. tkm_hist (pass 0, 1, 2) counts
+// its keys that match the digits found so far into the row's global
+// histogram of the pass; tkm_count finds the k-th largest key T from the
+// three histograms and counts its visible keys >= T and == T; tkm_emit
+// writes them in increasing order, each block after the counts of those
+// before it, when the set is every visible key >= T (tk_radix's rule),
+// else block 0 selects the row with torch's algorithm as topk_select does. Every block replays
+// the digit search from the histograms (2048 bins each), so no launch
+// does it alone. Workspace per row (TKM_WS words, zero before the first
+// launch): the three histograms, the per-block counts, a ticket; the last
+// block of tkm_emit to finish with the histograms zeroes them again.
+#define TKM_CHUNK 2048
+#define TKM_MAXB 512
+#define TKM_WS (3 * TK_BINS + 2 * TKM_MAXB + 2)
+
+// tkm_find replays the digit search over passes [0, passes) of the row's
+// histograms: the digits found (prefix, under mask), and kk, the rank of
+// the k-th largest among the keys that match them; after three passes
+// prefix is T, kk how many keys equal to T belong to the set and *ties how
+// many equal it. h: TK_BINS words of the caller's shared memory. Every
+// thread of the block must call it.
+__device__ void tkm_find(const unsigned* hist, int passes, int k, unsigned* h, unsigned* prefix, unsigned* mask, int* kk,
+                         int* ties) {
+    __shared__ unsigned wsum[32];
+    __shared__ unsigned s_bin, s_cnt;
+    __shared__ int s_need;
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    const int per = TK_BINS / blockDim.x;
+    const int shifts[3] = {21, 10, 0}, widths[3] = {11, 11, 10};
+    unsigned pf = 0, mk = 0, cnt = 0;
+    int kr = k;
+    for (int p = 0; p < passes; p++) {
+        for (int b = threadIdx.x; b < TK_BINS; b += blockDim.x) h[b] = hist[p * TK_BINS + b];
+        __syncthreads();
+        unsigned c = 0;
+        for (int j = 0; j < per; j++) c += h[threadIdx.x * per + j];
+        unsigned x = c;
+#pragma unroll
+        for (int o = 1; o < WARP; o <<= 1) {
+            unsigned y = __shfl_down_sync(0xffffffffu, x, o);
+            if (lane + o < WARP) x += y;
+        }
+        if (lane == 0) wsum[warp] = x;
+        __syncthreads();
+        for (int w = warp + 1; w < nw; w++) x += wsum[w];
+        if (x >= (unsigned)kr && x - c < (unsigned)kr) {
+            unsigned acc = x - c;
+            int b = threadIdx.x * per + per - 1;
+            for (; b > threadIdx.x * per; b--) {
+                if (acc + h[b] >= (unsigned)kr) break;
+                acc += h[b];
+            }
+            s_bin = (unsigned)b;
+            s_need = kr - (int)acc;
+            s_cnt = h[b];
+        }
+        __syncthreads();
+        pf |= s_bin << shifts[p];
+        mk |= ((1u << widths[p]) - 1u) << shifts[p];
+        kr = s_need;
+        cnt = s_cnt;
+        __syncthreads();
+    }
+    *prefix = pf, *mask = mk, *kk = kr, *ties = (int)cnt;
+}
+
+extern "C" __global__ void __launch_bounds__(1024) tkm_hist(const float* scores, int n, int topk, unsigned* ws, int pass) {
+    __shared__ unsigned hist[TK_BINS];
+    const int i = blockIdx.y, b = blockIdx.x;
+    const float* row = scores + (size_t)i * n;
+    unsigned* wr = ws + (size_t)i * TKM_WS;
+    unsigned prefix, mask;
+    int kk, ties;
+    tkm_find(wr, pass, min(topk, n), hist, &prefix, &mask, &kk, &ties);
+    for (int j = threadIdx.x; j < TK_BINS; j += blockDim.x) hist[j] = 0;
+    __syncthreads();
+    const int shift = pass == 0 ? 21 : pass == 1 ? 10 : 0;
+    const unsigned dmask = pass == 2 ? 0x3ffu : 0x7ffu;
+    const int j1 = min(n, (b + 1) * TKM_CHUNK);
+    for (int j = b * TKM_CHUNK + threadIdx.x; j < j1; j += blockDim.x) {
+        const unsigned key = tk_key(row[j]);
+        if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & dmask], 1u);
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < TK_BINS; j += blockDim.x)
+        if (hist[j]) atomicAdd(&wr[pass * TK_BINS + j], hist[j]);
+}
+
+extern "C" __global__ void __launch_bounds__(1024) tkm_count(const float* scores, int n, int topk, int pos0, int rate, unsigned* ws) {
+    __shared__ unsigned h[TK_BINS];
+    __shared__ int s_ge, s_eq;
+    const int i = blockIdx.y, b = blockIdx.x;
+    const float* row = scores + (size_t)i * n;
+    unsigned* wr = ws + (size_t)i * TKM_WS;
+    const int vis = min((pos0 + i + 1) / rate, n);
+    unsigned T, mask;
+    int need, ties;
+    tkm_find(wr, 3, min(topk, n), h, &T, &mask, &need, &ties);
+    if (threadIdx.x == 0) s_ge = 0, s_eq = 0;
+    __syncthreads();
+    int ge = 0, eq = 0;
+    const int j1 = min(vis, (b + 1) * TKM_CHUNK);
+    for (int j = b * TKM_CHUNK + threadIdx.x; j < j1; j += blockDim.x) {
+        const unsigned key = tk_key(row[j]);
+        ge += key >= T;
+        eq += key == T;
+    }
+    if (ge) atomicAdd(&s_ge, ge);
+    if (eq) atomicAdd(&s_eq, eq);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        wr[3 * TK_BINS + b] = (unsigned)s_ge;
+        wr[3 * TK_BINS + TKM_MAXB + b] = (unsigned)s_eq;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(1024) tkm_emit(const float* scores, int n, int topk, int pos0, int rate, void* out,
+                                                            int ostride, int* cnt, int mode, float* scratch, unsigned* ws) {
+    __shared__ unsigned h[TK_BINS];
+    __shared__ int s_base, s_total, s_tv, s_last;
+    const int i = blockIdx.y, b = blockIdx.x, nb = gridDim.x;
+    const float* row = scores + (size_t)i * n;
+    unsigned* wr = ws + (size_t)i * TKM_WS;
+    const int vis = min((pos0 + i + 1) / rate, n), k = min(topk, n);
+    unsigned T, mask;
+    int need, ties;
+    tkm_find(wr, 3, k, h, &T, &mask, &need, &ties);
+    if (threadIdx.x == 0) {
+        int base = 0, total = 0, tv = 0;
+        for (int c = 0; c < nb; c++) {
+            const int g = (int)wr[3 * TK_BINS + c];
+            if (c < b) base += g;
+            total += g;
+            tv += (int)wr[3 * TK_BINS + TKM_MAXB + c];
+        }
+        s_base = base, s_total = total, s_tv = tv;
+        // Every block has read the histograms and counts: the last one clears them.
+        __threadfence();
+        s_last = atomicAdd(&wr[TKM_WS - 1], 1u) == (unsigned)(nb - 1);
+    }
+    __syncthreads();
+    const int base = s_base, total = s_total, tv = s_tv;
+    if (s_last) {
+        __threadfence();
+        for (int j = threadIdx.x; j < 3 * TK_BINS; j += blockDim.x) wr[j] = 0;
+        if (threadIdx.x == 0) wr[TKM_WS - 1] = 0;
+    }
+    int* oi = (int*)out + (size_t)i * ostride;
+    float* of = (float*)out + (size_t)i * ostride;
+    const bool exact = ties == need || tv == 0;
+    int all = total;
+    if (!exact) {
+        // Ties decide: block 0 runs torch's algorithm on the row, as topk_select.
+        if (b != 0) return;
+        int* flag = (int*)(scratch + (size_t)i * 3 * n);
+        for (int j = threadIdx.x; j < n; j += blockDim.x) flag[j] = 0;
+        __syncthreads();
+        if (threadIdx.x == 0) tk_torch((TkEntry*)(flag + n), row, n, k, flag);
+        __syncthreads();
+        all = tk_compact(
+            vis, [&](int j) { return flag[j] != 0; },
+            [&](int j, int r) {
+                if (mode == 0) oi[r] = j;
+                else of[r] = (float)j;
+            });
+    } else {
+        const int j0 = b * TKM_CHUNK, j1 = min(vis, j0 + TKM_CHUNK);
+        if (j1 > j0)
+            tk_compact(
+                j1 - j0, [&](int j) { return tk_key(row[j0 + j]) >= T; },
+                [&](int j, int r) {
+                    if (mode == 0) oi[base + r] = j0 + j;
+                    else of[base + r] = (float)(j0 + j);
+                });
+    }
+    if (b == 0) {
+        if (mode == 0) {
+            if (threadIdx.x == 0) cnt[i] = all;
+        } else {
+            for (int j = all + threadIdx.x; j < ostride; j += blockDim.x) of[j] = -1.f;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
 // LayerNorm over rows of n values (layers.LayerNorm, float32 sums): one block per row.
 extern "C" __global__ void dsa_layernorm(float* dst, const float* x, const float* w, const float* b, int n, float eps) {
     __shared__ float red[32];

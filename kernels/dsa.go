@@ -138,7 +138,7 @@ func (b *Backend) DSASelect(idx dsa.Indices, q, w, keys backend.Buffer, m, nKeys
 	b.qmu.Lock()
 	b.q.keep = append(b.q.keep, x.sel, x.cnt, x.scores, x.scratch)
 	b.qmu.Unlock()
-	b.launch("topk_select", [3]int{m, 1, 1}, topkThreads, 0, sp, nKeys, s.TopK, pos0, 1, x.sel.ptr, k, x.cnt.ptr, 0, xp)
+	b.topK(sp, nKeys, s.TopK, pos0, 1, x.sel.ptr, k, x.cnt.ptr, 0, xp, m)
 	runtime.KeepAlive(x)
 }
 

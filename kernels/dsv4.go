@@ -18,8 +18,45 @@ var _ dsv4.Ops = (*Backend)(nil)
 // v4Chunk is V4_CHUNK of dsv4.cuh: key scores in shared memory at a time.
 const v4Chunk = 1024
 
-// topkThreads is the block size of topk_select.
+// topkThreads is the block size of topk_select and the tkm_ kernels.
 const topkThreads = 1024
+
+// The many-block top-k (tkm_ in dsa.cuh): TKM_CHUNK keys per block, at
+// most TKM_MAXB blocks per row, TKM_WS workspace words per row; taken for
+// at most tkmRows rows of at least tkmMinKeys keys (decode over long
+// contexts), where one block per row leaves the GPU idle.
+const (
+	tkmChunk   = 2048
+	tkmMaxB    = 512
+	tkmWS      = 3*2048 + 2*tkmMaxB + 2
+	tkmRows    = 4
+	tkmMinKeys = 16384
+)
+
+// topK selects the top-k of rows rows of n scores at sp (topk_select's
+// arguments; xp its scratch of 3n words per row): one block per row, or
+// for a few long rows the many-block passes over a workspace the backend
+// keeps (zeroed when allocated, cleared again by tkm_emit).
+func (b *Backend) topK(sp uint64, n, topk, pos0, rate int, out uint64, ostride int, cp uint64, mode int, xp uint64, rows int) {
+	if b.tkmOff || rows > tkmRows || n < tkmMinKeys || n > tkmChunk*tkmMaxB || topk < 1 {
+		b.launch("topk_select", [3]int{rows, 1, 1}, topkThreads, 0, sp, n, topk, pos0, rate, out, ostride, cp, mode, xp)
+		return
+	}
+	if err := b.grow(&b.tkmWS, &b.tkmCap, tkmRows*tkmWS); err != nil {
+		b.setErr(err)
+		return
+	}
+	ws := b.tkmWS.ptr
+	b.qmu.Lock()
+	b.q.keep = append(b.q.keep, b.tkmWS)
+	b.qmu.Unlock()
+	grid := [3]int{(n + tkmChunk - 1) / tkmChunk, rows, 1}
+	for pass := range 3 {
+		b.launch("tkm_hist", grid, topkThreads, 0, sp, n, topk, ws, pass)
+	}
+	b.launch("tkm_count", grid, topkThreads, 0, sp, n, topk, pos0, rate, ws)
+	b.launch("tkm_emit", grid, topkThreads, 0, sp, n, topk, pos0, rate, out, ostride, cp, mode, xp, ws)
+}
 
 // V4Compress pools, normalizes and rotates compressed entries, one block per entry.
 func (b *Backend) V4Compress(dst, kv, gate, ape, norm backend.Buffer, a dsv4.CompressArgs) {
@@ -83,15 +120,18 @@ func (b *Backend) selectTopK(out backend.Buffer, mode int, cnt *allocation, rows
 			return
 		}
 		sp, xp = scores.ptr, scratch.ptr
+		// The queue keeps them alive until it launches: a collection before
+		// then would free memory its launches still write.
+		b.qmu.Lock()
+		b.q.keep = append(b.q.keep, scores, scratch)
+		b.qmu.Unlock()
 		score(sp)
 	}
 	var cp uint64
 	if cnt != nil {
 		cp = cnt.ptr
 	}
-	b.launch("topk_select", [3]int{rows, 1, 1}, topkThreads, 0, sp, n, topk, pos0, rate, ptr(out), ostride, cp, mode, xp)
-	runtime.KeepAlive(scores)
-	runtime.KeepAlive(scratch)
+	b.topK(sp, n, topk, pos0, rate, ptr(out), ostride, cp, mode, xp, rows)
 }
 
 // V4Attention attends with sinks, one block per (head, query) (dsv4.cuh).

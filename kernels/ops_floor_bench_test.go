@@ -196,6 +196,17 @@ func BenchmarkOpsVsDenseDSA(b *testing.B) {
 				g.DSAAttendLatent(out, qLat, q, lat, kr, idx, 1, s, 0.1)
 			})
 		})
+		// The same with one block per row for the top-k (topk_select, as
+		// before the many-block passes).
+		b.Run(name+"sparse-1block", func(b *testing.B) {
+			g.tkmOff = true
+			defer func() { g.tkmOff = false }()
+			timeOp(b, g, bw, 10, selectBytes+attendBytes, func() {
+				g.Copy(iw, iw0)
+				g.DSASelect(idx, iq, iw, ik, 1, L, L-1)
+				g.DSAAttendLatent(out, qLat, q, lat, kr, idx, 1, s, 0.1)
+			})
+		})
 		b.Run(name+"dense", func(b *testing.B) {
 			timeOp(b, g, bw, 3, float64(L)*rowBytes, func() {
 				for c0 := 0; c0 < L; c0 += chunk {

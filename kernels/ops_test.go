@@ -393,64 +393,83 @@ func testGatherScatter(t *testing.T, g *Backend, c *cpu.Backend, rng *rand.Rand,
 func TestTopKTies(t *testing.T) {
 	g := newGPU(t)
 	rng := rand.New(rand.NewPCG(15, 16))
-	inf := float32(math.Inf(-1))
-	for _, tc := range []struct {
-		n, k, levels, rows, pos0 int
-		nan                      bool
-	}{
+	for _, tc := range []topKCase{
 		{40, 3, 4, 4, 30, false}, {40, 50, 3, 3, 10, false}, {200, 3, 2, 5, 195, false}, {200, 16, 5, 5, 150, false},
 		{1000, 10, 3, 3, 997, false}, {1000, 300, 4, 3, 600, false}, {5000, 64, 6, 2, 4998, false},
 		{5000, 2048, 8, 2, 4500, false}, {300, 7, 3, 3, 297, true}, {3000, 1, 2, 2, 2998, false}, {129, 129, 2, 2, 100, false},
-		// Long rows: several radix chunks per thread, few ties at the k-th value.
+		// Long rows: several radix chunks per thread, few ties at the k-th value;
+		// from 16384 keys and up to 4 rows the many-block passes (tkm_), also
+		// with ties that decide (block 0 falls back to topk_select's way).
 		{140000, 2048, 1 << 20, 2, 139995, false}, {70001, 2048, 1 << 30, 1, 60000, false},
+		{20000, 100, 3, 2, 19990, false}, {40000, 2048, 1 << 12, 3, 39000, true}, {16384, 16384, 5, 1, 16383, false},
 	} {
-		scores := make([]float32, tc.rows*tc.n)
-		for i := range tc.rows {
-			vis := min(tc.pos0+i+1, tc.n)
-			for j := range tc.n {
-				v := float32(rng.IntN(tc.levels))
-				switch {
-				case j >= vis:
-					v = inf
-				case tc.nan && rng.IntN(10) == 0:
-					v = float32(math.NaN())
-				case rng.IntN(7) == 0:
-					v = float32(math.Copysign(0, -1))
-				}
-				scores[i*tc.n+j] = v
+		for _, off := range []bool{false, true} {
+			if off && (tc.n < tkmMinKeys || tc.rows > tkmRows) {
+				continue
+			}
+			g.tkmOff = off
+			testTopKCase(t, g, rng, tc)
+		}
+	}
+	g.tkmOff = false
+}
+
+// topKCase: rows of n scores drawn from levels values (nan: some NaN),
+// row i seeing min(pos0+i+1, n) of them, top-k k.
+type topKCase struct {
+	n, k, levels, rows, pos0 int
+	nan                      bool
+}
+
+func testTopKCase(t *testing.T, g *Backend, rng *rand.Rand, tc topKCase) {
+	t.Helper()
+	inf := float32(math.Inf(-1))
+	scores := make([]float32, tc.rows*tc.n)
+	for i := range tc.rows {
+		vis := min(tc.pos0+i+1, tc.n)
+		for j := range tc.n {
+			v := float32(rng.IntN(tc.levels))
+			switch {
+			case j >= vis:
+				v = inf
+			case tc.nan && rng.IntN(10) == 0:
+				v = float32(math.NaN())
+			case rng.IntN(7) == 0:
+				v = float32(math.Copysign(0, -1))
+			}
+			scores[i*tc.n+j] = v
+		}
+	}
+	src := toGPU(g, scores)
+	copyScores := func(sp uint64) { g.copyBytes(sp, ptr(src), 4*len(scores)) }
+	k := min(tc.k, tc.n)
+	cnt, err := g.alloc(4 * tc.rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sel := toGPU(g, make([]float32, tc.rows*k))
+	g.selectTopK(sel, 0, cnt, tc.rows, tc.n, tc.k, k, tc.pos0, 1, copyScores)
+	fsel := poisoned(g, tc.rows*tc.k)
+	g.selectTopK(fsel, 1, nil, tc.rows, tc.n, tc.k, tc.k, tc.pos0, 1, copyScores)
+	counts := fromGPU(t, g, &Buffer{a: cnt, ptr: cnt.ptr, n: tc.rows})
+	ints, floats := fromGPU(t, g, sel), fromGPU(t, g, fsel)
+	for i := range tc.rows {
+		vis := min(tc.pos0+i+1, tc.n)
+		want := dsa.Select(make([]int32, k), scores[i*tc.n:(i+1)*tc.n], vis, tc.k, nil)
+		var gi []int32
+		for _, v := range ints[i*k : i*k+int(math.Float32bits(counts[i]))] {
+			gi = append(gi, int32(math.Float32bits(v)))
+		}
+		var gf []int32
+		for j, v := range floats[i*tc.k : (i+1)*tc.k] {
+			if j < len(want) {
+				gf = append(gf, int32(v))
+			} else if v != -1 {
+				t.Errorf("n=%d k=%d row %d: float output slot %d is %v, want -1", tc.n, tc.k, i, j, v)
 			}
 		}
-		src := toGPU(g, scores)
-		copyScores := func(sp uint64) { g.copyBytes(sp, ptr(src), 4*len(scores)) }
-		k := min(tc.k, tc.n)
-		cnt, err := g.alloc(4 * tc.rows)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sel := toGPU(g, make([]float32, tc.rows*k))
-		g.selectTopK(sel, 0, cnt, tc.rows, tc.n, tc.k, k, tc.pos0, 1, copyScores)
-		fsel := poisoned(g, tc.rows*tc.k)
-		g.selectTopK(fsel, 1, nil, tc.rows, tc.n, tc.k, tc.k, tc.pos0, 1, copyScores)
-		counts := fromGPU(t, g, &Buffer{a: cnt, ptr: cnt.ptr, n: tc.rows})
-		ints, floats := fromGPU(t, g, sel), fromGPU(t, g, fsel)
-		for i := range tc.rows {
-			vis := min(tc.pos0+i+1, tc.n)
-			want := dsa.Select(make([]int32, k), scores[i*tc.n:(i+1)*tc.n], vis, tc.k, nil)
-			var gi []int32
-			for _, v := range ints[i*k : i*k+int(math.Float32bits(counts[i]))] {
-				gi = append(gi, int32(math.Float32bits(v)))
-			}
-			var gf []int32
-			for j, v := range floats[i*tc.k : (i+1)*tc.k] {
-				if j < len(want) {
-					gf = append(gf, int32(v))
-				} else if v != -1 {
-					t.Errorf("n=%d k=%d row %d: float output slot %d is %v, want -1", tc.n, tc.k, i, j, v)
-				}
-			}
-			if !slices.Equal(gi, want) || !slices.Equal(gf, want) {
-				t.Errorf("n=%d k=%d row %d (visible %d): GPU %v / %v, CPU %v", tc.n, tc.k, i, vis, gi, gf, want)
-			}
+		if !slices.Equal(gi, want) || !slices.Equal(gf, want) {
+			t.Errorf("n=%d k=%d row %d (visible %d): GPU %v / %v, CPU %v", tc.n, tc.k, i, vis, gi, gf, want)
 		}
 	}
 }
