@@ -137,6 +137,49 @@ __device__ __forceinline__ unsigned tk_key(float v) {
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+#define TK_BINS 2048
+#define TK_U 8
+
+// tk_digit finds the bin of the kk-th largest key in the TK_BINS-bin
+// histogram h (shared memory, complete: the caller synchronized after
+// filling it) by suffix sums from the top bin: *bin, *need (kk less the
+// keys in the bins above it) and *cnt (its count), the same in every thread.
+// Every thread of the block must call it; h may be refilled after it returns.
+__device__ void tk_digit(const unsigned* h, int kk, unsigned* bin, int* need, unsigned* cnt) {
+    __shared__ unsigned wsum[32];
+    __shared__ unsigned s_bin, s_cnt;
+    __shared__ int s_need;
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    const int per = TK_BINS / blockDim.x;  // thread t holds bins [t*per, t*per + per)
+    unsigned c = 0;
+    for (int j = 0; j < per; j++) c += h[threadIdx.x * per + j];
+    unsigned x = c;
+#pragma unroll
+    for (int o = 1; o < WARP; o <<= 1) {
+        unsigned y = __shfl_down_sync(0xffffffffu, x, o);
+        if (lane + o < WARP) x += y;
+    }
+    if (lane == 0) wsum[warp] = x;
+    __syncthreads();
+    for (int w = warp + 1; w < nw; w++) x += wsum[w];
+    // x: keys in bins >= t*per; the kk-th largest is in this thread's bins
+    // when x >= kk > x - c.
+    if (x >= (unsigned)kk && x - c < (unsigned)kk) {
+        unsigned acc = x - c;
+        int b = threadIdx.x * per + per - 1;
+        for (; b > threadIdx.x * per; b--) {
+            if (acc + h[b] >= (unsigned)kk) break;
+            acc += h[b];
+        }
+        s_bin = (unsigned)b;
+        s_need = kk - (int)acc;
+        s_cnt = h[b];
+    }
+    __syncthreads();
+    *bin = s_bin, *need = s_need, *cnt = s_cnt;
+    __syncthreads();
+}
+
 // tk_radix returns the k-th largest key (1 <= k <= n) of keyf(0..n-1) and,
 // in *need, how many elements equal to it belong to the k largest (k minus
 // the number above it), in *ties how many equal it. A block-wide radix
@@ -145,17 +188,10 @@ __device__ __forceinline__ unsigned tk_key(float v) {
 // thread before counting, so the loads overlap), then a suffix scan of the
 // bins finds the digit of the k-th largest. Every thread of the block must
 // call it; blockDim a power of two from 32 to 1024.
-#define TK_BINS 2048
-#define TK_U 8
 template <typename KeyF>
 __device__ unsigned tk_radix(KeyF keyf, int n, int k, int* need, int* ties) {
     __shared__ unsigned hist[TK_BINS];
-    __shared__ unsigned wsum[32];
-    __shared__ unsigned s_bin, s_cnt;
-    __shared__ int s_need;
-    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nw = blockDim.x / WARP;
-    int per = TK_BINS / blockDim.x;  // bins per thread in the scan
-    unsigned prefix = 0, mask = 0;
+    unsigned prefix = 0, mask = 0, cnt = 0;
     int kk = k;
     const int shifts[3] = {21, 10, 0}, widths[3] = {11, 11, 10};
     for (int p = 0; p < 3; p++) {
@@ -179,39 +215,13 @@ __device__ unsigned tk_radix(KeyF keyf, int n, int k, int* need, int* ties) {
             }
         }
         __syncthreads();
-        // Suffix sums from the top bin: thread t holds bins [t*per, t*per + per).
-        unsigned c = 0;
-        for (int j = 0; j < per; j++) c += hist[threadIdx.x * per + j];
-        unsigned x = c;
-#pragma unroll
-        for (int o = 1; o < WARP; o <<= 1) {
-            unsigned y = __shfl_down_sync(0xffffffffu, x, o);
-            if (lane + o < WARP) x += y;
-        }
-        if (lane == 0) wsum[warp] = x;
-        __syncthreads();
-        for (int w = warp + 1; w < nw; w++) x += wsum[w];
-        // x: keys in bins >= t*per; the k-th largest is in this thread's bins
-        // when x >= kk > x - c.
-        if (x >= (unsigned)kk && x - c < (unsigned)kk) {
-            unsigned acc = x - c;
-            int b = threadIdx.x * per + per - 1;
-            for (; b > threadIdx.x * per; b--) {
-                if (acc + hist[b] >= (unsigned)kk) break;
-                acc += hist[b];
-            }
-            s_bin = (unsigned)b;
-            s_need = kk - (int)acc;
-            s_cnt = hist[b];
-        }
-        __syncthreads();
-        prefix |= s_bin << shift;
+        unsigned bin;
+        tk_digit(hist, kk, &bin, &kk, &cnt);
+        prefix |= bin << shift;
         mask |= dmask << shift;
-        kk = s_need;
-        __syncthreads();
     }
     *need = kk;
-    *ties = (int)s_cnt;
+    *ties = (int)cnt;
     return prefix;
 }
 
@@ -490,45 +500,16 @@ extern "C" __global__ void __launch_bounds__(1024) topk_select(const float* scor
 // thread of the block must call it.
 __device__ void tkm_find(const unsigned* hist, int passes, int k, unsigned* h, unsigned* prefix, unsigned* mask, int* kk,
                          int* ties) {
-    __shared__ unsigned wsum[32];
-    __shared__ unsigned s_bin, s_cnt;
-    __shared__ int s_need;
-    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nw = blockDim.x / WARP;
-    const int per = TK_BINS / blockDim.x;
     const int shifts[3] = {21, 10, 0}, widths[3] = {11, 11, 10};
     unsigned pf = 0, mk = 0, cnt = 0;
     int kr = k;
     for (int p = 0; p < passes; p++) {
         for (int b = threadIdx.x; b < TK_BINS; b += blockDim.x) h[b] = hist[p * TK_BINS + b];
         __syncthreads();
-        unsigned c = 0;
-        for (int j = 0; j < per; j++) c += h[threadIdx.x * per + j];
-        unsigned x = c;
-#pragma unroll
-        for (int o = 1; o < WARP; o <<= 1) {
-            unsigned y = __shfl_down_sync(0xffffffffu, x, o);
-            if (lane + o < WARP) x += y;
-        }
-        if (lane == 0) wsum[warp] = x;
-        __syncthreads();
-        for (int w = warp + 1; w < nw; w++) x += wsum[w];
-        if (x >= (unsigned)kr && x - c < (unsigned)kr) {
-            unsigned acc = x - c;
-            int b = threadIdx.x * per + per - 1;
-            for (; b > threadIdx.x * per; b--) {
-                if (acc + h[b] >= (unsigned)kr) break;
-                acc += h[b];
-            }
-            s_bin = (unsigned)b;
-            s_need = kr - (int)acc;
-            s_cnt = h[b];
-        }
-        __syncthreads();
-        pf |= s_bin << shifts[p];
+        unsigned bin;
+        tk_digit(h, kr, &bin, &kr, &cnt);
+        pf |= bin << shifts[p];
         mk |= ((1u << widths[p]) - 1u) << shifts[p];
-        kr = s_need;
-        cnt = s_cnt;
-        __syncthreads();
     }
     *prefix = pf, *mask = mk, *kk = kr, *ties = (int)cnt;
 }
