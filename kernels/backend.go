@@ -44,6 +44,7 @@ type Backend struct {
 	timed     []timedLaunch
 	closed    bool
 	live      map[uint64]struct{} // allocations not yet freed
+	freeLater []uint64            // allocations collected while queued work may still use them (qmu)
 
 	sampleMu sync.Mutex
 	sample   sampler
@@ -78,6 +79,8 @@ type Backend struct {
 	tkmWS         *allocation // the many-block top-k's workspace (dsv4.go: topK)
 	tkmCap        int
 	tkmOff        bool // tests and benchmarks: one block per row for every top-k
+	dsaMMAOff     bool // tests and benchmarks: dsa_attend_split where dsa_attend_mma would run
+	idxMMAOff     bool // tests and benchmarks: idx_scores_tile where idx_scores_mma would run
 	pdl           bool // programmatic dependent launch (queue.go)
 	pdlConfig     launchConfig
 	pdlAttr       launchAttribute
@@ -290,9 +293,12 @@ func (b *Backend) alloc(bytes int) (*allocation, error) {
 	return a, nil
 }
 
-// free returns device memory once nothing refers to it. Close frees what is
-// still live; after it, an address may belong to another allocation, so
-// nothing more is freed here.
+// free returns device memory once nothing refers to it. Queued work that
+// has not been launched yet may still name the address (launch arguments are
+// addresses, and a caller may drop a buffer right after queueing an op on
+// it), so while the queue holds work the free waits for its launch
+// (flushLocked). Close frees what is still live; after it, an address may
+// belong to another allocation, so nothing more is freed here.
 func (b *Backend) free(ptr uint64) {
 	b.qmu.Lock()
 	defer b.qmu.Unlock()
@@ -301,8 +307,30 @@ func (b *Backend) free(ptr uint64) {
 	if b.closed {
 		return
 	}
+	if len(b.q.ops) > 0 {
+		b.freeLater = append(b.freeLater, ptr)
+		return
+	}
 	delete(b.live, ptr)
 	b.d.onContext(b.ctx, func() { b.d.cuMemFree(ptr) })
+}
+
+// freeQueued frees what free deferred, once the queue's work is launched (the
+// driver's free waits for launched work that uses the memory). It runs with
+// qmu held and the context current.
+func (b *Backend) freeQueued() {
+	if len(b.freeLater) == 0 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.closed {
+		for _, p := range b.freeLater {
+			delete(b.live, p)
+			b.d.cuMemFree(p)
+		}
+	}
+	b.freeLater = b.freeLater[:0]
 }
 
 // NewBuffer allocates n zeroed float32 values. An allocation failure is kept

@@ -6,7 +6,10 @@ import (
 	"math"
 	"math/rand/v2"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/backend/cpu"
@@ -303,4 +306,49 @@ func TestSampleToken(t *testing.T) {
 	if _, err := g.SampleToken(toGPU(g, []float32{1, 2}), 1, 0, 0.5); err == nil {
 		t.Error("top-k 0 with a temperature accepted")
 	}
+}
+
+// TestFreeWhileQueued drops a buffer right after queueing a copy from it and
+// lets the collector run its cleanup before the queue launches: the memory
+// must stay allocated (and not be handed to a new buffer) until then.
+func TestFreeWhileQueued(t *testing.T) {
+	g := newGPU(t)
+	const n = 1 << 20
+	ones := make([]float32, n)
+	for i := range ones {
+		ones[i] = 1
+	}
+	dst := g.NewBuffer(n)
+	srcPtr := func() uint64 {
+		src := toGPU(g, ones)
+		g.Copy(dst, src) // queued, not launched
+		return ptr(src)
+	}()
+	// Wait for the cleanup of src: its address deferred, or (the bug) freed.
+	collected := func() bool {
+		g.qmu.Lock()
+		defer g.qmu.Unlock()
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		_, live := g.live[srcPtr]
+		return !live || slices.Contains(g.freeLater, srcPtr)
+	}
+	for deadline := time.Now().Add(5 * time.Second); !collected(); {
+		if time.Now().After(deadline) {
+			t.Skip("the collector did not run src's cleanup")
+		}
+		runtime.GC()
+		time.Sleep(time.Millisecond)
+	}
+	junk := g.NewBuffer(n) // would take src's address if it had been freed
+	if got := fromGPU(t, g, dst); slices.ContainsFunc(got, func(v float32) bool { return v != 1 }) {
+		t.Fatalf("the copy read a freed buffer: %v ...", got[:4])
+	}
+	g.mu.Lock()
+	_, live := g.live[srcPtr]
+	g.mu.Unlock()
+	if live {
+		t.Errorf("src still allocated after the queue launched")
+	}
+	runtime.KeepAlive(junk)
 }

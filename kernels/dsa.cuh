@@ -8,6 +8,14 @@
 // a __syncthreads must follow the wait before other threads read them.
 __host__ __device__ __forceinline__ int dsa_row_stride(int d) { return ((d / 4) % 2 == 0) ? d + 4 : d + 8; }
 
+// v as tf32 hi and lo parts: hi rounded to nearest, lo = v - hi exactly in
+// float32, passed as is (the tensor cores read a tf32 operand's top 19 bits,
+// so lo is truncated there: |error| < 2^-20 |v|).
+__device__ __forceinline__ void dsa_split(float v, uint32_t& hi, uint32_t& lo) {
+    hi = mhc_tf32(v);
+    lo = __float_as_uint(v - __uint_as_float(hi));
+}
+
 // ---------------------------------------------------------------------------
 // Indexer scores: scores[i, e] = sum_h w[i, h] * ReLU(scale * q[i, h] . keys[e])
 // for e < vis_i = min((pos0 + i + 1) / rate, n), -inf beyond (rate 1: DSA's
@@ -123,6 +131,128 @@ extern "C" __global__ void __launch_bounds__(256) idx_scores_tile(float* scores,
         }
     }
     if (tid < IDX_KT && e0 + tid < n) out[e0 + tid] = tid < ne ? s_sum[tid] : -INFINITY;
+}
+
+// idx_scores_mma is idx_scores_tile on the tensor cores, for at most 64
+// heads of dim <= 128 (dim % 8 == 0; dsa.go checks): persistent blocks
+// (block x takes key tiles x, x + gridDim.x, ... of query blockIdx.y), the
+// query's heads staged once and held as tf32 hi/lo fragments in registers,
+// each 64-key tile copied (cp.async, double-buffered) while the one before
+// is scored. Warp w takes heads 16(w & 3) .. +15 against keys 32(w >> 2) ..
+// +31 (four 8-key n-tiles) over all of dim: dot products at float32 accuracy
+// (dsa_split; the columns 8k + 2t, 8k + 2t + 1 as the fragment's t, t + 4,
+// as dsa_attend_mma), then each term fmul(w, fmul(dot, scale)) if positive,
+// into shared memory; four threads per key add 16 heads each in head order
+// and the four sums in order. Keys past the visible ones score -inf. Row
+// stride IDX_MS = 136 floats (8 mod 32: conflict-free fragment loads).
+#define IDX_MT 64    // keys per tile
+#define IDX_MS 136   // padded row of up to 128 floats
+#define IDX_MK 16    // k8 steps: dim <= 128
+#define IDX_VS 68    // a head's row of 64 terms, padded
+
+extern "C" __global__ void __launch_bounds__(256, 1) idx_scores_mma(float* scores, const float* q, const float* keys,
+                                                                    const float* w, int heads, int dim, int n, int pos0,
+                                                                    int rate, float scale) {
+    extern __shared__ __align__(16) float idx_sm[];
+    float* Ks = idx_sm;                     // [2][IDX_MT][IDX_MS]
+    float* Vs = Ks + 2 * IDX_MT * IDX_MS;   // [64 heads][IDX_VS] weighted ReLU terms
+    const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP, g = lane >> 2, t = lane & 3;
+    const int i = blockIdx.y, vis = min((pos0 + i + 1) / rate, n), d4 = dim / 4;
+    const int ntiles = (n + IDX_MT - 1) / IDX_MT;
+    float* out = scores + (size_t)i * n;
+    // Key rows of tile kt into buffer b (rows past n repeat the last key), four threads per row.
+    auto load = [&](int kt, int b) {
+        const int r = tid >> 2;
+        const float* src = keys + (size_t)min(kt * IDX_MT + r, n - 1) * dim;
+        float* d = Ks + (b * IDX_MT + r) * IDX_MS;
+        for (int c = tid & 3; c < d4; c += 4) cp_async16(smem_u32(d + 4 * c), src + 4 * c);
+        cp_async_commit();
+    };
+    int kt = blockIdx.x;
+    if (kt < ntiles) load(kt, 0);
+
+    // The query's heads into buffer 1 (zero past heads and dim), then this warp's fragments.
+    {
+        float* qs = Ks + IDX_MT * IDX_MS;
+        const float* qi = q + (size_t)i * heads * dim;
+        for (int x = tid; x < 64 * (IDX_MK * 2); x += blockDim.x) {
+            const int h = x / (IDX_MK * 2), c = x - h * (IDX_MK * 2);
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (h < heads && c < d4) v = *reinterpret_cast<const float4*>(qi + (size_t)h * dim + 4 * c);
+            *reinterpret_cast<float4*>(qs + h * IDX_MS + 4 * c) = v;
+        }
+    }
+    __syncthreads();
+    const int hm = 16 * (warp & 3), kn = 32 * (warp >> 2);
+    uint32_t qh[IDX_MK][4], ql[IDX_MK][4];
+#pragma unroll
+    for (int s = 0; s < IDX_MK; s++) {
+        const float* qs = Ks + IDX_MT * IDX_MS + (hm + g) * IDX_MS + 8 * s + 2 * t;
+        const float2 va = *reinterpret_cast<const float2*>(qs), vb = *reinterpret_cast<const float2*>(qs + 8 * IDX_MS);
+        dsa_split(va.x, qh[s][0], ql[s][0]);
+        dsa_split(vb.x, qh[s][1], ql[s][1]);
+        dsa_split(va.y, qh[s][2], ql[s][2]);
+        dsa_split(vb.y, qh[s][3], ql[s][3]);
+    }
+    const float w0 = hm + g < heads ? w[(size_t)i * heads + hm + g] : 0.f;
+    const float w1 = hm + g + 8 < heads ? w[(size_t)i * heads + hm + g + 8] : 0.f;
+    __syncthreads();  // buffer 1 free for the copies
+
+    const int nk8 = dim / 8;
+    for (int b = 0; kt < ntiles; kt += gridDim.x, b ^= 1) {
+        if (kt + gridDim.x < ntiles) load(kt + gridDim.x, b ^ 1);
+        else cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();  // tile b in Ks; Vs free (read before the last iteration's final barrier)
+        const float* kb = Ks + (b * IDX_MT + kn) * IDX_MS;
+        float sc[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+#pragma unroll
+        for (int s = 0; s < IDX_MK; s++) {
+            if (s < nk8) {
+                uint32_t bh[4][2], bl[4][2];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const float2 kv = *reinterpret_cast<const float2*>(kb + (j * 8 + g) * IDX_MS + 8 * s + 2 * t);
+                    dsa_split(kv.x, bh[j][0], bl[j][0]);
+                    dsa_split(kv.y, bh[j][1], bl[j][1]);
+                }
+#pragma unroll
+                for (int j = 0; j < 4; j++) mhc_mma_tf32(sc[j], ql[s][0], ql[s][1], ql[s][2], ql[s][3], bh[j][0], bh[j][1]);
+#pragma unroll
+                for (int j = 0; j < 4; j++) mhc_mma_tf32(sc[j], qh[s][0], qh[s][1], qh[s][2], qh[s][3], bl[j][0], bl[j][1]);
+#pragma unroll
+                for (int j = 0; j < 4; j++) mhc_mma_tf32(sc[j], qh[s][0], qh[s][1], qh[s][2], qh[s][3], bh[j][0], bh[j][1]);
+            }
+        }
+        // Lane (g, t): heads hm + g (c0, c1) and hm + g + 8 (c2, c3), keys kn + 8j + 2t, +1.
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float v[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float d = __fmul_rn(sc[j][e], scale);
+                v[e] = d > 0.f ? __fmul_rn(e < 2 ? w0 : w1, d) : 0.f;
+            }
+            const int key = kn + 8 * j + 2 * t;
+            *reinterpret_cast<float2*>(Vs + (hm + g) * IDX_VS + key) = make_float2(v[0], v[1]);
+            *reinterpret_cast<float2*>(Vs + (hm + g + 8) * IDX_VS + key) = make_float2(v[2], v[3]);
+        }
+        __syncthreads();  // every term in Vs
+        {
+            const int key = tid >> 2, part = tid & 3;
+            float s = 0.f;
+#pragma unroll
+            for (int h = 0; h < 16; h++) s = __fadd_rn(s, Vs[(16 * part + h) * IDX_VS + key]);
+            const float s1 = __shfl_down_sync(0xffffffffu, s, 1), s2 = __shfl_down_sync(0xffffffffu, s, 2),
+                        s3 = __shfl_down_sync(0xffffffffu, s, 3);
+            const int e = kt * IDX_MT + key;
+            if (part == 0 && e < n) out[e] = e < vis ? __fadd_rn(__fadd_rn(__fadd_rn(s, s1), s2), s3) : -INFINITY;
+        }
+        __syncthreads();  // Ks[b] and Vs free for the next tiles
+    }
+    cp_async_wait<0>();
 }
 
 // ---------------------------------------------------------------------------
@@ -933,29 +1063,296 @@ extern "C" __global__ void __launch_bounds__(DSA_THREADS, 2)
     }
 }
 
-// dsa_attend_combine merges dsa_attend_split's splits: out = sum_s w_s O_s /
-// sum_s w_s l_s, w_s = exp(m_s - max m). Grid (heads, rows), 128 threads.
-extern "C" __global__ void dsa_attend_combine(float* out, const float* part, int rows, int heads, int la, int nsplit) {
-    __shared__ float w[DSA_MAX_SPLITS];
-    int h = blockIdx.x, i = blockIdx.y;
-    const float* ml = part + (size_t)rows * nsplit * heads * la;
-    float M = -INFINITY;
-    for (int s = 0; s < nsplit; s++) M = fmaxf(M, ml[(((size_t)i * nsplit + s) * heads + h) * 2]);
-    for (int s = threadIdx.x; s < nsplit; s += blockDim.x) {
-        float m = ml[(((size_t)i * nsplit + s) * heads + h) * 2];
-        w[s] = m == -INFINITY ? 0.f : expf(m - M);
+// dsa_attend_mma is dsa_attend_split on the tensor cores, for la a multiple
+// of 64, lb of 8 and la + lb <= 576 (dsa.go checks): the same blocks, splits,
+// online softmax and outputs (part's layout too), with both products as mma
+// m16n8k8 in tf32 at float32 accuracy (x = hi + lo, both tf32: a·b = a_lo·b_hi
+// + a_hi·b_lo + a_hi·b_hi, as mhc_proj_part does) and the next tile's rows
+// copied while this one is worked on.
+//
+// Scores S[16 heads][32 tokens] = Q·K^T: warp w takes the k8 steps
+// [w*KW, w*KW + KW) of the D = la + lb columns for all four 8-token n-tiles,
+// its Q fragments loaded once (hi and lo in registers for the whole
+// selection); lane (g, t) uses the pair of columns 8k + 2t, 8k + 2t + 1 as
+// the fragment's logical columns t and t + 4 (Q and K alike, so each dot
+// product still covers every column once). The eight warps' partial sums are
+// added in warp order through shared memory. Output O[16][la] += P·V: warp
+// w takes columns [w*la/8, (w+1)*la/8) in 8-column n-tiles, the 32 tokens in
+// four k8 steps. Rows past a tile's last selected token repeat that token
+// (finite values behind probabilities of zero). Row stride DS = D rounded up
+// to 32, plus 8 floats: the fragment loads (rows g, columns 2t or t) fall in
+// distinct banks.
+#define DSA_MKMAX 9  // k8 steps per warp: D <= 8 * 8 * 9 = 576
+#define DSA_RS 40    // a head's row of 32 partial scores, padded
+#define DSA_PS 24    // a token's row of 16 probabilities, padded
+static_assert(DSA_TT * 8 == DSA_THREADS, "dsa_attend_mma copies a row with eight threads");
+
+__host__ __device__ __forceinline__ int dsa_mma_stride(int d) { return ((d + 31) & ~31) + 8; }
+
+extern "C" __global__ void __launch_bounds__(DSA_THREADS, 1)
+    dsa_attend_mma(float* out, float* part, const float* qLat, const float* qRope, int qrI, int qrH, const float* lat,
+                   const float* rope, int la, int lb, const int* sel, const int* cnt, int K, int heads, int per,
+                   float scale) {
+    extern __shared__ __align__(16) float dsa_sm[];
+    __shared__ float s_m[DSA_G], s_l[DSA_G], s_a[DSA_G];
+    const int D = la + lb, DS = dsa_mma_stride(D), KW = (D / 8 + 7) / 8;
+    float* Ks = dsa_sm;                        // [2][DSA_TT][DS] selected rows: latent | rope
+    float* red = Ks + 2 * DSA_TT * DS;         // [8 warps][DSA_G][DSA_RS] partial scores
+    float* Ps = red + 8 * DSA_G * DSA_RS;      // [DSA_TT][DSA_PS] scores, then probabilities
+    const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP, g = lane >> 2, t = lane & 3;
+    const int split = blockIdx.x, nsplit = gridDim.x, hb = blockIdx.y * DSA_G, i = blockIdx.z;
+    const int n = cnt[i];
+    const int lo = min(split * per, n), hi = min(lo + per, n);
+    const int* ts = sel + (size_t)i * K;
+    const int q4 = D / 4, la4 = la / 4;
+
+    // The tile's 32 rows from token t0 into buffer b (rows past hi repeat
+    // hi - 1), eight threads per row: one token id each, then its copies;
+    // one commit group.
+    auto load = [&](int t0, int b) {
+        const int r = tid >> 3;
+        const size_t tok = (size_t)__ldg(ts + min(t0 + r, hi - 1));
+        float* d = Ks + (b * DSA_TT + r) * DS;
+        for (int c = tid & 7; c < q4; c += 8) {
+            const float* src = c < la4 ? lat + tok * la + 4 * c : rope + tok * lb + 4 * (c - la4);
+            cp_async16(smem_u32(d + 4 * c), src);
+        }
+        cp_async_commit();
+    };
+    if (lo < hi) load(lo, 0);
+    if (tid < DSA_G) {
+        s_m[tid] = -INFINITY;
+        s_l[tid] = 0.f;
+        s_a[tid] = 1.f;
+    }
+
+    // The group's queries (zero past the last head) into buffer 1, which the
+    // second tile's copies overwrite only after the barrier below; then this
+    // warp's Q fragments from there: rows g and g + 8, columns 8k + 2t and
+    // 8k + 2t + 1 (zero past D), hi and lo parts kept for the whole selection.
+    {
+        float* qs = Ks + DSA_TT * DS;
+        for (int x = tid; x < DSA_G * la4; x += DSA_THREADS) {
+            const int hh = x / la4, c = x - hh * la4;
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (hb + hh < heads) v = *reinterpret_cast<const float4*>(qLat + ((size_t)i * heads + hb + hh) * la + 4 * c);
+            *reinterpret_cast<float4*>(qs + hh * DS + 4 * c) = v;
+        }
+        for (int x = tid; x < DSA_G * lb; x += DSA_THREADS) {
+            const int hh = x / lb, c = x - hh * lb;
+            qs[hh * DS + la + c] = hb + hh < heads ? qRope[(size_t)i * qrI + (size_t)(hb + hh) * qrH + c] : 0.f;
+        }
     }
     __syncthreads();
-    float L = 0.f;
-    for (int s = 0; s < nsplit; s++) L += w[s] * ml[(((size_t)i * nsplit + s) * heads + h) * 2 + 1];
-    float inv = L > 0.f ? 1.f / L : 0.f;
-    float* o = out + ((size_t)i * heads + h) * la;
-    for (int x = threadIdx.x; x < la; x += blockDim.x) {
-        float a = 0.f;
-        for (int s = 0; s < nsplit; s++) {
-            float ws = w[s];
-            if (ws != 0.f) a = fmaf(ws, part[(((size_t)i * nsplit + s) * heads + h) * la + x], a);
+    uint32_t qh[DSA_MKMAX][4], ql[DSA_MKMAX][4];
+#pragma unroll
+    for (int s = 0; s < DSA_MKMAX; s++) {
+        const int d = 8 * (warp * KW + s) + 2 * t;
+        float2 va = make_float2(0.f, 0.f), vb = va;  // rows g and g + 8 at (d, d + 1)
+        if (s < KW && d < D) {
+            va = *reinterpret_cast<const float2*>(Ks + (DSA_TT + g) * DS + d);
+            vb = *reinterpret_cast<const float2*>(Ks + (DSA_TT + g + 8) * DS + d);
         }
-        o[x] = a * inv;
+        dsa_split(va.x, qh[s][0], ql[s][0]);
+        dsa_split(vb.x, qh[s][1], ql[s][1]);
+        dsa_split(va.y, qh[s][2], ql[s][2]);
+        dsa_split(vb.y, qh[s][3], ql[s][3]);
     }
+    __syncthreads();  // buffer 1 free for the copies
+
+    const int ntw = la / 64, c0 = warp * (la / 8);  // output n-tiles and first column of this warp
+    float o[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+
+    int b = 0;
+    for (int t0 = lo; t0 < hi; t0 += DSA_TT, b ^= 1) {
+        const int nt = min(DSA_TT, hi - t0);
+        if (t0 + DSA_TT < hi) load(t0 + DSA_TT, b ^ 1);  // buffer b^1 was freed by the last iteration's final barrier
+        else cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();  // tile b in Ks (and, the first time, the stats)
+
+        // Partial scores over this warp's columns, four 8-token n-tiles: per
+        // k8 step the small products of every n-tile, then the large ones,
+        // so that no mma waits on the one just before it.
+        const float* kb = Ks + b * DSA_TT * DS;
+        float sc[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+#pragma unroll
+        for (int s = 0; s < DSA_MKMAX; s++) {
+            const int k8 = warp * KW + s;
+            if (s < KW && 8 * k8 < D) {
+                uint32_t bh[4][2], bl[4][2];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const float2 kv = *reinterpret_cast<const float2*>(kb + (j * 8 + g) * DS + 8 * k8 + 2 * t);
+                    dsa_split(kv.x, bh[j][0], bl[j][0]);
+                    dsa_split(kv.y, bh[j][1], bl[j][1]);
+                }
+#pragma unroll
+                for (int j = 0; j < 4; j++) mhc_mma_tf32(sc[j], ql[s][0], ql[s][1], ql[s][2], ql[s][3], bh[j][0], bh[j][1]);
+#pragma unroll
+                for (int j = 0; j < 4; j++) mhc_mma_tf32(sc[j], qh[s][0], qh[s][1], qh[s][2], qh[s][3], bl[j][0], bl[j][1]);
+#pragma unroll
+                for (int j = 0; j < 4; j++) mhc_mma_tf32(sc[j], qh[s][0], qh[s][1], qh[s][2], qh[s][3], bh[j][0], bh[j][1]);
+            }
+        }
+        float* rw = red + warp * DSA_G * DSA_RS;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            *reinterpret_cast<float2*>(rw + g * DSA_RS + j * 8 + 2 * t) = make_float2(sc[j][0], sc[j][1]);
+            *reinterpret_cast<float2*>(rw + (g + 8) * DSA_RS + j * 8 + 2 * t) = make_float2(sc[j][2], sc[j][3]);
+        }
+        __syncthreads();  // every warp's partials in red
+        for (int e = tid; e < DSA_G * DSA_TT; e += DSA_THREADS) {
+            const int hh = e / DSA_TT, tt = e % DSA_TT;
+            float v = 0.f;
+#pragma unroll
+            for (int w = 0; w < 8; w++) v += red[(w * DSA_G + hh) * DSA_RS + tt];
+            Ps[tt * DSA_PS + hh] = tt < nt && hb + hh < heads ? v * scale : -INFINITY;
+        }
+        __syncthreads();  // all scores in Ps
+
+        // Online softmax, as dsa_attend_split: warp w takes heads 2w, 2w+1; lane = token.
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int hh = 2 * warp + u;
+            const float s = Ps[lane * DSA_PS + hh];
+            const float mo = s_m[hh], lsum = s_l[hh];
+            const float mn = fmaxf(mo, warp_max(s));
+            const float p = mn == -INFINITY ? 0.f : expf(s - mn);
+            const float ps = warp_sum(p);
+            Ps[lane * DSA_PS + hh] = p;
+            __syncwarp();  // every lane has read s_m[hh], s_l[hh]
+            if (lane == 0) {
+                const float a = mn == -INFINITY ? 1.f : expf(mo - mn);
+                s_a[hh] = a;
+                s_l[hh] = lsum * a + ps;
+                s_m[hh] = mn;
+            }
+        }
+        __syncthreads();  // probabilities in Ps, rescale factors in s_a
+
+        // O = O * alpha + P·V over this warp's columns.
+        {
+            const float a0 = s_a[g], a1 = s_a[g + 8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) o[j][0] *= a0, o[j][1] *= a0, o[j][2] *= a1, o[j][3] *= a1;
+#pragma unroll
+            for (int ks = 0; ks < DSA_TT / 8; ks++) {
+                uint32_t ph[4], pl[4];
+                dsa_split(Ps[(ks * 8 + t) * DSA_PS + g], ph[0], pl[0]);
+                dsa_split(Ps[(ks * 8 + t) * DSA_PS + g + 8], ph[1], pl[1]);
+                dsa_split(Ps[(ks * 8 + t + 4) * DSA_PS + g], ph[2], pl[2]);
+                dsa_split(Ps[(ks * 8 + t + 4) * DSA_PS + g + 8], ph[3], pl[3]);
+                const float* vr = kb + (ks * 8 + t) * DS + c0 + g;
+                uint32_t bh[8][2], bl[8][2];
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    if (j < ntw) {
+                        dsa_split(vr[j * 8], bh[j][0], bl[j][0]);
+                        dsa_split(vr[4 * DS + j * 8], bh[j][1], bl[j][1]);
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    if (j < ntw) mhc_mma_tf32(o[j], pl[0], pl[1], pl[2], pl[3], bh[j][0], bh[j][1]);
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    if (j < ntw) mhc_mma_tf32(o[j], ph[0], ph[1], ph[2], ph[3], bl[j][0], bl[j][1]);
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    if (j < ntw) mhc_mma_tf32(o[j], ph[0], ph[1], ph[2], ph[3], bh[j][0], bh[j][1]);
+            }
+        }
+        __syncthreads();  // Ks[b], red and Ps free for the next tiles
+    }
+    cp_async_wait<0>();
+
+    // Lane (g, t) holds O[g][c0 + 8j + 2t, +1] and O[g + 8][...].
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int hh = g + 8 * r, h = hb + hh;
+        if (h >= heads) continue;
+        float f = 1.f;
+        float* od;
+        if (nsplit == 1) {
+            const float l = s_l[hh];
+            f = l > 0.f ? 1.f / l : 0.f;
+            od = out + ((size_t)i * heads + h) * la;
+        } else {
+            od = part + (((size_t)i * nsplit + split) * heads + h) * la;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (j < ntw)
+                *reinterpret_cast<float2*>(od + c0 + 8 * j + 2 * t) = make_float2(o[j][2 * r] * f, o[j][2 * r + 1] * f);
+    }
+    if (nsplit > 1 && tid < DSA_G && hb + tid < heads) {
+        float* ml = part + (size_t)gridDim.z * nsplit * heads * la + (((size_t)i * nsplit + split) * heads + hb + tid) * 2;
+        ml[0] = s_m[tid];
+        ml[1] = s_l[tid];
+    }
+}
+
+// dsa_attend_combine merges dsa_attend_split's (or dsa_attend_mma's) splits:
+// out = sum_s w_s O_s / sum_s w_s l_s, w_s = exp(m_s - max m). Grid (heads,
+// rows), 128 threads, thread x taking columns [4x, 4x + 4) (la % 4 == 0,
+// la <= 512); the first DSA_CPRE splits' partials are loaded before the
+// weights are known, the sums over splits in split order.
+#define DSA_CPRE 16
+extern "C" __global__ void dsa_attend_combine(float* out, const float* part, int rows, int heads, int la, int nsplit) {
+    __shared__ float w[DSA_MAX_SPLITS];
+    __shared__ float s_inv;
+    const int h = blockIdx.x, i = blockIdx.y, tid = threadIdx.x, x = 4 * tid;
+    const float* ml = part + (size_t)rows * nsplit * heads * la + ((size_t)i * nsplit * heads + h) * 2;
+    const size_t stride = (size_t)heads * la;  // from one split's rows to the next
+    const float* ph = part + ((size_t)i * nsplit * heads + h) * la + x;
+    const bool col = x < la;
+    float4 v[DSA_CPRE];
+#pragma unroll
+    for (int u = 0; u < DSA_CPRE; u++)
+        v[u] = col && u < nsplit ? __ldcg(reinterpret_cast<const float4*>(ph + u * stride)) : make_float4(0.f, 0.f, 0.f, 0.f);
+    if (tid < WARP) {
+        constexpr int U = DSA_MAX_SPLITS / WARP;
+        float mv[U], lv[U];
+        float M = -INFINITY;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int s = tid + u * WARP;
+            mv[u] = s < nsplit ? ml[(size_t)s * heads * 2] : -INFINITY;
+            lv[u] = s < nsplit ? ml[(size_t)s * heads * 2 + 1] : 0.f;
+            M = fmaxf(M, mv[u]);
+        }
+        M = warp_max(M);
+        float L = 0.f;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int s = tid + u * WARP;
+            const float ws = mv[u] == -INFINITY ? 0.f : expf(mv[u] - M);
+            if (s < nsplit) w[s] = ws;
+            L += ws * lv[u];
+        }
+        L = warp_sum(L);
+        if (tid == 0) s_inv = L > 0.f ? 1.f / L : 0.f;
+    }
+    __syncthreads();
+    if (!col) return;
+    const float inv = s_inv;
+    float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+    auto add = [&](float ws, float4 q) {
+        if (ws != 0.f) {  // an empty split's partials are not added
+            a.x = fmaf(ws, q.x, a.x);
+            a.y = fmaf(ws, q.y, a.y);
+            a.z = fmaf(ws, q.z, a.z);
+            a.w = fmaf(ws, q.w, a.w);
+        }
+    };
+#pragma unroll
+    for (int u = 0; u < DSA_CPRE; u++)
+        if (u < nsplit) add(w[u], v[u]);
+    for (int s = DSA_CPRE; s < nsplit; s++) add(w[s], __ldcg(reinterpret_cast<const float4*>(ph + s * stride)));
+    *reinterpret_cast<float4*>(out + ((size_t)i * heads + h) * la + x) = make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
 }

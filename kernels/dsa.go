@@ -151,9 +151,25 @@ func idxScoresShare(dim int) int {
 	return 4 * (2*idxTile*dsaRowStride(dim) + idxTile*idxTile)
 }
 
+// idx_scores_mma's limits and shared memory (IDX_MT, IDX_MS, IDX_VS in
+// dsa.cuh): at most 64 heads of at most 128 dims, dims a multiple of 8.
+const (
+	idxMMAHeads = 64
+	idxMMADim   = 128
+	idxMMAShare = 4 * (2*64*136 + 64*68)
+)
+
 // indexScores writes the indexer scores of m queries over nKeys keys to
-// scores ([m, nKeys]).
+// scores ([m, nKeys]): idx_scores_mma where the shape allows it, else
+// idx_scores_tile, else idx_scores.
 func (b *Backend) indexScores(scores uint64, q, w, keys backend.Buffer, m, nKeys, pos0 int, s dsa.IndexerShape) {
+	if dim := s.HeadDim; !b.idxMMAOff && s.Heads <= idxMMAHeads && dim > 0 && dim <= idxMMADim && dim%8 == 0 &&
+		(ptr(keys)|ptr(q))%16 == 0 && idxMMAShare <= b.opsShare() && nKeys > 0 {
+		tiles := (nKeys + idxTile - 1) / idxTile
+		b.launch("idx_scores_mma", [3]int{min(tiles, b.sms), m, 1}, 256, idxMMAShare, scores,
+			ptr(q), ptr(keys), ptr(w), s.Heads, dim, nKeys, pos0, 1, s.ScoreScale())
+		return
+	}
 	if dim := s.HeadDim; dim > 0 && dim%4 == 0 && ptr(keys)%16 == 0 && idxScoresShare(dim) <= b.opsShare() {
 		b.launch("idx_scores_tile", [3]int{(nKeys + idxTile - 1) / idxTile, m, 1}, 256, idxScoresShare(dim), scores,
 			ptr(q), ptr(keys), ptr(w), s.Heads, dim, nKeys, pos0, 1, s.ScoreScale())
@@ -195,10 +211,10 @@ func (b *Backend) DSAAttendMLA(out, q, kv, kRope backend.Buffer, idx dsa.Indices
 		ptr(kv)+uint64(4*nd), per, row, vd)
 }
 
-// DSAAttendLatent is AttendLatent over the selected tokens: dsa_attend_split
-// (the selected rows read once per 16 heads, the selection split over blocks,
-// dsa_attend_combine merging the splits) where the shapes allow it, else
-// dsa_attend, one block per (head, query).
+// DSAAttendLatent is AttendLatent over the selected tokens: dsa_attend_mma
+// or dsa_attend_split (the selected rows read once per 16 heads, the
+// selection split over blocks, dsa_attend_combine merging the splits) where
+// the shapes allow it, else dsa_attend, one block per (head, query).
 func (b *Backend) DSAAttendLatent(out, qLat, q, latent, kRope backend.Buffer, idx dsa.Indices, m int, s layers.MLAShape, scale float32) {
 	r, rd, nd, qk := s.KVLoraRank, s.RopeDim, s.NopeDim, s.QKDim()
 	H := s.Heads
@@ -245,24 +261,49 @@ func (b *Backend) attendSplitFits(la, lb int, out, latent, rope uint64) bool {
 		out%16 == 0 && latent%16 == 0 && rope%16 == 0 && attendSplitShare(la, lb) <= b.opsShare()
 }
 
-// dsaSplits is how many slices dsa_attend_split cuts a selection of k
+// dsa_attend_mma's shape limits and shared memory (DSA_MKMAX, DSA_RS, DSA_PS
+// and dsa_mma_stride in dsa.cuh): la a multiple of 64 (eight warps of 8-column
+// tiles), lb of 8, la + lb at most 8 warps x 9 k8 steps.
+const (
+	dsaMMAMaxD = 576
+	dsaMMARS   = 40
+	dsaMMAPS   = 24
+)
+
+func attendMMAShare(la, lb int) int {
+	ds := (la+lb+31)&^31 + 8
+	return 4 * (2*dsaTile*ds + 8*dsaGroup*dsaMMARS + dsaTile*dsaMMAPS)
+}
+
+// attendMMAFits reports whether dsa_attend_mma takes the shapes (on top of
+// attendSplitFits).
+func (b *Backend) attendMMAFits(la, lb int) bool {
+	return !b.dsaMMAOff && la%64 == 0 && lb%8 == 0 && la+lb <= dsaMMAMaxD && attendMMAShare(la, lb) <= b.opsShare()
+}
+
+// dsaSplits is how many slices the attend kernel cuts a selection of k
 // tokens into for rows queries of heads heads, and each slice's length (a
-// multiple of the tile): enough blocks to give every SM two, at most
-// dsaMaxSplits, no slice shorter than a tile.
-func (b *Backend) dsaSplits(k, rows, heads int) (splits, per int) {
+// multiple of the tile): enough blocks to give every SM perSM of them, at
+// most dsaMaxSplits, no slice shorter than a tile.
+func (b *Backend) dsaSplits(k, rows, heads, perSM int) (splits, per int) {
 	groups := (heads + dsaGroup - 1) / dsaGroup
 	tiles := max((k+dsaTile-1)/dsaTile, 1)
-	want := max(2*b.sms, 1)
+	want := max(perSM*b.sms, 1)
 	splits = min(max((want+groups*rows-1)/(groups*rows), 1), tiles, dsaMaxSplits)
 	per = (tiles + splits - 1) / splits * dsaTile
 	splits = max((k+per-1)/per, 1)
 	return splits, per
 }
 
-// attendLatentSplit launches dsa_attend_split (and dsa_attend_combine when
-// the selection is split); see dsa.cuh for the layouts.
+// attendLatentSplit launches dsa_attend_mma (one block per SM: it holds two
+// tiles) or dsa_attend_split (two), and dsa_attend_combine when the
+// selection is split; see dsa.cuh for the layouts.
 func (b *Backend) attendLatentSplit(x *dsaIndices, m, heads int, scale float32, out, qLat, qRope uint64, qrI, qrH int, lat, rope uint64, la, lb int) {
-	splits, per := b.dsaSplits(x.k, m, heads)
+	name, share, perSM := "dsa_attend_split", attendSplitShare(la, lb), 2
+	if b.attendMMAFits(la, lb) {
+		name, share, perSM = "dsa_attend_mma", attendMMAShare(la, lb), 1
+	}
+	splits, per := b.dsaSplits(x.k, m, heads, perSM)
 	var part uint64
 	if splits > 1 {
 		if err := b.grow(&x.part, &x.partCap, m*splits*heads*(la+2)); err != nil {
@@ -277,7 +318,7 @@ func (b *Backend) attendLatentSplit(x *dsaIndices, m, heads int, scale float32, 
 	b.q.keep = append(b.q.keep, x.sel, x.cnt, x.part)
 	b.qmu.Unlock()
 	groups := (heads + dsaGroup - 1) / dsaGroup
-	b.launch("dsa_attend_split", [3]int{splits, groups, m}, dsaThreads, attendSplitShare(la, lb), out, part, qLat, qRope,
+	b.launch(name, [3]int{splits, groups, m}, dsaThreads, share, out, part, qLat, qRope,
 		qrI, qrH, lat, rope, la, lb, uint64(x.sel.ptr), uint64(x.cnt.ptr), x.k, heads, per, scale)
 	if splits > 1 {
 		b.launch("dsa_attend_combine", [3]int{heads, m, 1}, 128, 0, out, part, m, heads, la, splits)

@@ -189,6 +189,18 @@ func BenchmarkOpsVsDenseDSA(b *testing.B) {
 		b.Run(name+"attend", func(b *testing.B) {
 			timeOp(b, g, bw, 10, attendBytes, func() { g.DSAAttendLatent(out, qLat, q, lat, kr, idx, 1, s, 0.1) })
 		})
+		// The indexer on CUDA-core FMAs (idx_scores_tile, before idx_scores_mma).
+		b.Run(name+"select-tile", func(b *testing.B) {
+			g.idxMMAOff = true
+			defer func() { g.idxMMAOff = false }()
+			timeOp(b, g, bw, 10, selectBytes, func() { g.Copy(iw, iw0); g.DSASelect(idx, iq, iw, ik, 1, L, L-1) })
+		})
+		// The attend on CUDA-core FMAs (dsa_attend_split, before dsa_attend_mma).
+		b.Run(name+"attend-split", func(b *testing.B) {
+			g.dsaMMAOff = true
+			defer func() { g.dsaMMAOff = false }()
+			timeOp(b, g, bw, 10, attendBytes, func() { g.DSAAttendLatent(out, qLat, q, lat, kr, idx, 1, s, 0.1) })
+		})
 		b.Run(name+"sparse", func(b *testing.B) {
 			timeOp(b, g, bw, 10, selectBytes+attendBytes, func() {
 				g.Copy(iw, iw0)

@@ -558,10 +558,12 @@ func TestDSAOps(t *testing.T) {
 }
 
 // TestDSASelectShapes holds DSASelect to the layers/dsa indexer at shapes
-// that take idx_scores_tile's edges (one and two chunks of 64 heads, the
-// second partial; key counts not a multiple of the 64-key tile; queries
-// whose visible keys end inside a tile; several calls reusing the kept
-// scores) and idx_scores' (head dim not a multiple of 4).
+// that take idx_scores_mma's edges (heads up to 64, a partial 16-head tile;
+// key counts not a multiple of the 64-key tile, more tiles than blocks;
+// queries whose visible keys end inside a tile), idx_scores_tile's (one and
+// two chunks of 64 heads, the second partial; also every mma shape with the
+// mma path off), idx_scores' (head dim not a multiple of 4), and several
+// calls reusing the kept scores.
 func TestDSASelectShapes(t *testing.T) {
 	g := newGPU(t)
 	rng := rand.New(rand.NewPCG(21, 22))
@@ -569,9 +571,22 @@ func TestDSASelectShapes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, tc := range []struct{ heads, dim, nKeys, topk, m int }{
-		{72, 20, 130, 16, 3}, {64, 128, 200, 2048, 1}, {8, 32, 1000, 64, 70}, {5, 30, 100, 10, 2}, {130, 16, 64, 8, 1},
-	} {
+	type shape struct {
+		heads, dim, nKeys, topk, m int
+		mmaOff                     bool
+	}
+	var cases []shape
+	for _, off := range []bool{false, true} {
+		for _, tc := range []shape{
+			{72, 20, 130, 16, 3, off}, {64, 128, 200, 2048, 1, off}, {8, 32, 1000, 64, 70, off}, {5, 30, 100, 10, 2, off},
+			{130, 16, 64, 8, 1, off}, {20, 64, 333, 50, 2, off}, {64, 128, 20000, 2048, 1, off},
+		} {
+			cases = append(cases, tc)
+		}
+	}
+	defer func() { g.idxMMAOff = false }()
+	for _, tc := range cases {
+		g.idxMMAOff = tc.mmaOff
 		ix := dsa.IndexerShape{Heads: tc.heads, HeadDim: tc.dim, RopeDim: 8, TopK: tc.topk}
 		gi.(*dsaIndices).shape = ix // one selection across shapes: the kept scores are reused and grown
 		m, L := tc.m, tc.nKeys
@@ -588,7 +603,7 @@ func TestDSASelectShapes(t *testing.T) {
 		}
 		for i := range m {
 			if !slices.Equal(got[i], want.Row(i)) {
-				t.Errorf("select heads=%d dim=%d top-%d of %d, query %d: GPU %v, want %v", tc.heads, tc.dim, tc.topk, L, i, got[i], want.Row(i))
+				t.Errorf("select heads=%d dim=%d top-%d of %d (mma off %v), query %d: GPU %v, want %v", tc.heads, tc.dim, tc.topk, L, g.idxMMAOff, i, got[i], want.Row(i))
 			}
 		}
 	}
@@ -639,13 +654,26 @@ func TestDSAAttendLatentShapes(t *testing.T) {
 		if fits := g.attendSplitFits(tc.la, tc.lb, ptr(og), ptr(latg), ptr(krg)); fits != tc.split {
 			t.Errorf("heads %d rank %d rope %d: split path %v, want %v", H, tc.la, tc.lb, fits, tc.split)
 		}
-		splits, per := g.dsaSplits(min(tc.topk, L), m, H)
 		oc := make(cpu.Buffer, m*H*tc.la)
 		c.DSAAttendLatent(oc, cpu.Buffer(qLat), cpu.Buffer(q), cpu.Buffer(lat), cpu.Buffer(kr), ic, m, s, scale)
-		g.DSAAttendLatent(og, toGPU(g, qLat), toGPU(g, q), latg, krg, gi, m, s, scale)
-		name := fmt.Sprintf("attend latent heads=%d rank=%d rope=%d keys=%d top-%d m=%d (%d splits of %d)",
-			H, tc.la, tc.lb, L, tc.topk, m, splits, per)
-		check(t, name, fromGPU(t, g, og), oc, opsTol)
+		qLatg, qg := toGPU(g, qLat), toGPU(g, q)
+		// dsa_attend_mma where it applies, then dsa_attend_split on the same inputs.
+		for _, off := range []bool{false, true} {
+			g.dsaMMAOff = off
+			kernel, perSM := "dsa_attend_split", 2
+			if !tc.split {
+				kernel = "dsa_attend"
+			} else if g.attendMMAFits(tc.la, tc.lb) {
+				kernel, perSM = "dsa_attend_mma", 1
+			}
+			splits, per := g.dsaSplits(min(tc.topk, L), m, H, perSM)
+			g.DSAAttendLatent(og, qLatg, qg, latg, krg, gi, m, s, scale)
+			name := fmt.Sprintf("attend latent heads=%d rank=%d rope=%d keys=%d top-%d m=%d (%s, %d splits of %d)",
+				H, tc.la, tc.lb, L, tc.topk, m, kernel, splits, per)
+			check(t, name, fromGPU(t, g, og), oc, opsTol)
+			og = poisoned(g, m*H*tc.la)
+		}
+		g.dsaMMAOff = false
 	}
 }
 

@@ -190,6 +190,7 @@ func (b *Backend) flushLocked() {
 	}
 	clear(q.keep)
 	q.ops, q.dyn, q.hasBase, q.keep = q.ops[:0], q.dyn[:0], false, q.keep[:0]
+	b.freeQueued()
 }
 
 func (b *Backend) launchOps(ops []op) {
