@@ -79,7 +79,7 @@ type Backend struct {
 	tkmWS         *allocation // the many-block top-k's workspace (dsv4.go: topK)
 	tkmCap        int
 	tkmOff        bool // tests and benchmarks: one block per row for every top-k
-	dsaMMAOff     bool // tests and benchmarks: dsa_attend_split where dsa_attend_mma would run
+	attnMMAOff    bool // tests and benchmarks: dsa_attend_split and v4_attention4 where the mma kernels would run
 	idxMMAOff     bool // tests and benchmarks: idx_scores_tile where idx_scores_mma would run
 	pdl           bool // programmatic dependent launch (queue.go)
 	pdlConfig     launchConfig

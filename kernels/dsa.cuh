@@ -8,11 +8,12 @@
 // a __syncthreads must follow the wait before other threads read them.
 __host__ __device__ __forceinline__ int dsa_row_stride(int d) { return ((d / 4) % 2 == 0) ? d + 4 : d + 8; }
 
-// v as tf32 hi and lo parts: hi rounded to nearest, lo = v - hi exactly in
-// float32, passed as is (the tensor cores read a tf32 operand's top 19 bits,
-// so lo is truncated there: |error| < 2^-20 |v|).
+// v as tf32 hi and lo parts: hi is v truncated to tf32 (one mask: a
+// rounding cvt costs four instructions), lo = v - hi exactly in float32,
+// passed as is (the tensor cores read a tf32 operand's top 19 bits, so lo is
+// truncated there): |v - hi - lo| < 2^-10 |lo| < 2^-20 |v|. Finite v only.
 __device__ __forceinline__ void dsa_split(float v, uint32_t& hi, uint32_t& lo) {
-    hi = mhc_tf32(v);
+    hi = __float_as_uint(v) & 0xffffe000u;
     lo = __float_as_uint(v - __uint_as_float(hi));
 }
 
@@ -1064,8 +1065,10 @@ extern "C" __global__ void __launch_bounds__(DSA_THREADS, 2)
 }
 
 // dsa_attend_mma is dsa_attend_split on the tensor cores, for la a multiple
-// of 64, lb of 8 and la + lb <= 576 (dsa.go checks): the same blocks, splits,
-// online softmax and outputs (part's layout too), with both products as mma
+// of 64, lb of 8 and la + lb <= 576 (dsa.go checks), and v4_attention_mma is
+// DeepSeek-V4's attention on the same body (attend_mma over a row source:
+// rows of la + lb floats from two addresses, or masked): the same blocks,
+// splits, online softmax and outputs (part's layout too), with both products as mma
 // m16n8k8 in tf32 at float32 accuracy (x = hi + lo, both tf32: a·b = a_lo·b_hi
 // + a_hi·b_lo + a_hi·b_hi, as mhc_proj_part does) and the next tile's rows
 // copied while this one is worked on.
@@ -1089,21 +1092,21 @@ static_assert(DSA_TT * 8 == DSA_THREADS, "dsa_attend_mma copies a row with eight
 
 __host__ __device__ __forceinline__ int dsa_mma_stride(int d) { return ((d + 31) & ~31) + 8; }
 
-extern "C" __global__ void __launch_bounds__(DSA_THREADS, 1)
-    dsa_attend_mma(float* out, float* part, const float* qLat, const float* qRope, int qrI, int qrH, const float* lat,
-                   const float* rope, int la, int lb, const int* sel, const int* cnt, int K, int heads, int per,
-                   float scale) {
+template <typename Rows>
+__device__ __forceinline__ void attend_mma(const Rows& rows, float* out, float* part, const float* qLat,
+                                           const float* qRope, int qrI, int qrH, int la, int lb, int heads, int per,
+                                           float scale, const float* sinks) {
     extern __shared__ __align__(16) float dsa_sm[];
     __shared__ float s_m[DSA_G], s_l[DSA_G], s_a[DSA_G];
+    __shared__ bool s_ok[2][DSA_TT];
     const int D = la + lb, DS = dsa_mma_stride(D), KW = (D / 8 + 7) / 8;
     float* Ks = dsa_sm;                        // [2][DSA_TT][DS] selected rows: latent | rope
     float* red = Ks + 2 * DSA_TT * DS;         // [8 warps][DSA_G][DSA_RS] partial scores
     float* Ps = red + 8 * DSA_G * DSA_RS;      // [DSA_TT][DSA_PS] scores, then probabilities
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP, g = lane >> 2, t = lane & 3;
     const int split = blockIdx.x, nsplit = gridDim.x, hb = blockIdx.y * DSA_G, i = blockIdx.z;
-    const int n = cnt[i];
+    const int n = rows.count(i);
     const int lo = min(split * per, n), hi = min(lo + per, n);
-    const int* ts = sel + (size_t)i * K;
     const int q4 = D / 4, la4 = la / 4;
 
     // The tile's 32 rows from token t0 into buffer b (rows past hi repeat
@@ -1111,18 +1114,18 @@ extern "C" __global__ void __launch_bounds__(DSA_THREADS, 1)
     // one commit group.
     auto load = [&](int t0, int b) {
         const int r = tid >> 3;
-        const size_t tok = (size_t)__ldg(ts + min(t0 + r, hi - 1));
+        const float *ra, *rb;
+        const bool ok = rows.row(i, min(t0 + r, hi - 1), ra, rb) && t0 + r < hi;
+        if ((tid & 7) == 0) s_ok[b][r] = ok;
         float* d = Ks + (b * DSA_TT + r) * DS;
-        for (int c = tid & 7; c < q4; c += 8) {
-            const float* src = c < la4 ? lat + tok * la + 4 * c : rope + tok * lb + 4 * (c - la4);
-            cp_async16(smem_u32(d + 4 * c), src);
-        }
+        for (int c = tid & 7; c < q4; c += 8) cp_async16(smem_u32(d + 4 * c), c < la4 ? ra + 4 * c : rb + 4 * (c - la4));
         cp_async_commit();
     };
     if (lo < hi) load(lo, 0);
-    if (tid < DSA_G) {
-        s_m[tid] = -INFINITY;
-        s_l[tid] = 0.f;
+    if (tid < DSA_G) {  // the sinks count once: in split 0
+        const bool sink = sinks != nullptr && split == 0 && hb + tid < heads;
+        s_m[tid] = sink ? sinks[hb + tid] : -INFINITY;
+        s_l[tid] = sink ? 1.f : 0.f;
         s_a[tid] = 1.f;
     }
 
@@ -1211,7 +1214,7 @@ extern "C" __global__ void __launch_bounds__(DSA_THREADS, 1)
             float v = 0.f;
 #pragma unroll
             for (int w = 0; w < 8; w++) v += red[(w * DSA_G + hh) * DSA_RS + tt];
-            Ps[tt * DSA_PS + hh] = tt < nt && hb + hh < heads ? v * scale : -INFINITY;
+            Ps[tt * DSA_PS + hh] = tt < nt && s_ok[b][tt] && hb + hh < heads ? v * scale : -INFINITY;
         }
         __syncthreads();  // all scores in Ps
 
@@ -1295,6 +1298,59 @@ extern "C" __global__ void __launch_bounds__(DSA_THREADS, 1)
         ml[0] = s_m[tid];
         ml[1] = s_l[tid];
     }
+}
+
+// DSA's rows: selected token sel[i, t] of the latent and rope caches.
+struct DsaRows {
+    const float *lat, *rope;
+    const int *sel, *cnt;
+    int K, la, lb;
+    __device__ int count(int i) const { return cnt[i]; }
+    __device__ bool row(int i, int t, const float*& a, const float*& b) const {
+        const size_t tok = (size_t)__ldg(sel + (size_t)i * K + t);
+        a = lat + tok * la;
+        b = rope + tok * lb;
+        return true;
+    }
+};
+
+extern "C" __global__ void __launch_bounds__(DSA_THREADS, 1)
+    dsa_attend_mma(float* out, float* part, const float* qLat, const float* qRope, int qrI, int qrH, const float* lat,
+                   const float* rope, int la, int lb, const int* sel, const int* cnt, int K, int heads, int per,
+                   float scale) {
+    attend_mma(DsaRows{lat, rope, sel, cnt, K, la, lb}, out, part, qLat, qRope, qrI, qrH, la, lb, heads, per, scale,
+               nullptr);
+}
+
+// DeepSeek-V4's rows (dsv4.GatherKeys' order, v4_row): the query's window of
+// local rows, then its selected compressed entries (-1 slots masked) or all
+// the visible ones. Keys are the values; the sinks start each head's sum.
+struct V4Rows {
+    const float *local, *comp, *idx;
+    int pos0, lo, window, rate, topk, entries, dim;
+    __device__ int nloc(int i) const {
+        const int p = pos0 + i;
+        return p - max(lo, p - window + 1) + 1;
+    }
+    __device__ int count(int i) const {
+        const int p = pos0 + i;
+        return nloc(i) + (topk > 0 ? topk : (rate > 0 ? min((p + 1) / rate, entries) : 0));
+    }
+    __device__ bool row(int i, int t, const float*& a, const float*& b) const {
+        const int p = pos0 + i;
+        const float* r = v4_row(t, nloc(i), local, max(lo, p - window + 1), lo, comp,
+                                topk > 0 ? idx + (size_t)i * topk : nullptr, topk, dim);
+        a = b = r ? r : local;  // a -1 slot: a readable row, masked
+        return r != nullptr;
+    }
+};
+
+extern "C" __global__ void __launch_bounds__(DSA_THREADS, 1)
+    v4_attention_mma(float* out, float* part, const float* q, const float* local, const float* comp, const float* idx,
+                     const float* sinks, int heads, int dim, int pos0, int lo, int window, int rate, int topk,
+                     int entries, int per, float scale) {
+    attend_mma(V4Rows{local, comp, idx, pos0, lo, window, rate, topk, entries, dim}, out, part, q, q, 0, 0, dim, 0,
+               heads, per, scale, sinks);
 }
 
 // dsa_attend_combine merges dsa_attend_split's (or dsa_attend_mma's) splits:

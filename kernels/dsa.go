@@ -160,23 +160,32 @@ const (
 )
 
 // indexScores writes the indexer scores of m queries over nKeys keys to
-// scores ([m, nKeys]): idx_scores_mma where the shape allows it, else
-// idx_scores_tile, else idx_scores.
+// scores ([m, nKeys]).
 func (b *Backend) indexScores(scores uint64, q, w, keys backend.Buffer, m, nKeys, pos0 int, s dsa.IndexerShape) {
-	if dim := s.HeadDim; !b.idxMMAOff && s.Heads <= idxMMAHeads && dim > 0 && dim <= idxMMADim && dim%8 == 0 &&
-		(ptr(keys)|ptr(q))%16 == 0 && idxMMAShare <= b.opsShare() && nKeys > 0 {
-		tiles := (nKeys + idxTile - 1) / idxTile
+	b.scoreKeys(scores, q, keys, w, m, nKeys, s.Heads, s.HeadDim, pos0, 1, s.ScoreScale())
+}
+
+// scoreKeys is the lightning indexer's scoring, shared by DSA and V4:
+// scores[i, e] = sum_h w[i, h] * ReLU(scale * q[i, h] . keys[e]) for the keys
+// query i sees (e < (pos0 + i + 1) / rate), -inf beyond; idx_scores_mma
+// where the shape allows it, else idx_scores_tile, else idx_scores.
+func (b *Backend) scoreKeys(scores uint64, q, keys, w backend.Buffer, m, n, heads, dim, pos0, rate int, scale float32) {
+	if n <= 0 {
+		return
+	}
+	switch {
+	case !b.idxMMAOff && heads <= idxMMAHeads && dim > 0 && dim <= idxMMADim && dim%8 == 0 &&
+		(ptr(keys)|ptr(q))%16 == 0 && idxMMAShare <= b.opsShare():
+		tiles := (n + idxTile - 1) / idxTile
 		b.launch("idx_scores_mma", [3]int{min(tiles, b.sms), m, 1}, 256, idxMMAShare, scores,
-			ptr(q), ptr(keys), ptr(w), s.Heads, dim, nKeys, pos0, 1, s.ScoreScale())
-		return
+			ptr(q), ptr(keys), ptr(w), heads, dim, n, pos0, rate, scale)
+	case dim > 0 && dim%4 == 0 && ptr(keys)%16 == 0 && idxScoresShare(dim) <= b.opsShare():
+		b.launch("idx_scores_tile", [3]int{(n + idxTile - 1) / idxTile, m, 1}, 256, idxScoresShare(dim), scores,
+			ptr(q), ptr(keys), ptr(w), heads, dim, n, pos0, rate, scale)
+	default:
+		b.launch("idx_scores", [3]int{(n + 7) / 8, m, 1}, 256, 0, scores, ptr(q), ptr(keys), ptr(w),
+			heads, dim, n, pos0, rate, scale)
 	}
-	if dim := s.HeadDim; dim > 0 && dim%4 == 0 && ptr(keys)%16 == 0 && idxScoresShare(dim) <= b.opsShare() {
-		b.launch("idx_scores_tile", [3]int{(nKeys + idxTile - 1) / idxTile, m, 1}, 256, idxScoresShare(dim), scores,
-			ptr(q), ptr(keys), ptr(w), s.Heads, dim, nKeys, pos0, 1, s.ScoreScale())
-		return
-	}
-	b.launch("idx_scores", [3]int{(nKeys + 7) / 8, m, 1}, 256, 0, scores, ptr(q), ptr(keys), ptr(w),
-		s.Heads, s.HeadDim, nKeys, pos0, 1, s.ScoreScale())
 }
 
 // attendSparse launches dsa_attend (see dsa.cuh for the strides).
@@ -278,7 +287,7 @@ func attendMMAShare(la, lb int) int {
 // attendMMAFits reports whether dsa_attend_mma takes the shapes (on top of
 // attendSplitFits).
 func (b *Backend) attendMMAFits(la, lb int) bool {
-	return !b.dsaMMAOff && la%64 == 0 && lb%8 == 0 && la+lb <= dsaMMAMaxD && attendMMAShare(la, lb) <= b.opsShare()
+	return !b.attnMMAOff && la%64 == 0 && lb%8 == 0 && la+lb <= dsaMMAMaxD && attendMMAShare(la, lb) <= b.opsShare()
 }
 
 // dsaSplits is how many slices the attend kernel cuts a selection of k

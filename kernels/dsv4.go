@@ -83,9 +83,9 @@ func (b *Backend) V4Compress(dst, kv, gate, ape, norm backend.Buffer, a dsv4.Com
 	runtime.KeepAlive(tab)
 }
 
-// V4IndexTopK scores every compressed entry for each query (a warp per
-// entry), then selects each query's entries with the exact top-k of
-// topk_select (torch's ties; see dsa.cuh).
+// V4IndexTopK scores every compressed entry for each query (scoreKeys, as
+// DSA's indexer), then selects each query's entries with the exact top-k
+// (torch's ties; see dsa.cuh).
 func (b *Backend) V4IndexTopK(idx, q, keys, weights backend.Buffer, a dsv4.IndexArgs) {
 	if a.M <= 0 {
 		return
@@ -95,8 +95,7 @@ func (b *Backend) V4IndexTopK(idx, q, keys, weights backend.Buffer, a dsv4.Index
 		return
 	}
 	b.selectTopK(idx, 1, nil, a.M, a.Entries, a.TopK, a.TopK, a.Pos0, a.Rate, func(scores uint64) {
-		b.launch("idx_scores", [3]int{(a.Entries + 7) / 8, a.M, 1}, 256, 0, scores, ptr(q), ptr(keys), ptr(weights),
-			a.Heads, a.Dim, a.Entries, a.Pos0, a.Rate, a.Scale)
+		b.scoreKeys(scores, q, keys, weights, a.M, a.Entries, a.Heads, a.Dim, a.Pos0, a.Rate, a.Scale)
 	})
 }
 
@@ -144,12 +143,48 @@ func (b *Backend) V4Attention(out, q, local, comp, idx, sinks backend.Buffer, a 
 		b.setErr(fmt.Errorf("kernels: V4 attention head dim %d exceeds this GPU's shared memory", a.Dim))
 		return
 	}
+	if b.v4AttentionMMA(out, q, local, comp, idx, sinks, a) {
+		return
+	}
 	name := "v4_attention"
 	if a.Dim%4 == 0 && (ptr(local)|optPtr(comp))%16 == 0 {
 		name = "v4_attention4" // float4 loads of the value rows
 	}
 	b.launch(name, [3]int{a.Heads, a.M, 1}, 128, shared, ptr(out), ptr(q), ptr(local), optPtr(comp), optPtr(idx),
 		ptr(sinks), a.Heads, a.Dim, a.Pos0, a.Lo, a.Window, a.Rate, a.TopK, a.Entries, a.Scale)
+}
+
+// v4AttentionMMA queues v4_attention_mma (dsa.cuh: dsa_attend_mma's body
+// over V4's rows, 16 heads a block, the keys split over blocks as for DSA,
+// dsa_attend_combine merging the splits) where the head dim allows it (a
+// multiple of 64 up to 512, 16-byte aligned rows); false if it does not.
+func (b *Backend) v4AttentionMMA(out, q, local, comp, idx, sinks backend.Buffer, a dsv4.AttnArgs) bool {
+	if !b.attendMMAFits(a.Dim, 0) || a.Dim > 512 || (ptr(out)|ptr(q)|ptr(local)|optPtr(comp))%16 != 0 {
+		return false
+	}
+	splits, per := b.dsaSplits(a.MaxKeys(), a.M, a.Heads, 1)
+	var part uint64
+	var keep []any
+	if splits > 1 {
+		pa, _, err := b.attnScratch(a.M*splits*a.Heads*(a.Dim+2), 0)
+		if err != nil {
+			b.setErr(err)
+			return true
+		}
+		part, keep = pa.ptr, []any{pa}
+	}
+	b.qmu.Lock()
+	b.q.keep = append(b.q.keep, keep...)
+	b.q.keep = append(b.q.keep, out, q, local, comp, idx, sinks)
+	b.qmu.Unlock()
+	groups := (a.Heads + dsaGroup - 1) / dsaGroup
+	b.launch("v4_attention_mma", [3]int{splits, groups, a.M}, dsaThreads, attendMMAShare(a.Dim, 0), ptr(out), part,
+		ptr(q), ptr(local), optPtr(comp), optPtr(idx), ptr(sinks), a.Heads, a.Dim, a.Pos0, a.Lo, a.Window, a.Rate,
+		a.TopK, a.Entries, per, a.Scale)
+	if splits > 1 {
+		b.launch("dsa_attend_combine", [3]int{a.Heads, a.M, 1}, 128, 0, ptr(out), part, a.M, a.Heads, a.Dim, splits)
+	}
+	return true
 }
 
 // V4Transpose swaps the outer axes of [a, b, w].

@@ -11,6 +11,7 @@ import (
 	"github.com/manifoldlm/manifold/layers"
 	"github.com/manifoldlm/manifold/layers/dsa"
 	"github.com/manifoldlm/manifold/layers/dsa/htree"
+	"github.com/manifoldlm/manifold/layers/dsv4"
 	"github.com/manifoldlm/manifold/layers/mhc"
 )
 
@@ -197,8 +198,8 @@ func BenchmarkOpsVsDenseDSA(b *testing.B) {
 		})
 		// The attend on CUDA-core FMAs (dsa_attend_split, before dsa_attend_mma).
 		b.Run(name+"attend-split", func(b *testing.B) {
-			g.dsaMMAOff = true
-			defer func() { g.dsaMMAOff = false }()
+			g.attnMMAOff = true
+			defer func() { g.attnMMAOff = false }()
 			timeOp(b, g, bw, 10, attendBytes, func() { g.DSAAttendLatent(out, qLat, q, lat, kr, idx, 1, s, 0.1) })
 		})
 		b.Run(name+"sparse", func(b *testing.B) {
@@ -286,6 +287,47 @@ func BenchmarkOpsVsDenseHTree(b *testing.B) {
 		})
 		if err := g.Sync(); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkOpsV4Attention: DeepSeek-V4's attention for one decode query at
+// its shapes (64 heads of 512, window 128, CSA's 512 selected entries of a
+// 4096-token context, or HCA's 32 entries at rate 128), v4_attention_mma
+// against v4_attention4 (mma off) in the same process; the floor counts the
+// key rows read once.
+func BenchmarkOpsV4Attention(b *testing.B) {
+	g, bw := floorGPU(b)
+	rng := rand.New(rand.NewPCG(11, 4))
+	const heads, dim, window, ctx = 64, 512, 128, 4096
+	for _, tc := range []struct {
+		name              string
+		rate, topk, count int
+	}{{"csa", 4, 512, ctx / 4}, {"hca", 128, 0, ctx / 128}} {
+		a := dsv4.AttnArgs{M: 1, Heads: heads, Dim: dim, Pos0: ctx - 1, Lo: ctx - window, Window: window,
+			Rate: tc.rate, TopK: tc.topk, Entries: tc.count, Scale: float32(1 / math.Sqrt(dim))}
+		q, local := toGPU(g, randn(rng, heads*dim)), toGPU(g, randn(rng, window*dim))
+		comp, sinks := toGPU(g, randn(rng, tc.count*dim)), toGPU(g, randn(rng, heads))
+		var idx backend.Buffer
+		if tc.topk > 0 {
+			v := make([]float32, tc.topk)
+			for i := range v {
+				v[i] = float32(rng.IntN(tc.count))
+			}
+			idx = toGPU(g, v)
+		}
+		out := g.NewBuffer(heads * dim)
+		bytes := float64(4 * a.MaxKeys() * dim)
+		for _, off := range []bool{false, true} {
+			name := tc.name + "/mma"
+			if off {
+				name = tc.name + "/v4_attention4"
+			}
+			b.Run(name, func(b *testing.B) {
+				g.attnMMAOff = off
+				defer func() { g.attnMMAOff = false }()
+				timeOp(b, g, bw, 20, bytes, func() { g.V4Attention(out, q, local, comp, idx, sinks, a) })
+			})
 		}
 	}
 }

@@ -292,13 +292,16 @@ func TestV4Ops(t *testing.T) {
 		g.V4Compress(got, toGPU(g, kv), toGPU(g, gate), toGPU(g, ape), toGPU(g, norm), a)
 		check(t, "compress", fromGPU(t, g, got), want, opsTol)
 	}
-	// Indexer top-k: entries not a multiple of the warps per block, top-k
-	// below and above the entries, one and several queries.
+	// Indexer top-k: entries not a multiple of the 64-entry tile, top-k
+	// below and above the entries, one and several queries, visible entries
+	// ending inside a tile, V4's 64 x 128 indexer over more tiles than blocks.
 	for _, a := range []dsv4.IndexArgs{
 		{M: 1, Heads: 8, Dim: 32, Entries: 37, TopK: 6, Pos0: 150, Rate: 4},
 		{M: 5, Heads: 8, Dim: 32, Entries: 37, TopK: 50, Pos0: 140, Rate: 4},
 		{M: 3, Heads: 4, Dim: 64, Entries: 300, TopK: 16, Pos0: 1190, Rate: 4},
 		{M: 2, Heads: 4, Dim: 64, Entries: 0, TopK: 8, Pos0: 1, Rate: 4},
+		{M: 2, Heads: 64, Dim: 128, Entries: 1000, TopK: 64, Pos0: 3000, Rate: 4},
+		{M: 1, Heads: 64, Dim: 128, Entries: 9000, TopK: 512, Pos0: 36100, Rate: 4},
 	} {
 		a.Scale = float32(1 / math.Sqrt(float64(a.Dim)))
 		q, keys, w := randn(rng, a.M*a.Heads*a.Dim), randn(rng, max(a.Entries, 1)*a.Dim), randn(rng, a.M*a.Heads)
@@ -310,13 +313,16 @@ func TestV4Ops(t *testing.T) {
 			t.Errorf("index top-k %+v:\nGPU %v\nCPU %v", a, gv, want)
 		}
 	}
-	// Attention: sliding, HCA (past one chunk of keys), CSA with -1 slots.
+	// Attention: sliding, HCA (past one chunk of keys), CSA with -1 slots,
+	// V4's decode shape (64 heads of 512: four groups); v4_attention_mma
+	// (several splits, the sinks in the first) and, with it off, v4_attention.
 	for _, a := range []dsv4.AttnArgs{
 		{M: 3, Heads: 4, Dim: 64, Pos0: 20, Lo: 5, Window: 16},
 		{M: 1, Heads: 3, Dim: 64, Pos0: 24000, Lo: 23985, Window: 16, Rate: 16, Entries: 1500},
 		{M: 4, Heads: 2, Dim: 128, Pos0: 100, Lo: 85, Window: 16, Rate: 4, TopK: 7, Entries: 26},
 		{M: 2, Heads: 3, Dim: 512, Pos0: 300, Lo: 180, Window: 128, Rate: 4, TopK: 37, Entries: 75},
 		{M: 1, Heads: 2, Dim: 62, Pos0: 40, Lo: 30, Window: 11, Rate: 8, Entries: 5},
+		{M: 1, Heads: 64, Dim: 512, Pos0: 1100, Lo: 973, Window: 128, Rate: 4, TopK: 512, Entries: 275},
 	} {
 		a.Scale = float32(1 / math.Sqrt(float64(a.Dim)))
 		q := randn(rng, a.M*a.Heads*a.Dim)
@@ -344,9 +350,14 @@ func TestV4Ops(t *testing.T) {
 			ci, gi = cpu.Buffer(idx), toGPU(g, idx)
 		}
 		c.V4Attention(want, cpu.Buffer(q), cpu.Buffer(local), cc, ci, cpu.Buffer(sinks), a)
-		got := poisoned(g, a.M*a.Heads*a.Dim)
-		g.V4Attention(got, toGPU(g, q), toGPU(g, local), gc, gi, toGPU(g, sinks), a)
-		check(t, "v4 attention", fromGPU(t, g, got), want, opsTol)
+		gq, gl, gs := toGPU(g, q), toGPU(g, local), toGPU(g, sinks)
+		for _, off := range []bool{false, true} {
+			g.attnMMAOff = off
+			got := poisoned(g, a.M*a.Heads*a.Dim)
+			g.V4Attention(got, gq, gl, gc, gi, gs, a)
+			check(t, fmt.Sprintf("v4 attention %+v (mma off %v)", a, off), fromGPU(t, g, got), want, opsTol)
+		}
+		g.attnMMAOff = false
 	}
 	// Layout moves.
 	src := randn(rng, 3*5*7)
@@ -659,7 +670,7 @@ func TestDSAAttendLatentShapes(t *testing.T) {
 		qLatg, qg := toGPU(g, qLat), toGPU(g, q)
 		// dsa_attend_mma where it applies, then dsa_attend_split on the same inputs.
 		for _, off := range []bool{false, true} {
-			g.dsaMMAOff = off
+			g.attnMMAOff = off
 			kernel, perSM := "dsa_attend_split", 2
 			if !tc.split {
 				kernel = "dsa_attend"
@@ -673,7 +684,7 @@ func TestDSAAttendLatentShapes(t *testing.T) {
 			check(t, name, fromGPU(t, g, og), oc, opsTol)
 			og = poisoned(g, m*H*tc.la)
 		}
-		g.dsaMMAOff = false
+		g.attnMMAOff = false
 	}
 }
 
