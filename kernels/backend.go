@@ -77,6 +77,8 @@ type Backend struct {
 	tmaEvict      bool        // its weight copies marked evict-first in L2
 	tmaAblate     int         // benchmarks: gemv_nvfp4_tma's ablation bits (flags bits 4, 5: no x staging, no decoding)
 	tkmWS         *allocation // the many-block top-k's workspace (dsv4.go: topK)
+	moeBuf        *allocation // MoE's picks, weights and activations (moe.go)
+	moeBufLen     int
 	tkmCap        int
 	tkmOff        bool // tests and benchmarks: one block per row for every top-k
 	attnMMAOff    bool // tests and benchmarks: dsa_attend_split and v4_attention4 where the mma kernels would run

@@ -494,4 +494,5 @@ extern "C" __global__ void __launch_bounds__(MMA_WARPS * WARP) gemm_nvfp4_mma(
 #include "dsa.cuh"
 #include "htree.cuh"
 #include "gemv.cuh"
+#include "moe.cuh"  // e4m3x2_lo from gemv.cuh
 #include "decode.cuh"

@@ -942,3 +942,97 @@ func TestNVFP4GoldenOnGPU(t *testing.T) {
 		})
 	}
 }
+
+// TestV4MoE holds the device MoE (moe_route, moe_up, moe_down) to the host
+// path on the CPU backend: dsv4.Route on the logits, then per token each
+// picked expert's W2 SwiGLU(W1 x, W3 x) added in expert order, scaled by its
+// weight, to an output that already holds the shared expert. Scored routing
+// (sigmoid with a bias, sqrt-softplus without), hashed picks, one token and
+// several, with and without the SwiGLU limit; NVFP4 experts of widths that
+// are multiples of 32 but not of the 1024-column staging span. Tolerance
+// 1e-5 relative, as the other float32 dot products.
+func TestV4MoE(t *testing.T) {
+	g, c := newGPU(t), cpu.New(0)
+	rng := rand.New(rand.NewPCG(41, 42))
+	for _, tc := range []struct {
+		m, experts, k, dim, ffn int
+		scoring                 dsv4.Scoring
+		bias, hash              bool
+		limit                   float32
+	}{
+		{1, 32, 6, 256, 96, dsv4.ScoreSqrtSoftplus, false, false, 10},
+		{3, 32, 6, 1056, 64, dsv4.ScoreSigmoid, true, false, 0},
+		{2, 8, 2, 128, 1088, dsv4.ScoreSqrtSoftplus, false, true, 7},
+		{1, 64, 8, 512, 256, dsv4.ScoreSigmoid, true, true, 0},
+	} {
+		name := fmt.Sprintf("moe m=%d top-%d of %d, dim %d, ffn %d, scoring %d, bias %v, hash %v, limit %g",
+			tc.m, tc.k, tc.experts, tc.dim, tc.ffn, tc.scoring, tc.bias, tc.hash, tc.limit)
+		var gw1, gw3, gw2, cw1, cw3, cw2 []backend.Weight
+		for range tc.experts {
+			for j, shape := range [][2]int{{tc.ffn, tc.dim}, {tc.ffn, tc.dim}, {tc.dim, tc.ffn}} {
+				h := hostWeight(rng, backend.NVFP4, shape[0], shape[1])
+				h.Bias = nil
+				gw, err := g.Upload(h)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cw, err := c.Upload(h)
+				if err != nil {
+					t.Fatal(err)
+				}
+				switch j {
+				case 0:
+					gw1, cw1 = append(gw1, gw), append(cw1, cw)
+				case 1:
+					gw3, cw3 = append(gw3, gw), append(cw3, cw)
+				default:
+					gw2, cw2 = append(gw2, gw), append(cw2, cw)
+				}
+			}
+		}
+		var bias []float32
+		if tc.bias {
+			bias = randn(rng, tc.experts)
+		}
+		var hash []int32
+		if tc.hash {
+			for range tc.m {
+				for _, e := range rng.Perm(tc.experts)[:tc.k] {
+					hash = append(hash, int32(e))
+				}
+			}
+		}
+		a := dsv4.RouteArgs{M: tc.m, Experts: tc.experts, K: tc.k, Scoring: tc.scoring, Scale: 1.5}
+		x, logits, shared := randn(rng, tc.m*tc.dim), randn(rng, tc.m*tc.experts), randn(rng, tc.m*tc.dim)
+
+		// The host path.
+		idx, w := make([]int32, tc.m*tc.k), make([]float32, tc.m*tc.k)
+		dsv4.Route(idx, w, logits, bias, hash, a)
+		want := append([]float32{}, shared...)
+		ge, ue, ye := make(cpu.Buffer, tc.ffn), make(cpu.Buffer, tc.ffn), make(cpu.Buffer, tc.dim)
+		for i := range tc.m {
+			picks := make([]int, tc.k)
+			for j := range picks {
+				picks[j] = j
+			}
+			slices.SortFunc(picks, func(p, q int) int { return int(idx[i*tc.k+p] - idx[i*tc.k+q]) })
+			xi := cpu.Buffer(x[i*tc.dim : (i+1)*tc.dim])
+			for _, j := range picks {
+				e := idx[i*tc.k+j]
+				c.MatMul(ge, xi, cw1[e], 1)
+				c.MatMul(ue, xi, cw3[e], 1)
+				c.SwiGLU(ge, ge, ue, tc.limit)
+				c.MatMul(ye, ge, cw2[e], 1)
+				c.V4ScatterAdd(cpu.Buffer(want), ye, []int32{int32(i)}, []float32{w[i*tc.k+j]}, tc.dim)
+			}
+		}
+
+		ex, err := g.BindExperts(gw1, gw3, gw2, bias)
+		if err != nil || ex == nil {
+			t.Fatalf("%s: BindExperts: %v, %v", name, ex, err)
+		}
+		out := toGPU(g, shared)
+		g.MoE(out, toGPU(g, x), toGPU(g, logits), hash, ex, a, tc.limit)
+		check(t, name, fromGPU(t, g, out), want, opsTol)
+	}
+}

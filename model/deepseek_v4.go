@@ -25,12 +25,13 @@ import (
 // Besides backend.Backend it needs the backend to implement mhc.Ops and
 // dsv4.Ops. Tensor names are the checkpoint's (DeepSeek's original names).
 type DeepseekV4 struct {
-	b     backend.Backend
-	hc    mhc.Ops
-	ops   dsv4.Ops
-	cfg   *Config
-	v     *v4Config
-	mixer *mhc.Mixer
+	b      backend.Backend
+	hc     mhc.Ops
+	ops    dsv4.Ops
+	moeOps dsv4.MoEOps // optional: routing and routed experts on the device
+	cfg    *Config
+	v      *v4Config
+	mixer  *mhc.Mixer
 
 	mainRoPE, compRoPE *layers.RoPE
 	ones               backend.Buffer // [head_dim] weights of the unweighted per-head q norm
@@ -57,6 +58,7 @@ type v4Block struct {
 	Indexer *v4Indexer
 	FFN     v4FFN
 	Experts []v4Expert
+	dev     dsv4.Experts // the routed experts bound for the device MoE, or nil
 }
 
 type v4HC struct {
@@ -139,6 +141,7 @@ func loadDeepseekV4(b backend.Backend, cfg *Config, l *Loader) (*DeepseekV4, err
 		return nil, configErr(cfg.Path, "hc_mult", "%v", err)
 	}
 	m := &DeepseekV4{b: b, hc: hc, ops: ops, cfg: cfg, v: v, mixer: mixer}
+	m.moeOps, _ = b.(dsv4.MoEOps)
 	if m.mainRoPE, err = cfg.NewRoPE(v.mainRoPE, v.HeadDim); err != nil {
 		return nil, err
 	}
@@ -290,6 +293,15 @@ func (m *DeepseekV4) loadBlock(l *Loader, i int, dims map[string]int) error {
 	for e := range blk.Experts {
 		if err := l.Bind(fmt.Sprintf("%sffn.experts.%d.", prefix, e), &blk.Experts[e], dims); err != nil {
 			return err
+		}
+	}
+	if m.moeOps != nil {
+		w1, w3, w2 := make([]backend.Weight, E), make([]backend.Weight, E), make([]backend.Weight, E)
+		for e, ex := range blk.Experts {
+			w1[e], w3[e], w2[e] = ex.W1, ex.W3, ex.W2
+		}
+		if blk.dev, err = m.moeOps.BindExperts(w1, w3, w2, blk.FFN.Bias); err != nil {
+			return fmt.Errorf("model: layer %d's routed experts: %w", i, err)
 		}
 	}
 	return nil
@@ -836,16 +848,21 @@ func (m *DeepseekV4) indexer(s *v4State, blk *v4Block, ic *v4Comp, qres, h, idx 
 	})
 }
 
-// moe runs the MoE block over h ([n, hidden], normed): routing on the host,
-// the shared expert on all rows, each routed expert on its rows.
+// v4DeviceMoETokens is the most tokens a call routes on the device: the
+// device MoE reads each token's experts' weights once per token, the host
+// path once per expert, which wins for long prefill chunks.
+const v4DeviceMoETokens = 8
+
+// moe runs the MoE block over h ([n, hidden], normed): the shared expert on
+// all rows, then the routed experts, routed on the device (dsv4.MoEOps) for
+// short chunks when the backend can, else on the host, each routed expert
+// on its rows.
 func (m *DeepseekV4) moe(s *v4State, blk *v4Block, h backend.Buffer, tokens []int32) backend.Buffer {
 	b, v, sc := m.b, m.v, &s.scratch
 	n, D, I := len(tokens), m.cfg.HiddenSize, v.MoEIntermediateSize
 	E, K := v.NRoutedExperts, v.NumExpertsPerTok
 	router := b.View(sc.router, 0, n*E)
 	b.MatMul(router, h, blk.FFN.Gate, n)
-	logits := s.hostLog[:n*E]
-	b.Read(logits, router, 0)
 	var hash []int32
 	if blk.hash != nil {
 		hash = make([]int32, n*K)
@@ -853,9 +870,7 @@ func (m *DeepseekV4) moe(s *v4State, blk *v4Block, h backend.Buffer, tokens []in
 			copy(hash[i*K:(i+1)*K], blk.hash[int(t)*K:(int(t)+1)*K])
 		}
 	}
-	idx, w := s.hostIdx[:n*K], s.hostW[:n*K]
-	dsv4.Route(idx, w, logits, blk.FFN.Bias, hash, dsv4.RouteArgs{M: n, Experts: E, K: K, Scoring: v.scoring,
-		Scale: float32(v.RoutedScalingFactor)})
+	route := dsv4.RouteArgs{M: n, Experts: E, K: K, Scoring: v.scoring, Scale: float32(v.RoutedScalingFactor)}
 
 	limit := float32(v.SwigluLimit)
 	out := b.View(sc.moeOut, 0, n*D)
@@ -864,6 +879,15 @@ func (m *DeepseekV4) moe(s *v4State, blk *v4Block, h backend.Buffer, tokens []in
 	b.MatMul(su, h, blk.FFN.W3, n)
 	b.SwiGLU(sg, sg, su, limit)
 	b.MatMul(out, sg, blk.FFN.W2, n)
+	if blk.dev != nil && n <= v4DeviceMoETokens {
+		m.moeOps.MoE(out, h, router, hash, blk.dev, route, limit)
+		return out
+	}
+
+	logits := s.hostLog[:n*E]
+	b.Read(logits, router, 0)
+	idx, w := s.hostIdx[:n*K], s.hostW[:n*K]
+	dsv4.Route(idx, w, logits, blk.FFN.Bias, hash, route)
 
 	for e := range s.expRows {
 		s.expRows[e], s.expScale[e] = s.expRows[e][:0], s.expScale[e][:0]

@@ -1,0 +1,158 @@
+package kernels
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/layers/dsv4"
+)
+
+// DeepSeek-V4's MoE on the device (dsv4.MoEOps), kernels in moe.cuh: the
+// routing (moe_route) and the routed experts (moe_up: gate and up with
+// SwiGLU; moe_down: down, weighted and added to the output) read the picked
+// experts' weights through a table of the layer's experts, so nothing comes
+// back to the host.
+
+var _ dsv4.MoEOps = (*Backend)(nil)
+
+// moe.cuh's limits: MOE_MAXK picks per token, MOE_MAXE experts, MOE_ROWS
+// output rows per block, MOE_THREADS (and MOE_RT) threads.
+const (
+	moeMaxK     = 16
+	moeMaxE     = 1024
+	moeRows     = 16
+	moeThreads  = 256
+	moeTableRow = 64 // bytes of a MoeExpert
+)
+
+// moeExperts is a layer's routed experts on the device: the MoeExpert table
+// (each expert's three weights' data, scales and global scale) and the
+// router bias.
+type moeExperts struct {
+	table, bias *allocation
+	n, ffn, dim int
+	weights     []*Weight // what the table points into
+}
+
+func (x *moeExperts) NumExperts() int { return x.n }
+
+// moeStaged is the floats moe_stage spans for a vector of k values.
+func moeStaged(k int) int { return (k + 1023) / 1024 * 1024 }
+
+// BindExperts builds the expert table for NVFP4 experts whose widths are
+// multiples of 32 and whose staged inputs fit in shared memory; otherwise
+// it returns nil, nil.
+func (b *Backend) BindExperts(w1, w3, w2 []backend.Weight, bias []float32) (dsv4.Experts, error) {
+	E := len(w1)
+	if E == 0 || E > moeMaxE || len(w3) != E || len(w2) != E || (bias != nil && len(bias) != E) {
+		return nil, nil
+	}
+	I, D := w1[0].Rows(), w1[0].Cols()
+	if I%32 != 0 || D%32 != 0 || 4*moeStaged(D) > b.opsShare() || 4*moeStaged(I) > b.opsShare() {
+		return nil, nil
+	}
+	x := &moeExperts{n: E, ffn: I, dim: D}
+	table := make([]byte, E*moeTableRow)
+	for e := range E {
+		row := table[e*moeTableRow:]
+		for j, wt := range []backend.Weight{w1[e], w3[e], w2[e]} {
+			w, ok := wt.(*Weight)
+			rows, cols := I, D
+			if j == 2 {
+				rows, cols = D, I
+			}
+			if !ok || w.format != backend.NVFP4 || w.rows != rows || w.cols != cols || w.bias != nil {
+				return nil, nil
+			}
+			binary.LittleEndian.PutUint64(row[8*j:], w.data.ptr)
+			binary.LittleEndian.PutUint64(row[24+8*j:], w.scales.ptr)
+			binary.LittleEndian.PutUint32(row[48+4*j:], math.Float32bits(w.global))
+			x.weights = append(x.weights, w)
+		}
+	}
+	var err error
+	if x.table, err = b.upload(table); err != nil {
+		return nil, fmt.Errorf("kernels: MoE expert table: %w", err)
+	}
+	if bias != nil {
+		if x.bias, err = b.upload(f32Bytes(bias)); err != nil {
+			return nil, fmt.Errorf("kernels: MoE router bias: %w", err)
+		}
+	}
+	return x, nil
+}
+
+// MoE queues moe_route, moe_up and moe_down (see moe.cuh). The picks and
+// weights [M, K] and the activations [M, K, ffn] live in per-backend scratch.
+func (b *Backend) MoE(out, x, logits backend.Buffer, hash []int32, exp dsv4.Experts, a dsv4.RouteArgs, limit float32) {
+	ex, ok := exp.(*moeExperts)
+	switch {
+	case !ok:
+		b.setErr(fmt.Errorf("kernels: MoE experts of type %T were not bound by this backend", exp))
+		return
+	case a.M <= 0:
+		return
+	case a.Experts != ex.n || a.K < 1 || a.K > min(moeMaxK, ex.n) || (hash != nil && len(hash) != a.M*a.K):
+		b.setErr(fmt.Errorf("kernels: MoE of %d tokens, top-%d of %d experts (bound: %d), %d hashed ids", a.M, a.K, a.Experts, ex.n, len(hash)))
+		return
+	case 4*a.K*moeStaged(ex.ffn) > b.opsShare():
+		b.setErr(fmt.Errorf("kernels: MoE top-%d of width %d exceeds this GPU's shared memory", a.K, ex.ffn))
+		return
+	}
+	pairs := a.M * a.K
+	scratch, err := b.moeScratch(2*pairs + pairs*ex.ffn)
+	if err != nil {
+		b.setErr(err)
+		return
+	}
+	ids, wts := scratch.ptr, scratch.ptr+uint64(4*pairs)
+	act := wts + uint64(4*pairs)
+	biasPtr := uint64(0)
+	if ex.bias != nil {
+		biasPtr = ex.bias.ptr
+	}
+	sqrtsp := boolInt(a.Scoring == dsv4.ScoreSqrtSoftplus)
+
+	b.qmu.Lock()
+	b.q.keep = append(b.q.keep, ex, scratch, out, x, logits)
+	hashPtr := uint64(0)
+	if hash != nil { // the hashed ids travel in the queue's step values
+		off := b.q.addIDs(hash)
+		if off < 0 {
+			b.d.onContext(b.ctx, b.flushLocked)
+			b.q.keep = append(b.q.keep, ex, scratch, out, x, logits)
+			if off = b.q.addIDs(hash); off < 0 {
+				b.qmu.Unlock()
+				b.setErr(fmt.Errorf("kernels: MoE: %d hashed ids exceed the step values", len(hash)))
+				return
+			}
+		}
+		hashPtr = b.dyn.ptr + uint64(4*off)
+	}
+	o := op{kind: opKernel, name: "moe_route", fn: b.function("moe_route"), grid: [3]uint32{uint32(a.M), 1, 1}, block: moeThreads}
+	o.setParams(ids, wts, ptr(logits), biasPtr, hashPtr, a.Experts, a.K, sqrtsp, a.Scale)
+	b.q.ops = append(b.q.ops, o)
+	b.qmu.Unlock()
+
+	b.launch("moe_up", [3]int{(ex.ffn + moeRows - 1) / moeRows, pairs, 1}, moeThreads, 4*moeStaged(ex.dim),
+		act, ptr(x), ids, ex.table.ptr, a.K, ex.ffn, ex.dim, limit)
+	b.launch("moe_down", [3]int{(ex.dim + moeRows - 1) / moeRows, a.M, 1}, moeThreads, 4*a.K*moeStaged(ex.ffn),
+		ptr(out), act, ids, wts, ex.table.ptr, a.K, ex.ffn, ex.dim)
+}
+
+// moeScratch returns MoE's scratch (at least n floats), growing it as
+// needed; a smaller one still queued stays alive through the queue's keep.
+func (b *Backend) moeScratch(n int) (*allocation, error) {
+	b.partMu.Lock()
+	defer b.partMu.Unlock()
+	if b.moeBufLen < n {
+		a, err := b.alloc(4 * n)
+		if err != nil {
+			return nil, err
+		}
+		b.moeBuf, b.moeBufLen = a, n
+	}
+	return b.moeBuf, nil
+}
