@@ -21,7 +21,7 @@
 // K % 32 == 0 for every weight (moe.go checks).
 #define MOE_MAXK 16
 #define MOE_MAXE 1024
-#define MOE_RT 256
+#define MOE_RT WARP  // moe_route: a warp per token
 #define MOE_ROWS 16
 #define MOE_THREADS 256
 
@@ -48,25 +48,23 @@ extern "C" __global__ void __launch_bounds__(MOE_RT) moe_route(int* ids, float* 
                                                                 const int* hash, int E, int K, int sqrtsp, float scale) {
     __shared__ float s_s[MOE_MAXE], s_v[MOE_MAXE];
     __shared__ bool s_taken[MOE_MAXE];
-    __shared__ float r_v[MOE_RT / WARP];
-    __shared__ int r_i[MOE_RT / WARP];
     __shared__ int s_pick[MOE_MAXK];
-    const int i = blockIdx.x, tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
+    const int i = blockIdx.x, lane = threadIdx.x;
     const float* l = logits + (size_t)i * E;
-    for (int e = tid; e < E; e += MOE_RT) {
-        const float s = sqrtsp ? moe_sqrt_softplus(l[e]) : mhc_sigmoid(l[e]);
-        s_s[e] = s;
-        s_v[e] = bias ? s + bias[e] : s;
+    for (int e = lane; e < E; e += WARP) {
+        const float sc = sqrtsp ? moe_sqrt_softplus(l[e]) : mhc_sigmoid(l[e]);
+        s_s[e] = sc;
+        s_v[e] = bias ? sc + bias[e] : sc;
         s_taken[e] = false;
     }
-    __syncthreads();
+    __syncwarp();
     if (hash) {
-        if (tid < K) s_pick[tid] = hash[(size_t)i * K + tid];
+        if (lane < K) s_pick[lane] = hash[(size_t)i * K + lane];
     } else {
-        for (int j = 0; j < K; j++) {
+        for (int j = 0; j < K; j++) {  // the best remaining expert, K times
             float bv = 0.f;
             int bi = -1;
-            for (int e = tid; e < E; e += MOE_RT)
+            for (int e = lane; e < E; e += WARP)
                 if (!s_taken[e] && (bi < 0 || moe_before(s_v[e], e, bv, bi))) bv = s_v[e], bi = e;
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) {
@@ -74,19 +72,12 @@ extern "C" __global__ void __launch_bounds__(MOE_RT) moe_route(int* ids, float* 
                 const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
                 if (oi >= 0 && (bi < 0 || moe_before(ov, oi, bv, bi))) bv = ov, bi = oi;
             }
-            if (lane == 0) r_v[warp] = bv, r_i[warp] = bi;
-            __syncthreads();
-            if (tid == 0) {
-                for (int w = 1; w < MOE_RT / WARP; w++)
-                    if (r_i[w] >= 0 && (bi < 0 || moe_before(r_v[w], r_i[w], bv, bi))) bv = r_v[w], bi = r_i[w];
-                s_pick[j] = bi;
-                s_taken[bi] = true;
-            }
-            __syncthreads();
+            if (lane == 0) s_pick[j] = bi, s_taken[bi] = true;
+            __syncwarp();
         }
     }
-    __syncthreads();
-    if (tid == 0) {
+    __syncwarp();
+    if (lane == 0) {
         int pk[MOE_MAXK];
         float w[MOE_MAXK], sum = 0.f;
         for (int j = 0; j < K; j++) {
@@ -107,81 +98,121 @@ extern "C" __global__ void __launch_bounds__(MOE_RT) moe_route(int* ids, float* 
     }
 }
 
+// Prefetches bytes [0, n) at p into L2, lane l taking the 128-byte lines l,
+// l + 32, ...: a warp's weight rows start on their way while the block
+// stages its inputs.
+__device__ __forceinline__ void moe_prefetch(const void* p, size_t n, int lane) {
+    for (size_t o = (size_t)lane * 128; o < n; o += 32 * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(p) + o));
+}
+
 // x[0..K) into xs in chunk-major order: column 32c + k (c = 32u + l) at
-// ((u * 16 + k / 2) * 32 + l) * 2 + k % 2.
+// ((u * 8 + k / 4) * 32 + l) * 4 + k % 4, so that lane l's four columns
+// 32c + 4q .. + 3 are one float4 and the warp's reads are consecutive.
 __device__ __forceinline__ void moe_stage(float* xs, const float* x, int K) {
     for (int col = threadIdx.x; col < K; col += blockDim.x) {
         const int c = col >> 5, k = col & 31, u = c >> 5, l = c & 31;
-        xs[((u * 16 + (k >> 1)) * 32 + l) * 2 + (k & 1)] = x[col];
+        xs[((u * 8 + (k >> 2)) * 32 + l) * 4 + (k & 3)] = x[col];
     }
 }
 
-// This lane's share of row (p, s) · x (x staged by moe_stage), unscaled by
-// the global scale and 2^14.
-__device__ __forceinline__ float moe_dot(const uint8_t* __restrict__ p, const uint8_t* __restrict__ s,
-                                         const float* xs, int K, int lane) {
+// This lane's shares of n <= N row dot products (p[q], s[q]) · xs[q] (xs
+// staged by moe_stage), unscaled by the global scales and 2^14, into acc;
+// the rows' loads for two chunks each are in flight together.
+template <int N>
+__device__ __forceinline__ void moe_dots(float acc[N], const uint8_t* const p[N], const uint8_t* const s[N],
+                                         const float* const xs[N], int n, int K, int lane) {
     const int nc = K >> 5;
-    float acc = 0.f;
-    for (int c0 = lane; c0 < nc; c0 += 4 * WARP) {
-        uint4 w[4];
-        uint32_t sc[4];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int c = c0 + u * WARP;
-            if (c < nc) {
-                w[u] = __ldcs(reinterpret_cast<const uint4*>(p + 16 * (size_t)c));
-                sc[u] = __ldg(reinterpret_cast<const unsigned short*>(s + 2 * (size_t)c));
-            }
-        }
+    for (int q = 0; q < N; q++) acc[q] = 0.f;
+    for (int c0 = lane; c0 < nc; c0 += 2 * WARP) {
+        uint4 w[N][2];
+        uint32_t sc[N][2];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int c = c0 + u * WARP;
-            if (c >= nc) break;
-            const float2* xc = reinterpret_cast<const float2*>(xs) + (size_t)((c >> 5) * 16) * 32 + (c & 31);
-            const uint32_t words[4] = {w[u].x, w[u].y, w[u].z, w[u].w};
-            float blk[2] = {0.f, 0.f};
+        for (int q = 0; q < N; q++)
 #pragma unroll
-            for (int q = 0; q < 4; q++) {
-                uint32_t h[4];
-                e2m1x8_to_h2(words[q], h);  // columns 8q + 2j, 8q + 2j + 1
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h[j]));
-                    const float2 xv = xc[(4 * q + j) * 32];
-                    blk[q >> 1] = fmaf(f.x, xv.x, blk[q >> 1]);
-                    blk[q >> 1] = fmaf(f.y, xv.y, blk[q >> 1]);
+            for (int u = 0; u < 2; u++) {
+                const int c = c0 + u * WARP;
+                if (q < n && c < nc) {
+                    w[q][u] = __ldcs(reinterpret_cast<const uint4*>(p[q] + 16 * (size_t)c));
+                    sc[q][u] = __ldg(reinterpret_cast<const unsigned short*>(s[q] + 2 * (size_t)c));
                 }
             }
-            const uint32_t s2 = e4m3x2_lo(sc[u]);  // blocks 2c, 2c + 1
-            const float2 sf = __half22float2(*reinterpret_cast<const __half2*>(&s2));
-            acc = fmaf(blk[0], sf.x, acc);
-            acc = fmaf(blk[1], sf.y, acc);
-        }
+#pragma unroll
+        for (int q = 0; q < N; q++)
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const int c = c0 + u * WARP;
+                if (q >= n || c >= nc) continue;
+                const float4* xc = reinterpret_cast<const float4*>(xs[q]) + (size_t)((c >> 5) * 8) * 32 + (c & 31);
+                const uint32_t words[4] = {w[q][u].x, w[q][u].y, w[q][u].z, w[q][u].w};
+                float blk[2] = {0.f, 0.f};
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    uint32_t h[4];
+                    e2m1x8_to_h2(words[k], h);  // columns 8k + 2j, 8k + 2j + 1
+#pragma unroll
+                    for (int j = 0; j < 4; j += 2) {
+                        const float2 f0 = __half22float2(*reinterpret_cast<const __half2*>(&h[j]));
+                        const float2 f1 = __half22float2(*reinterpret_cast<const __half2*>(&h[j + 1]));
+                        const float4 xv = xc[(2 * k + j / 2) * 32];  // columns 8k + 2j .. + 3
+                        blk[k >> 1] = fmaf(f0.x, xv.x, blk[k >> 1]);
+                        blk[k >> 1] = fmaf(f0.y, xv.y, blk[k >> 1]);
+                        blk[k >> 1] = fmaf(f1.x, xv.z, blk[k >> 1]);
+                        blk[k >> 1] = fmaf(f1.y, xv.w, blk[k >> 1]);
+                    }
+                }
+                const uint32_t s2 = e4m3x2_lo(sc[q][u]);  // blocks 2c, 2c + 1
+                const float2 sf = __half22float2(*reinterpret_cast<const __half2*>(&s2));
+                acc[q] = fmaf(blk[0], sf.x, acc[q]);
+                acc[q] = fmaf(blk[1], sf.y, acc[q]);
+            }
     }
-    return acc;
 }
 
 extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_up(float* act, const float* x, const int* ids,
                                                                  const MoeExpert* table, int K, int I, int D, float limit) {
     extern __shared__ __align__(16) float moe_sh[];
     const int pair = blockIdx.y, tok = pair / K, lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-    moe_stage(moe_sh, x + (size_t)tok * D, D);
     const MoeExpert& ex = table[ids[pair]];
+    {
+        const int r0 = blockIdx.x * MOE_ROWS + warp * (MOE_ROWS / (MOE_THREADS / WARP));
+        const int nr = max(0, min(MOE_ROWS / (MOE_THREADS / WARP), I - r0));
+        for (int m = 0; m < 2 && nr > 0; m++) {
+            moe_prefetch((const uint8_t*)ex.p[m] + (size_t)r0 * (D / 2), (size_t)nr * (D / 2), lane);
+            moe_prefetch((const uint8_t*)ex.s[m] + (size_t)r0 * (D / 16), (size_t)nr * (D / 16), lane);
+        }
+    }
+    moe_stage(moe_sh, x + (size_t)tok * D, D);
     __syncthreads();
+    // This warp's two rows of gate and up: four dot products together.
+    constexpr int RW = MOE_ROWS / (MOE_THREADS / WARP);
+    static_assert(RW == 2, "moe_up: two rows a warp");
+    const int r0 = blockIdx.x * MOE_ROWS + warp * RW, nr = min(RW, I - r0);
+    if (nr <= 0) return;
+    const uint8_t* pp[4];
+    const uint8_t* ss[4];
+    const float* xx[4];
 #pragma unroll
-    for (int rr = 0; rr < MOE_ROWS / (MOE_THREADS / WARP); rr++) {
-        const int r = blockIdx.x * MOE_ROWS + warp * (MOE_ROWS / (MOE_THREADS / WARP)) + rr;
-        if (r >= I) break;
-        float g = moe_dot((const uint8_t*)ex.p[0] + (size_t)r * (D / 2), (const uint8_t*)ex.s[0] + (size_t)r * (D / 16), moe_sh, D, lane);
-        float u = moe_dot((const uint8_t*)ex.p[1] + (size_t)r * (D / 2), (const uint8_t*)ex.s[1] + (size_t)r * (D / 16), moe_sh, D, lane);
-        g = warp_sum(g) * (16384.f * ex.g[0]);
-        u = warp_sum(u) * (16384.f * ex.g[1]);
+    for (int q = 0; q < 4; q++) {
+        const int r = r0 + min(q >> 1, nr - 1), m = q & 1;  // (row, gate / up)
+        pp[q] = (const uint8_t*)ex.p[m] + (size_t)r * (D / 2);
+        ss[q] = (const uint8_t*)ex.s[m] + (size_t)r * (D / 16);
+        xx[q] = moe_sh;
+    }
+    float d[4];
+    moe_dots<4>(d, pp, ss, xx, 2 * nr, D, lane);
+#pragma unroll
+    for (int rr = 0; rr < RW; rr++) {
+        if (rr >= nr) break;
+        float g = warp_sum(d[2 * rr]) * (16384.f * ex.g[0]);
+        float u = warp_sum(d[2 * rr + 1]) * (16384.f * ex.g[1]);
         if (lane == 0) {
             if (limit > 0.f) {
                 g = fminf(g, limit);
                 u = fmaxf(fminf(u, limit), -limit);
             }
-            act[(size_t)pair * I + r] = g / (1.f + __expf(-g)) * u;
+            act[(size_t)pair * I + r0 + rr] = g / (1.f + __expf(-g)) * u;
         }
     }
 }
@@ -192,19 +223,44 @@ extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_down(float* out, c
     extern __shared__ __align__(16) float moe_sh[];
     const int tok = blockIdx.y, lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     const int stride = (I + 1023) / 1024 * 1024;  // a slot's staged activations (moe_stage's span)
+    {
+        const int r0 = blockIdx.x * MOE_ROWS + warp * (MOE_ROWS / (MOE_THREADS / WARP));
+        const int nr = max(0, min(MOE_ROWS / (MOE_THREADS / WARP), D - r0));
+        for (int j = 0; j < K && nr > 0; j++) {
+            const MoeExpert& ex = table[ids[(size_t)tok * K + j]];
+            moe_prefetch((const uint8_t*)ex.p[2] + (size_t)r0 * (I / 2), (size_t)nr * (I / 2), lane);
+            moe_prefetch((const uint8_t*)ex.s[2] + (size_t)r0 * (I / 16), (size_t)nr * (I / 16), lane);
+        }
+    }
     for (int j = 0; j < K; j++) moe_stage(moe_sh + j * stride, act + ((size_t)tok * K + j) * I, I);
     __syncthreads();
-#pragma unroll
+    // Per row, the K experts' dot products four at a time (their loads in
+    // flight together), then added in expert order.
     for (int rr = 0; rr < MOE_ROWS / (MOE_THREADS / WARP); rr++) {
         const int r = blockIdx.x * MOE_ROWS + warp * (MOE_ROWS / (MOE_THREADS / WARP)) + rr;
         if (r >= D) break;
         float acc = out[(size_t)tok * D + r];
-        for (int j = 0; j < K; j++) {
-            const MoeExpert& ex = table[ids[(size_t)tok * K + j]];
-            float y = moe_dot((const uint8_t*)ex.p[2] + (size_t)r * (I / 2), (const uint8_t*)ex.s[2] + (size_t)r * (I / 16),
-                              moe_sh + j * stride, I, lane);
-            y = warp_sum(y) * (16384.f * ex.g[2]);
-            acc = __fadd_rn(acc, __fmul_rn(wts[(size_t)tok * K + j], y));
+        for (int j0 = 0; j0 < K; j0 += 4) {
+            const uint8_t* pp[4];
+            const uint8_t* ss[4];
+            const float* xx[4];
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int j = min(j0 + q, K - 1);
+                const MoeExpert& ex = table[ids[(size_t)tok * K + j]];
+                pp[q] = (const uint8_t*)ex.p[2] + (size_t)r * (I / 2);
+                ss[q] = (const uint8_t*)ex.s[2] + (size_t)r * (I / 16);
+                xx[q] = moe_sh + j * stride;
+            }
+            float d[4];
+            moe_dots<4>(d, pp, ss, xx, min(4, K - j0), I, lane);
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int j = j0 + q;
+                if (j >= K) break;
+                const float yj = warp_sum(d[q]) * (16384.f * table[ids[(size_t)tok * K + j]].g[2]);
+                acc = __fadd_rn(acc, __fmul_rn(wts[(size_t)tok * K + j], yj));
+            }
         }
         if (lane == 0) out[(size_t)tok * D + r] = acc;
     }

@@ -18,12 +18,13 @@ import (
 var _ dsv4.MoEOps = (*Backend)(nil)
 
 // moe.cuh's limits: MOE_MAXK picks per token, MOE_MAXE experts, MOE_ROWS
-// output rows per block, MOE_THREADS (and MOE_RT) threads.
+// output rows per block, MOE_THREADS threads (MOE_RT: moe_route's warp).
 const (
 	moeMaxK     = 16
 	moeMaxE     = 1024
 	moeRows     = 16
 	moeThreads  = 256
+	moeRouteT   = 32
 	moeTableRow = 64 // bytes of a MoeExpert
 )
 
@@ -131,7 +132,7 @@ func (b *Backend) MoE(out, x, logits backend.Buffer, hash []int32, exp dsv4.Expe
 		}
 		hashPtr = b.dyn.ptr + uint64(4*off)
 	}
-	o := op{kind: opKernel, name: "moe_route", fn: b.function("moe_route"), grid: [3]uint32{uint32(a.M), 1, 1}, block: moeThreads}
+	o := op{kind: opKernel, name: "moe_route", fn: b.function("moe_route"), grid: [3]uint32{uint32(a.M), 1, 1}, block: moeRouteT}
 	o.setParams(ids, wts, ptr(logits), biasPtr, hashPtr, a.Experts, a.K, sqrtsp, a.Scale)
 	b.q.ops = append(b.q.ops, o)
 	b.qmu.Unlock()

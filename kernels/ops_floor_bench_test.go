@@ -331,3 +331,60 @@ func BenchmarkOpsV4Attention(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkOpsV4MoE: one decode token through DeepSeek-V4's routed experts
+// (32 NVFP4 experts of 4096 -> 2048 -> 4096, top-6, sqrt-softplus scores
+// with a bias): the device MoE (moe_route, moe_up, moe_down) against the
+// host path the model used before (router logits read back, dsv4.Route,
+// then per picked expert two MatMuls, SwiGLU, a MatMul and a scatter-add).
+// The floor counts the picked experts' weights read once.
+func BenchmarkOpsV4MoE(b *testing.B) {
+	g, bw := floorGPU(b)
+	rng := rand.New(rand.NewPCG(11, 5))
+	const E, K, D, I = 32, 6, 4096, 2048
+	var w1, w3, w2 []backend.Weight
+	for range E {
+		for j, shape := range [][2]int{{I, D}, {I, D}, {D, I}} {
+			h := hostWeight(rng, backend.NVFP4, shape[0], shape[1])
+			h.Bias = nil
+			w, err := g.Upload(h)
+			if err != nil {
+				b.Fatal(err)
+			}
+			switch j {
+			case 0:
+				w1 = append(w1, w)
+			case 1:
+				w3 = append(w3, w)
+			default:
+				w2 = append(w2, w)
+			}
+		}
+	}
+	bias := randn(rng, E)
+	ex, err := g.BindExperts(w1, w3, w2, bias)
+	if err != nil || ex == nil {
+		b.Fatalf("BindExperts: %v, %v", ex, err)
+	}
+	a := dsv4.RouteArgs{M: 1, Experts: E, K: K, Scoring: dsv4.ScoreSqrtSoftplus, Scale: 1.5}
+	x, logits, out := toGPU(g, randn(rng, D)), toGPU(g, randn(rng, E)), g.NewBuffer(D)
+	bytes := float64(K*3*I*D) * 9 / 16 // E2M1 nibbles and one E4M3 scale per 16
+	b.Run("device", func(b *testing.B) {
+		timeOp(b, g, bw, 20, bytes, func() { g.MoE(out, x, logits, nil, ex, a, 10) })
+	})
+	ge, ue, ye := g.NewBuffer(I), g.NewBuffer(I), g.NewBuffer(D)
+	host, idx, wts := make([]float32, E), make([]int32, K), make([]float32, K)
+	b.Run("host", func(b *testing.B) {
+		timeOp(b, g, bw, 20, bytes, func() {
+			g.Read(host, logits, 0)
+			dsv4.Route(idx, wts, host, bias, nil, a)
+			for j, e := range idx {
+				g.MatMul(ge, x, w1[e], 1)
+				g.MatMul(ue, x, w3[e], 1)
+				g.SwiGLU(ge, ge, ue, 10)
+				g.MatMul(ye, ge, w2[e], 1)
+				g.V4ScatterAdd(out, ye, []int32{0}, wts[j:j+1], D)
+			}
+		})
+	})
+}
