@@ -104,7 +104,7 @@ type v4Indexer struct {
 
 type v4FFN struct {
 	Gate backend.Weight // ffn.gate.weight [experts, hidden], no bias: ffn.gate.bias only selects
-	Bias []float32      // ffn.gate.bias (moe layers), host side: routing runs on the host
+	Bias []float32      // ffn.gate.bias (moe layers): the host route reads it, BindExperts uploads it
 	W1   backend.Weight `w:"ffn.shared_experts.w1" shape:"ffn,hidden"`
 	W3   backend.Weight `w:"ffn.shared_experts.w3" shape:"ffn,hidden"`
 	W2   backend.Weight `w:"ffn.shared_experts.w2" shape:"hidden,ffn"`
