@@ -477,19 +477,29 @@ func (b *Backend) Embed(dst backend.Buffer, table backend.Weight, ids []int32) {
 	}
 	b.qmu.Lock()
 	defer b.qmu.Unlock()
-	b.q.keep = append(b.q.keep, t, dst)
 	for lo := 0; lo < len(ids); {
-		n := min(len(ids)-lo, dynSlots/2)
-		off := b.q.addIDs(ids[lo : lo+n])
-		if off < 0 {
-			b.d.onContext(b.ctx, b.flushLocked)
-			continue
-		}
+		n := min(len(ids)-lo, dynSlots/2) // fits in an empty queue's step values
+		at, _ := b.stepIDs(ids[lo : lo+n])
+		b.q.keep = append(b.q.keep, t, dst)
 		o := op{kind: opKernel, name: "embed_ids", fn: b.fn["embed_ids"], grid: [3]uint32{uint32(n), 1, 1}, block: 256, pdl: true}
-		o.setParams(t.data.ptr, scales, t.global, format, b.dyn.ptr+uint64(4*off), ptr(dst)+uint64(4*lo*t.cols), t.cols)
+		o.setParams(t.data.ptr, scales, t.global, format, at, ptr(dst)+uint64(4*lo*t.cols), t.cols)
 		b.q.ops = append(b.q.ops, o)
 		lo += n
 	}
+}
+
+// stepIDs puts ids in the queue's step values and returns their device
+// address, launching the queue first when they do not fit; ok is false when
+// they do not fit an empty queue's either. qmu must be held.
+func (b *Backend) stepIDs(ids []int32) (at uint64, ok bool) {
+	off := b.q.addIDs(ids)
+	if off < 0 {
+		b.d.onContext(b.ctx, b.flushLocked)
+		if off = b.q.addIDs(ids); off < 0 {
+			return 0, false
+		}
+	}
+	return b.dyn.ptr + uint64(4*off), true
 }
 
 // MatMul computes dst[m, rows] = x[m, cols]·wᵀ (+ bias).

@@ -905,6 +905,31 @@ extern "C" __global__ void mla_expand(float* out, const float* outLat, const voi
 #define DSA_THREADS 256
 #define DSA_MAX_SPLITS 64
 
+// Online softmax over a tile's DSA_TT (= WARP) scores P[t * ps + h], which
+// become the probabilities: warp w takes heads 2w and 2w + 1, lane t token
+// t; each head's running max s_m and sum s_l are updated and its rescale
+// factor for the earlier sums goes to s_a.
+static_assert(DSA_TT == WARP, "dsa_softmax_tile: a lane per token");
+__device__ __forceinline__ void dsa_softmax_tile(float* P, int ps, float* s_m, float* s_l, float* s_a, int warp, int lane) {
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        const int g = 2 * warp + u;
+        const float s = P[lane * ps + g];
+        const float mo = s_m[g], lsum = s_l[g];
+        const float mn = fmaxf(mo, warp_max(s));
+        const float p = mn == -INFINITY ? 0.f : expf(s - mn);
+        const float psum = warp_sum(p);
+        P[lane * ps + g] = p;
+        __syncwarp();  // every lane has read s_m[g], s_l[g]
+        if (lane == 0) {
+            const float a = mn == -INFINITY ? 1.f : expf(mo - mn);
+            s_a[g] = a;
+            s_l[g] = lsum * a + psum;
+            s_m[g] = mn;
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(DSA_THREADS, 2)
     dsa_attend_split(float* out, float* part, const float* qLat, const float* qRope, int qrI, int qrH,
                      const float* lat, const float* rope, int la, int lb, const int* sel, const int* cnt, int K,
@@ -987,24 +1012,7 @@ extern "C" __global__ void __launch_bounds__(DSA_THREADS, 2)
         }
         __syncthreads();  // all scores in Ps
 
-        // Online softmax: warp w takes heads 2w, 2w+1; lane = token (DSA_TT == WARP).
-#pragma unroll
-        for (int u = 0; u < 2; u++) {
-            int g = 2 * warp + u;
-            float s = Ps[lane * DSA_G + g];
-            float mo = s_m[g], lo_sum = s_l[g];
-            float mn = fmaxf(mo, warp_max(s));
-            float p = mn == -INFINITY ? 0.f : expf(s - mn);
-            float ps = warp_sum(p);
-            Ps[lane * DSA_G + g] = p;
-            __syncwarp();  // every lane has read s_m[g], s_l[g]
-            if (lane == 0) {
-                float a = mn == -INFINITY ? 1.f : expf(mo - mn);
-                s_a[g] = a;
-                s_l[g] = lo_sum * a + ps;
-                s_m[g] = mn;
-            }
-        }
+        dsa_softmax_tile(Ps, DSA_G, s_m, s_l, s_a, warp, lane);
         __syncthreads();  // probabilities in Ps, rescale factors in s_a
 
         // Weighted latent rows: acc[r][.] for head 4*hq + r.
@@ -1218,24 +1226,7 @@ __device__ __forceinline__ void attend_mma(const Rows& rows, float* out, float* 
         }
         __syncthreads();  // all scores in Ps
 
-        // Online softmax, as dsa_attend_split: warp w takes heads 2w, 2w+1; lane = token.
-#pragma unroll
-        for (int u = 0; u < 2; u++) {
-            const int hh = 2 * warp + u;
-            const float s = Ps[lane * DSA_PS + hh];
-            const float mo = s_m[hh], lsum = s_l[hh];
-            const float mn = fmaxf(mo, warp_max(s));
-            const float p = mn == -INFINITY ? 0.f : expf(s - mn);
-            const float ps = warp_sum(p);
-            Ps[lane * DSA_PS + hh] = p;
-            __syncwarp();  // every lane has read s_m[hh], s_l[hh]
-            if (lane == 0) {
-                const float a = mn == -INFINITY ? 1.f : expf(mo - mn);
-                s_a[hh] = a;
-                s_l[hh] = lsum * a + ps;
-                s_m[hh] = mn;
-            }
-        }
+        dsa_softmax_tile(Ps, DSA_PS, s_m, s_l, s_a, warp, lane);
         __syncthreads();  // probabilities in Ps, rescale factors in s_a
 
         // O = O * alpha + P·V over this warp's columns.

@@ -117,21 +117,16 @@ func (b *Backend) MoE(out, x, logits backend.Buffer, hash []int32, exp dsv4.Expe
 	sqrtsp := boolInt(a.Scoring == dsv4.ScoreSqrtSoftplus)
 
 	b.qmu.Lock()
-	b.q.keep = append(b.q.keep, ex, scratch, out, x, logits)
 	hashPtr := uint64(0)
 	if hash != nil { // the hashed ids travel in the queue's step values
-		off := b.q.addIDs(hash)
-		if off < 0 {
-			b.d.onContext(b.ctx, b.flushLocked)
-			b.q.keep = append(b.q.keep, ex, scratch, out, x, logits)
-			if off = b.q.addIDs(hash); off < 0 {
-				b.qmu.Unlock()
-				b.setErr(fmt.Errorf("kernels: MoE: %d hashed ids exceed the step values", len(hash)))
-				return
-			}
+		var ok bool
+		if hashPtr, ok = b.stepIDs(hash); !ok {
+			b.qmu.Unlock()
+			b.setErr(fmt.Errorf("kernels: MoE: %d hashed ids exceed the step values", len(hash)))
+			return
 		}
-		hashPtr = b.dyn.ptr + uint64(4*off)
 	}
+	b.q.keep = append(b.q.keep, ex, scratch, out, x, logits)
 	o := op{kind: opKernel, name: "moe_route", fn: b.function("moe_route"), grid: [3]uint32{uint32(a.M), 1, 1}, block: moeRouteT}
 	o.setParams(ids, wts, ptr(logits), biasPtr, hashPtr, a.Experts, a.K, sqrtsp, a.Scale)
 	b.q.ops = append(b.q.ops, o)
