@@ -198,3 +198,32 @@ type TokenSampler interface {
 
 // MaxSampleTopK bounds TokenSampler's topK.
 const MaxSampleTopK = 256
+
+// Experts is a MoE layer's routed experts as a backend that runs them on its
+// device holds them (ExpertBinder).
+type Experts interface {
+	// NumExperts is the number of routed experts.
+	NumExperts() int
+}
+
+// ExpertBinder is implemented by backends that run a MoE layer's routed
+// experts on their device, picked there with no host round trip.
+type ExpertBinder interface {
+	// BindExperts prepares a layer's routed experts (w1 gate and w3 up
+	// [ffn, hidden], w2 down [hidden, ffn] of each, in expert order) and
+	// router bias ([Experts] or nil). It returns nil, nil when the backend
+	// cannot run them (weight format or shapes): the caller keeps its host
+	// path.
+	BindExperts(w1, w3, w2 []Weight, bias []float32) (Experts, error)
+}
+
+// GroupMoEOps is implemented by backends that route DeepSeek-V3-style MoE
+// (layers.GroupRoute) and run the routed experts on their device.
+type GroupMoEOps interface {
+	ExpertBinder
+	// GroupMoE routes the a.M tokens of logits ([M, Experts]) as
+	// layers.GroupRoute does (with the bias given to BindExperts) and adds
+	// each token's routed experts to out ([M, hidden]): out[i] += sum_j w_ij
+	// W2_j SwiGLU(W1_j x_i, W3_j x_i), the experts added in expert order.
+	GroupMoE(out, x, logits Buffer, ex Experts, a layers.GroupRouteArgs)
+}

@@ -44,6 +44,18 @@ __device__ __forceinline__ bool moe_before(float a, int ia, float b, int ib) {
     return ia < ib;
 }
 
+// The k (expert, weight) pairs into ids and wts in expert order (insertion sort).
+__device__ __forceinline__ void moe_store_sorted(int* ids, float* wts, int* pk, float* w, int k) {
+    for (int j = 1; j < k; j++)
+        for (int q = j; q > 0 && pk[q - 1] > pk[q]; q--) {
+            const int tp = pk[q];
+            pk[q] = pk[q - 1], pk[q - 1] = tp;
+            const float tw = w[q];
+            w[q] = w[q - 1], w[q - 1] = tw;
+        }
+    for (int j = 0; j < k; j++) ids[j] = pk[j], wts[j] = w[j];
+}
+
 extern "C" __global__ void __launch_bounds__(MOE_RT) moe_route(int* ids, float* wts, const float* logits, const float* bias,
                                                                 const int* hash, int E, int K, int sqrtsp, float scale) {
     __shared__ float s_s[MOE_MAXE], s_v[MOE_MAXE];
@@ -87,14 +99,84 @@ extern "C" __global__ void __launch_bounds__(MOE_RT) moe_route(int* ids, float* 
         }
         sum += 1e-20f;
         for (int j = 0; j < K; j++) w[j] = w[j] / sum * scale;
-        for (int j = 1; j < K; j++)  // insertion sort by expert
-            for (int q = j; q > 0 && pk[q - 1] > pk[q]; q--) {
-                const int tp = pk[q];
-                pk[q] = pk[q - 1], pk[q - 1] = tp;
-                const float tw = w[q];
-                w[q] = w[q - 1], w[q - 1] = tw;
-            }
-        for (int j = 0; j < K; j++) ids[(size_t)i * K + j] = pk[j], wts[(size_t)i * K + j] = w[j];
+        moe_store_sorted(ids + (size_t)i * K, wts + (size_t)i * K, pk, w, K);
+    }
+}
+
+// moe_group_route: warp i routes token i as layers.GroupRoute (DeepSeek-V3 /
+// V3.2): s = sigmoid(logits) as moe_route, c = s + bias; a group's score is
+// the sum of its two largest c (the larger first); the tg best groups (the
+// lower group on a tie) keep their experts and the others' c become -inf; the
+// k largest c are the picks (moe_route's order); w = s_pick, divided by the
+// picks' sum (+1e-20, in pick order) when norm, then times scale; stored in
+// expert order. At most MOE_MAXE / 2 groups.
+extern "C" __global__ void __launch_bounds__(MOE_RT) moe_group_route(int* ids, float* wts, const float* logits,
+                                                                      const float* bias, int E, int K, int G, int tg,
+                                                                      int norm, float scale) {
+    __shared__ float s_s[MOE_MAXE], s_v[MOE_MAXE], s_g[MOE_MAXE / 2];
+    __shared__ bool s_taken[MOE_MAXE], s_keep[MOE_MAXE / 2];
+    __shared__ int s_pick[MOE_MAXK];
+    const int i = blockIdx.x, lane = threadIdx.x, gs = E / G;
+    const float* l = logits + (size_t)i * E;
+    for (int e = lane; e < E; e += WARP) {
+        const float sc = mhc_sigmoid(l[e]);
+        s_s[e] = sc;
+        s_v[e] = bias ? sc + bias[e] : sc;
+        s_taken[e] = false;
+    }
+    __syncwarp();
+    for (int g = lane; g < G; g += WARP) {  // the two largest of the group
+        int b1 = -1, b2 = -1;
+        for (int e = g * gs; e < (g + 1) * gs; e++) {
+            if (b1 < 0 || moe_before(s_v[e], e, s_v[b1], b1)) b2 = b1, b1 = e;
+            else if (b2 < 0 || moe_before(s_v[e], e, s_v[b2], b2)) b2 = e;
+        }
+        s_g[g] = s_v[b1] + s_v[b2];
+        s_keep[g] = false;
+    }
+    __syncwarp();
+    for (int r = 0; r < tg; r++) {  // the best remaining group, tg times
+        float bv = 0.f;
+        int bi = -1;
+        for (int g = lane; g < G; g += WARP)
+            if (!s_keep[g] && (bi < 0 || moe_before(s_g[g], g, bv, bi))) bv = s_g[g], bi = g;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi >= 0 && (bi < 0 || moe_before(ov, oi, bv, bi))) bv = ov, bi = oi;
+        }
+        if (lane == 0) s_keep[bi] = true;
+        __syncwarp();
+    }
+    for (int e = lane; e < E; e += WARP)
+        if (!s_keep[e / gs]) s_v[e] = -INFINITY;
+    __syncwarp();
+    for (int j = 0; j < K; j++) {  // the best remaining expert, K times
+        float bv = 0.f;
+        int bi = -1;
+        for (int e = lane; e < E; e += WARP)
+            if (!s_taken[e] && (bi < 0 || moe_before(s_v[e], e, bv, bi))) bv = s_v[e], bi = e;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi >= 0 && (bi < 0 || moe_before(ov, oi, bv, bi))) bv = ov, bi = oi;
+        }
+        if (lane == 0) s_pick[j] = bi, s_taken[bi] = true;
+        __syncwarp();
+    }
+    if (lane == 0) {
+        int pk[MOE_MAXK];
+        float w[MOE_MAXK], sum = 0.f;
+        for (int j = 0; j < K; j++) {
+            pk[j] = s_pick[j];
+            w[j] = s_s[pk[j]];
+            sum += w[j];
+        }
+        sum += 1e-20f;
+        for (int j = 0; j < K; j++) w[j] = (norm ? w[j] / sum : w[j]) * scale;
+        moe_store_sorted(ids + (size_t)i * K, wts + (size_t)i * K, pk, w, K);
     }
 }
 

@@ -6,16 +6,20 @@ import (
 	"math"
 
 	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/layers"
 	"github.com/manifoldlm/manifold/layers/dsv4"
 )
 
-// DeepSeek-V4's MoE on the device (dsv4.MoEOps), kernels in moe.cuh: the
-// routing (moe_route) and the routed experts (moe_up: gate and up with
-// SwiGLU; moe_down: down, weighted and added to the output) read the picked
-// experts' weights through a table of the layer's experts, so nothing comes
-// back to the host.
+// DeepSeek MoE on the device (dsv4.MoEOps for V4, backend.GroupMoEOps for
+// V3.2), kernels in moe.cuh: the routing (moe_route, moe_group_route) and the
+// routed experts (moe_up: gate and up with SwiGLU; moe_down: down, weighted
+// and added to the output) read the picked experts' weights through a table
+// of the layer's experts, so nothing comes back to the host.
 
-var _ dsv4.MoEOps = (*Backend)(nil)
+var (
+	_ dsv4.MoEOps         = (*Backend)(nil)
+	_ backend.GroupMoEOps = (*Backend)(nil)
+)
 
 // moe.cuh's limits: MOE_MAXK picks per token, MOE_MAXE experts, MOE_ROWS
 // output rows per block, MOE_THREADS threads (MOE_RT: moe_route's warp).
@@ -45,7 +49,7 @@ func moeStaged(k int) int { return (k + 1023) / 1024 * 1024 }
 // BindExperts builds the expert table for NVFP4 experts whose widths are
 // multiples of 32 and whose staged inputs fit in shared memory; otherwise
 // it returns nil, nil.
-func (b *Backend) BindExperts(w1, w3, w2 []backend.Weight, bias []float32) (dsv4.Experts, error) {
+func (b *Backend) BindExperts(w1, w3, w2 []backend.Weight, bias []float32) (backend.Experts, error) {
 	E := len(w1)
 	if E == 0 || E > moeMaxE || len(w3) != E || len(w2) != E || (bias != nil && len(bias) != E) {
 		return nil, nil
@@ -87,55 +91,106 @@ func (b *Backend) BindExperts(w1, w3, w2 []backend.Weight, bias []float32) (dsv4
 
 // MoE queues moe_route, moe_up and moe_down (see moe.cuh). The picks and
 // weights [M, K] and the activations [M, K, ffn] live in per-backend scratch.
-func (b *Backend) MoE(out, x, logits backend.Buffer, hash []int32, exp dsv4.Experts, a dsv4.RouteArgs, limit float32) {
-	ex, ok := exp.(*moeExperts)
-	switch {
-	case !ok:
-		b.setErr(fmt.Errorf("kernels: MoE experts of type %T were not bound by this backend", exp))
-		return
-	case a.M <= 0:
-		return
-	case a.Experts != ex.n || a.K < 1 || a.K > min(moeMaxK, ex.n) || (hash != nil && len(hash) != a.M*a.K):
-		b.setErr(fmt.Errorf("kernels: MoE of %d tokens, top-%d of %d experts (bound: %d), %d hashed ids", a.M, a.K, a.Experts, ex.n, len(hash)))
-		return
-	case 4*a.K*moeStaged(ex.ffn) > b.opsShare():
-		b.setErr(fmt.Errorf("kernels: MoE top-%d of width %d exceeds this GPU's shared memory", a.K, ex.ffn))
+func (b *Backend) MoE(out, x, logits backend.Buffer, hash []int32, exp backend.Experts, a dsv4.RouteArgs, limit float32) {
+	if hash != nil && len(hash) != a.M*a.K {
+		b.setErr(fmt.Errorf("kernels: MoE of %d tokens, top-%d: %d hashed ids", a.M, a.K, len(hash)))
 		return
 	}
-	pairs := a.M * a.K
-	scratch, err := b.moeScratch(2*pairs + pairs*ex.ffn)
-	if err != nil {
-		b.setErr(err)
+	r, ok := b.moePrepare(exp, a.M, a.Experts, a.K)
+	if !ok {
 		return
 	}
-	ids, wts := scratch.ptr, scratch.ptr+uint64(4*pairs)
-	act := wts + uint64(4*pairs)
-	biasPtr := uint64(0)
-	if ex.bias != nil {
-		biasPtr = ex.bias.ptr
-	}
-	sqrtsp := boolInt(a.Scoring == dsv4.ScoreSqrtSoftplus)
-
 	b.qmu.Lock()
 	hashPtr := uint64(0)
 	if hash != nil { // the hashed ids travel in the queue's step values
-		var ok bool
 		if hashPtr, ok = b.stepIDs(hash); !ok {
 			b.qmu.Unlock()
 			b.setErr(fmt.Errorf("kernels: MoE: %d hashed ids exceed the step values", len(hash)))
 			return
 		}
 	}
-	b.q.keep = append(b.q.keep, ex, scratch, out, x, logits)
+	b.q.keep = append(b.q.keep, r.ex, r.scratch, out, x, logits)
 	o := op{kind: opKernel, name: "moe_route", fn: b.function("moe_route"), grid: [3]uint32{uint32(a.M), 1, 1}, block: moeRouteT}
-	o.setParams(ids, wts, ptr(logits), biasPtr, hashPtr, a.Experts, a.K, sqrtsp, a.Scale)
+	o.setParams(r.ids, r.wts, ptr(logits), r.bias(), hashPtr, a.Experts, a.K, boolInt(a.Scoring == dsv4.ScoreSqrtSoftplus), a.Scale)
 	b.q.ops = append(b.q.ops, o)
 	b.qmu.Unlock()
+	b.moeFFN(r, out, x, a.M, a.K, limit)
+}
 
-	b.launch("moe_up", [3]int{(ex.ffn + moeRows - 1) / moeRows, pairs, 1}, moeThreads, 4*moeStaged(ex.dim),
-		act, ptr(x), ids, ex.table.ptr, a.K, ex.ffn, ex.dim, limit)
-	b.launch("moe_down", [3]int{(ex.dim + moeRows - 1) / moeRows, a.M, 1}, moeThreads, 4*a.K*moeStaged(ex.ffn),
-		ptr(out), act, ids, wts, ex.table.ptr, a.K, ex.ffn, ex.dim)
+// GroupMoE is backend.GroupMoEOps: moe_group_route (layers.GroupRoute on
+// the device), then moe_up and moe_down as MoE.
+func (b *Backend) GroupMoE(out, x, logits backend.Buffer, exp backend.Experts, a layers.GroupRouteArgs) {
+	if err := a.Validate(); err != nil {
+		b.setErr(fmt.Errorf("kernels: %w", err))
+		return
+	}
+	if a.Groups > moeMaxE/2 {
+		b.setErr(fmt.Errorf("kernels: MoE of %d groups: the router takes at most %d", a.Groups, moeMaxE/2))
+		return
+	}
+	r, ok := b.moePrepare(exp, a.M, a.Experts, a.K)
+	if !ok {
+		return
+	}
+	b.qmu.Lock()
+	b.q.keep = append(b.q.keep, r.ex, r.scratch, out, x, logits)
+	b.qmu.Unlock()
+	b.launch("moe_group_route", [3]int{a.M, 1, 1}, moeRouteT, 0, r.ids, r.wts, ptr(logits), r.bias(),
+		a.Experts, a.K, a.Groups, a.TopKGroups, boolInt(a.Normalize), a.Scale)
+	b.moeFFN(r, out, x, a.M, a.K, 0)
+}
+
+// moeRun is one MoE call's experts and scratch: picks and weights [M, K],
+// activations [M, K, ffn].
+type moeRun struct {
+	ex            *moeExperts
+	scratch       *allocation
+	ids, wts, act uint64
+}
+
+func (r moeRun) bias() uint64 {
+	if r.ex.bias == nil {
+		return 0
+	}
+	return r.ex.bias.ptr
+}
+
+// moePrepare checks a MoE call of m tokens, top-k of e experts, against the
+// bound experts and takes its scratch; false (the error kept for Sync, or
+// nothing to do) if the call cannot run.
+func (b *Backend) moePrepare(exp backend.Experts, m, e, k int) (moeRun, bool) {
+	ex, ok := exp.(*moeExperts)
+	switch {
+	case !ok:
+		b.setErr(fmt.Errorf("kernels: MoE experts of type %T were not bound by this backend", exp))
+		return moeRun{}, false
+	case m <= 0:
+		return moeRun{}, false
+	case e != ex.n || k < 1 || k > min(moeMaxK, ex.n):
+		b.setErr(fmt.Errorf("kernels: MoE of %d tokens, top-%d of %d experts (bound: %d)", m, k, e, ex.n))
+		return moeRun{}, false
+	case 4*k*moeStaged(ex.ffn) > b.opsShare():
+		b.setErr(fmt.Errorf("kernels: MoE top-%d of width %d exceeds this GPU's shared memory", k, ex.ffn))
+		return moeRun{}, false
+	}
+	pairs := m * k
+	scratch, err := b.moeScratch(2*pairs + pairs*ex.ffn)
+	if err != nil {
+		b.setErr(err)
+		return moeRun{}, false
+	}
+	r := moeRun{ex: ex, scratch: scratch, ids: scratch.ptr, wts: scratch.ptr + uint64(4*pairs)}
+	r.act = r.wts + uint64(4*pairs)
+	return r, true
+}
+
+// moeFFN queues the routed experts' SwiGLU FFNs over the picks in r.
+func (b *Backend) moeFFN(r moeRun, out, x backend.Buffer, m, k int, limit float32) {
+	ex := r.ex
+	b.launch("moe_up", [3]int{(ex.ffn + moeRows - 1) / moeRows, m * k, 1}, moeThreads, 4*moeStaged(ex.dim),
+		r.act, ptr(x), r.ids, ex.table.ptr, k, ex.ffn, ex.dim, limit)
+	b.launch("moe_down", [3]int{(ex.dim + moeRows - 1) / moeRows, m, 1}, moeThreads, 4*k*moeStaged(ex.ffn),
+		ptr(out), r.act, r.ids, r.wts, ex.table.ptr, k, ex.ffn, ex.dim)
 }
 
 // moeScratch returns MoE's scratch (at least n floats), growing it as

@@ -943,6 +943,51 @@ func TestNVFP4GoldenOnGPU(t *testing.T) {
 	}
 }
 
+// moeTestExperts uploads n random NVFP4 experts (w1, w3 [ffn, dim], w2 [dim,
+// ffn]) to both backends: GPU weights, then CPU weights, each [3][n].
+func moeTestExperts(t *testing.T, g *Backend, c *cpu.Backend, rng *rand.Rand, n, dim, ffn int) (gw, cw [3][]backend.Weight) {
+	t.Helper()
+	for range n {
+		for j, shape := range [][2]int{{ffn, dim}, {ffn, dim}, {dim, ffn}} {
+			h := hostWeight(rng, backend.NVFP4, shape[0], shape[1])
+			h.Bias = nil
+			w, err := g.Upload(h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			v, err := c.Upload(h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			gw[j], cw[j] = append(gw[j], w), append(cw[j], v)
+		}
+	}
+	return gw, cw
+}
+
+// moeHostAdd is the models' host path on the CPU backend: for each of the m
+// tokens its picks (idx, w [m, k]) in expert order, out[i] += w * W2
+// SwiGLU(W1 x_i, W3 x_i, limit).
+func moeHostAdd(c *cpu.Backend, cw [3][]backend.Weight, out, x []float32, idx []int32, w []float32, m, k, dim, ffn int, limit float32) {
+	ge, ue, ye := make(cpu.Buffer, ffn), make(cpu.Buffer, ffn), make(cpu.Buffer, dim)
+	for i := range m {
+		picks := make([]int, k)
+		for j := range picks {
+			picks[j] = j
+		}
+		slices.SortFunc(picks, func(p, q int) int { return int(idx[i*k+p] - idx[i*k+q]) })
+		xi := cpu.Buffer(x[i*dim : (i+1)*dim])
+		for _, j := range picks {
+			e := idx[i*k+j]
+			c.MatMul(ge, xi, cw[0][e], 1)
+			c.MatMul(ue, xi, cw[1][e], 1)
+			c.SwiGLU(ge, ge, ue, limit)
+			c.MatMul(ye, ge, cw[2][e], 1)
+			c.V4ScatterAdd(cpu.Buffer(out), ye, []int32{int32(i)}, []float32{w[i*k+j]}, dim)
+		}
+	}
+}
+
 // TestV4MoE holds the device MoE (moe_route, moe_up, moe_down) to the host
 // path on the CPU backend: dsv4.Route on the logits, then per token each
 // picked expert's W2 SwiGLU(W1 x, W3 x) added in expert order, scaled by its
@@ -967,29 +1012,7 @@ func TestV4MoE(t *testing.T) {
 	} {
 		name := fmt.Sprintf("moe m=%d top-%d of %d, dim %d, ffn %d, scoring %d, bias %v, hash %v, limit %g",
 			tc.m, tc.k, tc.experts, tc.dim, tc.ffn, tc.scoring, tc.bias, tc.hash, tc.limit)
-		var gw1, gw3, gw2, cw1, cw3, cw2 []backend.Weight
-		for range tc.experts {
-			for j, shape := range [][2]int{{tc.ffn, tc.dim}, {tc.ffn, tc.dim}, {tc.dim, tc.ffn}} {
-				h := hostWeight(rng, backend.NVFP4, shape[0], shape[1])
-				h.Bias = nil
-				gw, err := g.Upload(h)
-				if err != nil {
-					t.Fatal(err)
-				}
-				cw, err := c.Upload(h)
-				if err != nil {
-					t.Fatal(err)
-				}
-				switch j {
-				case 0:
-					gw1, cw1 = append(gw1, gw), append(cw1, cw)
-				case 1:
-					gw3, cw3 = append(gw3, gw), append(cw3, cw)
-				default:
-					gw2, cw2 = append(gw2, gw), append(cw2, cw)
-				}
-			}
-		}
+		gw, cw := moeTestExperts(t, g, c, rng, tc.experts, tc.dim, tc.ffn)
 		var bias []float32
 		if tc.bias {
 			bias = randn(rng, tc.experts)
@@ -1004,35 +1027,50 @@ func TestV4MoE(t *testing.T) {
 		}
 		a := dsv4.RouteArgs{M: tc.m, Experts: tc.experts, K: tc.k, Scoring: tc.scoring, Scale: 1.5}
 		x, logits, shared := randn(rng, tc.m*tc.dim), randn(rng, tc.m*tc.experts), randn(rng, tc.m*tc.dim)
-
-		// The host path.
 		idx, w := make([]int32, tc.m*tc.k), make([]float32, tc.m*tc.k)
 		dsv4.Route(idx, w, logits, bias, hash, a)
 		want := append([]float32{}, shared...)
-		ge, ue, ye := make(cpu.Buffer, tc.ffn), make(cpu.Buffer, tc.ffn), make(cpu.Buffer, tc.dim)
-		for i := range tc.m {
-			picks := make([]int, tc.k)
-			for j := range picks {
-				picks[j] = j
-			}
-			slices.SortFunc(picks, func(p, q int) int { return int(idx[i*tc.k+p] - idx[i*tc.k+q]) })
-			xi := cpu.Buffer(x[i*tc.dim : (i+1)*tc.dim])
-			for _, j := range picks {
-				e := idx[i*tc.k+j]
-				c.MatMul(ge, xi, cw1[e], 1)
-				c.MatMul(ue, xi, cw3[e], 1)
-				c.SwiGLU(ge, ge, ue, tc.limit)
-				c.MatMul(ye, ge, cw2[e], 1)
-				c.V4ScatterAdd(cpu.Buffer(want), ye, []int32{int32(i)}, []float32{w[i*tc.k+j]}, tc.dim)
-			}
-		}
+		moeHostAdd(c, cw, want, x, idx, w, tc.m, tc.k, tc.dim, tc.ffn, tc.limit)
 
-		ex, err := g.BindExperts(gw1, gw3, gw2, bias)
+		ex, err := g.BindExperts(gw[0], gw[1], gw[2], bias)
 		if err != nil || ex == nil {
 			t.Fatalf("%s: BindExperts: %v, %v", name, ex, err)
 		}
 		out := toGPU(g, shared)
 		g.MoE(out, toGPU(g, x), toGPU(g, logits), hash, ex, a, tc.limit)
+		check(t, name, fromGPU(t, g, out), want, opsTol)
+	}
+}
+
+// TestGroupMoE holds the device MoE with DeepSeek-V3 / V3.2 routing
+// (moe_group_route) to layers.GroupRoute and the host path on the CPU
+// backend: group-limited top-k with a correction bias, with and without
+// normalization, one token and several, one kept group and several.
+// Tolerance as TestV4MoE.
+func TestGroupMoE(t *testing.T) {
+	g, c := newGPU(t), cpu.New(0)
+	rng := rand.New(rand.NewPCG(43, 44))
+	for _, a := range []layers.GroupRouteArgs{
+		{M: 1, Experts: 32, K: 6, Groups: 8, TopKGroups: 4, Normalize: true, Scale: 2.5},
+		{M: 3, Experts: 64, K: 8, Groups: 8, TopKGroups: 3, Normalize: false, Scale: 1},
+		{M: 2, Experts: 16, K: 2, Groups: 4, TopKGroups: 1, Normalize: true, Scale: 1.5},
+	} {
+		const dim, ffn = 256, 96
+		name := fmt.Sprintf("group moe %+v", a)
+		gw, cw := moeTestExperts(t, g, c, rng, a.Experts, dim, ffn)
+		bias := randn(rng, a.Experts)
+		x, logits, shared := randn(rng, a.M*dim), randn(rng, a.M*a.Experts), randn(rng, a.M*dim)
+		idx, w := make([]int32, a.M*a.K), make([]float32, a.M*a.K)
+		layers.GroupRoute(idx, w, logits, bias, a)
+		want := append([]float32{}, shared...)
+		moeHostAdd(c, cw, want, x, idx, w, a.M, a.K, dim, ffn, 0)
+
+		ex, err := g.BindExperts(gw[0], gw[1], gw[2], bias)
+		if err != nil || ex == nil {
+			t.Fatalf("%s: BindExperts: %v, %v", name, ex, err)
+		}
+		out := toGPU(g, shared)
+		g.GroupMoE(out, toGPU(g, x), toGPU(g, logits), ex, a)
 		check(t, name, fromGPU(t, g, out), want, opsTol)
 	}
 }

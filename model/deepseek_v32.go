@@ -104,10 +104,11 @@ type v32MLP struct {
 // v32MoE is the mixture of experts of a sparse layer.
 type v32MoE struct {
 	Router  backend.Weight // mlp.gate, [experts, hidden]
-	Bias    []float32      // e_score_correction_bias, on the host for routing
+	Bias    []float32      // e_score_correction_bias: the host route reads it, BindExperts uploads it
 	Experts []v32MLP
 	Shared  *v32MLP // nil when n_shared_experts is 0
 	route   layers.GroupRouteArgs
+	dev     backend.Experts // the routed experts bound for the device MoE, or nil
 }
 
 // The MLA norms on the latents and the indexer's key LayerNorm use the
@@ -320,6 +321,15 @@ func (m *DeepseekV32) loadMoE(l *Loader, prefix string) (*v32MoE, error) {
 	if v.NSharedExperts > 0 {
 		if moe.Shared, err = loadMLP(m.b, l, prefix+"shared_experts.", I*v.NSharedExperts, H); err != nil {
 			return nil, err
+		}
+	}
+	if ops, ok := m.b.(backend.GroupMoEOps); ok {
+		w1, w3, w2 := make([]backend.Weight, E), make([]backend.Weight, E), make([]backend.Weight, E)
+		for e, x := range moe.Experts {
+			w1[e], w3[e], w2[e] = x.Gate, x.Up, x.Down
+		}
+		if moe.dev, err = ops.BindExperts(w1, w3, w2, moe.Bias); err != nil {
+			return nil, fmt.Errorf("model: %srouted experts: %w", prefix, err)
 		}
 	}
 	return moe, nil

@@ -58,7 +58,7 @@ type v4Block struct {
 	Indexer *v4Indexer
 	FFN     v4FFN
 	Experts []v4Expert
-	dev     dsv4.Experts // the routed experts bound for the device MoE, or nil
+	dev     backend.Experts // the routed experts bound for the device MoE, or nil
 }
 
 type v4HC struct {

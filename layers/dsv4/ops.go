@@ -25,25 +25,15 @@ type Ops interface {
 	V4ScatterAdd(dst, src backend.Buffer, rows []int32, scale []float32, w int)
 }
 
-// MoEOps is implemented by backends that route a MoE block and run its
-// routed experts on their device, with no host round trip per layer. It is
-// optional: without it the model routes on the host (Route) and runs a
-// MatMul per picked expert.
+// MoEOps is implemented by backends that route a DeepSeek-V4 MoE block and
+// run its routed experts on their device, with no host round trip per
+// layer. It is optional: without it the model routes on the host (Route)
+// and runs a MatMul per picked expert.
 type MoEOps interface {
-	// BindExperts prepares a layer's routed experts (w1, w3 [ffn, hidden]
-	// and w2 [hidden, ffn] of each, in expert order) and router bias
-	// ([Experts] or nil) for MoE. It returns nil, nil when the backend cannot
-	// run them (weight format or shapes).
-	BindExperts(w1, w3, w2 []backend.Weight, bias []float32) (Experts, error)
+	backend.ExpertBinder
 	// MoE routes the a.M tokens of logits ([M, Experts]) as Route does (hash:
-	// [M, K] expert ids, or nil) and adds each token's routed experts to out
-	// ([M, hidden]): out[i] += sum_j w_ij W2_j SwiGLU(W1_j x_i, W3_j x_i,
-	// limit), the experts added in expert order.
-	MoE(out, x, logits backend.Buffer, hash []int32, ex Experts, a RouteArgs, limit float32)
-}
-
-// Experts is a layer's routed experts as a MoEOps backend holds them.
-type Experts interface {
-	// NumExperts is the number of routed experts.
-	NumExperts() int
+	// [M, K] expert ids, or nil; the bias given to BindExperts) and adds each
+	// token's routed experts to out ([M, hidden]): out[i] += sum_j w_ij W2_j
+	// SwiGLU(W1_j x_i, W3_j x_i, limit), the experts added in expert order.
+	MoE(out, x, logits backend.Buffer, hash []int32, ex backend.Experts, a RouteArgs, limit float32)
 }
