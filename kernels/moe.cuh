@@ -44,8 +44,38 @@ __device__ __forceinline__ bool moe_before(float a, int ia, float b, int ib) {
     return ia < ib;
 }
 
-// The k (expert, weight) pairs into ids and wts in expert order (insertion sort).
-__device__ __forceinline__ void moe_store_sorted(int* ids, float* wts, int* pk, float* w, int k) {
+// The best of v[0, n) not yet taken (moe_before's order), found by the warp
+// and marked taken; every lane returns it. A __syncwarp follows the mark.
+__device__ __forceinline__ int moe_take_best(const float* v, bool* taken, int n, int lane) {
+    float bv = 0.f;
+    int bi = -1;
+    for (int e = lane; e < n; e += WARP)
+        if (!taken[e] && (bi < 0 || moe_before(v[e], e, bv, bi))) bv = v[e], bi = e;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (oi >= 0 && (bi < 0 || moe_before(ov, oi, bv, bi))) bv = ov, bi = oi;
+    }
+    if (lane == 0) taken[bi] = true;
+    __syncwarp();
+    return bi;
+}
+
+// The end of a route (one thread): the k picks' scores s[pick] as weights,
+// divided by their sum (+1e-20, added in pick order) when norm, times scale,
+// stored with the picks in expert order (insertion sort).
+__device__ __forceinline__ void moe_store_route(int* ids, float* wts, const int* picks, const float* s, int k, bool norm,
+                                                float scale) {
+    int pk[MOE_MAXK];
+    float w[MOE_MAXK], sum = 0.f;
+    for (int j = 0; j < k; j++) {
+        pk[j] = picks[j];
+        w[j] = s[pk[j]];
+        sum += w[j];
+    }
+    sum += 1e-20f;
+    for (int j = 0; j < k; j++) w[j] = (norm ? w[j] / sum : w[j]) * scale;
     for (int j = 1; j < k; j++)
         for (int q = j; q > 0 && pk[q - 1] > pk[q]; q--) {
             const int tp = pk[q];
@@ -74,33 +104,12 @@ extern "C" __global__ void __launch_bounds__(MOE_RT) moe_route(int* ids, float* 
         if (lane < K) s_pick[lane] = hash[(size_t)i * K + lane];
     } else {
         for (int j = 0; j < K; j++) {  // the best remaining expert, K times
-            float bv = 0.f;
-            int bi = -1;
-            for (int e = lane; e < E; e += WARP)
-                if (!s_taken[e] && (bi < 0 || moe_before(s_v[e], e, bv, bi))) bv = s_v[e], bi = e;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-                const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-                if (oi >= 0 && (bi < 0 || moe_before(ov, oi, bv, bi))) bv = ov, bi = oi;
-            }
-            if (lane == 0) s_pick[j] = bi, s_taken[bi] = true;
-            __syncwarp();
+            const int bi = moe_take_best(s_v, s_taken, E, lane);
+            if (lane == 0) s_pick[j] = bi;
         }
     }
     __syncwarp();
-    if (lane == 0) {
-        int pk[MOE_MAXK];
-        float w[MOE_MAXK], sum = 0.f;
-        for (int j = 0; j < K; j++) {
-            pk[j] = s_pick[j];
-            w[j] = s_s[pk[j]];
-            sum += w[j];
-        }
-        sum += 1e-20f;
-        for (int j = 0; j < K; j++) w[j] = w[j] / sum * scale;
-        moe_store_sorted(ids + (size_t)i * K, wts + (size_t)i * K, pk, w, K);
-    }
+    if (lane == 0) moe_store_route(ids + (size_t)i * K, wts + (size_t)i * K, s_pick, s_s, K, true, scale);
 }
 
 // moe_group_route: warp i routes token i as layers.GroupRoute (DeepSeek-V3 /
@@ -135,49 +144,15 @@ extern "C" __global__ void __launch_bounds__(MOE_RT) moe_group_route(int* ids, f
         s_keep[g] = false;
     }
     __syncwarp();
-    for (int r = 0; r < tg; r++) {  // the best remaining group, tg times
-        float bv = 0.f;
-        int bi = -1;
-        for (int g = lane; g < G; g += WARP)
-            if (!s_keep[g] && (bi < 0 || moe_before(s_g[g], g, bv, bi))) bv = s_g[g], bi = g;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (oi >= 0 && (bi < 0 || moe_before(ov, oi, bv, bi))) bv = ov, bi = oi;
-        }
-        if (lane == 0) s_keep[bi] = true;
-        __syncwarp();
-    }
+    for (int r = 0; r < tg; r++) moe_take_best(s_g, s_keep, G, lane);  // the tg best groups are kept
     for (int e = lane; e < E; e += WARP)
         if (!s_keep[e / gs]) s_v[e] = -INFINITY;
     __syncwarp();
     for (int j = 0; j < K; j++) {  // the best remaining expert, K times
-        float bv = 0.f;
-        int bi = -1;
-        for (int e = lane; e < E; e += WARP)
-            if (!s_taken[e] && (bi < 0 || moe_before(s_v[e], e, bv, bi))) bv = s_v[e], bi = e;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (oi >= 0 && (bi < 0 || moe_before(ov, oi, bv, bi))) bv = ov, bi = oi;
-        }
-        if (lane == 0) s_pick[j] = bi, s_taken[bi] = true;
-        __syncwarp();
+        const int bi = moe_take_best(s_v, s_taken, E, lane);
+        if (lane == 0) s_pick[j] = bi;
     }
-    if (lane == 0) {
-        int pk[MOE_MAXK];
-        float w[MOE_MAXK], sum = 0.f;
-        for (int j = 0; j < K; j++) {
-            pk[j] = s_pick[j];
-            w[j] = s_s[pk[j]];
-            sum += w[j];
-        }
-        sum += 1e-20f;
-        for (int j = 0; j < K; j++) w[j] = (norm ? w[j] / sum : w[j]) * scale;
-        moe_store_sorted(ids + (size_t)i * K, wts + (size_t)i * K, pk, w, K);
-    }
+    if (lane == 0) moe_store_route(ids + (size_t)i * K, wts + (size_t)i * K, s_pick, s_s, K, norm != 0, scale);
 }
 
 // Prefetches bytes [0, n) at p into L2, lane l taking the 128-byte lines l,
