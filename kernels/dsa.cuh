@@ -17,6 +17,28 @@ __device__ __forceinline__ void dsa_split(float v, uint32_t& hi, uint32_t& lo) {
     lo = __float_as_uint(v - __uint_as_float(hi));
 }
 
+// One k8 step of a warp's scores over four 8-row n-tiles, at float32
+// accuracy: sc[j] += Q·K^T for K rows j*8 + g (row stride rs from kr, which
+// points at row g, column 8k + 2t), Q's tf32 parts qh, ql of this step; per
+// n-tile the small products first, each pass over all four n-tiles so that no
+// mma waits on the one just before it.
+__device__ __forceinline__ void dsa_qk_step(float sc[4][4], const float* kr, int rs, const uint32_t qh[4],
+                                            const uint32_t ql[4]) {
+    uint32_t bh[4][2], bl[4][2];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const float2 kv = *reinterpret_cast<const float2*>(kr + j * 8 * rs);
+        dsa_split(kv.x, bh[j][0], bl[j][0]);
+        dsa_split(kv.y, bh[j][1], bl[j][1]);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) mhc_mma_tf32(sc[j], ql[0], ql[1], ql[2], ql[3], bh[j][0], bh[j][1]);
+#pragma unroll
+    for (int j = 0; j < 4; j++) mhc_mma_tf32(sc[j], qh[0], qh[1], qh[2], qh[3], bl[j][0], bl[j][1]);
+#pragma unroll
+    for (int j = 0; j < 4; j++) mhc_mma_tf32(sc[j], qh[0], qh[1], qh[2], qh[3], bh[j][0], bh[j][1]);
+}
+
 // ---------------------------------------------------------------------------
 // Indexer scores: scores[i, e] = sum_h w[i, h] * ReLU(scale * q[i, h] . keys[e])
 // for e < vis_i = min((pos0 + i + 1) / rate, n), -inf beyond (rate 1: DSA's
@@ -211,21 +233,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) idx_scores_mma(float* score
         for (int j = 0; j < 4; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
 #pragma unroll
         for (int s = 0; s < IDX_MK; s++) {
-            if (s < nk8) {
-                uint32_t bh[4][2], bl[4][2];
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const float2 kv = *reinterpret_cast<const float2*>(kb + (j * 8 + g) * IDX_MS + 8 * s + 2 * t);
-                    dsa_split(kv.x, bh[j][0], bl[j][0]);
-                    dsa_split(kv.y, bh[j][1], bl[j][1]);
-                }
-#pragma unroll
-                for (int j = 0; j < 4; j++) mhc_mma_tf32(sc[j], ql[s][0], ql[s][1], ql[s][2], ql[s][3], bh[j][0], bh[j][1]);
-#pragma unroll
-                for (int j = 0; j < 4; j++) mhc_mma_tf32(sc[j], qh[s][0], qh[s][1], qh[s][2], qh[s][3], bl[j][0], bl[j][1]);
-#pragma unroll
-                for (int j = 0; j < 4; j++) mhc_mma_tf32(sc[j], qh[s][0], qh[s][1], qh[s][2], qh[s][3], bh[j][0], bh[j][1]);
-            }
+            if (s < nk8) dsa_qk_step(sc, kb + g * IDX_MS + 8 * s + 2 * t, IDX_MS, qh[s], ql[s]);
         }
         // Lane (g, t): heads hm + g (c0, c1) and hm + g + 8 (c2, c3), keys kn + 8j + 2t, +1.
 #pragma unroll
@@ -1194,21 +1202,7 @@ __device__ __forceinline__ void attend_mma(const Rows& rows, float* out, float* 
 #pragma unroll
         for (int s = 0; s < DSA_MKMAX; s++) {
             const int k8 = warp * KW + s;
-            if (s < KW && 8 * k8 < D) {
-                uint32_t bh[4][2], bl[4][2];
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const float2 kv = *reinterpret_cast<const float2*>(kb + (j * 8 + g) * DS + 8 * k8 + 2 * t);
-                    dsa_split(kv.x, bh[j][0], bl[j][0]);
-                    dsa_split(kv.y, bh[j][1], bl[j][1]);
-                }
-#pragma unroll
-                for (int j = 0; j < 4; j++) mhc_mma_tf32(sc[j], ql[s][0], ql[s][1], ql[s][2], ql[s][3], bh[j][0], bh[j][1]);
-#pragma unroll
-                for (int j = 0; j < 4; j++) mhc_mma_tf32(sc[j], qh[s][0], qh[s][1], qh[s][2], qh[s][3], bl[j][0], bl[j][1]);
-#pragma unroll
-                for (int j = 0; j < 4; j++) mhc_mma_tf32(sc[j], qh[s][0], qh[s][1], qh[s][2], qh[s][3], bh[j][0], bh[j][1]);
-            }
+            if (s < KW && 8 * k8 < D) dsa_qk_step(sc, kb + g * DS + 8 * k8 + 2 * t, DS, qh[s], ql[s]);
         }
         float* rw = red + warp * DSA_G * DSA_RS;
 #pragma unroll
