@@ -60,7 +60,7 @@ type Backend struct {
 	graphLaunches int
 	paramPtrs     []unsafe.Pointer
 	gemvDec       int         // 0 or 1: the NVFP4 kernels' decoding (fuse.go)
-	gemvOff       bool        // benchmarks: NVFP4 matmuls on gemm_nvfp4_mma only
+	gemvOff       bool        // benchmarks: NVFP4 matmuls on the GEMM (gemm.go) even at m = 1
 	gemvPipe      bool        // benchmarks: m == 1 activations streamed with the weights
 	gemvSt4       bool        // benchmarks: 4-stage pipeline, fewer warps
 	gemvX8        bool        // m == 1 on the m <= 8 kernel (x read per chunk, no staging)
@@ -96,6 +96,8 @@ type Backend struct {
 	attnDecodeOff bool        // one-row attention on attention_kv instead of attn_decode (tests, benchmarks)
 	attnTicket    *allocation // attn_decode's counts of finished splits, one per row of blocks (zero between launches)
 	attnTicketLen int
+	gemm          gemmScratch // the NVFP4 GEMM's (gemm.go; guarded by partMu)
+	gemmK128      bool        // benchmarks: the NVFP4 GEMM in stages of 128 elements even where 256 fit
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -164,7 +166,7 @@ func New(ordinal int) (*Backend, error) {
 		if err = d.check("cuModuleLoadData", d.cuModuleLoadData(&b.module, unsafe.Pointer(&img[0]))); err != nil {
 			return
 		}
-		for _, name := range []string{"gemv_f32", "gemv_bf16", "gemm_nvfp4_mma", "gemv_f32_any", "gemv_bf16_any",
+		for _, name := range []string{"gemv_f32", "gemv_bf16", "gemv_f32_any", "gemv_bf16_any",
 			"gemv_nvfp4_any", "embed", "rmsnorm", "rope", "attention", "swiglu", "add", "scale",
 			"sample_partial", "sample_final", "embed_ids", "rope_dyn", "attention_kv", "attention_kv_64", "attention_kv_128", "attn_combine", "attn_decode_64", "attn_decode_128", "gemv_bf16_u4",
 			"gemv_nvfp4_m1_d0", "gemv_nvfp4_m1_d1", "gemv_nvfp4_s1_d0", "gemv_nvfp4_s1_d1", "gemv_nvfp4_s1_d1_st4", "gemv_nvfp4_s1_d1_lb", "gemv_nvfp4_s1_d1_mt", "gemv_nvfp4_m8_d0", "gemv_nvfp4_m8_d1",
@@ -545,8 +547,8 @@ func (b *Backend) MatMul(dst, x backend.Buffer, wt backend.Weight, m int) {
 			break
 		}
 		if aligned && K%128 == 0 {
-			// Tensor cores: a block of 8 warps per 16 output features, splitting K.
-			b.launch("gemm_nvfp4_mma", grid1(N, 16), 32*8, 0, w.data.ptr, w.scales.ptr, w.global, xp, ptr(dst), bias, N, K, m)
+			// Tensor cores, each weight decoded once per token tile (gemm.go).
+			b.gemmNVFP4(dst.(*Buffer), x.(*Buffer), w, m)
 			break
 		}
 		b.launch("gemv_nvfp4_any", g, 32*warps, 0, w.data.ptr, w.scales.ptr, w.global, xp, ptr(dst), bias, N, K, m)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 	"time"
 
@@ -25,10 +26,12 @@ func randomNVFP4(rng *rand.Rand, n, k int) *quant.NVFP4 {
 // BenchmarkGEMV times the NVFP4, bf16 and f32 matmuls at decode shapes
 // (m = 1) and small batches, and reports the weight bytes streamed per second
 // as a fraction of the copy bandwidth measured in the same run. Variants:
-// nvfp4 at m = 1 is gemv_nvfp4_tma (gemv.cuh), at m > 1 gemm_nvfp4_mma;
+// nvfp4 at m = 1 is gemv_nvfp4_tma (gemv.cuh), at m > 1 gemm_nvfp4_t*
+// (gemm.cuh; m = 512 is a prefill chunk), nvfp4-k128 those in stages of 128
+// elements, nvfp4-gemm the GEMM at m = 1;
 // nvfp4-s1 the m = 1 kernel before it (x staged per block, cp.async);
 // nvfp4-m16 the decode-shape kernel at m = 16; nvfp4-dec0 the m = 1 kernel
-// with integer E2M1 decoding, nvfp4-mma gemm_nvfp4_mma at m = 1, nvfp4-pipe
+// with integer E2M1 decoding, nvfp4-pipe
 // the m = 1 kernel streaming x with the weights, -contig with each warp on a
 // contiguous run of K, -st4 with 4 pipeline stages and fewer warps, -x8 the
 // m <= 8 kernel (x read per chunk, nothing staged), -88reg the m = 1 kernel
@@ -55,7 +58,7 @@ func BenchmarkGEMV(b *testing.B) {
 	}
 	reset := func() {
 		g.gemvDec, g.bf16Kernel, g.gemvOff, g.gemvPipe, g.gemvFlags, g.gemvSt4, g.gemvX8, g.gemvSmallM = defaultGemvDec, "", false, false, 0, false, false, false
-		g.gemvLB, g.gemvMT, g.gemvTMA = true, true, true
+		g.gemvLB, g.gemvMT, g.gemvTMA, g.gemmK128 = true, true, true, false
 		g.tmaWarps, g.tmaSlots, g.tmaOcc, g.tmaTPB, g.tmaUneven, g.tmaEvict, g.tmaAblate = 8, 0, 2, 0, false, false, 0
 		g.SetPDL(false)
 	}
@@ -81,9 +84,10 @@ func BenchmarkGEMV(b *testing.B) {
 		} else {
 			q := randomNVFP4(rng, N, K)
 			nv := &backend.HostWeight{Name: "nvfp4", Rows: N, Cols: K, Format: backend.NVFP4, Q: q}
-			vs = []variant{{"nvfp4", nv, []int{1, 16, 64}, reset}, {"nvfp4-dec0", nv, []int{1}, func() { g.gemvDec = 0 }},
+			vs = []variant{{"nvfp4", nv, []int{1, 4, 16, 64, 512}, reset}, {"nvfp4-dec0", nv, []int{1}, func() { g.gemvDec = 0 }},
 				{"nvfp4-m16", nv, []int{16}, func() { g.gemvSmallM = true }},
-				{"nvfp4-mma", nv, []int{1}, func() { g.gemvOff = true }},
+				{"nvfp4-gemm", nv, []int{1}, func() { g.gemvOff = true }},
+				{"nvfp4-k128", nv, []int{16, 64, 512}, func() { g.gemmK128 = true }},
 				{"nvfp4-pipe", nv, []int{1}, func() { g.gemvPipe = true }},
 				{"nvfp4-contig", nv, []int{1}, func() { g.gemvFlags = 1 }},
 				{"nvfp4-st4", nv, []int{1}, func() { g.gemvSt4 = true }},
@@ -132,6 +136,12 @@ func BenchmarkGEMV(b *testing.B) {
 			v.set()
 			for _, m := range v.ms {
 				b.Run(fmt.Sprintf("%s/%dx%d/m=%d", v.name, N, K, m), func(b *testing.B) {
+					// Buffers and weights of earlier variants are freed now, not by
+					// a collection during the timing (a free waits for the device).
+					runtime.GC()
+					if err := g.Sync(); err != nil {
+						b.Fatal(err)
+					}
 					x, y := g.NewBuffer(m*K), g.NewBuffer(m*N)
 					g.Write(x, 0, randn(rng, m*K))
 					g.MatMul(y, x, ws[0], m)

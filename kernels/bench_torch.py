@@ -26,7 +26,7 @@ ms = median_ms(lambda: dst.copy_(src), iters=20)
 print(f"RESULT torch copy_GBps={2 * 4 * (1 << 28) / ms / 1e6:.0f}")
 for n, k in [(4096, 14336), (14336, 4096)]:
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-    for m in [1, 16, 64]:
+    for m in [1, 16, 64, 512]:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         ms = median_ms(lambda: F.linear(x, w))
         print(f"RESULT torch_bf16 N={n} K={k} m={m} time_us={ms * 1e3:.2f} weight_GBps={2 * n * k / ms / 1e6:.0f}")

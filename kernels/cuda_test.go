@@ -105,7 +105,11 @@ func TestMatMul(t *testing.T) {
 	for _, sh := range []struct{ m, n, k int }{{1, 7, 16}, {1, 300, 64}, {3, 129, 96}, {5, 64, 40}, {1, 513, 1024}, {16, 256, 4096}, {64, 130, 512},
 		{1, 13, 128}, {17, 77, 384}, {70, 40, 256}, {130, 24, 128}, {5, 100, 512}, {1, 24, 256}, {9, 40, 768}, {8, 1000, 256},
 		// gemv_nvfp4_tma (K % 2048 == 0): one tile, a partial tile, more tiles than multiprocessors.
-		{1, 7, 2048}, {1, 300, 4096}, {1, 4133, 2048}, {1, 17, 14336}} {
+		{1, 7, 2048}, {1, 300, 4096}, {1, 4133, 2048}, {1, 17, 14336},
+		// gemm_nvfp4_t*: K split over blocks (a partial feature tile, m not a
+		// multiple of 8), several token tiles, each token tile size, stages of
+		// 256 elements (K % 256 == 0) and of 128.
+		{33, 300, 2048}, {2, 700, 1024}, {200, 260, 640}, {40, 129, 5120}, {12, 1030, 256}, {24, 64, 1280}, {7, 33, 384}, {13, 300, 640}} {
 		for _, f := range []backend.Format{backend.F32, backend.BF16, backend.F16, backend.NVFP4} {
 			if f == backend.NVFP4 && sh.k%16 != 0 {
 				continue

@@ -230,7 +230,7 @@ func TestGemvTilesPerBlock(t *testing.T) {
 }
 
 // TestSmallMDecodeKernels holds the decode-shape NVFP4 kernels at 2 <= m <=
-// 16 (benchmarked against gemm_nvfp4_mma, which production uses there) to
+// 16 (benchmarked against the GEMM, which production uses there) to
 // the CPU backend; tolerance as TestMatMul's for NVFP4.
 func TestSmallMDecodeKernels(t *testing.T) {
 	g, c := newGPU(t), cpu.New(0)

@@ -54,7 +54,7 @@ type normOp struct {
 const defaultGemvDec = 1
 
 // gemvEligible reports whether the decode-shape NVFP4 kernel takes this
-// matmul: m = 1 (for 2 <= m <= 16 gemm_nvfp4_mma measured faster; smallM
+// matmul: m = 1 (for 2 <= m <= 16 the GEMM of gemm.go measured faster; smallM
 // lets benchmarks and tests reach the m <= 16 variants).
 func gemvEligible(x, dst *Buffer, w *Weight, m int, smallM bool) bool {
 	return w.format == backend.NVFP4 && w.cols%256 == 0 && (m == 1 || smallM && m >= 1 && m <= 16) &&

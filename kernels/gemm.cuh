@@ -1,0 +1,202 @@
+// gemm.cuh: the NVFP4 matmul for m > 1 (batched decode, prefill) on the
+// tensor cores: y[m, N] = x[m, K]·Wᵀ (+ bias), W in the ModelOpt layout
+// (E2M1 pairs, E4M3 scales per 16 elements, a global scale). Needs K % 128
+// == 0 and x 16-byte aligned; uses fp4x8_decode, x8_pairs and e4m3x2_lo of
+// gemv.cuh.
+//
+// Two launches. gemm_x_h8 converts x once to fp16 pairs in the order the
+// mma's B fragments take them, zero-padded to a whole number of token tiles
+// (every block of the matmul then copies its x straight into shared memory,
+// and the conversion is not repeated per block). gemm_nvfp4_t{8,16,32,64}
+// computes tiles of 128 features x BM tokens: K in chunks of 128, each
+// chunk's weights, scales and x brought in by cp.async into a ring of
+// stages a few chunks ahead. Warp w owns features 16w..16w+15 of the tile:
+// lane (g, t) decodes the 16 bytes of elements [32t, 32t+32) of features g
+// and g+8 (scale blocks 2t and 2t+1), multiplies them by their block scales
+// in fp16 (the E2M1 x E4M3 product has 6 significant bits: exact, and with
+// the decode's 2^-6 inside fp16's range), and runs two m16n8k16 per 8 tokens
+// and 16 elements, accumulating in float32. Each weight is decoded once per
+// token tile.
+//
+// When the tiles alone would leave multiprocessors idle (few features or
+// tokens), K is split over blocks: each writes its float32 partial tile, and
+// the last of a tile's blocks to finish (an atomic ticket, left at zero)
+// adds them in split order, so the result does not depend on timing.
+#define GT_N 128    // features per block: 8 warps x 16
+#define GT_XROW 20  // uint4 per token and chunk in shared memory: 16 + 4 (the B loads of a quarter warp hit distinct banks)
+
+// One thread per 8 elements: xh[n][c][q][t] (uint4) holds elements
+// 128c + 32t + 8q .. +8 of token n as x8_pairs<1>; tokens m..mpad-1 are zero.
+extern "C" __global__ void gemm_x_h8(uint4* __restrict__ xh, const float* __restrict__ x, int m, int mpad, int K) {
+    const int units = K / 8;
+    const long total = (long)mpad * units;
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < total; i += (long)gridDim.x * blockDim.x) {
+        const int n = (int)(i / units), j = (int)(i % units);
+        const int e = (j >> 4) * 128 + 32 * (j & 3) + 8 * ((j >> 2) & 3);
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (n < m) {
+            const float* xr = x + (size_t)n * K + e;
+            uint32_t p[4];
+            x8_pairs<1>(*reinterpret_cast<const float4*>(xr), *reinterpret_cast<const float4*>(xr + 4), p);
+            v = make_uint4(p[0], p[1], p[2], p[3]);
+        }
+        xh[i] = v;
+    }
+}
+
+__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src));
+}
+
+// TT: 8-token tiles per warp (BM = 8 TT tokens per block); NS: ring stages;
+// KC: elements of K per stage (128 or 256; K % KC == 0): a feature's KC / 2
+// weight bytes per stage are one or two whole 64-byte segments, and larger
+// stages mean fewer, longer requests in flight for the same bytes.
+// Grid: (feature tiles x splits, token tiles); 256 threads; shared memory
+// NS x (128 x KC/2 weight bytes + 128 x KC/16 scale bytes + BM x XROW x 16).
+// cps: stages per split; part and ticket only when there is more than one.
+template <int TT, int NS, int KC>
+__device__ __forceinline__ void gemm_nvfp4_tile(const uint8_t* __restrict__ P, const uint8_t* __restrict__ S, float scale,
+                                                const uint4* __restrict__ xh, float* __restrict__ y, const float* __restrict__ bias,
+                                                float* __restrict__ part, int* __restrict__ ticket, int N, int K, int m, int cps) {
+    constexpr int H = KC / 128;                   // 128-element sub-chunks per stage
+    constexpr int XROW = H == 1 ? GT_XROW : 36;   // uint4 per token (16 H + 4: conflict-free B loads)
+    constexpr int BM = 8 * TT, WR = KC / 2, SR = KC / 16, WB = GT_N * WR, SB = GT_N * SR, STAGE = WB + SB + BM * XROW * 16;
+    extern __shared__ __align__(16) unsigned char gts[];
+    __shared__ int last;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int ntiles = (N + GT_N - 1) / GT_N, splits = gridDim.x / ntiles;
+    const int nt = blockIdx.x % ntiles, split = blockIdx.x / ntiles, mt = blockIdx.y;
+    const int n0 = nt * GT_N, m0 = mt * BM;
+    const int c0 = split * cps, nc = min(cps, K / KC - c0);
+    const size_t kb = K / 2, ks = K / 16;
+
+    // Stage c's copies into a ring slot: WR weight bytes and SR scale bytes
+    // per feature (feature 0's past N: their sums are never written), 16 H
+    // x 16 bytes of x per token. Each thread's sources and destinations are
+    // fixed but for the stage's offset: weights (16 bytes of features
+    // tid / (WR/16) + j 256 / (WR/16)), scales (feature tid, tid < 128), x
+    // (16 bytes of tokens (tid + 256 j) / 16H).
+    constexpr int WT = WR / 16, WC = GT_N * WT / 256, XT = 16 * H, XC = BM * XT >= 256 ? BM * XT / 256 : 1;
+    const int wr = tid / WT, wp = 16 * (tid % WT), xn = tid / XT, xj = tid % XT;
+    const uint8_t* wsrc = P + wp;
+    const uint8_t* ssrc = S + (tid < GT_N && n0 + tid < N ? n0 + tid : 0) * ks;
+    const uint4* xsrc = xh + (size_t)(m0 + xn) * (K / 8) + xj;
+    // With two sub-chunks per row, odd rows hold them swapped, so that the
+    // 16-byte reads of rows g and g + 1 fall on different banks.
+    const int wsw = H == 2 ? ((wp >> 6) ^ (wr & 1)) * 64 + (wp & 63) : wp;
+    const uint32_t sbase = smem_u32(gts), wdst = WR * wr + wsw, xdst = WB + SB + 16 * (xn * XROW + xj);
+    size_t wrow[WC];
+#pragma unroll
+    for (int j = 0; j < WC; j++) {
+        const int row = n0 + wr + j * (256 / WT);
+        wrow[j] = (row < N ? row : 0) * kb;
+    }
+    auto issue = [&](int c, int slot) {
+        const uint32_t st = sbase + slot * STAGE;
+#pragma unroll
+        for (int j = 0; j < WC; j++) cp_async16(st + wdst + j * (256 / WT) * WR, wsrc + wrow[j] + WR * c);
+        if (tid < GT_N) {
+            if (SR == 8) cp_async8(st + WB + SR * tid, ssrc + SR * c);
+            else cp_async16(st + WB + SR * tid, ssrc + SR * c);
+        }
+#pragma unroll
+        for (int j = 0; j < XC; j++)
+            if (BM * XT >= 256 || tid < BM * XT)
+                cp_async16(st + xdst + j * (256 / XT) * XROW * 16, xsrc + (size_t)j * (256 / XT) * (K / 8) + XT * c);
+    };
+
+    float acc[TT][4];
+#pragma unroll
+    for (int u = 0; u < TT; u++) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.f;
+#pragma unroll
+    for (int s = 0; s < NS - 1; s++) {
+        if (s < nc) issue(c0 + s, s);
+        cp_async_commit();
+    }
+    const int ra = 16 * warp + g, rb = ra + 8;  // this lane's two features in the tile
+    for (int i = 0; i < nc; i++) {
+        cp_async_wait<NS - 2>();
+        __syncthreads();  // stage i has landed for every thread; slot (i - 1) % NS is free
+        if (i + NS - 1 < nc) issue(c0 + i + NS - 1, (i + NS - 1) % NS);
+        cp_async_commit();
+        const unsigned char* st = gts + (i % NS) * STAGE;
+#pragma unroll
+        for (int h = 0; h < H; h++) {
+            const int hs = H == 2 ? 64 * (h ^ (g & 1)) : 0;  // rows ra and rb have g's parity
+            const uint4 wa = *reinterpret_cast<const uint4*>(st + WR * ra + hs + 16 * t);
+            const uint4 wb = *reinterpret_cast<const uint4*>(st + WR * rb + hs + 16 * t);
+            const uint32_t sa = e4m3x2_lo(*reinterpret_cast<const uint16_t*>(st + WB + SR * ra + 8 * h + 2 * t));
+            const uint32_t sb = e4m3x2_lo(*reinterpret_cast<const uint16_t*>(st + WB + SR * rb + 8 * h + 2 * t));
+            const uint4* xs = reinterpret_cast<const uint4*>(st + WB + SB) + g * XROW + 16 * h + t;
+            const uint32_t wva[4] = {wa.x, wa.y, wa.z, wa.w}, wvb[4] = {wb.x, wb.y, wb.z, wb.w};
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                // Words 0, 1 are scale block 2t (the low scale byte), 2, 3 block 2t + 1.
+                const uint32_t ma = q < 2 ? __byte_perm(sa, 0, 0x1010) : __byte_perm(sa, 0, 0x3232);
+                const uint32_t mb = q < 2 ? __byte_perm(sb, 0, 0x1010) : __byte_perm(sb, 0, 0x3232);
+                uint32_t da[4], db[4];
+                fp4x8_decode<1>(wva[q], da);
+                fp4x8_decode<1>(wvb[q], db);
+#pragma unroll
+                for (int j = 0; j < 4; j++) da[j] = hmul2u(da[j], ma), db[j] = hmul2u(db[j], mb);
+                const uint32_t ae[4] = {da[0], db[0], da[1], db[1]}, ao[4] = {da[2], db[2], da[3], db[3]};
+#pragma unroll
+                for (int u = 0; u < TT; u++) {
+                    const uint4 xv = xs[8 * u * XROW + 4 * q];
+                    mma16816(acc[u], ae, xv.x, xv.y);
+                    mma16816(acc[u], ao, xv.z, xv.w);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+    // acc[u]: features ra (0, 1) and rb (2, 3) of tokens 8u + 2t, 8u + 2t + 1.
+    if (splits == 1) {
+#pragma unroll
+        for (int u = 0; u < TT; u++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int f = n0 + (e < 2 ? ra : rb), tok = m0 + 8 * u + 2 * t + (e & 1);
+                if (f < N && tok < m) y[(size_t)tok * N + f] = acc[u][e] * scale + (bias ? bias[f] : 0.f);
+            }
+        return;
+    }
+    const size_t tile = (size_t)mt * ntiles + nt;
+    float* mine = part + (tile * splits + split) * (BM * GT_N);
+#pragma unroll
+    for (int u = 0; u < TT; u++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) mine[(8 * u + 2 * t + (e & 1)) * GT_N + (e < 2 ? ra : rb)] = acc[u][e];
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(ticket + tile, 1) == splits - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const float* all = part + tile * splits * (BM * GT_N);
+    for (int i = tid; i < BM * GT_N; i += 256) {
+        const int tok = m0 + i / GT_N, f = n0 + i % GT_N;
+        float v = 0.f;
+        for (int s = 0; s < splits; s++) v += __ldcg(all + (size_t)s * (BM * GT_N) + i);
+        if (f < N && tok < m) y[(size_t)tok * N + f] = v * scale + (bias ? bias[f] : 0.f);
+    }
+    if (tid == 0) ticket[tile] = 0;
+}
+
+// OCC: blocks per multiprocessor (registers and shared memory allow it).
+#define GEMM_NVFP4_TILE(NAME, TT, NS, KC, OCC)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(256, OCC)                                                                       \
+        NAME(const uint8_t* P, const uint8_t* S, float scale, const uint4* xh, float* y, const float* bias, float* part, \
+             int* ticket, int N, int K, int m, int cps) {                                                                        \
+        gemm_nvfp4_tile<TT, NS, KC>(P, S, scale, xh, y, bias, part, ticket, N, K, m, cps);                                      \
+    }
+GEMM_NVFP4_TILE(gemm_nvfp4_t8, 1, 4, 128, 3)
+GEMM_NVFP4_TILE(gemm_nvfp4_t16, 2, 4, 128, 3)
+GEMM_NVFP4_TILE(gemm_nvfp4_t32, 4, 4, 128, 2)
+GEMM_NVFP4_TILE(gemm_nvfp4_t64, 8, 3, 128, 2)
+GEMM_NVFP4_TILE(gemm_nvfp4_k256_t8, 1, 4, 256, 2)
+GEMM_NVFP4_TILE(gemm_nvfp4_k256_t16, 2, 4, 256, 2)
+GEMM_NVFP4_TILE(gemm_nvfp4_k256_t32, 4, 3, 256, 2)
+GEMM_NVFP4_TILE(gemm_nvfp4_k256_t64, 8, 2, 256, 2)

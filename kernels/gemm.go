@@ -1,0 +1,97 @@
+package kernels
+
+import "fmt"
+
+// gemmScratch is the NVFP4 GEMM's device memory, grown as needed and shared
+// by its launches (which run one after another on the stream): x as fp16
+// pairs, the split partials and the tickets (zero between launches).
+type gemmScratch struct {
+	xh, part, ticket          *allocation
+	xhLen, partLen, ticketLen int
+}
+
+// gemmKernel is one of gemm.cuh's gemm_nvfp4 variants: its token tile
+// (bm), ring stages (ns), elements of K per stage (kc) and blocks per
+// multiprocessor (occ), as its GEMM_NVFP4_TILE line declares them.
+type gemmKernel struct{ bm, ns, kc, occ int }
+
+// gemmPick picks the variant for m tokens and K: the smallest token tile
+// that holds m (at most 64), stages of 256 elements where K allows (or
+// unless k128, for benchmarks).
+func gemmPick(m, K int, k128 bool) gemmKernel {
+	bm := 8
+	for bm < 64 && bm < m {
+		bm *= 2
+	}
+	if K%256 == 0 && !k128 {
+		return map[int]gemmKernel{8: {8, 4, 256, 2}, 16: {16, 4, 256, 2}, 32: {32, 3, 256, 2}, 64: {64, 2, 256, 2}}[bm]
+	}
+	return map[int]gemmKernel{8: {8, 4, 128, 3}, 16: {16, 4, 128, 3}, 32: {32, 4, 128, 2}, 64: {64, 3, 128, 2}}[bm]
+}
+
+func (k gemmKernel) name() string {
+	if k.kc == 256 {
+		return fmt.Sprintf("gemm_nvfp4_k256_t%d", k.bm)
+	}
+	return fmt.Sprintf("gemm_nvfp4_t%d", k.bm)
+}
+
+// shared is the ring's shared memory: per stage 128 features' kc/2 weight
+// and kc/16 scale bytes, bm tokens' xrow x 16 bytes of x.
+func (k gemmKernel) shared() int {
+	xrow := 20
+	if k.kc == 256 {
+		xrow = 36
+	}
+	return k.ns * (128*k.kc/2 + 128*k.kc/16 + k.bm*xrow*16)
+}
+
+// gemmSplits is how many ways K (in stages) is split so that the blocks
+// fill the multiprocessors (slots of them) without a second wave, with at
+// least minStages each; cps is the stages per split.
+func gemmSplits(tiles, stages, slots, minStages int) (splits, cps int) {
+	splits = max(1, min(slots/tiles, stages/minStages))
+	cps = (stages + splits - 1) / splits
+	return (stages + cps - 1) / cps, cps
+}
+
+// gemmNVFP4 queues dst[m, N] = x[m, K]·wᵀ (+ bias) for an NVFP4 weight
+// with K % 128 == 0 and x 16-byte aligned: gemm_x_h8, then gemm_nvfp4_t*
+// (gemm.cuh).
+func (b *Backend) gemmNVFP4(dst, x *Buffer, w *Weight, m int) {
+	N, K := w.rows, w.cols
+	k := gemmPick(m, K, b.gemmK128)
+	bm := k.bm
+	mtiles, ntiles := (m+bm-1)/bm, (N+127)/128
+	splits, cps := gemmSplits(mtiles*ntiles, K/k.kc, k.occ*b.sms, 512/k.kc)
+	b.partMu.Lock()
+	s := &b.gemm
+	err := b.grow(&s.xh, &s.xhLen, mtiles*bm*K/2) // fp16: K/2 words per token
+	if err == nil && splits > 1 {
+		if err = b.grow(&s.part, &s.partLen, mtiles*ntiles*splits*bm*128); err == nil && s.ticketLen < mtiles*ntiles {
+			s.ticket, err = b.alloc(4 * mtiles * ntiles) // zeroed; each launch leaves it zero
+			s.ticketLen = mtiles * ntiles
+		}
+	}
+	xh, part, ticket := s.xh, s.part, s.ticket
+	b.partMu.Unlock()
+	if err != nil {
+		b.setErr(fmt.Errorf("kernels: NVFP4 matmul scratch for %d x %d, m = %d: %w", N, K, m, err))
+		return
+	}
+	var pp, tp uint64
+	if splits > 1 {
+		pp, tp = part.ptr, ticket.ptr
+	}
+	bias := uint64(0)
+	if w.bias != nil {
+		bias = w.bias.ptr
+	}
+	units := mtiles * bm * K / 8
+	b.launch("gemm_x_h8", [3]int{min((units+255)/256, 4*b.sms), 1, 1}, 256, 0, xh.ptr, x.ptr, m, mtiles*bm, K)
+	b.launch(k.name(), [3]int{ntiles * splits, mtiles, 1}, 256, k.shared(),
+		w.data.ptr, w.scales.ptr, w.global*64, xh.ptr, dst.ptr, bias, pp, tp, N, K, m, cps)
+	b.qmu.Lock()
+	b.q.keep = append(b.q.keep, xh, part, ticket, w, x, dst)
+	b.qmu.Unlock()
+}
