@@ -19,7 +19,8 @@ import (
 // token over the copy bandwidth), with and without CUDA graphs and
 // programmatic dependent launch, and prints
 // the per-kernel device time. A step is a greedy generation step: forward,
-// then the token picked on the device.
+// then the token picked on the device. It first times the prefill of a
+// 512-token prompt (RESULT prefill8b) and profiles one.
 // MANIFOLD_BENCH_DIR may name a folder to write the 5 GB checkpoint into.
 func BenchmarkDecodeLlama8B(b *testing.B) {
 	if !kernels.Available() {
@@ -51,10 +52,31 @@ func BenchmarkDecodeLlama8B(b *testing.B) {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
+	gb := m.Backend().(*kernels.Backend)
+	// Prefill: a 512-token prompt into an empty session (one chunk, so every
+	// matmul runs at m = 512), the last token's logits read back.
+	prompt := make([]int, 512)
+	for i := range prompt {
+		prompt[i] = 1 + i*7%1000
+	}
+	prefill := func() time.Duration {
+		s.Truncate(0)
+		start := time.Now()
+		if _, err := s.Append(ctx, prompt); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	prefill()
+	pre := min(prefill(), prefill(), prefill())
+	fmt.Printf("RESULT prefill8b tokens=%d ms=%.2f tok_s=%.0f\n", len(prompt), float64(pre.Microseconds())/1e3, float64(len(prompt))/pre.Seconds())
+	gb.StartProfile()
+	prefill()
+	fmt.Print(kernels.FormatProfile(gb.StopProfile()))
+	s.Truncate(0)
 	if _, err := s.Append(ctx, []int{1, 2, 3, 4, 5, 6, 7, 8}); err != nil {
 		b.Fatal(err)
 	}
-	gb := m.Backend().(*kernels.Backend)
 	df, ok := m.net.(model.DeviceForwarder)
 	if !ok {
 		b.Fatal("the Llama model does not forward on the device")

@@ -722,6 +722,10 @@ func (b *Backend) Attention(out, q, k, v backend.Buffer, cache backend.KVCache, 
 		b.attnDecode(out, q, k, v, c, layer, pos0, vb, s)
 		return
 	}
+	if m >= attnPrefillRows && (s.HeadDim == 64 || s.HeadDim == 128) {
+		b.attnPrefill(out, q, k, v, c, layer, pos0, m, s)
+		return
+	}
 	splits := 1
 	if m <= 4 {
 		splits = min(max(vb/256, 1), 64)
@@ -758,6 +762,30 @@ func (b *Backend) Attention(out, q, k, v backend.Buffer, cache backend.KVCache, 
 		o.setParams(ptr(out), part, s.Heads, s.HeadDim, splits)
 		b.q.ops = append(b.q.ops, o)
 	}
+}
+
+// attnPrefillRows is where rows of new tokens (a prompt chunk) take
+// attn_prefill, which loads each tile of keys once for 64 rows, instead of
+// attention_kv, which loads every key once per row.
+const attnPrefillRows = 32
+
+// attnPrefill queues attn_prefill_{64,128} (decode.cuh): a block per query
+// head and 64 rows.
+func (b *Backend) attnPrefill(out, q, k, v backend.Buffer, c *kvCache, layer, pos0, m int, s layers.AttentionShape) {
+	name := fmt.Sprintf("attn_prefill_%d", s.HeadDim)
+	fn := b.function(name)
+	if fn == 0 {
+		return // the lookup's error is kept for Sync
+	}
+	b.qmu.Lock()
+	defer b.qmu.Unlock()
+	b.q.keep = append(b.q.keep, c, out, q, k, v)
+	floats := 3*64*(s.HeadDim+4) + 64*68
+	o := op{kind: opKernel, name: name, fn: fn, grid: [3]uint32{uint32(s.Heads), uint32((m + 63) / 64), 1},
+		block: 256, shared: uint32(4 * floats), pdl: true}
+	o.setParams(ptr(out), ptr(q), ptr(k), ptr(v), c.k[layer].ptr, c.v[layer].ptr, b.dyn.ptr, b.q.posRel(pos0),
+		m, s.Heads, s.KVHeads, s.Scale, s.Window)
+	b.q.ops = append(b.q.ops, o)
 }
 
 // attnDecodeChunk is attn_decode's chunk of keys (ATTD_CH in decode.cuh).

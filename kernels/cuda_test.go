@@ -221,6 +221,19 @@ func TestEmbedAndAttention(t *testing.T) {
 	}
 }
 
+// TestAttentionPrefill holds attn_prefill (prompt chunks of at least
+// attnPrefillRows rows) to the CPU: chunks that are and are not multiples of
+// its 64-row tiles, after earlier chunks (keys from the cache and from the
+// chunk), a sliding window shorter and longer than a tile, then decode rows.
+func TestAttentionPrefill(t *testing.T) {
+	g, c := newGPU(t), cpu.New(0)
+	rng := rand.New(rand.NewPCG(17, 18))
+	for _, s := range []layers.AttentionShape{{Heads: 8, KVHeads: 2, HeadDim: 64}, {Heads: 4, KVHeads: 4, HeadDim: 128, Window: 50},
+		{Heads: 6, KVHeads: 1, HeadDim: 128}, {Heads: 4, KVHeads: 2, HeadDim: 64, Window: 100}} {
+		compareAttention(t, g, c, rng, s, 2, 1, [][2]int{{0, 100}, {100, 164}, {164, 165}, {165, 298}, {298, 299}})
+	}
+}
+
 // compareAttention runs attention over random q, k, v on the GPU and the CPU
 // in the given spans of positions (a prefill, then decode steps) through a
 // cache of the given layers, attending in layer, and requires the outputs to

@@ -442,3 +442,163 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
     }
 ATTN_DECODE(attn_decode_64, 64)
 ATTN_DECODE(attn_decode_128, 128)
+
+// attn_prefill_{64,128}: causal attention for many new rows at once (a
+// prompt chunk), tiled as flash attention: a block per (query head, 64
+// rows); each 64-key tile of the visible keys is copied into shared memory
+// once and used by all 64 rows (attention_kv reads every key once per row).
+// Scores and the weighted values in float32 (each thread 4 rows x 4 keys,
+// then 4 rows x HD/16 channels), online softmax per row as attention_kv
+// computes it (max-subtracted __expf). Same arguments as attention_kv (no
+// splits); blocks of the first kv heads write the new keys and values into
+// the cache as it does, while every block reads the new ones from knew and
+// vnew. Grid (heads, ceil(m / 64)), 256 threads; shared memory
+// 3 x 64 x (HD + 4) + 64 x 68 floats.
+#define APF_ROWS 64
+template <int HD>
+__device__ __forceinline__ void attn_prefill_body(float* out, const float* q, const float* knew, const float* vnew, float* kc,
+                                                  float* vc, const int* dyn, int posRel, int m, int heads, int kvHeads,
+                                                  float scale, int window) {
+    constexpr int S = HD + 4, PS = APF_ROWS + 4, C4 = HD / 64;  // row strides (floats); float4 channels per thread
+    extern __shared__ __align__(16) float apf[];
+    float* Qs = apf;
+    float* Ks = Qs + APF_ROWS * S;
+    float* Vs = Ks + APF_ROWS * S;
+    float* Ps = Vs + APF_ROWS * S;
+    pdl_launch();
+    pdl_wait();
+    const int h = blockIdx.x, i0 = blockIdx.y * APF_ROWS, tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
+    const int pos0 = dyn[0] + posRel, rows = min(APF_ROWS, m - i0);
+    const size_t row = (size_t)kvHeads * HD;
+    const int kh = h / (heads / kvHeads);
+    if (h < kvHeads) {
+        for (int e = tid; e < rows * (HD / 4); e += 256) {
+            const int i = i0 + e / (HD / 4), j = 4 * (e % (HD / 4));
+            const size_t src = (size_t)i * row + (size_t)h * HD + j, dst = (size_t)(pos0 + i) * row + (size_t)h * HD + j;
+            *reinterpret_cast<float4*>(kc + dst) = *reinterpret_cast<const float4*>(knew + src);
+            *reinterpret_cast<float4*>(vc + dst) = *reinterpret_cast<const float4*>(vnew + src);
+        }
+    }
+    for (int e = tid; e < APF_ROWS * (HD / 4); e += 256) {
+        const int r = e / (HD / 4), j = 4 * (e % (HD / 4));
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r < rows) {
+            v = *reinterpret_cast<const float4*>(q + ((size_t)(i0 + r) * heads + h) * HD + j);
+            v = make_float4(v.x * scale, v.y * scale, v.z * scale, v.w * scale);
+        }
+        *reinterpret_cast<float4*>(Qs + r * S + j) = v;
+    }
+    // The rows' positions and the keys any of them sees.
+    const int pfirst = pos0 + i0, plast = pos0 + i0 + rows - 1;
+    const int kfirst = window > 0 ? max(0, pfirst - window + 1) : 0;
+    float mrow[4], lrow[4], o[4][4 * C4];
+#pragma unroll
+    for (int a = 0; a < 4; a++) {
+        mrow[a] = -INFINITY, lrow[a] = 0.f;
+#pragma unroll
+        for (int c = 0; c < 4 * C4; c++) o[a][c] = 0.f;
+    }
+    for (int k0 = kfirst; k0 <= plast; k0 += APF_ROWS) {
+        __syncthreads();  // the previous tile's K, V and P are no longer read
+        for (int e = tid; e < APF_ROWS * (HD / 4); e += 256) {
+            const int r = e / (HD / 4), j = 4 * (e % (HD / 4)), t = k0 + r;
+            float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
+            if (t <= plast) {
+                const float* kp = t < pos0 ? kc + (size_t)t * row : knew + (size_t)(t - pos0) * row;
+                const float* vp = t < pos0 ? vc + (size_t)t * row : vnew + (size_t)(t - pos0) * row;
+                kv = *reinterpret_cast<const float4*>(kp + (size_t)kh * HD + j);
+                vv = *reinterpret_cast<const float4*>(vp + (size_t)kh * HD + j);
+            }
+            *reinterpret_cast<float4*>(Ks + r * S + j) = kv;
+            *reinterpret_cast<float4*>(Vs + r * S + j) = vv;
+        }
+        __syncthreads();
+        // Scores of rows 4ty + a against keys tx + 16b.
+        float s[4][4];
+#pragma unroll
+        for (int a = 0; a < 4; a++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) s[a][b] = 0.f;
+#pragma unroll 4
+        for (int d = 0; d < HD; d += 4) {
+            float4 qa[4], kb[4];
+#pragma unroll
+            for (int a = 0; a < 4; a++) qa[a] = *reinterpret_cast<const float4*>(Qs + (4 * ty + a) * S + d);
+#pragma unroll
+            for (int b = 0; b < 4; b++) kb[b] = *reinterpret_cast<const float4*>(Ks + (tx + 16 * b) * S + d);
+#pragma unroll
+            for (int a = 0; a < 4; a++)
+#pragma unroll
+                for (int b = 0; b < 4; b++)
+                    s[a][b] += qa[a].x * kb[b].x + qa[a].y * kb[b].y + qa[a].z * kb[b].z + qa[a].w * kb[b].w;
+        }
+        // Online softmax: the 16 threads of a row are lanes of one half warp.
+#pragma unroll
+        for (int a = 0; a < 4; a++) {
+            const int p = pos0 + i0 + 4 * ty + a, lo = window > 0 ? max(0, p - window + 1) : 0;
+            float mx = -INFINITY;
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                const int t = k0 + tx + 16 * b;
+                if (t > p || t < lo) s[a][b] = -INFINITY;
+                mx = fmaxf(mx, s[a][b]);
+            }
+#pragma unroll
+            for (int off = 1; off < 16; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, off));
+            const float mnew = fmaxf(mrow[a], mx);
+            const float corr = mnew == -INFINITY ? 1.f : __expf(mrow[a] - mnew);
+            float sum = 0.f;
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                const float e = s[a][b] == -INFINITY ? 0.f : __expf(s[a][b] - mnew);
+                Ps[(4 * ty + a) * PS + tx + 16 * b] = e;
+                sum += e;
+            }
+#pragma unroll
+            for (int off = 1; off < 16; off <<= 1) sum += __shfl_xor_sync(0xffffffff, sum, off);
+            mrow[a] = mnew;
+            lrow[a] = lrow[a] * corr + sum;
+#pragma unroll
+            for (int c = 0; c < 4 * C4; c++) o[a][c] *= corr;
+        }
+        __syncthreads();
+        // Weighted values: rows 4ty + a, channels 4tx + 64c' .. + 3.
+#pragma unroll 4
+        for (int j = 0; j < APF_ROWS; j++) {
+            float pa[4];
+#pragma unroll
+            for (int a = 0; a < 4; a++) pa[a] = Ps[(4 * ty + a) * PS + j];
+#pragma unroll
+            for (int cc = 0; cc < C4; cc++) {
+                const float4 v = *reinterpret_cast<const float4*>(Vs + j * S + 64 * cc + 4 * tx);
+#pragma unroll
+                for (int a = 0; a < 4; a++) {
+                    o[a][4 * cc] += pa[a] * v.x;
+                    o[a][4 * cc + 1] += pa[a] * v.y;
+                    o[a][4 * cc + 2] += pa[a] * v.z;
+                    o[a][4 * cc + 3] += pa[a] * v.w;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int a = 0; a < 4; a++) {
+        const int r = 4 * ty + a;
+        if (r >= rows) continue;
+        const float inv = 1.f / lrow[a];
+        float* op = out + ((size_t)(i0 + r) * heads + h) * HD;
+#pragma unroll
+        for (int cc = 0; cc < C4; cc++)
+            *reinterpret_cast<float4*>(op + 64 * cc + 4 * tx) =
+                make_float4(o[a][4 * cc] * inv, o[a][4 * cc + 1] * inv, o[a][4 * cc + 2] * inv, o[a][4 * cc + 3] * inv);
+    }
+}
+
+#define ATTN_PREFILL(NAME, HD)                                                                                             \
+    extern "C" __global__ void __launch_bounds__(256) NAME(float* out, const float* q, const float* knew, const float* vnew, \
+                                                           float* kc, float* vc, const int* dyn, int posRel, int m,        \
+                                                           int heads, int kvHeads, float scale, int window) {               \
+        attn_prefill_body<HD>(out, q, knew, vnew, kc, vc, dyn, posRel, m, heads, kvHeads, scale, window);                  \
+    }
+ATTN_PREFILL(attn_prefill_64, 64)
+ATTN_PREFILL(attn_prefill_128, 128)
