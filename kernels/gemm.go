@@ -68,9 +68,8 @@ func (b *Backend) gemmNVFP4(dst, x *Buffer, w *Weight, m int) {
 	s := &b.gemm
 	err := b.grow(&s.xh, &s.xhLen, mtiles*bm*K/2) // fp16: K/2 words per token
 	if err == nil && splits > 1 {
-		if err = b.grow(&s.part, &s.partLen, mtiles*ntiles*splits*bm*128); err == nil && s.ticketLen < mtiles*ntiles {
-			s.ticket, err = b.alloc(4 * mtiles * ntiles) // zeroed; each launch leaves it zero
-			s.ticketLen = mtiles * ntiles
+		if err = b.grow(&s.part, &s.partLen, mtiles*ntiles*splits*bm*128); err == nil {
+			err = b.grow(&s.ticket, &s.ticketLen, mtiles*ntiles) // zeroed by alloc; each launch leaves it zero
 		}
 	}
 	xh, part, ticket := s.xh, s.part, s.ticket
