@@ -19,14 +19,15 @@ type gemmKernel struct{ bm, ns, kc, occ int }
 // that holds m (at most 64), stages of 256 elements where K allows (or
 // unless k128, for benchmarks).
 func gemmPick(m, K int, k128 bool) gemmKernel {
-	bm := 8
-	for bm < 64 && bm < m {
-		bm *= 2
-	}
+	vs := [4]gemmKernel{{8, 4, 128, 3}, {16, 4, 128, 3}, {32, 4, 128, 2}, {64, 3, 128, 2}}
 	if K%256 == 0 && !k128 {
-		return map[int]gemmKernel{8: {8, 4, 256, 2}, 16: {16, 4, 256, 2}, 32: {32, 3, 256, 2}, 64: {64, 2, 256, 2}}[bm]
+		vs = [4]gemmKernel{{8, 4, 256, 2}, {16, 4, 256, 2}, {32, 3, 256, 2}, {64, 2, 256, 2}}
 	}
-	return map[int]gemmKernel{8: {8, 4, 128, 3}, 16: {16, 4, 128, 3}, 32: {32, 4, 128, 2}, 64: {64, 3, 128, 2}}[bm]
+	i := 0
+	for i < len(vs)-1 && vs[i].bm < m {
+		i++
+	}
+	return vs[i]
 }
 
 func (k gemmKernel) name() string {
