@@ -8,15 +8,6 @@
 // a __syncthreads must follow the wait before other threads read them.
 __host__ __device__ __forceinline__ int dsa_row_stride(int d) { return ((d / 4) % 2 == 0) ? d + 4 : d + 8; }
 
-// v as tf32 hi and lo parts: hi is v truncated to tf32 (one mask: a
-// rounding cvt costs four instructions), lo = v - hi exactly in float32,
-// passed as is (the tensor cores read a tf32 operand's top 19 bits, so lo is
-// truncated there): |v - hi - lo| < 2^-10 |lo| < 2^-20 |v|. Finite v only.
-__device__ __forceinline__ void dsa_split(float v, uint32_t& hi, uint32_t& lo) {
-    hi = __float_as_uint(v) & 0xffffe000u;
-    lo = __float_as_uint(v - __uint_as_float(hi));
-}
-
 // One k8 step of a warp's scores over four 8-row n-tiles, at float32
 // accuracy: sc[j] += Q·K^T for K rows j*8 + g (row stride rs from kr, which
 // points at row g, column 8k + 2t), Q's tf32 parts qh, ql of this step; per
@@ -28,8 +19,8 @@ __device__ __forceinline__ void dsa_qk_step(float sc[4][4], const float* kr, int
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         const float2 kv = *reinterpret_cast<const float2*>(kr + j * 8 * rs);
-        dsa_split(kv.x, bh[j][0], bl[j][0]);
-        dsa_split(kv.y, bh[j][1], bl[j][1]);
+        tf32_split(kv.x, bh[j][0], bl[j][0]);
+        tf32_split(kv.y, bh[j][1], bl[j][1]);
     }
 #pragma unroll
     for (int j = 0; j < 4; j++) mhc_mma_tf32(sc[j], ql[0], ql[1], ql[2], ql[3], bh[j][0], bh[j][1]);
@@ -163,7 +154,7 @@ extern "C" __global__ void __launch_bounds__(256) idx_scores_tile(float* scores,
 // each 64-key tile copied (cp.async, double-buffered) while the one before
 // is scored. Warp w takes heads 16(w & 3) .. +15 against keys 32(w >> 2) ..
 // +31 (four 8-key n-tiles) over all of dim: dot products at float32 accuracy
-// (dsa_split; the columns 8k + 2t, 8k + 2t + 1 as the fragment's t, t + 4,
+// (tf32_split; the columns 8k + 2t, 8k + 2t + 1 as the fragment's t, t + 4,
 // as dsa_attend_mma), then each term fmul(w, fmul(dot, scale)) if positive,
 // into shared memory; four threads per key add 16 heads each in head order
 // and the four sums in order. Keys past the visible ones score -inf. Row
@@ -212,10 +203,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) idx_scores_mma(float* score
     for (int s = 0; s < IDX_MK; s++) {
         const float* qs = Ks + IDX_MT * IDX_MS + (hm + g) * IDX_MS + 8 * s + 2 * t;
         const float2 va = *reinterpret_cast<const float2*>(qs), vb = *reinterpret_cast<const float2*>(qs + 8 * IDX_MS);
-        dsa_split(va.x, qh[s][0], ql[s][0]);
-        dsa_split(vb.x, qh[s][1], ql[s][1]);
-        dsa_split(va.y, qh[s][2], ql[s][2]);
-        dsa_split(vb.y, qh[s][3], ql[s][3]);
+        tf32_split(va.x, qh[s][0], ql[s][0]);
+        tf32_split(vb.x, qh[s][1], ql[s][1]);
+        tf32_split(va.y, qh[s][2], ql[s][2]);
+        tf32_split(vb.y, qh[s][3], ql[s][3]);
     }
     const float w0 = hm + g < heads ? w[(size_t)i * heads + hm + g] : 0.f;
     const float w1 = hm + g + 8 < heads ? w[(size_t)i * heads + hm + g + 8] : 0.f;
@@ -1172,10 +1163,10 @@ __device__ __forceinline__ void attend_mma(const Rows& rows, float* out, float* 
             va = *reinterpret_cast<const float2*>(Ks + (DSA_TT + g) * DS + d);
             vb = *reinterpret_cast<const float2*>(Ks + (DSA_TT + g + 8) * DS + d);
         }
-        dsa_split(va.x, qh[s][0], ql[s][0]);
-        dsa_split(vb.x, qh[s][1], ql[s][1]);
-        dsa_split(va.y, qh[s][2], ql[s][2]);
-        dsa_split(vb.y, qh[s][3], ql[s][3]);
+        tf32_split(va.x, qh[s][0], ql[s][0]);
+        tf32_split(vb.x, qh[s][1], ql[s][1]);
+        tf32_split(va.y, qh[s][2], ql[s][2]);
+        tf32_split(vb.y, qh[s][3], ql[s][3]);
     }
     __syncthreads();  // buffer 1 free for the copies
 
@@ -1231,17 +1222,17 @@ __device__ __forceinline__ void attend_mma(const Rows& rows, float* out, float* 
 #pragma unroll
             for (int ks = 0; ks < DSA_TT / 8; ks++) {
                 uint32_t ph[4], pl[4];
-                dsa_split(Ps[(ks * 8 + t) * DSA_PS + g], ph[0], pl[0]);
-                dsa_split(Ps[(ks * 8 + t) * DSA_PS + g + 8], ph[1], pl[1]);
-                dsa_split(Ps[(ks * 8 + t + 4) * DSA_PS + g], ph[2], pl[2]);
-                dsa_split(Ps[(ks * 8 + t + 4) * DSA_PS + g + 8], ph[3], pl[3]);
+                tf32_split(Ps[(ks * 8 + t) * DSA_PS + g], ph[0], pl[0]);
+                tf32_split(Ps[(ks * 8 + t) * DSA_PS + g + 8], ph[1], pl[1]);
+                tf32_split(Ps[(ks * 8 + t + 4) * DSA_PS + g], ph[2], pl[2]);
+                tf32_split(Ps[(ks * 8 + t + 4) * DSA_PS + g + 8], ph[3], pl[3]);
                 const float* vr = kb + (ks * 8 + t) * DS + c0 + g;
                 uint32_t bh[8][2], bl[8][2];
 #pragma unroll
                 for (int j = 0; j < 8; j++) {
                     if (j < ntw) {
-                        dsa_split(vr[j * 8], bh[j][0], bl[j][0]);
-                        dsa_split(vr[4 * DS + j * 8], bh[j][1], bl[j][1]);
+                        tf32_split(vr[j * 8], bh[j][0], bl[j][0]);
+                        tf32_split(vr[4 * DS + j * 8], bh[j][1], bl[j][1]);
                     }
                 }
 #pragma unroll

@@ -186,10 +186,13 @@ extern "C" __global__ void mhc_activate(float* pre, float* post, float* res, flo
 // fn[:, slice] into shared memory once (rows padded to a multiple of 8 with
 // zeros, row stride ks + 16 so the fragment loads are free of bank
 // conflicts), then each warp runs 16 tokens over every (8 / wt)-th 32-wide
-// chunk of the slice on the tensor cores (mma m16n8k8 tf32). x is read
-// straight from global memory into the A fragments: lane (g = lane/4,
-// t = lane%4) loads x[row g and g+8][c + 4t .. +3] and [c + 16 + 4t .. +3],
-// and the k8 step s uses the pair at (s/2)*16 + 4t + 2(s%2) as the fragment's
+// chunk of the slice on the tensor cores (mma m16n8k8 tf32). x comes
+// through the warp's ring of chunks in shared memory (cp.async, three
+// chunks in flight, staged before the weights so the first copies overlap them;
+// measured: 440 us for x loaded into registers a chunk ahead, docs/
+// PERFORMANCE.md round 10); lane (g = lane/4, t = lane%4) takes
+// x[row g and g+8][c + 4t .. +3] and [c + 16 + 4t .. +3] from it as its A
+// fragments, and the k8 step s uses the pair at (s/2)*16 + 4t + 2(s%2) as the fragment's
 // logical columns t and t+4; the B fragments take fn at the same physical
 // columns, so each dot product still covers every column once. Float32
 // accuracy from tf32 operands: x = hi + lo (both tf32), x·w = hi·w + lo·w
@@ -202,16 +205,18 @@ extern "C" __global__ void mhc_activate(float* pre, float* post, float* res, flo
 #define MHC_PWARPS (MHC_PTHREADS / WARP)
 #define MHC_PMAXNT 4  // 8-wide output tiles: mix <= 32 (mhc.go checks)
 
-__device__ __forceinline__ uint32_t mhc_tf32(float v) {
-    uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
-    return r;
+// v as tf32 hi and lo parts: hi is v truncated to tf32 (one mask: a
+// rounding cvt costs four instructions), lo = v - hi exactly in float32,
+// passed as is (the tensor cores read a tf32 operand's top 19 bits, so lo is
+// truncated there): |v - hi - lo| < 2^-10 |lo| < 2^-20 |v|. Finite v only.
+__device__ __forceinline__ void tf32_split(float v, uint32_t& hi, uint32_t& lo) {
+    hi = __float_as_uint(v) & 0xffffe000u;
+    lo = __float_as_uint(v - __uint_as_float(hi));
 }
 
 __device__ __forceinline__ void mhc_mma_tf32(float d[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                              uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
@@ -241,15 +246,208 @@ __device__ __forceinline__ void mhc_w4(const uint16_t* p, float* w) {
     w[3] = __uint_as_float(q.y & 0xffff0000u);
 }
 
+// A warp's x chunks (16 rows x 32 columns) go through a ring of
+// MHC_PSTAGES slots of its own in shared memory, MHC_PSTAGES - 1 chunks in
+// flight while one is used. In a slot, row r's float4 i sits at i ^ 4(r & 1), so that a
+// quarter warp's fragment reads (rows g, g + 1, float4s t or 4 + t) hit
+// distinct banks.
+#define MHC_PSTAGES 4
+#define MHC_PSLOT 512  // floats
+
+// Lane l stages rows l/8 + 4q (q < 4; rp are their row pointers at the
+// slice's start) at float4 l % 8 of the chunk at column c: asynchronous
+// 16-byte copies (zeros past len) for VEC, else loads and a store.
+template <bool VEC>
+__device__ __forceinline__ void mhc_proj_stage(float* slot, const float* const (&rp)[4], int c, int len, int lane) {
+    const int i = lane & 7, k = c + 4 * i;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const int r = (lane >> 3) + 4 * q;
+        float* d = slot + r * 32 + 4 * (i ^ ((r & 1) * 4));
+        if (VEC) {
+            cp_async16_zfill(smem_u32(d), k < len ? rp[q] + k : rp[q], k < len);
+        } else {
+            float v[4];
+            mhc_x4<false>(rp[q], k, len, v);
+            *reinterpret_cast<float4*>(d) = make_float4(v[0], v[1], v[2], v[3]);
+        }
+    }
+    cp_async_commit();
+}
+
+// Lane (g, t)'s A fragments of a staged chunk: rows g and g + 8, columns
+// 4t .. 4t + 3 and 16 + 4t .. + 3 (the four k8 steps), as 16 floats.
+__device__ __forceinline__ void mhc_proj_frag(float (&v)[16], const float* slot, int g, int t) {
+    const int sw = (g & 1) * 4;
+    const float4 a0 = *reinterpret_cast<const float4*>(slot + g * 32 + 4 * (t ^ sw));
+    const float4 a1 = *reinterpret_cast<const float4*>(slot + g * 32 + 4 * ((4 + t) ^ sw));
+    const float4 b0 = *reinterpret_cast<const float4*>(slot + (g + 8) * 32 + 4 * (t ^ sw));
+    const float4 b1 = *reinterpret_cast<const float4*>(slot + (g + 8) * 32 + 4 * ((4 + t) ^ sw));
+    v[0] = a0.x, v[1] = a0.y, v[2] = a0.z, v[3] = a0.w, v[4] = a1.x, v[5] = a1.y, v[6] = a1.z, v[7] = a1.w;
+    v[8] = b0.x, v[9] = b0.y, v[10] = b0.z, v[11] = b0.w, v[12] = b1.x, v[13] = b1.y, v[14] = b1.z, v[15] = b1.w;
+}
+
+// The chunk's sums of squares and its products with the weight rows in ws
+// (tf32 mma at float32 accuracy: x = hi + lo; bf16 weights are exact in
+// tf32, f32 weights split likewise and the lo x lo term dropped), each
+// chunk's products added to acc as one partial. NT, the 8-row weight tiles,
+// is a template parameter so that the tiles' mma chains interleave, and the
+// hi and lo products run as separate chains.
+template <typename T, int NT>
+__device__ __forceinline__ void mhc_proj_step(float (&acc)[MHC_PMAXNT][4], float& ssa, float& ssb, const float (&xv)[16],
+                                              const T* ws, int c, int g, int t, int rs) {
+    constexpr bool kSplitW = sizeof(T) == 4;
+    uint32_t hi[16], lo[16];
+#pragma unroll
+    for (int i = 0; i < 8; i++) ssa = fmaf(xv[i], xv[i], ssa);
+#pragma unroll
+    for (int i = 8; i < 16; i++) ssb = fmaf(xv[i], xv[i], ssb);
+#pragma unroll
+    for (int i = 0; i < 16; i++) tf32_split(xv[i], hi[i], lo[i]);
+    float w[NT][8], dh[NT][4], dl[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        const T* wr = ws + (j * 8 + g) * rs + c + 4 * t;
+        mhc_w4(wr, w[j]);
+        mhc_w4(wr + 16, w[j] + 4);
+#pragma unroll
+        for (int i = 0; i < 4; i++) dh[j][i] = dl[j][i] = 0.f;
+    }
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+        const int o = (s >> 1) * 4 + (s & 1) * 2;  // columns o, o+1 of the row's 8
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            uint32_t b0 = __float_as_uint(w[j][o]), b1 = __float_as_uint(w[j][o + 1]);
+            if (kSplitW) {
+                uint32_t l0, l1;
+                tf32_split(w[j][o], b0, l0);
+                tf32_split(w[j][o + 1], b1, l1);
+                mhc_mma_tf32(dl[j], hi[o], hi[8 + o], hi[o + 1], hi[9 + o], l0, l1);
+            }
+            mhc_mma_tf32(dl[j], lo[o], lo[8 + o], lo[o + 1], lo[9 + o], b0, b1);
+            mhc_mma_tf32(dh[j], hi[o], hi[8 + o], hi[o + 1], hi[9 + o], b0, b1);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[j][i] += dh[j][i] + dl[j][i];
+}
+
+// A warp's row block and x row pointers for tile y (rows past the end read
+// the last row: never stored, and rows of an mma are independent).
+struct mhc_proj_rows {
+    int r0;
+    const float* rp[4];
+    __device__ __forceinline__ mhc_proj_rows(const float* x, int y, int wt, int tw, int rows, int K, int k0, int lane) {
+        r0 = (y * wt + tw) * 16;
+#pragma unroll
+        for (int q = 0; q < 4; q++) rp[q] = x + (size_t)min(r0 + (lane >> 3) + 4 * q, rows - 1) * K + k0;
+    }
+};
+
+// Lane (g, t)'s sums for rows r0 + g and r0 + g + 8 of slice s straight to
+// part (a warp that holds its rows' whole slice: wt = 8).
+__device__ __forceinline__ void mhc_proj_emit(float* part, const float (&acc)[MHC_PMAXNT][4], float ssa, float ssb,
+                                              int s, int r0, int rows, int mix, int g, int t) {
+    ssa += __shfl_xor_sync(0xffffffffu, ssa, 1);
+    ssa += __shfl_xor_sync(0xffffffffu, ssa, 2);
+    ssb += __shfl_xor_sync(0xffffffffu, ssb, 1);
+    ssb += __shfl_xor_sync(0xffffffffu, ssb, 2);
+    const int cols = mix + 1;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = r0 + g + 8 * h;
+        if (r >= rows) continue;
+        float* pr = part + ((size_t)s * rows + r) * cols;
+#pragma unroll
+        for (int j = 0; j < MHC_PMAXNT; j++) {
+            const int m = j * 8 + 2 * t;
+            if (m < mix) pr[m] = acc[j][2 * h];
+            if (m + 1 < mix) pr[m + 1] = acc[j][2 * h + 1];
+        }
+        if (t == 0) pr[mix] = h ? ssb : ssa;
+    }
+}
+
+// A warp's stream of chunks: for each of the block's tiles (y = blockIdx.y,
+// + gridDim.y, ... while the warp has rows there) the chunks c0, c0 + step,
+// ... of the slice, items 0 .. items - 1, staged through the ring in order
+// (stage keeps the cursor; each call commits one group, empty past the end).
+template <bool VEC>
+struct mhc_proj_stream {
+    const float* x;
+    float* ring;
+    int rows, K, k0, len, wt, tw, c0, step, nc, items, lane;
+    int su = 0, sc = 0, next = 0;  // the next item to stage: tile su, chunk sc
+    __device__ __forceinline__ void stage() {
+        if (next < items) {
+            mhc_proj_rows rr(x, blockIdx.y + su * gridDim.y, wt, tw, rows, K, k0, lane);
+            mhc_proj_stage<VEC>(ring + (next % MHC_PSTAGES) * MHC_PSLOT, rr.rp, c0 + sc * step, len, lane);
+            if (++sc == nc) sc = 0, su++;
+        } else {
+            cp_async_commit();
+        }
+        next++;
+    }
+};
+
+// The warp's items after the first MHC_PSTAGES - 1 were staged: item
+// it + MHC_PSTAGES - 1 is staged before item it is used, across tiles, so
+// the copies run on while a tile's sums are written. With one K group
+// (step 32) each finished tile's sums go straight to part; else the block
+// has one tile and the caller adds the groups.
+template <typename T, bool VEC, int NT>
+__device__ __forceinline__ void mhc_proj_loop(float (&acc)[MHC_PMAXNT][4], float& ssa, float& ssb, float* part,
+                                              mhc_proj_stream<VEC>& st, const T* ws, int mix, int rs) {
+    const int g = st.lane >> 2, t = st.lane & 3;
+    int u = 0, i = 0;
+    for (int it = 0; it < st.items; it++) {
+        st.stage();
+        cp_async_wait<MHC_PSTAGES - 1>();
+        __syncwarp();
+        float xv[16];
+        mhc_proj_frag(xv, st.ring + (it % MHC_PSTAGES) * MHC_PSLOT, g, t);
+        mhc_proj_step<T, NT>(acc, ssa, ssb, xv, ws, st.c0 + i * st.step, g, t, rs);
+        __syncwarp();  // the slot is staged again next step
+        if (++i == st.nc) {
+            i = 0;
+            if (st.step == 32) {
+                const int r0 = ((int)(blockIdx.y + u * gridDim.y) * st.wt + st.tw) * 16;
+                mhc_proj_emit(part, acc, ssa, ssb, blockIdx.x, r0, st.rows, mix, g, t);
+#pragma unroll
+                for (int j = 0; j < MHC_PMAXNT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+                ssa = ssb = 0.f;
+            }
+            u++;
+        }
+    }
+}
+
 template <typename T, bool VEC>
 __device__ __forceinline__ void mhc_proj_part(float* __restrict__ part, const float* __restrict__ x,
                                               const T* __restrict__ W, int rows, int K, int mix, int ks, int wt) {
     extern __shared__ __align__(16) unsigned char mhc_sh[];
-    constexpr bool kSplitW = sizeof(T) == 4;  // f32 weights: hi + lo tf32 parts
     const int npad = (mix + 7) & ~7, nt = npad / 8, rs = ks + 16, cols = mix + 1;
-    T* ws = reinterpret_cast<T*>(mhc_sh);                                         // [npad][rs]
-    float* red = reinterpret_cast<float*>(mhc_sh + (size_t)npad * rs * sizeof(T));  // [8 warps][16][npad + 1]
+    const size_t wbytes = (size_t)npad * rs * sizeof(T);
+    T* ws = reinterpret_cast<T*>(mhc_sh);                    // [npad][rs]
+    float* red = reinterpret_cast<float*>(mhc_sh + wbytes);  // [8 warps][16][npad + 1], after the rings
     const int k0 = blockIdx.x * ks, len = min(ks, K - k0);
+
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
+    const int wk = MHC_PWARPS / wt, tw = warp % wt, kw = warp / wt;
+    mhc_proj_stream<VEC> st;
+    st.x = x, st.rows = rows, st.K = K, st.k0 = k0, st.len = len, st.wt = wt, st.tw = tw, st.lane = lane;
+    st.ring = reinterpret_cast<float*>(mhc_sh + wbytes) + warp * MHC_PSTAGES * MHC_PSLOT;
+    st.step = 32 * wk, st.c0 = kw * 32;
+    st.nc = st.c0 < len ? (len - st.c0 + st.step - 1) / st.step : 0;  // chunks per tile
+    int ntl = 0;  // the block's tiles where this warp has rows
+    if (((int)blockIdx.y * wt + tw) * 16 < rows) ntl = ((rows - 1 - tw * 16) / (wt * 16) - (int)blockIdx.y) / (int)gridDim.y + 1;
+    st.items = ntl * st.nc;
+    // The first copies are in flight while the weights are staged.
+#pragma unroll
+    for (int i = 0; i < MHC_PSTAGES - 1; i++) st.stage();
 
     // fn[:, k0 .. k0 + len) into ws, zeros in the padding rows and columns.
     constexpr int V = 16 / sizeof(T);
@@ -266,79 +464,25 @@ __device__ __forceinline__ void mhc_proj_part(float* __restrict__ part, const fl
     }
     __syncthreads();
 
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
-    const int wk = MHC_PWARPS / wt, tw = warp % wt, kw = warp / wt;
-    const int r0 = (blockIdx.y * wt + tw) * 16;
-    // Rows past the end read the last row (never stored; rows of an mma are independent).
-    const float* xa = x + (size_t)min(r0 + g, rows - 1) * K + k0;
-    const float* xb = x + (size_t)min(r0 + g + 8, rows - 1) * K + k0;
     float acc[MHC_PMAXNT][4];
 #pragma unroll
     for (int j = 0; j < MHC_PMAXNT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
     float ssa = 0.f, ssb = 0.f;
-    if (r0 < rows) {  // warp-uniform
-        const int step = 32 * wk;
-        int c = kw * 32;
-        float nx[16];  // the next chunk: row a at c+4t, c+16+4t; row b likewise
-        if (c < len) {
-            mhc_x4<VEC>(xa, c + 4 * t, len, nx);
-            mhc_x4<VEC>(xa, c + 16 + 4 * t, len, nx + 4);
-            mhc_x4<VEC>(xb, c + 4 * t, len, nx + 8);
-            mhc_x4<VEC>(xb, c + 16 + 4 * t, len, nx + 12);
-        }
-        for (; c < len; c += step) {
-            float xv[16];
-#pragma unroll
-            for (int i = 0; i < 16; i++) xv[i] = nx[i];
-            if (c + step < len) {
-                mhc_x4<VEC>(xa, c + step + 4 * t, len, nx);
-                mhc_x4<VEC>(xa, c + step + 16 + 4 * t, len, nx + 4);
-                mhc_x4<VEC>(xb, c + step + 4 * t, len, nx + 8);
-                mhc_x4<VEC>(xb, c + step + 16 + 4 * t, len, nx + 12);
-            }
-            uint32_t hi[16], lo[16];
-#pragma unroll
-            for (int i = 0; i < 8; i++) ssa = fmaf(xv[i], xv[i], ssa);
-#pragma unroll
-            for (int i = 8; i < 16; i++) ssb = fmaf(xv[i], xv[i], ssb);
-#pragma unroll
-            for (int i = 0; i < 16; i++) {
-                hi[i] = mhc_tf32(xv[i]);
-                lo[i] = mhc_tf32(xv[i] - __uint_as_float(hi[i]));
-            }
-#pragma unroll
-            for (int j = 0; j < MHC_PMAXNT; j++) {
-                if (j < nt) {
-                    const T* wr = ws + (j * 8 + g) * rs + c + 4 * t;
-                    float w[8];
-                    mhc_w4(wr, w);
-                    mhc_w4(wr + 16, w + 4);
-                    float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-                    for (int s = 0; s < 4; s++) {
-                        const int o = (s >> 1) * 4 + (s & 1) * 2;  // columns o, o+1 of the row's 8
-                        uint32_t b0 = __float_as_uint(w[o]), b1 = __float_as_uint(w[o + 1]);
-                        if (kSplitW) {
-                            b0 = mhc_tf32(w[o]);
-                            b1 = mhc_tf32(w[o + 1]);
-                            mhc_mma_tf32(d, hi[o], hi[8 + o], hi[o + 1], hi[9 + o], mhc_tf32(w[o] - __uint_as_float(b0)),
-                                         mhc_tf32(w[o + 1] - __uint_as_float(b1)));
-                        }
-                        mhc_mma_tf32(d, lo[o], lo[8 + o], lo[o + 1], lo[9 + o], b0, b1);
-                        mhc_mma_tf32(d, hi[o], hi[8 + o], hi[o + 1], hi[9 + o], b0, b1);
-                    }
-#pragma unroll
-                    for (int i = 0; i < 4; i++) acc[j][i] += d[i];
-                }
-            }
-        }
+    switch (nt) {  // uniform: one loop per tile count
+        case 1: mhc_proj_loop<T, VEC, 1>(acc, ssa, ssb, part, st, ws, mix, rs); break;
+        case 2: mhc_proj_loop<T, VEC, 2>(acc, ssa, ssb, part, st, ws, mix, rs); break;
+        case 3: mhc_proj_loop<T, VEC, 3>(acc, ssa, ssb, part, st, ws, mix, rs); break;
+        default: mhc_proj_loop<T, VEC, 4>(acc, ssa, ssb, part, st, ws, mix, rs); break;
     }
+    if (wk == 1) return;  // the sums went out tile by tile
+
+    // K groups (one tile per block): each warp's 16 x (npad + 1) sums into
+    // red, in the rings' place, then the groups added.
     ssa += __shfl_xor_sync(0xffffffffu, ssa, 1);
     ssa += __shfl_xor_sync(0xffffffffu, ssa, 2);
     ssb += __shfl_xor_sync(0xffffffffu, ssb, 1);
     ssb += __shfl_xor_sync(0xffffffffu, ssb, 2);
-
-    // Each warp's 16 x (npad + 1) sums into red, then the K groups added.
+    __syncthreads();
     const int rstride = npad + 1;
     float* rw = red + (size_t)warp * 16 * rstride;
 #pragma unroll

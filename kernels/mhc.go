@@ -45,11 +45,13 @@ func (b *Backend) MHCProject(logits, x backend.Buffer, fn backend.Weight, rows i
 // projection takes.
 const mhcProjMaxMix = 32
 
-// mhcProjKS caps the K slice of mhc_proj_part: at B = 8192, n = 4, C = 7168
-// it makes 28 x 64 blocks of 128 tokens (several waves, short tail) and
-// keeps the partial sums (slices x rows x (mix+1) floats) near 2% of the
-// stream's bytes per side.
+// mhcProjKS caps the K slice of mhc_proj_part: it keeps the partial sums
+// (slices x rows x (mix+1) floats) near 2% of the stream's bytes per side.
 const mhcProjKS = 1024
+
+// mhcProjRing is the bytes of mhc_proj_part's rings of x chunks: 8 warps x
+// MHC_PSTAGES x MHC_PSLOT floats.
+const mhcProjRing = 8 * 4 * 512 * 4
 
 // mhcProjShare is the shared memory one mhc_proj_part block may take, so
 // that two blocks fit on a multiprocessor (228 KiB, 1 KiB reserved each).
@@ -58,17 +60,22 @@ const mhcProjShare = 110 * 1024
 // mhcProjPlan is a launch of mhc_proj_part: its grid, arguments and where
 // its partial sums [slices, rows, mix+1] went.
 type mhcProjPlan struct {
-	part          uint64
-	alloc         *allocation
-	mix, k        int
-	slices, tiles int
+	part       uint64
+	alloc      *allocation
+	mix, k     int
+	slices, ty int
 }
 
-// mhcProjPlanShape picks the K slice ks (a multiple of 64) and the warps'
-// split wt (token groups of 16 per block; 8/wt warps share the K slice) for
-// rows tokens of width k and mix outputs with elem-byte weights, and the
-// block's shared memory. ok is false if no slice fits in share bytes.
-func mhcProjPlanShape(rows, k, mix, elem, sms, share int) (ks, wt, shared int, ok bool) {
+// mhcProjPlanShape picks the K slice ks (a multiple of 64), the warps'
+// split wt (token groups of 16 per block; 8/wt warps share the K slice) and
+// the grid's rows ty (block (s, y) takes the tiles of 16*wt tokens y, y +
+// ty, ...) for rows tokens of width k and mix outputs with elem-byte
+// weights, and the block's shared memory. Past 64 tokens (wt = 8) the grid
+// is one wave of at most two blocks per multiprocessor, each keeping its
+// weight slice for all its tiles, and (ks, ty) minimize the columns the
+// busiest block runs (tiles per block x ks; the wider slice on ties). ok is
+// false if no slice fits in share bytes.
+func mhcProjPlanShape(rows, k, mix, elem, sms, share int) (ks, wt, ty, shared int, ok bool) {
 	wt = 8
 	switch {
 	case rows <= 16:
@@ -79,20 +86,36 @@ func mhcProjPlanShape(rows, k, mix, elem, sms, share int) (ks, wt, shared int, o
 		wt = 4
 	}
 	npad := (mix + 7) &^ 7
-	red := 8 * 16 * (npad + 1) * 4
-	maxKS := ((share-red)/(npad*elem) - 16) &^ 63
-	maxKS = min(maxKS, mhcProjKS)
+	// After the weights: the warps' rings of x chunks, whose place the
+	// warps' sums take at the end.
+	after := max(mhcProjRing, 8*16*(npad+1)*4)
+	maxKS := ((share-after)/(npad*elem) - 16) &^ 63
+	maxKS = min(maxKS, mhcProjKS, (k+63)&^63)
 	if maxKS < 64 {
-		return 0, 0, 0, false
+		return 0, 0, 0, 0, false
 	}
 	tiles := (rows + 16*wt - 1) / (16 * wt)
-	// Enough blocks for two per multiprocessor; at least a 32-wide chunk per
-	// warp of a K group.
-	want := max(1, (2*max(sms, 1)+tiles-1)/tiles)
-	ks = ((k+want-1)/want + 63) &^ 63
-	ks = max(ks, 32*(8/wt), 64)
-	ks = min(ks, maxKS, (k+63)&^63)
-	return ks, wt, npad*(ks+16)*elem + red, true
+	slots := 2 * max(sms, 1)
+	ks, ty = maxKS, 1
+	if tiles == 1 {
+		// Enough slices for two blocks per multiprocessor; at least a
+		// 32-wide chunk per warp of a K group.
+		ks = ((k+slots-1)/slots + 63) &^ 63
+		ks = min(max(ks, 32*(8/wt), 64), maxKS)
+	} else {
+		best := -1
+		for c := 64; c <= maxKS; c += 64 {
+			slices := (k + c - 1) / c
+			if slices > slots {
+				continue
+			}
+			y := min(tiles, slots/slices)
+			if cost := (tiles + y - 1) / y * c; best < 0 || cost <= best {
+				best, ks, ty = cost, c, y
+			}
+		}
+	}
+	return ks, wt, ty, npad*(ks+16)*elem + after, true
 }
 
 // mhcProjPart queues mhc_proj_part for rows tokens of x against fn; ok is
@@ -114,14 +137,14 @@ func (b *Backend) mhcProjPart(x backend.Buffer, fn backend.Weight, rows int) (mh
 	default:
 		return mhcProjPlan{}, false
 	}
-	ks, wt, shared, ok := mhcProjPlanShape(rows, k, mix, elem, b.sms, min(b.opsShare(), mhcProjShare))
+	ks, wt, ty, shared, ok := mhcProjPlanShape(rows, k, mix, elem, b.sms, min(b.opsShare(), mhcProjShare))
 	if !ok {
 		return mhcProjPlan{}, false
 	}
 	if k%8 == 0 && ptr(x)%16 == 0 {
 		name += "_v" // 16-byte loads of x and fn
 	}
-	p := mhcProjPlan{mix: mix, k: k, slices: (k + ks - 1) / ks, tiles: (rows + 16*wt - 1) / (16 * wt)}
+	p := mhcProjPlan{mix: mix, k: k, slices: (k + ks - 1) / ks, ty: ty}
 	// The partial sums share attention_kv's split scratch: both are consumed
 	// by the next kernel in the stream.
 	need := p.slices * rows * (mix + 1)
@@ -141,7 +164,7 @@ func (b *Backend) mhcProjPart(x backend.Buffer, fn backend.Weight, rows int) (mh
 	b.qmu.Lock()
 	b.q.keep = append(b.q.keep, p.alloc, w)
 	b.qmu.Unlock()
-	b.launch(name, [3]int{p.slices, p.tiles, 1}, 256, shared, p.part, ptr(x), w.data.ptr, rows, k, mix, ks, wt)
+	b.launch(name, [3]int{p.slices, p.ty, 1}, 256, shared, p.part, ptr(x), w.data.ptr, rows, k, mix, ks, wt)
 	runtime.KeepAlive(w)
 	return p, true
 }

@@ -174,15 +174,18 @@ func TestMHCProjectFused(t *testing.T) {
 		n, hidden int
 		res       mhc.Residual
 		f         backend.Format
-		head      bool // the head projection: n rows
-		misalign  bool // x one float past a 16-byte boundary
+		head      bool  // the head projection: n rows
+		misalign  bool  // x one float past a 16-byte boundary
+		rows      []int // token counts (nil: 1, 5, 64, 300)
 	}
 	var cases []tcase
 	for _, f := range []backend.Format{backend.BF16, backend.F32} {
 		cases = append(cases, tcase{n: 4, hidden: 1000, f: f}, tcase{n: 3, hidden: 257, f: f})
 	}
 	cases = append(cases, tcase{n: 3, hidden: 520, f: backend.BF16}, tcase{n: 4, hidden: 100, res: mhc.Lite, f: backend.BF16},
-		tcase{n: 4, hidden: 300, f: backend.BF16, head: true}, tcase{n: 4, hidden: 1000, f: backend.BF16, misalign: true})
+		tcase{n: 4, hidden: 300, f: backend.BF16, head: true}, tcase{n: 4, hidden: 1000, f: backend.BF16, misalign: true},
+		// V4's width: at 2000 tokens blocks take two tiles, the last one partial.
+		tcase{n: 4, hidden: 7168, f: backend.BF16, rows: []int{2000}})
 	for _, tc := range cases {
 		cfg := mhc.Config{Streams: tc.n, Hidden: tc.hidden, SinkhornIters: 20, Eps: 1e-6, NormEps: 1e-6, Residual: tc.res}
 		mx, err := mhc.New(cfg)
@@ -200,7 +203,11 @@ func TestMHCProjectFused(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, rows := range []int{1, 5, 64, 300} {
+		rowList := tc.rows
+		if rowList == nil {
+			rowList = []int{1, 5, 64, 300}
+		}
+		for _, rows := range rowList {
 			name := func(s string) string {
 				return fmt.Sprintf("%s %v n=%d C=%d B=%d %v head=%v misalign=%v", s, tc.res, n, C, rows, tc.f, tc.head, tc.misalign)
 			}
@@ -239,31 +246,41 @@ func TestMHCProjectFused(t *testing.T) {
 
 // TestMHCProjectPlan holds mhc_proj_part's launch shapes to the kernel's
 // assumptions (no GPU needed): K slices a multiple of 64 covering the width,
-// a 32-wide chunk for every warp of a K group where the width allows, shared memory within the
-// budget, and the B = 8192, n = 4, C = 7168 shape at 1024-wide slices.
+// a 32-wide chunk for every warp of a K group where the width allows, one
+// tile per block wherever warps share a slice, shared memory within the
+// budget, one wave of blocks past 64 tokens, and the B = 8192, n = 4,
+// C = 7168 shape with its busiest block within 5% of an even split.
 func TestMHCProjectPlan(t *testing.T) {
+	const sms = 132
 	for _, tc := range []struct{ rows, k, mix, elem int }{
 		{1, 28672, 24, 2}, {5, 771, 15, 4}, {64, 28672, 24, 2}, {65, 4000, 32, 4}, {300, 1028, 4, 2},
-		{8192, 28672, 24, 2}, {8192, 28672, 24, 4}, {17, 64, 1, 2}, {3, 1, 1, 4},
+		{8192, 28672, 24, 2}, {8192, 28672, 24, 4}, {17, 64, 1, 2}, {3, 1, 1, 4}, {1024, 28672, 24, 2}, {100000, 100, 3, 4},
 	} {
-		ks, wt, shared, ok := mhcProjPlanShape(tc.rows, tc.k, tc.mix, tc.elem, 132, mhcProjShare)
+		ks, wt, ty, shared, ok := mhcProjPlanShape(tc.rows, tc.k, tc.mix, tc.elem, sms, mhcProjShare)
 		if !ok {
 			t.Errorf("%+v: no plan", tc)
 			continue
 		}
-		slices := (tc.k + ks - 1) / ks
+		slices, tiles := (tc.k+ks-1)/ks, (tc.rows+16*wt-1)/(16*wt)
 		switch {
 		case ks%64 != 0 || ks < min(32*(8/wt), (tc.k+63)&^63):
 			t.Errorf("%+v: slice %d with %d token groups", tc, ks, wt)
 		case wt != 1 && wt != 2 && wt != 4 && wt != 8, 16*wt < min(tc.rows, 128):
 			t.Errorf("%+v: %d token groups", tc, wt)
+		case wt != 8 && ty != tiles, ty < 1 || ty > tiles:
+			t.Errorf("%+v: %d grid rows for %d tiles of %d token groups", tc, ty, tiles, wt)
+		case tiles > 1 && slices*ty > 2*sms:
+			t.Errorf("%+v: %d x %d blocks", tc, slices, ty)
 		case shared > mhcProjShare:
 			t.Errorf("%+v: %d bytes of shared memory", tc, shared)
 		case slices*ks < tc.k || (slices-1)*ks >= tc.k:
 			t.Errorf("%+v: %d slices of %d", tc, slices, ks)
 		}
-		if tc.rows == 8192 && ks != 1024 {
-			t.Errorf("%+v: slice %d, want 1024", tc, ks)
+		if tc.rows == 8192 && tc.elem == 2 {
+			busiest, even := float64((tiles+ty-1)/ty*ks), float64(tc.k*tiles)/(2*sms)
+			if busiest > 1.05*even {
+				t.Errorf("%+v: busiest block %.0f columns x tiles, even split %.0f", tc, busiest, even)
+			}
 		}
 	}
 }
