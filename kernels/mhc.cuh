@@ -254,21 +254,24 @@ __device__ __forceinline__ void mhc_w4(const uint16_t* p, float* w) {
 #define MHC_PSTAGES 4
 #define MHC_PSLOT 512  // floats
 
-// Lane l stages rows l/8 + 4q (q < 4; rp are their row pointers at the
-// slice's start) at float4 l % 8 of the chunk at column c: asynchronous
-// 16-byte copies (zeros past len) for VEC, else loads and a store.
+// Lane l stages rows l/8 + 4q (q < 4) at float4 l % 8 of the chunk at
+// column c: row q at rb + q*4K while q < nq, rows past the end at last
+// (pointers at the slice's start): asynchronous 16-byte copies (zeros past
+// len) for VEC, else loads and a store.
 template <bool VEC>
-__device__ __forceinline__ void mhc_proj_stage(float* slot, const float* const (&rp)[4], int c, int len, int lane) {
+__device__ __forceinline__ void mhc_proj_stage(float* slot, const float* rb, const float* last, int nq, int K, int c,
+                                               int len, int lane) {
     const int i = lane & 7, k = c + 4 * i;
 #pragma unroll
     for (int q = 0; q < 4; q++) {
         const int r = (lane >> 3) + 4 * q;
+        const float* p = q < nq ? rb + (size_t)(4 * q) * K : last;
         float* d = slot + r * 32 + 4 * (i ^ ((r & 1) * 4));
         if (VEC) {
-            cp_async16_zfill(smem_u32(d), k < len ? rp[q] + k : rp[q], k < len);
+            cp_async16_zfill(smem_u32(d), k < len ? p + k : p, k < len);
         } else {
             float v[4];
-            mhc_x4<false>(rp[q], k, len, v);
+            mhc_x4<false>(p, k, len, v);
             *reinterpret_cast<float4*>(d) = make_float4(v[0], v[1], v[2], v[3]);
         }
     }
@@ -335,18 +338,6 @@ __device__ __forceinline__ void mhc_proj_step(float (&acc)[MHC_PMAXNT][4], float
         for (int i = 0; i < 4; i++) acc[j][i] += dh[j][i] + dl[j][i];
 }
 
-// A warp's row block and x row pointers for tile y (rows past the end read
-// the last row: never stored, and rows of an mma are independent).
-struct mhc_proj_rows {
-    int r0;
-    const float* rp[4];
-    __device__ __forceinline__ mhc_proj_rows(const float* x, int y, int wt, int tw, int rows, int K, int k0, int lane) {
-        r0 = (y * wt + tw) * 16;
-#pragma unroll
-        for (int q = 0; q < 4; q++) rp[q] = x + (size_t)min(r0 + (lane >> 3) + 4 * q, rows - 1) * K + k0;
-    }
-};
-
 // Lane (g, t)'s sums for rows r0 + g and r0 + g + 8 of slice s straight to
 // part (a warp that holds its rows' whole slice: wt = 8).
 __device__ __forceinline__ void mhc_proj_emit(float* part, const float (&acc)[MHC_PMAXNT][4], float ssa, float ssb,
@@ -381,11 +372,21 @@ struct mhc_proj_stream {
     float* ring;
     int rows, K, k0, len, wt, tw, c0, step, nc, items, lane;
     int su = 0, sc = 0, next = 0;  // the next item to stage: tile su, chunk sc
+    const float *rb, *last;        // tile su's first row of the lane, the last row
+    int nq;                        // tile su's rows of the lane before the end
+    __device__ __forceinline__ void tile() {
+        const int r = ((int)(blockIdx.y + su * gridDim.y) * wt + tw) * 16 + (lane >> 3);
+        rb = x + (size_t)min(r, rows - 1) * K + k0;
+        nq = r < rows ? min(4, (rows - 1 - r) / 4 + 1) : 0;
+    }
+    __device__ __forceinline__ void start() {
+        last = x + (size_t)(rows - 1) * K + k0;
+        tile();
+    }
     __device__ __forceinline__ void stage() {
         if (next < items) {
-            mhc_proj_rows rr(x, blockIdx.y + su * gridDim.y, wt, tw, rows, K, k0, lane);
-            mhc_proj_stage<VEC>(ring + (next % MHC_PSTAGES) * MHC_PSLOT, rr.rp, c0 + sc * step, len, lane);
-            if (++sc == nc) sc = 0, su++;
+            mhc_proj_stage<VEC>(ring + (next % MHC_PSTAGES) * MHC_PSLOT, rb, last, nq, K, c0 + sc * step, len, lane);
+            if (++sc == nc) sc = 0, su++, tile();
         } else {
             cp_async_commit();
         }
@@ -445,6 +446,7 @@ __device__ __forceinline__ void mhc_proj_part(float* __restrict__ part, const fl
     int ntl = 0;  // the block's tiles where this warp has rows
     if (((int)blockIdx.y * wt + tw) * 16 < rows) ntl = ((rows - 1 - tw * 16) / (wt * 16) - (int)blockIdx.y) / (int)gridDim.y + 1;
     st.items = ntl * st.nc;
+    st.start();
     // The first copies are in flight while the weights are staged.
 #pragma unroll
     for (int i = 0; i < MHC_PSTAGES - 1; i++) st.stage();
