@@ -180,12 +180,13 @@ extern "C" __global__ void mhc_activate(float* pre, float* post, float* res, flo
 // stream row and the mix dot products with fn [mix, K = n*C], in one pass
 // over the stream, then the row scale.
 //
-// mhc_proj_part_*: grid (slices, tiles), MHC_PTHREADS threads = 8 warps as
+// mhc_proj_part_*: grid (slices, ty), MHC_PTHREADS threads = 8 warps as
 // wt token groups x (8 / wt) K groups. Block (s, y) takes the K slice
-// [s*ks, s*ks + ks) and the tokens [y*16*wt, (y+1)*16*wt): it copies
-// fn[:, slice] into shared memory once (rows padded to a multiple of 8 with
-// zeros, row stride ks + 16 so the fragment loads are free of bank
-// conflicts), then each warp runs 16 tokens over every (8 / wt)-th 32-wide
+// [s*ks, s*ks + ks) and the tiles of 16*wt tokens y, y + ty, ... (one tile
+// unless wt = 8; mhc.go sizes the grid as one wave): it copies fn[:, slice]
+// into shared memory once (rows padded to a multiple of 8 with zeros, row
+// stride ks + 16 so the fragment loads are free of bank conflicts), then
+// each warp runs 16 tokens of each tile over every (8 / wt)-th 32-wide
 // chunk of the slice on the tensor cores (mma m16n8k8 tf32). x comes
 // through the warp's ring of chunks in shared memory (cp.async, three
 // chunks in flight, staged before the weights so the first copies overlap them;
