@@ -222,16 +222,17 @@ __device__ __forceinline__ void mhc_mma_tf32(float d[4], uint32_t a0, uint32_t a
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Four consecutive values of a stream row p at k (< len) into v, zeros past len.
-template <bool VEC>
+// Four consecutive values of a stream row p at k into v, zeros past len
+// (the staging of rows whose width or address rules out 16-byte copies).
 __device__ __forceinline__ void mhc_x4(const float* __restrict__ p, int k, int len, float* v) {
-    if (VEC && k + 4 <= len) {
-        float4 q = __ldg(reinterpret_cast<const float4*>(p + k));
-        v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
-    } else {
 #pragma unroll
-        for (int j = 0; j < 4; j++) v[j] = k + j < len ? __ldg(p + k + j) : 0.f;
-    }
+    for (int j = 0; j < 4; j++) v[j] = k + j < len ? __ldg(p + k + j) : 0.f;
+}
+
+// A row's sum of squares over the four lanes t of its quad (all get it).
+__device__ __forceinline__ float mhc_quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
 // Four consecutive weights from shared memory as float32 (16-byte or 8-byte aligned).
@@ -272,7 +273,7 @@ __device__ __forceinline__ void mhc_proj_stage(float* slot, const float* rb, con
             cp_async16_zfill(smem_u32(d), k < len ? p + k : p, k < len);
         } else {
             float v[4];
-            mhc_x4<false>(p, k, len, v);
+            mhc_x4(p, k, len, v);
             *reinterpret_cast<float4*>(d) = make_float4(v[0], v[1], v[2], v[3]);
         }
     }
@@ -343,10 +344,8 @@ __device__ __forceinline__ void mhc_proj_step(float (&acc)[MHC_PMAXNT][4], float
 // part (a warp that holds its rows' whole slice: wt = 8).
 __device__ __forceinline__ void mhc_proj_emit(float* part, const float (&acc)[MHC_PMAXNT][4], float ssa, float ssb,
                                               int s, int r0, int rows, int mix, int g, int t) {
-    ssa += __shfl_xor_sync(0xffffffffu, ssa, 1);
-    ssa += __shfl_xor_sync(0xffffffffu, ssa, 2);
-    ssb += __shfl_xor_sync(0xffffffffu, ssb, 1);
-    ssb += __shfl_xor_sync(0xffffffffu, ssb, 2);
+    ssa = mhc_quad_sum(ssa);
+    ssb = mhc_quad_sum(ssb);
     const int cols = mix + 1;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -481,10 +480,8 @@ __device__ __forceinline__ void mhc_proj_part(float* __restrict__ part, const fl
 
     // K groups (one tile per block): each warp's 16 x (npad + 1) sums into
     // red, in the rings' place, then the groups added.
-    ssa += __shfl_xor_sync(0xffffffffu, ssa, 1);
-    ssa += __shfl_xor_sync(0xffffffffu, ssa, 2);
-    ssb += __shfl_xor_sync(0xffffffffu, ssb, 1);
-    ssb += __shfl_xor_sync(0xffffffffu, ssb, 2);
+    ssa = mhc_quad_sum(ssa);
+    ssb = mhc_quad_sum(ssb);
     __syncthreads();
     const int rstride = npad + 1;
     float* rw = red + (size_t)warp * 16 * rstride;
