@@ -107,24 +107,46 @@ func BenchmarkDecodeLlama8B(b *testing.B) {
 		}
 		return time.Since(start) / tokens
 	}
-	per := measure()
-	copyBW := gb.CopyBandwidth()
-	floor := float64(spec.WeightBytes()) / copyBW
-	gb.SetGraphs(false)
-	perDirect := measure()
-	gb.SetGraphs(true)
-	gb.SetPDL(false)
-	perNoPDL := measure()
-	gb.SetPDL(true)
-	b.ReportMetric(1/per.Seconds(), "tok/s")
-	b.ReportMetric(floor/per.Seconds(), "of-floor")
-	fmt.Printf("RESULT decode8b tok_s=%.1f floor_tok_s=%.1f of_floor=%.3f bytes_per_token=%d copy_GBps=%.0f graph_launches=%d\n",
-		1/per.Seconds(), 1/floor, floor/per.Seconds(), spec.WeightBytes(), copyBW/1e9, gb.GraphLaunches())
-	fmt.Printf("RESULT decode8b_no_graphs tok_s=%.1f of_floor=%.3f\n", 1/perDirect.Seconds(), floor/perDirect.Seconds())
-	fmt.Printf("RESULT decode8b_no_pdl tok_s=%.1f of_floor=%.3f\n", 1/perNoPDL.Seconds(), floor/perNoPDL.Seconds())
+	timeDecode(b, gb, spec.WeightBytes(), measure).print("decode8b", "")
 	gb.StartProfile()
 	for range 8 {
 		step()
 	}
 	fmt.Print(kernels.FormatProfile(gb.StopProfile()))
+}
+
+// decodeRun is a decode benchmark's time per token as the engine runs (CUDA
+// graphs and PDL on), without graphs and without PDL, each from the same
+// context, and the memory floor: the weight bytes a token reads over the
+// copy bandwidth measured in the same process.
+type decodeRun struct {
+	per, direct, noPDL time.Duration
+	bytes              int64
+	copyBW, floor      float64 // bytes per second, seconds per token
+	graphLaunches      int
+}
+
+// timeDecode runs measure three ways on gb and reports tok/s and of-floor.
+func timeDecode(b *testing.B, gb *kernels.Backend, bytes int64, measure func() time.Duration) decodeRun {
+	r := decodeRun{per: measure(), bytes: bytes}
+	r.graphLaunches = gb.GraphLaunches()
+	r.copyBW = gb.CopyBandwidth()
+	r.floor = float64(bytes) / r.copyBW
+	gb.SetGraphs(false)
+	r.direct = measure()
+	gb.SetGraphs(true)
+	gb.SetPDL(false)
+	r.noPDL = measure()
+	gb.SetPDL(true)
+	b.ReportMetric(1/r.per.Seconds(), "tok/s")
+	b.ReportMetric(r.floor/r.per.Seconds(), "of-floor")
+	return r
+}
+
+// print writes the RESULT lines of name (extra ends the first).
+func (r decodeRun) print(name, extra string) {
+	fmt.Printf("RESULT %s tok_s=%.1f floor_tok_s=%.1f of_floor=%.3f bytes_per_token=%d copy_GBps=%.0f graph_launches=%d%s\n",
+		name, 1/r.per.Seconds(), 1/r.floor, r.floor/r.per.Seconds(), r.bytes, r.copyBW/1e9, r.graphLaunches, extra)
+	fmt.Printf("RESULT %s_no_graphs tok_s=%.1f of_floor=%.3f\n", name, 1/r.direct.Seconds(), r.floor/r.direct.Seconds())
+	fmt.Printf("RESULT %s_no_pdl tok_s=%.1f of_floor=%.3f\n", name, 1/r.noPDL.Seconds(), r.floor/r.noPDL.Seconds())
 }

@@ -129,22 +129,8 @@ func BenchmarkDecodeDeepseekV4(b *testing.B) {
 		}
 		return time.Since(start) / tokens
 	}
-	per := measure()
-	copyBW := gb.CopyBandwidth()
-	floor := float64(spec.WeightBytes()) / copyBW
-	gb.SetGraphs(false)
-	perDirect := measure()
-	gb.SetGraphs(true)
-	gb.SetPDL(false)
-	perNoPDL := measure()
-	gb.SetPDL(true)
-	b.ReportMetric(1/per.Seconds(), "tok/s")
-	b.ReportMetric(floor/per.Seconds(), "of-floor")
-	fmt.Printf("RESULT decodev4 tok_s=%.1f floor_tok_s=%.1f of_floor=%.3f bytes_per_token=%d copy_GBps=%.0f graph_launches=%d path=%s layers=%d experts=%d top_k=6 context=%d\n",
-		1/per.Seconds(), 1/floor, floor/per.Seconds(), spec.WeightBytes(), copyBW/1e9, gb.GraphLaunches(), path,
-		m.Config().NumLayers, spec.Experts, prompt)
-	fmt.Printf("RESULT decodev4_no_graphs tok_s=%.1f of_floor=%.3f\n", 1/perDirect.Seconds(), floor/perDirect.Seconds())
-	fmt.Printf("RESULT decodev4_no_pdl tok_s=%.1f of_floor=%.3f\n", 1/perNoPDL.Seconds(), floor/perNoPDL.Seconds())
+	timeDecode(b, gb, spec.WeightBytes(), measure).print("decodev4",
+		fmt.Sprintf(" path=%s layers=%d experts=%d top_k=6 context=%d", path, m.Config().NumLayers, spec.Experts, prompt))
 
 	// Per-kernel device time (kernels launched one by one while profiling),
 	// and its share of the wall time: the rest is the host (routing between

@@ -7,24 +7,11 @@ Prints RESULT lines."""
 import torch
 import torch.nn.functional as F
 
+from torch_timing import median_ms, print_copy_bandwidth
+
 torch.backends.cuda.matmul.allow_tf32 = False
 N, C, ITERS, EPS, NORM_EPS = 4, 7168, 20, 1e-6, 1e-6
 MIX = N * N + 2 * N
-
-
-def median_ms(fn, iters, repeats=5):
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / iters)
-    return sorted(times)[len(times) // 2]
 
 
 def coeffs(x, fn, base, scale):
@@ -54,10 +41,7 @@ def mhc_post(x, out, post, res):
     return post.unsqueeze(-1) * out.unsqueeze(1) + torch.matmul(res.transpose(-1, -2), x)
 
 
-src = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
-dst = torch.empty_like(src)
-ms = median_ms(lambda: dst.copy_(src), iters=20)
-print(f"RESULT torch copy_GBps={2 * 4 * (1 << 28) / ms / 1e6:.0f}")
+print_copy_bandwidth()
 del src, dst
 
 g = torch.Generator(device="cuda").manual_seed(11)

@@ -12,7 +12,6 @@ import (
 	"github.com/manifoldlm/manifold/layers/dsa"
 	"github.com/manifoldlm/manifold/layers/dsa/htree"
 	"github.com/manifoldlm/manifold/layers/dsv4"
-	"github.com/manifoldlm/manifold/layers/mhc"
 )
 
 // Issue 11's benchmarks: each op's device time against its bandwidth floor
@@ -74,53 +73,37 @@ func timeOp(b *testing.B, g *Backend, bw float64, iters int, bytes float64, fn f
 }
 
 func BenchmarkOpsFloorMHC(b *testing.B) {
-	const n, C = 4, 7168
 	g, bw := floorGPU(b)
 	b.Logf("copy bandwidth %.0f GB/s", bw/1e9)
 	rng := rand.New(rand.NewPCG(11, 1))
-	cfg := mhc.Config{Streams: n, Hidden: C, SinkhornIters: 20, Eps: 1e-6, NormEps: 1e-6}
-	mx, _ := mhc.New(cfg)
-	mix := cfg.MixDim()
-	h := hostWeight(rng, backend.BF16, mix, n*C)
-	h.Bias = nil
-	w, err := g.Upload(h)
-	if err != nil {
-		b.Fatal(err)
-	}
+	m := newMHCBench(b, g, rng)
+	n, C, mix := mhcBenchN, mhcBenchC, m.mix
 	for _, rows := range []int{1, 2, 4, 8, 16, 32, 64, 8192} {
-		x := g.NewBuffer(rows * n * C)
-		fillRandom(g, rng, ptr(x), rows*n*C)
+		r := m.rows(g, rows)
 		out := toGPU(g, randn(rng, rows*C))
-		logits := g.NewBuffer(rows * mix)
-		pre, post, res := g.NewBuffer(rows*n), g.NewBuffer(rows*n), g.NewBuffer(rows*n*n)
-		base, scale := toGPU(g, randn(rng, mix)), toGPU(g, []float32{0.5, 0.5, 0.5})
-		dst, nx := g.NewBuffer(rows*C), g.NewBuffer(rows*n*C)
-		iters := 20
-		if rows > 64 {
-			iters = 3
-		}
+		nx := g.NewBuffer(rows * n * C)
 		// coefficients + pre: the stream read once, the projection weight
 		// (bf16) once, the layer input written.
 		b.Run(fmt.Sprintf("B=%d/coeffs+pre", rows), func(b *testing.B) {
 			bytes := float64(4*rows*n*C + 2*mix*n*C + 4*rows*C)
-			timeOp(b, g, bw, iters, bytes, func() {
-				g.MHCProject(logits, x, w, rows, 1e-6)
-				g.MHCActivate(mx, pre, post, res, logits, base, scale, rows)
-				g.MHCPre(dst, x, pre, rows, n, C)
+			timeOp(b, g, bw, r.iters, bytes, func() {
+				g.MHCProject(r.logits, r.x, m.w, rows, 1e-6)
+				g.MHCActivate(m.mx, r.pre, r.post, r.res, r.logits, m.base, m.scale, rows)
+				g.MHCPre(r.dst, r.x, r.pre, rows, n, C)
 			})
 		})
 		b.Run(fmt.Sprintf("B=%d/coeffs", rows), func(b *testing.B) {
-			timeOp(b, g, bw, iters, float64(4*rows*n*C+2*mix*n*C), func() {
-				g.MHCProject(logits, x, w, rows, 1e-6)
-				g.MHCActivate(mx, pre, post, res, logits, base, scale, rows)
+			timeOp(b, g, bw, r.iters, float64(4*rows*n*C+2*mix*n*C), func() {
+				g.MHCProject(r.logits, r.x, m.w, rows, 1e-6)
+				g.MHCActivate(m.mx, r.pre, r.post, r.res, r.logits, m.base, m.scale, rows)
 			})
 		})
 		b.Run(fmt.Sprintf("B=%d/pre", rows), func(b *testing.B) {
-			timeOp(b, g, bw, 20, float64(4*rows*(n+1)*C), func() { g.MHCPre(dst, x, pre, rows, n, C) })
+			timeOp(b, g, bw, 20, float64(4*rows*(n+1)*C), func() { g.MHCPre(r.dst, r.x, r.pre, rows, n, C) })
 		})
 		// post: the stream and the layer output read, the new stream written.
 		b.Run(fmt.Sprintf("B=%d/post", rows), func(b *testing.B) {
-			timeOp(b, g, bw, 20, float64(4*rows*(2*n+1)*C), func() { g.MHCPost(nx, x, out, post, res, rows, n, C) })
+			timeOp(b, g, bw, 20, float64(4*rows*(2*n+1)*C), func() { g.MHCPost(nx, r.x, out, r.post, r.res, rows, n, C) })
 		})
 		if err := g.Sync(); err != nil {
 			b.Fatal(err)
