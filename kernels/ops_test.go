@@ -522,17 +522,7 @@ func TestDSAOps(t *testing.T) {
 		ix := dsa.IndexerShape{Heads: 8, HeadDim: 32, RopeDim: 16, TopK: tc.topk}
 		m, L := tc.m, tc.nKeys
 		pos0 := L - m
-		iq, iw, ik := randn(rng, m*ix.Heads*ix.HeadDim), randn(rng, m*ix.Heads), randn(rng, L*ix.HeadDim)
-		ic, err := c.DSANewIndices(ix)
-		if err != nil {
-			t.Fatal(err)
-		}
-		gi, err := g.DSANewIndices(ix)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.DSASelect(ic, cpu.Buffer(append([]float32{}, iq...)), cpu.Buffer(append([]float32{}, iw...)), cpu.Buffer(ik), m, L, pos0)
-		g.DSASelect(gi, toGPU(g, iq), toGPU(g, iw), toGPU(g, ik), m, L, pos0)
+		ic, gi, iq, iw, ik := selectBoth(t, c, g, rng, ix, m, L)
 		// The selection against the layers/dsa reference.
 		ref, _ := dsa.NewIndexer(ix, 1)
 		wp := append([]float32{}, iw...)
@@ -663,18 +653,7 @@ func TestDSAAttendLatentShapes(t *testing.T) {
 		s := layers.MLAShape{Heads: tc.heads, QLoraRank: 16, KVLoraRank: tc.la, NopeDim: 8, RopeDim: tc.lb, VDim: 8}
 		ix := dsa.IndexerShape{Heads: 4, HeadDim: 16, RopeDim: 8, TopK: tc.topk}
 		m, L, H, qk := tc.m, tc.nKeys, tc.heads, s.QKDim()
-		pos0 := L - m
-		iq, iw, ik := randn(rng, m*ix.Heads*ix.HeadDim), randn(rng, m*ix.Heads), randn(rng, L*ix.HeadDim)
-		ic, err := c.DSANewIndices(ix)
-		if err != nil {
-			t.Fatal(err)
-		}
-		gi, err := g.DSANewIndices(ix)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.DSASelect(ic, cpu.Buffer(append([]float32{}, iq...)), cpu.Buffer(append([]float32{}, iw...)), cpu.Buffer(ik), m, L, pos0)
-		g.DSASelect(gi, toGPU(g, iq), toGPU(g, iw), toGPU(g, ik), m, L, pos0)
+		ic, gi, _, _, _ := selectBoth(t, c, g, rng, ix, m, L)
 		q, qLat := randn(rng, m*H*qk), randn(rng, m*H*tc.la)
 		lat, kr := randn(rng, L*tc.la), randn(rng, L*tc.lb)
 		scale := float32(1 / math.Sqrt(float64(qk)))
@@ -1090,4 +1069,22 @@ func TestGroupMoE(t *testing.T) {
 		g.GroupMoE(out, toGPU(g, x), toGPU(g, logits), ex, a)
 		check(t, name, fromGPU(t, g, out), want, opsTol)
 	}
+}
+
+// selectBoth runs DSASelect on the CPU and the GPU over the same random
+// indexer queries, weights and keys (m queries, the last at position L - 1)
+// and returns both selections and the inputs.
+func selectBoth(t *testing.T, c *cpu.Backend, g *Backend, rng *rand.Rand, ix dsa.IndexerShape, m, L int) (ic, gi dsa.Indices, iq, iw, ik []float32) {
+	t.Helper()
+	iq, iw, ik = randn(rng, m*ix.Heads*ix.HeadDim), randn(rng, m*ix.Heads), randn(rng, L*ix.HeadDim)
+	var err error
+	if ic, err = c.DSANewIndices(ix); err != nil {
+		t.Fatal(err)
+	}
+	if gi, err = g.DSANewIndices(ix); err != nil {
+		t.Fatal(err)
+	}
+	c.DSASelect(ic, cpu.Buffer(slices.Clone(iq)), cpu.Buffer(slices.Clone(iw)), cpu.Buffer(ik), m, L, L-m)
+	g.DSASelect(gi, toGPU(g, iq), toGPU(g, iw), toGPU(g, ik), m, L, L-m)
+	return ic, gi, iq, iw, ik
 }
