@@ -107,7 +107,7 @@ func BenchmarkDecodeLlama8B(b *testing.B) {
 		}
 		return time.Since(start) / tokens
 	}
-	timeDecode(b, gb, spec.WeightBytes(), measure).print("decode8b", "")
+	timeDecode(b, gb, "decode8b", spec.WeightBytes(), "", measure)
 	gb.StartProfile()
 	for range 8 {
 		step()
@@ -115,38 +115,33 @@ func BenchmarkDecodeLlama8B(b *testing.B) {
 	fmt.Print(kernels.FormatProfile(gb.StopProfile()))
 }
 
-// decodeRun is a decode benchmark's time per token as the engine runs (CUDA
-// graphs and PDL on), without graphs and without PDL, each from the same
-// context, and the memory floor: the weight bytes a token reads over the
-// copy bandwidth measured in the same process.
-type decodeRun struct {
-	per, direct, noPDL time.Duration
-	bytes              int64
-	copyBW, floor      float64 // bytes per second, seconds per token
-	graphLaunches      int
-}
-
-// timeDecode runs measure three ways on gb and reports tok/s and of-floor.
-func timeDecode(b *testing.B, gb *kernels.Backend, bytes int64, measure func() time.Duration) decodeRun {
-	r := decodeRun{per: measure(), bytes: bytes}
-	r.graphLaunches = gb.GraphLaunches()
-	r.copyBW = gb.CopyBandwidth()
-	r.floor = float64(bytes) / r.copyBW
-	gb.SetGraphs(false)
-	r.direct = measure()
-	gb.SetGraphs(true)
+// timeDecode reports a decode benchmark's time per token as the engine runs
+// (CUDA graphs and PDL on), launched op by op (graphs off) and without PDL,
+// each from the same context, against the memory floor: the weight bytes a
+// token reads over the copy bandwidth measured in the same process. Graphs
+// and op-by-op launches measure within a few percent of each other, so they
+// run alternated, twice, and the RESULT lines of name (extra ends the first)
+// give the second of each and the order.
+func timeDecode(b *testing.B, gb *kernels.Backend, name string, bytes int64, extra string, measure func() time.Duration) {
+	var g, d [2]time.Duration
+	for i := range 2 {
+		g[i] = measure()
+		gb.SetGraphs(false)
+		d[i] = measure()
+		gb.SetGraphs(true)
+	}
+	launches := gb.GraphLaunches()
+	copyBW := gb.CopyBandwidth()
+	floor := float64(bytes) / copyBW
 	gb.SetPDL(false)
-	r.noPDL = measure()
+	noPDL := measure()
 	gb.SetPDL(true)
-	b.ReportMetric(1/r.per.Seconds(), "tok/s")
-	b.ReportMetric(r.floor/r.per.Seconds(), "of-floor")
-	return r
-}
-
-// print writes the RESULT lines of name (extra ends the first).
-func (r decodeRun) print(name, extra string) {
+	b.ReportMetric(1/g[1].Seconds(), "tok/s")
+	b.ReportMetric(floor/g[1].Seconds(), "of-floor")
 	fmt.Printf("RESULT %s tok_s=%.1f floor_tok_s=%.1f of_floor=%.3f bytes_per_token=%d copy_GBps=%.0f graph_launches=%d%s\n",
-		name, 1/r.per.Seconds(), 1/r.floor, r.floor/r.per.Seconds(), r.bytes, r.copyBW/1e9, r.graphLaunches, extra)
-	fmt.Printf("RESULT %s_no_graphs tok_s=%.1f of_floor=%.3f\n", name, 1/r.direct.Seconds(), r.floor/r.direct.Seconds())
-	fmt.Printf("RESULT %s_no_pdl tok_s=%.1f of_floor=%.3f\n", name, 1/r.noPDL.Seconds(), r.floor/r.noPDL.Seconds())
+		name, 1/g[1].Seconds(), 1/floor, floor/g[1].Seconds(), bytes, copyBW/1e9, launches, extra)
+	fmt.Printf("RESULT %s_no_graphs tok_s=%.1f of_floor=%.3f\n", name, 1/d[1].Seconds(), floor/d[1].Seconds())
+	fmt.Printf("RESULT %s_no_pdl tok_s=%.1f of_floor=%.3f\n", name, 1/noPDL.Seconds(), floor/noPDL.Seconds())
+	fmt.Printf("RESULT %s_alternated graphs_tok_s=%.1f direct_tok_s=%.1f graphs_tok_s=%.1f direct_tok_s=%.1f\n",
+		name, 1/g[0].Seconds(), 1/d[0].Seconds(), 1/g[1].Seconds(), 1/d[1].Seconds())
 }

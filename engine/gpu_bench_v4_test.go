@@ -129,8 +129,8 @@ func BenchmarkDecodeDeepseekV4(b *testing.B) {
 		}
 		return time.Since(start) / tokens
 	}
-	timeDecode(b, gb, spec.WeightBytes(), measure).print("decodev4",
-		fmt.Sprintf(" path=%s layers=%d experts=%d top_k=6 context=%d", path, m.Config().NumLayers, spec.Experts, prompt))
+	timeDecode(b, gb, "decodev4", spec.WeightBytes(),
+		fmt.Sprintf(" path=%s layers=%d experts=%d top_k=6 context=%d", path, m.Config().NumLayers, spec.Experts, prompt), measure)
 
 	// Per-kernel device time (kernels launched one by one while profiling),
 	// and its share of the wall time: the rest is the host (routing between

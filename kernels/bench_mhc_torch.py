@@ -42,7 +42,6 @@ def mhc_post(x, out, post, res):
 
 
 print_copy_bandwidth()
-del src, dst
 
 g = torch.Generator(device="cuda").manual_seed(11)
 fn = torch.randn(MIX, N * C, device="cuda", generator=g).bfloat16().float()
