@@ -80,7 +80,7 @@ type Backend struct {
 	moeBuf        *allocation // MoE's picks, weights and activations (moe.go)
 	moeBufLen     int
 	tkmCap        int
-	tkmOff        bool // tests and benchmarks: one block per row for every top-k
+	topkPath      int  // tests and benchmarks: a top-k path forced (topkMany, topkOneBlock)
 	attnMMAOff    bool // tests and benchmarks: dsa_attend_split and v4_attention4 where the mma kernels would run
 	idxMMAOff     bool // tests and benchmarks: idx_scores_tile where idx_scores_mma would run
 	pdl           bool // programmatic dependent launch (queue.go)

@@ -763,6 +763,178 @@ extern "C" __global__ void __launch_bounds__(1024) tkm_emit(const float* scores,
 }
 
 // ---------------------------------------------------------------------------
+// topk_select for a few long rows in one launch: a cluster of TKC blocks per
+// row (grid TKC x rows), block r holding keys [r*per, (r+1)*per) of the row in
+// shared memory. Each radix pass histograms the block's keys into its own
+// shared memory and adds the counts into every block's histogram of the pass
+// (distributed shared memory, reductions that need no reply); after a
+// cluster barrier each block runs the digit search on its own copy. The
+// counts of visible keys >= T and == T are shared the same way, and the
+// blocks then write their keys as tkm_emit does (the same set, the same
+// order; block 0 runs torch's algorithm when ties decide). Dynamic shared
+// memory: 4 * (4 * TK_BINS + per) bytes: the three pass histograms, the
+// block's own histogram, its keys. Against the tkm_ passes: no global
+// workspace and one launch instead of five.
+// Distributed shared memory (thread block clusters): the address of p's
+// counterpart in block rank of the cluster; a reduction there that needs no
+// reply; a store there; a barrier of every thread of the cluster whose
+// release and acquire make the blocks' earlier shared writes visible.
+__device__ __forceinline__ uint32_t dsmem_map(const void* p, uint32_t rank) {
+    uint32_t a;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(a) : "r"(smem_u32(p)), "r"(rank));
+    return a;
+}
+__device__ __forceinline__ void dsmem_add(uint32_t a, uint32_t v) {
+    asm volatile("red.relaxed.cluster.shared::cluster.add.u32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
+}
+__device__ __forceinline__ void dsmem_store(uint32_t a, int v) {
+    asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
+}
+__device__ __forceinline__ void cluster_barrier() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+
+#define TKC 8
+#define TKC_U 8
+extern "C" __global__ void __cluster_dims__(TKC, 1, 1) __launch_bounds__(1024)
+    tkc_select(const float* scores, int n, int topk, int pos0, int rate, void* out, int ostride, int* cnt, int mode,
+               float* scratch) {
+    extern __shared__ unsigned tkc_sh[];
+    __shared__ int cnts[2 * TKC];  // each block's visible keys >= T, == T
+    __shared__ int s_ge, s_eq, s_base, s_total, s_tv;
+    unsigned* tot = tkc_sh;                // [3][TK_BINS]
+    unsigned* hist = tot + 3 * TK_BINS;    // [TK_BINS]
+    unsigned* keys = hist + TK_BINS;       // [per]
+    const int r = (int)cluster_rank(), i = blockIdx.y, tid = threadIdx.x, nt = blockDim.x;
+    const int per = (n + TKC - 1) / TKC, j0 = r * per, nl = max(0, min(n, j0 + per) - j0);
+    const int k = min(topk, n), vis = min((pos0 + i + 1) / rate, n);
+    const float* row = scores + (size_t)i * n;
+    // TKC_U loads in flight per thread (one at a time waited on each).
+    for (int c0 = 0; c0 < nl; c0 += nt * TKC_U) {
+        float v[TKC_U];
+#pragma unroll
+        for (int u = 0; u < TKC_U; u++) {
+            const int j = c0 + u * nt + tid;
+            v[u] = j < nl ? row[j0 + j] : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < TKC_U; u++) {
+            const int j = c0 + u * nt + tid;
+            if (j < nl) keys[j] = tk_key(v[u]);
+        }
+    }
+    for (int j = tid; j < 3 * TK_BINS; j += nt) tot[j] = 0;
+    if (tid == 0) s_ge = 0, s_eq = 0;
+    cluster_barrier();  // every block's histograms zeroed before any block adds to them
+
+    unsigned prefix = 0, mask = 0, ties = 0;
+    int need = k;
+    const int shifts[3] = {21, 10, 0};
+    for (int pass = 0; pass < 3; pass++) {
+        const int shift = shifts[pass];
+        const unsigned dmask = pass == 2 ? 0x3ffu : 0x7ffu;
+        for (int b = tid; b < TK_BINS; b += nt) hist[b] = 0;
+        __syncthreads();
+        // A thread's run of keys in one bin is one atomic (rows of equal
+        // scores, such as zeros, would otherwise serialize on one bin).
+        unsigned run = 0, c = 0;
+        for (int c0 = 0; c0 < nl; c0 += nt * TKC_U) {
+            unsigned kv[TKC_U];
+#pragma unroll
+            for (int u = 0; u < TKC_U; u++) {
+                const int j = c0 + u * nt + tid;
+                kv[u] = j < nl ? keys[j] : 0u;
+            }
+#pragma unroll
+            for (int u = 0; u < TKC_U; u++) {
+                if (c0 + u * nt + tid >= nl || (kv[u] & mask) != prefix) continue;
+                const unsigned bin = (kv[u] >> shift) & dmask;
+                if (c && bin != run) atomicAdd(&hist[run], c), c = 0;
+                run = bin, c++;
+            }
+        }
+        if (c) atomicAdd(&hist[run], c);
+        __syncthreads();
+        for (int b = tid; b < TK_BINS; b += nt) {
+            const unsigned h = hist[b];
+            if (h == 0) continue;
+#pragma unroll
+            for (int d = 0; d < TKC; d++) dsmem_add(dsmem_map(tot + pass * TK_BINS + b, d), h);
+        }
+        cluster_barrier();
+        unsigned bin;
+        tk_digit(tot + pass * TK_BINS, need, &bin, &need, &ties);
+        prefix |= bin << shift;
+        mask |= dmask << shift;
+    }
+    const unsigned T = prefix;
+    const int jv = min(nl, max(0, vis - j0));  // the block's visible keys
+    int ge = 0, eq = 0;
+    for (int j = tid; j < jv; j += nt) {
+        const unsigned key = keys[j];
+        ge += key >= T;
+        eq += key == T;
+    }
+    if (ge) atomicAdd(&s_ge, ge);
+    if (eq) atomicAdd(&s_eq, eq);
+    __syncthreads();
+    if (tid < TKC) {
+        dsmem_store(dsmem_map(cnts + r, tid), s_ge);
+        dsmem_store(dsmem_map(cnts + TKC + r, tid), s_eq);
+    }
+    cluster_barrier();  // the last access to another block's shared memory: blocks may leave after it
+    if (tid == 0) {
+        int base = 0, total = 0, tv = 0;
+        for (int c = 0; c < TKC; c++) {
+            if (c < r) base += cnts[c];
+            total += cnts[c];
+            tv += cnts[TKC + c];
+        }
+        s_base = base, s_total = total, s_tv = tv;
+    }
+    __syncthreads();
+    const int base = s_base, total = s_total, tv = s_tv;
+    int* oi = (int*)out + (size_t)i * ostride;
+    float* of = (float*)out + (size_t)i * ostride;
+    const bool exact = (int)ties == need || tv == 0;
+    int all = total;
+    if (!exact) {
+        // Ties decide: block 0 runs torch's algorithm on the row, as topk_select.
+        if (r != 0) return;
+        int* flag = (int*)(scratch + (size_t)i * 3 * n);
+        for (int j = tid; j < n; j += nt) flag[j] = 0;
+        __syncthreads();
+        if (tid == 0) tk_torch((TkEntry*)(flag + n), row, n, k, flag);
+        __syncthreads();
+        all = tk_compact(
+            vis, [&](int j) { return flag[j] != 0; },
+            [&](int j, int rr) {
+                if (mode == 0) oi[rr] = j;
+                else of[rr] = (float)j;
+            });
+    } else if (jv > 0) {
+        tk_compact(
+            jv, [&](int j) { return keys[j] >= T; },
+            [&](int j, int rr) {
+                if (mode == 0) oi[base + rr] = j0 + j;
+                else of[base + rr] = (float)(j0 + j);
+            });
+    }
+    if (r == 0) {
+        if (mode == 0) {
+            if (tid == 0) cnt[i] = all;
+        } else {
+            for (int j = all + tid; j < ostride; j += nt) of[j] = -1.f;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
 // LayerNorm over rows of n values (layers.LayerNorm, float32 sums): one block per row.
 extern "C" __global__ void dsa_layernorm(float* dst, const float* x, const float* w, const float* b, int n, float eps) {
     __shared__ float red[32];

@@ -33,12 +33,30 @@ const (
 	tkmMinKeys = 16384
 )
 
+// The cluster top-k (tkc_select in dsa.cuh): tkcBlocks blocks per row, the
+// row's keys in their shared memory; taken where the many-block passes
+// would be, while the keys fit.
+const tkcBlocks = 8
+
+// Top-k paths (Backend.topkPath; tests and benchmarks force the others).
+const (
+	topkAuto     = iota // one cluster per row for a few long rows, else one block per row
+	topkMany            // the many-block passes (tkm_) for a few long rows
+	topkOneBlock        // one block per row always
+)
+
 // topK selects the top-k of rows rows of n scores at sp (topk_select's
 // arguments; xp its scratch of 3n words per row): one block per row, or
-// for a few long rows the many-block passes over a workspace the backend
-// keeps (zeroed when allocated, cleared again by tkm_emit).
+// for a few long rows a cluster of blocks per row (or, past what their
+// shared memory holds, the many-block passes over a workspace the backend
+// keeps, zeroed when allocated and cleared again by tkm_emit).
 func (b *Backend) topK(sp uint64, n, topk, pos0, rate int, out uint64, ostride int, cp uint64, mode int, xp uint64, rows int) {
-	if b.tkmOff || rows > tkmRows || n < tkmMinKeys || n > tkmChunk*tkmMaxB || topk < 1 {
+	few := rows <= tkmRows && n >= tkmMinKeys && topk >= 1
+	if per := (n + tkcBlocks - 1) / tkcBlocks; few && b.topkPath == topkAuto && 4*(4*2048+per) <= b.opsShare() {
+		b.launch("tkc_select", [3]int{tkcBlocks, rows, 1}, topkThreads, 4*(4*2048+per), sp, n, topk, pos0, rate, out, ostride, cp, mode, xp)
+		return
+	}
+	if b.topkPath == topkOneBlock || !few || n > tkmChunk*tkmMaxB {
 		b.launch("topk_select", [3]int{rows, 1, 1}, topkThreads, 0, sp, n, topk, pos0, rate, out, ostride, cp, mode, xp)
 		return
 	}

@@ -179,6 +179,11 @@ func BenchmarkOpsVsDenseDSA(b *testing.B) {
 			defer func() { g.idxMMAOff = false }()
 			timeOp(b, g, bw, 10, selectBytes, func() { g.Copy(iw, iw0); g.DSASelect(idx, iq, iw, ik, 1, L, L-1) })
 		})
+		b.Run(name+"select-tkm", func(b *testing.B) {
+			g.topkPath = topkMany
+			defer func() { g.topkPath = topkAuto }()
+			timeOp(b, g, bw, 10, selectBytes, func() { g.Copy(iw, iw0); g.DSASelect(idx, iq, iw, ik, 1, L, L-1) })
+		})
 		// The attend on CUDA-core FMAs (dsa_attend_split, before dsa_attend_mma).
 		b.Run(name+"attend-split", func(b *testing.B) {
 			g.attnMMAOff = true
@@ -192,11 +197,20 @@ func BenchmarkOpsVsDenseDSA(b *testing.B) {
 				g.DSAAttendLatent(out, qLat, q, lat, kr, idx, 1, s, 0.1)
 			})
 		})
-		// The same with one block per row for the top-k (topk_select, as
-		// before the many-block passes).
+		// The same with the top-k's many-block passes (tkm_, before
+		// tkc_select) and with one block per row (topk_select, before those).
+		b.Run(name+"sparse-tkm", func(b *testing.B) {
+			g.topkPath = topkMany
+			defer func() { g.topkPath = topkAuto }()
+			timeOp(b, g, bw, 10, selectBytes+attendBytes, func() {
+				g.Copy(iw, iw0)
+				g.DSASelect(idx, iq, iw, ik, 1, L, L-1)
+				g.DSAAttendLatent(out, qLat, q, lat, kr, idx, 1, s, 0.1)
+			})
+		})
 		b.Run(name+"sparse-1block", func(b *testing.B) {
-			g.tkmOff = true
-			defer func() { g.tkmOff = false }()
+			g.topkPath = topkOneBlock
+			defer func() { g.topkPath = topkAuto }()
 			timeOp(b, g, bw, 10, selectBytes+attendBytes, func() {
 				g.Copy(iw, iw0)
 				g.DSASelect(idx, iq, iw, ik, 1, L, L-1)

@@ -426,20 +426,21 @@ func TestTopKTies(t *testing.T) {
 		{1000, 10, 3, 3, 997, false}, {1000, 300, 4, 3, 600, false}, {5000, 64, 6, 2, 4998, false},
 		{5000, 2048, 8, 2, 4500, false}, {300, 7, 3, 3, 297, true}, {3000, 1, 2, 2, 2998, false}, {129, 129, 2, 2, 100, false},
 		// Long rows: several radix chunks per thread, few ties at the k-th value;
-		// from 16384 keys and up to 4 rows the many-block passes (tkm_), also
-		// with ties that decide (block 0 falls back to topk_select's way).
+		// from 16384 keys and up to 4 rows a cluster per row (tkc_select) and
+		// the many-block passes (tkm_), also with ties that decide (block 0
+		// falls back to topk_select's way).
 		{140000, 2048, 1 << 20, 2, 139995, false}, {70001, 2048, 1 << 30, 1, 60000, false},
 		{20000, 100, 3, 2, 19990, false}, {40000, 2048, 1 << 12, 3, 39000, true}, {16384, 16384, 5, 1, 16383, false},
 	} {
-		for _, off := range []bool{false, true} {
-			if off && (tc.n < tkmMinKeys || tc.rows > tkmRows) {
-				continue
+		for _, path := range []int{topkAuto, topkMany, topkOneBlock} {
+			if path != topkAuto && (tc.n < tkmMinKeys || tc.rows > tkmRows) {
+				continue // every path is the one-block one
 			}
-			g.tkmOff = off
+			g.topkPath = path
 			testTopKCase(t, g, rng, tc)
 		}
 	}
-	g.tkmOff = false
+	g.topkPath = topkAuto
 }
 
 // topKCase: rows of n scores drawn from levels values (nan: some NaN),
