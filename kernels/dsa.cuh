@@ -291,7 +291,16 @@ __device__ void tk_digit(const unsigned* h, int kk, unsigned* bin, int* need, un
     }
     if (lane == 0) wsum[warp] = x;
     __syncthreads();
-    for (int w = warp + 1; w < nw; w++) x += wsum[w];
+    // Add the warps after this one: a suffix scan of the warp sums in every
+    // warp (lane l holds warp l's), not a loop of dependent shared loads.
+    unsigned ws = lane < nw ? wsum[lane] : 0u;
+#pragma unroll
+    for (int o = 1; o < WARP; o <<= 1) {
+        unsigned y = __shfl_down_sync(0xffffffffu, ws, o);
+        if (lane + o < WARP) ws += y;
+    }
+    const unsigned after = __shfl_sync(0xffffffffu, ws, (warp + 1) % WARP);
+    if (warp + 1 < nw) x += after;
     // x: keys in bins >= t*per; the kk-th largest is in this thread's bins
     // when x >= kk > x - c.
     if (x >= (unsigned)kk && x - c < (unsigned)kk) {
@@ -379,12 +388,16 @@ __device__ int tk_compact(int n, Pred pred, Emit emit) {
         }
         if (lane == WARP - 1) wc[warp] = x;
         __syncthreads();
-        int off = 0, total = 0;
-        for (int w = 0; w < nw; w++) {
-            int cw = wc[w];
-            if (w < warp) off += cw;
-            total += cw;
+        // The warps before this one and all of them: a prefix scan of the
+        // warp counts in every warp (lane l holds warp l's).
+        int pw = lane < nw ? wc[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < WARP; o <<= 1) {
+            int y = __shfl_up_sync(0xffffffffu, pw, o);
+            if (lane >= o) pw += y;
         }
+        const int total = __shfl_sync(0xffffffffu, pw, nw - 1);
+        const int off = warp > 0 ? __shfl_sync(0xffffffffu, pw, warp - 1) : 0;
         int r = base + off + x - c;
 #pragma unroll
         for (int u = 0; u < TK_U; u++)
