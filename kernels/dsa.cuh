@@ -570,9 +570,12 @@ __device__ void tk_torch(TkEntry* q, const float* row, int n, int k, int* flag) 
 // taken (or are all masked) the set is every visible entry >= T, otherwise
 // thread 0 runs torch's algorithm itself (tk_torch) on scratch ([rows, 3n]
 // words). mode 0: out is int [rows, ostride] and cnt[i] the count; mode 1:
-// out is float [rows, ostride], -1 padded.
+// out is float [rows, ostride], -1 padded. staged: the row's keys are
+// read from global memory once, into 4n bytes of dynamic shared memory, and
+// every pass reads them there (else each pass reads the row again).
 extern "C" __global__ void __launch_bounds__(1024) topk_select(const float* scores, int n, int topk, int pos0, int rate, void* out,
-                                       int ostride, int* cnt, int mode, float* scratch) {
+                                       int ostride, int* cnt, int mode, float* scratch, int staged) {
+    extern __shared__ unsigned tks_keys[];
     __shared__ int s_vis;
     int i = blockIdx.x;
     const float* row = scores + (size_t)i * n;
@@ -581,8 +584,24 @@ extern "C" __global__ void __launch_bounds__(1024) topk_select(const float* scor
     int* oi = (int*)out + (size_t)i * ostride;
     float* of = (float*)out + (size_t)i * ostride;
     int total = 0;
+    if (staged) {
+        for (int c0 = 0; c0 < n; c0 += blockDim.x * TK_U) {
+            float v[TK_U];
+#pragma unroll
+            for (int u = 0; u < TK_U; u++) {
+                const int j = c0 + u * blockDim.x + threadIdx.x;
+                v[u] = j < n ? row[j] : 0.f;
+            }
+#pragma unroll
+            for (int u = 0; u < TK_U; u++) {
+                const int j = c0 + u * blockDim.x + threadIdx.x;
+                if (j < n) tks_keys[j] = tk_key(v[u]);
+            }
+        }
+        __syncthreads();
+    }
     if (k > 0) {
-        auto key = [&](int j) { return tk_key(row[j]); };
+        auto key = [&](int j) { return staged ? tks_keys[j] : tk_key(row[j]); };
         int need, ties;
         unsigned T = tk_radix(key, n, k, &need, &ties);
         // Visible ties: all of them when every entry is visible.

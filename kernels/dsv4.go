@@ -57,7 +57,11 @@ func (b *Backend) topK(sp uint64, n, topk, pos0, rate int, out uint64, ostride i
 		return
 	}
 	if b.topkPath == topkOneBlock || !few || n > tkmChunk*tkmMaxB {
-		b.launch("topk_select", [3]int{rows, 1, 1}, topkThreads, 0, sp, n, topk, pos0, rate, out, ostride, cp, mode, xp)
+		staged, shared := 0, 0
+		if 4*n <= b.opsShare() {
+			staged, shared = 1, 4*n
+		}
+		b.launch("topk_select", [3]int{rows, 1, 1}, topkThreads, shared, sp, n, topk, pos0, rate, out, ostride, cp, mode, xp, staged)
 		return
 	}
 	if err := b.grow(&b.tkmWS, &b.tkmCap, tkmRows*tkmWS); err != nil {
