@@ -19,7 +19,8 @@ import (
 // DeepSeek-V4-shape model with random NVFP4 linears on the GPU, after a
 // 1024-token prompt (so every CSA and HCA compressor holds entries), against
 // the memory floor (the weight bytes a step reads over the copy bandwidth),
-// with and without CUDA graphs and programmatic dependent launch, and prints
+// launched op by op (the default) and as CUDA graphs, with and without
+// programmatic dependent launch, and prints
 // the share of device time per kernel.
 //
 // The shape is DeepSeek-V4-Flash's (transformers' DeepseekV4Config defaults:
