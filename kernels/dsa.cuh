@@ -563,6 +563,33 @@ __device__ void tk_torch(TkEntry* q, const float* row, int n, int k, int* flag) 
     for (int j = 0; j < k; j++) flag[q[j].i] = 1;
 }
 
+// tk_torch_emit writes the set layers.TopK(row, k) returns among the first
+// vis of the row's n entries (tk_torch, on flag: 3n words of scratch) in
+// increasing order, as out's mode says (topk_select's), and returns its size.
+// Every thread of the block must call it.
+__device__ int tk_torch_emit(const float* row, int n, int k, int vis, int* flag, int mode, int* oi, float* of) {
+    for (int j = threadIdx.x; j < n; j += blockDim.x) flag[j] = 0;
+    __syncthreads();
+    if (threadIdx.x == 0) tk_torch((TkEntry*)(flag + n), row, n, k, flag);
+    __syncthreads();
+    return tk_compact(
+        vis, [&](int j) { return flag[j] != 0; },
+        [&](int j, int r) {
+            if (mode == 0) oi[r] = j;
+            else of[r] = (float)j;
+        });
+}
+
+// tk_finish completes row i's output of all selected entries: its count
+// (mode 0) or -1 past them (mode 1).
+__device__ void tk_finish(int all, int i, int ostride, int* cnt, int mode, float* of) {
+    if (mode == 0) {
+        if (threadIdx.x == 0) cnt[i] = all;
+    } else {
+        for (int j = all + threadIdx.x; j < ostride; j += blockDim.x) of[j] = -1.f;
+    }
+}
+
 // topk_select: one block per row i of scores ([rows, n]): dsa.Select, the
 // torch.topk set of k = min(topk, n) entries keeping those below vis_i =
 // min((pos0 + i + 1) / rate, n), in increasing order. The k-th largest value
@@ -630,11 +657,7 @@ extern "C" __global__ void __launch_bounds__(1024) topk_select(const float* scor
                 else of[r] = (float)j;
             });
     }
-    if (mode == 0) {
-        if (threadIdx.x == 0) cnt[i] = total;
-    } else {
-        for (int j = total + threadIdx.x; j < ostride; j += blockDim.x) of[j] = -1.f;
-    }
+    tk_finish(total, i, ostride, cnt, mode, of);
 }
 
 // ---------------------------------------------------------------------------
@@ -764,17 +787,7 @@ extern "C" __global__ void __launch_bounds__(1024) tkm_emit(const float* scores,
     if (!exact) {
         // Ties decide: block 0 runs torch's algorithm on the row, as topk_select.
         if (b != 0) return;
-        int* flag = (int*)(scratch + (size_t)i * 3 * n);
-        for (int j = threadIdx.x; j < n; j += blockDim.x) flag[j] = 0;
-        __syncthreads();
-        if (threadIdx.x == 0) tk_torch((TkEntry*)(flag + n), row, n, k, flag);
-        __syncthreads();
-        all = tk_compact(
-            vis, [&](int j) { return flag[j] != 0; },
-            [&](int j, int r) {
-                if (mode == 0) oi[r] = j;
-                else of[r] = (float)j;
-            });
+        all = tk_torch_emit(row, n, k, vis, (int*)(scratch + (size_t)i * 3 * n), mode, oi, of);
     } else {
         const int j0 = b * TKM_CHUNK, j1 = min(vis, j0 + TKM_CHUNK);
         if (j1 > j0)
@@ -785,13 +798,7 @@ extern "C" __global__ void __launch_bounds__(1024) tkm_emit(const float* scores,
                     else of[base + r] = (float)(j0 + j);
                 });
     }
-    if (b == 0) {
-        if (mode == 0) {
-            if (threadIdx.x == 0) cnt[i] = all;
-        } else {
-            for (int j = all + threadIdx.x; j < ostride; j += blockDim.x) of[j] = -1.f;
-        }
-    }
+    if (b == 0) tk_finish(all, i, ostride, cnt, mode, of);
 }
 
 // ---------------------------------------------------------------------------
@@ -938,17 +945,7 @@ extern "C" __global__ void __cluster_dims__(TKC, 1, 1) __launch_bounds__(1024)
     if (!exact) {
         // Ties decide: block 0 runs torch's algorithm on the row, as topk_select.
         if (r != 0) return;
-        int* flag = (int*)(scratch + (size_t)i * 3 * n);
-        for (int j = tid; j < n; j += nt) flag[j] = 0;
-        __syncthreads();
-        if (tid == 0) tk_torch((TkEntry*)(flag + n), row, n, k, flag);
-        __syncthreads();
-        all = tk_compact(
-            vis, [&](int j) { return flag[j] != 0; },
-            [&](int j, int rr) {
-                if (mode == 0) oi[rr] = j;
-                else of[rr] = (float)j;
-            });
+        all = tk_torch_emit(row, n, k, vis, (int*)(scratch + (size_t)i * 3 * n), mode, oi, of);
     } else if (jv > 0) {
         tk_compact(
             jv, [&](int j) { return keys[j] >= T; },
@@ -957,13 +954,7 @@ extern "C" __global__ void __cluster_dims__(TKC, 1, 1) __launch_bounds__(1024)
                 else of[base + rr] = (float)(j0 + j);
             });
     }
-    if (r == 0) {
-        if (mode == 0) {
-            if (tid == 0) cnt[i] = all;
-        } else {
-            for (int j = all + tid; j < ostride; j += nt) of[j] = -1.f;
-        }
-    }
+    if (r == 0) tk_finish(all, i, ostride, cnt, mode, of);
 }
 
 // ---------------------------------------------------------------------------

@@ -190,33 +190,23 @@ func BenchmarkOpsVsDenseDSA(b *testing.B) {
 			defer func() { g.attnMMAOff = false }()
 			timeOp(b, g, bw, 10, attendBytes, func() { g.DSAAttendLatent(out, qLat, q, lat, kr, idx, 1, s, 0.1) })
 		})
-		b.Run(name+"sparse", func(b *testing.B) {
-			timeOp(b, g, bw, 10, selectBytes+attendBytes, func() {
-				g.Copy(iw, iw0)
-				g.DSASelect(idx, iq, iw, ik, 1, L, L-1)
-				g.DSAAttendLatent(out, qLat, q, lat, kr, idx, 1, s, 0.1)
+		// sparse, then the same with the top-k's many-block passes (tkm_,
+		// before tkc_select) and with one block per row (topk_select, before
+		// those).
+		for _, v := range []struct {
+			name string
+			path int
+		}{{"sparse", topkAuto}, {"sparse-tkm", topkMany}, {"sparse-1block", topkOneBlock}} {
+			b.Run(name+v.name, func(b *testing.B) {
+				g.topkPath = v.path
+				defer func() { g.topkPath = topkAuto }()
+				timeOp(b, g, bw, 10, selectBytes+attendBytes, func() {
+					g.Copy(iw, iw0)
+					g.DSASelect(idx, iq, iw, ik, 1, L, L-1)
+					g.DSAAttendLatent(out, qLat, q, lat, kr, idx, 1, s, 0.1)
+				})
 			})
-		})
-		// The same with the top-k's many-block passes (tkm_, before
-		// tkc_select) and with one block per row (topk_select, before those).
-		b.Run(name+"sparse-tkm", func(b *testing.B) {
-			g.topkPath = topkMany
-			defer func() { g.topkPath = topkAuto }()
-			timeOp(b, g, bw, 10, selectBytes+attendBytes, func() {
-				g.Copy(iw, iw0)
-				g.DSASelect(idx, iq, iw, ik, 1, L, L-1)
-				g.DSAAttendLatent(out, qLat, q, lat, kr, idx, 1, s, 0.1)
-			})
-		})
-		b.Run(name+"sparse-1block", func(b *testing.B) {
-			g.topkPath = topkOneBlock
-			defer func() { g.topkPath = topkAuto }()
-			timeOp(b, g, bw, 10, selectBytes+attendBytes, func() {
-				g.Copy(iw, iw0)
-				g.DSASelect(idx, iq, iw, ik, 1, L, L-1)
-				g.DSAAttendLatent(out, qLat, q, lat, kr, idx, 1, s, 0.1)
-			})
-		})
+		}
 		b.Run(name+"dense", func(b *testing.B) {
 			timeOp(b, g, bw, 3, float64(L)*rowBytes, func() {
 				for c0 := 0; c0 < L; c0 += chunk {
