@@ -266,13 +266,37 @@ extern "C" __global__ void __launch_bounds__(128) ht_part(float* part, const flo
     __syncthreads();
     int row = kvHeads * hd;
     const float* Vl = V + (size_t)lv.off[lev] * row + (size_t)(j.h / group) * hd;
-    for (int x = threadIdx.x; x < hd; x += blockDim.x) {
-        // Selected rows have weight 0 and are read anyway: no branch, so the
-        // loads of a run of rows overlap.
-        float o = 0.f;
+    const int L = hd / 4;  // 16-byte loads: lanes per row, RP rows at a time
+    if (hd % 4 == 0 && L > 0 && blockDim.x == 128 && 128 % L == 0 && 128 / L <= 8) {
+        __shared__ float4 acc4[128];
+        const int RP = 128 / L, rp = threadIdx.x / L, c = threadIdx.x % L;
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+        for (int r = rp; r < cnt; r += RP) {
+            const float wr = w[r];
+            const float4 v = *reinterpret_cast<const float4*>(Vl + (size_t)node[r] * row + 4 * c);
+            o.x += wr * v.x, o.y += wr * v.y, o.z += wr * v.z, o.w += wr * v.w;
+        }
+        acc4[threadIdx.x] = o;
+        __syncthreads();
+        if (threadIdx.x < L) {  // the RP partial sums of channels 4c .. 4c+3, in order
+            float4 t = acc4[threadIdx.x];
+            for (int q = 1; q < RP; q++) {
+                const float4 u = acc4[q * L + threadIdx.x];
+                t.x += u.x, t.y += u.y, t.z += u.z, t.w += u.w;
+            }
+            float* d = pp + 4 * threadIdx.x;  // hd + 2 floats a partial: not 16-byte aligned
+            d[0] = t.x, d[1] = t.y, d[2] = t.z, d[3] = t.w;
+        }
+    } else {
+        for (int x = threadIdx.x; x < hd; x += blockDim.x) {
+            // Selected rows have weight 0 and are read anyway: no branch, so the
+            // loads of a run of rows overlap.
+            float o = 0.f;
 #pragma unroll 8
-        for (int r = 0; r < cnt; r++) o += w[r] * Vl[(size_t)node[r] * row + x];
-        pp[x] = o;
+            for (int r = 0; r < cnt; r++) o += w[r] * Vl[(size_t)node[r] * row + x];
+            pp[x] = o;
+        }
     }
     if (threadIdx.x == 0) {
         pp[hd] = m;
