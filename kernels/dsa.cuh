@@ -590,6 +590,25 @@ __device__ void tk_finish(int all, int i, int ostride, int* cnt, int mode, float
     }
 }
 
+// tk_stage writes the keys (tk_key) of src[0, n) into keys (shared memory),
+// TK_U loads in flight per thread. Every thread of the block must call it;
+// the caller synchronizes before reading keys.
+__device__ void tk_stage(const float* src, int n, unsigned* keys) {
+    for (int c0 = 0; c0 < n; c0 += blockDim.x * TK_U) {
+        float v[TK_U];
+#pragma unroll
+        for (int u = 0; u < TK_U; u++) {
+            const int j = c0 + u * blockDim.x + threadIdx.x;
+            v[u] = j < n ? src[j] : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < TK_U; u++) {
+            const int j = c0 + u * blockDim.x + threadIdx.x;
+            if (j < n) keys[j] = tk_key(v[u]);
+        }
+    }
+}
+
 // topk_select: one block per row i of scores ([rows, n]): dsa.Select, the
 // torch.topk set of k = min(topk, n) entries keeping those below vis_i =
 // min((pos0 + i + 1) / rate, n), in increasing order. The k-th largest value
@@ -612,19 +631,7 @@ extern "C" __global__ void __launch_bounds__(1024) topk_select(const float* scor
     float* of = (float*)out + (size_t)i * ostride;
     int total = 0;
     if (staged) {
-        for (int c0 = 0; c0 < n; c0 += blockDim.x * TK_U) {
-            float v[TK_U];
-#pragma unroll
-            for (int u = 0; u < TK_U; u++) {
-                const int j = c0 + u * blockDim.x + threadIdx.x;
-                v[u] = j < n ? row[j] : 0.f;
-            }
-#pragma unroll
-            for (int u = 0; u < TK_U; u++) {
-                const int j = c0 + u * blockDim.x + threadIdx.x;
-                if (j < n) tks_keys[j] = tk_key(v[u]);
-            }
-        }
+        tk_stage(row, n, tks_keys);
         __syncthreads();
     }
     if (k > 0) {
@@ -802,18 +809,6 @@ extern "C" __global__ void __launch_bounds__(1024) tkm_emit(const float* scores,
 }
 
 // ---------------------------------------------------------------------------
-// topk_select for a few long rows in one launch: a cluster of TKC blocks per
-// row (grid TKC x rows), block r holding keys [r*per, (r+1)*per) of the row in
-// shared memory. Each radix pass histograms the block's keys into its own
-// shared memory and adds the counts into every block's histogram of the pass
-// (distributed shared memory, reductions that need no reply); after a
-// cluster barrier each block runs the digit search on its own copy. The
-// counts of visible keys >= T and == T are shared the same way, and the
-// blocks then write their keys as tkm_emit does (the same set, the same
-// order; block 0 runs torch's algorithm when ties decide). Dynamic shared
-// memory: 4 * (4 * TK_BINS + per) bytes: the three pass histograms, the
-// block's own histogram, its keys. Against the tkm_ passes: no global
-// workspace and one launch instead of five.
 // Distributed shared memory (thread block clusters): the address of p's
 // counterpart in block rank of the cluster; a reduction there that needs no
 // reply; a store there; a barrier of every thread of the cluster whose
@@ -838,8 +833,19 @@ __device__ __forceinline__ uint32_t cluster_rank() {
     return r;
 }
 
+// topk_select for a few long rows in one launch: a cluster of TKC blocks per
+// row (grid TKC x rows), block r holding keys [r*per, (r+1)*per) of the row in
+// shared memory. Each radix pass histograms the block's keys into its own
+// shared memory and adds the counts into every block's histogram of the pass
+// (distributed shared memory, reductions that need no reply); after a
+// cluster barrier each block runs the digit search on its own copy. The
+// counts of visible keys >= T and == T are shared the same way, and the
+// blocks then write their keys as tkm_emit does (the same set, the same
+// order; block 0 runs torch's algorithm when ties decide). Dynamic shared
+// memory: 4 * (4 * TK_BINS + per) bytes: the three pass histograms, the
+// block's own histogram, its keys. Against the tkm_ passes: no global
+// workspace and one launch instead of five.
 #define TKC 8
-#define TKC_U 8
 extern "C" __global__ void __cluster_dims__(TKC, 1, 1) __launch_bounds__(1024)
     tkc_select(const float* scores, int n, int topk, int pos0, int rate, void* out, int ostride, int* cnt, int mode,
                float* scratch) {
@@ -853,20 +859,7 @@ extern "C" __global__ void __cluster_dims__(TKC, 1, 1) __launch_bounds__(1024)
     const int per = (n + TKC - 1) / TKC, j0 = r * per, nl = max(0, min(n, j0 + per) - j0);
     const int k = min(topk, n), vis = min((pos0 + i + 1) / rate, n);
     const float* row = scores + (size_t)i * n;
-    // TKC_U loads in flight per thread (one at a time waited on each).
-    for (int c0 = 0; c0 < nl; c0 += nt * TKC_U) {
-        float v[TKC_U];
-#pragma unroll
-        for (int u = 0; u < TKC_U; u++) {
-            const int j = c0 + u * nt + tid;
-            v[u] = j < nl ? row[j0 + j] : 0.f;
-        }
-#pragma unroll
-        for (int u = 0; u < TKC_U; u++) {
-            const int j = c0 + u * nt + tid;
-            if (j < nl) keys[j] = tk_key(v[u]);
-        }
-    }
+    tk_stage(row + j0, nl, keys);
     for (int j = tid; j < 3 * TK_BINS; j += nt) tot[j] = 0;
     if (tid == 0) s_ge = 0, s_eq = 0;
     cluster_barrier();  // every block's histograms zeroed before any block adds to them
@@ -882,15 +875,15 @@ extern "C" __global__ void __cluster_dims__(TKC, 1, 1) __launch_bounds__(1024)
         // A thread's run of keys in one bin is one atomic (rows of equal
         // scores, such as zeros, would otherwise serialize on one bin).
         unsigned run = 0, c = 0;
-        for (int c0 = 0; c0 < nl; c0 += nt * TKC_U) {
-            unsigned kv[TKC_U];
+        for (int c0 = 0; c0 < nl; c0 += nt * TK_U) {
+            unsigned kv[TK_U];
 #pragma unroll
-            for (int u = 0; u < TKC_U; u++) {
+            for (int u = 0; u < TK_U; u++) {
                 const int j = c0 + u * nt + tid;
                 kv[u] = j < nl ? keys[j] : 0u;
             }
 #pragma unroll
-            for (int u = 0; u < TKC_U; u++) {
+            for (int u = 0; u < TK_U; u++) {
                 if (c0 + u * nt + tid >= nl || (kv[u] & mask) != prefix) continue;
                 const unsigned bin = (kv[u] >> shift) & dmask;
                 if (c && bin != run) atomicAdd(&hist[run], c), c = 0;

@@ -52,8 +52,9 @@ const (
 // keeps, zeroed when allocated and cleared again by tkm_emit).
 func (b *Backend) topK(sp uint64, n, topk, pos0, rate int, out uint64, ostride int, cp uint64, mode int, xp uint64, rows int) {
 	few := rows <= tkmRows && n >= tkmMinKeys && topk >= 1
-	if per := (n + tkcBlocks - 1) / tkcBlocks; few && b.topkPath == topkAuto && 4*(4*2048+per) <= b.opsShare() {
-		b.launch("tkc_select", [3]int{tkcBlocks, rows, 1}, topkThreads, 4*(4*2048+per), sp, n, topk, pos0, rate, out, ostride, cp, mode, xp)
+	// tkc_select's shared memory: four histograms of 2048 bins and its keys.
+	if share := 4 * (4*2048 + (n+tkcBlocks-1)/tkcBlocks); few && b.topkPath == topkAuto && share <= b.opsShare() {
+		b.launch("tkc_select", [3]int{tkcBlocks, rows, 1}, topkThreads, share, sp, n, topk, pos0, rate, out, ostride, cp, mode, xp)
 		return
 	}
 	if b.topkPath == topkOneBlock || !few || n > tkmChunk*tkmMaxB {

@@ -79,6 +79,17 @@ __device__ HtJob ht_job(int job, int pos0, int heads, int lev, int rate, int top
     return j;
 }
 
+// ht_pairs splits the two float4 a lane loads for rotary pairs 4sl .. 4sl+3
+// (elements 8sl .. 8sl+7 when interleaved; else 4sl .. 4sl+3 and the same
+// past half) into each pair's first (a) and second (b) element.
+__device__ __forceinline__ void ht_pairs(float4 v0, float4 v1, int interleaved, float a[4], float b[4]) {
+    if (interleaved) {
+        a[0] = v0.x, b[0] = v0.y, a[1] = v0.z, b[1] = v0.w, a[2] = v1.x, b[2] = v1.y, a[3] = v1.z, b[3] = v1.w;
+    } else {
+        a[0] = v0.x, a[1] = v0.y, a[2] = v0.z, a[3] = v0.w, b[0] = v1.x, b[1] = v1.y, b[2] = v1.z, b[3] = v1.w;
+    }
+}
+
 // ht_score: block (tile, job) writes the node and the score of candidates
 // [HT_T*tile, HT_T*tile + HT_T) of the level: the query rotated to rank n-1
 // against each key rotated to its rank inside the dot, a warp per candidate.
@@ -142,11 +153,9 @@ extern "C" __global__ void __launch_bounds__(256) ht_score(const float* q, const
                 const float4 q0 = *reinterpret_cast<const float4*>(qrot + a0), q1 = *reinterpret_cast<const float4*>(qrot + a1);
                 const float4 c4 = *reinterpret_cast<const float4*>(cosT + (size_t)r * half + 4 * sl);
                 const float4 s4 = *reinterpret_cast<const float4*>(sinT + (size_t)r * half + 4 * sl);
-                // The pairs (first, second) of each layout.
-                const float qa[4] = {interleaved ? q0.x : q0.x, interleaved ? q0.z : q0.y, interleaved ? q1.x : q0.z, interleaved ? q1.z : q0.w};
-                const float qb[4] = {interleaved ? q0.y : q1.x, interleaved ? q0.w : q1.y, interleaved ? q1.y : q1.z, interleaved ? q1.w : q1.w};
-                const float ka[4] = {interleaved ? k0.x : k0.x, interleaved ? k0.z : k0.y, interleaved ? k1.x : k0.z, interleaved ? k1.z : k0.w};
-                const float kb[4] = {interleaved ? k0.y : k1.x, interleaved ? k0.w : k1.y, interleaved ? k1.y : k1.z, interleaved ? k1.w : k1.w};
+                float qa[4], qb[4], ka[4], kb[4];
+                ht_pairs(q0, q1, interleaved, qa, qb);
+                ht_pairs(k0, k1, interleaved, ka, kb);
                 const float cc[4] = {c4.x, c4.y, c4.z, c4.w}, ss[4] = {s4.x, s4.y, s4.z, s4.w};
 #pragma unroll
                 for (int e = 0; e < 4; e++)
