@@ -329,25 +329,8 @@ func BenchmarkOpsV4MoE(b *testing.B) {
 	g, bw := floorGPU(b)
 	rng := rand.New(rand.NewPCG(11, 5))
 	const E, K, D, I = 32, 6, 4096, 2048
-	var w1, w3, w2 []backend.Weight
-	for range E {
-		for j, shape := range [][2]int{{I, D}, {I, D}, {D, I}} {
-			h := hostWeight(rng, backend.NVFP4, shape[0], shape[1])
-			h.Bias = nil
-			w, err := g.Upload(h)
-			if err != nil {
-				b.Fatal(err)
-			}
-			switch j {
-			case 0:
-				w1 = append(w1, w)
-			case 1:
-				w3 = append(w3, w)
-			default:
-				w2 = append(w2, w)
-			}
-		}
-	}
+	ws, _ := moeTestExperts(b, g, nil, rng, E, D, I)
+	w1, w3, w2 := ws[0], ws[1], ws[2]
 	bias := randn(rng, E)
 	ex, err := g.BindExperts(w1, w3, w2, bias)
 	if err != nil || ex == nil {
