@@ -151,49 +151,64 @@ extern "C" __global__ void __launch_bounds__(256) idx_scores_tile(float* scores,
 // heads of dim <= 128 (dim % 8 == 0; dsa.go checks): persistent blocks
 // (block x takes key tiles x, x + gridDim.x, ... of query blockIdx.y), the
 // query's heads staged once and held as tf32 hi/lo fragments in registers,
-// each 64-key tile copied (cp.async, double-buffered) while the one before
-// is scored. Warp w takes heads 16(w & 3) .. +15 against keys 32(w >> 2) ..
-// +31 (four 8-key n-tiles) over all of dim: dot products at float32 accuracy
-// (tf32_split; the columns 8k + 2t, 8k + 2t + 1 as the fragment's t, t + 4,
-// as dsa_attend_mma), then each term fmul(w, fmul(dot, scale)) if positive,
-// into shared memory; four threads per key add 16 heads each in head order
-// and the four sums in order. Keys past the visible ones score -inf. Row
-// stride IDX_MS = 136 floats (8 mod 32: conflict-free fragment loads).
+// the 64-key tiles copied (cp.async) into a ring of IDX_NS slots, IDX_NS - 1
+// tiles ahead of the one being scored; two blocks per multiprocessor, so
+// that one's tensor work hides the other's waits. Warp w takes heads
+// 16(w & 3) .. +15 against keys 32(w >> 2) .. +31 (four 8-key n-tiles) over all of dim: dot
+// products at float32 accuracy (tf32_split; the columns 8k + 2t, 8k + 2t + 1
+// as the fragment's t, t + 4, as dsa_attend_mma), then each term fmul(w,
+// fmul(dot, scale)) if positive, into shared memory (two buffers by tile);
+// four threads per key add 16 heads each in head order and the four sums in
+// order. Keys past the visible ones score -inf. Row stride IDX_MS = 136
+// floats (8 mod 32: conflict-free fragment loads).
 #define IDX_MT 64    // keys per tile
 #define IDX_MS 136   // padded row of up to 128 floats
 #define IDX_MK 16    // k8 steps: dim <= 128
 #define IDX_VS 68    // a head's row of 64 terms, padded
+#define IDX_NS 2     // ring slots of key tiles (two blocks fit on a multiprocessor)
 
-extern "C" __global__ void __launch_bounds__(256, 1) idx_scores_mma(float* scores, const float* q, const float* keys,
+extern "C" __global__ void __launch_bounds__(256, 2) idx_scores_mma(float* scores, const float* q, const float* keys,
                                                                     const float* w, int heads, int dim, int n, int pos0,
                                                                     int rate, float scale) {
     extern __shared__ __align__(16) float idx_sm[];
-    float* Ks = idx_sm;                     // [2][IDX_MT][IDX_MS]
-    float* Vs = Ks + 2 * IDX_MT * IDX_MS;   // [64 heads][IDX_VS] weighted ReLU terms
+    float* Ks = idx_sm;                         // [IDX_NS][IDX_MT][IDX_MS]
+    float* Vs = Ks + IDX_NS * IDX_MT * IDX_MS;  // [2][64 heads][IDX_VS] weighted ReLU terms; first the query [64][IDX_MS]
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP, g = lane >> 2, t = lane & 3;
     const int i = blockIdx.y, vis = min((pos0 + i + 1) / rate, n), d4 = dim / 4;
     const int ntiles = (n + IDX_MT - 1) / IDX_MT;
     float* out = scores + (size_t)i * n;
-    // Key rows of tile kt into buffer b (rows past n repeat the last key), four threads per row.
+    // Key rows of tile kt into slot b (rows past n repeat the last key),
+    // four threads per row; one commit group per call, empty past the end.
     auto load = [&](int kt, int b) {
-        const int r = tid >> 2;
-        const float* src = keys + (size_t)min(kt * IDX_MT + r, n - 1) * dim;
-        float* d = Ks + (b * IDX_MT + r) * IDX_MS;
-        for (int c = tid & 3; c < d4; c += 4) cp_async16(smem_u32(d + 4 * c), src + 4 * c);
+        if (kt < ntiles) {
+            const int r = tid >> 2;
+            const float* src = keys + (size_t)min(kt * IDX_MT + r, n - 1) * dim;
+            float* d = Ks + (b * IDX_MT + r) * IDX_MS;
+            for (int c = tid & 3; c < d4; c += 4) cp_async16(smem_u32(d + 4 * c), src + 4 * c);
+        }
         cp_async_commit();
     };
     int kt = blockIdx.x;
-    if (kt < ntiles) load(kt, 0);
+#pragma unroll
+    for (int j = 0; j < IDX_NS - 1; j++) load(kt + j * gridDim.x, j);
 
-    // The query's heads into buffer 1 (zero past heads and dim), then this warp's fragments.
+    // The query's heads (zero past heads and dim), every load in flight
+    // before the first store, then this warp's fragments.
     {
-        float* qs = Ks + IDX_MT * IDX_MS;
+        constexpr int QN = 64 * IDX_MK * 2 / 256;  // float4 per thread (blockDim 256)
+        float* qs = Vs;
         const float* qi = q + (size_t)i * heads * dim;
-        for (int x = tid; x < 64 * (IDX_MK * 2); x += blockDim.x) {
-            const int h = x / (IDX_MK * 2), c = x - h * (IDX_MK * 2);
-            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (h < heads && c < d4) v = *reinterpret_cast<const float4*>(qi + (size_t)h * dim + 4 * c);
-            *reinterpret_cast<float4*>(qs + h * IDX_MS + 4 * c) = v;
+        float4 v[QN];
+#pragma unroll
+        for (int j = 0; j < QN; j++) {
+            const int x = tid + 256 * j, h = x / (IDX_MK * 2), c = x - h * (IDX_MK * 2);
+            v[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (h < heads && c < d4) v[j] = *reinterpret_cast<const float4*>(qi + (size_t)h * dim + 4 * c);
+        }
+#pragma unroll
+        for (int j = 0; j < QN; j++) {
+            const int x = tid + 256 * j, h = x / (IDX_MK * 2), c = x - h * (IDX_MK * 2);
+            *reinterpret_cast<float4*>(qs + h * IDX_MS + 4 * c) = v[j];
         }
     }
     __syncthreads();
@@ -201,7 +216,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) idx_scores_mma(float* score
     uint32_t qh[IDX_MK][4], ql[IDX_MK][4];
 #pragma unroll
     for (int s = 0; s < IDX_MK; s++) {
-        const float* qs = Ks + IDX_MT * IDX_MS + (hm + g) * IDX_MS + 8 * s + 2 * t;
+        const float* qs = Vs + (hm + g) * IDX_MS + 8 * s + 2 * t;
         const float2 va = *reinterpret_cast<const float2*>(qs), vb = *reinterpret_cast<const float2*>(qs + 8 * IDX_MS);
         tf32_split(va.x, qh[s][0], ql[s][0]);
         tf32_split(vb.x, qh[s][1], ql[s][1]);
@@ -210,15 +225,16 @@ extern "C" __global__ void __launch_bounds__(256, 1) idx_scores_mma(float* score
     }
     const float w0 = hm + g < heads ? w[(size_t)i * heads + hm + g] : 0.f;
     const float w1 = hm + g + 8 < heads ? w[(size_t)i * heads + hm + g + 8] : 0.f;
-    __syncthreads();  // buffer 1 free for the copies
+    __syncthreads();  // Vs free for the terms
 
     const int nk8 = dim / 8;
-    for (int b = 0; kt < ntiles; kt += gridDim.x, b ^= 1) {
-        if (kt + gridDim.x < ntiles) load(kt + gridDim.x, b ^ 1);
-        else cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();  // tile b in Ks; Vs free (read before the last iteration's final barrier)
-        const float* kb = Ks + (b * IDX_MT + kn) * IDX_MS;
+    for (int slot = 0, vb = 0; kt < ntiles; kt += gridDim.x, vb ^= 1) {
+        // The slot before this one was read in the last iteration, before its second barrier.
+        load(kt + (IDX_NS - 1) * gridDim.x, slot == 0 ? IDX_NS - 1 : slot - 1);
+        cp_async_wait<IDX_NS - 1>();
+        __syncthreads();  // tile kt in its slot
+        const float* kb = Ks + (slot * IDX_MT + kn) * IDX_MS;
+        float* V = Vs + vb * 64 * IDX_VS;
         float sc[4][4];
 #pragma unroll
         for (int j = 0; j < 4; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
@@ -236,21 +252,24 @@ extern "C" __global__ void __launch_bounds__(256, 1) idx_scores_mma(float* score
                 v[e] = d > 0.f ? __fmul_rn(e < 2 ? w0 : w1, d) : 0.f;
             }
             const int key = kn + 8 * j + 2 * t;
-            *reinterpret_cast<float2*>(Vs + (hm + g) * IDX_VS + key) = make_float2(v[0], v[1]);
-            *reinterpret_cast<float2*>(Vs + (hm + g + 8) * IDX_VS + key) = make_float2(v[2], v[3]);
+            *reinterpret_cast<float2*>(V + (hm + g) * IDX_VS + key) = make_float2(v[0], v[1]);
+            *reinterpret_cast<float2*>(V + (hm + g + 8) * IDX_VS + key) = make_float2(v[2], v[3]);
         }
-        __syncthreads();  // every term in Vs
+        // Every term in V; every read of the key slot done. V is written
+        // again two tiles on, after the next tile's first barrier, which
+        // every thread reaches after its reads below.
+        __syncthreads();
         {
             const int key = tid >> 2, part = tid & 3;
             float s = 0.f;
 #pragma unroll
-            for (int h = 0; h < 16; h++) s = __fadd_rn(s, Vs[(16 * part + h) * IDX_VS + key]);
+            for (int h = 0; h < 16; h++) s = __fadd_rn(s, V[(16 * part + h) * IDX_VS + key]);
             const float s1 = __shfl_down_sync(0xffffffffu, s, 1), s2 = __shfl_down_sync(0xffffffffu, s, 2),
                         s3 = __shfl_down_sync(0xffffffffu, s, 3);
             const int e = kt * IDX_MT + key;
             if (part == 0 && e < n) out[e] = e < vis ? __fadd_rn(__fadd_rn(__fadd_rn(s, s1), s2), s3) : -INFINITY;
         }
-        __syncthreads();  // Ks[b] and Vs free for the next tiles
+        if (++slot == IDX_NS) slot = 0;
     }
     cp_async_wait<0>();
 }

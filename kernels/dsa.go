@@ -151,12 +151,14 @@ func idxScoresShare(dim int) int {
 	return 4 * (2*idxTile*dsaRowStride(dim) + idxTile*idxTile)
 }
 
-// idx_scores_mma's limits and shared memory (IDX_MT, IDX_MS, IDX_VS in
-// dsa.cuh): at most 64 heads of at most 128 dims, dims a multiple of 8.
+// idx_scores_mma's limits and shared memory (IDX_MT, IDX_MS, IDX_VS,
+// IDX_NS in dsa.cuh): at most 64 heads of at most 128 dims, dims a multiple
+// of 8; a ring of 2 key tiles and two buffers of terms, so that two blocks
+// fit on a multiprocessor.
 const (
 	idxMMAHeads = 64
 	idxMMADim   = 128
-	idxMMAShare = 4 * (2*64*136 + 64*68)
+	idxMMAShare = 4 * (2*64*136 + 2*64*68)
 )
 
 // indexScores writes the indexer scores of m queries over nKeys keys to
@@ -177,7 +179,7 @@ func (b *Backend) scoreKeys(scores uint64, q, keys, w backend.Buffer, m, n, head
 	case !b.idxMMAOff && heads <= idxMMAHeads && dim > 0 && dim <= idxMMADim && dim%8 == 0 &&
 		(ptr(keys)|ptr(q))%16 == 0 && idxMMAShare <= b.opsShare():
 		tiles := (n + idxTile - 1) / idxTile
-		b.launch("idx_scores_mma", [3]int{min(tiles, b.sms), m, 1}, 256, idxMMAShare, scores,
+		b.launch("idx_scores_mma", [3]int{min(tiles, 2*b.sms), m, 1}, 256, idxMMAShare, scores,
 			ptr(q), ptr(keys), ptr(w), heads, dim, n, pos0, rate, scale)
 	case dim > 0 && dim%4 == 0 && ptr(keys)%16 == 0 && idxScoresShare(dim) <= b.opsShare():
 		b.launch("idx_scores_tile", [3]int{(n + idxTile - 1) / idxTile, m, 1}, 256, idxScoresShare(dim), scores,
