@@ -642,6 +642,7 @@ extern "C" __global__ void __launch_bounds__(1024) topk_select(const float* scor
                                        int ostride, int* cnt, int mode, float* scratch, int staged) {
     extern __shared__ unsigned tks_keys[];
     __shared__ int s_vis;
+    pdl_launch();  // the sparse attention after it may stage its queries meanwhile (dsa.go)
     int i = blockIdx.x;
     const float* row = scores + (size_t)i * n;
     int k = min(topk, n);
@@ -779,6 +780,7 @@ extern "C" __global__ void __launch_bounds__(1024) tkm_emit(const float* scores,
                                                             int ostride, int* cnt, int mode, float* scratch, unsigned* ws) {
     __shared__ unsigned h[TK_BINS];
     __shared__ int s_base, s_total, s_tv, s_last;
+    pdl_launch();
     const int i = blockIdx.y, b = blockIdx.x, nb = gridDim.x;
     const float* row = scores + (size_t)i * n;
     unsigned* wr = ws + (size_t)i * TKM_WS;
@@ -870,6 +872,7 @@ extern "C" __global__ void __cluster_dims__(TKC, 1, 1) __launch_bounds__(1024)
                float* scratch) {
     extern __shared__ unsigned tkc_sh[];
     __shared__ int cnts[2 * TKC];  // each block's visible keys >= T, == T
+    pdl_launch();
     __shared__ int s_ge, s_eq, s_base, s_total, s_tv;
     unsigned* tot = tkc_sh;                // [3][TK_BINS]
     unsigned* hist = tot + 3 * TK_BINS;    // [TK_BINS]
@@ -1319,9 +1322,8 @@ __device__ __forceinline__ void attend_mma(const Rows& rows, float* out, float* 
     float* Ps = red + 8 * DSA_G * DSA_RS;      // [DSA_TT][DSA_PS] scores, then probabilities
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP, g = lane >> 2, t = lane & 3;
     const int split = blockIdx.x, nsplit = gridDim.x, hb = blockIdx.y * DSA_G, i = blockIdx.z;
-    const int n = rows.count(i);
-    const int lo = min(split * per, n), hi = min(lo + per, n);
     const int q4 = D / 4, la4 = la / 4;
+    int n = 0, lo = 0, hi = 0;  // this split's rows [lo, hi) of the n selected, after the wait below
 
     // The tile's 32 rows from token t0 into buffer b (rows past hi repeat
     // hi - 1), eight threads per row: one token id each, then its copies;
@@ -1335,7 +1337,6 @@ __device__ __forceinline__ void attend_mma(const Rows& rows, float* out, float* 
         for (int c = tid & 7; c < q4; c += 8) cp_async16(smem_u32(d + 4 * c), c < la4 ? ra + 4 * c : rb + 4 * (c - la4));
         cp_async_commit();
     };
-    if (lo < hi) load(lo, 0);
     if (tid < DSA_G) {  // the sinks count once: in split 0
         const bool sink = sinks != nullptr && split == 0 && hb + tid < heads;
         s_m[tid] = sink ? sinks[hb + tid] : -INFINITY;
@@ -1343,21 +1344,42 @@ __device__ __forceinline__ void attend_mma(const Rows& rows, float* out, float* 
         s_a[tid] = 1.f;
     }
 
-    // The group's queries (zero past the last head) into buffer 1, which the
-    // second tile's copies overwrite only after the barrier below; then this
-    // warp's Q fragments from there: rows g and g + 8, columns 8k + 2t and
-    // 8k + 2t + 1 (zero past D), hi and lo parts kept for the whole selection.
+    // The group's queries (zero past the last head) into buffer 1, four
+    // loads in flight per thread before their stores; then this warp's Q
+    // fragments from there: rows g and g + 8, columns 8k + 2t and 8k + 2t + 1
+    // (zero past D), hi and lo parts kept for the whole selection. The
+    // queries are older than the kernel before this one (a top-k, when dsa.go
+    // launches this one with programmatic serialization): this runs before
+    // the wait for it.
     {
         float* qs = Ks + DSA_TT * DS;
-        for (int x = tid; x < DSA_G * la4; x += DSA_THREADS) {
-            const int hh = x / la4, c = x - hh * la4;
-            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (hb + hh < heads) v = *reinterpret_cast<const float4*>(qLat + ((size_t)i * heads + hb + hh) * la + 4 * c);
-            *reinterpret_cast<float4*>(qs + hh * DS + 4 * c) = v;
+        for (int x0 = 0; x0 < DSA_G * la4; x0 += 4 * DSA_THREADS) {
+            float4 v[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int x = x0 + tid + j * DSA_THREADS, hh = x / la4, c = x - hh * la4;
+                v[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (x < DSA_G * la4 && hb + hh < heads)
+                    v[j] = *reinterpret_cast<const float4*>(qLat + ((size_t)i * heads + hb + hh) * la + 4 * c);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int x = x0 + tid + j * DSA_THREADS, hh = x / la4, c = x - hh * la4;
+                if (x < DSA_G * la4) *reinterpret_cast<float4*>(qs + hh * DS + 4 * c) = v[j];
+            }
         }
-        for (int x = tid; x < DSA_G * lb; x += DSA_THREADS) {
-            const int hh = x / lb, c = x - hh * lb;
-            qs[hh * DS + la + c] = hb + hh < heads ? qRope[(size_t)i * qrI + (size_t)(hb + hh) * qrH + c] : 0.f;
+        for (int x0 = 0; x0 < DSA_G * lb; x0 += 4 * DSA_THREADS) {
+            float v[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int x = x0 + tid + j * DSA_THREADS, hh = x / max(lb, 1), c = x - hh * lb;
+                v[j] = x < DSA_G * lb && hb + hh < heads ? qRope[(size_t)i * qrI + (size_t)(hb + hh) * qrH + c] : 0.f;
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int x = x0 + tid + j * DSA_THREADS, hh = x / max(lb, 1), c = x - hh * lb;
+                if (x < DSA_G * lb) qs[hh * DS + la + c] = v[j];
+            }
         }
     }
     __syncthreads();
@@ -1376,6 +1398,11 @@ __device__ __forceinline__ void attend_mma(const Rows& rows, float* out, float* 
         tf32_split(vb.y, qh[s][3], ql[s][3]);
     }
     __syncthreads();  // buffer 1 free for the copies
+
+    pdl_wait();  // the selection is the previous kernel's output
+    n = rows.count(i);
+    lo = min(split * per, n), hi = min(lo + per, n);
+    if (lo < hi) load(lo, 0);
 
     const int ntw = la / 64, c0 = warp * (la / 8);  // output n-tiles and first column of this warp
     float o[8][4];

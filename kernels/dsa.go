@@ -331,10 +331,32 @@ func (b *Backend) attendLatentSplit(x *dsaIndices, m, heads int, scale float32, 
 	groups := (heads + dsaGroup - 1) / dsaGroup
 	b.launch(name, [3]int{splits, groups, m}, dsaThreads, share, out, part, qLat, qRope,
 		qrI, qrH, lat, rope, la, lb, uint64(x.sel.ptr), uint64(x.cnt.ptr), x.k, heads, per, scale)
+	if name == "dsa_attend_mma" {
+		b.overlapAfterTopK()
+	}
 	if splits > 1 {
 		b.launch("dsa_attend_combine", [3]int{heads, m, 1}, 128, 0, out, part, m, heads, la, splits)
 	}
 	runtime.KeepAlive(x)
+}
+
+// overlapAfterTopK launches the kernel just queued (dsa_attend_mma) with
+// programmatic serialization when the one before it is a top-k kernel
+// launched without it: the top-k lets its successor start at once
+// (pdl_launch), and the attention stages and splits its queries, which
+// kernels before the top-k wrote and which have therefore finished, before
+// it waits for the selection (pdl_wait). After any other kernel the
+// queries might still be in flight, so the launch stays plain.
+func (b *Backend) overlapAfterTopK() {
+	b.qmu.Lock()
+	defer b.qmu.Unlock()
+	ops := b.q.ops
+	if n := len(ops); n >= 2 && ops[n-2].kind == opKernel && !ops[n-2].pdl {
+		switch ops[n-2].name {
+		case "topk_select", "tkc_select", "tkm_emit":
+			ops[n-1].pdl = true
+		}
+	}
 }
 
 // MLAAbsorbQuery folds W_UK (read from kv_b_proj in its stored format) into the nope queries.
