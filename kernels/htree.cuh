@@ -316,10 +316,12 @@ extern "C" __global__ void __launch_bounds__(128) ht_part(float* part, const flo
 // ht_combine: block per job: out = sum_p e^(m_p - M) o_p / sum_p e^(m_p - M)
 // l_p over the job's partials with l_p > 0 (levels 0..top, every tile). The
 // factors e^(m_p - M) go to shared memory first; then each warp takes a run
-// of partials, each lane up to HT_CC columns held in registers (so the loads
-// of a partial's row overlap), and the warps' sums are added in shared
-// memory. 512 threads; dynamic shared memory np + 16*hd floats.
+// of partials, each lane up to HT_CC columns held in registers, the rows of
+// HT_CP partials loaded before they are added (so the loads overlap), and
+// the warps' sums are added in shared memory. 512 threads; dynamic shared
+// memory np + 16*hd floats.
 #define HT_CC 8
+#define HT_CP 8
 extern "C" __global__ void __launch_bounds__(512) ht_combine(float* out, const float* part, int job0, int pos0, int heads,
                                                              int hd, int rate, int topk, int topCand, int levels,
                                                              int tiles) {
@@ -352,13 +354,26 @@ extern "C" __global__ void __launch_bounds__(512) ht_combine(float* out, const f
         float o[HT_CC];
 #pragma unroll
         for (int c = 0; c < HT_CC; c++) o[c] = 0.f;
-        for (int p = p0; p < p1; p++) {
-            float e = f[p];
-            if (e == 0.f) continue;
-            const float* pp = pj + (size_t)p * (hd + 2) + x0 + lane;
+        // HT_CP partials' loads in flight before the first is added; the
+        // sums stay in partial order, skipping those with e == 0 (their
+        // rows were never written).
+        for (int pb = p0; pb < p1; pb += HT_CP) {
+            float e[HT_CP], v[HT_CP][HT_CC];
 #pragma unroll
-            for (int c = 0; c < HT_CC; c++)
-                if (x0 + lane + WARP * c < hd) o[c] += e * pp[WARP * c];
+            for (int u = 0; u < HT_CP; u++) {
+                const int p = pb + u;
+                e[u] = p < p1 ? f[p] : 0.f;
+                const float* pp = pj + (size_t)p * (hd + 2) + x0 + lane;
+#pragma unroll
+                for (int c = 0; c < HT_CC; c++) v[u][c] = e[u] != 0.f && x0 + lane + WARP * c < hd ? pp[WARP * c] : 0.f;
+            }
+#pragma unroll
+            for (int u = 0; u < HT_CP; u++) {
+                if (e[u] == 0.f) continue;
+#pragma unroll
+                for (int c = 0; c < HT_CC; c++)
+                    if (x0 + lane + WARP * c < hd) o[c] += e[u] * v[u][c];
+            }
         }
 #pragma unroll
         for (int c = 0; c < HT_CC; c++)
