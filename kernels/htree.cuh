@@ -114,23 +114,31 @@ extern "C" __global__ void __launch_bounds__(256) ht_score(const float* q, const
     int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     __shared__ int node[HT_T];
     int cnt = min(HT_T, n - r0);
-    for (int x = threadIdx.x; x < cnt; x += blockDim.x) {
-        int r = r0 + x;
-        int c = lev == j.top ? r : parents[r / rate] * rate + r % rate;
-        node[x] = c;
-        cands[r] = c;
-    }
-    if (lev > 0 && n <= topk) return;
+    const bool expand = lev > 0 && n <= topk;
+    // Every global load of the prologue (the candidates' parents, q and its
+    // rotation at rank n-1) is issued before the first store or use: one
+    // round trip instead of three.
     const float* qv = q + ((size_t)j.i * heads + j.h) * hd;
     const float* cq = cosT + (size_t)(n - 1) * half;
     const float* sq = sinT + (size_t)(n - 1) * half;
-    for (int x = threadIdx.x; x < hd; x += blockDim.x) qrot[x] = qv[x];
-    __syncthreads();
-    for (int x = threadIdx.x; x < half; x += blockDim.x) {
-        int i0 = interleaved ? 2 * x : x, i1 = interleaved ? 2 * x + 1 : x + half;
-        float a = qrot[i0], b = qrot[i1];
-        qrot[i0] = __fsub_rn(__fmul_rn(a, cq[x]), __fmul_rn(b, sq[x]));
-        qrot[i1] = __fadd_rn(__fmul_rn(b, cq[x]), __fmul_rn(a, sq[x]));
+    const int tx = threadIdx.x;
+    int cand = 0;
+    if (tx < cnt) cand = lev == j.top ? r0 + tx : parents[(r0 + tx) / rate] * rate + (r0 + tx) % rate;
+    float qa = 0.f, qb = 0.f, cr = 0.f, sr = 0.f;
+    const int i0 = interleaved ? 2 * tx : tx, i1 = interleaved ? 2 * tx + 1 : tx + half;
+    if (!expand && tx < half) qa = qv[i0], qb = qv[i1], cr = cq[tx], sr = sq[tx];
+    if (tx < cnt) node[tx] = cand, cands[r0 + tx] = cand;
+    if (expand) return;
+    for (int e = 2 * half + tx; e < hd; e += blockDim.x) qrot[e] = qv[e];
+    if (tx < half) {
+        qrot[i0] = __fsub_rn(__fmul_rn(qa, cr), __fmul_rn(qb, sr));
+        qrot[i1] = __fadd_rn(__fmul_rn(qb, cr), __fmul_rn(qa, sr));
+    }
+    for (int e = tx + blockDim.x; e < half; e += blockDim.x) {  // head dims past 512
+        const int e0 = interleaved ? 2 * e : e, e1 = interleaved ? 2 * e + 1 : e + half;
+        const float a = qv[e0], b = qv[e1];
+        qrot[e0] = __fsub_rn(__fmul_rn(a, cq[e]), __fmul_rn(b, sq[e]));
+        qrot[e1] = __fadd_rn(__fmul_rn(b, cq[e]), __fmul_rn(a, sq[e]));
     }
     __syncthreads();
     const float* Kl = K + (size_t)lv.off[lev] * row + (size_t)kh * hd;
@@ -142,28 +150,42 @@ extern "C" __global__ void __launch_bounds__(256) ht_score(const float* q, const
         // Lane sl of a group of L takes pairs 4sl .. 4sl+3: two float4 of the
         // key (and of q), one of cos and one of sin; WARP / L candidates a pass.
         const int cpp = WARP / L, sub = lane / L, sl = lane % L;
-        for (int u0 = 0; u0 < PW; u0 += cpp) {
+        const int a0 = interleaved ? 8 * sl : 4 * sl, a1 = interleaved ? 8 * sl + 4 : half + 4 * sl;
+        float qa4[4], qb4[4];
+        ht_pairs(*reinterpret_cast<const float4*>(qrot + a0), *reinterpret_cast<const float4*>(qrot + a1), interleaved,
+                 qa4, qb4);
+        // The dot product of the candidate of pass u0 (0 when none).
+        auto dot = [&](int u0) {
             const int x0 = warp * PW + u0 + sub, r = r0 + x0;
-            const bool ok = u0 + sub < PW && x0 < cnt;
             float acc = 0.f;
-            if (ok) {
+            if (u0 + sub < PW && x0 < cnt) {
                 const float* kr = Kl + (size_t)node[x0] * row;
-                const int a0 = interleaved ? 8 * sl : 4 * sl, a1 = interleaved ? 8 * sl + 4 : half + 4 * sl;
                 const float4 k0 = *reinterpret_cast<const float4*>(kr + a0), k1 = *reinterpret_cast<const float4*>(kr + a1);
-                const float4 q0 = *reinterpret_cast<const float4*>(qrot + a0), q1 = *reinterpret_cast<const float4*>(qrot + a1);
                 const float4 c4 = *reinterpret_cast<const float4*>(cosT + (size_t)r * half + 4 * sl);
                 const float4 s4 = *reinterpret_cast<const float4*>(sinT + (size_t)r * half + 4 * sl);
-                float qa[4], qb[4], ka[4], kb[4];
-                ht_pairs(q0, q1, interleaved, qa, qb);
+                float ka[4], kb[4];
                 ht_pairs(k0, k1, interleaved, ka, kb);
                 const float cc[4] = {c4.x, c4.y, c4.z, c4.w}, ss[4] = {s4.x, s4.y, s4.z, s4.w};
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    acc += cc[e] * (qa[e] * ka[e] + qb[e] * kb[e]) + ss[e] * (qb[e] * ka[e] - qa[e] * kb[e]);
-                for (int x = 2 * half + sl; x < hd; x += L) acc += qrot[x] * kr[x];
+                    acc += cc[e] * (qa4[e] * ka[e] + qb4[e] * kb[e]) + ss[e] * (qb4[e] * ka[e] - qa4[e] * kb[e]);
+                for (int e = 2 * half + sl; e < hd; e += L) acc += qrot[e] * kr[e];
             }
             for (int o = L / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-            if (ok && sl == 0) scores[r] = scale * acc;
+            return acc;
+        };
+        auto put = [&](int u0, float acc) {
+            const int x0 = warp * PW + u0 + sub;
+            if (u0 + sub < PW && x0 < cnt && sl == 0) scores[r0 + x0] = scale * acc;
+        };
+        if (cpp == 2) {  // half 64 (head dim 128): all four passes' loads in flight at once
+            float acc[PW / 2];
+#pragma unroll
+            for (int p = 0; p < PW / 2; p++) acc[p] = dot(2 * p);
+#pragma unroll
+            for (int p = 0; p < PW / 2; p++) put(2 * p, acc[p]);
+        } else {
+            for (int u0 = 0; u0 < PW; u0 += cpp) put(u0, dot(u0));
         }
         return;
     }
@@ -189,9 +211,12 @@ extern "C" __global__ void __launch_bounds__(256) ht_score(const float* q, const
 // ht_select: block per job at level lev >= 1: the next level's parents. With
 // n <= topk every candidate; otherwise the top-K by (score desc, node asc)
 // with rho (rank n-1) pinned to +inf, flags[r] marking the selected ranks.
-// 1024 threads.
+// 1024 threads. staged: the scores' keys are read into shared memory once
+// (dynamic, 4 mc bytes) instead of from scratch by every pass.
 extern "C" __global__ void __launch_bounds__(1024) ht_select(float* scratch, int stride, int mc, int job0, int pos0,
-                                                             int heads, int rate, int topk, int topCand, int lev) {
+                                                             int heads, int rate, int topk, int topCand, int lev,
+                                                             int staged) {
+    extern __shared__ unsigned hts_keys[];
     __shared__ int s_cut;
     int job = job0 + blockIdx.x;
     HtJob j = ht_job(job, pos0, heads, lev, rate, topk, topCand);
@@ -205,7 +230,11 @@ extern "C" __global__ void __launch_bounds__(1024) ht_select(float* scratch, int
         for (int x = threadIdx.x; x < n; x += blockDim.x) parents[x] = cands[x];
         return;
     }
-    auto key = [&](int r) { return tk_key(r == n - 1 ? INFINITY : scores[r]); };
+    if (staged) {
+        tk_stage(scores, n, hts_keys);
+        __syncthreads();
+    }
+    auto key = [&](int r) { return r == n - 1 ? tk_key(INFINITY) : staged ? hts_keys[r] : tk_key(scores[r]); };
     int need, ties;
     unsigned T = tk_radix(key, n, topk, &need, &ties);
     // The need-th tie in rank order is the last tie kept.

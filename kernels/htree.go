@@ -174,8 +174,12 @@ func (b *Backend) HTreeAttention(out, q, k, v backend.Buffer, cache htree.Cache,
 				c.half, boolInt(sh.RoPE.Interleaved), c.scratch.ptr, stride, c.mc, job0, pos0, s.Heads, group,
 				s.KVHeads, s.HeadDim, s.Scale, o.Rate, o.TopK, o.TopCandidates, lev)
 			if lev > 0 {
-				b.launch("ht_select", [3]int{n, 1, 1}, 1024, 0, c.scratch.ptr, stride, c.mc, job0, pos0, s.Heads,
-					o.Rate, o.TopK, o.TopCandidates, lev)
+				share := 4 * c.mc // the scores' keys in shared memory, when they fit
+				if share > b.opsShare() {
+					share = 0
+				}
+				b.launch("ht_select", [3]int{n, 1, 1}, 1024, share, c.scratch.ptr, stride, c.mc, job0, pos0, s.Heads,
+					o.Rate, o.TopK, o.TopCandidates, lev, boolInt(share > 0))
 			}
 			b.launch("ht_part", [3]int{tiles, n, 1}, 128, 0, c.part.ptr, vl.ptr, c.off, c.scratch.ptr, stride, c.mc,
 				job0, pos0, s.Heads, group, s.KVHeads, s.HeadDim, o.Rate, o.TopK, o.TopCandidates, levels, tiles, lev)
