@@ -1337,6 +1337,11 @@ __device__ __forceinline__ void attend_mma(const Rows& rows, float* out, float* 
         for (int c = tid & 7; c < q4; c += 8) cp_async16(smem_u32(d + 4 * c), c < la4 ? ra + 4 * c : rb + 4 * (c - la4));
         cp_async_commit();
     };
+    if constexpr (!Rows::kOverlap) {
+        n = rows.count(i);
+        lo = min(split * per, n), hi = min(lo + per, n);
+        if (lo < hi) load(lo, 0);
+    }
     if (tid < DSA_G) {  // the sinks count once: in split 0
         const bool sink = sinks != nullptr && split == 0 && hb + tid < heads;
         s_m[tid] = sink ? sinks[hb + tid] : -INFINITY;
@@ -1347,10 +1352,11 @@ __device__ __forceinline__ void attend_mma(const Rows& rows, float* out, float* 
     // The group's queries (zero past the last head) into buffer 1, four
     // loads in flight per thread before their stores; then this warp's Q
     // fragments from there: rows g and g + 8, columns 8k + 2t and 8k + 2t + 1
-    // (zero past D), hi and lo parts kept for the whole selection. The
-    // queries are older than the kernel before this one (a top-k, when dsa.go
-    // launches this one with programmatic serialization): this runs before
-    // the wait for it.
+    // (zero past D), hi and lo parts kept for the whole selection. With
+    // Rows::kOverlap the queries are older than the kernel before this one (a
+    // top-k, when dsa.go launches this one with programmatic serialization)
+    // and this runs before the wait for it; otherwise the first tile's rows
+    // are already on their way.
     {
         float* qs = Ks + DSA_TT * DS;
         for (int x0 = 0; x0 < DSA_G * la4; x0 += 4 * DSA_THREADS) {
@@ -1399,10 +1405,12 @@ __device__ __forceinline__ void attend_mma(const Rows& rows, float* out, float* 
     }
     __syncthreads();  // buffer 1 free for the copies
 
-    pdl_wait();  // the selection is the previous kernel's output
-    n = rows.count(i);
-    lo = min(split * per, n), hi = min(lo + per, n);
-    if (lo < hi) load(lo, 0);
+    if constexpr (Rows::kOverlap) {
+        pdl_wait();  // the selection is the previous kernel's output
+        n = rows.count(i);
+        lo = min(split * per, n), hi = min(lo + per, n);
+        if (lo < hi) load(lo, 0);
+    }
 
     const int ntw = la / 64, c0 = warp * (la / 8);  // output n-tiles and first column of this warp
     float o[8][4];
@@ -1512,6 +1520,7 @@ __device__ __forceinline__ void attend_mma(const Rows& rows, float* out, float* 
 
 // DSA's rows: selected token sel[i, t] of the latent and rope caches.
 struct DsaRows {
+    static constexpr bool kOverlap = true;  // may be launched after a top-k: stages the query before its wait
     const float *lat, *rope;
     const int *sel, *cnt;
     int K, la, lb;
@@ -1536,6 +1545,7 @@ extern "C" __global__ void __launch_bounds__(DSA_THREADS, 1)
 // local rows, then its selected compressed entries (-1 slots masked) or all
 // the visible ones. Keys are the values; the sinks start each head's sum.
 struct V4Rows {
+    static constexpr bool kOverlap = false;  // launched plainly: its first rows are copied during the query's staging
     const float *local, *comp, *idx;
     int pos0, lo, window, rate, topk, entries, dim;
     __device__ int nloc(int i) const {
