@@ -223,6 +223,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) idx_scores_mma(float* score
         tf32_split(va.y, qh[s][2], ql[s][2]);
         tf32_split(vb.y, qh[s][3], ql[s][3]);
     }
+    // The keys and queries are older than the kernel before this one (DSA's
+    // scale of the weights, when dsa.go launches this one with programmatic
+    // serialization); the weights are its output.
+    pdl_wait();
     const float w0 = hm + g < heads ? w[(size_t)i * heads + hm + g] : 0.f;
     const float w1 = hm + g + 8 < heads ? w[(size_t)i * heads + hm + g + 8] : 0.f;
     __syncthreads();  // Vs free for the terms

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 
 	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/layers"
@@ -164,14 +165,16 @@ const (
 // indexScores writes the indexer scores of m queries over nKeys keys to
 // scores ([m, nKeys]).
 func (b *Backend) indexScores(scores uint64, q, w, keys backend.Buffer, m, nKeys, pos0 int, s dsa.IndexerShape) {
-	b.scoreKeys(scores, q, keys, w, m, nKeys, s.Heads, s.HeadDim, pos0, 1, s.ScoreScale())
+	b.scoreKeys(scores, q, keys, w, m, nKeys, s.Heads, s.HeadDim, pos0, 1, s.ScoreScale(), true)
 }
 
 // scoreKeys is the lightning indexer's scoring, shared by DSA and V4:
 // scores[i, e] = sum_h w[i, h] * ReLU(scale * q[i, h] . keys[e]) for the keys
 // query i sees (e < (pos0 + i + 1) / rate), -inf beyond; idx_scores_mma
 // where the shape allows it, else idx_scores_tile, else idx_scores.
-func (b *Backend) scoreKeys(scores uint64, q, keys, w backend.Buffer, m, n, heads, dim, pos0, rate int, scale float32) {
+// afterScale: the op queued last is a scale of w alone (DSASelect), which
+// idx_scores_mma may overlap (overlapAfter).
+func (b *Backend) scoreKeys(scores uint64, q, keys, w backend.Buffer, m, n, heads, dim, pos0, rate int, scale float32, afterScale bool) {
 	if n <= 0 {
 		return
 	}
@@ -181,6 +184,9 @@ func (b *Backend) scoreKeys(scores uint64, q, keys, w backend.Buffer, m, n, head
 		tiles := (n + idxTile - 1) / idxTile
 		b.launch("idx_scores_mma", [3]int{min(tiles, 2*b.sms), m, 1}, 256, idxMMAShare, scores,
 			ptr(q), ptr(keys), ptr(w), heads, dim, n, pos0, rate, scale)
+		if afterScale {
+			b.overlapAfter("scale") // DSASelect's scale of w, which is all it wrote
+		}
 	case dim > 0 && dim%4 == 0 && ptr(keys)%16 == 0 && idxScoresShare(dim) <= b.opsShare():
 		b.launch("idx_scores_tile", [3]int{(n + idxTile - 1) / idxTile, m, 1}, 256, idxScoresShare(dim), scores,
 			ptr(q), ptr(keys), ptr(w), heads, dim, n, pos0, rate, scale)
@@ -332,7 +338,7 @@ func (b *Backend) attendLatentSplit(x *dsaIndices, m, heads int, scale float32, 
 	b.launch(name, [3]int{splits, groups, m}, dsaThreads, share, out, part, qLat, qRope,
 		qrI, qrH, lat, rope, la, lb, uint64(x.sel.ptr), uint64(x.cnt.ptr), x.k, heads, per, scale)
 	if name == "dsa_attend_mma" {
-		b.overlapAfterTopK()
+		b.overlapAfter("topk_select", "tkc_select", "tkm_emit")
 	}
 	if splits > 1 {
 		b.launch("dsa_attend_combine", [3]int{heads, m, 1}, 128, 0, out, part, m, heads, la, splits)
@@ -340,22 +346,21 @@ func (b *Backend) attendLatentSplit(x *dsaIndices, m, heads int, scale float32, 
 	runtime.KeepAlive(x)
 }
 
-// overlapAfterTopK launches the kernel just queued (dsa_attend_mma) with
-// programmatic serialization when the one before it is a top-k kernel
-// launched without it: the top-k lets its successor start at once
-// (pdl_launch), and the attention stages and splits its queries, which
-// kernels before the top-k wrote and which have therefore finished, before
-// it waits for the selection (pdl_wait). After any other kernel the
-// queries might still be in flight, so the launch stays plain.
-func (b *Backend) overlapAfterTopK() {
+// overlapAfter launches the kernel just queued with programmatic
+// serialization when the one before it is one of prev launched without it.
+// Such a kernel lets its successor start at once (pdl_launch) and itself
+// ran after every earlier kernel had finished, so the successor may read
+// anything older than it before its pdl_wait: dsa_attend_mma builds its
+// query fragments under the top-k, idx_scores_mma its own and its first key
+// tiles under the weights' scale. After any other op the launch stays
+// plain, since a chain of early-triggering kernels could leave such inputs'
+// writer still running.
+func (b *Backend) overlapAfter(prev ...string) {
 	b.qmu.Lock()
 	defer b.qmu.Unlock()
 	ops := b.q.ops
-	if n := len(ops); n >= 2 && ops[n-2].kind == opKernel && !ops[n-2].pdl {
-		switch ops[n-2].name {
-		case "topk_select", "tkc_select", "tkm_emit":
-			ops[n-1].pdl = true
-		}
+	if n := len(ops); n >= 2 && ops[n-2].kind == opKernel && !ops[n-2].pdl && slices.Contains(prev, ops[n-2].name) {
+		ops[n-1].pdl = true
 	}
 }
 

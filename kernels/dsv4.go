@@ -118,7 +118,7 @@ func (b *Backend) V4IndexTopK(idx, q, keys, weights backend.Buffer, a dsv4.Index
 		return
 	}
 	b.selectTopK(idx, 1, nil, a.M, a.Entries, a.TopK, a.TopK, a.Pos0, a.Rate, func(scores uint64) {
-		b.scoreKeys(scores, q, keys, weights, a.M, a.Entries, a.Heads, a.Dim, a.Pos0, a.Rate, a.Scale)
+		b.scoreKeys(scores, q, keys, weights, a.M, a.Entries, a.Heads, a.Dim, a.Pos0, a.Rate, a.Scale, false)
 	})
 }
 

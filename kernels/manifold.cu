@@ -305,6 +305,7 @@ extern "C" __global__ void add(float* dst, const float* a, const float* b, int n
 }
 
 extern "C" __global__ void scale(float* dst, const float* a, float s, int n) {
+    pdl_launch();  // DSA's indexer after it may stage its queries meanwhile (dsa.go)
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) dst[i] = a[i] * s;
 }

@@ -275,7 +275,10 @@ func (m *DeepseekV32) attention(s *v32State, l int, blk *v32Block, out, h backen
 	b.RoPE(kI, n, 1, ix.HeadDim, 0, pos0, m.irope, false)
 	wI := b.View(s.wI, 0, n*ix.Heads)
 	b.MatMul(wI, h, blk.IW, n)
-	ops.DSASelect(s.idx, qI, wI, b.View(s.ik[l], 0, L*ix.HeadDim), n, L, pos0)
+	// The selection is queued right before the attention that reads it, so
+	// that a backend can overlap the two (the GPU stages the attention's
+	// queries while the top-k runs).
+	selectTokens := func() { ops.DSASelect(s.idx, qI, wI, b.View(s.ik[l], 0, L*ix.HeadDim), n, L, pos0) }
 
 	b.Copy(b.View(s.kr[l], pos0*dr, n*dr), kr)
 	rope := b.View(s.kr[l], 0, L*dr)
@@ -283,18 +286,21 @@ func (m *DeepseekV32) attention(s *v32State, l int, blk *v32Block, out, h backen
 	case s.path == MLANaive:
 		w := a.Heads * (a.NopeDim + a.VDim)
 		b.MatMul(b.View(s.kv[l], pos0*w, n*w), lat, blk.KVB, n)
+		selectTokens()
 		ops.DSAAttendMLA(att, q, b.View(s.kv[l], 0, L*w), rope, s.idx, n, a, m.scale)
 	case s.path == MLAAbsorbed || m.absorb(n, L):
 		b.Copy(b.View(s.lat[l], pos0*r, n*r), lat)
 		qLat := b.View(s.qLat, 0, n*a.Heads*r)
 		ops.MLAAbsorbQuery(qLat, q, blk.KVB, n, a)
 		oLat := b.View(s.oLat, 0, n*a.Heads*r)
+		selectTokens()
 		ops.DSAAttendLatent(oLat, qLat, q, b.View(s.lat[l], 0, L*r), rope, s.idx, n, a, m.scale)
 		ops.MLAExpandOutput(att, oLat, blk.KVB, n, a)
 	default:
 		b.Copy(b.View(s.lat[l], pos0*r, n*r), lat)
 		kv := m.kvScratch(s, L)
 		b.MatMul(kv, b.View(s.lat[l], 0, L*r), blk.KVB, L)
+		selectTokens()
 		ops.DSAAttendMLA(att, q, kv, rope, s.idx, n, a, m.scale)
 	}
 	b.MatMul(out, att, blk.O, n)
