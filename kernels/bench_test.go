@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"sort"
 	"testing"
 	"time"
 
@@ -166,5 +167,102 @@ func BenchmarkGEMV(b *testing.B) {
 			}
 			reset()
 		}
+	}
+}
+
+// BenchmarkGEMVTimeline records when each block of gemv_nvfp4_tma reaches
+// fixed points (global timer; flags bit 6) over a chain of launches with
+// programmatic dependent launch, as in a decode step, and prints the last
+// two launches on one time base: blocks' entry, the wait for the previous
+// kernel, x staged, each stage's copies issued and arrived, the end. It
+// shows where a launch's time goes between the copies and the consumers.
+func BenchmarkGEMVTimeline(b *testing.B) {
+	g := newGPU(b)
+	g.SetGraphs(false)
+	g.SetPDL(true)
+	rng := rand.New(rand.NewPCG(1, 1))
+	for _, shape := range [][2]int{{4096, 14336}, {14336, 4096}, {6144, 4096}} {
+		N, K := shape[0], shape[1]
+		h := &backend.HostWeight{Name: "nvfp4", Rows: N, Cols: K, Format: backend.NVFP4, Q: randomNVFP4(rng, N, K)}
+		ws := make([]backend.Weight, max(1, int(math.Ceil(200e6/(float64(N*K)*h.Format.BytesPerValue())))))
+		for i := range ws {
+			w, err := g.Upload(h)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ws[i] = w
+		}
+		b.Run(fmt.Sprintf("%dx%d", N, K), func(b *testing.B) {
+			const words = 256 + 4*1024*64 // counters, then four launches of up to 1024 blocks
+			tb := g.NewBuffer(2 * words)
+			g.Write(tb, 0, make([]float32, 2*words))
+			g.tmaTrace, g.tmaAblate = tb.(*Buffer).ptr, 0x40
+			defer func() { g.tmaTrace, g.tmaAblate = 0, 0 }()
+			x, y := g.NewBuffer(K), g.NewBuffer(N)
+			g.Write(x, 0, randn(rng, K))
+			for i := range 40 {
+				g.MatMul(y, x, ws[i%len(ws)], 1)
+			}
+			raw := make([]float32, 2*words)
+			g.Read(raw, tb, 0)
+			if err := g.Sync(); err != nil {
+				b.Fatal(err)
+			}
+			word := func(i int) uint64 {
+				return uint64(math.Float32bits(raw[2*i])) | uint64(math.Float32bits(raw[2*i+1]))<<32
+			}
+			cnt := func(blk int) uint32 {
+				w := word(blk / 2)
+				return uint32(w >> (32 * (blk % 2)))
+			}
+			grid := 0
+			for grid < 512 && cnt(grid) > 0 {
+				grid++
+			}
+			if grid == 0 {
+				b.Skip("no timeline written (not the bulk-copy kernel at this shape)")
+			}
+			last := int(cnt(0)) - 1
+			at := func(launch, blk, slot int) uint64 { return word(256 + ((launch&3)*grid+blk)*64 + slot) }
+			t0 := uint64(math.MaxUint64)
+			for blk := range grid {
+				t0 = min(t0, at(last-1, blk, 0))
+			}
+			us := func(t uint64) float64 { return float64(int64(t-t0)) / 1e3 }
+			stat := func(launch, slot int) (lo, med, hi float64, ok bool) {
+				var v []float64
+				for blk := range grid {
+					if t := at(launch, blk, slot); t != 0 {
+						v = append(v, us(t))
+					}
+				}
+				if len(v) == 0 {
+					return 0, 0, 0, false
+				}
+				sort.Float64s(v)
+				return v[0], v[len(v)/2], v[len(v)-1], true
+			}
+			for _, l := range []int{last - 1, last} {
+				line := fmt.Sprintf("RESULT gemv_timeline N=%d K=%d blocks=%d launch=%d", N, K, grid, l-last)
+				for _, p := range []struct {
+					name string
+					slot int
+				}{{"entry", 0}, {"waited", 30}, {"staged", 31}, {"end", 60}} {
+					if lo, med, hi, ok := stat(l, p.slot); ok {
+						line += fmt.Sprintf(" %s=%.2f/%.2f/%.2f", p.name, lo, med, hi)
+					}
+				}
+				fmt.Println(line)
+				for s := range 24 {
+					_, ib, ih, ok1 := stat(l, 1+s)
+					_, fb, fh, ok2 := stat(l, 32+s)
+					if !ok1 && !ok2 {
+						break
+					}
+					fmt.Printf("RESULT gemv_timeline_stage launch=%d stage=%d issued_med=%.2f issued_max=%.2f arrived_med=%.2f arrived_max=%.2f\n",
+						l-last, s, ib, ih, fb, fh)
+				}
+			}
+		})
 	}
 }

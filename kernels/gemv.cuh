@@ -521,9 +521,23 @@ __device__ __forceinline__ void mma16816_z(float d[4], const uint32_t a[4], uint
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
 }
 
+// Benchmark timeline (flags bit 6, BenchmarkGEMVTimeline): the global timer
+// at fixed points, 64 slots per block in a.nh (no norm is fused then).
+__device__ __forceinline__ unsigned long long gtime() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+#define TMA_TR_ENTRY 0   // producer: after the barriers' setup
+#define TMA_TR_ISSUE 1   // producer: stage s's copies issued (s < 24)
+#define TMA_TR_WAITED 30 // consumer warp 0: the previous kernel finished (pdl_wait returned)
+#define TMA_TR_STAGED 31 // consumer warp 0: x staged
+#define TMA_TR_FULL 32   // consumer warp 0: stage s arrived (s < 24)
+#define TMA_TR_END 60    // consumer warp 0: its last tile's sums written
+
 // Shared memory: [NS stages][xs: K/8 uint4 (x8_pairs<1> of each 8 activations)]
 // [zero: 2 uint4][red: 2 x TMA_CW x 16 floats][nred: TMA_CW floats][full, empty: NS each].
-template <int CW>
+template <int CW, bool TRACE>
 __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a) {
     constexpr int GP = 16 / CW;  // groups per consumer warp and stage
     extern __shared__ __align__(16) unsigned char tsm[];
@@ -538,15 +552,23 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a) {
     const uint32_t bars = smem_u32(nred + CW);  // 8-byte aligned: everything before is a multiple of 16 bytes
     auto full = [&](int s) { return bars + 8 * s; };
     auto empty = [&](int s) { return bars + 8 * (NS + s); };
+    __shared__ int s_trk;  // the timeline: this block's launch count
+    const bool trace = TRACE && ((a.flags >> 6) & 1);
     if (threadIdx.x == 0) {
         for (int s = 0; s < NS; s++) {
             mbar_init(full(s), 1);
             mbar_init(empty(s), CW);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        if (trace) s_trk = atomicAdd((unsigned*)a.nh + blockIdx.x, 1u);
     }
     __syncthreads();
     pdl_launch();
+    // Timeline words: 512 counters, then four launches' [grid][64] in turn.
+    unsigned long long* tr =
+        trace ? (unsigned long long*)a.nh + 256 + ((size_t)(s_trk & 3) * gridDim.x + blockIdx.x) * 64 : nullptr;
+    if (TRACE && tr && threadIdx.x == CW * WARP) tr[TMA_TR_ENTRY] = gtime();
+    int trs = 0;  // stages passed, for the timeline
 
     if (warp == CW) {
         // Producer: lane r < 16 copies weight row r of each stage, lane 16 + r its scales.
@@ -575,6 +597,8 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a) {
                     bulk_g2s_stream(smem_u32(ring + slot * TMA_STAGE + doff), src + (size_t)ks * bytes, bytes, full(slot), policy);
                 else
                     bulk_g2s(smem_u32(ring + slot * TMA_STAGE + doff), src + (size_t)ks * bytes, bytes, full(slot));
+                if (TRACE && tr && lane == 0 && trs < 24) tr[TMA_TR_ISSUE + trs] = gtime();
+                if (TRACE) trs++;
                 if (++slot == NS) slot = 0, phase ^= 1;
             }
         }
@@ -607,6 +631,7 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a) {
         // x is the previous kernel's output: plain loads, which stay after
         // the wait (the compiler may hoist __ldg, a read-only load, above it).
         pdl_wait();
+        if (TRACE && tr && tid == 0) tr[TMA_TR_WAITED] = gtime();
         const float* x = (const float*)(a.nx ? a.nx : a.x);
 #pragma unroll
         for (int i = 0; i < MI; i++) {
@@ -686,6 +711,7 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a) {
     }
     if (tid < 2) zero[tid] = make_uint4(0, 0, 0, 0);
     consumers_sync<CW>();
+    if (TRACE && tr && tid == 0) tr[TMA_TR_STAGED] = gtime();
 
     const int g = lane >> 2, t = lane & 3;
     // The B operand's sources: block 2t of the group (words 0, 1) is real for
@@ -701,6 +727,8 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a) {
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
         for (int ks = 0; ks < stages; ks++) {
             mbar_wait(full(slot), phase);
+            if (TRACE && tr && tid == 0 && trs < 24) tr[TMA_TR_FULL + trs] = gtime();
+            if (TRACE) trs++;
             const unsigned char* st = ring + slot * TMA_STAGE;
             uint4 wa[GP], wb[GP], xv[GP][4];
             uint32_t sa[GP], sb[GP];
@@ -798,6 +826,7 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a) {
             }
         }
     }
+    if (TRACE && tr && tid == 0) tr[TMA_TR_END] = gtime();
 }
 
 // 16 consumer warps, one block per multiprocessor; 8 consumer warps (two
@@ -805,11 +834,15 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a) {
 // that the next launch's block fits beside it (its copies start while this
 // one drains, with programmatic dependent launch).
 extern "C" __global__ void __launch_bounds__(17 * WARP, 1) gemv_nvfp4_tma(const __grid_constant__ GemvArgs a) {
-    gemv_nvfp4_tma_body<16>(a);
+    gemv_nvfp4_tma_body<16, false>(a);
 }
 extern "C" __global__ void __launch_bounds__(9 * WARP, 2) gemv_nvfp4_tma8(const __grid_constant__ GemvArgs a) {
-    gemv_nvfp4_tma_body<8>(a);
+    gemv_nvfp4_tma_body<8, false>(a);
 }
 extern "C" __global__ void __launch_bounds__(9 * WARP, 3) gemv_nvfp4_tma8_3(const __grid_constant__ GemvArgs a) {
-    gemv_nvfp4_tma_body<8>(a);
+    gemv_nvfp4_tma_body<8, false>(a);
+}
+// gemv_nvfp4_tma8 writing its timeline (BenchmarkGEMVTimeline).
+extern "C" __global__ void __launch_bounds__(9 * WARP, 2) gemv_nvfp4_tma8_trace(const __grid_constant__ GemvArgs a) {
+    gemv_nvfp4_tma_body<8, true>(a);
 }
