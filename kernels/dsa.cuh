@@ -1341,11 +1341,13 @@ __device__ __forceinline__ void attend_mma(const Rows& rows, float* out, float* 
         for (int c = tid & 7; c < q4; c += 8) cp_async16(smem_u32(d + 4 * c), c < la4 ? ra + 4 * c : rb + 4 * (c - la4));
         cp_async_commit();
     };
-    if constexpr (!Rows::kOverlap) {
+    // This split's rows of the selection, and the copy of its first tile.
+    auto start = [&]() {
         n = rows.count(i);
         lo = min(split * per, n), hi = min(lo + per, n);
         if (lo < hi) load(lo, 0);
-    }
+    };
+    if constexpr (!Rows::kOverlap) start();
     if (tid < DSA_G) {  // the sinks count once: in split 0
         const bool sink = sinks != nullptr && split == 0 && hb + tid < heads;
         s_m[tid] = sink ? sinks[hb + tid] : -INFINITY;
@@ -1411,9 +1413,7 @@ __device__ __forceinline__ void attend_mma(const Rows& rows, float* out, float* 
 
     if constexpr (Rows::kOverlap) {
         pdl_wait();  // the selection is the previous kernel's output
-        n = rows.count(i);
-        lo = min(split * per, n), hi = min(lo + per, n);
-        if (lo < hi) load(lo, 0);
+        start();
     }
 
     const int ntw = la / 64, c0 = warp * (la / 8);  // output n-tiles and first column of this warp
