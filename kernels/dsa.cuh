@@ -1118,28 +1118,33 @@ extern "C" __global__ void mla_expand(float* out, const float* outLat, const voi
 #define DSA_THREADS 256
 #define DSA_MAX_SPLITS 64
 
-// Online softmax over a tile's DSA_TT (= WARP) scores P[t * ps + h], which
-// become the probabilities: warp w takes heads 2w and 2w + 1, lane t token
-// t; each head's running max s_m and sum s_l are updated and its rescale
-// factor for the earlier sums goes to s_a.
-static_assert(DSA_TT == WARP, "dsa_softmax_tile: a lane per token");
+// The online softmax of one head g over a tile of DSA_TT (= WARP) tokens,
+// lane t holding token t's score s: its probability goes to *p, the head's
+// running max s_m and sum s_l are updated and its rescale factor for the
+// earlier sums goes to s_a.
+static_assert(DSA_TT == WARP, "dsa_softmax_head: a lane per token");
+__device__ __forceinline__ void dsa_softmax_head(float s, float* p, int g, float* s_m, float* s_l, float* s_a, int lane) {
+    const float mo = s_m[g], lsum = s_l[g];
+    const float mn = fmaxf(mo, warp_max(s));
+    const float e = mn == -INFINITY ? 0.f : expf(s - mn);
+    const float psum = warp_sum(e);
+    *p = e;
+    __syncwarp();  // every lane has read s_m[g], s_l[g]
+    if (lane == 0) {
+        const float a = mn == -INFINITY ? 1.f : expf(mo - mn);
+        s_a[g] = a;
+        s_l[g] = lsum * a + psum;
+        s_m[g] = mn;
+    }
+}
+
+// The online softmax over a tile's scores P[t * ps + h], which become the
+// probabilities: warp w takes heads 2w and 2w + 1.
 __device__ __forceinline__ void dsa_softmax_tile(float* P, int ps, float* s_m, float* s_l, float* s_a, int warp, int lane) {
 #pragma unroll
     for (int u = 0; u < 2; u++) {
         const int g = 2 * warp + u;
-        const float s = P[lane * ps + g];
-        const float mo = s_m[g], lsum = s_l[g];
-        const float mn = fmaxf(mo, warp_max(s));
-        const float p = mn == -INFINITY ? 0.f : expf(s - mn);
-        const float psum = warp_sum(p);
-        P[lane * ps + g] = p;
-        __syncwarp();  // every lane has read s_m[g], s_l[g]
-        if (lane == 0) {
-            const float a = mn == -INFINITY ? 1.f : expf(mo - mn);
-            s_a[g] = a;
-            s_l[g] = lsum * a + psum;
-            s_m[g] = mn;
-        }
+        dsa_softmax_head(P[lane * ps + g], P + lane * ps + g, g, s_m, s_l, s_a, lane);
     }
 }
 
@@ -1294,58 +1299,79 @@ extern "C" __global__ void __launch_bounds__(DSA_THREADS, 2)
 // + a_hi·b_lo + a_hi·b_hi, as mhc_proj_part does) and the next tile's rows
 // copied while this one is worked on.
 //
-// Scores S[16 heads][32 tokens] = Q·K^T: warp w takes the k8 steps
-// [w*KW, w*KW + KW) of the D = la + lb columns for all four 8-token n-tiles,
-// its Q fragments loaded once (hi and lo in registers for the whole
-// selection); lane (g, t) uses the pair of columns 8k + 2t, 8k + 2t + 1 as
-// the fragment's logical columns t and t + 4 (Q and K alike, so each dot
-// product still covers every column once). The eight warps' partial sums are
-// added in warp order through shared memory. Output O[16][la] += P·V: warp
-// w takes columns [w*la/8, (w+1)*la/8) in 8-column n-tiles, the 32 tokens in
-// four k8 steps. Rows past a tile's last selected token repeat that token
+// NW = 8 or 16 warps (16 where la is a multiple of 128: twice the warps to
+// hide the mma chains' latencies, half the registers each). Scores S[16
+// heads][32 tokens] = Q·K^T: warp w takes the k8 steps [w*KW, w*KW + KW) of
+// the D = la + lb columns for all four 8-token n-tiles, its Q fragments
+// loaded once (hi and lo in registers for the whole selection); lane (g, t)
+// uses the pair of columns 8k + 2t, 8k + 2t + 1 as the fragment's logical
+// columns t and t + 4 (Q and K alike, so each dot product still covers every
+// column once). The warps' partial sums are added in warp order through
+// shared memory by the warp that then runs the online softmax of that head.
+// Output O[16][la] += P·V: warp w takes columns [w*la/NW, (w+1)*la/NW) in
+// 8-column n-tiles, the 32 tokens in four k8 steps. Three barriers a tile:
+// tile arrived (the one before done with), partials written, probabilities
+// written; the next tile's copy starts after the first. Rows past a tile's last selected token repeat that token
 // (finite values behind probabilities of zero). Row stride DS = D rounded up
 // to 32, plus 8 floats: the fragment loads (rows g, columns 2t or t) fall in
 // distinct banks.
 #define DSA_MKMAX 9  // k8 steps per warp: D <= 8 * 8 * 9 = 576
 #define DSA_RS 40    // a head's row of 32 partial scores, padded
 #define DSA_PS 24    // a token's row of 16 probabilities, padded
-static_assert(DSA_TT * 8 == DSA_THREADS, "dsa_attend_mma copies a row with eight threads");
 
 __host__ __device__ __forceinline__ int dsa_mma_stride(int d) { return ((d + 31) & ~31) + 8; }
 
-template <typename Rows>
+template <typename Rows, int NW>
 __device__ __forceinline__ void attend_mma(const Rows& rows, float* out, float* part, const float* qLat,
                                            const float* qRope, int qrI, int qrH, int la, int lb, int heads, int per,
                                            float scale, const float* sinks) {
+    static_assert(NW == 8 || NW == 16, "attend_mma: 8 or 16 warps");
+    constexpr int NT = NW * WARP, TPR = NT / DSA_TT;   // threads, threads per copied row
+    constexpr int MK = (DSA_MKMAX * 8 + NW - 1) / NW;  // k8 steps per warp at most
+    constexpr int OJ = 64 / NW;                        // output n-tiles per warp at most (la <= 512)
     extern __shared__ __align__(16) float dsa_sm[];
     __shared__ float s_m[DSA_G], s_l[DSA_G], s_a[DSA_G];
     __shared__ bool s_ok[2][DSA_TT];
-    const int D = la + lb, DS = dsa_mma_stride(D), KW = (D / 8 + 7) / 8;
+    const int D = la + lb, DS = dsa_mma_stride(D), KW = (D / 8 + NW - 1) / NW;
     float* Ks = dsa_sm;                        // [2][DSA_TT][DS] selected rows: latent | rope
-    float* red = Ks + 2 * DSA_TT * DS;         // [8 warps][DSA_G][DSA_RS] partial scores
-    float* Ps = red + 8 * DSA_G * DSA_RS;      // [DSA_TT][DSA_PS] scores, then probabilities
+    float* red = Ks + 2 * DSA_TT * DS;         // [NW warps][DSA_G][DSA_RS] partial scores
+    float* Ps = red + NW * DSA_G * DSA_RS;     // [DSA_TT][DSA_PS] scores, then probabilities
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP, g = lane >> 2, t = lane & 3;
     const int split = blockIdx.x, nsplit = gridDim.x, hb = blockIdx.y * DSA_G, i = blockIdx.z;
     const int q4 = D / 4, la4 = la / 4;
     int n = 0, lo = 0, hi = 0;  // this split's rows [lo, hi) of the n selected, after the wait below
 
-    // The tile's 32 rows from token t0 into buffer b (rows past hi repeat
-    // hi - 1), eight threads per row: one token id each, then its copies;
-    // one commit group.
-    auto load = [&](int t0, int b) {
-        const int r = tid >> 3;
-        const float *ra, *rb;
-        const bool ok = rows.row(i, min(t0 + r, hi - 1), ra, rb) && t0 + r < hi;
-        if ((tid & 7) == 0) s_ok[b][r] = ok;
+    // This thread's row of the tile from token t0 (rows past hi repeat hi -
+    // 1): its addresses, found one tile before its copy so that their loads
+    // (a token id, an index) are in flight while a tile is worked on.
+    struct RowRef {
+        const float *a, *b;
+        bool ok;
+    };
+    auto fetch = [&](int t0) {
+        RowRef f;
+        const int r = tid / TPR;
+        f.ok = rows.row(i, min(t0 + r, hi - 1), f.a, f.b) && t0 + r < hi;
+        return f;
+    };
+    // The copy of the tile into buffer b, TPR threads per row; one commit group.
+    auto issue = [&](const RowRef& f, int b) {
+        const int r = tid / TPR;
+        if (tid % TPR == 0) s_ok[b][r] = f.ok;
         float* d = Ks + (b * DSA_TT + r) * DS;
-        for (int c = tid & 7; c < q4; c += 8) cp_async16(smem_u32(d + 4 * c), c < la4 ? ra + 4 * c : rb + 4 * (c - la4));
+        for (int c = tid % TPR; c < q4; c += TPR) cp_async16(smem_u32(d + 4 * c), c < la4 ? f.a + 4 * c : f.b + 4 * (c - la4));
         cp_async_commit();
     };
-    // This split's rows of the selection, and the copy of its first tile.
+    RowRef next{};  // the rows of the tile after the one being copied
+    // This split's rows of the selection, the copy of its first tile and the
+    // addresses of the second. Rows::warm starts the load of this thread's
+    // first token while the count is read.
     auto start = [&]() {
+        rows.warm(i, split * per + tid / TPR);
         n = rows.count(i);
         lo = min(split * per, n), hi = min(lo + per, n);
-        if (lo < hi) load(lo, 0);
+        if (lo < hi) issue(fetch(lo), 0);
+        if (lo + DSA_TT < hi) next = fetch(lo + DSA_TT);
     };
     if constexpr (!Rows::kOverlap) start();
     if (tid < DSA_G) {  // the sinks count once: in split 0
@@ -1365,39 +1391,39 @@ __device__ __forceinline__ void attend_mma(const Rows& rows, float* out, float* 
     // are already on their way.
     {
         float* qs = Ks + DSA_TT * DS;
-        for (int x0 = 0; x0 < DSA_G * la4; x0 += 4 * DSA_THREADS) {
+        for (int x0 = 0; x0 < DSA_G * la4; x0 += 4 * NT) {
             float4 v[4];
 #pragma unroll
             for (int j = 0; j < 4; j++) {
-                const int x = x0 + tid + j * DSA_THREADS, hh = x / la4, c = x - hh * la4;
+                const int x = x0 + tid + j * NT, hh = x / la4, c = x - hh * la4;
                 v[j] = make_float4(0.f, 0.f, 0.f, 0.f);
                 if (x < DSA_G * la4 && hb + hh < heads)
                     v[j] = *reinterpret_cast<const float4*>(qLat + ((size_t)i * heads + hb + hh) * la + 4 * c);
             }
 #pragma unroll
             for (int j = 0; j < 4; j++) {
-                const int x = x0 + tid + j * DSA_THREADS, hh = x / la4, c = x - hh * la4;
+                const int x = x0 + tid + j * NT, hh = x / la4, c = x - hh * la4;
                 if (x < DSA_G * la4) *reinterpret_cast<float4*>(qs + hh * DS + 4 * c) = v[j];
             }
         }
-        for (int x0 = 0; x0 < DSA_G * lb; x0 += 4 * DSA_THREADS) {
+        for (int x0 = 0; x0 < DSA_G * lb; x0 += 4 * NT) {
             float v[4];
 #pragma unroll
             for (int j = 0; j < 4; j++) {
-                const int x = x0 + tid + j * DSA_THREADS, hh = x / max(lb, 1), c = x - hh * lb;
+                const int x = x0 + tid + j * NT, hh = x / max(lb, 1), c = x - hh * lb;
                 v[j] = x < DSA_G * lb && hb + hh < heads ? qRope[(size_t)i * qrI + (size_t)(hb + hh) * qrH + c] : 0.f;
             }
 #pragma unroll
             for (int j = 0; j < 4; j++) {
-                const int x = x0 + tid + j * DSA_THREADS, hh = x / max(lb, 1), c = x - hh * lb;
+                const int x = x0 + tid + j * NT, hh = x / max(lb, 1), c = x - hh * lb;
                 if (x < DSA_G * lb) qs[hh * DS + la + c] = v[j];
             }
         }
     }
     __syncthreads();
-    uint32_t qh[DSA_MKMAX][4], ql[DSA_MKMAX][4];
+    uint32_t qh[MK][4], ql[MK][4];
 #pragma unroll
-    for (int s = 0; s < DSA_MKMAX; s++) {
+    for (int s = 0; s < MK; s++) {
         const int d = 8 * (warp * KW + s) + 2 * t;
         float2 va = make_float2(0.f, 0.f), vb = va;  // rows g and g + 8 at (d, d + 1)
         if (s < KW && d < D) {
@@ -1416,18 +1442,22 @@ __device__ __forceinline__ void attend_mma(const Rows& rows, float* out, float* 
         start();
     }
 
-    const int ntw = la / 64, c0 = warp * (la / 8);  // output n-tiles and first column of this warp
-    float o[8][4];
+    const int ntw = la / (8 * NW), c0 = warp * (la / NW);  // output n-tiles and first column of this warp
+    float o[OJ][4];
 #pragma unroll
-    for (int j = 0; j < 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    for (int j = 0; j < OJ; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
 
     int b = 0;
     for (int t0 = lo; t0 < hi; t0 += DSA_TT, b ^= 1) {
         const int nt = min(DSA_TT, hi - t0);
-        if (t0 + DSA_TT < hi) load(t0 + DSA_TT, b ^ 1);  // buffer b^1 was freed by the last iteration's final barrier
-        else cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();  // tile b in Ks (and, the first time, the stats)
+        cp_async_wait<0>();
+        // Tile b in Ks (and, the first time, the stats); every warp is done
+        // with the tile before, so buffer b^1, red and Ps are free.
+        __syncthreads();
+        if (t0 + DSA_TT < hi) {
+            issue(next, b ^ 1);
+            if (t0 + 2 * DSA_TT < hi) next = fetch(t0 + 2 * DSA_TT);
+        }
 
         // Partial scores over this warp's columns, four 8-token n-tiles: per
         // k8 step the small products of every n-tile, then the large ones,
@@ -1437,7 +1467,7 @@ __device__ __forceinline__ void attend_mma(const Rows& rows, float* out, float* 
 #pragma unroll
         for (int j = 0; j < 4; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
 #pragma unroll
-        for (int s = 0; s < DSA_MKMAX; s++) {
+        for (int s = 0; s < MK; s++) {
             const int k8 = warp * KW + s;
             if (s < KW && 8 * k8 < D) dsa_qk_step(sc, kb + g * DS + 8 * k8 + 2 * t, DS, qh[s], ql[s]);
         }
@@ -1448,23 +1478,24 @@ __device__ __forceinline__ void attend_mma(const Rows& rows, float* out, float* 
             *reinterpret_cast<float2*>(rw + (g + 8) * DSA_RS + j * 8 + 2 * t) = make_float2(sc[j][2], sc[j][3]);
         }
         __syncthreads();  // every warp's partials in red
-        for (int e = tid; e < DSA_G * DSA_TT; e += DSA_THREADS) {
-            const int hh = e / DSA_TT, tt = e % DSA_TT;
+        // Warp w's heads (DSA_G / NW of them), lane tt its token: the warps'
+        // partial sums added in warp order and scaled, then the online softmax.
+#pragma unroll
+        for (int u = 0; u < DSA_G / NW; u++) {
+            const int hh = warp * (DSA_G / NW) + u, tt = lane;
             float v = 0.f;
 #pragma unroll
-            for (int w = 0; w < 8; w++) v += red[(w * DSA_G + hh) * DSA_RS + tt];
-            Ps[tt * DSA_PS + hh] = tt < nt && s_ok[b][tt] && hb + hh < heads ? v * scale : -INFINITY;
+            for (int w = 0; w < NW; w++) v += red[(w * DSA_G + hh) * DSA_RS + tt];
+            dsa_softmax_head(tt < nt && s_ok[b][tt] && hb + hh < heads ? v * scale : -INFINITY, Ps + tt * DSA_PS + hh,
+                             hh, s_m, s_l, s_a, lane);
         }
-        __syncthreads();  // all scores in Ps
-
-        dsa_softmax_tile(Ps, DSA_PS, s_m, s_l, s_a, warp, lane);
         __syncthreads();  // probabilities in Ps, rescale factors in s_a
 
         // O = O * alpha + P·V over this warp's columns.
         {
             const float a0 = s_a[g], a1 = s_a[g + 8];
 #pragma unroll
-            for (int j = 0; j < 8; j++) o[j][0] *= a0, o[j][1] *= a0, o[j][2] *= a1, o[j][3] *= a1;
+            for (int j = 0; j < OJ; j++) o[j][0] *= a0, o[j][1] *= a0, o[j][2] *= a1, o[j][3] *= a1;
 #pragma unroll
             for (int ks = 0; ks < DSA_TT / 8; ks++) {
                 uint32_t ph[4], pl[4];
@@ -1473,28 +1504,26 @@ __device__ __forceinline__ void attend_mma(const Rows& rows, float* out, float* 
                 tf32_split(Ps[(ks * 8 + t + 4) * DSA_PS + g], ph[2], pl[2]);
                 tf32_split(Ps[(ks * 8 + t + 4) * DSA_PS + g + 8], ph[3], pl[3]);
                 const float* vr = kb + (ks * 8 + t) * DS + c0 + g;
-                uint32_t bh[8][2], bl[8][2];
+                uint32_t bh[OJ][2], bl[OJ][2];
 #pragma unroll
-                for (int j = 0; j < 8; j++) {
+                for (int j = 0; j < OJ; j++) {
                     if (j < ntw) {
                         tf32_split(vr[j * 8], bh[j][0], bl[j][0]);
                         tf32_split(vr[4 * DS + j * 8], bh[j][1], bl[j][1]);
                     }
                 }
 #pragma unroll
-                for (int j = 0; j < 8; j++)
+                for (int j = 0; j < OJ; j++)
                     if (j < ntw) mhc_mma_tf32(o[j], pl[0], pl[1], pl[2], pl[3], bh[j][0], bh[j][1]);
 #pragma unroll
-                for (int j = 0; j < 8; j++)
+                for (int j = 0; j < OJ; j++)
                     if (j < ntw) mhc_mma_tf32(o[j], ph[0], ph[1], ph[2], ph[3], bl[j][0], bl[j][1]);
 #pragma unroll
-                for (int j = 0; j < 8; j++)
+                for (int j = 0; j < OJ; j++)
                     if (j < ntw) mhc_mma_tf32(o[j], ph[0], ph[1], ph[2], ph[3], bh[j][0], bh[j][1]);
             }
         }
-        __syncthreads();  // Ks[b], red and Ps free for the next tiles
     }
-    cp_async_wait<0>();
 
     // Lane (g, t) holds O[g][c0 + 8j + 2t, +1] and O[g + 8][...].
 #pragma unroll
@@ -1511,7 +1540,7 @@ __device__ __forceinline__ void attend_mma(const Rows& rows, float* out, float* 
             od = part + (((size_t)i * nsplit + split) * heads + h) * la;
         }
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+        for (int j = 0; j < OJ; j++)
             if (j < ntw)
                 *reinterpret_cast<float2*>(od + c0 + 8 * j + 2 * t) = make_float2(o[j][2 * r] * f, o[j][2 * r + 1] * f);
     }
@@ -1528,6 +1557,10 @@ struct DsaRows {
     const float *lat, *rope;
     const int *sel, *cnt;
     int K, la, lb;
+    // warm brings token t's id toward the SM (a hint; t may be past the count).
+    __device__ void warm(int i, int t) const {
+        if (t < K) asm volatile("prefetch.global.L1 [%0];" ::"l"(sel + (size_t)i * K + t));
+    }
     __device__ int count(int i) const { return cnt[i]; }
     __device__ bool row(int i, int t, const float*& a, const float*& b) const {
         const size_t tok = (size_t)__ldg(sel + (size_t)i * K + t);
@@ -1541,8 +1574,17 @@ extern "C" __global__ void __launch_bounds__(DSA_THREADS, 1)
     dsa_attend_mma(float* out, float* part, const float* qLat, const float* qRope, int qrI, int qrH, const float* lat,
                    const float* rope, int la, int lb, const int* sel, const int* cnt, int K, int heads, int per,
                    float scale) {
-    attend_mma(DsaRows{lat, rope, sel, cnt, K, la, lb}, out, part, qLat, qRope, qrI, qrH, la, lb, heads, per, scale,
-               nullptr);
+    attend_mma<DsaRows, 8>(DsaRows{lat, rope, sel, cnt, K, la, lb}, out, part, qLat, qRope, qrI, qrH, la, lb, heads,
+                           per, scale, nullptr);
+}
+// The same with 16 warps (la a multiple of 128): twice the warps per
+// multiprocessor to hide the mma chains' and shared loads' latencies.
+extern "C" __global__ void __launch_bounds__(2 * DSA_THREADS, 1)
+    dsa_attend_mma16(float* out, float* part, const float* qLat, const float* qRope, int qrI, int qrH,
+                     const float* lat, const float* rope, int la, int lb, const int* sel, const int* cnt, int K,
+                     int heads, int per, float scale) {
+    attend_mma<DsaRows, 16>(DsaRows{lat, rope, sel, cnt, K, la, lb}, out, part, qLat, qRope, qrI, qrH, la, lb, heads,
+                            per, scale, nullptr);
 }
 
 // DeepSeek-V4's rows (dsv4.GatherKeys' order, v4_row): the query's window of
@@ -1552,6 +1594,7 @@ struct V4Rows {
     static constexpr bool kOverlap = false;  // launched plainly: its first rows are copied during the query's staging
     const float *local, *comp, *idx;
     int pos0, lo, window, rate, topk, entries, dim;
+    __device__ void warm(int, int) const {}
     __device__ int nloc(int i) const {
         const int p = pos0 + i;
         return p - max(lo, p - window + 1) + 1;
@@ -1573,8 +1616,15 @@ extern "C" __global__ void __launch_bounds__(DSA_THREADS, 1)
     v4_attention_mma(float* out, float* part, const float* q, const float* local, const float* comp, const float* idx,
                      const float* sinks, int heads, int dim, int pos0, int lo, int window, int rate, int topk,
                      int entries, int per, float scale) {
-    attend_mma(V4Rows{local, comp, idx, pos0, lo, window, rate, topk, entries, dim}, out, part, q, q, 0, 0, dim, 0,
-               heads, per, scale, sinks);
+    attend_mma<V4Rows, 8>(V4Rows{local, comp, idx, pos0, lo, window, rate, topk, entries, dim}, out, part, q, q, 0, 0,
+                          dim, 0, heads, per, scale, sinks);
+}
+extern "C" __global__ void __launch_bounds__(2 * DSA_THREADS, 1)
+    v4_attention_mma16(float* out, float* part, const float* q, const float* local, const float* comp, const float* idx,
+                       const float* sinks, int heads, int dim, int pos0, int lo, int window, int rate, int topk,
+                       int entries, int per, float scale) {
+    attend_mma<V4Rows, 16>(V4Rows{local, comp, idx, pos0, lo, window, rate, topk, entries, dim}, out, part, q, q, 0,
+                           0, dim, 0, heads, per, scale, sinks);
 }
 
 // dsa_attend_combine merges dsa_attend_split's (or dsa_attend_mma's) splits:

@@ -287,15 +287,36 @@ const (
 	dsaMMAPS   = 24
 )
 
-func attendMMAShare(la, lb int) int {
+// attendMMAShare is attend_mma's dynamic shared memory in bytes with nw warps.
+func attendMMAShare(la, lb, nw int) int {
 	ds := (la+lb+31)&^31 + 8
-	return 4 * (2*dsaTile*ds + 8*dsaGroup*dsaMMARS + dsaTile*dsaMMAPS)
+	return 4 * (2*dsaTile*ds + nw*dsaGroup*dsaMMARS + dsaTile*dsaMMAPS)
+}
+
+// attendMMAWarps is how many warps attend_mma runs with for latent rank la:
+// 16 (dsa_attend_mma16, v4_attention_mma16) where la is a multiple of 128,
+// so that every warp owns whole 8-column output tiles, else 8.
+func (b *Backend) attendMMAWarps(la int) int {
+	if la%128 == 0 && !b.attnMMA8 {
+		return 16
+	}
+	return 8
+}
+
+// attendMMAKernel is attend_mma's entry point for base (dsa_attend_mma or
+// v4_attention_mma) with nw warps.
+func attendMMAKernel(base string, nw int) string {
+	if nw == 16 {
+		return base + "16"
+	}
+	return base
 }
 
 // attendMMAFits reports whether dsa_attend_mma takes the shapes (on top of
 // attendSplitFits).
 func (b *Backend) attendMMAFits(la, lb int) bool {
-	return !b.attnMMAOff && la%64 == 0 && lb%8 == 0 && la+lb <= dsaMMAMaxD && attendMMAShare(la, lb) <= b.opsShare()
+	return !b.attnMMAOff && la%64 == 0 && lb%8 == 0 && la+lb <= dsaMMAMaxD &&
+		attendMMAShare(la, lb, b.attendMMAWarps(la)) <= b.opsShare()
 }
 
 // dsaSplits is how many slices the attend kernel cuts a selection of k
@@ -312,13 +333,15 @@ func (b *Backend) dsaSplits(k, rows, heads, perSM int) (splits, per int) {
 	return splits, per
 }
 
-// attendLatentSplit launches dsa_attend_mma (one block per SM: it holds two
+// attendLatentSplit launches dsa_attend_mma[16] (one block per SM: it holds two
 // tiles) or dsa_attend_split (two), and dsa_attend_combine when the
 // selection is split; see dsa.cuh for the layouts.
 func (b *Backend) attendLatentSplit(x *dsaIndices, m, heads int, scale float32, out, qLat, qRope uint64, qrI, qrH int, lat, rope uint64, la, lb int) {
-	name, share, perSM := "dsa_attend_split", attendSplitShare(la, lb), 2
-	if b.attendMMAFits(la, lb) {
-		name, share, perSM = "dsa_attend_mma", attendMMAShare(la, lb), 1
+	name, share, perSM, threads := "dsa_attend_split", attendSplitShare(la, lb), 2, dsaThreads
+	mma := b.attendMMAFits(la, lb)
+	if mma {
+		nw := b.attendMMAWarps(la)
+		name, share, perSM, threads = attendMMAKernel("dsa_attend_mma", nw), attendMMAShare(la, lb, nw), 1, nw*32
 	}
 	splits, per := b.dsaSplits(x.k, m, heads, perSM)
 	var part uint64
@@ -335,9 +358,9 @@ func (b *Backend) attendLatentSplit(x *dsaIndices, m, heads int, scale float32, 
 	b.q.keep = append(b.q.keep, x.sel, x.cnt, x.part)
 	b.qmu.Unlock()
 	groups := (heads + dsaGroup - 1) / dsaGroup
-	b.launch(name, [3]int{splits, groups, m}, dsaThreads, share, out, part, qLat, qRope,
+	b.launch(name, [3]int{splits, groups, m}, threads, share, out, part, qLat, qRope,
 		qrI, qrH, lat, rope, la, lb, uint64(x.sel.ptr), uint64(x.cnt.ptr), x.k, heads, per, scale)
-	if name == "dsa_attend_mma" {
+	if mma {
 		b.overlapAfter("topk_select", "tkc_select", "tkm_emit")
 	}
 	if splits > 1 {

@@ -201,7 +201,8 @@ func (b *Backend) v4AttentionMMA(out, q, local, comp, idx, sinks backend.Buffer,
 	b.q.keep = append(b.q.keep, out, q, local, comp, idx, sinks)
 	b.qmu.Unlock()
 	groups := (a.Heads + dsaGroup - 1) / dsaGroup
-	b.launch("v4_attention_mma", [3]int{splits, groups, a.M}, dsaThreads, attendMMAShare(a.Dim, 0), ptr(out), part,
+	nw := b.attendMMAWarps(a.Dim)
+	b.launch(attendMMAKernel("v4_attention_mma", nw), [3]int{splits, groups, a.M}, nw*32, attendMMAShare(a.Dim, 0, nw), ptr(out), part,
 		ptr(q), ptr(local), optPtr(comp), optPtr(idx), ptr(sinks), a.Heads, a.Dim, a.Pos0, a.Lo, a.Window, a.Rate,
 		a.TopK, a.Entries, per, a.Scale)
 	if splits > 1 {

@@ -184,22 +184,37 @@ func BenchmarkOpsVsDenseDSA(b *testing.B) {
 			defer func() { g.topkPath = topkAuto }()
 			timeOp(b, g, bw, 10, selectBytes, func() { g.Copy(iw, iw0); g.DSASelect(idx, iq, iw, ik, 1, L, L-1) })
 		})
+		// The attend over the first 512 and 1024 positions (one and two tiles
+		// a block): how its time grows with the tiles.
+		for _, k := range []int{512, 1024} {
+			first := allIndices(b, g, ix, k)
+			b.Run(fmt.Sprintf("%sattend-k%d", name, k), func(b *testing.B) {
+				timeOp(b, g, bw, 10, float64(k)*rowBytes, func() { g.DSAAttendLatent(out, qLat, q, lat, kr, first, 1, s, 0.1) })
+			})
+		}
+		// The attend in 8-warp blocks (dsa_attend_mma, before dsa_attend_mma16).
+		b.Run(name+"attend-8w", func(b *testing.B) {
+			g.attnMMA8 = true
+			defer func() { g.attnMMA8 = false }()
+			timeOp(b, g, bw, 10, attendBytes, func() { g.DSAAttendLatent(out, qLat, q, lat, kr, idx, 1, s, 0.1) })
+		})
 		// The attend on CUDA-core FMAs (dsa_attend_split, before dsa_attend_mma).
 		b.Run(name+"attend-split", func(b *testing.B) {
 			g.attnMMAOff = true
 			defer func() { g.attnMMAOff = false }()
 			timeOp(b, g, bw, 10, attendBytes, func() { g.DSAAttendLatent(out, qLat, q, lat, kr, idx, 1, s, 0.1) })
 		})
-		// sparse, then the same with the top-k's many-block passes (tkm_,
-		// before tkc_select) and with one block per row (topk_select, before
-		// those).
+		// sparse, then the same with the 8-warp attend, with the top-k's
+		// many-block passes (tkm_, before tkc_select) and with one block per
+		// row (topk_select, before those).
 		for _, v := range []struct {
-			name string
-			path int
-		}{{"sparse", topkAuto}, {"sparse-tkm", topkMany}, {"sparse-1block", topkOneBlock}} {
+			name  string
+			path  int
+			eight bool
+		}{{"sparse", topkAuto, false}, {"sparse-8w", topkAuto, true}, {"sparse-tkm", topkMany, false}, {"sparse-1block", topkOneBlock, false}} {
 			b.Run(name+v.name, func(b *testing.B) {
-				g.topkPath = v.path
-				defer func() { g.topkPath = topkAuto }()
+				g.topkPath, g.attnMMA8 = v.path, v.eight
+				defer func() { g.topkPath, g.attnMMA8 = topkAuto, false }()
 				timeOp(b, g, bw, 10, selectBytes+attendBytes, func() {
 					g.Copy(iw, iw0)
 					g.DSASelect(idx, iq, iw, ik, 1, L, L-1)

@@ -368,13 +368,13 @@ func TestV4Ops(t *testing.T) {
 		}
 		c.V4Attention(want, cpu.Buffer(q), cpu.Buffer(local), cc, ci, cpu.Buffer(sinks), a)
 		gq, gl, gs := toGPU(g, q), toGPU(g, local), toGPU(g, sinks)
-		for _, off := range []bool{false, true} {
-			g.attnMMAOff = off
+		for _, mode := range []struct{ off, eight bool }{{false, false}, {false, true}, {true, false}} {
+			g.attnMMAOff, g.attnMMA8 = mode.off, mode.eight
 			got := poisoned(g, a.M*a.Heads*a.Dim)
 			g.V4Attention(got, gq, gl, gc, gi, gs, a)
-			check(t, fmt.Sprintf("v4 attention %+v (mma off %v)", a, off), fromGPU(t, g, got), want, opsTol)
+			check(t, fmt.Sprintf("v4 attention %+v (mma off %v, 8 warps %v)", a, mode.off, mode.eight), fromGPU(t, g, got), want, opsTol)
 		}
-		g.attnMMAOff = false
+		g.attnMMAOff, g.attnMMA8 = false, false
 	}
 	// Layout moves.
 	src := randn(rng, 3*5*7)
@@ -665,14 +665,18 @@ func TestDSAAttendLatentShapes(t *testing.T) {
 		oc := make(cpu.Buffer, m*H*tc.la)
 		c.DSAAttendLatent(oc, cpu.Buffer(qLat), cpu.Buffer(q), cpu.Buffer(lat), cpu.Buffer(kr), ic, m, s, scale)
 		qLatg, qg := toGPU(g, qLat), toGPU(g, q)
-		// dsa_attend_mma where it applies, then dsa_attend_split on the same inputs.
-		for _, off := range []bool{false, true} {
-			g.attnMMAOff = off
+		// dsa_attend_mma where it applies (with 16 warps, then 8, where the
+		// rank takes 16), then dsa_attend_split on the same inputs.
+		for _, mode := range []struct{ off, eight bool }{{false, false}, {false, true}, {true, false}} {
+			g.attnMMAOff, g.attnMMA8 = mode.off, mode.eight
+			if mode.eight && tc.la%128 != 0 {
+				continue // the first pass ran the 8-warp kernel already
+			}
 			kernel, perSM := "dsa_attend_split", 2
 			if !tc.split {
 				kernel = "dsa_attend"
 			} else if g.attendMMAFits(tc.la, tc.lb) {
-				kernel, perSM = "dsa_attend_mma", 1
+				kernel, perSM = attendMMAKernel("dsa_attend_mma", g.attendMMAWarps(tc.la)), 1
 			}
 			splits, per := g.dsaSplits(min(tc.topk, L), m, H, perSM)
 			g.DSAAttendLatent(og, qLatg, qg, latg, krg, gi, m, s, scale)
@@ -681,7 +685,7 @@ func TestDSAAttendLatentShapes(t *testing.T) {
 			check(t, name, fromGPU(t, g, og), oc, opsTol)
 			og = poisoned(g, m*H*tc.la)
 		}
-		g.attnMMAOff = false
+		g.attnMMAOff, g.attnMMA8 = false, false
 	}
 }
 
