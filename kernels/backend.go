@@ -84,6 +84,9 @@ type Backend struct {
 	topkPath      int  // tests and benchmarks: a top-k path forced (topkMany, topkOneBlock)
 	attnMMAOff    bool // tests and benchmarks: dsa_attend_split and v4_attention4 where the mma kernels would run
 	attnMMA8      bool // tests and benchmarks: the mma kernels' 8-warp blocks where 16 would run
+	tkc8          bool // tests and benchmarks: the cluster top-k in clusters of 8 where 16 would run
+	tkc16Once     sync.Once
+	tkc16OK       bool // tkc_select16's clusters of 16 fit on this GPU
 	idxMMAOff     bool // tests and benchmarks: idx_scores_tile where idx_scores_mma would run
 	pdl           bool // programmatic dependent launch (queue.go)
 	pdlConfig     launchConfig

@@ -52,6 +52,8 @@ type driver struct {
 	cuGraphExecDestroy          func(exec uintptr) int32
 	cuGraphDestroy              func(graph uintptr) int32
 	cuLaunchKernelEx            func(config unsafe.Pointer, fn uintptr, params, extra unsafe.Pointer) int32
+
+	cuOccupancyMaxActiveClusters func(n *int32, fn uintptr, config unsafe.Pointer) int32 // optional: nil if libcuda lacks it
 }
 
 // ErrNoDriver is returned when libcuda cannot be loaded or finds no GPU.
@@ -97,6 +99,9 @@ var loadDriver = sync.OnceValues(func() (*driver, error) {
 			return nil, fmt.Errorf("%w: libcuda lacks %s: %v", ErrNoDriver, f.name, err)
 		}
 		purego.RegisterFunc(f.fn, sym)
+	}
+	if sym, err := purego.Dlsym(lib, "cuOccupancyMaxActiveClusters"); err == nil {
+		purego.RegisterFunc(&d.cuOccupancyMaxActiveClusters, sym)
 	}
 	if r := d.cuInit(0); r != 0 {
 		return nil, fmt.Errorf("%w: cuInit: %s", ErrNoDriver, d.errString(r))

@@ -870,10 +870,11 @@ __device__ __forceinline__ uint32_t cluster_rank() {
 // memory: 4 * (4 * TK_BINS + per) bytes: the three pass histograms, the
 // block's own histogram, its keys. Against the tkm_ passes: no global
 // workspace and one launch instead of five.
-#define TKC 8
-extern "C" __global__ void __cluster_dims__(TKC, 1, 1) __launch_bounds__(1024)
-    tkc_select(const float* scores, int n, int topk, int pos0, int rate, void* out, int ostride, int* cnt, int mode,
-               float* scratch) {
+// TKC blocks a cluster: 8 (portable) or 16 (tkc_select16; dsa.go sets the
+// non-portable cluster size attribute).
+template <int TKC>
+__device__ __forceinline__ void tkc_body(const float* scores, int n, int topk, int pos0, int rate, void* out,
+                                         int ostride, int* cnt, int mode, float* scratch) {
     extern __shared__ unsigned tkc_sh[];
     __shared__ int cnts[2 * TKC];  // each block's visible keys >= T, == T
     pdl_launch();
@@ -974,6 +975,16 @@ extern "C" __global__ void __cluster_dims__(TKC, 1, 1) __launch_bounds__(1024)
             });
     }
     if (r == 0) tk_finish(all, i, ostride, cnt, mode, of);
+}
+extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(1024)
+    tkc_select(const float* scores, int n, int topk, int pos0, int rate, void* out, int ostride, int* cnt, int mode,
+               float* scratch) {
+    tkc_body<8>(scores, n, topk, pos0, rate, out, ostride, cnt, mode, scratch);
+}
+extern "C" __global__ void __cluster_dims__(16, 1, 1) __launch_bounds__(1024)
+    tkc_select16(const float* scores, int n, int topk, int pos0, int rate, void* out, int ostride, int* cnt,
+                 int mode, float* scratch) {
+    tkc_body<16>(scores, n, topk, pos0, rate, out, ostride, cnt, mode, scratch);
 }
 
 // ---------------------------------------------------------------------------

@@ -361,7 +361,7 @@ func (b *Backend) attendLatentSplit(x *dsaIndices, m, heads int, scale float32, 
 	b.launch(name, [3]int{splits, groups, m}, threads, share, out, part, qLat, qRope,
 		qrI, qrH, lat, rope, la, lb, uint64(x.sel.ptr), uint64(x.cnt.ptr), x.k, heads, per, scale)
 	if mma {
-		b.overlapAfter("topk_select", "tkc_select", "tkm_emit")
+		b.overlapAfter("topk_select", "tkc_select", "tkc_select16", "tkm_emit")
 	}
 	if splits > 1 {
 		b.launch("dsa_attend_combine", [3]int{heads, m, 1}, 128, 0, out, part, m, heads, la, splits)

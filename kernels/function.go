@@ -20,6 +20,10 @@ func (b *Backend) function(name string) uintptr {
 			return
 		}
 		err = b.d.check("cuFuncSetAttribute "+name, b.d.cuFuncSetAttribute(f, 8, int32(b.opsShare())))
+		if err == nil && name == "tkc_select16" {
+			// CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: clusters of 16 blocks.
+			err = b.d.check("cuFuncSetAttribute "+name, b.d.cuFuncSetAttribute(f, 14, 1))
+		}
 	})
 	if err != nil {
 		b.setErr(err)

@@ -204,17 +204,18 @@ func BenchmarkOpsVsDenseDSA(b *testing.B) {
 			defer func() { g.attnMMAOff = false }()
 			timeOp(b, g, bw, 10, attendBytes, func() { g.DSAAttendLatent(out, qLat, q, lat, kr, idx, 1, s, 0.1) })
 		})
-		// sparse, then the same with the 8-warp attend, with the top-k's
+		// sparse, then the same with the 8-warp attend, with the cluster
+		// top-k in clusters of 8 (where 16 would run), with the top-k's
 		// many-block passes (tkm_, before tkc_select) and with one block per
 		// row (topk_select, before those).
 		for _, v := range []struct {
 			name  string
 			path  int
 			eight bool
-		}{{"sparse", topkAuto, false}, {"sparse-8w", topkAuto, true}, {"sparse-tkm", topkMany, false}, {"sparse-1block", topkOneBlock, false}} {
+		}{{"sparse", topkAuto, false}, {"sparse-8w", topkAuto, true}, {"sparse-tkc8", topkAuto, false}, {"sparse-tkm", topkMany, false}, {"sparse-1block", topkOneBlock, false}} {
 			b.Run(name+v.name, func(b *testing.B) {
-				g.topkPath, g.attnMMA8 = v.path, v.eight
-				defer func() { g.topkPath, g.attnMMA8 = topkAuto, false }()
+				g.topkPath, g.attnMMA8, g.tkc8 = v.path, v.eight, v.name == "sparse-tkc8"
+				defer func() { g.topkPath, g.attnMMA8, g.tkc8 = topkAuto, false, false }()
 				timeOp(b, g, bw, 10, selectBytes+attendBytes, func() {
 					g.Copy(iw, iw0)
 					g.DSASelect(idx, iq, iw, ik, 1, L, L-1)
