@@ -48,15 +48,21 @@ const (
 // tkc16Fits reports whether clusters of 16 tkc_select16 blocks can run on
 // this GPU (a non-portable cluster size: Hopper's GPCs hold 16 or more SMs,
 // not every GPU's), asked of the driver once.
+// A failure here only means no: the lookup (which function would record as
+// the backend's error) is done directly.
 func (b *Backend) tkc16Fits() bool {
 	b.tkc16Once.Do(func() {
-		f := b.function("tkc_select16")
-		if f == 0 || b.d.cuOccupancyMaxActiveClusters == nil {
+		if b.d.cuOccupancyMaxActiveClusters == nil {
 			return
 		}
 		cfg := launchConfig{grid: [3]uint32{16, 1, 1}, block: [3]uint32{topkThreads, 1, 1}, shared: uint32(b.opsShare()), stream: b.stream}
-		var n int32
 		b.d.onContext(b.ctx, func() {
+			var f uintptr
+			var n int32
+			if b.d.cuModuleGetFunction(&f, b.module, cString("tkc_select16")) != 0 ||
+				b.d.cuFuncSetAttribute(f, 8, int32(b.opsShare())) != 0 || b.d.cuFuncSetAttribute(f, attrNonPortableCluster, 1) != 0 {
+				return
+			}
 			b.tkc16OK = b.d.cuOccupancyMaxActiveClusters(&n, f, unsafe.Pointer(&cfg)) == 0 && n >= 1
 		})
 	})

@@ -20,9 +20,8 @@ func (b *Backend) function(name string) uintptr {
 			return
 		}
 		err = b.d.check("cuFuncSetAttribute "+name, b.d.cuFuncSetAttribute(f, 8, int32(b.opsShare())))
-		if err == nil && name == "tkc_select16" {
-			// CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: clusters of 16 blocks.
-			err = b.d.check("cuFuncSetAttribute "+name, b.d.cuFuncSetAttribute(f, 14, 1))
+		if err == nil && name == "tkc_select16" { // clusters of 16 blocks
+			err = b.d.check("cuFuncSetAttribute "+name, b.d.cuFuncSetAttribute(f, attrNonPortableCluster, 1))
 		}
 	})
 	if err != nil {
@@ -34,6 +33,9 @@ func (b *Backend) function(name string) uintptr {
 	b.mu.Unlock()
 	return f
 }
+
+// attrNonPortableCluster is CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED.
+const attrNonPortableCluster = 14
 
 // opsShare is the dynamic shared memory a lazily looked-up kernel may use:
 // the opt-in maximum less room for its static shared arrays (the radix
