@@ -389,27 +389,28 @@ __device__ unsigned tk_radix(KeyF keyf, int n, int k, int* need, int* ties) {
 
 // tk_compact calls emit(i, rank) for every i in [0, n) with pred(i), rank
 // counting those in increasing i, and returns their number. pred is called
-// once per i. Each thread takes TK_U consecutive i of a chunk, a block scan
-// of the counts gives the ranks. Every thread of the block must call it
-// (blockDim a multiple of 32).
+// once per i. Each warp takes TK_U runs of 32 consecutive i of a chunk (lane
+// l the l-th of each run: coalesced, conflict-free reads of keys held in
+// shared memory), a ballot per run ranks them within the warp and a block
+// scan of the warps' counts places the warps. Every thread of the block must
+// call it (blockDim a multiple of 32).
 template <typename Pred, typename Emit>
 __device__ int tk_compact(int n, Pred pred, Emit emit) {
     __shared__ int wc[32];
-    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    constexpr int SPAN = WARP * TK_U;  // i per warp and chunk
     int base = 0;
-    for (int c0 = 0; c0 < n; c0 += blockDim.x * TK_U) {
-        int i0 = c0 + threadIdx.x * TK_U;
-        unsigned bits = 0;
+    for (int c0 = 0; c0 < n; c0 += nw * SPAN) {
+        const int w0 = c0 + warp * SPAN;
+        unsigned m[TK_U];
+        int c = 0;
 #pragma unroll
-        for (int u = 0; u < TK_U; u++)
-            if (i0 + u < n && pred(i0 + u)) bits |= 1u << u;
-        int c = __popc(bits), x = c;
-#pragma unroll
-        for (int o = 1; o < WARP; o <<= 1) {
-            int y = __shfl_up_sync(0xffffffffu, x, o);
-            if (lane >= o) x += y;
+        for (int u = 0; u < TK_U; u++) {
+            const int i = w0 + u * WARP + lane;
+            m[u] = __ballot_sync(0xffffffffu, i < n && pred(i));
+            c += __popc(m[u]);
         }
-        if (lane == WARP - 1) wc[warp] = x;
+        if (lane == 0) wc[warp] = c;
         __syncthreads();
         // The warps before this one and all of them: a prefix scan of the
         // warp counts in every warp (lane l holds warp l's).
@@ -420,11 +421,13 @@ __device__ int tk_compact(int n, Pred pred, Emit emit) {
             if (lane >= o) pw += y;
         }
         const int total = __shfl_sync(0xffffffffu, pw, nw - 1);
-        const int off = warp > 0 ? __shfl_sync(0xffffffffu, pw, warp - 1) : 0;
-        int r = base + off + x - c;
+        int r = base + (warp > 0 ? __shfl_sync(0xffffffffu, pw, warp - 1) : 0);
+        const unsigned below = (1u << lane) - 1u;
 #pragma unroll
-        for (int u = 0; u < TK_U; u++)
-            if (bits >> u & 1u) emit(i0 + u, r++);
+        for (int u = 0; u < TK_U; u++) {
+            if (m[u] >> lane & 1u) emit(w0 + u * WARP + lane, r + __popc(m[u] & below));
+            r += __popc(m[u]);
+        }
         base += total;
         __syncthreads();
     }
@@ -849,6 +852,10 @@ __device__ __forceinline__ void dsmem_add(uint32_t a, uint32_t v) {
 __device__ __forceinline__ void dsmem_store(uint32_t a, int v) {
     asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
 }
+__device__ __forceinline__ void dsmem_store4(uint32_t a, uint4 v) {
+    asm volatile("st.shared::cluster.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
 __device__ __forceinline__ void cluster_barrier() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
@@ -867,21 +874,22 @@ __device__ __forceinline__ uint32_t cluster_rank() {
 // counts of visible keys >= T and == T are shared the same way, and the
 // blocks then write their keys as tkm_emit does (the same set, the same
 // order; block 0 runs torch's algorithm when ties decide). Dynamic shared
-// memory: 4 * (4 * TK_BINS + per) bytes: the three pass histograms, the
-// block's own histogram, its keys. Against the tkm_ passes: no global
-// workspace and one launch instead of five.
+// memory: 4 * (5 * TK_BINS + per) bytes: the three pass histograms, the
+// block's own histogram, pass 1's slices, its keys. Against the tkm_ passes:
+// no global workspace and one launch instead of five.
 // TKC blocks a cluster: 8 (portable) or 16 (tkc_select16; dsa.go sets the
 // non-portable cluster size attribute).
 template <int TKC>
 __device__ __forceinline__ void tkc_body(const float* scores, int n, int topk, int pos0, int rate, void* out,
                                          int ostride, int* cnt, int mode, float* scratch) {
-    extern __shared__ unsigned tkc_sh[];
+    extern __shared__ __align__(16) unsigned tkc_sh[];
     __shared__ int cnts[2 * TKC];  // each block's visible keys >= T, == T
     pdl_launch();
     __shared__ int s_ge, s_eq, s_base, s_total, s_tv;
     unsigned* tot = tkc_sh;                // [3][TK_BINS]
     unsigned* hist = tot + 3 * TK_BINS;    // [TK_BINS]
-    unsigned* keys = hist + TK_BINS;       // [per]
+    unsigned* rs = hist + TK_BINS;         // [TKC][TK_BINS / TKC] pass 1: the blocks' slices of this block's bins
+    unsigned* keys = rs + TK_BINS;         // [per]
     const int r = (int)cluster_rank(), i = blockIdx.y, tid = threadIdx.x, nt = blockDim.x;
     const int per = (n + TKC - 1) / TKC, j0 = r * per, nl = max(0, min(n, j0 + per) - j0);
     const int k = min(topk, n), vis = min((pos0 + i + 1) / rate, n);
@@ -919,11 +927,34 @@ __device__ __forceinline__ void tkc_body(const float* scores, int n, int topk, i
         }
         if (c) atomicAdd(&hist[run], c);
         __syncthreads();
-        for (int b = tid; b < TK_BINS; b += nt) {
-            const unsigned h = hist[b];
-            if (h == 0) continue;
+        if (pass == 1) {
+            // Pass 1 counts the keys of one bin of the top digit, spread over
+            // every bin of the next: block o sums the bins [o*B, o*B + B) from
+            // every block's slice and writes the sums to every block, in
+            // 16-byte stores rather than an addition per bin and block.
+            constexpr int B = TK_BINS / TKC;
+            for (int t4 = tid; t4 < TK_BINS / 4; t4 += nt) {
+                const int b4 = 4 * t4, o = b4 / B;
+                dsmem_store4(dsmem_map(rs + r * B + (b4 - o * B), o), *reinterpret_cast<const uint4*>(hist + b4));
+            }
+            cluster_barrier();  // every block's slice of this block's bins in rs
+            for (int t = tid; t < (B / 4) * TKC; t += nt) {
+                const int k4 = 4 * (t % (B / 4)), d = t / (B / 4);
+                uint4 sum = make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
-            for (int d = 0; d < TKC; d++) dsmem_add(dsmem_map(tot + pass * TK_BINS + b, d), h);
+                for (int src = 0; src < TKC; src++) {
+                    const uint4 v = *reinterpret_cast<const uint4*>(rs + src * B + k4);
+                    sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+                }
+                dsmem_store4(dsmem_map(tot + pass * TK_BINS + r * B + k4, d), sum);
+            }
+        } else {
+            for (int b = tid; b < TK_BINS; b += nt) {
+                const unsigned h = hist[b];
+                if (h == 0) continue;
+#pragma unroll
+                for (int d = 0; d < TKC; d++) dsmem_add(dsmem_map(tot + pass * TK_BINS + b, d), h);
+            }
         }
         cluster_barrier();
         unsigned bin;
@@ -939,8 +970,10 @@ __device__ __forceinline__ void tkc_body(const float* scores, int n, int topk, i
         ge += key >= T;
         eq += key == T;
     }
-    if (ge) atomicAdd(&s_ge, ge);
-    if (eq) atomicAdd(&s_eq, eq);
+    ge = (int)__reduce_add_sync(0xffffffffu, (unsigned)ge);  // one shared atomic a warp
+    eq = (int)__reduce_add_sync(0xffffffffu, (unsigned)eq);
+    if (tid % WARP == 0 && ge) atomicAdd(&s_ge, ge);
+    if (tid % WARP == 0 && eq) atomicAdd(&s_eq, eq);
     __syncthreads();
     if (tid < TKC) {
         dsmem_store(dsmem_map(cnts + r, tid), s_ge);

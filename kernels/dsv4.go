@@ -83,12 +83,12 @@ const (
 // keeps, zeroed when allocated and cleared again by tkm_emit).
 func (b *Backend) topK(sp uint64, n, topk, pos0, rate int, out uint64, ostride int, cp uint64, mode int, xp uint64, rows int) {
 	few := rows <= tkmRows && n >= tkmMinKeys && topk >= 1
-	// tkc_select's shared memory: four histograms of 2048 bins and its keys.
+	// tkc_select's shared memory: five arrays of 2048 bins and its keys.
 	name, cb := "tkc_select", tkcBlocks
 	if few && b.topkPath == topkAuto && n >= tkc16MinKeys && !b.tkc8 && b.tkc16Fits() {
 		name, cb = "tkc_select16", 16
 	}
-	if share := 4 * (4*2048 + (n+cb-1)/cb); few && b.topkPath == topkAuto && share <= b.opsShare() {
+	if share := 4 * (5*2048 + (n+cb-1)/cb); few && b.topkPath == topkAuto && share <= b.opsShare() {
 		b.launch(name, [3]int{cb, rows, 1}, topkThreads, share, sp, n, topk, pos0, rate, out, ostride, cp, mode, xp)
 		return
 	}
