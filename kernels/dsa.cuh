@@ -294,48 +294,55 @@ __device__ __forceinline__ unsigned tk_key(float v) {
 #define TK_U 8
 
 // tk_digit finds the bin of the kk-th largest key in the TK_BINS-bin
-// histogram h (shared memory, complete: the caller synchronized after
-// filling it) by suffix sums from the top bin: *bin, *need (kk less the
-// keys in the bins above it) and *cnt (its count), the same in every thread.
-// Every thread of the block must call it; h may be refilled after it returns.
+// histogram h (shared memory, 16-byte aligned, complete: the caller
+// synchronized after filling it) by suffix sums from the top bin: *bin,
+// *need (kk less the keys in the bins above it) and *cnt (its count), the
+// same in every thread. The first warp searches alone: lane l sums the 64
+// bins of chunk l (reading them in a rotated order, free of bank
+// conflicts), a suffix scan over the lanes finds the chunk, a second one
+// over its bins (two a lane) the bin; the block then meets once to read the
+// result. Every thread of the block must call it (blockDim a multiple of
+// 32); h may be refilled after it returns.
 __device__ void tk_digit(const unsigned* h, int kk, unsigned* bin, int* need, unsigned* cnt) {
-    __shared__ unsigned wsum[32];
     __shared__ unsigned s_bin, s_cnt;
     __shared__ int s_need;
-    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nw = blockDim.x / WARP;
-    const int per = TK_BINS / blockDim.x;  // thread t holds bins [t*per, t*per + per)
-    unsigned c = 0;
-    for (int j = 0; j < per; j++) c += h[threadIdx.x * per + j];
-    unsigned x = c;
+    if (threadIdx.x < WARP) {
+        constexpr int PER = TK_BINS / WARP;  // bins a chunk
+        static_assert(PER == 64, "tk_digit: 64 bins a lane");
+        const unsigned full = 0xffffffffu, k = (unsigned)kk;
+        const int lane = threadIdx.x;
+        const uint4* h4 = reinterpret_cast<const uint4*>(h + lane * PER);
+        unsigned c = 0;
 #pragma unroll
-    for (int o = 1; o < WARP; o <<= 1) {
-        unsigned y = __shfl_down_sync(0xffffffffu, x, o);
-        if (lane + o < WARP) x += y;
-    }
-    if (lane == 0) wsum[warp] = x;
-    __syncthreads();
-    // Add the warps after this one: a suffix scan of the warp sums in every
-    // warp (lane l holds warp l's), not a loop of dependent shared loads.
-    unsigned ws = lane < nw ? wsum[lane] : 0u;
-#pragma unroll
-    for (int o = 1; o < WARP; o <<= 1) {
-        unsigned y = __shfl_down_sync(0xffffffffu, ws, o);
-        if (lane + o < WARP) ws += y;
-    }
-    const unsigned after = __shfl_sync(0xffffffffu, ws, (warp + 1) % WARP);
-    if (warp + 1 < nw) x += after;
-    // x: keys in bins >= t*per; the kk-th largest is in this thread's bins
-    // when x >= kk > x - c.
-    if (x >= (unsigned)kk && x - c < (unsigned)kk) {
-        unsigned acc = x - c;
-        int b = threadIdx.x * per + per - 1;
-        for (; b > threadIdx.x * per; b--) {
-            if (acc + h[b] >= (unsigned)kk) break;
-            acc += h[b];
+        for (int j = 0; j < PER / 4; j++) {
+            const uint4 v = h4[(j + lane) & (PER / 4 - 1)];
+            c += v.x + v.y + v.z + v.w;
         }
-        s_bin = (unsigned)b;
-        s_need = kk - (int)acc;
-        s_cnt = h[b];
+        unsigned x = c;  // keys in chunks >= lane
+#pragma unroll
+        for (int o = 1; o < WARP; o <<= 1) {
+            const unsigned y = __shfl_down_sync(full, x, o);
+            if (lane + o < WARP) x += y;
+        }
+        const unsigned own = __ballot_sync(full, x >= k && x - c < k);
+        const int L = own ? __ffs(own) - 1 : 0;
+        const unsigned above = __shfl_sync(full, x - c, L);  // keys in the chunks past chunk L
+        const uint2 bb = *reinterpret_cast<const uint2*>(h + L * PER + 2 * lane);
+        const unsigned c2 = bb.x + bb.y;
+        unsigned x2 = c2;  // keys in chunk L's bins >= 2 * lane
+#pragma unroll
+        for (int o = 1; o < WARP; o <<= 1) {
+            const unsigned y = __shfl_down_sync(full, x2, o);
+            if (lane + o < WARP) x2 += y;
+        }
+        const unsigned acc = above + x2 - c2;  // keys in the bins past 2 * lane + 1
+        const unsigned own2 = __ballot_sync(full, acc + c2 >= k && acc < k);
+        if (own2 && lane == __ffs(own2) - 1) {
+            const bool hi = acc + bb.y >= k;  // bin 2 * lane + 1, else 2 * lane
+            s_bin = (unsigned)(L * PER + 2 * lane + (hi ? 1 : 0));
+            s_need = kk - (int)(hi ? acc : acc + bb.y);
+            s_cnt = hi ? bb.y : bb.x;
+        }
     }
     __syncthreads();
     *bin = s_bin, *need = s_need, *cnt = s_cnt;
@@ -352,7 +359,7 @@ __device__ void tk_digit(const unsigned* h, int kk, unsigned* bin, int* need, un
 // call it; blockDim a power of two from 32 to 1024.
 template <typename KeyF>
 __device__ unsigned tk_radix(KeyF keyf, int n, int k, int* need, int* ties) {
-    __shared__ unsigned hist[TK_BINS];
+    __shared__ __align__(16) unsigned hist[TK_BINS];
     unsigned prefix = 0, mask = 0, cnt = 0;
     int kk = k;
     const int shifts[3] = {21, 10, 0}, widths[3] = {11, 11, 10};
@@ -734,7 +741,7 @@ __device__ void tkm_find(const unsigned* hist, int passes, int k, unsigned* h, u
 }
 
 extern "C" __global__ void __launch_bounds__(1024) tkm_hist(const float* scores, int n, int topk, unsigned* ws, int pass) {
-    __shared__ unsigned hist[TK_BINS];
+    __shared__ __align__(16) unsigned hist[TK_BINS];
     const int i = blockIdx.y, b = blockIdx.x;
     const float* row = scores + (size_t)i * n;
     unsigned* wr = ws + (size_t)i * TKM_WS;
@@ -756,7 +763,7 @@ extern "C" __global__ void __launch_bounds__(1024) tkm_hist(const float* scores,
 }
 
 extern "C" __global__ void __launch_bounds__(1024) tkm_count(const float* scores, int n, int topk, int pos0, int rate, unsigned* ws) {
-    __shared__ unsigned h[TK_BINS];
+    __shared__ __align__(16) unsigned h[TK_BINS];
     __shared__ int s_ge, s_eq;
     const int i = blockIdx.y, b = blockIdx.x;
     const float* row = scores + (size_t)i * n;
@@ -785,7 +792,7 @@ extern "C" __global__ void __launch_bounds__(1024) tkm_count(const float* scores
 
 extern "C" __global__ void __launch_bounds__(1024) tkm_emit(const float* scores, int n, int topk, int pos0, int rate, void* out,
                                                             int ostride, int* cnt, int mode, float* scratch, unsigned* ws) {
-    __shared__ unsigned h[TK_BINS];
+    __shared__ __align__(16) unsigned h[TK_BINS];
     __shared__ int s_base, s_total, s_tv, s_last;
     pdl_launch();
     const int i = blockIdx.y, b = blockIdx.x, nb = gridDim.x;
