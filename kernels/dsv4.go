@@ -47,22 +47,16 @@ const (
 
 // tkc16Fits reports whether clusters of 16 tkc_select16 blocks can run on
 // this GPU (a non-portable cluster size: Hopper's GPCs hold 16 or more SMs,
-// not every GPU's), asked of the driver once.
-// A failure here only means no: the lookup (which function would record as
-// the backend's error) is done directly.
+// not every GPU's), asked of the driver once. A failed lookup only means no.
 func (b *Backend) tkc16Fits() bool {
 	b.tkc16Once.Do(func() {
-		if b.d.cuOccupancyMaxActiveClusters == nil {
+		f, err := b.lookup("tkc_select16")
+		if err != nil || b.d.cuOccupancyMaxActiveClusters == nil {
 			return
 		}
 		cfg := launchConfig{grid: [3]uint32{16, 1, 1}, block: [3]uint32{topkThreads, 1, 1}, shared: uint32(b.opsShare()), stream: b.stream}
+		var n int32
 		b.d.onContext(b.ctx, func() {
-			var f uintptr
-			var n int32
-			if b.d.cuModuleGetFunction(&f, b.module, cString("tkc_select16")) != 0 ||
-				b.d.cuFuncSetAttribute(f, 8, int32(b.opsShare())) != 0 || b.d.cuFuncSetAttribute(f, attrNonPortableCluster, 1) != 0 {
-				return
-			}
 			b.tkc16OK = b.d.cuOccupancyMaxActiveClusters(&n, f, unsafe.Pointer(&cfg)) == 0 && n >= 1
 		})
 	})
@@ -83,14 +77,16 @@ const (
 // keeps, zeroed when allocated and cleared again by tkm_emit).
 func (b *Backend) topK(sp uint64, n, topk, pos0, rate int, out uint64, ostride int, cp uint64, mode int, xp uint64, rows int) {
 	few := rows <= tkmRows && n >= tkmMinKeys && topk >= 1
-	// tkc_select's shared memory: five arrays of 2048 bins and its keys.
-	name, cb := "tkc_select", tkcBlocks
-	if few && b.topkPath == topkAuto && n >= tkc16MinKeys && !b.tkc8 && b.tkc16Fits() {
-		name, cb = "tkc_select16", 16
-	}
-	if share := 4 * (5*2048 + (n+cb-1)/cb); few && b.topkPath == topkAuto && share <= b.opsShare() {
-		b.launch(name, [3]int{cb, rows, 1}, topkThreads, share, sp, n, topk, pos0, rate, out, ostride, cp, mode, xp)
-		return
+	if few && b.topkPath == topkAuto {
+		name, cb := "tkc_select", tkcBlocks
+		if n >= tkc16MinKeys && !b.tkc8 && b.tkc16Fits() {
+			name, cb = "tkc_select16", 16
+		}
+		// tkc_select's shared memory: five arrays of 2048 bins and its keys.
+		if share := 4 * (5*2048 + (n+cb-1)/cb); share <= b.opsShare() {
+			b.launch(name, [3]int{cb, rows, 1}, topkThreads, share, sp, n, topk, pos0, rate, out, ostride, cp, mode, xp)
+			return
+		}
 	}
 	if b.topkPath == topkOneBlock || !few || n > tkmChunk*tkmMaxB {
 		staged, shared := 0, 0

@@ -8,11 +8,22 @@ import "github.com/manifoldlm/manifold/backend"
 // opsShare() bytes of dynamic shared memory. A failed lookup is kept for
 // Sync and yields 0, which the launch then also reports.
 func (b *Backend) function(name string) uintptr {
+	f, err := b.lookup(name)
+	if err != nil {
+		b.setErr(err)
+		return 0
+	}
+	return f
+}
+
+// lookup is function without recording a failure: the handle, cached, or
+// the error of finding it or setting its attributes.
+func (b *Backend) lookup(name string) (uintptr, error) {
 	b.mu.Lock()
 	f, ok := b.fn[name]
 	b.mu.Unlock()
 	if ok {
-		return f
+		return f, nil
 	}
 	var err error
 	b.d.onContext(b.ctx, func() {
@@ -25,13 +36,12 @@ func (b *Backend) function(name string) uintptr {
 		}
 	})
 	if err != nil {
-		b.setErr(err)
-		return 0
+		return 0, err
 	}
 	b.mu.Lock()
 	b.fn[name] = f
 	b.mu.Unlock()
-	return f
+	return f, nil
 }
 
 // attrNonPortableCluster is CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED.

@@ -211,10 +211,12 @@ func BenchmarkOpsVsDenseDSA(b *testing.B) {
 		for _, v := range []struct {
 			name  string
 			path  int
-			eight bool
-		}{{"sparse", topkAuto, false}, {"sparse-8w", topkAuto, true}, {"sparse-tkc8", topkAuto, false}, {"sparse-tkm", topkMany, false}, {"sparse-1block", topkOneBlock, false}} {
+			eight bool // the 8-warp attend
+			tkc8  bool // the cluster top-k in clusters of 8
+		}{{"sparse", topkAuto, false, false}, {"sparse-8w", topkAuto, true, false}, {"sparse-tkc8", topkAuto, false, true},
+			{"sparse-tkm", topkMany, false, false}, {"sparse-1block", topkOneBlock, false, false}} {
 			b.Run(name+v.name, func(b *testing.B) {
-				g.topkPath, g.attnMMA8, g.tkc8 = v.path, v.eight, v.name == "sparse-tkc8"
+				g.topkPath, g.attnMMA8, g.tkc8 = v.path, v.eight, v.tkc8
 				defer func() { g.topkPath, g.attnMMA8, g.tkc8 = topkAuto, false, false }()
 				timeOp(b, g, bw, 10, selectBytes+attendBytes, func() {
 					g.Copy(iw, iw0)
