@@ -150,31 +150,64 @@ extern "C" __global__ void __launch_bounds__(256) idx_scores_tile(float* scores,
 // idx_scores_mma is idx_scores_tile on the tensor cores, for at most 64
 // heads of dim <= 128 (dim % 8 == 0; dsa.go checks): persistent blocks
 // (block x takes key tiles x, x + gridDim.x, ... of query blockIdx.y), the
-// query's heads staged once and held as tf32 hi/lo fragments in registers,
-// the 64-key tiles copied (cp.async) into a ring of IDX_NS slots, IDX_NS - 1
+// 64-key tiles copied (cp.async) into a ring of IDX_NS slots, IDX_NS - 1
 // tiles ahead of the one being scored; two blocks per multiprocessor, so
-// that one's tensor work hides the other's waits. Warp w takes heads
-// 16(w & 3) .. +15 against keys 32(w >> 2) .. +31 (four 8-key n-tiles) over all of dim: dot
-// products at float32 accuracy (tf32_split; the columns 8k + 2t, 8k + 2t + 1
-// as the fragment's t, t + 4, as dsa_attend_mma), then each term fmul(w,
-// fmul(dot, scale)) if positive, into shared memory (two buffers by tile);
-// four threads per key add 16 heads each in head order and the four sums in
-// order. Keys past the visible ones score -inf. Row stride IDX_MS = 136
-// floats (8 mod 32: conflict-free fragment loads).
+// that one's tensor work hides the other's waits.
+//
+// Dot products at float32 accuracy from three fp16 products (m16n8k16, f32
+// sums): each value v is hi + lo 2^-11 with hi = fp16(v) and lo =
+// fp16((v - hi) 2^11) (v - hi is exact; the pair keeps 22 significant
+// bits, as 3xTF32 does), and q.k = qh.kh + 2^-11 (ql.kh + qh.kl). fp16
+// bounds |q| and |k| below 65504, as it bounds the NVFP4 matmuls'
+// activations. A landed tile is split once, in place, by the whole block:
+// a row's four floats at dims 4c .. 4c+3 become {hi(4c, 4c+1), hi(4c+2,
+// 4c+3), lo(4c, 4c+1), lo(4c+2, 4c+3)}, which is lane t's B fragment for
+// k16 step c / 4 when the mma's k slots 2t, 2t+1, 2t+8, 2t+9 stand for dims
+// 4t .. 4t+3 of the step (the query's A fragments taken alike; the sum over
+// k is order-free). Zeros past dim, so dim % 16 == 8 adds nothing.
+//
+// Warp w takes heads 16(w & 3) .. +15 against keys 32(w >> 2) .. +31 (four
+// 8-key n-tiles), then each term fmul(w, fmul(dot, scale)) if positive;
+// the warp adds its 16 heads' terms of a key in registers (shuffles, a
+// fixed order), the four head groups' sums meet in shared memory and are
+// added in group order. Keys past the visible ones score -inf. Key row
+// stride IDX_MS = 144 floats (16 mod 32: the 16-byte fragment loads of each
+// 8 lanes hit distinct banks).
 #define IDX_MT 64    // keys per tile
-#define IDX_MS 136   // padded row of up to 128 floats
-#define IDX_MK 16    // k8 steps: dim <= 128
-#define IDX_VS 68    // a head's row of 64 terms, padded
-#define IDX_NS 2     // ring slots of key tiles (two blocks fit on a multiprocessor)
+#define IDX_MS 144   // padded key row of up to 128 floats
+#define IDX_QS 136   // the staged query's row
+#define IDX_MK 8     // k16 steps: dim <= 128
+#define IDX_NS 3     // ring slots of key tiles (two blocks fit on a multiprocessor)
+#define IDX_LO 2048.f
 
-extern "C" __global__ void __launch_bounds__(256, 2) idx_scores_mma(float* scores, const float* q, const float* keys,
-                                                                    const float* w, int heads, int dim, int n, int pos0,
-                                                                    int rate, float scale) {
+// Four floats as fp16 pairs {hi(x, y), hi(z, w), lo(x, y), lo(z, w)}.
+__device__ __forceinline__ uint4 idx_split4(float4 v) {
+    const __half2 h01 = __floats2half2_rn(v.x, v.y), h23 = __floats2half2_rn(v.z, v.w);
+    const float2 f01 = __half22float2(h01), f23 = __half22float2(h23);
+    return make_uint4(*reinterpret_cast<const uint32_t*>(&h01), *reinterpret_cast<const uint32_t*>(&h23),
+                      f2h2(__fmul_rn(v.x - f01.x, IDX_LO), __fmul_rn(v.y - f01.y, IDX_LO)),
+                      f2h2(__fmul_rn(v.z - f23.x, IDX_LO), __fmul_rn(v.w - f23.y, IDX_LO)));
+}
+
+// c += a b (m16n8k16, fp16 in, f32 sums); not volatile, so that the
+// compiler may interleave independent chains.
+__device__ __forceinline__ void idx_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// NK: k16 steps when every tile has the full IDX_MK (dim 128, unrolled
+// with no guards), 0 for dim / 16 rounded up at run time.
+template <int NK>
+__device__ __forceinline__ void idx_scores_body(float* scores, const float* q, const float* keys, const float* w,
+                                                int heads, int dim, int n, int pos0, int rate, float scale) {
     extern __shared__ __align__(16) float idx_sm[];
-    float* Ks = idx_sm;                         // [IDX_NS][IDX_MT][IDX_MS]
-    float* Vs = Ks + IDX_NS * IDX_MT * IDX_MS;  // [2][64 heads][IDX_VS] weighted ReLU terms; first the query [64][IDX_MS]
+    float* Ks = idx_sm;                         // [IDX_NS][IDX_MT][IDX_MS]; first the query [64][IDX_QS] in the last slot
+    float* P = Ks + IDX_NS * IDX_MT * IDX_MS;  // [4 head groups][IDX_MT] the groups' sums
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP, g = lane >> 2, t = lane & 3;
     const int i = blockIdx.y, vis = min((pos0 + i + 1) / rate, n), d4 = dim / 4;
+    const int nk16 = NK ? NK : (dim + 15) / 16, g4 = 4 * nk16;  // k16 steps; groups of four dims they cover
     const int ntiles = (n + IDX_MT - 1) / IDX_MT;
     float* out = scores + (size_t)i * n;
     // Key rows of tile kt into slot b (rows past n repeat the last key),
@@ -192,23 +225,23 @@ extern "C" __global__ void __launch_bounds__(256, 2) idx_scores_mma(float* score
 #pragma unroll
     for (int j = 0; j < IDX_NS - 1; j++) load(kt + j * gridDim.x, j);
 
-    // The query's heads (zero past heads and dim), every load in flight
-    // before the first store, then this warp's fragments.
+    // The query's heads (zero past heads and dim) in the ring's last slot,
+    // every load in flight before the first store, then this warp's fragments.
+    float* qs = Ks + (IDX_NS - 1) * IDX_MT * IDX_MS;
     {
-        constexpr int QN = 64 * IDX_MK * 2 / 256;  // float4 per thread (blockDim 256)
-        float* qs = Vs;
+        constexpr int QG = 32, QN = 64 * QG / 256;  // groups of four dims a head; float4 per thread
         const float* qi = q + (size_t)i * heads * dim;
         float4 v[QN];
 #pragma unroll
         for (int j = 0; j < QN; j++) {
-            const int x = tid + 256 * j, h = x / (IDX_MK * 2), c = x - h * (IDX_MK * 2);
+            const int x = tid + 256 * j, h = x / QG, c = x - h * QG;
             v[j] = make_float4(0.f, 0.f, 0.f, 0.f);
             if (h < heads && c < d4) v[j] = *reinterpret_cast<const float4*>(qi + (size_t)h * dim + 4 * c);
         }
 #pragma unroll
         for (int j = 0; j < QN; j++) {
-            const int x = tid + 256 * j, h = x / (IDX_MK * 2), c = x - h * (IDX_MK * 2);
-            *reinterpret_cast<float4*>(qs + h * IDX_MS + 4 * c) = v[j];
+            const int x = tid + 256 * j, h = x / QG, c = x - h * QG;
+            *reinterpret_cast<float4*>(qs + h * IDX_QS + 4 * c) = v[j];
         }
     }
     __syncthreads();
@@ -216,12 +249,11 @@ extern "C" __global__ void __launch_bounds__(256, 2) idx_scores_mma(float* score
     uint32_t qh[IDX_MK][4], ql[IDX_MK][4];
 #pragma unroll
     for (int s = 0; s < IDX_MK; s++) {
-        const float* qs = Vs + (hm + g) * IDX_MS + 8 * s + 2 * t;
-        const float2 va = *reinterpret_cast<const float2*>(qs), vb = *reinterpret_cast<const float2*>(qs + 8 * IDX_MS);
-        tf32_split(va.x, qh[s][0], ql[s][0]);
-        tf32_split(vb.x, qh[s][1], ql[s][1]);
-        tf32_split(va.y, qh[s][2], ql[s][2]);
-        tf32_split(vb.y, qh[s][3], ql[s][3]);
+        const float* qr = qs + (hm + g) * IDX_QS + 16 * s + 4 * t;
+        const uint4 a = idx_split4(*reinterpret_cast<const float4*>(qr));
+        const uint4 b = idx_split4(*reinterpret_cast<const float4*>(qr + 8 * IDX_QS));
+        qh[s][0] = a.x, qh[s][1] = b.x, qh[s][2] = a.y, qh[s][3] = b.y;
+        ql[s][0] = a.z, ql[s][1] = b.z, ql[s][2] = a.w, ql[s][3] = b.w;
     }
     // The keys and queries are older than the kernel before this one (DSA's
     // scale of the weights, when dsa.go launches this one with programmatic
@@ -229,53 +261,98 @@ extern "C" __global__ void __launch_bounds__(256, 2) idx_scores_mma(float* score
     pdl_wait();
     const float w0 = hm + g < heads ? w[(size_t)i * heads + hm + g] : 0.f;
     const float w1 = hm + g + 8 < heads ? w[(size_t)i * heads + hm + g + 8] : 0.f;
-    __syncthreads();  // Vs free for the terms
+    __syncthreads();  // the query's slot free for keys
 
-    const int nk8 = dim / 8;
-    for (int slot = 0, vb = 0; kt < ntiles; kt += gridDim.x, vb ^= 1) {
-        // The slot before this one was read in the last iteration, before its second barrier.
+    for (int slot = 0; kt < ntiles; kt += gridDim.x) {
+        // The slot before this one was read in the last iteration, before its third barrier.
         load(kt + (IDX_NS - 1) * gridDim.x, slot == 0 ? IDX_NS - 1 : slot - 1);
         cp_async_wait<IDX_NS - 1>();
-        __syncthreads();  // tile kt in its slot
-        const float* kb = Ks + (slot * IDX_MT + kn) * IDX_MS;
-        float* V = Vs + vb * 64 * IDX_VS;
-        float sc[4][4];
+        __syncthreads();  // tile kt in its slot; the last tile's sums read
+        // The tile's split, in place: warp w takes rows w, w + 8, ..., lane c
+        // the row's group c (every load before the first store).
+        if (lane < g4) {
+            float* kr = Ks + (slot * IDX_MT + warp) * IDX_MS + 4 * lane;
+            float4 v[IDX_MT / 8];
 #pragma unroll
-        for (int j = 0; j < 4; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+            for (int r = 0; r < IDX_MT / 8; r++)
+                v[r] = lane < d4 ? *reinterpret_cast<const float4*>(kr + 8 * r * IDX_MS) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int r = 0; r < IDX_MT / 8; r++) *reinterpret_cast<uint4*>(kr + 8 * r * IDX_MS) = idx_split4(v[r]);
+        }
+        __syncthreads();  // the tile split
+        const float* kb = Ks + (slot * IDX_MT + kn + g) * IDX_MS + 4 * t;
+        float sm[4][4], sc[4][4];  // qh.kh; ql.kh + qh.kl
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) sm[j][e] = sc[j][e] = 0.f;
 #pragma unroll
         for (int s = 0; s < IDX_MK; s++) {
-            if (s < nk8) dsa_qk_step(sc, kb + g * IDX_MS + 8 * s + 2 * t, IDX_MS, qh[s], ql[s]);
-        }
-        // Lane (g, t): heads hm + g (c0, c1) and hm + g + 8 (c2, c3), keys kn + 8j + 2t, +1.
+            if (NK ? s < NK : s < nk16) {
+                uint4 b[4];
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            float v[4];
+                for (int j = 0; j < 4; j++) b[j] = *reinterpret_cast<const uint4*>(kb + j * 8 * IDX_MS + 16 * s);
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float d = __fmul_rn(sc[j][e], scale);
-                v[e] = d > 0.f ? __fmul_rn(e < 2 ? w0 : w1, d) : 0.f;
+                for (int j = 0; j < 4; j++) idx_mma(sc[j], ql[s], b[j].x, b[j].y);
+#pragma unroll
+                for (int j = 0; j < 4; j++) idx_mma(sc[j], qh[s], b[j].z, b[j].w);
+#pragma unroll
+                for (int j = 0; j < 4; j++) idx_mma(sm[j], qh[s], b[j].x, b[j].y);
             }
-            const int key = kn + 8 * j + 2 * t;
-            *reinterpret_cast<float2*>(V + (hm + g) * IDX_VS + key) = make_float2(v[0], v[1]);
-            *reinterpret_cast<float2*>(V + (hm + g + 8) * IDX_VS + key) = make_float2(v[2], v[3]);
         }
-        // Every term in V; every read of the key slot done. V is written
-        // again two tiles on, after the next tile's first barrier, which
-        // every thread reaches after its reads below.
-        __syncthreads();
-        {
-            const int key = tid >> 2, part = tid & 3;
-            float s = 0.f;
+        // Lane (g, t) holds heads hm + g (e 0, 1) and hm + g + 8 (e 2, 3) of
+        // keys kn + 8j + 2t (e 0, 2) and + 1 (e 1, 3). Its eight key values
+        // x[2j + e] (the two heads added) are summed over g by halving
+        // exchanges (lane bits 16, 8, 4), after which lane (g, t) holds the
+        // warp's sum for x index g: key kn + 8(g >> 1) + 2t + (g & 1).
+        float x[8];
 #pragma unroll
-            for (int h = 0; h < 16; h++) s = __fadd_rn(s, V[(16 * part + h) * IDX_VS + key]);
-            const float s1 = __shfl_down_sync(0xffffffffu, s, 1), s2 = __shfl_down_sync(0xffffffffu, s, 2),
-                        s3 = __shfl_down_sync(0xffffffffu, s, 3);
-            const int e = kt * IDX_MT + key;
-            if (part == 0 && e < n) out[e] = e < vis ? __fadd_rn(__fadd_rn(__fadd_rn(s, s1), s2), s3) : -INFINITY;
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float v[2];
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    const float d = __fmul_rn(fmaf(sc[j][e + 2 * u], 1.f / IDX_LO, sm[j][e + 2 * u]), scale);
+                    v[u] = d > 0.f ? __fmul_rn(u ? w1 : w0, d) : 0.f;
+                }
+                x[2 * j + e] = __fadd_rn(v[0], v[1]);
+            }
+        const bool b4 = g & 4, b2 = g & 2, b1 = g & 1;
+        float y[4], z[2];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float r = __shfl_xor_sync(0xffffffffu, b4 ? x[k] : x[k + 4], 16);
+            y[k] = __fadd_rn(b4 ? x[k + 4] : x[k], r);
+        }
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const float r = __shfl_xor_sync(0xffffffffu, b2 ? y[k] : y[k + 2], 8);
+            z[k] = __fadd_rn(b2 ? y[k + 2] : y[k], r);
+        }
+        const float r = __shfl_xor_sync(0xffffffffu, b1 ? z[0] : z[1], 4);
+        P[(warp & 3) * IDX_MT + kn + 8 * (g >> 1) + 2 * t + (g & 1)] = __fadd_rn(b1 ? z[1] : z[0], r);
+        // Every group's sums in P; every read of the key slot done. P is
+        // written again after the next tile's barriers, which every thread
+        // reaches after its reads below.
+        __syncthreads();
+        if (tid < IDX_MT) {
+            const int e = kt * IDX_MT + tid;
+            const float s = __fadd_rn(__fadd_rn(__fadd_rn(P[tid], P[IDX_MT + tid]), P[2 * IDX_MT + tid]), P[3 * IDX_MT + tid]);
+            if (e < n) out[e] = e < vis ? s : -INFINITY;
         }
         if (++slot == IDX_NS) slot = 0;
     }
     cp_async_wait<0>();
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2) idx_scores_mma(float* scores, const float* q, const float* keys,
+                                                                    const float* w, int heads, int dim, int n, int pos0,
+                                                                    int rate, float scale) {
+    if (dim == 16 * IDX_MK)
+        idx_scores_body<IDX_MK>(scores, q, keys, w, heads, dim, n, pos0, rate, scale);
+    else
+        idx_scores_body<0>(scores, q, keys, w, heads, dim, n, pos0, rate, scale);
 }
 
 // ---------------------------------------------------------------------------

@@ -152,14 +152,14 @@ func idxScoresShare(dim int) int {
 	return 4 * (2*idxTile*dsaRowStride(dim) + idxTile*idxTile)
 }
 
-// idx_scores_mma's limits and shared memory (IDX_MT, IDX_MS, IDX_VS,
-// IDX_NS in dsa.cuh): at most 64 heads of at most 128 dims, dims a multiple
-// of 8; a ring of 2 key tiles and two buffers of terms, so that two blocks
-// fit on a multiprocessor.
+// idx_scores_mma's limits and shared memory (IDX_MT, IDX_MS, IDX_NS in
+// dsa.cuh): at most 64 heads of at most 128 dims, dims a multiple of 8; a
+// ring of 3 key tiles and the four head groups' sums of a tile, so that two
+// blocks fit on a multiprocessor.
 const (
 	idxMMAHeads = 64
 	idxMMADim   = 128
-	idxMMAShare = 4 * (2*64*136 + 2*64*68)
+	idxMMAShare = 4 * (3*64*144 + 4*64)
 )
 
 // indexScores writes the indexer scores of m queries over nKeys keys to
