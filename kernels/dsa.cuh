@@ -167,7 +167,9 @@ extern "C" __global__ void __launch_bounds__(256) idx_scores_tile(float* scores,
 // k is order-free). Zeros past dim, so dim % 16 == 8 adds nothing.
 //
 // Warp w takes heads 16(w & 3) .. +15 against keys 32(w >> 2) .. +31 (four
-// 8-key n-tiles), then each term fmul(w, fmul(dot, scale)) if positive;
+// 8-key n-tiles; each half of the block copies, splits and scores its 32
+// keys on its own, between named barriers), then each term fmul(w,
+// fmul(dot, scale)) if positive;
 // the warp adds its 16 heads' terms of a key in registers (shuffles, a
 // fixed order), the four head groups' sums meet in shared memory and are
 // added in group order. Keys past the visible ones score -inf. Key row
@@ -263,23 +265,27 @@ __device__ __forceinline__ void idx_scores_body(float* scores, const float* q, c
     const float w1 = hm + g + 8 < heads ? w[(size_t)i * heads + hm + g + 8] : 0.f;
     __syncthreads();  // the query's slot free for keys
 
+    // The block's halves (warps 0-3 and 4-7) copy, split, score and sum keys
+    // 0-31 and 32-63 of each tile on their own, meeting at named barriers.
+    const int half = warp >> 2, hw = warp & 3;
+    auto half_sync = [&]() { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + half) : "memory"); };
     for (int slot = 0; kt < ntiles; kt += gridDim.x) {
         // The slot before this one was read in the last iteration, before its third barrier.
         load(kt + (IDX_NS - 1) * gridDim.x, slot == 0 ? IDX_NS - 1 : slot - 1);
         cp_async_wait<IDX_NS - 1>();
-        __syncthreads();  // tile kt in its slot; the last tile's sums read
-        // The tile's split, in place: warp w takes rows w, w + 8, ..., lane c
-        // the row's group c (every load before the first store).
+        half_sync();  // the half's rows of tile kt in their slot; the last tile's sums read
+        // The split, in place: warp hw of the half takes its rows hw, hw + 4,
+        // ..., lane c the row's group c (every load before the first store).
         if (lane < g4) {
-            float* kr = Ks + (slot * IDX_MT + warp) * IDX_MS + 4 * lane;
+            float* kr = Ks + (slot * IDX_MT + kn + hw) * IDX_MS + 4 * lane;
             float4 v[IDX_MT / 8];
 #pragma unroll
             for (int r = 0; r < IDX_MT / 8; r++)
-                v[r] = lane < d4 ? *reinterpret_cast<const float4*>(kr + 8 * r * IDX_MS) : make_float4(0.f, 0.f, 0.f, 0.f);
+                v[r] = lane < d4 ? *reinterpret_cast<const float4*>(kr + 4 * r * IDX_MS) : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-            for (int r = 0; r < IDX_MT / 8; r++) *reinterpret_cast<uint4*>(kr + 8 * r * IDX_MS) = idx_split4(v[r]);
+            for (int r = 0; r < IDX_MT / 8; r++) *reinterpret_cast<uint4*>(kr + 4 * r * IDX_MS) = idx_split4(v[r]);
         }
-        __syncthreads();  // the tile split
+        half_sync();  // the half's rows split
         const float* kb = Ks + (slot * IDX_MT + kn + g) * IDX_MS + 4 * t;
         float sm[4][4], sc[4][4];  // qh.kh; ql.kh + qh.kl
 #pragma unroll
@@ -332,13 +338,13 @@ __device__ __forceinline__ void idx_scores_body(float* scores, const float* q, c
         }
         const float r = __shfl_xor_sync(0xffffffffu, b1 ? z[0] : z[1], 4);
         P[(warp & 3) * IDX_MT + kn + 8 * (g >> 1) + 2 * t + (g & 1)] = __fadd_rn(b1 ? z[1] : z[0], r);
-        // Every group's sums in P; every read of the key slot done. P is
-        // written again after the next tile's barriers, which every thread
-        // reaches after its reads below.
-        __syncthreads();
-        if (tid < IDX_MT) {
-            const int e = kt * IDX_MT + tid;
-            const float s = __fadd_rn(__fadd_rn(__fadd_rn(P[tid], P[IDX_MT + tid]), P[2 * IDX_MT + tid]), P[3 * IDX_MT + tid]);
+        // The half's four groups' sums in P; every read of its rows done. P
+        // is written again after the next tile's barriers, which every
+        // thread of the half reaches after its reads below.
+        half_sync();
+        if (hw == 0) {
+            const int key = kn + lane, e = kt * IDX_MT + key;
+            const float s = __fadd_rn(__fadd_rn(__fadd_rn(P[key], P[IDX_MT + key]), P[2 * IDX_MT + key]), P[3 * IDX_MT + key]);
             if (e < n) out[e] = e < vis ? s : -INFINITY;
         }
         if (++slot == IDX_NS) slot = 0;
