@@ -1466,6 +1466,9 @@ __device__ __forceinline__ void attend_mma(const Rows& rows, float* out, float* 
     extern __shared__ __align__(16) float dsa_sm[];
     __shared__ float s_m[DSA_G], s_l[DSA_G], s_a[DSA_G];
     __shared__ bool s_ok[2][DSA_TT];
+    // The merge of the splits (dsa_attend_combine, launched with
+    // programmatic serialization) may start now: it waits for this grid.
+    pdl_launch();
     const int D = la + lb, DS = dsa_mma_stride(D), KW = (D / 8 + NW - 1) / NW;
     float* Ks = dsa_sm;                        // [2][DSA_TT][DS] selected rows: latent | rope
     float* red = Ks + 2 * DSA_TT * DS;         // [NW warps][DSA_G][DSA_RS] partial scores
@@ -1765,11 +1768,13 @@ extern "C" __global__ void __launch_bounds__(2 * DSA_THREADS, 1)
 // out = sum_s w_s O_s / sum_s w_s l_s, w_s = exp(m_s - max m). Grid (heads,
 // rows), 128 threads, thread x taking columns [4x, 4x + 4) (la % 4 == 0,
 // la <= 512); the first DSA_CPRE splits' partials are loaded before the
-// weights are known, the sums over splits in split order.
+// weights are known, the sums over splits in split order. It touches
+// memory only after pdl_wait, so it may be launched early.
 #define DSA_CPRE 16
 extern "C" __global__ void dsa_attend_combine(float* out, const float* part, int rows, int heads, int la, int nsplit) {
     __shared__ float w[DSA_MAX_SPLITS];
     __shared__ float s_inv;
+    pdl_wait();
     const int h = blockIdx.x, i = blockIdx.y, tid = threadIdx.x, x = 4 * tid;
     const float* ml = part + (size_t)rows * nsplit * heads * la + ((size_t)i * nsplit * heads + h) * 2;
     const size_t stride = (size_t)heads * la;  // from one split's rows to the next

@@ -241,7 +241,7 @@ func (b *Backend) launchOp(o *op) {
 func pdlKernel(name string) bool {
 	switch name {
 	case "rmsnorm", "embed_ids", "rope_dyn", "attention_kv", "attention_kv_64", "attention_kv_128", "attn_combine",
-		"gemv_bf16_u4":
+		"gemv_bf16_u4", "dsa_attend_combine":
 		return true
 	}
 	return strings.HasPrefix(name, "gemv_nvfp4_")
