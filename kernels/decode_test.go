@@ -288,6 +288,64 @@ func TestGemvTMA(t *testing.T) {
 	}
 }
 
+// TestGemvStridedRows holds one-row matmuls that read consecutive slices of
+// one buffer (y_j = x_j·W_jᵀ, x_j at a fixed stride, as DeepSeek-V4's grouped
+// output projection) to the CPU, and checks how they were joined: up to
+// three a launch where each block takes one tile, one a launch otherwise.
+func TestGemvStridedRows(t *testing.T) {
+	g, c := newGPU(t), cpu.New(0)
+	rng := rand.New(rand.NewPCG(41, 42))
+	for _, tc := range []struct {
+		rows, k, groups, stride int
+		joined                  bool
+	}{
+		{1024, 4096, 8, 4096, true}, // three launches (3 + 3 + 2 weights)
+		{1000, 2048, 3, 2560, true}, // a gap between the rows; a partial last tile
+		{64, 6144, 2, 6144, true},
+		{3000, 2048, 3, 2048, false}, // 3 x 188 tiles: more than the blocks of one wave
+	} {
+		ws := make([]backend.Weight, tc.groups)
+		wc := make([]backend.Weight, tc.groups)
+		for j := range ws {
+			h := scaledWeight(rng, backend.NVFP4, tc.rows, tc.k)
+			wc[j], _ = c.Upload(h)
+			w, err := g.Upload(h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ws[j] = w
+		}
+		xv := randn(rng, (tc.groups-1)*tc.stride+tc.k)
+		x, y := toGPU(g, xv), g.NewBuffer(tc.groups*tc.rows)
+		if err := g.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		for j := range ws {
+			g.MatMul(g.View(y, j*tc.rows, tc.rows), g.View(x, j*tc.stride, tc.k), ws[j], 1)
+		}
+		g.qmu.Lock()
+		var launches, most int
+		for _, o := range g.q.ops {
+			if o.gemv != nil {
+				launches++
+				most = max(most, len(o.gemv.groups))
+			}
+		}
+		g.qmu.Unlock()
+		if want := (tc.groups + 2) / 3; tc.joined && (launches != want || most != min(tc.groups, 3)) || !tc.joined && launches != tc.groups {
+			t.Errorf("%+v: %d matmul launches, at most %d weights in one", tc, launches, most)
+		}
+		got := fromGPU(t, g, y)
+		for j := range ws {
+			yc := make(cpu.Buffer, tc.rows)
+			c.MatMul(yc, cpu.Buffer(xv[j*tc.stride:j*tc.stride+tc.k]), wc[j], 1)
+			if e := relErr(got[j*tc.rows:(j+1)*tc.rows], yc); e > 1e-3 {
+				t.Errorf("%+v weight %d: relative error %.3g", tc, j, e)
+			}
+		}
+	}
+}
+
 // TestAttnDecode holds attn_decode (one query row; head sizes 64 and 128,
 // query heads per kv head 1 to 16, a sliding window, one split and many,
 // chunks cut short by the context's end) to the CPU backend at 1e-5, as

@@ -41,6 +41,7 @@ type gemvOp struct {
 	res    span
 	limit  float32
 	norm   *normOp // x is this RMSNorm's output, computed in the matmul (m == 1)
+	xs     int     // > 0: group j reads the row at x + j*xs floats (x is group 0's; see joinStrided)
 }
 
 // normOp is a queued RMSNorm of one row, which the matmul after it may take in.
@@ -83,9 +84,12 @@ func (b *Backend) queueGemv(dst, x *Buffer, w *Weight, m int) {
 			return
 		}
 	}
+	if n := len(q.ops); n > 0 && q.ops[n-1].gemv != nil && b.joinStrided(q.ops[n-1].gemv, xs, y, w, bias, m) {
+		return
+	}
 	if n := len(q.ops); n > 0 && q.ops[n-1].gemv != nil {
 		g := q.ops[n-1].gemv
-		ok := g.mode == 0 && len(g.groups) < 3 && g.x == xs && g.m == m && g.K == w.cols && !y.overlaps(xs)
+		ok := g.mode == 0 && g.xs == 0 && len(g.groups) < 3 && g.x == xs && g.m == m && g.K == w.cols && !y.overlaps(xs)
 		if g.norm != nil {
 			ok = ok && !y.overlaps(g.norm.x) && !y.overlaps(g.norm.w)
 		}
@@ -101,6 +105,53 @@ func (b *Backend) queueGemv(dst, x *Buffer, w *Weight, m int) {
 		groups: []gemvGroup{{w: w, y: y, bias: bias}}}})
 }
 
+// joinStrided joins a one-row matmul to the queued one g when each reads its
+// own row of x at a fixed stride (as DeepSeek-V4's grouped output
+// projection: x·W_jᵀ over slice j of the attention output): up to three
+// weights of one shape in one launch of gemv_nvfp4_tma*, whose blocks then
+// stage the row of their weight. Only where every block takes a single
+// tile, so that no block needs two rows. qmu held.
+func (b *Backend) joinStrided(g *gemvOp, xs, y span, w *Weight, bias uint64, m int) bool {
+	k := len(g.groups)
+	if m != 1 || g.m != 1 || g.mode != 0 || g.norm != nil || k >= 3 || g.K != w.cols || g.groups[0].w.rows != w.rows ||
+		b.tmaStages(w.cols) == 0 || !b.tmaOneTilePerBlock((k+1)*((w.rows+15)/16)) {
+		return false
+	}
+	if xs.end-xs.ptr != g.x.end-g.x.ptr || xs.ptr <= g.x.ptr || (xs.ptr-g.x.ptr)%(4*uint64(k)) != 0 {
+		return false
+	}
+	stride := int((xs.ptr - g.x.ptr) / (4 * uint64(k))) // floats
+	if g.xs != 0 && stride != g.xs || k == 1 && stride < g.K {
+		return false
+	}
+	all := span{g.x.ptr, xs.end} // every group's row
+	if y.overlaps(all) {
+		return false
+	}
+	for _, gg := range g.groups {
+		if y.overlaps(gg.y) {
+			return false
+		}
+	}
+	g.xs = stride
+	g.groups = append(g.groups, gemvGroup{w: w, y: y, bias: bias})
+	return true
+}
+
+// tmaOneTilePerBlock reports whether finalizeGemv's launch of
+// gemv_nvfp4_tma* over tiles tiles gives each block one tile at most.
+func (b *Backend) tmaOneTilePerBlock(tiles int) bool {
+	switch {
+	case b.tmaTPB > 1:
+		return false
+	case b.tmaTPB == 1:
+		return true
+	case b.tmaWarps == 8:
+		return tiles <= max(b.tmaOcc, 2)*b.sms
+	}
+	return tiles <= b.sms
+}
+
 // fuseSwiGLU makes the last queued matmul pair's epilogue SwiGLU(dst=gate, gate, up). qmu held.
 func (b *Backend) fuseSwiGLU(dst, gate, up *Buffer, limit float32) bool {
 	q := &b.q
@@ -109,7 +160,7 @@ func (b *Backend) fuseSwiGLU(dst, gate, up *Buffer, limit float32) bool {
 		return false
 	}
 	g := q.ops[n-1].gemv
-	if g.mode != 0 || len(g.groups) != 2 || dst.ptr != gate.ptr || dst.n != gate.n || up.n != gate.n {
+	if g.mode != 0 || g.xs != 0 || len(g.groups) != 2 || dst.ptr != gate.ptr || dst.n != gate.n || up.n != gate.n {
 		return false
 	}
 	gs, us := g.groups[0], g.groups[1]
@@ -305,7 +356,7 @@ func (b *Backend) finalizeGemv(o *op) {
 		}
 	}
 	o.fn = b.fn[o.name]
-	var a [25]uint64
+	var a [26]uint64
 	a[24] = uint64(flags) << 32
 	var global [4]float32
 	var N [3]int
@@ -333,6 +384,7 @@ func (b *Backend) finalizeGemv(o *op) {
 	} else if flags&0x40 != 0 {
 		a[23] = b.tmaTrace // the timeline's words in the norm output's slot (benchmarks only)
 	}
+	a[25] = uint64(g.xs)
 	o.setParams(a[:])
 }
 

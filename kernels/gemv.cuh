@@ -44,6 +44,9 @@ struct GemvArgs {
     // bit 0: each warp takes a contiguous run of chunks; bit 1: weight copies
     // prefetch 256 B into L2; bits 8-15: T, tiles per block (0 means 1).
     int flags;
+    // gemv_nvfp4_tma* (mode 0, no norm): weight j reads x + j * xs floats (0:
+    // every weight reads x); each block then takes tiles of one weight only.
+    long long xs;
 };
 
 // Tile tl of a launch: which weight (gi) and its first feature (n0).
@@ -615,6 +618,12 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a) {
     const bool noX = (a.flags >> 4) & 1, noDec = (a.flags >> 5) & 1;
     const float* nw = (const float*)a.nw;
     float* nh = blockIdx.x == 0 ? (float*)a.nh : nullptr;
+    size_t xoff = 0;  // the x of this block's weight (a.xs: every tile of the block is of one weight)
+    if (a.xs && blockIdx.x < total) {
+        int gi, n0;
+        gemv_tile(a, blockIdx.x, gi, n0);
+        xoff = (size_t)gi * a.xs;
+    }
     constexpr int NT = CW * WARP, MI = 16384 / (8 * NT), MW = 4096 / (8 * NT) > 0 ? 4096 / (8 * NT) : 1;
     if (noX) {
         pdl_wait();
@@ -632,7 +641,7 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a) {
         // the wait (the compiler may hoist __ldg, a read-only load, above it).
         pdl_wait();
         if (TRACE && tr && tid == 0) tr[TMA_TR_WAITED] = gtime();
-        const float* x = (const float*)(a.nx ? a.nx : a.x);
+        const float* x = (const float*)(a.nx ? a.nx : a.x) + xoff;
 #pragma unroll
         for (int i = 0; i < MI; i++) {
             const int e = 8 * (tid + i * NT);
@@ -676,7 +685,7 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a) {
         }
     } else {
         pdl_wait();
-        const float* x = (const float*)(a.nx ? a.nx : a.x);
+        const float* x = (const float*)(a.nx ? a.nx : a.x) + xoff;
         float inv = 1.f;
         if (a.nx) {
             float ss = 0.f;
