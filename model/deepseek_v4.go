@@ -861,6 +861,17 @@ func (m *DeepseekV4) moe(s *v4State, blk *v4Block, h backend.Buffer, tokens []in
 	b, v, sc := m.b, m.v, &s.scratch
 	n, D, I := len(tokens), m.cfg.HiddenSize, v.MoEIntermediateSize
 	E, K := v.NRoutedExperts, v.NumExpertsPerTok
+
+	// The shared expert first: queued right after the site's RMSNorm, its
+	// matmuls may take the norm in (one launch fewer on the GPU).
+	limit := float32(v.SwigluLimit)
+	out := b.View(sc.moeOut, 0, n*D)
+	sg, su := b.View(sc.sg, 0, n*I), b.View(sc.su, 0, n*I)
+	b.MatMul(sg, h, blk.FFN.W1, n)
+	b.MatMul(su, h, blk.FFN.W3, n)
+	b.SwiGLU(sg, sg, su, limit)
+	b.MatMul(out, sg, blk.FFN.W2, n)
+
 	router := b.View(sc.router, 0, n*E)
 	b.MatMul(router, h, blk.FFN.Gate, n)
 	var hash []int32
@@ -871,14 +882,6 @@ func (m *DeepseekV4) moe(s *v4State, blk *v4Block, h backend.Buffer, tokens []in
 		}
 	}
 	route := dsv4.RouteArgs{M: n, Experts: E, K: K, Scoring: v.scoring, Scale: float32(v.RoutedScalingFactor)}
-
-	limit := float32(v.SwigluLimit)
-	out := b.View(sc.moeOut, 0, n*D)
-	sg, su := b.View(sc.sg, 0, n*I), b.View(sc.su, 0, n*I)
-	b.MatMul(sg, h, blk.FFN.W1, n)
-	b.MatMul(su, h, blk.FFN.W3, n)
-	b.SwiGLU(sg, sg, su, limit)
-	b.MatMul(out, sg, blk.FFN.W2, n)
 	if blk.dev != nil && n <= v4DeviceMoETokens {
 		m.moeOps.MoE(out, h, router, hash, blk.dev, route, limit)
 		return out
