@@ -163,13 +163,51 @@ __device__ __forceinline__ void moe_prefetch(const void* p, size_t n, int lane) 
         asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(p) + o));
 }
 
-// x[0..K) into xs in chunk-major order: column 32c + k (c = 32u + l) at
-// ((u * 8 + k / 4) * 32 + l) * 4 + k % 4, so that lane l's four columns
-// 32c + 4q .. + 3 are one float4 and the warp's reads are consecutive.
-__device__ __forceinline__ void moe_stage(float* xs, const float* x, int K) {
-    for (int col = threadIdx.x; col < K; col += blockDim.x) {
-        const int c = col >> 5, k = col & 31, u = c >> 5, l = c & 31;
-        xs[((u * 8 + (k >> 2)) * 32 + l) * 4 + (k & 3)] = x[col];
+// Rows j < n of x (K floats each, x + j * K; K % 32 == 0) into xs + j *
+// stride in chunk-major order: column 32c + k (c = 32u + l) at ((u * 8 + k /
+// 4) * 32 + l) * 4 + k % 4, so that lane l's four columns 32c + 4q .. + 3
+// are one float4 and the warp's reads are consecutive. MOE_SB of a thread's
+// loads in flight before their stores (the compiler cannot move a global
+// load past a store to shared memory through generic pointers: one round
+// trip per element otherwise); float4 copies where x is 16-byte aligned.
+#define MOE_SB 8
+__device__ __forceinline__ void moe_stage(float* xs, int stride, const float* x, int K, int n) {
+    if (reinterpret_cast<uintptr_t>(x) % 16 != 0) {
+        const int total = n * K;
+        for (int i0 = threadIdx.x; i0 < total; i0 += MOE_SB * blockDim.x) {
+            float v[MOE_SB];
+#pragma unroll
+            for (int u = 0; u < MOE_SB; u++) {
+                const int i = i0 + u * blockDim.x;
+                if (i < total) v[u] = x[i];
+            }
+#pragma unroll
+            for (int u = 0; u < MOE_SB; u++) {
+                const int i = i0 + u * blockDim.x;
+                if (i >= total) break;
+                const int j = i / K, col = i - j * K;
+                const int c = col >> 5, k = col & 31, uu = c >> 5, l = c & 31;
+                xs[j * stride + ((uu * 8 + (k >> 2)) * 32 + l) * 4 + (k & 3)] = v[u];
+            }
+        }
+        return;
+    }
+    const int k4 = K / 4, total = n * k4;
+    for (int i0 = threadIdx.x; i0 < total; i0 += MOE_SB * blockDim.x) {
+        float4 v[MOE_SB];
+#pragma unroll
+        for (int u = 0; u < MOE_SB; u++) {
+            const int i = i0 + u * blockDim.x;
+            if (i < total) v[u] = reinterpret_cast<const float4*>(x)[i];
+        }
+#pragma unroll
+        for (int u = 0; u < MOE_SB; u++) {
+            const int i = i0 + u * blockDim.x;
+            if (i >= total) break;
+            const int j = i / k4, col = 4 * (i - j * k4);
+            const int c = col >> 5, k = col & 31, uu = c >> 5, l = c & 31;
+            *reinterpret_cast<float4*>(xs + j * stride + ((uu * 8 + (k >> 2)) * 32 + l) * 4) = v[u];
+        }
     }
 }
 
@@ -240,7 +278,7 @@ extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_up(float* act, con
             moe_prefetch((const uint8_t*)ex.s[m] + (size_t)r0 * (D / 16), (size_t)nr * (D / 16), lane);
         }
     }
-    moe_stage(moe_sh, x + (size_t)tok * D, D);
+    moe_stage(moe_sh, 0, x + (size_t)tok * D, D, 1);
     __syncthreads();
     // This warp's two rows of gate and up: four dot products together.
     constexpr int RW = MOE_ROWS / (MOE_THREADS / WARP);
@@ -289,7 +327,7 @@ extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_down(float* out, c
             moe_prefetch((const uint8_t*)ex.s[2] + (size_t)r0 * (I / 16), (size_t)nr * (I / 16), lane);
         }
     }
-    for (int j = 0; j < K; j++) moe_stage(moe_sh + j * stride, act + ((size_t)tok * K + j) * I, I);
+    moe_stage(moe_sh, stride, act + (size_t)tok * K * I, I, K);
     __syncthreads();
     // Per row, the K experts' dot products four at a time (their loads in
     // flight together), then added in expert order.

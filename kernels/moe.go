@@ -174,13 +174,14 @@ func (b *Backend) moePrepare(exp backend.Experts, m, e, k int) (moeRun, bool) {
 		return moeRun{}, false
 	}
 	pairs := m * k
-	scratch, err := b.moeScratch(2*pairs + pairs*ex.ffn)
+	scratch, err := b.moeScratch(2*pairs + 4 + pairs*ex.ffn)
 	if err != nil {
 		b.setErr(err)
 		return moeRun{}, false
 	}
 	r := moeRun{ex: ex, scratch: scratch, ids: scratch.ptr, wts: scratch.ptr + uint64(4*pairs)}
-	r.act = r.wts + uint64(4*pairs)
+	r.act = (r.wts + uint64(4*pairs) + 15) &^ 15 // 16-byte aligned: moe_down stages it in float4
+	// (the scratch is at least 256-byte aligned, as every allocation)
 	return r, true
 }
 
