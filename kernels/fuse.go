@@ -128,8 +128,8 @@ func (b *Backend) joinStrided(g *gemvOp, xs, y span, w *Weight, bias uint64, m i
 	if y.overlaps(all) {
 		return false
 	}
-	for _, gg := range g.groups {
-		if y.overlaps(gg.y) {
+	for _, gg := range g.groups { // blocks of other weights may still read xs when these write
+		if y.overlaps(gg.y) || gg.y.overlaps(xs) {
 			return false
 		}
 	}
