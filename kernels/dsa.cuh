@@ -169,12 +169,11 @@ extern "C" __global__ void __launch_bounds__(256) idx_scores_tile(float* scores,
 // Warp w takes heads 16(w & 3) .. +15 against keys 32(w >> 2) .. +31 (four
 // 8-key n-tiles; each half of the block copies, splits and scores its 32
 // keys on its own, between named barriers), then each term fmul(w,
-// fmul(dot, scale)) if positive;
-// the warp adds its 16 heads' terms of a key in registers (shuffles, a
-// fixed order), the four head groups' sums meet in shared memory and are
-// added in group order. Keys past the visible ones score -inf. Key row
-// stride IDX_MS = 144 floats (16 mod 32: the 16-byte fragment loads of each
-// 8 lanes hit distinct banks).
+// fmul(dot, scale)) if positive. The warp adds its 16 heads' terms of a key
+// in registers (shuffles, a fixed order); the four head groups' sums meet
+// in shared memory and are added in group order. Keys past the visible ones
+// score -inf. Key row stride IDX_MS = 144 floats (16 mod 32: the 16-byte
+// fragment loads of each 8 lanes hit distinct banks).
 #define IDX_MT 64    // keys per tile
 #define IDX_MS 144   // padded key row of up to 128 floats
 #define IDX_QS 136   // the staged query's row
