@@ -112,9 +112,9 @@ func (b *Backend) queueGemv(dst, x *Buffer, w *Weight, m int) {
 // stage the row of their weight. Only where every block takes a single
 // tile, so that no block needs two rows. qmu held.
 func (b *Backend) joinStrided(g *gemvOp, xs, y span, w *Weight, bias uint64, m int) bool {
-	k := len(g.groups)
+	k, tiles := len(g.groups), (len(g.groups)+1)*((w.rows+15)/16)
 	if m != 1 || g.m != 1 || g.mode != 0 || g.norm != nil || k >= 3 || g.K != w.cols || g.groups[0].w.rows != w.rows ||
-		b.tmaStages(w.cols) == 0 || !b.tmaOneTilePerBlock((k+1)*((w.rows+15)/16)) {
+		b.tmaStages(w.cols) == 0 || b.tmaGrid(tiles) < tiles {
 		return false
 	}
 	if xs.end-xs.ptr != g.x.end-g.x.ptr || xs.ptr <= g.x.ptr || (xs.ptr-g.x.ptr)%(4*uint64(k)) != 0 {
@@ -138,18 +138,25 @@ func (b *Backend) joinStrided(g *gemvOp, xs, y span, w *Weight, bias uint64, m i
 	return true
 }
 
-// tmaOneTilePerBlock reports whether finalizeGemv's launch of
-// gemv_nvfp4_tma* over tiles tiles gives each block one tile at most.
-func (b *Backend) tmaOneTilePerBlock(tiles int) bool {
+// tmaGrid is the grid of gemv_nvfp4_tma* over total tiles (block x takes
+// tiles x, x + grid, ...): one persistent block per multiprocessor (at most
+// one per tile), tmaOcc (at least 2) with 8 consumer warps, or tmaTPB
+// tiles a block where a benchmark sets it.
+func (b *Backend) tmaGrid(total int) int {
 	switch {
-	case b.tmaTPB > 1:
-		return false
-	case b.tmaTPB == 1:
-		return true
-	case b.tmaWarps == 8:
-		return tiles <= max(b.tmaOcc, 2)*b.sms
+	case b.tmaTPB > 0:
+		return (total + b.tmaTPB - 1) / b.tmaTPB
+	case b.tmaWarps != 8:
+		return min(total, b.sms)
 	}
-	return tiles <= b.sms
+	occ := max(b.tmaOcc, 2)
+	if b.tmaUneven {
+		return min(total, occ*b.sms)
+	}
+	// As many tiles for every block: the fewest blocks that take
+	// ceil(total / (occ * SMs)) tiles each.
+	per := (total + occ*b.sms - 1) / (occ * b.sms)
+	return (total + per - 1) / per
 }
 
 // fuseSwiGLU makes the last queued matmul pair's epilogue SwiGLU(dst=gate, gate, up). qmu held.
@@ -330,24 +337,13 @@ func (b *Backend) finalizeGemv(o *op) {
 	if ns := b.tmaStages(g.K); ns > 0 && g.m == 1 {
 		// One persistent block per multiprocessor (at most one per tile).
 		o.name = "gemv_nvfp4_tma"
-		o.grid = [3]uint32{uint32(min(total, b.sms)), 1, 1}
+		o.grid = [3]uint32{uint32(b.tmaGrid(total)), 1, 1}
 		o.block = tmaThreads
 		if b.tmaWarps == 8 {
-			occ := max(b.tmaOcc, 2)
 			o.name, o.block = "gemv_nvfp4_tma8", 9*32
-			if occ > 2 {
+			if b.tmaOcc > 2 {
 				o.name = "gemv_nvfp4_tma8_3"
 			}
-			o.grid[0] = uint32(min(total, occ*b.sms))
-			if !b.tmaUneven {
-				// As many tiles for every block: the fewest blocks that take
-				// ceil(total / (occ * SMs)) tiles each.
-				per := (total + occ*b.sms - 1) / (occ * b.sms)
-				o.grid[0] = uint32((total + per - 1) / per)
-			}
-		}
-		if b.tmaTPB > 0 {
-			o.grid[0] = uint32((total + b.tmaTPB - 1) / b.tmaTPB)
 		}
 		o.shared = uint32(ns*tmaStage + 2*g.K + tmaFixed)
 		flags = ns<<16 | boolInt(b.tmaEvict)<<24 | b.tmaAblate
