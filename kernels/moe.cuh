@@ -171,44 +171,32 @@ __device__ __forceinline__ void moe_prefetch(const void* p, size_t n, int lane) 
 // load past a store to shared memory through generic pointers: one round
 // trip per element otherwise); float4 copies where x is 16-byte aligned.
 #define MOE_SB 8
-__device__ __forceinline__ void moe_stage(float* xs, int stride, const float* x, int K, int n) {
-    if (reinterpret_cast<uintptr_t>(x) % 16 != 0) {
-        const int total = n * K;
-        for (int i0 = threadIdx.x; i0 < total; i0 += MOE_SB * blockDim.x) {
-            float v[MOE_SB];
-#pragma unroll
-            for (int u = 0; u < MOE_SB; u++) {
-                const int i = i0 + u * blockDim.x;
-                if (i < total) v[u] = x[i];
-            }
-#pragma unroll
-            for (int u = 0; u < MOE_SB; u++) {
-                const int i = i0 + u * blockDim.x;
-                if (i >= total) break;
-                const int j = i / K, col = i - j * K;
-                const int c = col >> 5, k = col & 31, uu = c >> 5, l = c & 31;
-                xs[j * stride + ((uu * 8 + (k >> 2)) * 32 + l) * 4 + (k & 3)] = v[u];
-            }
-        }
-        return;
-    }
-    const int k4 = K / 4, total = n * k4;
+template <typename T>  // float, or float4 where x is 16-byte aligned
+__device__ __forceinline__ void moe_stage_as(float* xs, int stride, const float* x, int K, int n) {
+    constexpr int V = sizeof(T) / sizeof(float);
+    const int kv = K / V, total = n * kv;
     for (int i0 = threadIdx.x; i0 < total; i0 += MOE_SB * blockDim.x) {
-        float4 v[MOE_SB];
+        T v[MOE_SB];
 #pragma unroll
         for (int u = 0; u < MOE_SB; u++) {
             const int i = i0 + u * blockDim.x;
-            if (i < total) v[u] = reinterpret_cast<const float4*>(x)[i];
+            if (i < total) v[u] = reinterpret_cast<const T*>(x)[i];
         }
 #pragma unroll
         for (int u = 0; u < MOE_SB; u++) {
             const int i = i0 + u * blockDim.x;
             if (i >= total) break;
-            const int j = i / k4, col = 4 * (i - j * k4);
+            const int j = i / kv, col = V * (i - j * kv);
             const int c = col >> 5, k = col & 31, uu = c >> 5, l = c & 31;
-            *reinterpret_cast<float4*>(xs + j * stride + ((uu * 8 + (k >> 2)) * 32 + l) * 4) = v[u];
+            *reinterpret_cast<T*>(xs + j * stride + ((uu * 8 + (k >> 2)) * 32 + l) * 4 + (k & 3)) = v[u];
         }
     }
+}
+__device__ __forceinline__ void moe_stage(float* xs, int stride, const float* x, int K, int n) {
+    if (reinterpret_cast<uintptr_t>(x) % 16 == 0)
+        moe_stage_as<float4>(xs, stride, x, K, n);
+    else
+        moe_stage_as<float>(xs, stride, x, K, n);
 }
 
 // This lane's shares of n <= N row dot products (p[q], s[q]) · xs[q] (xs
