@@ -638,7 +638,19 @@ func (b *Backend) Copy(dst, src backend.Buffer) {
 	b.copyBytes(ptr(dst), ptr(src), 4*dst.Len())
 }
 
+// copyBytes queues copy_words over n bytes (a multiple of 4): a kernel, so
+// that the kernel after it may start early, which the driver's copy would
+// not allow.
 func (b *Backend) copyBytes(dst, src uint64, n int) {
+	words := n / 4
+	if words == 0 {
+		return
+	}
+	b.launch("copy_words", [3]int{min((words+4*256-1)/(4*256), 4*b.sms), 1, 1}, 256, 0, dst, src, uint64(words))
+}
+
+// copyDriver queues the driver's device-to-device copy of n bytes.
+func (b *Backend) copyDriver(dst, src uint64, n int) {
 	b.qmu.Lock()
 	b.q.ops = append(b.q.ops, op{kind: opCopy, name: "copy", params: []uint64{dst, src, uint64(n)}})
 	b.qmu.Unlock()

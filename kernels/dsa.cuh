@@ -37,6 +37,7 @@ __device__ __forceinline__ void dsa_qk_step(float sc[4][4], const float* kr, int
 // grid (ceil(n / warps), rows).
 extern "C" __global__ void idx_scores(float* scores, const float* q, const float* keys, const float* w, int heads,
                                       int dim, int n, int pos0, int rate, float scale) {
+    pdl_entry();
     int i = blockIdx.y;
     int lane = threadIdx.x % WARP;
     int e = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
@@ -73,6 +74,7 @@ extern "C" __global__ void idx_scores(float* scores, const float* q, const float
 extern "C" __global__ void __launch_bounds__(256) idx_scores_tile(float* scores, const float* q, const float* keys,
                                                                   const float* w, int heads, int dim, int n, int pos0,
                                                                   int rate, float scale) {
+    pdl_entry();
     extern __shared__ __align__(16) float idx_sm[];
     __shared__ float s_sum[IDX_KT];
     const int KS = dsa_row_stride(dim);
@@ -1112,6 +1114,7 @@ extern "C" __global__ void __cluster_dims__(16, 1, 1) __launch_bounds__(1024)
 // ---------------------------------------------------------------------------
 // LayerNorm over rows of n values (layers.LayerNorm, float32 sums): one block per row.
 extern "C" __global__ void dsa_layernorm(float* dst, const float* x, const float* w, const float* b, int n, float eps) {
+    pdl_entry();
     __shared__ float red[32];
     const float* xr = x + (size_t)blockIdx.x * n;
     float* dr = dst + (size_t)blockIdx.x * n;
@@ -1146,6 +1149,7 @@ extern "C" __global__ void dsa_attend(float* out, const float* qa, int qaI, int 
                                       int la, const float* qb, int qbI, int qbH, const float* B, int bT, int lb,
                                       const float* V, int vH, int vT, int lv, const int* sel, const int* cnt, int K,
                                       int heads, float scale) {
+    pdl_entry();
     extern __shared__ float p[];
     __shared__ float red[32];
     int h = blockIdx.x, i = blockIdx.y;
@@ -1202,6 +1206,7 @@ __device__ __forceinline__ float weight_at(const void* W, const uint8_t* S, floa
 // (W = kv_b_proj, [heads*per, rank]); grid (ceil(rank/block), heads, rows).
 extern "C" __global__ void mla_absorb(float* qLat, const float* q, const void* W, const uint8_t* S, float global,
                                       int format, int heads, int rank, int nope, int per, int qk) {
+    pdl_entry();
     int j = blockIdx.x * blockDim.x + threadIdx.x;
     int h = blockIdx.y, i = blockIdx.z;
     if (j >= rank) return;
@@ -1215,6 +1220,7 @@ extern "C" __global__ void mla_absorb(float* qLat, const float* q, const void* W
 // one warp per output value.
 extern "C" __global__ void mla_expand(float* out, const float* outLat, const void* W, const uint8_t* S, float global,
                                       int format, int rows, int heads, int rank, int nope, int per, int vd) {
+    pdl_entry();
     long long o = (long long)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
     int lane = threadIdx.x % WARP;
     if (o >= (long long)rows * heads * vd) return;
@@ -1285,6 +1291,7 @@ extern "C" __global__ void __launch_bounds__(DSA_THREADS, 2)
     dsa_attend_split(float* out, float* part, const float* qLat, const float* qRope, int qrI, int qrH,
                      const float* lat, const float* rope, int la, int lb, const int* sel, const int* cnt, int K,
                      int heads, int per, float scale) {
+    pdl_entry();
     extern __shared__ __align__(16) float dsa_sm[];
     __shared__ float s_m[DSA_G], s_l[DSA_G], s_a[DSA_G];
     __shared__ int s_tok[DSA_TT];

@@ -34,6 +34,7 @@ __device__ __forceinline__ V4Slot v4_slot(const float* kv, const float* gate, co
 extern "C" __global__ void v4_compress(float* dst, const float* kv, const float* gate, const float* ape,
                                        const float* norm, int rate, int width, int overlap, int prev, int pos0,
                                        float eps, const float* inv_freq, int half, float rscale, int interleaved) {
+    pdl_entry();
     extern __shared__ float row[];
     __shared__ float red[32];
     int e = blockIdx.x;
@@ -188,16 +189,19 @@ __device__ __forceinline__ void v4_attention_t(float* out, const float* q, const
 extern "C" __global__ void v4_attention(float* out, const float* q, const float* local, const float* comp,
                                         const float* idx, const float* sinks, int heads, int dim, int pos0, int lo,
                                         int window, int rate, int topk, int entries, float scale) {
+    pdl_entry();
     v4_attention_t<1>(out, q, local, comp, idx, sinks, heads, dim, pos0, lo, window, rate, topk, entries, scale);
 }
 extern "C" __global__ void v4_attention4(float* out, const float* q, const float* local, const float* comp,
                                          const float* idx, const float* sinks, int heads, int dim, int pos0, int lo,
                                          int window, int rate, int topk, int entries, float scale) {
+    pdl_entry();
     v4_attention_t<4>(out, q, local, comp, idx, sinks, heads, dim, pos0, lo, window, rate, topk, entries, scale);
 }
 
 // Transpose: src [a, b, w] into dst [b, a, w].
 extern "C" __global__ void v4_transpose(float* dst, const float* src, int a, int b, int w) {
+    pdl_entry();
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)a * b * w) return;
     int c = (int)(idx % w);
@@ -209,6 +213,7 @@ extern "C" __global__ void v4_transpose(float* dst, const float* src, int a, int
 // Gather: dst[i] = src[rows[i]] for the blockIdx.y-th of up to kIdBlock rows
 // (ids in the parameters); dst points at the block's first row.
 extern "C" __global__ void rows_gather(float* dst, const float* src, IdBlock rows, int w) {
+    pdl_entry();
     int i = blockIdx.y;
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= w) return;
@@ -225,6 +230,7 @@ struct RowScaleBlock {
 };
 
 extern "C" __global__ void rows_scatter_add(float* dst, const float* src, RowScaleBlock rs, int n, int w) {
+    pdl_entry();
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= w) return;
     for (int i = 0; i < n; i++) {

@@ -28,6 +28,7 @@
 // One thread per 8 elements: xh[n][c][q][t] (uint4) holds elements
 // 128c + 32t + 8q .. +8 of token n as x8_pairs<1>; tokens m..mpad-1 are zero.
 extern "C" __global__ void gemm_x_h8(uint4* __restrict__ xh, const float* __restrict__ x, int m, int mpad, int K) {
+    pdl_entry();
     const int units = K / 8;
     const long total = (long)mpad * units;
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < total; i += (long)gridDim.x * blockDim.x) {
@@ -190,6 +191,7 @@ __device__ __forceinline__ void gemm_nvfp4_tile(const uint8_t* __restrict__ P, c
     extern "C" __global__ void __launch_bounds__(256, OCC)                                                                       \
         NAME(const uint8_t* P, const uint8_t* S, float scale, const uint4* xh, float* y, const float* bias, float* part, \
              int* ticket, int N, int K, int m, int cps) {                                                                        \
+        pdl_entry();                                                                                                             \
         gemm_nvfp4_tile<TT, NS, KC>(P, S, scale, xh, y, bias, part, ticket, N, K, m, cps);                                      \
     }
 GEMM_NVFP4_TILE(gemm_nvfp4_t8, 1, 4, 128, 3)

@@ -7,6 +7,7 @@
 // htree's meanRows; keys and values together. row = kvHeads*headDim.
 extern "C" __global__ void ht_mean(float* dk, float* dv, const float* sk, const float* sv, int lo, int hi, int rate,
                                    int children, int row) {
+    pdl_entry();
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)(hi - lo + 1) * row) return;
     int node = lo + (int)(idx / row), ch = (int)(idx % row);
@@ -102,6 +103,7 @@ extern "C" __global__ void __launch_bounds__(256) ht_score(const float* q, const
                                                            int stride, int mc, int job0, int pos0, int heads, int group,
                                                            int kvHeads, int hd, float scale, int rate, int topk,
                                                            int topCand, int lev) {
+    pdl_entry();
     extern __shared__ float qrot[];
     int job = job0 + blockIdx.y;
     HtJob j = ht_job(job, pos0, heads, lev, rate, topk, topCand);
@@ -216,6 +218,7 @@ extern "C" __global__ void __launch_bounds__(256) ht_score(const float* q, const
 extern "C" __global__ void __launch_bounds__(1024) ht_select(float* scratch, int stride, int mc, int job0, int pos0,
                                                              int heads, int rate, int topk, int topCand, int lev,
                                                              int staged) {
+    pdl_entry();
     extern __shared__ unsigned hts_keys[];
     __shared__ int s_cut;
     int job = job0 + blockIdx.x;
@@ -269,6 +272,7 @@ extern "C" __global__ void __launch_bounds__(128) ht_part(float* part, const flo
                                                           int stride, int mc, int job0, int pos0, int heads, int group,
                                                           int kvHeads, int hd, int rate, int topk, int topCand,
                                                           int levels, int tiles, int lev) {
+    pdl_entry();
     __shared__ float w[HT_T];
     __shared__ int node[HT_T];
     __shared__ float red[32];
@@ -354,6 +358,7 @@ extern "C" __global__ void __launch_bounds__(128) ht_part(float* part, const flo
 extern "C" __global__ void __launch_bounds__(512) ht_combine(float* out, const float* part, int job0, int pos0, int heads,
                                                              int hd, int rate, int topk, int topCand, int levels,
                                                              int tiles) {
+    pdl_entry();
     extern __shared__ float sh[];
     __shared__ float red[32];
     int job = job0 + blockIdx.x;

@@ -21,6 +21,12 @@ __device__ __forceinline__ float warp_sum(float v) {
 // what earlier work wrote or writes what earlier work reads.
 __device__ __forceinline__ void pdl_launch() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+// The start of a kernel with nothing to do before the wait: the next kernel
+// may be scheduled at once, and this one waits for the one before.
+__device__ __forceinline__ void pdl_entry() {
+    pdl_launch();
+    pdl_wait();
+}
 
 // Asynchronous copies global -> shared (cp.async, Ampere on): 16 bytes (both
 // ends 16-byte aligned) or 4; a thread's copies are grouped by commit, and
@@ -151,8 +157,24 @@ struct BF16Loader {
     __device__ float scale() const { return 1.f; }
 };
 
+// dst = src over n 4-byte words, not overlapping (Backend.Copy): a kernel
+// rather than the driver's copy, so that the programmatic chain of a decode
+// step goes on through it.
+extern "C" __global__ void copy_words(uint32_t* dst, const uint32_t* src, long long n) {
+    pdl_entry();
+    const long long stride = (long long)gridDim.x * blockDim.x, i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long done = 0;
+    if ((((uintptr_t)dst | (uintptr_t)src) & 15) == 0) {
+        const long long n4 = n / 4;
+        for (long long j = i; j < n4; j += stride) reinterpret_cast<uint4*>(dst)[j] = reinterpret_cast<const uint4*>(src)[j];
+        done = 4 * n4;
+    }
+    for (long long j = done + i; j < n; j += stride) dst[j] = src[j];
+}
+
 // Rows per block: 8 warps.
 extern "C" __global__ void gemv_f32(const float* W, const float* x, float* y, const float* bias, int N, int K, int m) {
+    pdl_entry();
     int r = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
     if (r >= N) return;
     F32Loader ld{W, K};
@@ -160,6 +182,7 @@ extern "C" __global__ void gemv_f32(const float* W, const float* x, float* y, co
 }
 
 extern "C" __global__ void gemv_bf16(const uint16_t* W, const float* x, float* y, const float* bias, int N, int K, int m) {
+    pdl_entry();
     int r = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
     if (r >= N) return;
     BF16Loader ld{W, K};
@@ -168,6 +191,7 @@ extern "C" __global__ void gemv_bf16(const uint16_t* W, const float* x, float* y
 
 // Tail-safe GEMV for K not a multiple of the chunk: plain per-element loads.
 extern "C" __global__ void gemv_f32_any(const float* W, const float* x, float* y, const float* bias, int N, int K, int m) {
+    pdl_entry();
     int r = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
     int lane = threadIdx.x % WARP;
     if (r >= N) return;
@@ -180,6 +204,7 @@ extern "C" __global__ void gemv_f32_any(const float* W, const float* x, float* y
 }
 
 extern "C" __global__ void gemv_bf16_any(const uint16_t* W, const float* x, float* y, const float* bias, int N, int K, int m) {
+    pdl_entry();
     int r = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
     int lane = threadIdx.x % WARP;
     if (r >= N) return;
@@ -200,6 +225,7 @@ struct IdBlock { int v[kIdBlock]; };
 // format: 0 f32, 1 bf16, 2 nvfp4 (P packed, S scales, global).
 extern "C" __global__ void embed(const void* table, const uint8_t* S, float global, int format, IdBlock ids,
                                  float* dst, int n) {
+    pdl_entry();
     int i = blockIdx.x;
     size_t r = (size_t)ids.v[i];
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
@@ -233,6 +259,7 @@ extern "C" __global__ void rmsnorm(float* dst, const float* x, const float* w, i
 // inv_freq in float32, cos/sin scaled by `scale`.
 extern "C" __global__ void rope(float* x, const float* inv_freq, int rows, int heads, int stride, int off, int half,
                                 int pos0, float scale, int interleaved, int inverse) {
+    pdl_entry();
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     int total = rows * heads * half;
     if (idx >= total) return;
@@ -251,6 +278,7 @@ extern "C" __global__ void rope(float* x, const float* inv_freq, int rows, int h
 // shared memory (one float per visible key). keys/values: [pos, kvHeads, hd].
 extern "C" __global__ void attention(float* out, const float* q, const float* keys, const float* values, int pos0,
                                      int heads, int kvHeads, int hd, float scale, int window) {
+    pdl_entry();
     extern __shared__ float sh[];
     __shared__ float red[32];
     int h = blockIdx.x, i = blockIdx.y;
@@ -289,6 +317,7 @@ extern "C" __global__ void attention(float* out, const float* q, const float* ke
 
 // Elementwise.
 extern "C" __global__ void swiglu(float* dst, const float* gate, const float* up, int n, float limit) {
+    pdl_entry();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float g = gate[i], u = up[i];
@@ -300,6 +329,7 @@ extern "C" __global__ void swiglu(float* dst, const float* gate, const float* up
 }
 
 extern "C" __global__ void add(float* dst, const float* a, const float* b, int n) {
+    pdl_entry();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) dst[i] = a[i] + b[i];
 }
@@ -312,6 +342,7 @@ extern "C" __global__ void scale(float* dst, const float* a, float s, int n) {
 
 extern "C" __global__ void gemv_nvfp4_any(const uint8_t* P, const uint8_t* S, float global, const float* x, float* y,
                                           const float* bias, int N, int K, int m) {
+    pdl_entry();
     int r = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
     int lane = threadIdx.x % WARP;
     if (r >= N) return;

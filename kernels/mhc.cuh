@@ -16,6 +16,7 @@ __device__ __forceinline__ float mhc_sigmoid(float x) {
 // The projection's row scale: logits[r, :mix] *= 1/sqrt(mean(x[r, :width]^2) + eps).
 // One block per row; the projection itself is a MatMul before it.
 extern "C" __global__ void mhc_rowscale(float* logits, const float* x, int width, int mix, float eps) {
+    pdl_entry();
     __shared__ float red[32];
     const float* xr = x + (size_t)blockIdx.x * width;
     float ss = 0.f;
@@ -170,6 +171,7 @@ __device__ void mhc_activate_row(float* pre, float* post, float* res, float* l, 
 // Mixer.Activate, one thread per row; logits [rows, 2n + nz] is overwritten.
 extern "C" __global__ void mhc_activate(float* pre, float* post, float* res, float* logits, const float* base,
                                         const float* scale, int rows, int n, int iters, float eps, int lite, int nz) {
+    pdl_entry();
     int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= rows) return;
     mhc_activate_row(pre, post, res, logits + (size_t)r * (2 * n + nz), base, scale, r, n, iters, eps, lite, nz);
@@ -446,24 +448,29 @@ __device__ __forceinline__ void mhc_proj_part(float* __restrict__ part, const fl
     int ntl = 0;  // the block's tiles where this warp has rows
     if (((int)blockIdx.y * wt + tw) * 16 < rows) ntl = ((rows - 1 - tw * 16) / (wt * 16) - (int)blockIdx.y) / (int)gridDim.y + 1;
     st.items = ntl * st.nc;
-    st.start();
-    // The first copies are in flight while the weights are staged.
-#pragma unroll
-    for (int i = 0; i < MHC_PSTAGES - 1; i++) st.stage();
 
-    // fn[:, k0 .. k0 + len) into ws, zeros in the padding rows and columns.
+    // fn[:, k0 .. k0 + len) into ws, zeros in the padding rows and columns:
+    // constant, so copied before the wait for the previous kernel (with
+    // programmatic dependent launch, under its tail), one commit group
+    // ahead of the x chunks'.
     constexpr int V = 16 / sizeof(T);
     const int per = ks / V;
     for (int i = threadIdx.x; i < npad * per; i += blockDim.x) {
         int m = i / per, kk = (i - m * per) * V;
         T* d = ws + m * rs + kk;
         if (VEC && m < mix && kk + V <= len) {
-            *reinterpret_cast<uint4*>(d) = __ldg(reinterpret_cast<const uint4*>(W + (size_t)m * K + k0 + kk));
+            cp_async16(smem_u32(d), W + (size_t)m * K + k0 + kk);
         } else {
 #pragma unroll
             for (int j = 0; j < V; j++) d[j] = (m < mix && kk + j < len) ? W[(size_t)m * K + k0 + kk + j] : T(0);
         }
     }
+    cp_async_commit();
+    pdl_wait();
+    st.start();
+#pragma unroll
+    for (int i = 0; i < MHC_PSTAGES - 1; i++) st.stage();
+    cp_async_wait<MHC_PSTAGES - 1>();  // this thread's weight copies (the oldest group)
     __syncthreads();
 
     float acc[MHC_PMAXNT][4];
@@ -513,18 +520,22 @@ __device__ __forceinline__ void mhc_proj_part(float* __restrict__ part, const fl
 
 extern "C" __global__ void __launch_bounds__(MHC_PTHREADS, 2)
     mhc_proj_part_f32(float* part, const float* x, const float* W, int rows, int K, int mix, int ks, int wt) {
+    pdl_launch();  // mhc_proj_part waits after staging its weights
     mhc_proj_part<float, false>(part, x, W, rows, K, mix, ks, wt);
 }
 extern "C" __global__ void __launch_bounds__(MHC_PTHREADS, 2)
     mhc_proj_part_f32_v(float* part, const float* x, const float* W, int rows, int K, int mix, int ks, int wt) {
+    pdl_launch();  // mhc_proj_part waits after staging its weights
     mhc_proj_part<float, true>(part, x, W, rows, K, mix, ks, wt);
 }
 extern "C" __global__ void __launch_bounds__(MHC_PTHREADS, 2)
     mhc_proj_part_bf16(float* part, const float* x, const uint16_t* W, int rows, int K, int mix, int ks, int wt) {
+    pdl_launch();  // mhc_proj_part waits after staging its weights
     mhc_proj_part<uint16_t, false>(part, x, W, rows, K, mix, ks, wt);
 }
 extern "C" __global__ void __launch_bounds__(MHC_PTHREADS, 2)
     mhc_proj_part_bf16_v(float* part, const float* x, const uint16_t* W, int rows, int K, int mix, int ks, int wt) {
+    pdl_launch();  // mhc_proj_part waits after staging its weights
     mhc_proj_part<uint16_t, true>(part, x, W, rows, K, mix, ks, wt);
 }
 
@@ -562,11 +573,13 @@ __device__ __forceinline__ void mhc_sum_slices(float* l, const float* part, int 
 
 // logits[r, m] = sum over slices of part[s, r, m], times 1/rms; a block per row.
 extern "C" __global__ void mhc_proj_finish(float* logits, const float* part, int rows, int mix, int S, int K, float eps) {
+    pdl_entry();
     mhc_sum_slices(logits + (size_t)blockIdx.x * mix, part, blockIdx.x, rows, mix, S, K, eps);
 }
 
 // Pre: dst[r, c] = sum_i pre[r, i] * x[r, i, c]; one thread per (r, c).
 extern "C" __global__ void mhc_pre(float* dst, const float* x, const float* pre, int rows, int n, int hidden) {
+    pdl_entry();
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)rows * hidden) return;
     int r = (int)(idx / hidden), c = (int)(idx % hidden);
@@ -582,6 +595,7 @@ extern "C" __global__ void mhc_pre(float* dst, const float* x, const float* pre,
 // dst may be x.
 extern "C" __global__ void mhc_post(float* dst, const float* x, const float* out, const float* post, const float* res,
                                     int rows, int n, int hidden) {
+    pdl_entry();
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)rows * hidden) return;
     int r = (int)(idx / hidden), c = (int)(idx % hidden);
@@ -648,6 +662,7 @@ __device__ __forceinline__ void mhc_pre4_row(float* dst, const float* x, const f
 }
 
 extern "C" __global__ void mhc_pre4(float* dst, const float* x, const float* pre, int rows, int n, int hidden) {
+    pdl_entry();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= (hidden >> 2)) return;
     for (int r = blockIdx.y; r < rows; r += gridDim.y) {
@@ -696,6 +711,7 @@ __device__ __forceinline__ void mhc_post4_row(float* dst, const float* x, const 
 // n from 1 to 4 (mhc.go sends more streams to mhc_post).
 extern "C" __global__ void mhc_post4(float* dst, const float* x, const float* out, const float* post, const float* res,
                                      int rows, int n, int hidden) {
+    pdl_entry();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= (hidden >> 2)) return;
     for (int r = blockIdx.y; r < rows; r += gridDim.y) {
@@ -713,48 +729,80 @@ extern "C" __global__ void mhc_post4(float* dst, const float* x, const float* ou
 // column's sum is gathered by shuffles and added in the reference's order
 // (mhc_activate_row, mhc_sinkhorn_reg), so the results are the same bits;
 // the latency of one token's 20 iterations is spread over 16 lanes instead
-// of one thread.
-extern "C" __global__ void mhc_activate16(float* pre, float* post, float* res, float* logits, const float* base,
-                                          const float* scale, int rows, int n, int iters, float eps) {
-    const int r = blockIdx.x * (blockDim.x / 16) + threadIdx.x / 16, L = threadIdx.x & 15;
-    if (r >= rows) return;  // a token's 16 lanes leave together
-    const unsigned mask = 0xffffu << (threadIdx.x & 16);
-    const int nz = n * n;
-    float* l = logits + (size_t)r * (2 * n + nz);
-    if (L < n) {
-        pre[(size_t)r * n + L] = __fadd_rn(mhc_sigmoid(__fadd_rn(__fmul_rn(l[L], scale[0]), base[L])), eps);
-        post[(size_t)r * n + L] = 2.f * mhc_sigmoid(__fadd_rn(__fmul_rn(l[n + L], scale[1]), base[n + L]));
+// of one thread. N, the stream count, is a template parameter: each sum's
+// N shuffles are in flight together before the adds (in order), which a
+// loop over a runtime n kept one after another.
+template <int N>
+__device__ __forceinline__ void mhc_activate16_t(float* pre, float* post, float* res, float* l, const float* base,
+                                                 const float* scale, int r, int L, unsigned mask, int iters, float eps) {
+    constexpr int NZ = N * N;
+    if (L < N) {
+        pre[(size_t)r * N + L] = __fadd_rn(mhc_sigmoid(__fadd_rn(__fmul_rn(l[L], scale[0]), base[L])), eps);
+        post[(size_t)r * N + L] = 2.f * mhc_sigmoid(__fadd_rn(__fmul_rn(l[N + L], scale[1]), base[N + L]));
     }
     float m = 0.f;
-    if (L < nz) {
-        m = __fadd_rn(__fmul_rn(l[2 * n + L], scale[2]), base[2 * n + L]);
-        l[2 * n + L] = m;
+    if (L < NZ) {
+        m = __fadd_rn(__fmul_rn(l[2 * N + L], scale[2]), base[2 * N + L]);
+        l[2 * N + L] = m;
     }
     // Lanes past n*n compute along (their sources wrap within the 16) and store nothing.
-    const int i = L / n, j = L - i * n;
-    float mx = __shfl_sync(mask, m, i * n, 16);
-    for (int jj = 1; jj < n; jj++) mx = fmaxf(mx, __shfl_sync(mask, m, i * n + jj, 16));
+    const int i = L / N, j = L - i * N;
+    float v[N];
+    auto row = [&](float x) {
+#pragma unroll
+        for (int jj = 0; jj < N; jj++) v[jj] = __shfl_sync(mask, x, i * N + jj, 16);
+    };
+    auto col = [&](float x) {
+#pragma unroll
+        for (int ii = 0; ii < N; ii++) v[ii] = __shfl_sync(mask, x, ii * N + j, 16);
+    };
+    row(m);
+    float mx = v[0];
+#pragma unroll
+    for (int jj = 1; jj < N; jj++) mx = fmaxf(mx, v[jj]);
     const float e = (float)exp((double)(m - mx));
+    row(e);
     float s = 0.f;
-    for (int jj = 0; jj < n; jj++) s += __shfl_sync(mask, e, i * n + jj, 16);
+#pragma unroll
+    for (int jj = 0; jj < N; jj++) s += v[jj];
     m = __fadd_rn(e / s, eps);
     for (int it = 0; it < max(iters, 1); it++) {
         if (it > 0) {
+            row(m);
             s = 0.f;
-            for (int jj = 0; jj < n; jj++) s += __shfl_sync(mask, m, i * n + jj, 16);
+#pragma unroll
+            for (int jj = 0; jj < N; jj++) s += v[jj];
             s += eps;
             m /= s;
         }
+        col(m);
         s = 0.f;
-        for (int ii = 0; ii < n; ii++) s += __shfl_sync(mask, m, ii * n + j, 16);
+#pragma unroll
+        for (int ii = 0; ii < N; ii++) s += v[ii];
         s += eps;
         m /= s;
     }
-    if (L < nz) res[(size_t)r * nz + L] = m;
+    if (L < NZ) res[(size_t)r * NZ + L] = m;
+}
+
+extern "C" __global__ void mhc_activate16(float* pre, float* post, float* res, float* logits, const float* base,
+                                          const float* scale, int rows, int n, int iters, float eps) {
+    pdl_entry();
+    const int r = blockIdx.x * (blockDim.x / 16) + threadIdx.x / 16, L = threadIdx.x & 15;
+    if (r >= rows) return;  // a token's 16 lanes leave together
+    const unsigned mask = 0xffffu << (threadIdx.x & 16);
+    float* l = logits + (size_t)r * (2 * n + n * n);
+    switch (n) {
+    case 1: mhc_activate16_t<1>(pre, post, res, l, base, scale, r, L, mask, iters, eps); break;
+    case 2: mhc_activate16_t<2>(pre, post, res, l, base, scale, r, L, mask, iters, eps); break;
+    case 3: mhc_activate16_t<3>(pre, post, res, l, base, scale, r, L, mask, iters, eps); break;
+    default: mhc_activate16_t<4>(pre, post, res, l, base, scale, r, L, mask, iters, eps);
+    }
 }
 
 // HeadActivate: pre[i] = sigmoid(pre[i] * scale + base[i % n]) + eps.
 extern "C" __global__ void mhc_head_activate(float* pre, const float* base, float scale, float eps, int total, int n) {
+    pdl_entry();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total) return;
     pre[i] = __fadd_rn(mhc_sigmoid(__fadd_rn(__fmul_rn(pre[i], scale), base[i % n])), eps);
@@ -762,6 +810,7 @@ extern "C" __global__ void mhc_head_activate(float* pre, const float* base, floa
 
 // Expand: dst[r, i, c] = emb[r, c].
 extern "C" __global__ void mhc_expand(float* dst, const float* emb, int rows, int n, int hidden) {
+    pdl_entry();
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)rows * n * hidden) return;
     int c = (int)(idx % hidden);

@@ -88,6 +88,7 @@ __device__ __forceinline__ void moe_store_route(int* ids, float* wts, const int*
 
 extern "C" __global__ void __launch_bounds__(MOE_RT) moe_route(int* ids, float* wts, const float* logits, const float* bias,
                                                                 const int* hash, int E, int K, int sqrtsp, float scale) {
+    pdl_entry();
     __shared__ float s_s[MOE_MAXE], s_v[MOE_MAXE];
     __shared__ bool s_taken[MOE_MAXE];
     __shared__ int s_pick[MOE_MAXK];
@@ -122,6 +123,7 @@ extern "C" __global__ void __launch_bounds__(MOE_RT) moe_route(int* ids, float* 
 extern "C" __global__ void __launch_bounds__(MOE_RT) moe_group_route(int* ids, float* wts, const float* logits,
                                                                       const float* bias, int E, int K, int G, int tg,
                                                                       int norm, float scale) {
+    pdl_entry();
     __shared__ float s_s[MOE_MAXE], s_v[MOE_MAXE], s_g[MOE_MAXE / 2];
     __shared__ bool s_taken[MOE_MAXE], s_keep[MOE_MAXE / 2];
     __shared__ int s_pick[MOE_MAXK];
@@ -255,6 +257,7 @@ __device__ __forceinline__ void moe_dots(float acc[N], const uint8_t* const p[N]
 
 extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_up(float* act, const float* x, const int* ids,
                                                                  const MoeExpert* table, int K, int I, int D, float limit) {
+    pdl_entry();
     extern __shared__ __align__(16) float moe_sh[];
     const int pair = blockIdx.y, tok = pair / K, lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     const MoeExpert& ex = table[ids[pair]];
@@ -303,6 +306,7 @@ extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_up(float* act, con
 extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_down(float* out, const float* act, const int* ids,
                                                                    const float* wts, const MoeExpert* table, int K, int I,
                                                                    int D) {
+    pdl_entry();
     extern __shared__ __align__(16) float moe_sh[];
     const int tok = blockIdx.y, lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     const int stride = (I + 1023) / 1024 * 1024;  // a slot's staged activations (moe_stage's span)

@@ -5,7 +5,6 @@ import (
 	"hash/maphash"
 	"math"
 	"slices"
-	"strings"
 	"unsafe"
 )
 
@@ -237,14 +236,24 @@ func (b *Backend) launchOp(o *op) {
 // matmuls start their weight copies before that wait. Graph capture keeps
 // the relation as a programmatic edge.
 
-// pdlKernel reports whether kernel name calls pdl_wait before any dependent access.
-func pdlKernel(name string) bool {
+// pdlKernel reports whether kernel name is launched with programmatic stream
+// serialization: every kernel but those of plainKernel, each of which waits
+// (pdl_wait, or pdl_entry first thing) before it reads what earlier work
+// wrote or writes what earlier work reads (TestKernelsWaitForPredecessor).
+func pdlKernel(name string) bool { return !plainKernel(name) }
+
+// plainKernel reports whether kernel name is launched plainly, after every
+// earlier kernel has finished: the top-k kernels and the weights' scale, so
+// that overlapAfter may let the kernel after one of them read older inputs
+// before its wait; and those readers themselves (the indexer and the
+// sparse attentions), which only overlapAfter launches early.
+func plainKernel(name string) bool {
 	switch name {
-	case "rmsnorm", "embed_ids", "rope_dyn", "attention_kv", "attention_kv_64", "attention_kv_128", "attn_combine",
-		"gemv_bf16_u4", "dsa_attend_combine":
+	case "scale", "topk_select", "tkm_hist", "tkm_count", "tkm_emit", "tkc_select", "tkc_select16",
+		"idx_scores_mma", "dsa_attend_mma", "dsa_attend_mma16", "v4_attention_mma", "v4_attention_mma16":
 		return true
 	}
-	return strings.HasPrefix(name, "gemv_nvfp4_")
+	return false
 }
 
 // launchConfig and launchAttribute are CUlaunchConfig and CUlaunchAttribute.

@@ -58,6 +58,7 @@ __device__ void block_topk(const float* vals, const int* ids, int n, int k, unsi
 // Stage 1: block b takes logits [b*chunk, (b+1)*chunk) and writes its top k
 // candidates (id -1 past the slice) to cand[b*k ...].
 extern "C" __global__ void sample_partial(const float* logits, int n, int chunk, int k, float* candv, int* candi) {
+    pdl_entry();
     extern __shared__ float sh[];
     int lo = blockIdx.x * chunk, len = max(0, min(chunk, n - lo));
     float* vals = sh;
@@ -79,6 +80,7 @@ extern "C" __global__ void sample_partial(const float* logits, int n, int chunk,
 // temperature <= 0: the best one.
 extern "C" __global__ void sample_final(const float* candv, const int* candi, int m, int k, float temperature, double u,
                                         int* out) {
+    pdl_entry();
     extern __shared__ float sh[];
     float* vals = sh;
     int* ids = (int*)(sh + m);
