@@ -189,6 +189,59 @@ extern "C" __global__ void gemv_bf16(const uint16_t* W, const float* x, float* y
     gemv_row(ld, x, y, bias, N, K, m, r);
 }
 
+// bf16 GEMV for few output rows (the MoE routers: N of 32 to 256, K in the
+// thousands), where a warp per row leaves most multiprocessors idle and each
+// warp a long chain of loads: a block of 256 threads per row, thread t
+// taking the 16-byte chunks k = 8 (t + 256 j), four of its weight loads in
+// flight at once, the block's sums added in shared memory. m <= MT rows of x
+// per pass; K % 8 == 0, x 16-byte aligned.
+extern "C" __global__ void __launch_bounds__(256) gemv_bf16_sk(const uint16_t* W, const float* x, float* y,
+                                                               const float* bias, int N, int K, int m) {
+    pdl_entry();
+    __shared__ float red[MT][8];
+    const int r = blockIdx.x, tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
+    const BF16Loader ld{W, K};
+    for (int i0 = 0; i0 < m; i0 += MT) {
+        const int mt = min(MT, m - i0);
+        float acc[MT];
+#pragma unroll
+        for (int t = 0; t < MT; t++) acc[t] = 0.f;
+        for (int k0 = 8 * tid; k0 < K; k0 += 4 * 8 * 256) {
+            float w[4][8];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (k0 + u * 2048 < K) ld.load(r, k0 + u * 2048, w[u]);
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int k = k0 + u * 2048;
+                if (k >= K) break;
+#pragma unroll
+                for (int t = 0; t < MT; t++) {
+                    if (t < mt) {
+                        const float* xr = x + (size_t)(i0 + t) * K + k;
+                        const float4 a = *reinterpret_cast<const float4*>(xr), b = *reinterpret_cast<const float4*>(xr + 4);
+                        acc[t] += w[u][0] * a.x + w[u][1] * a.y + w[u][2] * a.z + w[u][3] * a.w + w[u][4] * b.x +
+                                  w[u][5] * b.y + w[u][6] * b.z + w[u][7] * b.w;
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < MT; t++) {
+            const float v = warp_sum(acc[t]);
+            if (lane == 0) red[t][warp] = v;
+        }
+        __syncthreads();
+        if (tid < mt) {
+            float v = 0.f;
+#pragma unroll
+            for (int w2 = 0; w2 < 8; w2++) v += red[tid][w2];
+            y[(size_t)(i0 + tid) * N + r] = v + (bias ? bias[r] : 0.f);
+        }
+        __syncthreads();
+    }
+}
+
 // Tail-safe GEMV for K not a multiple of the chunk: plain per-element loads.
 extern "C" __global__ void gemv_f32_any(const float* W, const float* x, float* y, const float* bias, int N, int K, int m) {
     pdl_entry();
