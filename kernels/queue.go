@@ -243,17 +243,16 @@ func (b *Backend) launchOp(o *op) {
 func pdlKernel(name string) bool { return !plainKernel(name) }
 
 // plainKernel reports whether kernel name is launched plainly, after every
-// earlier kernel has finished: the top-k kernels and the weights' scale, so
-// that overlapAfter may let the kernel after one of them read older inputs
-// before its wait; and those readers themselves (the indexer and the
-// sparse attentions), which only overlapAfter launches early.
-func plainKernel(name string) bool {
-	switch name {
-	case "scale", "topk_select", "tkm_hist", "tkm_count", "tkm_emit", "tkc_select", "tkc_select16",
-		"idx_scores_mma", "dsa_attend_mma", "dsa_attend_mma16", "v4_attention_mma", "v4_attention_mma16":
-		return true
-	}
-	return false
+// earlier kernel has finished (plainKernels).
+func plainKernel(name string) bool { return slices.Contains(plainKernels(), name) }
+
+// plainKernels are the kernels launched plainly: the top-k kernels and the
+// weights' scale, so that overlapAfter may let the kernel after one of them
+// read older inputs before its wait; and those readers themselves (the
+// indexer and the sparse attentions), which only overlapAfter launches early.
+func plainKernels() []string {
+	return []string{"scale", "topk_select", "tkm_hist", "tkm_count", "tkm_emit", "tkc_select", "tkc_select16",
+		"idx_scores_mma", "dsa_attend_mma", "dsa_attend_mma16", "v4_attention_mma", "v4_attention_mma16"}
 }
 
 // launchConfig and launchAttribute are CUlaunchConfig and CUlaunchAttribute.
