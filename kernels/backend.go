@@ -489,7 +489,7 @@ func (b *Backend) Embed(dst backend.Buffer, table backend.Weight, ids []int32) {
 		n := min(len(ids)-lo, dynSlots/2) // fits in an empty queue's step values
 		at, _ := b.stepIDs(ids[lo : lo+n])
 		b.q.keep = append(b.q.keep, t, dst)
-		o := op{kind: opKernel, name: "embed_ids", fn: b.fn["embed_ids"], grid: [3]uint32{uint32(n), 1, 1}, block: 256, pdl: true}
+		o := op{kind: opKernel, name: "embed_ids", fn: b.fn["embed_ids"], grid: [3]uint32{uint32(n), 1, 1}, block: 256, pdl: pdlKernel("embed_ids")}
 		o.setParams(t.data.ptr, scales, t.global, format, at, ptr(dst)+uint64(4*lo*t.cols), t.cols)
 		b.q.ops = append(b.q.ops, o)
 		lo += n
@@ -776,12 +776,12 @@ func (b *Backend) Attention(out, q, k, v backend.Buffer, cache backend.KVCache, 
 		name = fmt.Sprintf("attention_kv_%d", s.HeadDim)
 	}
 	o := op{kind: opKernel, name: name, fn: b.fn[name], grid: [3]uint32{uint32(s.Heads), uint32(m), uint32(splits)},
-		block: 256, shared: uint32(4 * share), pdl: true}
+		block: 256, shared: uint32(4 * share), pdl: pdlKernel(name)}
 	o.setParams(ptr(out), ptr(q), ptr(k), ptr(v), c.k[layer].ptr, c.v[layer].ptr, b.dyn.ptr, b.q.posRel(pos0),
 		s.Heads, s.KVHeads, s.HeadDim, s.Scale, s.Window, part)
 	b.q.ops = append(b.q.ops, o)
 	if splits > 1 {
-		o := op{kind: opKernel, name: "attn_combine", fn: b.fn["attn_combine"], grid: [3]uint32{uint32(s.Heads), uint32(m), 1}, block: 128, pdl: true}
+		o := op{kind: opKernel, name: "attn_combine", fn: b.fn["attn_combine"], grid: [3]uint32{uint32(s.Heads), uint32(m), 1}, block: 128, pdl: pdlKernel("attn_combine")}
 		o.setParams(ptr(out), part, s.Heads, s.HeadDim, splits)
 		b.q.ops = append(b.q.ops, o)
 	}
@@ -805,7 +805,7 @@ func (b *Backend) attnPrefill(out, q, k, v backend.Buffer, c *kvCache, layer, po
 	b.q.keep = append(b.q.keep, c, out, q, k, v)
 	floats := 3*64*(s.HeadDim+4) + 64*68
 	o := op{kind: opKernel, name: name, fn: fn, grid: [3]uint32{uint32(s.Heads), uint32((m + 63) / 64), 1},
-		block: 256, shared: uint32(4 * floats), pdl: true}
+		block: 256, shared: uint32(4 * floats), pdl: pdlKernel(name)}
 	o.setParams(ptr(out), ptr(q), ptr(k), ptr(v), c.k[layer].ptr, c.v[layer].ptr, b.dyn.ptr, b.q.posRel(pos0),
 		m, s.Heads, s.KVHeads, s.Scale, s.Window)
 	b.q.ops = append(b.q.ops, o)
@@ -863,7 +863,7 @@ func (b *Backend) attnDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos
 	name := fmt.Sprintf("attn_decode_%d", s.HeadDim)
 	floats := 4*attnDecodeChunk*(s.HeadDim+4) + G*s.HeadDim + G*attnDecodeChunk + 3*s.HeadDim
 	o := op{kind: opKernel, name: name, fn: b.fn[name], grid: [3]uint32{uint32(rowsOfBlocks), uint32(splits), 1},
-		block: 128, shared: uint32(4 * floats), pdl: true}
+		block: 128, shared: uint32(4 * floats), pdl: pdlKernel(name)}
 	o.setParams(ptr(out), ptr(q), ptr(k), ptr(v), c.k[layer].ptr, c.v[layer].ptr, b.dyn.ptr, posRel,
 		s.Heads, s.KVHeads, s.Scale, s.Window, part, ticket, freqs, rhalf, roff, rscale, rinter, hgroups)
 	q0.ops = append(q0.ops, o)

@@ -295,7 +295,6 @@ func (b *Backend) finalizeGemv(o *op) {
 		shared = kw * st * (2304 + 1024)
 	}
 	o.name = fmt.Sprintf("gemv_nvfp4_%s_d%d", kind, b.gemvDec)
-	o.pdl = true
 	if st == 4 {
 		o.name = "gemv_nvfp4_s1_d1_st4" // benchmarks only (with gemvDec 1, m == 1)
 	}
@@ -351,7 +350,7 @@ func (b *Backend) finalizeGemv(o *op) {
 			o.name = "gemv_nvfp4_tma8_trace"
 		}
 	}
-	o.fn = b.fn[o.name]
+	o.fn, o.pdl = b.fn[o.name], pdlKernel(o.name)
 	var a [26]uint64
 	a[24] = uint64(flags) << 32
 	var global [4]float32
@@ -423,7 +422,8 @@ func (b *Backend) queueRoPE(x *Buffer, rows, heads, stride, off, pos0 int, r *la
 func (b *Backend) finalizeRoPE(o *op) {
 	r := o.rope
 	total := r.rows * (r.heads1 + r.heads2) * r.half
-	o.name, o.pdl = "rope_dyn", true
+	o.name = "rope_dyn"
+	o.pdl = pdlKernel(o.name)
 	o.fn = b.fn[o.name]
 	o.grid = [3]uint32{uint32((total + 255) / 256), 1, 1}
 	o.block, o.shared = 256, 0
@@ -438,7 +438,7 @@ func (b *Backend) queueNorm(dst, x, w *Buffer, eps float32) {
 	n := w.n
 	rows := x.n / n
 	o := op{kind: opKernel, name: "rmsnorm", fn: b.fn["rmsnorm"], grid: [3]uint32{uint32(rows), 1, 1},
-		block: uint32(min(1024, max(32, (n+31)/32*32))), pdl: true}
+		block: uint32(min(1024, max(32, (n+31)/32*32))), pdl: pdlKernel("rmsnorm")}
 	o.setParams(dst.ptr, x.ptr, w.ptr, n, eps)
 	if rows == 1 && dst.n == n && n%256 == 0 && x.ptr%16 == 0 && w.ptr%16 == 0 && dst.ptr%16 == 0 {
 		o.norm = &normOp{dst: spanOf(dst), x: spanOf(x), w: spanOf(w), eps: eps}
