@@ -344,8 +344,15 @@ type v4Comp struct {
 
 // v4LayerState is one layer's cache.
 type v4LayerState struct {
-	local   [2]backend.Buffer // ping-pong [window tail | new tokens] rows of head_dim
+	// local holds the sliding window's rows of head_dim: rows [start,
+	// start+win) of local[cur] are the window tail, and each call appends its
+	// new rows after them. Only when they would pass the buffer's end is the
+	// tail moved, to the front of the other buffer (ping-pong, so that the
+	// state before the call stays intact): with sliding_window rows of slack,
+	// once every sliding_window tokens in decode instead of every step.
+	local   [2]backend.Buffer
 	cur     int
+	start   int
 	capRows int // rows of new tokens the local buffers hold beyond the window
 	win     int // window rows held (at most sliding_window-1)
 	comp    *v4Comp
@@ -378,8 +385,8 @@ type v4Snap struct {
 }
 
 type v4LayerSnap struct {
-	cur, win    int
-	comp, index v4CompSnap
+	cur, start, win int
+	comp, index     v4CompSnap
 }
 
 type v4CompSnap struct{ cur, prev, tail, count int }
@@ -405,7 +412,7 @@ func (s *v4State) takeSnap() {
 	s.snap.done = s.done
 	for i := range s.layers {
 		ls := &s.layers[i]
-		s.snap.layers[i] = v4LayerSnap{cur: ls.cur, win: ls.win, comp: ls.comp.snap(), index: ls.index.snap()}
+		s.snap.layers[i] = v4LayerSnap{cur: ls.cur, start: ls.start, win: ls.win, comp: ls.comp.snap(), index: ls.index.snap()}
 	}
 	s.snapValid = true
 }
@@ -415,7 +422,7 @@ func (s *v4State) restoreSnap() {
 	s.done = s.snap.done
 	for i := range s.layers {
 		ls, v := &s.layers[i], s.snap.layers[i]
-		ls.cur, ls.win = v.cur, v.win
+		ls.cur, ls.start, ls.win = v.cur, v.start, v.win
 		ls.comp.restore(v.comp)
 		ls.index.restore(v.index)
 	}
@@ -426,7 +433,7 @@ func (s *v4State) reset() {
 	s.done, s.snapValid = 0, false
 	for i := range s.layers {
 		ls := &s.layers[i]
-		ls.win = 0
+		ls.start, ls.win = 0, 0
 		ls.comp.restore(v4CompSnap{cur: ls.comp.snap().cur})
 		ls.index.restore(v4CompSnap{cur: ls.index.snap().cur})
 	}
@@ -543,16 +550,17 @@ func (m *DeepseekV4) growState(s *v4State, n int) {
 	D, nh, H, hd := cfg.HiddenSize, v.HCMult, cfg.NumHeads, v.HeadDim
 	for i := range s.layers {
 		ls := &s.layers[i]
-		// Local rows: window tail (sliding_window-1) plus n new rows.
-		rows := v.SlidingWindow - 1 + n
+		// Local rows: window tail (sliding_window-1), n new rows and as many
+		// again as the window (the slack the tail moves through).
+		rows := 2*v.SlidingWindow - 1 + n
 		for j := range ls.local {
 			nb := b.NewBuffer(rows * hd)
 			if ls.local[j] != nil && j == ls.cur && ls.win > 0 {
-				b.Copy(b.View(nb, 0, ls.win*hd), b.View(ls.local[j], 0, ls.win*hd))
+				b.Copy(b.View(nb, 0, ls.win*hd), b.View(ls.local[j], ls.start*hd, ls.win*hd))
 			}
 			ls.local[j] = nb
 		}
-		ls.capRows = n
+		ls.start, ls.capRows = 0, n
 		for _, c := range []*v4Comp{ls.comp, ls.index} {
 			if c == nil {
 				continue
@@ -726,19 +734,39 @@ func (m *DeepseekV4) attention(s *v4State, l int, h backend.Buffer, n, pos0 int)
 	}
 	off := hd - rope.Dim()
 
+	// Every projection of h first, back to back: the GPU backend runs
+	// consecutive matmuls of one input in one launch.
 	qres := b.View(sc.qres, 0, n*v.QLoraRank)
 	b.MatMul(qres, h, blk.Attn.WQA, n)
+	// The new keys (= values) go straight after the cached window rows,
+	// which move to the other buffer's front first if they would not fit.
+	if hd*(ls.start+ls.win+n) > ls.local[ls.cur].Len() {
+		if ls.win > 0 {
+			b.Copy(b.View(ls.local[1-ls.cur], 0, ls.win*hd), b.View(ls.local[ls.cur], ls.start*hd, ls.win*hd))
+		}
+		ls.cur, ls.start = 1-ls.cur, 0
+	}
+	local := b.View(ls.local[ls.cur], ls.start*hd, (ls.win+n)*hd)
+	kv := b.View(local, ls.win*hd, n*hd)
+	b.MatMul(kv, h, blk.Attn.WKV, n)
+	var iw backend.Buffer
+	switch blk.kind {
+	case v4HCA:
+		m.compressProject(ls.comp, blk.Comp, h, n)
+	case v4CSA:
+		m.compressProject(ls.comp, blk.Comp, h, n)
+		m.compressProject(ls.index, blk.Indexer.Comp, h, n)
+		iw = b.View(sc.iw, 0, n*v.IndexNHeads)
+		b.MatMul(iw, h, blk.Indexer.WeightsProj, n)
+	}
+
 	b.RMSNorm(qres, qres, blk.Attn.QNorm, eps)
 	q := b.View(sc.q, 0, n*H*hd)
 	b.MatMul(q, qres, blk.Attn.WQB, n)
 	b.RMSNorm(q, q, m.ones, eps) // unweighted, per head
-	b.RoPE(q, n, H, hd, off, pos0, rope, false)
-
-	// The new keys (= values) go straight after the cached window rows.
-	local := ls.local[ls.cur]
-	kv := b.View(local, ls.win*hd, n*hd)
-	b.MatMul(kv, h, blk.Attn.WKV, n)
 	b.RMSNorm(kv, kv, blk.Attn.KVNorm, eps)
+	// q's and the keys' rotations back to back: one launch on the GPU.
+	b.RoPE(q, n, H, hd, off, pos0, rope, false)
 	b.RoPE(kv, n, 1, hd, off, pos0, rope, false)
 
 	args := dsv4.AttnArgs{M: n, Heads: H, Dim: hd, Pos0: pos0, Lo: pos0 - ls.win, Window: v.SlidingWindow,
@@ -746,27 +774,23 @@ func (m *DeepseekV4) attention(s *v4State, l int, h backend.Buffer, n, pos0 int)
 	var comp, idx backend.Buffer
 	switch blk.kind {
 	case v4HCA:
-		m.compress(ls.comp, blk.Comp, h, n)
+		m.compressPool(ls.comp, blk.Comp, n)
 		comp = ls.comp.entries
 		args.Rate, args.Entries = blk.rate, ls.comp.count
 	case v4CSA:
-		m.compress(ls.comp, blk.Comp, h, n)
-		m.compress(ls.index, blk.Indexer.Comp, h, n)
+		m.compressPool(ls.comp, blk.Comp, n)
+		m.compressPool(ls.index, blk.Indexer.Comp, n)
 		comp = ls.comp.entries
 		args.Rate, args.Entries, args.TopK = blk.rate, ls.comp.count, v.IndexTopK
 		idx = b.View(sc.idx, 0, n*v.IndexTopK)
-		m.indexer(s, blk, ls.index, qres, h, idx, n, pos0)
+		m.indexer(s, blk, ls.index, qres, iw, idx, n, pos0)
 	}
 	att := b.View(sc.att, 0, n*H*hd)
-	m.ops.V4Attention(att, q, b.View(local, 0, (ls.win+n)*hd), comp, idx, blk.Attn.Sinks, args)
+	m.ops.V4Attention(att, q, local, comp, idx, blk.Attn.Sinks, args)
 
-	// Keep the last sliding_window-1 rows for the next call.
+	// Keep the last sliding_window-1 rows for the next call, where they are.
 	keep := min(v.SlidingWindow-1, ls.win+n)
-	next := ls.local[1-ls.cur]
-	if keep > 0 {
-		b.Copy(b.View(next, 0, keep*hd), b.View(local, (ls.win+n-keep)*hd, keep*hd))
-	}
-	ls.cur, ls.win = 1-ls.cur, keep
+	ls.start, ls.win = ls.start+ls.win+n-keep, keep
 
 	// Undo the rotation on the output, then the grouped low-rank projection.
 	b.RoPE(att, n, H, hd, off, pos0, rope, true)
@@ -790,15 +814,20 @@ func (m *DeepseekV4) attention(s *v4State, l int, h backend.Buffer, n, pos0 int)
 	return out
 }
 
-// compress runs one compressor over the n new rows of h: projects them
-// after the kept rows, pools every window they close into new entries, and
-// keeps the rows the next call needs.
-func (m *DeepseekV4) compress(c *v4Comp, w *v4Compressor, h backend.Buffer, n int) {
+// compressProject is a compressor's first half over the n new rows of h:
+// their projections, after the kept rows.
+func (m *DeepseekV4) compressProject(c *v4Comp, w *v4Compressor, h backend.Buffer, n int) {
+	b, rw := m.b, c.rowWidth
+	at := (c.prev + c.tail) * rw
+	b.MatMul(b.View(c.kv[c.cur], at, n*rw), h, w.WKV, n)
+	b.MatMul(b.View(c.gate[c.cur], at, n*rw), h, w.WGate, n)
+}
+
+// compressPool is its second half: pools every window the n new rows close
+// into new entries, and keeps the rows the next call needs.
+func (m *DeepseekV4) compressPool(c *v4Comp, w *v4Compressor, n int) {
 	b, rw := m.b, c.rowWidth
 	kv, gate := c.kv[c.cur], c.gate[c.cur]
-	at := (c.prev + c.tail) * rw
-	b.MatMul(b.View(kv, at, n*rw), h, w.WKV, n)
-	b.MatMul(b.View(gate, at, n*rw), h, w.WGate, n)
 	total := c.tail + n
 	windows := total / w.rate
 	if windows == 0 {
@@ -832,15 +861,14 @@ func (m *DeepseekV4) compress(c *v4Comp, w *v4Compressor, h backend.Buffer, n in
 	c.cur, c.prev, c.tail = next, prev, tail
 }
 
-// indexer selects each query's compressed entries (CSA) into idx [n, index_topk].
-func (m *DeepseekV4) indexer(s *v4State, blk *v4Block, ic *v4Comp, qres, h, idx backend.Buffer, n, pos0 int) {
+// indexer selects each query's compressed entries (CSA) into idx [n,
+// index_topk]; iw holds the head weights' projection of h.
+func (m *DeepseekV4) indexer(s *v4State, blk *v4Block, ic *v4Comp, qres, iw, idx backend.Buffer, n, pos0 int) {
 	b, v, sc := m.b, m.v, &s.scratch
 	Hi, di := v.IndexNHeads, v.IndexHeadDim
 	iq := b.View(sc.iq, 0, n*Hi*di)
 	b.MatMul(iq, qres, blk.Indexer.WQB, n)
 	b.RoPE(iq, n, Hi, di, di-m.compRoPE.Dim(), pos0, m.compRoPE, false)
-	iw := b.View(sc.iw, 0, n*Hi)
-	b.MatMul(iw, h, blk.Indexer.WeightsProj, n)
 	b.Scale(iw, iw, float32(math.Pow(float64(Hi), -0.5)))
 	m.ops.V4IndexTopK(idx, iq, ic.entries, iw, dsv4.IndexArgs{
 		M: n, Heads: Hi, Dim: di, Entries: ic.count, TopK: v.IndexTopK, Pos0: pos0, Rate: blk.rate,
