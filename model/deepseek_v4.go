@@ -330,8 +330,12 @@ func (m *DeepseekV4) Config() *Config { return m.cfg }
 // compressed (and, for CSA, the last compressed window, whose Ca halves feed
 // the next entry) and the compressed entries.
 type v4Comp struct {
-	kv, gate  [2]backend.Buffer // ping-pong source rows [prev | tail | new]
+	// kv and gate hold the source rows [prev | tail | new] from row start of
+	// buffer cur; the kept rows move to the other buffer's front only when a
+	// call's new rows would pass the end (as v4LayerState's window).
+	kv, gate  [2]backend.Buffer
 	cur       int
+	start     int
 	capRows   int
 	prev      int // rows of the previous window kept at the front (CSA: 0 or rate)
 	tail      int // rows after it, fewer than rate
@@ -389,18 +393,18 @@ type v4LayerSnap struct {
 	comp, index     v4CompSnap
 }
 
-type v4CompSnap struct{ cur, prev, tail, count int }
+type v4CompSnap struct{ cur, start, prev, tail, count int }
 
 func (c *v4Comp) snap() v4CompSnap {
 	if c == nil {
 		return v4CompSnap{}
 	}
-	return v4CompSnap{c.cur, c.prev, c.tail, c.count}
+	return v4CompSnap{c.cur, c.start, c.prev, c.tail, c.count}
 }
 
 func (c *v4Comp) restore(v v4CompSnap) {
 	if c != nil {
-		c.cur, c.prev, c.tail, c.count = v.cur, v.prev, v.tail, v.count
+		c.cur, c.start, c.prev, c.tail, c.count = v.cur, v.start, v.prev, v.tail, v.count
 	}
 }
 
@@ -566,16 +570,18 @@ func (m *DeepseekV4) growState(s *v4State, n int) {
 				continue
 			}
 			rate := m.blocks[i].rate
-			rows := 2*rate + n // previous window + tail (< rate) + new rows
+			// Previous window + tail (< rate) + new rows + the slack the
+			// kept rows move through (at least v4CompSlack rows, a window).
+			rows := 2*rate + n + max(rate, min(v4CompSlack, 4*rate))
 			for j := 0; j < 2; j++ {
 				nk, ng := b.NewBuffer(rows*c.rowWidth), b.NewBuffer(rows*c.rowWidth)
 				if keep := c.prev + c.tail; c.kv[j] != nil && j == c.cur && keep > 0 {
-					b.Copy(b.View(nk, 0, keep*c.rowWidth), b.View(c.kv[j], 0, keep*c.rowWidth))
-					b.Copy(b.View(ng, 0, keep*c.rowWidth), b.View(c.gate[j], 0, keep*c.rowWidth))
+					b.Copy(b.View(nk, 0, keep*c.rowWidth), b.View(c.kv[j], c.start*c.rowWidth, keep*c.rowWidth))
+					b.Copy(b.View(ng, 0, keep*c.rowWidth), b.View(c.gate[j], c.start*c.rowWidth, keep*c.rowWidth))
 				}
 				c.kv[j], c.gate[j] = nk, ng
 			}
-			c.capRows = n
+			c.start, c.capRows = 0, n
 		}
 	}
 	s.rows = n
@@ -814,11 +820,27 @@ func (m *DeepseekV4) attention(s *v4State, l int, h backend.Buffer, n, pos0 int)
 	return out
 }
 
+// v4CompSlack bounds the rows a compressor's buffers hold beyond what a call
+// needs (a window, or up to four of the shorter ones): in decode the kept
+// rows move to the other buffer once every four windows (CSA, rate 4: every
+// 16th token instead of every fourth) or every second window.
+const v4CompSlack = 32
+
 // compressProject is a compressor's first half over the n new rows of h:
-// their projections, after the kept rows.
+// their projections, after the kept rows (moved to the other buffer's front
+// first if the new rows would not fit).
 func (m *DeepseekV4) compressProject(c *v4Comp, w *v4Compressor, h backend.Buffer, n int) {
 	b, rw := m.b, c.rowWidth
-	at := (c.prev + c.tail) * rw
+	keep := c.prev + c.tail
+	if rw*(c.start+keep+n) > c.kv[c.cur].Len() {
+		if keep > 0 {
+			next := 1 - c.cur
+			b.Copy(b.View(c.kv[next], 0, keep*rw), b.View(c.kv[c.cur], c.start*rw, keep*rw))
+			b.Copy(b.View(c.gate[next], 0, keep*rw), b.View(c.gate[c.cur], c.start*rw, keep*rw))
+		}
+		c.cur, c.start = 1-c.cur, 0
+	}
+	at := (c.start + keep) * rw
 	b.MatMul(b.View(c.kv[c.cur], at, n*rw), h, w.WKV, n)
 	b.MatMul(b.View(c.gate[c.cur], at, n*rw), h, w.WGate, n)
 }
@@ -828,6 +850,7 @@ func (m *DeepseekV4) compressProject(c *v4Comp, w *v4Compressor, h backend.Buffe
 func (m *DeepseekV4) compressPool(c *v4Comp, w *v4Compressor, n int) {
 	b, rw := m.b, c.rowWidth
 	kv, gate := c.kv[c.cur], c.gate[c.cur]
+	base := c.start * rw
 	total := c.tail + n
 	windows := total / w.rate
 	if windows == 0 {
@@ -841,24 +864,17 @@ func (m *DeepseekV4) compressPool(c *v4Comp, w *v4Compressor, n int) {
 	a := dsv4.CompressArgs{Entries: windows, Rate: w.rate, Width: w.width, Overlap: w.csa, Prev: c.prev > 0,
 		Pos0: c.count * w.rate, Eps: m.cfg.RMSNormEps, RoPE: m.compRoPE}
 	src := a.SourceRows() * rw
-	m.ops.V4Compress(b.View(c.entries, c.count*w.width, windows*w.width), b.View(kv, 0, src), b.View(gate, 0, src),
+	m.ops.V4Compress(b.View(c.entries, c.count*w.width, windows*w.width), b.View(kv, base, src), b.View(gate, base, src),
 		w.APE, w.Norm, a)
 	c.count += windows
-	// Keep the last closed window (CSA) and the tail.
-	start := c.prev + windows*w.rate // first row after the closed windows
+	// Keep the last closed window (CSA) and the tail, where they are.
+	first := c.prev + windows*w.rate // first row after the closed windows
 	prev := 0
 	if w.csa {
 		prev = w.rate
-		start -= w.rate
+		first -= w.rate
 	}
-	tail := total - windows*w.rate
-	keep := (prev + tail) * rw
-	next := 1 - c.cur
-	if keep > 0 {
-		b.Copy(b.View(c.kv[next], 0, keep), b.View(kv, start*rw, keep))
-		b.Copy(b.View(c.gate[next], 0, keep), b.View(gate, start*rw, keep))
-	}
-	c.cur, c.prev, c.tail = next, prev, tail
+	c.start, c.prev, c.tail = c.start+first, prev, total-windows*w.rate
 }
 
 // indexer selects each query's compressed entries (CSA) into idx [n,

@@ -310,17 +310,26 @@ func TestDeepseekV4CacheBytes(t *testing.T) {
 	// Two CSA layers: (head_dim + index_head_dim)/rate_csa floats each; one HCA: head_dim/rate_hca.
 	floats := 2*float64(spec.HeadDim+spec.IndexDim)/float64(spec.RateCSA) + float64(spec.HeadDim)/float64(spec.RateHCA)
 	want := int64(math.Ceil(4 * floats))
-	st, err := m.NewState(100)
-	if err != nil {
-		t.Fatal(err)
+	bytes := map[int]int64{}
+	for _, positions := range []int{1000, 4000} {
+		st, err := m.NewState(positions)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := st.CacheBytesPerToken(); got != want {
+			t.Errorf("CacheBytesPerToken = %d, want %d", got, want)
+		}
+		// The cache never holds every position's key: far less than a full shared-KV cache.
+		full := int64(4 * spec.Layers * spec.HeadDim * positions)
+		if got := st.CacheBytes(); got <= 0 || got >= full {
+			t.Errorf("CacheBytes = %d for %d positions (a full shared-KV cache: %d)", got, positions, full)
+		}
+		bytes[positions] = st.CacheBytes()
 	}
-	if got := st.CacheBytesPerToken(); got != want {
-		t.Errorf("CacheBytesPerToken = %d, want %d", got, want)
-	}
-	// The cache never holds every position's key: far less than a full shared-KV cache.
-	full := int64(4 * spec.Layers * spec.HeadDim * 100)
-	if got := st.CacheBytes(); got <= 0 || got >= 2*full {
-		t.Errorf("CacheBytes = %d for 100 positions (a full shared-KV cache: %d)", got, full)
+	// Beyond its fixed rows (the window, the compressors' tails and the slack
+	// they move through) it grows by CacheBytesPerToken a position.
+	if grow, per := bytes[4000]-bytes[1000], want*3000; grow < per*9/10 || grow > per*11/10 {
+		t.Errorf("CacheBytes grows by %d from 1000 to 4000 positions, want about %d", grow, per)
 	}
 }
 
