@@ -99,6 +99,7 @@ type Backend struct {
 	attnPart      *allocation // attention_kv's and attn_decode's split partials
 	attnPartLen   int
 	attnDecodeOff bool        // one-row attention on attention_kv instead of attn_decode (tests, benchmarks)
+	mhcTailOff    bool        // tests and benchmarks: MHCCoeffsPre in four launches at every token count
 	attnTicket    *allocation // attn_decode's counts of finished splits, one per row of blocks (zero between launches)
 	attnTicketLen int
 	gemm          gemmScratch // the NVFP4 GEMM's (gemm.go; guarded by partMu)

@@ -205,6 +205,20 @@ extern "C" __global__ void mhc_activate(float* pre, float* post, float* res, flo
 // the sum of squares); mhc_proj_finish adds the slices.
 // ks is a multiple of 64 (mhc.go); mix <= 8*MHC_PMAXNT.
 #define MHC_PTHREADS 256
+
+// The rest of MHCCoeffsPre for a few tokens, run by mhc_proj_part's last
+// block to finish (ticket non-null; mhc.go): the slices' sums (as
+// mhc_proj_finish), the activation (as mhc_activate16, n <= 4) and pre (as
+// mhc_pre4), each step's operations those of its kernel, in the same order.
+// The other blocks leave after taking their ticket; the last resets it.
+struct MhcTail {
+    unsigned* ticket;
+    float *logits, *pre, *post, *res, *dst;
+    const float *base, *scale;
+    int n, hidden, iters;
+    float eps, normEps;
+};
+__device__ void mhc_coeffs_tail(const float* part, const float* x, int rows, int K, int mix, int S, const MhcTail& t);
 #define MHC_PWARPS (MHC_PTHREADS / WARP)
 #define MHC_PMAXNT 4  // 8-wide output tiles: mix <= 32 (mhc.go checks)
 
@@ -430,7 +444,8 @@ __device__ __forceinline__ void mhc_proj_loop(float (&acc)[MHC_PMAXNT][4], float
 
 template <typename T, bool VEC>
 __device__ __forceinline__ void mhc_proj_part(float* __restrict__ part, const float* __restrict__ x,
-                                              const T* __restrict__ W, int rows, int K, int mix, int ks, int wt) {
+                                              const T* __restrict__ W, int rows, int K, int mix, int ks, int wt,
+                                              const MhcTail& tail) {
     extern __shared__ __align__(16) unsigned char mhc_sh[];
     const int npad = (mix + 7) & ~7, nt = npad / 8, rs = ks + 16, cols = mix + 1;
     const size_t wbytes = (size_t)npad * rs * sizeof(T);
@@ -516,27 +531,32 @@ __device__ __forceinline__ void mhc_proj_part(float* __restrict__ part, const fl
         for (int q = 0; q < wk; q++) v += red[((size_t)(q * wt + grp) * 16 + row) * rstride + src];
         part[((size_t)blockIdx.x * rows + r) * cols + m] = v;
     }
+    if (tail.ticket) mhc_coeffs_tail(part, x, rows, K, mix, gridDim.x, tail);
 }
 
 extern "C" __global__ void __launch_bounds__(MHC_PTHREADS, 2)
-    mhc_proj_part_f32(float* part, const float* x, const float* W, int rows, int K, int mix, int ks, int wt) {
+    mhc_proj_part_f32(float* part, const float* x, const float* W, int rows, int K, int mix, int ks, int wt,
+               const __grid_constant__ MhcTail tail) {
     pdl_launch();  // mhc_proj_part waits after staging its weights
-    mhc_proj_part<float, false>(part, x, W, rows, K, mix, ks, wt);
+    mhc_proj_part<float, false>(part, x, W, rows, K, mix, ks, wt, tail);
 }
 extern "C" __global__ void __launch_bounds__(MHC_PTHREADS, 2)
-    mhc_proj_part_f32_v(float* part, const float* x, const float* W, int rows, int K, int mix, int ks, int wt) {
+    mhc_proj_part_f32_v(float* part, const float* x, const float* W, int rows, int K, int mix, int ks, int wt,
+               const __grid_constant__ MhcTail tail) {
     pdl_launch();  // mhc_proj_part waits after staging its weights
-    mhc_proj_part<float, true>(part, x, W, rows, K, mix, ks, wt);
+    mhc_proj_part<float, true>(part, x, W, rows, K, mix, ks, wt, tail);
 }
 extern "C" __global__ void __launch_bounds__(MHC_PTHREADS, 2)
-    mhc_proj_part_bf16(float* part, const float* x, const uint16_t* W, int rows, int K, int mix, int ks, int wt) {
+    mhc_proj_part_bf16(float* part, const float* x, const uint16_t* W, int rows, int K, int mix, int ks, int wt,
+               const __grid_constant__ MhcTail tail) {
     pdl_launch();  // mhc_proj_part waits after staging its weights
-    mhc_proj_part<uint16_t, false>(part, x, W, rows, K, mix, ks, wt);
+    mhc_proj_part<uint16_t, false>(part, x, W, rows, K, mix, ks, wt, tail);
 }
 extern "C" __global__ void __launch_bounds__(MHC_PTHREADS, 2)
-    mhc_proj_part_bf16_v(float* part, const float* x, const uint16_t* W, int rows, int K, int mix, int ks, int wt) {
+    mhc_proj_part_bf16_v(float* part, const float* x, const uint16_t* W, int rows, int K, int mix, int ks, int wt,
+               const __grid_constant__ MhcTail tail) {
     pdl_launch();  // mhc_proj_part waits after staging its weights
-    mhc_proj_part<uint16_t, true>(part, x, W, rows, K, mix, ks, wt);
+    mhc_proj_part<uint16_t, true>(part, x, W, rows, K, mix, ks, wt, tail);
 }
 
 // Row r's logits from the slices' partial sums (mix values then the sum of
@@ -545,22 +565,39 @@ extern "C" __global__ void __launch_bounds__(MHC_PTHREADS, 2)
 // are added in shared memory and 1/rms (float64, as the CPU) applied.
 #define MHC_FT 128
 #define MHC_FG (MHC_FT / 64)
+// Threads past MHC_FT (a larger block: mhc_coeffs_tail) only meet the barrier.
 __device__ __forceinline__ void mhc_sum_slices(float* l, const float* part, int r, int rows, int mix, int S, int K, float eps) {
     __shared__ float acc[MHC_FG][64];
     __shared__ double ssd[MHC_FG];
     const int m = threadIdx.x & 63, grp = threadIdx.x >> 6;
-    float v = 0.f;
-    double ss = 0.0;
-    if (m <= mix) {
-#pragma unroll 4
-        for (int s = grp; s < S; s += MHC_FG) {
-            float p = part[((size_t)s * rows + r) * (mix + 1) + m];
-            if (m == mix) ss += p;
-            else v += p;
+    if (threadIdx.x < MHC_FT) {
+        float v = 0.f;
+        double ss = 0.0;
+        if (m <= mix) {
+            // 16 slices' loads in flight, then added in slice order; past
+            // L1 (the tail reads other blocks' sums).
+            const float* pm = part + (size_t)r * (mix + 1) + m;
+            const size_t sstride = (size_t)rows * (mix + 1);
+            int s = grp;
+            for (; s + 15 * MHC_FG < S; s += 16 * MHC_FG) {
+                float p[16];
+#pragma unroll
+                for (int i = 0; i < 16; i++) p[i] = __ldcg(pm + (size_t)(s + i * MHC_FG) * sstride);
+#pragma unroll
+                for (int i = 0; i < 16; i++) {
+                    if (m == mix) ss += p[i];
+                    else v += p[i];
+                }
+            }
+            for (; s < S; s += MHC_FG) {
+                const float p = __ldcg(pm + (size_t)s * sstride);
+                if (m == mix) ss += p;
+                else v += p;
+            }
         }
+        acc[grp][m] = v;
+        if (m == mix) ssd[grp] = ss;
     }
-    acc[grp][m] = v;
-    if (m == mix) ssd[grp] = ss;
     __syncthreads();
     if (grp == 0 && m < mix) {
         float tv = 0.f;
@@ -624,6 +661,20 @@ extern "C" __global__ void mhc_post(float* dst, const float* x, const float* out
 // output's are in flight together, and the stream is read and written with
 // streaming hints (each byte is touched once). n is a template parameter
 // up to 4 (the streams in registers), a loop bound above it.
+// Pre's sum for four columns of M streams: w[0] t[0] + w[1] t[1] + ..., in order.
+template <int M>
+__device__ __forceinline__ float4 mhc_pre4_sum(const float (&wv)[M], const float4 (&t)[M]) {
+    float4 a = make_float4(__fmul_rn(wv[0], t[0].x), __fmul_rn(wv[0], t[0].y), __fmul_rn(wv[0], t[0].z), __fmul_rn(wv[0], t[0].w));
+#pragma unroll
+    for (int i = 1; i < M; i++) {
+        a.x = __fadd_rn(a.x, __fmul_rn(wv[i], t[i].x));
+        a.y = __fadd_rn(a.y, __fmul_rn(wv[i], t[i].y));
+        a.z = __fadd_rn(a.z, __fmul_rn(wv[i], t[i].z));
+        a.w = __fadd_rn(a.w, __fmul_rn(wv[i], t[i].w));
+    }
+    return a;
+}
+
 template <int N>
 __device__ __forceinline__ void mhc_pre4_row(float* dst, const float* x, const float* pre, int r, int c, int n, int hidden) {
     const int nn = N > 0 ? N : n, q = hidden >> 2;
@@ -638,14 +689,7 @@ __device__ __forceinline__ void mhc_pre4_row(float* dst, const float* x, const f
         for (int i = 0; i < M; i++) wv[i] = w[i];
 #pragma unroll
         for (int i = 0; i < M; i++) t[i] = __ldcs(xs + (size_t)i * q);
-        a = make_float4(__fmul_rn(wv[0], t[0].x), __fmul_rn(wv[0], t[0].y), __fmul_rn(wv[0], t[0].z), __fmul_rn(wv[0], t[0].w));
-#pragma unroll
-        for (int i = 1; i < M; i++) {
-            a.x = __fadd_rn(a.x, __fmul_rn(wv[i], t[i].x));
-            a.y = __fadd_rn(a.y, __fmul_rn(wv[i], t[i].y));
-            a.z = __fadd_rn(a.z, __fmul_rn(wv[i], t[i].z));
-            a.w = __fadd_rn(a.w, __fmul_rn(wv[i], t[i].w));
-        }
+        a = mhc_pre4_sum<M>(wv, t);
     } else {
         const float4 t0 = __ldcs(xs);
         a = make_float4(__fmul_rn(w[0], t0.x), __fmul_rn(w[0], t0.y), __fmul_rn(w[0], t0.z), __fmul_rn(w[0], t0.w));
@@ -816,4 +860,66 @@ extern "C" __global__ void mhc_expand(float* dst, const float* emb, int rows, in
     int c = (int)(idx % hidden);
     long long r = idx / ((long long)n * hidden);
     dst[idx] = emb[r * hidden + c];
+}
+
+// mhc_pre4 over rows tokens by one block: each thread's four items (float4
+// columns) have their stream loads in flight together, one round trip for a
+// token of hidden 4096; the sums are mhc_pre4_row's.
+template <int N>
+__device__ __forceinline__ void mhc_tail_pre(float* dst, const float* x, const float* pre, int rows, int hidden) {
+    const int q = hidden >> 2, total = rows * q;
+    for (int e0 = threadIdx.x; e0 < total; e0 += 4 * blockDim.x) {
+        float wv[4][N];
+        float4 tv[4][N];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int e = e0 + k * blockDim.x, r = e / q, c = e - r * q;
+            if (e < total) {
+                const float4* xs = reinterpret_cast<const float4*>(x + (size_t)r * N * hidden) + c;
+#pragma unroll
+                for (int i = 0; i < N; i++) wv[k][i] = pre[(size_t)r * N + i], tv[k][i] = __ldcs(xs + (size_t)i * q);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int e = e0 + k * blockDim.x, r = e / q, c = e - r * q;
+            if (e < total) __stcs(reinterpret_cast<float4*>(dst + (size_t)r * hidden) + c, mhc_pre4_sum<N>(wv[k], tv[k]));
+        }
+    }
+}
+
+// mhc_proj_part's last block (MhcTail above): rows <= MHC_PTHREADS / 16,
+// n <= 4, hidden % 4 == 0 and x, dst 16-byte aligned (mhc.go checks).
+__device__ void mhc_coeffs_tail(const float* part, const float* x, int rows, int K, int mix, int S, const MhcTail& t) {
+    __shared__ int last;
+    __threadfence();  // this block's partial sums, before its ticket
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(t.ticket, 1u) == gridDim.x * gridDim.y - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (threadIdx.x == 0) *t.ticket = 0;  // every block has taken its ticket
+    for (int r = 0; r < rows; r++) {
+        mhc_sum_slices(t.logits + (size_t)r * mix, part, r, rows, mix, S, K, t.normEps);
+        __syncthreads();  // the sums' shared arrays are used again
+    }
+    const int tid = threadIdx.x;
+    if (tid < 16 * rows) {  // a token's 16 lanes: whole half warps
+        const int r = tid / 16, L = tid & 15;
+        const unsigned mask = 0xffffu << (tid & 16);
+        float* l = t.logits + (size_t)r * mix;
+        switch (t.n) {
+        case 1: mhc_activate16_t<1>(t.pre, t.post, t.res, l, t.base, t.scale, r, L, mask, t.iters, t.eps); break;
+        case 2: mhc_activate16_t<2>(t.pre, t.post, t.res, l, t.base, t.scale, r, L, mask, t.iters, t.eps); break;
+        case 3: mhc_activate16_t<3>(t.pre, t.post, t.res, l, t.base, t.scale, r, L, mask, t.iters, t.eps); break;
+        default: mhc_activate16_t<4>(t.pre, t.post, t.res, l, t.base, t.scale, r, L, mask, t.iters, t.eps);
+        }
+    }
+    __syncthreads();  // pre's coefficients, written above by this block
+    switch (t.n) {
+    case 1: mhc_tail_pre<1>(t.dst, x, t.pre, rows, t.hidden); break;
+    case 2: mhc_tail_pre<2>(t.dst, x, t.pre, rows, t.hidden); break;
+    case 3: mhc_tail_pre<3>(t.dst, x, t.pre, rows, t.hidden); break;
+    default: mhc_tail_pre<4>(t.dst, x, t.pre, rows, t.hidden);
+    }
 }

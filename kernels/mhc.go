@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"fmt"
+	"math"
 	"runtime"
 
 	"github.com/manifoldlm/manifold/backend"
@@ -31,7 +32,7 @@ func (b *Backend) MHCProject(logits, x backend.Buffer, fn backend.Weight, rows i
 	if rows <= 0 {
 		return
 	}
-	p, ok := b.mhcProjPart(x, fn, rows)
+	p, ok := b.mhcProjPart(x, fn, rows, nil)
 	if !ok {
 		b.MatMul(logits, x, fn, rows)
 		b.launch("mhc_rowscale", [3]int{rows, 1, 1}, 256, 0, ptr(logits), ptr(x), fn.Cols(), fn.Rows(), normEps)
@@ -118,10 +119,37 @@ func mhcProjPlanShape(rows, k, mix, elem, sms, share int) (ks, wt, ty, shared in
 	return ks, wt, ty, npad*(ks+16)*elem + after, true
 }
 
-// mhcProjPart queues mhc_proj_part for rows tokens of x against fn; ok is
-// false where the fused kernels do not apply (weight format, mix > 32, shared
-// memory) and nothing was queued.
-func (b *Backend) mhcProjPart(x backend.Buffer, fn backend.Weight, rows int) (mhcProjPlan, bool) {
+// mhcTail is the rest of MHCCoeffsPre run by mhc_proj_part's last block
+// (mhc.cuh: MhcTail): the logits, the coefficients and pre's output.
+type mhcTail struct {
+	logits, pre, post, res, dst, base, scale backend.Buffer
+	n, hidden, iters                         int
+	eps, normEps                             float32
+}
+
+// mhcTailRows is the most tokens mhc_proj_part finishes itself (the kernel
+// takes up to 16: 16 lanes a token in its last block). Its last block sums
+// the slices token by token and runs pre alone, so the split path wins from
+// a few tokens: MHCCoeffsPre at n = 4, C = 7168 (BenchmarkOpsFloorMHC,
+// coeffs+pre-op against coeffs+pre) measured 15-17 against 25 us at B = 1,
+// 19-20 against 24-25 at B = 2 and 27 against 22-24 at B = 4.
+const mhcTailRows = 2
+
+// slots is the tail as MhcTail's 8-byte slots (nil: no tail, a null ticket).
+func (t *mhcTail) slots(ticket uint64) []uint64 {
+	if t == nil {
+		return make([]uint64, 11)
+	}
+	return []uint64{ticket, ptr(t.logits), ptr(t.pre), ptr(t.post), ptr(t.res), ptr(t.dst), ptr(t.base), ptr(t.scale),
+		uint64(uint32(t.n)) | uint64(uint32(t.hidden))<<32, uint64(uint32(t.iters)) | uint64(math.Float32bits(t.eps))<<32,
+		uint64(math.Float32bits(t.normEps))}
+}
+
+// mhcProjPart queues mhc_proj_part for rows tokens of x against fn, with
+// tail (non-nil) finishing MHCCoeffsPre in its last block; ok is false where
+// the fused kernels do not apply (weight format, mix > 32, shared memory)
+// and nothing was queued.
+func (b *Backend) mhcProjPart(x backend.Buffer, fn backend.Weight, rows int, tail *mhcTail) (mhcProjPlan, bool) {
 	w := fn.(*Weight)
 	mix, k := w.rows, w.cols
 	if mix < 1 || mix > mhcProjMaxMix || k < 1 {
@@ -147,39 +175,51 @@ func (b *Backend) mhcProjPart(x backend.Buffer, fn backend.Weight, rows int) (mh
 	p := mhcProjPlan{mix: mix, k: k, slices: (k + ks - 1) / ks, ty: ty}
 	// The partial sums share attention_kv's split scratch: both are consumed
 	// by the next kernel in the stream.
+	// The tail's ticket is attn_decode's first: each kernel takes and resets
+	// it after its wait for the kernel before, so no two use it at once.
 	need := p.slices * rows * (mix + 1)
-	b.partMu.Lock()
-	if b.attnPartLen < need {
-		a, err := b.alloc(4 * need)
-		if err != nil {
-			b.partMu.Unlock()
-			b.setErr(err)
-			return mhcProjPlan{}, false
-		}
-		b.attnPart, b.attnPartLen = a, need
+	part, ticket, err := b.attnScratch(need, boolInt(tail != nil))
+	if err != nil {
+		b.setErr(err)
+		return mhcProjPlan{}, false
 	}
-	p.alloc = b.attnPart
-	b.partMu.Unlock()
+	p.alloc = part
 	p.part = p.alloc.ptr
+	var tslots []uint64
 	b.qmu.Lock()
 	b.q.keep = append(b.q.keep, p.alloc, w)
+	if tail != nil {
+		b.q.keep = append(b.q.keep, ticket, tail.logits, tail.pre, tail.post, tail.res, tail.dst, tail.base, tail.scale)
+		tslots = tail.slots(ticket.ptr)
+	} else {
+		tslots = tail.slots(0)
+	}
 	b.qmu.Unlock()
-	b.launch(name, [3]int{p.slices, p.ty, 1}, 256, shared, p.part, ptr(x), w.data.ptr, rows, k, mix, ks, wt)
+	b.launch(name, [3]int{p.slices, p.ty, 1}, 256, shared, p.part, ptr(x), w.data.ptr, rows, k, mix, ks, wt, tslots)
 	runtime.KeepAlive(w)
 	return p, true
 }
 
 // MHCCoeffsPre is mhc.FusedOps: MHCProject (the fused projection's partial
 // sums and mhc_proj_finish), MHCActivate and MHCPre, after checking the
-// weight against the mixer. Seed 000's one-pass kernel measured slower than
-// this split path at every B (docs/DECISIONS.md); the interface stays the
-// place where a faster fused kernel would go.
+// weight against the mixer. For up to mhcTailRows tokens (decode) the last
+// block of the projection runs the other three steps itself (mhcTail): one
+// launch instead of four. Seed 000's one-pass kernel measured slower than
+// the split path at every B (docs/DECISIONS.md).
 func (b *Backend) MHCCoeffsPre(m *mhc.Mixer, dst, pre, post, res, logits, x backend.Buffer, fn backend.Weight,
 	base, scale backend.Buffer, rows int) {
 	c := m.Config()
 	if fn.Rows() != c.MixDim() || fn.Cols() != c.Width() {
 		b.setErr(fmt.Errorf("kernels: mHC projection weight [%d, %d], want [%d, %d] (MixDim, n*C)", fn.Rows(), fn.Cols(), c.MixDim(), c.Width()))
 		return
+	}
+	if rows >= 1 && rows <= mhcTailRows && c.Residual != mhc.Lite && c.Streams <= 4 && c.Hidden%4 == 0 &&
+		(ptr(dst)|ptr(x))%16 == 0 && !b.mhcTailOff {
+		t := &mhcTail{logits: logits, pre: pre, post: post, res: res, dst: dst, base: base, scale: scale,
+			n: c.Streams, hidden: c.Hidden, iters: c.SinkhornIters, eps: c.Eps, normEps: c.NormEps}
+		if _, ok := b.mhcProjPart(x, fn, rows, t); ok {
+			return
+		}
 	}
 	b.MHCProject(logits, x, fn, rows, c.NormEps)
 	b.MHCActivate(m, pre, post, res, logits, base, scale, rows)

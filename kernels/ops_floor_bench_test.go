@@ -92,6 +92,14 @@ func BenchmarkOpsFloorMHC(b *testing.B) {
 				g.MHCPre(r.dst, r.x, r.pre, rows, n, C)
 			})
 		})
+		// The same through MHCCoeffsPre, as the V4 model calls it: one
+		// launch up to mhcTailRows tokens.
+		b.Run(fmt.Sprintf("B=%d/coeffs+pre-op", rows), func(b *testing.B) {
+			bytes := float64(4*rows*n*C + 2*mix*n*C + 4*rows*C)
+			timeOp(b, g, bw, r.iters, bytes, func() {
+				g.MHCCoeffsPre(m.mx, r.dst, r.pre, r.post, r.res, r.logits, r.x, m.w, m.base, m.scale, rows)
+			})
+		})
 		b.Run(fmt.Sprintf("B=%d/coeffs", rows), func(b *testing.B) {
 			timeOp(b, g, bw, r.iters, float64(4*rows*n*C+2*mix*n*C), func() {
 				g.MHCProject(r.logits, r.x, m.w, rows, 1e-6)

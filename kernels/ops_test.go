@@ -160,10 +160,11 @@ func TestMHCPrePost(t *testing.T) {
 
 // The fused projection (mhc_proj_part + mhc_proj_finish) and MHCCoeffsPre
 // against the CPU backend: n = 3 and 4, K = n*C not a multiple of the 64-wide
-// K slices (and odd, for the scalar loads), B = 1, 5, 64 and 300 (each warp
+// K slices (and odd, for the scalar loads), B = 1, 2, 5, 64 and 300 (each warp
 // split of mhc_proj_part, token tiles not full), f32 and bf16 weights, the
 // mHC-lite width (32 rows, four 8-wide tiles), the head's n rows and a
-// stream that is not 16-byte aligned. Tolerance 1e-5 relative, as for the
+// stream that is not 16-byte aligned; at B <= mhcTailRows (1, 2), MHCCoeffsPre in
+// one launch equal to its four launches bit for bit. Tolerance 1e-5 relative, as for the
 // float32 dot products: the tensor cores see tf32 parts (x = hi + lo, and
 // w = hi + lo for f32 weights), so each product is within about 2^-21 of
 // float32's, and the sums are float32 (promoted every 32 columns).
@@ -205,7 +206,7 @@ func TestMHCProjectFused(t *testing.T) {
 		}
 		rowList := tc.rows
 		if rowList == nil {
-			rowList = []int{1, 5, 64, 300}
+			rowList = []int{1, 2, 5, 64, 300}
 		}
 		for _, rows := range rowList {
 			name := func(s string) string {
@@ -240,6 +241,23 @@ func TestMHCProjectFused(t *testing.T) {
 			check(t, name("fused post"), fromGPU(t, g, qg), qc, opsTol)
 			check(t, name("fused res"), fromGPU(t, g, rg), rc, opsTol)
 			check(t, name("fused dst"), fromGPU(t, g, dg), dc, opsTol)
+			// At decode sizes the projection's last block finishes the step
+			// (mhcTail): the same operations as the four launches, so the
+			// same bits.
+			g.mhcTailOff = true
+			ps, qs, rs, ds, ls := poisoned(g, rows*n), poisoned(g, rows*n), poisoned(g, rows*n*n), poisoned(g, rows*C), poisoned(g, rows*mix)
+			g.MHCCoeffsPre(mx, ds, ps, qs, rs, ls, xg, wg, toGPU(g, base), toGPU(g, scale), rows)
+			g.mhcTailOff = false
+			for _, o := range []struct {
+				what      string
+				got, want backend.Buffer
+			}{{"logits", lg, ls}, {"pre", pg, ps}, {"post", qg, qs}, {"res", rg, rs}, {"dst", dg, ds}} {
+				if got, want := fromGPU(t, g, o.got), fromGPU(t, g, o.want); !slices.EqualFunc(got, want, func(a, b float32) bool {
+					return math.Float32bits(a) == math.Float32bits(b)
+				}) {
+					t.Errorf("%s: one launch and four launches differ in %s", name("fused"), o.what)
+				}
+			}
 		}
 	}
 }
