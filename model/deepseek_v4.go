@@ -746,12 +746,7 @@ func (m *DeepseekV4) attention(s *v4State, l int, h backend.Buffer, n, pos0 int)
 	b.MatMul(qres, h, blk.Attn.WQA, n)
 	// The new keys (= values) go straight after the cached window rows,
 	// which move to the other buffer's front first if they would not fit.
-	if hd*(ls.start+ls.win+n) > ls.local[ls.cur].Len() {
-		if ls.win > 0 {
-			b.Copy(b.View(ls.local[1-ls.cur], 0, ls.win*hd), b.View(ls.local[ls.cur], ls.start*hd, ls.win*hd))
-		}
-		ls.cur, ls.start = 1-ls.cur, 0
-	}
+	ls.cur, ls.start = m.slide(ls.cur, ls.start, ls.win, n, hd, &ls.local)
 	local := b.View(ls.local[ls.cur], ls.start*hd, (ls.win+n)*hd)
 	kv := b.View(local, ls.win*hd, n*hd)
 	b.MatMul(kv, h, blk.Attn.WKV, n)
@@ -820,6 +815,23 @@ func (m *DeepseekV4) attention(s *v4State, l int, h backend.Buffer, n, pos0 int)
 	return out
 }
 
+// slide makes room for n new rows of width floats after the keep rows at
+// row start of the ping-pong buffers cur: where they would pass the end, the
+// kept rows of every pair move to the front of the other buffer (the state
+// before the call stays in this one). It returns the buffer and start row to
+// use.
+func (m *DeepseekV4) slide(cur, start, keep, n, width int, pairs ...*[2]backend.Buffer) (int, int) {
+	if width*(start+keep+n) <= pairs[0][cur].Len() {
+		return cur, start
+	}
+	if keep > 0 {
+		for _, p := range pairs {
+			m.b.Copy(m.b.View(p[1-cur], 0, keep*width), m.b.View(p[cur], start*width, keep*width))
+		}
+	}
+	return 1 - cur, 0
+}
+
 // v4CompSlack bounds the rows a compressor's buffers hold beyond what a call
 // needs (a window, or up to four of the shorter ones): in decode the kept
 // rows move to the other buffer once every four windows (CSA, rate 4: every
@@ -832,14 +844,7 @@ const v4CompSlack = 32
 func (m *DeepseekV4) compressProject(c *v4Comp, w *v4Compressor, h backend.Buffer, n int) {
 	b, rw := m.b, c.rowWidth
 	keep := c.prev + c.tail
-	if rw*(c.start+keep+n) > c.kv[c.cur].Len() {
-		if keep > 0 {
-			next := 1 - c.cur
-			b.Copy(b.View(c.kv[next], 0, keep*rw), b.View(c.kv[c.cur], c.start*rw, keep*rw))
-			b.Copy(b.View(c.gate[next], 0, keep*rw), b.View(c.gate[c.cur], c.start*rw, keep*rw))
-		}
-		c.cur, c.start = 1-c.cur, 0
-	}
+	c.cur, c.start = m.slide(c.cur, c.start, keep, n, rw, &c.kv, &c.gate)
 	at := (c.start + keep) * rw
 	b.MatMul(b.View(c.kv[c.cur], at, n*rw), h, w.WKV, n)
 	b.MatMul(b.View(c.gate[c.cur], at, n*rw), h, w.WGate, n)
