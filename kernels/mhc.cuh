@@ -205,6 +205,8 @@ extern "C" __global__ void mhc_activate(float* pre, float* post, float* res, flo
 // the sum of squares); mhc_proj_finish adds the slices.
 // ks is a multiple of 64 (mhc.go); mix <= 8*MHC_PMAXNT.
 #define MHC_PTHREADS 256
+#define MHC_PWARPS (MHC_PTHREADS / WARP)
+#define MHC_PMAXNT 4  // 8-wide output tiles: mix <= 32 (mhc.go checks)
 
 // The rest of MHCCoeffsPre for a few tokens, run by mhc_proj_part's last
 // block to finish (ticket non-null; mhc.go): the slices' sums (as
@@ -219,8 +221,6 @@ struct MhcTail {
     float eps, normEps;
 };
 __device__ void mhc_coeffs_tail(const float* part, const float* x, int rows, int K, int mix, int S, const MhcTail& t);
-#define MHC_PWARPS (MHC_PTHREADS / WARP)
-#define MHC_PMAXNT 4  // 8-wide output tiles: mix <= 32 (mhc.go checks)
 
 // v as tf32 hi and lo parts: hi is v truncated to tf32 (one mask: a
 // rounding cvt costs four instructions), lo = v - hi exactly in float32,
@@ -536,25 +536,25 @@ __device__ __forceinline__ void mhc_proj_part(float* __restrict__ part, const fl
 
 extern "C" __global__ void __launch_bounds__(MHC_PTHREADS, 2)
     mhc_proj_part_f32(float* part, const float* x, const float* W, int rows, int K, int mix, int ks, int wt,
-               const __grid_constant__ MhcTail tail) {
+                        const __grid_constant__ MhcTail tail) {
     pdl_launch();  // mhc_proj_part waits after staging its weights
     mhc_proj_part<float, false>(part, x, W, rows, K, mix, ks, wt, tail);
 }
 extern "C" __global__ void __launch_bounds__(MHC_PTHREADS, 2)
     mhc_proj_part_f32_v(float* part, const float* x, const float* W, int rows, int K, int mix, int ks, int wt,
-               const __grid_constant__ MhcTail tail) {
+                        const __grid_constant__ MhcTail tail) {
     pdl_launch();  // mhc_proj_part waits after staging its weights
     mhc_proj_part<float, true>(part, x, W, rows, K, mix, ks, wt, tail);
 }
 extern "C" __global__ void __launch_bounds__(MHC_PTHREADS, 2)
     mhc_proj_part_bf16(float* part, const float* x, const uint16_t* W, int rows, int K, int mix, int ks, int wt,
-               const __grid_constant__ MhcTail tail) {
+                        const __grid_constant__ MhcTail tail) {
     pdl_launch();  // mhc_proj_part waits after staging its weights
     mhc_proj_part<uint16_t, false>(part, x, W, rows, K, mix, ks, wt, tail);
 }
 extern "C" __global__ void __launch_bounds__(MHC_PTHREADS, 2)
     mhc_proj_part_bf16_v(float* part, const float* x, const uint16_t* W, int rows, int K, int mix, int ks, int wt,
-               const __grid_constant__ MhcTail tail) {
+                        const __grid_constant__ MhcTail tail) {
     pdl_launch();  // mhc_proj_part waits after staging its weights
     mhc_proj_part<uint16_t, true>(part, x, W, rows, K, mix, ks, wt, tail);
 }
@@ -653,14 +653,6 @@ extern "C" __global__ void mhc_post(float* dst, const float* x, const float* out
     }
 }
 
-// mhc_pre and mhc_post four columns at a time (hidden % 4 == 0, every
-// pointer 16-byte aligned; mhc.go picks them): block (x, y) takes columns
-// [4c, 4c + 4), c = x * blockDim + thread, of rows y, y + gridDim.y, ...;
-// each column's operations are those above, in the same order. The
-// coefficients are loaded before the stream, the n stream loads and the
-// output's are in flight together, and the stream is read and written with
-// streaming hints (each byte is touched once). n is a template parameter
-// up to 4 (the streams in registers), a loop bound above it.
 // Pre's sum for four columns of M streams: w[0] t[0] + w[1] t[1] + ..., in order.
 template <int M>
 __device__ __forceinline__ float4 mhc_pre4_sum(const float (&wv)[M], const float4 (&t)[M]) {
@@ -675,6 +667,14 @@ __device__ __forceinline__ float4 mhc_pre4_sum(const float (&wv)[M], const float
     return a;
 }
 
+// mhc_pre and mhc_post four columns at a time (hidden % 4 == 0, every
+// pointer 16-byte aligned; mhc.go picks them): block (x, y) takes columns
+// [4c, 4c + 4), c = x * blockDim + thread, of rows y, y + gridDim.y, ...;
+// each column's operations are those above, in the same order. The
+// coefficients are loaded before the stream, the n stream loads and the
+// output's are in flight together, and the stream is read and written with
+// streaming hints (each byte is touched once). n is a template parameter
+// up to 4 (the streams in registers), a loop bound above it.
 template <int N>
 __device__ __forceinline__ void mhc_pre4_row(float* dst, const float* x, const float* pre, int r, int c, int n, int hidden) {
     const int nn = N > 0 ? N : n, q = hidden >> 2;
@@ -829,12 +829,11 @@ __device__ __forceinline__ void mhc_activate16_t(float* pre, float* post, float*
     if (L < NZ) res[(size_t)r * NZ + L] = m;
 }
 
-extern "C" __global__ void mhc_activate16(float* pre, float* post, float* res, float* logits, const float* base,
-                                          const float* scale, int rows, int n, int iters, float eps) {
-    pdl_entry();
-    const int r = blockIdx.x * (blockDim.x / 16) + threadIdx.x / 16, L = threadIdx.x & 15;
-    if (r >= rows) return;  // a token's 16 lanes leave together
-    const unsigned mask = 0xffffu << (threadIdx.x & 16);
+// Token r's activation on the 16 lanes of thread t's half warp (n <= 4).
+__device__ __forceinline__ void mhc_activate16_row(float* pre, float* post, float* res, float* logits, const float* base,
+                                                   const float* scale, int r, int t, int n, int iters, float eps) {
+    const int L = t & 15;
+    const unsigned mask = 0xffffu << (t & 16);
     float* l = logits + (size_t)r * (2 * n + n * n);
     switch (n) {
     case 1: mhc_activate16_t<1>(pre, post, res, l, base, scale, r, L, mask, iters, eps); break;
@@ -842,6 +841,14 @@ extern "C" __global__ void mhc_activate16(float* pre, float* post, float* res, f
     case 3: mhc_activate16_t<3>(pre, post, res, l, base, scale, r, L, mask, iters, eps); break;
     default: mhc_activate16_t<4>(pre, post, res, l, base, scale, r, L, mask, iters, eps);
     }
+}
+
+extern "C" __global__ void mhc_activate16(float* pre, float* post, float* res, float* logits, const float* base,
+                                          const float* scale, int rows, int n, int iters, float eps) {
+    pdl_entry();
+    const int r = blockIdx.x * (blockDim.x / 16) + threadIdx.x / 16;
+    if (r >= rows) return;  // a token's 16 lanes leave together
+    mhc_activate16_row(pre, post, res, logits, base, scale, r, threadIdx.x, n, iters, eps);
 }
 
 // HeadActivate: pre[i] = sigmoid(pre[i] * scale + base[i % n]) + eps.
@@ -903,18 +910,8 @@ __device__ void mhc_coeffs_tail(const float* part, const float* x, int rows, int
         mhc_sum_slices(t.logits + (size_t)r * mix, part, r, rows, mix, S, K, t.normEps);
         __syncthreads();  // the sums' shared arrays are used again
     }
-    const int tid = threadIdx.x;
-    if (tid < 16 * rows) {  // a token's 16 lanes: whole half warps
-        const int r = tid / 16, L = tid & 15;
-        const unsigned mask = 0xffffu << (tid & 16);
-        float* l = t.logits + (size_t)r * mix;
-        switch (t.n) {
-        case 1: mhc_activate16_t<1>(t.pre, t.post, t.res, l, t.base, t.scale, r, L, mask, t.iters, t.eps); break;
-        case 2: mhc_activate16_t<2>(t.pre, t.post, t.res, l, t.base, t.scale, r, L, mask, t.iters, t.eps); break;
-        case 3: mhc_activate16_t<3>(t.pre, t.post, t.res, l, t.base, t.scale, r, L, mask, t.iters, t.eps); break;
-        default: mhc_activate16_t<4>(t.pre, t.post, t.res, l, t.base, t.scale, r, L, mask, t.iters, t.eps);
-        }
-    }
+    if (threadIdx.x < 16 * rows)  // a token's 16 lanes: whole half warps
+        mhc_activate16_row(t.pre, t.post, t.res, t.logits, t.base, t.scale, threadIdx.x / 16, threadIdx.x, t.n, t.iters, t.eps);
     __syncthreads();  // pre's coefficients, written above by this block
     switch (t.n) {
     case 1: mhc_tail_pre<1>(t.dst, x, t.pre, rows, t.hidden); break;

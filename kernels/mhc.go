@@ -185,14 +185,12 @@ func (b *Backend) mhcProjPart(x backend.Buffer, fn backend.Weight, rows int, tai
 	}
 	p.alloc = part
 	p.part = p.alloc.ptr
-	var tslots []uint64
+	tslots := tail.slots(0)
 	b.qmu.Lock()
 	b.q.keep = append(b.q.keep, p.alloc, w)
 	if tail != nil {
 		b.q.keep = append(b.q.keep, ticket, tail.logits, tail.pre, tail.post, tail.res, tail.dst, tail.base, tail.scale)
 		tslots = tail.slots(ticket.ptr)
-	} else {
-		tslots = tail.slots(0)
 	}
 	b.qmu.Unlock()
 	b.launch(name, [3]int{p.slices, p.ty, 1}, 256, shared, p.part, ptr(x), w.data.ptr, rows, k, mix, ks, wt, tslots)
