@@ -55,6 +55,7 @@ type Backend struct {
 	q             queue
 	dyn           *allocation // dynSlots ints: the queue's per-step values
 	graphs        bool
+	ahead         bool // launch a queue's older ops while it is built (push; MANIFOLD_CUDA_AHEAD=0: off)
 	graphCache    map[uint64]*graphEntry
 	graphSeen     map[uint64]int
 	graphLaunches int
@@ -138,6 +139,7 @@ func New(ordinal int) (*Backend, error) {
 		graphs: os.Getenv("MANIFOLD_CUDA_GRAPHS") == "1", graphCache: map[uint64]*graphEntry{}, graphSeen: map[uint64]int{},
 		gemvDec: defaultGemvDec, normFusion: os.Getenv("MANIFOLD_NORM_FUSION") == "1",
 		gemvX8: os.Getenv("MANIFOLD_GEMV_M1") == "m8", pdl: os.Getenv("MANIFOLD_CUDA_PDL") != "0",
+		ahead:  os.Getenv("MANIFOLD_CUDA_AHEAD") != "0",
 		gemvLB: os.Getenv("MANIFOLD_GEMV_M1") != "s1", gemvMT: os.Getenv("MANIFOLD_GEMV_TILES") != "1",
 		gemvTMA: os.Getenv("MANIFOLD_GEMV_TMA") != "0", tmaWarps: 8, tmaOcc: 2}
 	if os.Getenv("MANIFOLD_GEMV_TMA") == "16" { // one block of 16 consumer warps per multiprocessor
@@ -492,7 +494,7 @@ func (b *Backend) Embed(dst backend.Buffer, table backend.Weight, ids []int32) {
 		b.q.keep = append(b.q.keep, t, dst)
 		o := op{kind: opKernel, name: "embed_ids", fn: b.fn["embed_ids"], grid: [3]uint32{uint32(n), 1, 1}, block: 256, pdl: pdlKernel("embed_ids")}
 		o.setParams(t.data.ptr, scales, t.global, format, at, ptr(dst)+uint64(4*lo*t.cols), t.cols)
-		b.q.ops = append(b.q.ops, o)
+		b.push(o)
 		lo += n
 	}
 }
@@ -658,7 +660,7 @@ func (b *Backend) copyBytes(dst, src uint64, n int) {
 // copyDriver queues the driver's device-to-device copy of n bytes.
 func (b *Backend) copyDriver(dst, src uint64, n int) {
 	b.qmu.Lock()
-	b.q.ops = append(b.q.ops, op{kind: opCopy, name: "copy", params: []uint64{dst, src, uint64(n)}})
+	b.push(op{kind: opCopy, name: "copy", params: []uint64{dst, src, uint64(n)}})
 	b.qmu.Unlock()
 }
 
@@ -780,11 +782,11 @@ func (b *Backend) Attention(out, q, k, v backend.Buffer, cache backend.KVCache, 
 		block: 256, shared: uint32(4 * share), pdl: pdlKernel(name)}
 	o.setParams(ptr(out), ptr(q), ptr(k), ptr(v), c.k[layer].ptr, c.v[layer].ptr, b.dyn.ptr, b.q.posRel(pos0),
 		s.Heads, s.KVHeads, s.HeadDim, s.Scale, s.Window, part)
-	b.q.ops = append(b.q.ops, o)
+	b.push(o)
 	if splits > 1 {
 		o := op{kind: opKernel, name: "attn_combine", fn: b.fn["attn_combine"], grid: [3]uint32{uint32(s.Heads), uint32(m), 1}, block: 128, pdl: pdlKernel("attn_combine")}
 		o.setParams(ptr(out), part, s.Heads, s.HeadDim, splits)
-		b.q.ops = append(b.q.ops, o)
+		b.push(o)
 	}
 }
 
@@ -809,7 +811,7 @@ func (b *Backend) attnPrefill(out, q, k, v backend.Buffer, c *kvCache, layer, po
 		block: 256, shared: uint32(4 * floats), pdl: pdlKernel(name)}
 	o.setParams(ptr(out), ptr(q), ptr(k), ptr(v), c.k[layer].ptr, c.v[layer].ptr, b.dyn.ptr, b.q.posRel(pos0),
 		m, s.Heads, s.KVHeads, s.Scale, s.Window)
-	b.q.ops = append(b.q.ops, o)
+	b.push(o)
 }
 
 // attnDecodeChunk is attn_decode's chunk of keys (ATTD_CH in decode.cuh).
@@ -867,7 +869,7 @@ func (b *Backend) attnDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos
 		block: 128, shared: uint32(4 * floats), pdl: pdlKernel(name)}
 	o.setParams(ptr(out), ptr(q), ptr(k), ptr(v), c.k[layer].ptr, c.v[layer].ptr, b.dyn.ptr, posRel,
 		s.Heads, s.KVHeads, s.Scale, s.Window, part, ticket, freqs, rhalf, roff, rscale, rinter, hgroups)
-	q0.ops = append(q0.ops, o)
+	b.push(o)
 }
 
 // attnScratch returns the split partials' array (at least parts floats) and,

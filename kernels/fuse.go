@@ -101,7 +101,7 @@ func (b *Backend) queueGemv(dst, x *Buffer, w *Weight, m int) {
 			return
 		}
 	}
-	q.ops = append(q.ops, op{kind: opKernel, gemv: &gemvOp{x: xs, m: m, K: w.cols,
+	b.push(op{kind: opKernel, gemv: &gemvOp{x: xs, m: m, K: w.cols,
 		groups: []gemvGroup{{w: w, y: y, bias: bias}}}})
 }
 
@@ -416,7 +416,7 @@ func (b *Backend) queueRoPE(x *Buffer, rows, heads, stride, off, pos0 int, r *la
 			return
 		}
 	}
-	q.ops = append(q.ops, op{kind: opKernel, rope: &ro})
+	b.push(op{kind: opKernel, rope: &ro})
 }
 
 func (b *Backend) finalizeRoPE(o *op) {
@@ -444,7 +444,7 @@ func (b *Backend) queueNorm(dst, x, w *Buffer, eps float32) {
 		o.norm = &normOp{dst: spanOf(dst), x: spanOf(x), w: spanOf(w), eps: eps}
 	}
 	q.keep = append(q.keep, dst, x, w)
-	q.ops = append(q.ops, o)
+	b.push(o)
 }
 
 // finalize builds the parameters of fusable operations once nothing more can join them.

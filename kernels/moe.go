@@ -112,7 +112,7 @@ func (b *Backend) MoE(out, x, logits backend.Buffer, hash []int32, exp backend.E
 	b.q.keep = append(b.q.keep, r.ex, r.scratch, out, x, logits)
 	o := op{kind: opKernel, name: "moe_route", fn: b.function("moe_route"), grid: [3]uint32{uint32(a.M), 1, 1}, block: moeRouteT}
 	o.setParams(r.ids, r.wts, ptr(logits), r.bias(), hashPtr, a.Experts, a.K, boolInt(a.Scoring == dsv4.ScoreSqrtSoftplus), a.Scale)
-	b.q.ops = append(b.q.ops, o)
+	b.push(o)
 	b.qmu.Unlock()
 	b.moeFFN(r, out, x, a.M, a.K, limit)
 }

@@ -59,9 +59,17 @@ const dynSlots = 1 << 16
 type queue struct {
 	ops     []op
 	dyn     []int32 // host values of the dyn array for this queue
+	sent    int     // dyn[:sent] is on the device already (launched ahead)
 	hasBase bool    // dyn[0] holds a position
 	keep    []any   // buffers and weights the queued work uses, alive until launch
 }
+
+// launchAhead: launched op by op, a queue launches its older operations
+// while the step is still being queued once it holds this many, so that the
+// device starts on a step while the host queues the rest of it (DeepSeek-V4
+// queues over a thousand kernels a token). The newest operation stays
+// queued: the fusions (fuse.go, attnDecode) look only at the last one.
+const launchAhead = 16
 
 type graphEntry struct {
 	ops  []op
@@ -85,6 +93,7 @@ func (q *queue) posRel(pos int) int {
 		}
 		q.dyn[0] = int32(pos)
 		q.hasBase = true
+		q.sent = 0 // dyn[0] changed: sent again with the next launch
 	}
 	return pos - int(q.dyn[0])
 }
@@ -116,8 +125,42 @@ func (b *Backend) enqueue(name string, grid [3]int, block, shared int, args ...a
 	o.pdl = pdlKernel(name)
 	o.setParams(args...)
 	b.qmu.Lock()
-	b.q.ops = append(b.q.ops, o)
+	b.push(o)
 	b.qmu.Unlock()
+}
+
+// push appends o to the queue and, launched op by op, launches all but the
+// newest operation once the queue holds launchAhead. qmu must be held.
+func (b *Backend) push(o op) {
+	q := &b.q
+	q.ops = append(q.ops, o)
+	if len(q.ops) < launchAhead || !b.ahead || b.graphs || b.profiling {
+		return
+	}
+	n := len(q.ops) - 1
+	b.d.onContext(b.ctx, func() {
+		for i := range q.ops[:n] {
+			b.finalize(&q.ops[i])
+		}
+		b.sendDyn()
+		b.launchOps(q.ops[:n])
+	})
+	for i := range q.ops[:n] {
+		q.ops[i].gemv, q.ops[i].rope, q.ops[i].norm = nil, nil, nil
+	}
+	q.ops[0] = q.ops[n]
+	q.ops = q.ops[:1]
+}
+
+// sendDyn copies the step values not yet on the device there, in stream
+// order. It runs with qmu held and the context current.
+func (b *Backend) sendDyn() {
+	q := &b.q
+	if len(q.dyn) > q.sent {
+		b.setErr(b.d.check("cuMemcpyHtoDAsync (step values)",
+			b.d.cuMemcpyHtoDAsync(b.dyn.ptr+uint64(4*q.sent), unsafe.Pointer(&q.dyn[q.sent]), uintptr(4*(len(q.dyn)-q.sent)), b.stream)))
+		q.sent = len(q.dyn)
+	}
 }
 
 func (o *op) setParams(args ...any) {
@@ -167,16 +210,13 @@ func (b *Backend) onContext(fn func()) {
 func (b *Backend) flushLocked() {
 	q := &b.q
 	if len(q.ops) == 0 {
-		q.dyn, q.hasBase, q.keep = q.dyn[:0], false, q.keep[:0]
+		q.dyn, q.sent, q.hasBase, q.keep = q.dyn[:0], 0, false, q.keep[:0]
 		return
 	}
 	for i := range q.ops {
 		b.finalize(&q.ops[i])
 	}
-	if len(q.dyn) > 0 {
-		b.setErr(b.d.check("cuMemcpyHtoDAsync (step values)",
-			b.d.cuMemcpyHtoDAsync(b.dyn.ptr, unsafe.Pointer(&q.dyn[0]), uintptr(4*len(q.dyn)), b.stream)))
-	}
+	b.sendDyn()
 	switch {
 	case b.profiling || !b.graphs || len(q.ops) < minGraphOps:
 		b.launchOps(q.ops)
@@ -188,7 +228,7 @@ func (b *Backend) flushLocked() {
 		q.ops[i].gemv, q.ops[i].rope, q.ops[i].norm = nil, nil, nil
 	}
 	clear(q.keep)
-	q.ops, q.dyn, q.hasBase, q.keep = q.ops[:0], q.dyn[:0], false, q.keep[:0]
+	q.ops, q.dyn, q.sent, q.hasBase, q.keep = q.ops[:0], q.dyn[:0], 0, false, q.keep[:0]
 	b.freeQueued()
 }
 
