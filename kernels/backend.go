@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"runtime"
+	"strconv"
 	"sync"
 	"unsafe"
 
@@ -55,7 +56,7 @@ type Backend struct {
 	q             queue
 	dyn           *allocation // dynSlots ints: the queue's per-step values
 	graphs        bool
-	ahead         bool // launch a queue's older ops while it is built (push; MANIFOLD_CUDA_AHEAD=0: off)
+	ahead         int // launch a queue's older ops once it holds this many (push; 0: never)
 	graphCache    map[uint64]*graphEntry
 	graphSeen     map[uint64]int
 	graphLaunches int
@@ -139,9 +140,12 @@ func New(ordinal int) (*Backend, error) {
 		graphs: os.Getenv("MANIFOLD_CUDA_GRAPHS") == "1", graphCache: map[uint64]*graphEntry{}, graphSeen: map[uint64]int{},
 		gemvDec: defaultGemvDec, normFusion: os.Getenv("MANIFOLD_NORM_FUSION") == "1",
 		gemvX8: os.Getenv("MANIFOLD_GEMV_M1") == "m8", pdl: os.Getenv("MANIFOLD_CUDA_PDL") != "0",
-		ahead:  os.Getenv("MANIFOLD_CUDA_AHEAD") != "0",
 		gemvLB: os.Getenv("MANIFOLD_GEMV_M1") != "s1", gemvMT: os.Getenv("MANIFOLD_GEMV_TILES") != "1",
 		gemvTMA: os.Getenv("MANIFOLD_GEMV_TMA") != "0", tmaWarps: 8, tmaOcc: 2}
+	b.ahead = launchAhead
+	if v, err := strconv.Atoi(os.Getenv("MANIFOLD_CUDA_AHEAD")); err == nil && v >= 0 { // 0: off
+		b.ahead = v
+	}
 	if os.Getenv("MANIFOLD_GEMV_TMA") == "16" { // one block of 16 consumer warps per multiprocessor
 		b.tmaWarps, b.tmaOcc = 16, 1
 	}

@@ -130,11 +130,12 @@ func (b *Backend) enqueue(name string, grid [3]int, block, shared int, args ...a
 }
 
 // push appends o to the queue and, launched op by op, launches all but the
-// newest operation once the queue holds launchAhead. qmu must be held.
+// newest operation once the queue holds b.ahead (launchAhead unless
+// MANIFOLD_CUDA_AHEAD sets another count; 0 turns it off). qmu must be held.
 func (b *Backend) push(o op) {
 	q := &b.q
 	q.ops = append(q.ops, o)
-	if len(q.ops) < launchAhead || !b.ahead || b.graphs || b.profiling {
+	if b.ahead == 0 || len(q.ops) < max(b.ahead, 2) || b.graphs || b.profiling {
 		return
 	}
 	n := len(q.ops) - 1
