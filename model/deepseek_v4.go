@@ -633,6 +633,24 @@ const v4ReplayChunk = 512
 // Forward runs tokens at positions Len().. and appends them to the state. On
 // error (cancellation included) the state is left as it was.
 func (m *DeepseekV4) Forward(ctx context.Context, st State, tokens []int32, all bool) ([]float32, error) {
+	logits, err := m.run(ctx, st, tokens, all)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]float32, logits.Len())
+	m.b.Read(out, logits, 0)
+	return out, m.b.Sync()
+}
+
+// ForwardDevice runs the decoder over tokens and leaves the last token's
+// logits on the backend (valid until the next call with st), so that a
+// backend that samples picks the token there.
+func (m *DeepseekV4) ForwardDevice(ctx context.Context, st State, tokens []int32) (backend.Buffer, error) {
+	return m.run(ctx, st, tokens, false)
+}
+
+// run is Forward up to the logits, which stay on the backend.
+func (m *DeepseekV4) run(ctx context.Context, st State, tokens []int32, all bool) (backend.Buffer, error) {
 	s, ok := st.(*v4State)
 	if !ok || s.m != m {
 		return nil, fmt.Errorf("model: state of type %T is not a state of this %s model", st, m.cfg.ModelType)
@@ -658,7 +676,7 @@ func (m *DeepseekV4) Forward(ctx context.Context, st State, tokens []int32, all 
 
 // forward runs tokens at positions s.done.. through the caches. When ctx is
 // canceled it restores the caches and returns the error.
-func (m *DeepseekV4) forward(ctx context.Context, s *v4State, tokens []int32, all bool) ([]float32, error) {
+func (m *DeepseekV4) forward(ctx context.Context, s *v4State, tokens []int32, all bool) (backend.Buffer, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -705,9 +723,7 @@ func (m *DeepseekV4) forward(ctx context.Context, s *v4State, tokens []int32, al
 	b.RMSNorm(fin, fin, m.norm, cfg.RMSNormEps)
 	logits := b.View(sc.finalLogits, 0, rows*cfg.VocabSize)
 	b.MatMul(logits, fin, m.head, rows)
-	out := make([]float32, rows*cfg.VocabSize)
-	b.Read(out, logits, 0)
-	return out, b.Sync()
+	return logits, nil
 }
 
 // hcPre computes a site's coefficients (left in the state's pre, post and
