@@ -230,10 +230,7 @@ func (m *DeepseekV32) Forward(ctx context.Context, st State, tokens []int32, all
 		b.Add(x, x, y)
 	}
 	s.n = pos0 + n
-	logits := m.head.logits(b, c, x, h, s.logits, n, all)
-	out := make([]float32, logits.Len())
-	b.Read(out, logits, 0)
-	return out, b.Sync()
+	return hostLogits(b, m.head.logits(b, c, x, h, s.logits, n, all), nil)
 }
 
 // attention writes o_proj(MLA(h)) of n tokens at pos0.. into out and

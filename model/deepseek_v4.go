@@ -634,12 +634,7 @@ const v4ReplayChunk = 512
 // error (cancellation included) the state is left as it was.
 func (m *DeepseekV4) Forward(ctx context.Context, st State, tokens []int32, all bool) ([]float32, error) {
 	logits, err := m.run(ctx, st, tokens, all)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]float32, logits.Len())
-	m.b.Read(out, logits, 0)
-	return out, m.b.Sync()
+	return hostLogits(m.b, logits, err)
 }
 
 // ForwardDevice runs the decoder over tokens and leaves the last token's

@@ -188,12 +188,7 @@ func (m *Llama) forward(ctx context.Context, st State, tokens []int32, all bool)
 // Forward runs the decoder over tokens and reads the logits back.
 func (m *Llama) Forward(ctx context.Context, st State, tokens []int32, all bool) ([]float32, error) {
 	logits, err := m.forward(ctx, st, tokens, all)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]float32, logits.Len())
-	m.b.Read(out, logits, 0)
-	return out, m.b.Sync()
+	return hostLogits(m.b, logits, err)
 }
 
 // ForwardDevice runs the decoder over tokens and leaves the last token's

@@ -31,6 +31,17 @@ type DeviceForwarder interface {
 	ForwardDevice(ctx context.Context, st State, tokens []int32) (backend.Buffer, error)
 }
 
+// hostLogits reads a forward pass's logits back to the host (Forward from
+// the device-side pass), passing err through.
+func hostLogits(b backend.Backend, logits backend.Buffer, err error) ([]float32, error) {
+	if err != nil {
+		return nil, err
+	}
+	out := make([]float32, logits.Len())
+	b.Read(out, logits, 0)
+	return out, b.Sync()
+}
+
 // State is one sequence's cache on the backend. It is not safe for concurrent use.
 type State interface {
 	// Len is the number of positions processed.
