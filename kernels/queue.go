@@ -139,18 +139,28 @@ func (b *Backend) push(o op) {
 		return
 	}
 	n := len(q.ops) - 1
-	b.d.onContext(b.ctx, func() {
-		for i := range q.ops[:n] {
-			b.finalize(&q.ops[i])
-		}
-		b.sendDyn()
-		b.launchOps(q.ops[:n])
-	})
-	for i := range q.ops[:n] {
-		q.ops[i].gemv, q.ops[i].rope, q.ops[i].norm = nil, nil, nil
-	}
+	b.d.onContext(b.ctx, func() { b.launchQueued(q.ops[:n], false) })
 	q.ops[0] = q.ops[n]
 	q.ops = q.ops[:1]
+}
+
+// launchQueued finalizes ops, sends the step values they read and launches
+// them (replaying or capturing a graph when graph is set), then drops what
+// they held for fusion, keeping the op slices for reuse. It runs with qmu
+// held and the context current.
+func (b *Backend) launchQueued(ops []op, graph bool) {
+	for i := range ops {
+		b.finalize(&ops[i])
+	}
+	b.sendDyn()
+	if graph {
+		b.launchGraph(ops)
+	} else {
+		b.launchOps(ops)
+	}
+	for i := range ops {
+		ops[i].gemv, ops[i].rope, ops[i].norm = nil, nil, nil
+	}
 }
 
 // sendDyn copies the step values not yet on the device there, in stream
@@ -214,20 +224,7 @@ func (b *Backend) flushLocked() {
 		q.dyn, q.sent, q.hasBase, q.keep = q.dyn[:0], 0, false, q.keep[:0]
 		return
 	}
-	for i := range q.ops {
-		b.finalize(&q.ops[i])
-	}
-	b.sendDyn()
-	switch {
-	case b.profiling || !b.graphs || len(q.ops) < minGraphOps:
-		b.launchOps(q.ops)
-	default:
-		b.launchGraph(q.ops)
-	}
-	// Keep the op slices for reuse, dropping references to what they held.
-	for i := range q.ops {
-		q.ops[i].gemv, q.ops[i].rope, q.ops[i].norm = nil, nil, nil
-	}
+	b.launchQueued(q.ops, !b.profiling && b.graphs && len(q.ops) >= minGraphOps)
 	clear(q.keep)
 	q.ops, q.dyn, q.sent, q.hasBase, q.keep = q.ops[:0], q.dyn[:0], 0, false, q.keep[:0]
 	b.freeQueued()

@@ -31,8 +31,8 @@ type DeviceForwarder interface {
 	ForwardDevice(ctx context.Context, st State, tokens []int32) (backend.Buffer, error)
 }
 
-// hostLogits reads a forward pass's logits back to the host (Forward from
-// the device-side pass), passing err through.
+// hostLogits is the end of a model's Forward: the pass's logits, read back
+// to the host, or the pass's error.
 func hostLogits(b backend.Backend, logits backend.Buffer, err error) ([]float32, error) {
 	if err != nil {
 		return nil, err
