@@ -196,6 +196,28 @@ type TokenSampler interface {
 	SampleToken(logits Buffer, temperature float32, topK int, u float64) (int, error)
 }
 
+// TokenPipeliner is implemented by TokenSamplers that can keep a picked token
+// on the device, so that the step which runs it is queued before its id has
+// reached the host: the host's round trip then overlaps the next step.
+type TokenPipeliner interface {
+	TokenSampler
+	// SampleTokenTo is SampleToken without the wait: the pick is written to
+	// dst (a buffer of one element, holding the id as an int32) and reaches
+	// the host through the returned PendingToken.
+	SampleTokenTo(dst, logits Buffer, temperature float32, topK int, u float64) (PendingToken, error)
+	// EmbedToken is Embed of the one token id that src holds (as written by
+	// SampleTokenTo, earlier in queue order).
+	EmbedToken(dst Buffer, table Weight, src Buffer)
+}
+
+// PendingToken is a token picked on the device whose id is on its way to
+// the host.
+type PendingToken interface {
+	// Wait blocks until the id has arrived and returns it, or the first
+	// error of the backend's work queued before it.
+	Wait() (int, error)
+}
+
 // MaxSampleTopK bounds TokenSampler's topK.
 const MaxSampleTopK = 256
 

@@ -93,8 +93,18 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptio
 		text = s.m.tok.NewStreamDecoderSkipSpecial()
 	}
 	pick := s.picker(NewSampler(opts.Sampling))
+	// A run of a token that pick queued ahead and that the session does not
+	// keep (an error, a cancelled stream) leaves the cache with it.
+	defer func() {
+		if s.st.Len() > len(s.tokens) {
+			s.st.Truncate(len(s.tokens))
+		}
+	}()
+	// more: a token may follow the one pick returns (by count), so pick may
+	// queue its run ahead.
+	more := func(n int) bool { return opts.MaxTokens <= 0 || n+1 < opts.MaxTokens }
 	start := time.Now()
-	tok, err := pick(ctx, prompt)
+	tok, err := pick(ctx, prompt, more(0))
 	if err != nil {
 		return res, err
 	}
@@ -123,44 +133,111 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptio
 			res.Reason = StopMaxTokens
 		}
 		if res.Reason != "" {
-			// Kept, not yet run: the next Append runs it first.
+			// Kept. Unless pick queued its run ahead (the cache then holds
+			// it), it has not run: the next Append runs it first.
 			s.tokens = append(s.tokens, tok)
 			return res, nil
 		}
-		if tok, err = pick(ctx, []int{tok}); err != nil {
+		if tok, err = pick(ctx, []int{tok}, more(len(res.Tokens))); err != nil {
 			return res, err
 		}
 		res.DecodeDuration = time.Since(first)
 	}
 }
 
-// picker returns a function that appends tokens to the session and picks the
-// token that follows. When the model can leave its logits on the backend and
-// the backend samples (backend.TokenSampler) with these options (greedy, or
-// temperature with top-k alone), the token is picked there and only its id
-// comes back; otherwise the logits come to the host and sampler picks.
-// Either way sampler's random stream is used alike.
-func (s *Session) picker(sampler *Sampler) func(ctx context.Context, tokens []int) (int, error) {
+// picker returns a function that appends tokens to the session, runs them
+// and picks the token that follows. When the model can leave its logits on
+// the backend and the backend samples (backend.TokenSampler) with these
+// options (greedy, or temperature with top-k alone), the token is picked
+// there and only its id comes back; otherwise the logits come to the host and
+// sampler picks. Either way sampler's random stream is used alike, one draw
+// a pick in order.
+//
+// Where the backend can also keep the pick on the device
+// (backend.TokenPipeliner, model.SampledForwarder) and more is set, the run
+// of the picked token (and its own pick) is queued before its id is read
+// back, so the device goes on while the id travels and the host streams it;
+// the next call, with that token, then only waits for the pick queued ahead.
+// The session's cache then holds one position more than its tokens until
+// that call: Generate keeps the token or truncates the cache.
+func (s *Session) picker(sampler *Sampler) func(ctx context.Context, tokens []int, more bool) (int, error) {
 	df, forwards := s.m.net.(model.DeviceForwarder)
 	ts, samples := s.m.backend.(backend.TokenSampler)
-	if o := sampler.opts; forwards && samples && o.onDevice() {
-		return func(ctx context.Context, tokens []int) (int, error) {
+	o := sampler.opts
+	if !forwards || !samples || !o.onDevice() {
+		return func(ctx context.Context, tokens []int, _ bool) (int, error) {
+			logits, err := s.Append(ctx, tokens)
+			if err != nil {
+				return 0, err
+			}
+			return sampler.Sample(logits, s.tokens), nil
+		}
+	}
+	draw := func() float64 {
+		if o.Temperature > 0 {
+			return sampler.rng.Float64()
+		}
+		return 0
+	}
+	sf, forwardsHeld := s.m.net.(model.SampledForwarder)
+	tp, holds := s.m.backend.(backend.TokenPipeliner)
+	if !forwardsHeld || !holds || s.noAhead {
+		return func(ctx context.Context, tokens []int, _ bool) (int, error) {
 			logits, err := s.appendDevice(ctx, tokens, df)
 			if err != nil {
 				return 0, err
 			}
-			var u float64
-			if o.Temperature > 0 {
-				u = sampler.rng.Float64()
-			}
-			return ts.SampleToken(logits, float32(o.Temperature), o.TopK, u)
+			return ts.SampleToken(logits, float32(o.Temperature), o.TopK, draw())
 		}
 	}
-	return func(ctx context.Context, tokens []int) (int, error) {
-		logits, err := s.Append(ctx, tokens)
-		if err != nil {
+	var (
+		ahead  backend.PendingToken // the pick after a token whose run is queued ahead
+		aheadT = -1                 // that token (known once the call that queued it returned it)
+	)
+	return func(ctx context.Context, tokens []int, more bool) (int, error) {
+		if err := ctx.Err(); err != nil {
 			return 0, err
 		}
-		return sampler.Sample(logits, s.tokens), nil
+		if s.held == nil {
+			s.held = s.m.backend.NewBuffer(1)
+		}
+		held := s.held
+		var pick backend.PendingToken
+		if ahead != nil && len(tokens) == 1 && tokens[0] == aheadT && s.st.Len() == len(s.tokens)+1 {
+			// tokens[0] ran ahead: the session takes it, its pick is queued.
+			s.tokens = append(s.tokens, aheadT)
+			pick, ahead = ahead, nil
+		} else {
+			ahead = nil
+			if s.st.Len() > len(s.tokens) {
+				s.st.Truncate(len(s.tokens))
+			}
+			logits, err := s.appendDevice(ctx, tokens, df)
+			if err != nil {
+				return 0, err
+			}
+			if pick, err = tp.SampleTokenTo(held, logits, float32(o.Temperature), o.TopK, draw()); err != nil {
+				return 0, err
+			}
+		}
+		if more && s.st.Len() < s.st.Cap() {
+			// Queue the run of the token being picked, and its own pick.
+			logits, err := sf.ForwardSampled(ctx, s.st, held)
+			if err == nil {
+				ahead, err = tp.SampleTokenTo(held, logits, float32(o.Temperature), o.TopK, draw())
+			}
+			if err != nil {
+				ahead = nil
+				s.st.Truncate(len(s.tokens))
+				return 0, err
+			}
+		}
+		id, err := pick.Wait()
+		if err != nil {
+			ahead = nil
+			return 0, err
+		}
+		aheadT = id
+		return id, nil
 	}
 }

@@ -108,6 +108,27 @@ func BenchmarkDecodeLlama8B(b *testing.B) {
 		return time.Since(start) / tokens
 	}
 	timeDecode(b, gb, "decode8b", spec.WeightBytes(), "", measure)
+	// The engine's own loop: Generate, greedy, from the same 8-token context,
+	// each pick's run queued before its id comes back (the default) and not,
+	// alternated, launched op by op and as graphs.
+	gen := func(ahead bool) float64 {
+		s.Truncate(8)
+		s.noAhead = !ahead
+		defer func() { s.noAhead = false }()
+		res, err := s.Generate(ctx, nil, GenerateOptions{MaxTokens: tokens + 1, StopTokens: []int{}}, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return res.DecodeTokensPerSecond()
+	}
+	for _, graphs := range []bool{false, true} {
+		gb.SetGraphs(graphs)
+		gen(true)
+		gen(false)
+		a1, s1, a2, s2 := gen(true), gen(false), gen(true), gen(false)
+		fmt.Printf("RESULT decode8b_generate graphs=%v ahead_tok_s=%.1f sequential_tok_s=%.1f ahead_tok_s=%.1f sequential_tok_s=%.1f\n", graphs, a1, s1, a2, s2)
+	}
+	gb.SetGraphs(false)
 	gb.StartProfile()
 	for range 8 {
 		step()

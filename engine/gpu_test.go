@@ -52,3 +52,19 @@ func TestDeviceSamplingMatchesHost(t *testing.T) {
 		}
 	}
 }
+
+// TestPipelinedGenerate runs checkPipelined on the GPU, where the picks
+// stay on the device (kernels.Backend.SampleTokenTo).
+func TestPipelinedGenerate(t *testing.T) {
+	if !kernels.Available() {
+		t.Skip("no CUDA driver or GPU")
+	}
+	for _, arch := range []string{"llama", "qwen3"} {
+		m, err := Load(filepath.Join(golden.Dir(t), arch), Options{Device: "cuda"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkPipelined(t, m, arch)
+		m.Close()
+	}
+}

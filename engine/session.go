@@ -14,6 +14,12 @@ type Session struct {
 	m      *Model
 	st     model.State
 	tokens []int
+	// noAhead turns off queueing a picked token's run before its id is read
+	// back (tests and benchmarks compare the two).
+	noAhead bool
+	// held is the device word the backend's picks go to (TokenPipeliner),
+	// one per session so that every step queues the same work.
+	held backend.Buffer
 }
 
 // prefillChunk bounds the tokens per forward pass during prefill, so that

@@ -230,6 +230,11 @@ func (b *Backend) setErr(err error) {
 // Sync waits for queued work and returns the first error seen since the last Sync.
 func (b *Backend) Sync() error {
 	b.onContext(func() { b.setErr(b.d.check("cuStreamSynchronize", b.d.cuStreamSynchronize(b.stream))) })
+	return b.takeErr()
+}
+
+// takeErr returns and clears the first error seen since the last Sync.
+func (b *Backend) takeErr() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	err := b.err
@@ -254,6 +259,16 @@ func (b *Backend) Close() error {
 			errs = append(errs, b.d.check("cuStreamSynchronize", b.d.cuStreamSynchronize(b.stream)))
 			b.d.cuStreamDestroy(b.stream)
 			b.stream = 0
+		}
+		for i, ev := range b.sample.events {
+			if ev != 0 {
+				b.d.cuEventDestroy(ev)
+				b.sample.events[i] = 0
+			}
+		}
+		if b.sample.host != nil {
+			b.d.cuMemFreeHost(b.sample.host)
+			b.sample.host = nil
 		}
 		if b.module != 0 {
 			b.d.cuModuleUnload(b.module)
@@ -482,7 +497,33 @@ func grid1(n, block int) [3]int { return [3]int{(n + block - 1) / block, 1, 1} }
 // Embed gathers rows of table into dst; the ids travel in the queue's step
 // values, so a decode step's launches do not depend on the token.
 func (b *Backend) Embed(dst backend.Buffer, table backend.Weight, ids []int32) {
-	t := table.(*Weight)
+	b.qmu.Lock()
+	defer b.qmu.Unlock()
+	for lo := 0; lo < len(ids); {
+		n := min(len(ids)-lo, dynSlots/2) // fits in an empty queue's step values
+		at, _ := b.stepIDs(ids[lo : lo+n])
+		b.q.keep = append(b.q.keep, dst)
+		b.queueEmbed(ptr(dst)+uint64(4*lo*table.Cols()), table.(*Weight), at, n)
+		lo += n
+	}
+}
+
+// EmbedToken is Embed of the token id that src holds on the device (see
+// backend.TokenPipeliner).
+func (b *Backend) EmbedToken(dst backend.Buffer, table backend.Weight, src backend.Buffer) {
+	if src.Len() != 1 {
+		b.setErr(fmt.Errorf("kernels: EmbedToken reads a buffer of 1 token id, not %d", src.Len()))
+		return
+	}
+	b.qmu.Lock()
+	defer b.qmu.Unlock()
+	b.q.keep = append(b.q.keep, src, dst)
+	b.queueEmbed(ptr(dst), table.(*Weight), ptr(src), 1)
+}
+
+// queueEmbed queues the gather of the n rows of t whose ids are at the
+// device address ids. qmu must be held.
+func (b *Backend) queueEmbed(dst uint64, t *Weight, ids uint64, n int) {
 	format, scales := 0, uint64(0)
 	switch t.format {
 	case backend.BF16:
@@ -490,17 +531,10 @@ func (b *Backend) Embed(dst backend.Buffer, table backend.Weight, ids []int32) {
 	case backend.NVFP4:
 		format, scales = 2, t.scales.ptr
 	}
-	b.qmu.Lock()
-	defer b.qmu.Unlock()
-	for lo := 0; lo < len(ids); {
-		n := min(len(ids)-lo, dynSlots/2) // fits in an empty queue's step values
-		at, _ := b.stepIDs(ids[lo : lo+n])
-		b.q.keep = append(b.q.keep, t, dst)
-		o := op{kind: opKernel, name: "embed_ids", fn: b.fn["embed_ids"], grid: [3]uint32{uint32(n), 1, 1}, block: 256, pdl: pdlKernel("embed_ids")}
-		o.setParams(t.data.ptr, scales, t.global, format, at, ptr(dst)+uint64(4*lo*t.cols), t.cols)
-		b.push(o)
-		lo += n
-	}
+	b.q.keep = append(b.q.keep, t)
+	o := op{kind: opKernel, name: "embed_ids", fn: b.fn["embed_ids"], grid: [3]uint32{uint32(n), 1, 1}, block: 256, pdl: pdlKernel("embed_ids")}
+	o.setParams(t.data.ptr, scales, t.global, format, ids, dst, t.cols)
+	b.push(o)
 }
 
 // stepIDs puts ids in the queue's step values and returns their device

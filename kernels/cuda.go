@@ -31,6 +31,9 @@ type driver struct {
 	cuMemGetInfo              func(free, total *uintptr) int32
 	cuMemcpyHtoD              func(dst uint64, src unsafe.Pointer, n uintptr) int32
 	cuMemcpyDtoH              func(dst unsafe.Pointer, src uint64, n uintptr) int32
+	cuMemcpyDtoHAsync         func(dst unsafe.Pointer, src uint64, n uintptr, stream uintptr) int32
+	cuMemAllocHost            func(p *unsafe.Pointer, n uintptr) int32
+	cuMemFreeHost             func(p unsafe.Pointer) int32
 	cuMemcpyDtoDAsync         func(dst, src uint64, n uintptr, stream uintptr) int32
 	cuMemsetD32Async          func(dst uint64, v uint32, n uintptr, stream uintptr) int32
 	cuLaunchKernel            func(fn uintptr, gx, gy, gz, bx, by, bz, shared uint32, stream uintptr, params, extra unsafe.Pointer) int32
@@ -83,6 +86,8 @@ var loadDriver = sync.OnceValues(func() (*driver, error) {
 		{&d.cuModuleUnload, "cuModuleUnload"}, {&d.cuFuncSetAttribute, "cuFuncSetAttribute"},
 		{&d.cuMemAlloc, "cuMemAlloc_v2"}, {&d.cuMemFree, "cuMemFree_v2"}, {&d.cuMemGetInfo, "cuMemGetInfo_v2"},
 		{&d.cuMemcpyHtoD, "cuMemcpyHtoD_v2"}, {&d.cuMemcpyDtoH, "cuMemcpyDtoH_v2"},
+		{&d.cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"}, {&d.cuMemAllocHost, "cuMemAllocHost_v2"},
+		{&d.cuMemFreeHost, "cuMemFreeHost"},
 		{&d.cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2"}, {&d.cuMemsetD32Async, "cuMemsetD32Async"},
 		{&d.cuLaunchKernel, "cuLaunchKernel"}, {&d.cuStreamCreate, "cuStreamCreate"},
 		{&d.cuStreamDestroy, "cuStreamDestroy_v2"}, {&d.cuStreamSynchronize, "cuStreamSynchronize"},

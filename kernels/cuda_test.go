@@ -325,6 +325,79 @@ func TestSampleToken(t *testing.T) {
 	}
 }
 
+// TestSampleTokenTo holds the pipelined sampler to SampleToken: picks
+// queued into a device word, several in flight before their ids are read,
+// and the row of each pick gathered from that word by EmbedToken (queued
+// after the pick, before the next one overwrites it) equal to Embed's.
+func TestSampleTokenTo(t *testing.T) {
+	g, c := newGPU(t), cpu.New(0)
+	rng := rand.New(rand.NewPCG(21, 22))
+	const vocab, width = 1000, 64
+	h := hostWeight(rng, backend.BF16, vocab, width)
+	h.Bias = nil
+	wc, _ := c.Upload(h)
+	wg, _ := g.Upload(h)
+	held := g.NewBuffer(1)
+	type pick struct {
+		p    backend.PendingToken
+		want int
+		row  backend.Buffer
+	}
+	var picks []pick
+	for i := range 12 {
+		l := randn(rng, vocab)
+		temp, k := float32(0), 0
+		if i%2 == 1 {
+			temp, k = 0.9, 40
+		}
+		u := rng.Float64()
+		want, err := cpu.SampleToken(l, temp, k, u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := g.SampleTokenTo(held, toGPU(g, l), temp, k, u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		row := g.NewBuffer(width)
+		g.EmbedToken(row, wg, held)
+		picks = append(picks, pick{p, want, row})
+	}
+	for i, p := range picks {
+		got, err := p.p.Wait()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != p.want {
+			t.Errorf("pick %d: %d, want %d", i, got, p.want)
+		}
+		want := make(cpu.Buffer, width)
+		c.Embed(want, wc, []int32{int32(p.want)})
+		if e := relErr(fromGPU(t, g, p.row), want); e > 1e-7 {
+			t.Errorf("pick %d: the embedded row of the held token is off by %.3g", i, e)
+		}
+	}
+	// A pick whose slot later picks reused is an error, not a wrong id.
+	first, err := g.SampleTokenTo(held, toGPU(g, []float32{1, 2}), 0, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range sampleSlots {
+		if _, err := g.SampleTokenTo(held, toGPU(g, []float32{1, 2}), 0, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := first.Wait(); err == nil {
+		t.Error("a pick overwritten in its slot was read")
+	}
+	if _, err := g.SampleTokenTo(g.NewBuffer(2), toGPU(g, []float32{1, 2}), 0, 0, 0); err == nil {
+		t.Error("a pick into a buffer of 2 elements accepted")
+	}
+	if err := g.Sync(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestFreeWhileQueued drops a buffer right after queueing a copy from it and
 // lets the collector run its cleanup before the queue launches: the memory
 // must stay allocated (and not be handed to a new buffer) until then.

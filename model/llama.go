@@ -132,7 +132,8 @@ func (m *Llama) grow(s *llamaState, n int) {
 
 // forward runs the decoder over tokens and returns the logits on the backend:
 // every token's when all is set, else the last one's.
-func (m *Llama) forward(ctx context.Context, st State, tokens []int32, all bool) (backend.Buffer, error) {
+// embed, when not nil, fills x in place of the gather of tokens' rows.
+func (m *Llama) forward(ctx context.Context, st State, tokens []int32, embed func(x backend.Buffer), all bool) (backend.Buffer, error) {
 	s, ok := st.(*llamaState)
 	if !ok {
 		return nil, fmt.Errorf("model: state of type %T is not a %s state", st, m.cfg.ModelType)
@@ -149,7 +150,11 @@ func (m *Llama) forward(ctx context.Context, st State, tokens []int32, all bool)
 	k, v := view(s.k, c.NumKVHeads*c.HeadDim), view(s.v, c.NumKVHeads*c.HeadDim)
 	gate, up := view(s.gate, c.IntermediateSize), view(s.up, c.IntermediateSize)
 
-	b.Embed(x, m.Embed, tokens)
+	if embed != nil {
+		embed(x)
+	} else {
+		b.Embed(x, m.Embed, tokens)
+	}
 	for l := range m.Blocks {
 		if err := ctx.Err(); err != nil {
 			s.cache.Truncate(pos0)
@@ -187,12 +192,23 @@ func (m *Llama) forward(ctx context.Context, st State, tokens []int32, all bool)
 
 // Forward runs the decoder over tokens and reads the logits back.
 func (m *Llama) Forward(ctx context.Context, st State, tokens []int32, all bool) ([]float32, error) {
-	logits, err := m.forward(ctx, st, tokens, all)
+	logits, err := m.forward(ctx, st, tokens, nil, all)
 	return hostLogits(m.b, logits, err)
 }
 
 // ForwardDevice runs the decoder over tokens and leaves the last token's
 // logits on the backend (valid until the next call with st).
 func (m *Llama) ForwardDevice(ctx context.Context, st State, tokens []int32) (backend.Buffer, error) {
-	return m.forward(ctx, st, tokens, false)
+	return m.forward(ctx, st, tokens, nil, false)
+}
+
+// ForwardSampled runs the token whose id src holds on the backend (see
+// SampledForwarder) and leaves its logits there.
+func (m *Llama) ForwardSampled(ctx context.Context, st State, src backend.Buffer) (backend.Buffer, error) {
+	tp, ok := m.b.(backend.TokenPipeliner)
+	if !ok {
+		return nil, fmt.Errorf("model: backend %s cannot run a token it holds", m.b.Name())
+	}
+	// Token 0 stands for the held one in the checks; EmbedToken reads src.
+	return m.forward(ctx, st, []int32{0}, func(x backend.Buffer) { tp.EmbedToken(x, m.Embed, src) }, false)
 }

@@ -31,6 +31,16 @@ type DeviceForwarder interface {
 	ForwardDevice(ctx context.Context, st State, tokens []int32) (backend.Buffer, error)
 }
 
+// SampledForwarder is implemented by models that can run a token the backend
+// picked and kept on the device (backend.TokenPipeliner) before its id has
+// reached the host, so that the round trip overlaps the step.
+type SampledForwarder interface {
+	DeviceForwarder
+	// ForwardSampled is ForwardDevice for the one token whose id src holds
+	// (written by SampleTokenTo, earlier in the backend's queue).
+	ForwardSampled(ctx context.Context, st State, src backend.Buffer) (backend.Buffer, error)
+}
+
 // hostLogits is the end of a model's Forward: the pass's logits, read back
 // to the host, or the pass's error.
 func hostLogits(b backend.Backend, logits backend.Buffer, err error) ([]float32, error) {

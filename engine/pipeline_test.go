@@ -1,0 +1,154 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"math"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/backend/cpu"
+	"github.com/manifoldlm/manifold/internal/golden"
+	"github.com/manifoldlm/manifold/model"
+)
+
+// heldCPU is the CPU backend with backend.TokenPipeliner's calls done on the
+// host (the id kept in a buffer as its bits), so that the engine's pipelined
+// generation runs without a GPU.
+type heldCPU struct {
+	*cpu.Backend
+	held *int // EmbedToken calls: runs of held tokens
+}
+
+type heldPick int
+
+func (p heldPick) Wait() (int, error) { return int(p), nil }
+
+func (h heldCPU) SampleToken(logits backend.Buffer, temperature float32, topK int, u float64) (int, error) {
+	return cpu.SampleToken(logits.(cpu.Buffer), temperature, topK, u)
+}
+
+func (h heldCPU) SampleTokenTo(dst, logits backend.Buffer, temperature float32, topK int, u float64) (backend.PendingToken, error) {
+	id, err := h.SampleToken(logits, temperature, topK, u)
+	if err != nil {
+		return nil, err
+	}
+	dst.(cpu.Buffer)[0] = math.Float32frombits(uint32(id))
+	return heldPick(id), nil
+}
+
+func (h heldCPU) EmbedToken(dst backend.Buffer, table backend.Weight, src backend.Buffer) {
+	*h.held++
+	h.Embed(dst, table, []int32{int32(math.Float32bits(src.(cpu.Buffer)[0]))})
+}
+
+// TestPipelinedGenerateCPU runs checkPipelined on heldCPU.
+func TestPipelinedGenerateCPU(t *testing.T) {
+	for _, arch := range []string{"llama", "qwen3"} {
+		m, err := Load(filepath.Join(golden.Dir(t), arch), Options{Device: "cpu"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hb := heldCPU{cpu.New(1), new(int)}
+		net, err := model.New(hb, m.cfg, m.ck)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.backend, m.net = hb, net
+		checkPipelined(t, m, arch)
+		if *hb.held < 20 {
+			t.Errorf("%s: %d tokens ran ahead", arch, *hb.held)
+		}
+		m.Close()
+	}
+}
+
+// checkPipelined compares Generate with each pick's run queued before its id
+// is read back (the default where the backend keeps picks) against the same
+// with that off: the same tokens, and the same session afterwards (its
+// tokens, a cache holding exactly them, the tokens a continuation
+// generates) after generation stops at a count, at a stop token, at a stream
+// error, at cancellation and at the end of the context.
+func checkPipelined(t *testing.T, m *Model, arch string) {
+	t.Helper()
+	if _, ok := m.backend.(backend.TokenPipeliner); !ok {
+		t.Fatalf("%s: backend %s keeps no picks", arch, m.backend.Name())
+	}
+	ctx := context.Background()
+	ref := golden.Load(t, filepath.Join(golden.Dir(t), arch))
+	prompt := ints(ref.InputIDs[:min(12, len(ref.InputIDs))])
+	for _, o := range []SamplingOptions{{}, {Temperature: 0.9, TopK: 50, Seed: 3}} {
+		var sess [2]*Session
+		for i := range sess {
+			var err error
+			if sess[i], err = m.NewSession(len(prompt) + 40); err != nil {
+				t.Fatal(err)
+			}
+			sess[i].noAhead = i == 1
+		}
+		// run does the same on the session with and without pipelining.
+		// stream, when not nil, is made for each session with a cancel of the
+		// context that session's Generate gets.
+		run := func(what string, p []int, opts GenerateOptions, stream func(cancel func()) func(Token) error) []int {
+			t.Helper()
+			var toks [2][]int
+			var errs [2]error
+			for i, s := range sess {
+				ctx, cancel := context.WithCancel(ctx)
+				var f func(Token) error
+				if stream != nil {
+					f = stream(cancel)
+				}
+				res, err := s.Generate(ctx, p, opts, f)
+				cancel()
+				if res != nil {
+					toks[i] = res.Tokens
+				}
+				errs[i] = err
+				// The cache may lack the last token kept (run by the next call).
+				if n := s.st.Len(); n != s.Len() && n != s.Len()-1 {
+					t.Errorf("%s %s %+v (ahead %v): the cache holds %d positions, the session %d tokens", arch, what, o, i == 0, n, s.Len())
+				}
+			}
+			if !slices.Equal(toks[0], toks[1]) || (errs[0] == nil) != (errs[1] == nil) || !slices.Equal(sess[0].Tokens(), sess[1].Tokens()) {
+				t.Errorf("%s %s %+v: pipelined %v (%v, %d in session), not %v (%v, %d)", arch, what, o,
+					toks[0], errs[0], sess[0].Len(), toks[1], errs[1], sess[1].Len())
+			}
+			return toks[0]
+		}
+		opts := func(n int, stops ...int) GenerateOptions {
+			return GenerateOptions{MaxTokens: n, StopTokens: append([]int{}, stops...), Sampling: o}
+		}
+		toks := run("max tokens", prompt, opts(6), nil)
+		run("continued", nil, opts(5), nil)
+		if len(toks) > 2 {
+			run("stop token", nil, opts(8, toks[2]), nil)
+		}
+		run("stream error", nil, opts(8), func(func()) func(Token) error {
+			return func(tok Token) error {
+				if tok.Index == 2 {
+					return errors.New("stop")
+				}
+				return nil
+			}
+		})
+		run("cancelled", nil, opts(8), func(cancel func()) func(Token) error {
+			return func(tok Token) error {
+				if tok.Index == 1 {
+					cancel()
+				}
+				return nil
+			}
+		})
+		run("one token", nil, opts(1), nil)
+		run("continued", nil, opts(4), nil)
+		run("context full", nil, opts(0), nil)
+		for i, s := range sess {
+			if s.Len() != s.ContextLength() {
+				t.Errorf("%s %+v (ahead %v): %d tokens in a context of %d after filling it", arch, o, i == 0, s.Len(), s.ContextLength())
+			}
+		}
+	}
+}
