@@ -102,23 +102,36 @@ type pendingToken struct {
 	seq uint64
 }
 
-// Wait waits for the pick's event and reads its slot.
+// Wait waits for the pick's event and reads its slot. The lock is not held
+// while waiting, so other sessions' picks go on meanwhile.
 func (p *pendingToken) Wait() (int, error) {
 	b := p.b
-	b.sampleMu.Lock()
-	defer b.sampleMu.Unlock()
-	if b.sample.picks-p.seq > sampleSlots {
-		return 0, fmt.Errorf("kernels: sampled token %d was overwritten by %d later picks before it was read", p.seq, b.sample.picks-p.seq-1)
-	}
 	slot := int(p.seq % sampleSlots)
-	var err error
+	overwritten := func() error {
+		if n := b.sample.picks - p.seq; n > sampleSlots {
+			return fmt.Errorf("kernels: sampled token %d was overwritten by %d later picks before it was read", p.seq, n-1)
+		}
+		return nil
+	}
+	b.sampleMu.Lock()
+	err := overwritten()
+	ev := b.sample.events[slot]
+	b.sampleMu.Unlock()
+	if err != nil {
+		return 0, err
+	}
 	b.d.onContext(b.ctx, func() { // not b.onContext: what is queued after the pick may stay queued
-		err = b.d.check("cuEventSynchronize", b.d.cuEventSynchronize(b.sample.events[slot]))
+		err = b.d.check("cuEventSynchronize", b.d.cuEventSynchronize(ev))
 	})
 	if err == nil {
 		err = b.takeErr()
 	}
 	if err != nil {
+		return 0, err
+	}
+	b.sampleMu.Lock()
+	defer b.sampleMu.Unlock()
+	if err := overwritten(); err != nil { // a later pick took the slot while this one waited
 		return 0, err
 	}
 	return int(*(*int32)(unsafe.Add(b.sample.host, 4*slot))), nil
