@@ -7,7 +7,9 @@ import (
 	"testing"
 
 	"github.com/manifoldlm/manifold/internal/golden"
+	"github.com/manifoldlm/manifold/layers/dsa/htree"
 	"github.com/manifoldlm/manifold/kernels"
+	"github.com/manifoldlm/manifold/model"
 )
 
 // TestDeviceSamplingMatchesHost generates on the GPU, where greedy and top-k
@@ -54,17 +56,20 @@ func TestDeviceSamplingMatchesHost(t *testing.T) {
 }
 
 // TestPipelinedGenerate runs checkPipelined on the GPU, where the picks
-// stay on the device (kernels.Backend.SampleTokenTo).
+// stay on the device (kernels.Backend.SampleTokenTo), with dense and htree
+// attention.
 func TestPipelinedGenerate(t *testing.T) {
 	if !kernels.Available() {
 		t.Skip("no CUDA driver or GPU")
 	}
 	for _, arch := range []string{"llama", "qwen3"} {
-		m, err := Load(filepath.Join(golden.Dir(t), arch), Options{Device: "cuda"})
-		if err != nil {
-			t.Fatal(err)
+		for _, att := range []model.AttentionOptions{{}, {Kind: "htree", HTree: htree.Options{Rate: 2, TopK: 1, TopCandidates: 2}}} {
+			m, err := Load(filepath.Join(golden.Dir(t), arch), Options{Device: "cuda", Attention: att})
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkPipelined(t, m, arch)
+			m.Close()
 		}
-		checkPipelined(t, m, arch)
-		m.Close()
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/backend/cpu"
 	"github.com/manifoldlm/manifold/internal/golden"
+	"github.com/manifoldlm/manifold/layers/dsa/htree"
 	"github.com/manifoldlm/manifold/model"
 )
 
@@ -44,24 +45,31 @@ func (h heldCPU) EmbedToken(dst backend.Buffer, table backend.Weight, src backen
 	h.Embed(dst, table, []int32{int32(math.Float32bits(src.(cpu.Buffer)[0]))})
 }
 
-// TestPipelinedGenerateCPU runs checkPipelined on heldCPU.
+// TestPipelinedGenerateCPU runs checkPipelined on heldCPU, with dense
+// attention and with an htree coarse enough to select (so that a cache
+// left wrong by a dropped run would show).
 func TestPipelinedGenerateCPU(t *testing.T) {
 	for _, arch := range []string{"llama", "qwen3"} {
-		m, err := Load(filepath.Join(golden.Dir(t), arch), Options{Device: "cpu"})
-		if err != nil {
-			t.Fatal(err)
+		for _, att := range []model.AttentionOptions{{}, {Kind: "htree", HTree: htree.Options{Rate: 2, TopK: 1, TopCandidates: 2}}} {
+			m, err := Load(filepath.Join(golden.Dir(t), arch), Options{Device: "cpu"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			hb := heldCPU{cpu.New(1), new(int)}
+			net, err := model.New(hb, m.cfg, m.ck)
+			if err == nil {
+				err = model.SetAttention(net, att)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.backend, m.net = hb, net
+			checkPipelined(t, m, arch)
+			if *hb.held < 20 {
+				t.Errorf("%s %+v: %d tokens ran ahead", arch, att, *hb.held)
+			}
+			m.Close()
 		}
-		hb := heldCPU{cpu.New(1), new(int)}
-		net, err := model.New(hb, m.cfg, m.ck)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m.backend, m.net = hb, net
-		checkPipelined(t, m, arch)
-		if *hb.held < 20 {
-			t.Errorf("%s: %d tokens ran ahead", arch, *hb.held)
-		}
-		m.Close()
 	}
 }
 
