@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"github.com/manifoldlm/manifold/internal/golden"
-	"github.com/manifoldlm/manifold/layers/dsa/htree"
 	"github.com/manifoldlm/manifold/kernels"
+	"github.com/manifoldlm/manifold/layers/dsa/htree"
 	"github.com/manifoldlm/manifold/model"
 )
 
