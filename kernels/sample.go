@@ -93,6 +93,7 @@ func (b *Backend) SampleTokenTo(dst, logits backend.Buffer, temperature float32,
 		b.setErr(b.d.check("cuEventRecord", b.d.cuEventRecord(b.sample.events[slot], b.stream)))
 	})
 	runtime.KeepAlive(logits)
+	runtime.KeepAlive(dst)
 	return p, nil
 }
 
