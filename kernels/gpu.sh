@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GPU tests and benchmarks in two steps, because this machine has no GPU:
-#   kernels/gpu.sh prepare   here: builds static test binaries into .device/ and
-#                            copies the fixtures ($MANIFOLD_GOLDEN_DIR) beside them
+#   kernels/gpu.sh prepare   here: builds static test binaries into .device/ (stripped
+#                            and gzip'd) and copies the fixtures ($MANIFOLD_GOLDEN_DIR,
+#                            without its tokenizers) beside them: under the device
+#                            tool's 64 MiB carry
 #   kernels/gpu.sh run       on the device machine (device tool: carry .device):
 #                            runs every GPU test, then the benchmarks, logs to $OUT
 # .device/ is git-ignored.
@@ -11,14 +13,19 @@ case "${1:-}" in
 prepare)
   rm -rf .device && mkdir -p .device
   cp -r "${MANIFOLD_GOLDEN_DIR:-../shared/golden}" .device/golden && chmod -R u+w .device/golden
+  rm -rf .device/golden/tokenizers # 21 MB; the tests that need them skip themselves
   for pkg in kernels engine; do
-    CGO_ENABLED=0 go test -c -o ".device/$pkg.test" "./$pkg"
+    CGO_ENABLED=0 go test -c -ldflags='-s -w' -o ".device/$pkg.test" "./$pkg"
+    gzip -f ".device/$pkg.test"
   done
   du -sh .device
   ;;
 run)
   out="${OUT:-/tmp/gpu-out}"; mkdir -p "$out"
   export MANIFOLD_GOLDEN_DIR="$PWD/.device/golden"
+  for pkg in kernels engine; do
+    [ -f ".device/$pkg.test.gz" ] && gunzip -kf ".device/$pkg.test.gz" && chmod +x ".device/$pkg.test"
+  done
   if [ "${REBUILD:-}" = 1 ]; then
     # Kernel development: build the image here and run the binaries with it.
     kernels/build.sh && cp kernels/manifold.fatbin kernels/manifold.fatbin.sum "$out/"
