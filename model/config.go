@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -149,6 +150,9 @@ func ParseConfig(path string, data []byte) (*Config, error) {
 	}
 	if r.RMSNormEps != nil {
 		c.RMSNormEps = float32(*r.RMSNormEps)
+		if !(c.RMSNormEps >= 0) || math.IsInf(float64(c.RMSNormEps), 0) {
+			return nil, configErr(path, "rms_norm_eps", "must be a finite number >= 0, got %g", *r.RMSNormEps)
+		}
 	}
 	if r.TieWordEmbeddings != nil {
 		c.TieWordEmbeddings = *r.TieWordEmbeddings

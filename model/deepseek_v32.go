@@ -284,7 +284,7 @@ func loadMLP(b backend.Backend, l *Loader, prefix string, width, hidden int) (*v
 func (m *DeepseekV32) loadMoE(l *Loader, prefix string) (*v32MoE, error) {
 	v, H := &m.v, m.cfg.HiddenSize
 	E, I := v.NRoutedExperts, v.MoEIntermediateSize
-	moe := &v32MoE{Experts: make([]v32MLP, E)}
+	moe := &v32MoE{}
 	moe.route = layers.GroupRouteArgs{Experts: E, K: v.NumExpertsPerTok, Groups: v.NGroup, TopKGroups: v.TopKGroup,
 		Normalize: v.NormTopKProb, Scale: float32(v.RoutedScalingFactor)}
 	var err error
@@ -294,6 +294,7 @@ func (m *DeepseekV32) loadMoE(l *Loader, prefix string) (*v32MoE, error) {
 	if moe.Bias, err = l.Float32(prefix+"gate.e_score_correction_bias", E); err != nil {
 		return nil, err
 	}
+	moe.Experts = make([]v32MLP, E) // E is the router's row count now
 	if l.Has(prefix + "experts.gate_up_proj") {
 		gu, down := prefix+"experts.gate_up_proj", prefix+"experts.down_proj"
 		for e := range moe.Experts {

@@ -76,6 +76,10 @@ func TestLoadErrors(t *testing.T) {
 			[]string{"model.layers.2.", weights.ErrMissingTensor.Error()}},
 		{"unsupported activation", func(t *testing.T, d string) { editConfig(t, d, "hidden_act", "gelu") },
 			[]string{`"hidden_act"`, "gelu"}},
+		{"negative norm epsilon", func(t *testing.T, d string) { editConfig(t, d, "rms_norm_eps", -1e-5) },
+			[]string{`"rms_norm_eps"`, "config.json"}},
+		{"more layers than tensors", func(t *testing.T, d string) { editConfig(t, d, "num_hidden_layers", 1_000_000_000) },
+			[]string{`"num_hidden_layers"`, "config.json", "tensors"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := tinyModel(t)

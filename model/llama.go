@@ -68,7 +68,8 @@ func loadLlama(b backend.Backend, cfg *Config, l *Loader, qkNorm bool) (*Llama, 
 			return nil, err
 		}
 		if qkNorm && (blk.QNorm == nil || blk.KNorm == nil) {
-			return nil, fmt.Errorf("model: %s: layer %d lacks self_attn.q_norm/k_norm weights", cfg.ModelType, i)
+			return nil, fmt.Errorf("model: %s: %s: layer %d lacks self_attn.q_norm/k_norm weights (model.layers.%d.self_attn.q_norm.weight)",
+				l.Checkpoint().Dir(), cfg.ModelType, i, i)
 		}
 		s := layers.AttentionShape{Heads: cfg.NumHeads, KVHeads: cfg.NumKVHeads, HeadDim: cfg.HeadDim,
 			Scale: float32(1 / math.Sqrt(float64(cfg.HeadDim)))}

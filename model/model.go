@@ -89,6 +89,12 @@ func New(b backend.Backend, cfg *Config, ck *weights.Checkpoint) (Model, error) 
 	if _, err := nvfp4ckpt.ReadConfig(ck.Dir()); err != nil {
 		return nil, err
 	}
+	// Every layer has tensors of its own: a layer count past the checkpoint's
+	// tensor count is a config error here, before anything is sized by it.
+	if n := len(ck.Names()); cfg.NumLayers > n {
+		return nil, configErr(cfg.Path, "num_hidden_layers", "%d layers, but checkpoint %s holds only %d tensors",
+			cfg.NumLayers, ck.Dir(), n)
+	}
 	return ctor(b, cfg, NewLoader(b, ck))
 }
 

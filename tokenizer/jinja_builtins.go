@@ -73,6 +73,7 @@ func init() {
 			switch ind := argN(a, kw, 1, "indent", nil).(type) {
 			case nil:
 			case int:
+				checkLen("tojson indent", ind)
 				o.indent, o.hasIndent, o.itemSep = strings.Repeat(" ", max(ind, 0)), true, ","
 			case string:
 				o.indent, o.hasIndent, o.itemSep = ind, true, ","
@@ -148,7 +149,7 @@ func init() {
 				}
 				parts = append(parts, pyStr(x))
 			}
-			return strings.Join(parts, sep)
+			return joinChecked(parts, sep)
 		},
 		"default": filterDefault,
 		"d":       filterDefault,
@@ -159,7 +160,7 @@ func init() {
 			if c := argN(a, kw, 3, "count", nil); c != nil {
 				n = toInt(c, "replace count")
 			}
-			return strings.Replace(s, old, nw, n)
+			return replaceChecked(s, old, nw, n)
 		},
 		"int": func(_ *jeval, a []jvalue, kw map[string]jvalue) jvalue {
 			switch x := a[0].(type) {
@@ -238,11 +239,14 @@ func init() {
 			if ws, ok := w.(string); ok {
 				pad = ws
 			} else {
-				pad = strings.Repeat(" ", toInt(w, "indent width"))
+				n := toInt(w, "indent width")
+				checkLen("indent", n)
+				pad = strings.Repeat(" ", n)
 			}
 			first := truthy(argN(a, kw, 2, "first", false))
 			blank := truthy(argN(a, kw, 3, "blank", false))
 			lines := strings.Split(s, "\n")
+			checkLen("indent", len(s)+repeatLen(len(pad), len(lines)))
 			for i := range lines {
 				if i == 0 && !first || !blank && strings.TrimSpace(lines[i]) == "" && i > 0 {
 					continue
@@ -627,7 +631,7 @@ func strMethod(s, name string) jvalue {
 			if len(a) > 2 {
 				n = toInt(a[2], "replace count")
 			}
-			return strings.Replace(s, wantStr(a[0], "replace"), wantStr(a[1], "replace"), n)
+			return replaceChecked(s, wantStr(a[0], "replace"), wantStr(a[1], "replace"), n)
 		})
 	case "find", "count", "index":
 		return method(func(a []jvalue, _ map[string]jvalue) jvalue {
@@ -657,7 +661,7 @@ func strMethod(s, name string) jvalue {
 			for _, x := range iterate(a[0]) {
 				parts = append(parts, wantStr(x, "join item"))
 			}
-			return strings.Join(parts, s)
+			return joinChecked(parts, s)
 		})
 	case "isspace", "isdigit", "isalpha", "isalnum", "isupper", "islower":
 		return method(func([]jvalue, map[string]jvalue) jvalue {

@@ -72,7 +72,14 @@ type jeval struct {
 	out   *strings.Builder
 	scope *jscope
 	steps int
+	calls int // macro calls under way
+	depth int // eval calls under way
 }
+
+// maxCalls bounds nested macro calls, as Python's recursion limit bounds
+// Jinja2's: a template calling itself for ever gets an error, not a stack
+// overflow of the program rendering it.
+const maxCalls = 1000
 
 type loopSignal int
 
@@ -84,6 +91,70 @@ const (
 
 // maxSteps bounds template work so a template cannot loop for ever.
 const maxSteps = 10_000_000
+
+// maxLen bounds a string (bytes) or list (items) that a template makes, and
+// maxOutput what it renders, so that a template cannot exhaust memory
+// ('x' * 10**12, a string doubled in a loop): far past any prompt's size.
+const (
+	maxLen    = 1 << 24
+	maxOutput = 1 << 26
+)
+
+// checkLen fails when an operation would make a value of n bytes or items.
+func checkLen(what string, n int) {
+	if n < 0 || n > maxLen {
+		jfail("%s would make a value of %d bytes or items (at most %d)", what, n, maxLen)
+	}
+}
+
+// repeatLen is the length of n copies of something k long, for checkLen.
+func repeatLen(k, n int) int {
+	if n <= 0 || k == 0 {
+		return 0
+	}
+	if k > maxLen/n {
+		return maxLen + 1
+	}
+	return k * n
+}
+
+// write appends s to the output.
+func (e *jeval) write(s string) {
+	if e.out.Len()+len(s) > maxOutput {
+		jfail("the rendered text would exceed %d bytes", maxOutput)
+	}
+	e.out.WriteString(s)
+}
+
+// replaceChecked is strings.Replace after checking the result's size.
+func replaceChecked(s, old, nw string, n int) string {
+	c := 0
+	if len(old) == 0 {
+		c = utf8.RuneCountInString(s) + 1
+	} else if len(nw) > len(old) {
+		c = strings.Count(s, old)
+	}
+	if n >= 0 && c > n {
+		c = n
+	}
+	if len(nw) > len(old) {
+		checkLen("replace", len(s)+repeatLen(len(nw)-len(old), c))
+	}
+	return strings.Replace(s, old, nw, n)
+}
+
+// joinChecked is strings.Join after checking the result's size.
+func joinChecked(parts []string, sep string) string {
+	n := repeatLen(len(sep), len(parts)-1)
+	for _, p := range parts {
+		n += len(p)
+		if n > maxLen {
+			break
+		}
+	}
+	checkLen("join", n)
+	return strings.Join(parts, sep)
+}
 
 // renderJinja renders parsed nodes with the given variables.
 func renderJinja(nodes []jnode, vars map[string]jvalue) (out string, err error) {
@@ -132,9 +203,9 @@ func (e *jeval) exec(n jnode) loopSignal {
 	}
 	switch n := n.(type) {
 	case jTextNode:
-		e.out.WriteString(n.text)
+		e.write(n.text)
 	case jOutput:
-		e.out.WriteString(pyStr(e.eval(n.e)))
+		e.write(pyStr(e.eval(n.e)))
 	case jIf:
 		for i, c := range n.conds {
 			if truthy(e.eval(c)) {
@@ -205,10 +276,15 @@ func (e *jeval) macro(m jMacroNode) jFunc {
 				jfail("macro %s: unexpected keyword argument %q", m.name, k)
 			}
 		}
+		if c.calls >= maxCalls {
+			jfail("macro %s: more than %d nested macro calls", m.name, maxCalls)
+		}
 		savedScope, savedOut := c.scope, c.out
 		var sb strings.Builder
 		c.scope, c.out = sc, &sb
+		c.calls++
 		c.execBody(m.body)
+		c.calls--
 		c.scope, c.out = savedScope, savedOut
 		return sb.String()
 	}
@@ -265,7 +341,19 @@ func (e *jeval) execFor(n jFor) loopSignal {
 
 // ---- Expressions ----
 
+// eval evaluates an expression; its recursion depth is bounded by
+// maxNesting, so that a deep expression gets an error, not a stack overflow.
 func (e *jeval) eval(x jexpr) jvalue {
+	e.depth++
+	if e.depth > maxNesting {
+		jfail("expression nested more than %d deep", maxNesting)
+	}
+	v := e.evalExpr(x)
+	e.depth--
+	return v
+}
+
+func (e *jeval) evalExpr(x jexpr) jvalue {
 	switch x := x.(type) {
 	case jLit:
 		return x.v
@@ -848,7 +936,9 @@ func binary(op string, a, b jvalue) jvalue {
 	case "not in":
 		return !contains(b, a)
 	case "~":
-		return pyStr(a) + pyStr(b)
+		x, y := pyStr(a), pyStr(b)
+		checkLen("~", len(x)+len(y))
+		return x + y
 	}
 	if u, ok := a.(jUndefined); ok {
 		jfail("%q is undefined (operand of %s)", u.name, op)
@@ -930,29 +1020,38 @@ func binary(op string, a, b jvalue) jvalue {
 	case "+":
 		if x, ok := a.(string); ok {
 			if y, ok := b.(string); ok {
+				checkLen("+", len(x)+len(y))
 				return x + y
 			}
 		}
 		if x, ok := a.([]jvalue); ok {
 			if y, ok := b.([]jvalue); ok {
+				checkLen("+", len(x)+len(y))
 				return append(append([]jvalue{}, x...), y...)
 			}
 		}
 		if x, ok := a.(jTupleV); ok {
 			if y, ok := b.(jTupleV); ok {
+				checkLen("+", len(x)+len(y))
 				return append(append(jTupleV{}, x...), y...)
 			}
 		}
 	case "*":
 		if s, ok := a.(string); ok && isIntLike(b) {
-			return strings.Repeat(s, max(0, toInt(b, "")))
+			n := max(0, toInt(b, ""))
+			checkLen("*", repeatLen(len(s), n))
+			return strings.Repeat(s, n)
 		}
 		if s, ok := b.(string); ok && isIntLike(a) {
-			return strings.Repeat(s, max(0, toInt(a, "")))
+			n := max(0, toInt(a, ""))
+			checkLen("*", repeatLen(len(s), n))
+			return strings.Repeat(s, n)
 		}
 		if l, ok := a.([]jvalue); ok && isIntLike(b) {
+			n := max(0, toInt(b, ""))
+			checkLen("*", repeatLen(len(l), n))
 			var out []jvalue
-			for range max(0, toInt(b, "")) {
+			for range n {
 				out = append(out, l...)
 			}
 			return out
@@ -1138,6 +1237,7 @@ func toJSON(sb *strings.Builder, v jvalue, o *jsonOpts, depth int) {
 	nl := func(d int) {
 		if o.hasIndent {
 			sb.WriteByte('\n')
+			checkLen("tojson", sb.Len()+repeatLen(len(o.indent), d))
 			sb.WriteString(strings.Repeat(o.indent, d))
 		}
 	}

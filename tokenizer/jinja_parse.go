@@ -103,9 +103,23 @@ type jkwarg struct {
 // ---- Parser ----
 
 type jparser struct {
-	toks []jtok
-	i    int
+	toks  []jtok
+	i     int
+	depth int // nested parse calls under way
 }
+
+// maxNesting bounds how deep tags and expressions nest (parsing) and how deep
+// evaluation recurses: far past any real template, and well inside the
+// goroutine stack a deeper one would overflow (which no recover catches).
+const maxNesting = 2000
+
+// enter counts a nested parse call; leave undoes it.
+func (p *jparser) enter() {
+	if p.depth++; p.depth > maxNesting {
+		p.fail("nested more than %d deep", maxNesting)
+	}
+}
+func (p *jparser) leave() { p.depth-- }
 
 type jSyntaxError struct {
 	pos int
@@ -218,6 +232,8 @@ func (p *jparser) parseBody(stop ...string) ([]jnode, string) {
 func (p *jparser) endTag() { p.expectKind(jBlockEnd, "%}") }
 
 func (p *jparser) parseTag(t jtok) jnode {
+	p.enter()
+	defer p.leave()
 	switch t.val {
 	case "if":
 		n := jIf{}
@@ -330,6 +346,8 @@ func (p *jparser) parseTag(t jtok) jnode {
 
 // parseExpr parses a full expression, including "a if c else b".
 func (p *jparser) parseExpr() jexpr {
+	p.enter()
+	defer p.leave()
 	e := p.parseOr()
 	for p.isName("if") {
 		p.i++
@@ -367,6 +385,8 @@ func (p *jparser) parseAnd() jexpr {
 }
 
 func (p *jparser) parseNot() jexpr {
+	p.enter()
+	defer p.leave()
 	if p.isName("not") {
 		p.i++
 		return jUnary{"not", p.parseNot()}
@@ -447,6 +467,8 @@ func (p *jparser) parsePow() jexpr {
 // Jinja2, filters apply to the whole unary expression ("-x|abs" is
 // "(-x)|abs").
 func (p *jparser) parseUnary(withFilters bool) jexpr {
+	p.enter()
+	defer p.leave()
 	var e jexpr
 	if p.isOp("-") || p.isOp("+") {
 		t := p.next()
