@@ -56,6 +56,9 @@ func MLASoftmaxScale(qkDim int, p RoPEParams) (float32, error) {
 		}
 		scale *= m * m
 	}
+	if !finite(float64(float32(scale))) {
+		return 0, fmt.Errorf("mla: softmax scale %g (mscale_all_dim %g, factor %g) is not a finite float32", scale, p.MscaleAllDim, p.Factor)
+	}
 	return float32(scale), nil
 }
 

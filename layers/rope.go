@@ -125,6 +125,15 @@ func yarn(r *RoPE, p RoPEParams, dim int) error {
 		return float64(dim) * math.Log(p.OriginalMaxPositions/(rot*2*math.Pi)) / (2 * math.Log(p.Theta))
 	}
 	low, high := corr(betaFast), corr(betaSlow)
+	// transformers fails on these (a zero division or a math domain error);
+	// here they would turn every rotation into NaN.
+	if !finite(low) || !finite(high) {
+		return fmt.Errorf("rope: yarn correction range [%g, %g] is not finite (rope_theta %g must be > 1, beta_fast %g and beta_slow %g > 0)",
+			low, high, p.Theta, betaFast, betaSlow)
+	}
+	if !finite(float64(float32(att))) {
+		return fmt.Errorf("rope: yarn attention factor %g (from attention_factor, mscale, mscale_all_dim) is not a finite float32", att)
+	}
 	if p.Truncate == nil || *p.Truncate {
 		low, high = math.Floor(low), math.Ceil(high)
 	}
@@ -142,6 +151,9 @@ func yarn(r *RoPE, p RoPEParams, dim int) error {
 	r.Scale = float32(att)
 	return nil
 }
+
+// finite reports whether v is neither infinite nor NaN.
+func finite(v float64) bool { return !math.IsInf(v, 0) && !math.IsNaN(v) }
 
 // ApplyRoPE rotates, in place, the channels [off, off+r.Dim()) of every
 // vector of x. x holds rows of heads vectors of stride values; row i is at

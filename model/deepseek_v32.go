@@ -3,6 +3,7 @@ package model
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/manifoldlm/manifold/backend"
@@ -206,6 +207,9 @@ func checkV32Config(cfg *Config, v *v32Config) error {
 	}
 	if cfg.HiddenAct != "" && cfg.HiddenAct != "silu" {
 		return configErr(path, "hidden_act", "%q is not supported (silu only)", cfg.HiddenAct)
+	}
+	if !(math.Abs(v.RoutedScalingFactor) <= math.MaxFloat32) {
+		return configErr(path, "routed_scaling_factor", "must be a finite number, got %g", v.RoutedScalingFactor)
 	}
 	if cfg.NumKVHeads != cfg.NumHeads {
 		return configErr(path, "num_key_value_heads", "%d; MLA expands one latent into num_attention_heads = %d key heads, so they must be equal", cfg.NumKVHeads, cfg.NumHeads)

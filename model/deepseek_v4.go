@@ -363,6 +363,17 @@ type v4LayerState struct {
 	index   *v4Comp
 }
 
+// indexTopK is the number of compressed entries each CSA query keeps:
+// index_topk, or the state's capacity when that is smaller (no context it
+// holds has more entries; the selection is the same, and the index scratch
+// is not sized by an index_topk far past any context).
+func (s *v4State) indexTopK() int { return min(s.m.v.IndexTopK, s.cap) }
+
+// window is the sliding window: sliding_window, or the state's capacity
+// when that is smaller (every position it holds is then in the window, as
+// with the configured one, and the local buffers are not sized past it).
+func (s *v4State) window() int { return min(s.m.v.SlidingWindow, s.cap) }
+
 type v4State struct {
 	m    *DeepseekV4
 	cap  int
@@ -556,7 +567,7 @@ func (m *DeepseekV4) growState(s *v4State, n int) {
 		ls := &s.layers[i]
 		// Local rows: window tail (sliding_window-1), n new rows and as many
 		// again as the window (the slack the tail moves through).
-		rows := 2*v.SlidingWindow - 1 + n
+		rows := 2*s.window() - 1 + n
 		for j := range ls.local {
 			nb := b.NewBuffer(rows * hd)
 			if ls.local[j] != nil && j == ls.cur && ls.win > 0 {
@@ -605,7 +616,7 @@ func (m *DeepseekV4) growState(s *v4State, n int) {
 	if slices.Contains(v.LayerTypes, v4CSA) {
 		sc.iq = b.NewBuffer(n * v.IndexNHeads * v.IndexHeadDim)
 		sc.iw = b.NewBuffer(n * v.IndexNHeads)
-		sc.idx = b.NewBuffer(n * v.IndexTopK)
+		sc.idx = b.NewBuffer(n * s.indexTopK())
 	}
 	sc.router = b.NewBuffer(n * v.NRoutedExperts)
 	sc.xe = b.NewBuffer(n * D)
@@ -781,7 +792,7 @@ func (m *DeepseekV4) attention(s *v4State, l int, h backend.Buffer, n, pos0 int)
 	b.RoPE(q, n, H, hd, off, pos0, rope, false)
 	b.RoPE(kv, n, 1, hd, off, pos0, rope, false)
 
-	args := dsv4.AttnArgs{M: n, Heads: H, Dim: hd, Pos0: pos0, Lo: pos0 - ls.win, Window: v.SlidingWindow,
+	args := dsv4.AttnArgs{M: n, Heads: H, Dim: hd, Pos0: pos0, Lo: pos0 - ls.win, Window: s.window(),
 		Scale: float32(1 / math.Sqrt(float64(hd)))}
 	var comp, idx backend.Buffer
 	switch blk.kind {
@@ -793,15 +804,15 @@ func (m *DeepseekV4) attention(s *v4State, l int, h backend.Buffer, n, pos0 int)
 		m.compressPool(ls.comp, blk.Comp, n)
 		m.compressPool(ls.index, blk.Indexer.Comp, n)
 		comp = ls.comp.entries
-		args.Rate, args.Entries, args.TopK = blk.rate, ls.comp.count, v.IndexTopK
-		idx = b.View(sc.idx, 0, n*v.IndexTopK)
+		args.Rate, args.Entries, args.TopK = blk.rate, ls.comp.count, s.indexTopK()
+		idx = b.View(sc.idx, 0, n*s.indexTopK())
 		m.indexer(s, blk, ls.index, qres, iw, idx, n, pos0)
 	}
 	att := b.View(sc.att, 0, n*H*hd)
 	m.ops.V4Attention(att, q, local, comp, idx, blk.Attn.Sinks, args)
 
 	// Keep the last sliding_window-1 rows for the next call, where they are.
-	keep := min(v.SlidingWindow-1, ls.win+n)
+	keep := min(s.window()-1, ls.win+n)
 	ls.start, ls.win = ls.start+ls.win+n-keep, keep
 
 	// Undo the rotation on the output, then the grouped low-rank projection.
@@ -903,7 +914,7 @@ func (m *DeepseekV4) indexer(s *v4State, blk *v4Block, ic *v4Comp, qres, iw, idx
 	b.RoPE(iq, n, Hi, di, di-m.compRoPE.Dim(), pos0, m.compRoPE, false)
 	b.Scale(iw, iw, float32(math.Pow(float64(Hi), -0.5)))
 	m.ops.V4IndexTopK(idx, iq, ic.entries, iw, dsv4.IndexArgs{
-		M: n, Heads: Hi, Dim: di, Entries: ic.count, TopK: v.IndexTopK, Pos0: pos0, Rate: blk.rate,
+		M: n, Heads: Hi, Dim: di, Entries: ic.count, TopK: s.indexTopK(), Pos0: pos0, Rate: blk.rate,
 		Scale: float32(math.Pow(float64(di), -0.5)),
 	})
 }

@@ -11,6 +11,12 @@ import (
 	"github.com/manifoldlm/manifold/layers/mhc"
 )
 
+// maxSinkhornIters bounds hc_sinkhorn_iters: every token runs that many
+// normalizations per mixing matrix (DeepSeek-V4 uses 20, and the iteration
+// has converged long before 1000), so a larger count is a broken config, not
+// a slow model.
+const maxSinkhornIters = 1000
+
 // DeepSeek-V4's layer kinds (config layer_types and mlp_layer_types).
 const (
 	v4Sliding    = "sliding_attention"
@@ -201,11 +207,14 @@ func parseV4Config(cfg *Config) (*v4Config, error) {
 	if v.residual, err = mhc.ParseResidual(v.HCResidual); err != nil {
 		return nil, configErr(p, "hc_residual", "%v", err)
 	}
-	if v.HCSinkhornIters < 1 && v.residual == mhc.Sinkhorn {
-		return nil, configErr(p, "hc_sinkhorn_iters", "must be at least 1, got %d", v.HCSinkhornIters)
+	if (v.HCSinkhornIters < 1 || v.HCSinkhornIters > maxSinkhornIters) && v.residual == mhc.Sinkhorn {
+		return nil, configErr(p, "hc_sinkhorn_iters", "must be in [1, %d], got %d", maxSinkhornIters, v.HCSinkhornIters)
 	}
-	if v.HCEps < 0 || math.IsNaN(v.HCEps) {
-		return nil, configErr(p, "hc_eps", "must not be negative, got %g", v.HCEps)
+	if !(v.HCEps >= 0 && v.HCEps <= math.MaxFloat32) {
+		return nil, configErr(p, "hc_eps", "must be a finite number >= 0, got %g", v.HCEps)
+	}
+	if !(math.Abs(v.RoutedScalingFactor) <= math.MaxFloat32) {
+		return nil, configErr(p, "routed_scaling_factor", "must be a finite number, got %g", v.RoutedScalingFactor)
 	}
 
 	// Rotary embeddings: nested {main, compress} as written by transformers,

@@ -2,32 +2,37 @@ package model
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/manifoldlm/manifold/internal/golden"
 	"github.com/manifoldlm/manifold/internal/testmodel"
 	"github.com/manifoldlm/manifold/weights"
 )
 
-// FuzzConfig loads a small random Llama under any config.json: whatever the
-// config says, loading either fails with an error (one naming config.json,
-// or one naming the checkpoint, for a tensor it lacks or that disagrees) or
-// gives a model whose forward pass over two tokens returns finite logits
-// of the vocabulary's size. It must never panic or allocate without bound.
+// FuzzConfig loads a small random checkpoint (a Llama, or a DeepSeek-V4 when
+// ck is odd) under any config.json: whatever the config says, loading either
+// fails with an error (one naming config.json, or one naming the checkpoint,
+// for a tensor it lacks or that disagrees) or gives a model whose forward
+// pass over two tokens returns finite logits of the vocabulary's size. It
+// must never panic or allocate without bound.
 func FuzzConfig(f *testing.F) {
-	src := f.TempDir()
-	spec := testmodel.Llama{Layers: 2, Hidden: 32, FFN: 48, Heads: 4, KVHeads: 2, Vocab: 50, DType: weights.F32, Seed: 1}
-	if err := spec.Write(src); err != nil {
-		f.Fatal(err)
+	llama, v4 := fuzzCheckpoints(f)
+	checkpoints := []string{llama, v4}
+	for i, dir := range checkpoints {
+		base, err := os.ReadFile(filepath.Join(dir, "config.json"))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(uint8(i), base)
 	}
-	base, err := os.ReadFile(filepath.Join(src, "config.json"))
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Add(base)
 	for _, s := range []string{
 		`{"model_type":"qwen3","hidden_size":32,"intermediate_size":48,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"head_dim":8,"vocab_size":50,"max_position_embeddings":64,"rms_norm_eps":1e-6,"tie_word_embeddings":false}`,
 		`{"model_type":"llama","hidden_size":32,"intermediate_size":48,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"vocab_size":50,"rms_norm_eps":-1,"tie_word_embeddings":false}`,
@@ -41,39 +46,138 @@ func FuzzConfig(f *testing.F) {
 		`{"model_type":"llama","hidden_size":32,"intermediate_size":48,"num_hidden_layers":1000000000,"num_attention_heads":4,"vocab_size":50}`,
 		`{"model_type":"llama","hidden_size":32,"intermediate_size":48,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"vocab_size":50,"max_position_embeddings":9000000000000000000,"tie_word_embeddings":false}`,
 	} {
-		f.Add([]byte(s))
+		f.Add(uint8(0), []byte(s))
 	}
-	weightsPath := filepath.Join(src, "model.safetensors")
-	f.Fuzz(func(t *testing.T, config []byte) {
-		dir := t.TempDir()
-		if err := os.Symlink(weightsPath, filepath.Join(dir, "model.safetensors")); err != nil {
-			t.Skip(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, "config.json"), config, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		m, err := load(dir)
-		if err != nil {
-			if msg := err.Error(); !strings.Contains(msg, "config.json") && !strings.Contains(msg, dir) {
-				t.Fatalf("error names neither config.json nor the checkpoint: %v", err)
-			}
-			return
-		}
-		st, err := m.NewState(4)
-		if err != nil {
-			return // a config the architecture cannot hold a context for says so here
-		}
-		logits, err := m.Forward(context.Background(), st, []int32{1, 2}, false)
-		if err != nil {
-			t.Fatalf("forward of a loaded model: %v", err)
-		}
-		if len(logits) != m.Config().VocabSize {
-			t.Fatalf("%d logits for a vocabulary of %d", len(logits), m.Config().VocabSize)
-		}
-		for i, v := range logits {
-			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-				t.Fatalf("logit %d is %g: the config should have been refused", i, v)
-			}
+	f.Fuzz(func(t *testing.T, ck uint8, config []byte) {
+		if msg := checkConfig(t, checkpoints[int(ck)%len(checkpoints)], config); msg != "" {
+			t.Fatal(msg)
 		}
 	})
+}
+
+// TestConfigFieldEdges sets each field of the FuzzConfig checkpoints'
+// configs, one at a time, to edge values (zero, negative, huge, fractional,
+// another type) and holds the result to FuzzConfig's rule.
+func TestConfigFieldEdges(t *testing.T) {
+	llama, v4 := fuzzCheckpoints(t)
+	checkFieldEdges(t, llama, v4)
+}
+
+// TestConfigFieldEdgesGolden is TestConfigFieldEdges on the fixtures'
+// checkpoints (every architecture, the configs transformers wrote).
+func TestConfigFieldEdgesGolden(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short")
+	}
+	dir := golden.Dir(t)
+	var dirs []string
+	for _, name := range golden.Models(t) {
+		dirs = append(dirs, filepath.Join(dir, name))
+	}
+	checkFieldEdges(t, dirs...)
+}
+
+func checkFieldEdges(t *testing.T, checkpoints ...string) {
+	edges := []any{0, -1, 1, 3, 1 << 40, -1 << 40, 0.5, 1e308, -1e308, "x", nil, []any{}, map[string]any{}, true}
+	for _, src := range checkpoints {
+		base, err := os.ReadFile(filepath.Join(src, "config.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cfg map[string]any
+		if err := json.Unmarshal(base, &cfg); err != nil {
+			t.Fatal(err)
+		}
+		for _, field := range slices.Sorted(maps.Keys(cfg)) {
+			// The field itself, then each field of an object nested in it
+			// (rope_parameters, compress_rates) and each entry of a list.
+			sets := []func(v any) (string, map[string]any){func(v any) (string, map[string]any) {
+				edited := maps.Clone(cfg)
+				edited[field] = v
+				return field, edited
+			}}
+			switch inner := cfg[field].(type) {
+			case map[string]any:
+				for _, k := range slices.Sorted(maps.Keys(inner)) {
+					sets = append(sets, func(v any) (string, map[string]any) {
+						edited, in := maps.Clone(cfg), maps.Clone(inner)
+						in[k], edited[field] = v, in
+						return field + "." + k, edited
+					})
+				}
+			case []any:
+				for i := range inner {
+					sets = append(sets, func(v any) (string, map[string]any) {
+						edited, in := maps.Clone(cfg), slices.Clone(inner)
+						in[i], edited[field] = v, in
+						return fmt.Sprintf("%s[%d]", field, i), edited
+					})
+				}
+			}
+			for _, set := range sets {
+				for _, v := range edges {
+					name, edited := set(v)
+					data, _ := json.Marshal(edited)
+					if msg := checkConfig(t, src, data); msg != "" {
+						t.Errorf("%s: %s = %v: %s", filepath.Base(src), name, v, msg)
+					}
+				}
+			}
+		}
+	}
+}
+
+// fuzzCheckpoints writes FuzzConfig's two checkpoints: a Llama and a
+// DeepSeek-V4 with every layer kind.
+func fuzzCheckpoints(t testing.TB) (llama, v4 string) {
+	llama, v4 = t.TempDir(), t.TempDir()
+	if err := (testmodel.Llama{Layers: 2, Hidden: 32, FFN: 48, Heads: 4, KVHeads: 2, Vocab: 50, DType: weights.F32, Seed: 1}).Write(llama); err != nil {
+		t.Fatal(err)
+	}
+	spec := testmodel.DeepseekV4{
+		Vocab: 64, Hidden: 32, Layers: 3, Heads: 2, HeadDim: 32, QLora: 32, OGroups: 2, OLora: 16, Window: 4,
+		RateCSA: 2, RateHCA: 4, IndexHeads: 2, IndexDim: 16, IndexTopK: 2, HCMult: 2, HCIters: 3,
+		Experts: 4, TopK: 2, MoEFFN: 16, RopeDim: 8, HashLayers: 1,
+		LayerTypes: []string{testmodel.V4HCA, testmodel.V4CSA, testmodel.V4Sliding}, Seed: 2,
+	}
+	if err := spec.Write(v4); err != nil {
+		t.Fatal(err)
+	}
+	return llama, v4
+}
+
+// checkConfig loads the weights of checkpoint src under config and returns
+// what is wrong with the outcome ("" when nothing is): FuzzConfig's rule.
+func checkConfig(t *testing.T, src string, config []byte) string {
+	dir := t.TempDir()
+	if err := os.Symlink(filepath.Join(src, "model.safetensors"), filepath.Join(dir, "model.safetensors")); err != nil {
+		t.Skip(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), config, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m, err := load(dir)
+	if err != nil {
+		if msg := err.Error(); !strings.Contains(msg, "config.json") && !strings.Contains(msg, dir) {
+			return fmt.Sprintf("error names neither config.json nor the checkpoint: %v", err)
+		}
+		return ""
+	}
+	st, err := m.NewState(4)
+	if err != nil {
+		return "" // a config the architecture cannot hold a context for says so here
+	}
+	logits, err := m.Forward(context.Background(), st, []int32{1, 2}, false)
+	if err != nil {
+		return fmt.Sprintf("forward of a loaded model: %v", err)
+	}
+	if len(logits) != m.Config().VocabSize {
+		return fmt.Sprintf("%d logits for a vocabulary of %d", len(logits), m.Config().VocabSize)
+	}
+	for i, v := range logits {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return fmt.Sprintf("logit %d is %g: the config should have been refused", i, v)
+		}
+	}
+	return ""
 }

@@ -2,6 +2,7 @@ package model
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 
 	"github.com/manifoldlm/manifold/backend"
@@ -89,13 +90,51 @@ func New(b backend.Backend, cfg *Config, ck *weights.Checkpoint) (Model, error) 
 	if _, err := nvfp4ckpt.ReadConfig(ck.Dir()); err != nil {
 		return nil, err
 	}
-	// Every layer has tensors of its own: a layer count past the checkpoint's
-	// tensor count is a config error here, before anything is sized by it.
-	if n := len(ck.Names()); cfg.NumLayers > n {
-		return nil, configErr(cfg.Path, "num_hidden_layers", "%d layers, but checkpoint %s holds only %d tensors",
-			cfg.NumLayers, ck.Dir(), n)
+	if err := checkSizes(cfg, ck); err != nil {
+		return nil, err
 	}
 	return ctor(b, cfg, NewLoader(b, ck))
+}
+
+// widthFields are the config.json fields of every architecture that give a
+// width or a count of the weights: each sizes at least one tensor, so none
+// can exceed the checkpoint's element count.
+var widthFields = []string{
+	"hidden_size", "intermediate_size", "moe_intermediate_size", "vocab_size", "head_dim",
+	"num_attention_heads", "num_key_value_heads", "q_lora_rank", "kv_lora_rank", "o_lora_rank", "o_groups",
+	"qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "index_head_dim", "index_n_heads", "hc_mult",
+	"n_routed_experts", "n_shared_experts",
+}
+
+// checkSizes refuses sizes that the checkpoint cannot back before anything
+// is allocated by them (the architectures size rotation tables and scratch
+// from the config before their first shape check): every layer has tensors
+// of its own, and no width exceeds the checkpoint's element count (at most
+// two per byte, as NVFP4 packs them). Sizes in range but wrong get the shape
+// checks' errors, which name the tensor.
+func checkSizes(cfg *Config, ck *weights.Checkpoint) error {
+	names := ck.Names()
+	if cfg.NumLayers > len(names) {
+		return configErr(cfg.Path, "num_hidden_layers", "%d layers, but checkpoint %s holds only %d tensors",
+			cfg.NumLayers, ck.Dir(), len(names))
+	}
+	var bytes int64
+	for _, name := range names {
+		if t, err := ck.Tensor(name); err == nil {
+			bytes += int64(len(t.Data))
+		}
+	}
+	var raw map[string]json.RawMessage
+	if json.Unmarshal(cfg.Raw, &raw) != nil {
+		return nil // ParseConfig has read it; a nested text_config is the architecture's
+	}
+	for _, f := range widthFields {
+		var v float64
+		if json.Unmarshal(raw[f], &v) == nil && v > 2*float64(bytes) {
+			return configErr(cfg.Path, f, "%g is more than the %d bytes of weights in checkpoint %s can hold", v, bytes, ck.Dir())
+		}
+	}
+	return nil
 }
 
 // checkRange reports tokens that are not in [0, vocab) and a state too small.
