@@ -2,10 +2,13 @@ package engine
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"math"
+	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -215,5 +218,50 @@ func TestRandomNVFP4ModelLoads(t *testing.T) {
 	s, _ := m.NewSession(0)
 	if res, err := s.Generate(context.Background(), []int{5, 6, 7}, GenerateOptions{MaxTokens: 4, StopTokens: []int{}}, nil); err != nil || len(res.Tokens) != 4 {
 		t.Fatalf("%v %v", res, err)
+	}
+}
+
+// TestNaNLogitsAreAnError: a checkpoint whose final norm holds a NaN makes
+// every logit NaN; Generate says so instead of drawing a token from them.
+func TestNaNLogitsAreAnError(t *testing.T) {
+	src, dir := t.TempDir(), t.TempDir()
+	spec := testmodel.Llama{Layers: 1, Hidden: 32, FFN: 48, Heads: 2, KVHeads: 1, Vocab: 40, DType: weights.F32, Seed: 4}
+	if err := spec.Write(src); err != nil {
+		t.Fatal(err)
+	}
+	ck, err := weights.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	w, err := weights.Create(filepath.Join(dir, "model.safetensors"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range ck.Names() {
+		tn, _ := ck.Tensor(name)
+		data := tn.Data
+		if name == "model.norm.weight" {
+			data = slices.Clone(data)
+			binary.LittleEndian.PutUint32(data[4:], math.Float32bits(float32(math.NaN())))
+		}
+		if err := w.Add(name, tn.DType, tn.Shape, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ := os.ReadFile(filepath.Join(src, "config.json"))
+	os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644)
+	m, err := Load(dir, Options{Device: "cpu"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	s, _ := m.NewSession(0)
+	_, err = s.Generate(context.Background(), []int{1, 2}, GenerateOptions{MaxTokens: 3}, nil)
+	if err == nil || !strings.Contains(err.Error(), "NaN") {
+		t.Fatalf("Generate over NaN logits: %v, want an error naming NaN", err)
 	}
 }

@@ -170,6 +170,10 @@ func (s *Session) picker(sampler *Sampler) func(ctx context.Context, tokens []in
 			if err != nil {
 				return 0, err
 			}
+			if i := slices.IndexFunc(logits, func(v float32) bool { return v != v }); i >= 0 {
+				return 0, fmt.Errorf("engine: logit %d at position %d is NaN (a weight or config value out of range?); no token drawn",
+					i, len(s.tokens)-1)
+			}
 			return sampler.Sample(logits, s.tokens), nil
 		}
 	}
