@@ -170,7 +170,7 @@ func (s *Session) picker(sampler *Sampler) func(ctx context.Context, tokens []in
 			if err != nil {
 				return 0, err
 			}
-			if i := slices.IndexFunc(logits, func(v float32) bool { return v != v }); i >= 0 {
+			if i := firstNaN(logits); i >= 0 {
 				return 0, fmt.Errorf("engine: logit %d at position %d is NaN (a weight or config value out of range?); no token drawn",
 					i, len(s.tokens)-1)
 			}
@@ -244,4 +244,14 @@ func (s *Session) picker(sampler *Sampler) func(ctx context.Context, tokens []in
 		aheadT = id
 		return id, nil
 	}
+}
+
+// firstNaN returns the index of the first NaN in logits, or -1.
+func firstNaN(logits []float32) int {
+	for i, v := range logits {
+		if v != v {
+			return i
+		}
+	}
+	return -1
 }
