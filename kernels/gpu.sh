@@ -1,31 +1,43 @@
 #!/usr/bin/env bash
 # GPU tests and benchmarks in two steps, because this machine has no GPU:
-#   kernels/gpu.sh prepare   here: builds static test binaries into .device/ (stripped
-#                            and gzip'd) and copies the fixtures ($MANIFOLD_GOLDEN_DIR,
-#                            without its tokenizers) beside them: under the device
-#                            tool's 64 MiB carry
+#   kernels/gpu.sh prepare   here: builds static test binaries and copies the
+#                            fixtures ($MANIFOLD_GOLDEN_DIR, without its
+#                            tokenizers) into one xz'd tar, .device/bundle.tar.xz,
+#                            and checks that it fits the device tool's 64 MiB
+#                            carry beside the tracked files
 #   kernels/gpu.sh run       on the device machine (device tool: carry .device):
-#                            runs every GPU test, then the benchmarks, logs to $OUT
+#                            unpacks the bundle, runs every GPU test, then the
+#                            benchmarks, logs to $OUT
 # .device/ is git-ignored.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+unpack() { # the bundle's binaries and fixtures, once per fresh copy
+  if [ -f .device/bundle.tar.xz ] && [ ! -x .device/engine.test ]; then
+    python3 -c 'import tarfile, sys; tarfile.open(sys.argv[1]).extractall(".device")' .device/bundle.tar.xz
+  fi
+}
 case "${1:-}" in
 prepare)
-  rm -rf .device && mkdir -p .device
-  cp -r "${MANIFOLD_GOLDEN_DIR:-../shared/golden}" .device/golden && chmod -R u+w .device/golden
-  rm -rf .device/golden/tokenizers # 21 MB; the tests that need them skip themselves
+  rm -rf .device && mkdir -p .device/stage
+  cp -r "${MANIFOLD_GOLDEN_DIR:-../shared/golden}" .device/stage/golden && chmod -R u+w .device/stage/golden
+  rm -rf .device/stage/golden/tokenizers # 21 MB; the tests that need them skip themselves
   for pkg in kernels engine; do
-    CGO_ENABLED=0 go test -c -ldflags='-s -w' -o ".device/$pkg.test" "./$pkg"
-    gzip -f ".device/$pkg.test"
+    CGO_ENABLED=0 go test -c -ldflags='-s -w' -o ".device/stage/$pkg.test" "./$pkg"
   done
-  du -sh .device
+  tar -C .device/stage -cf - . | xz -6 -T2 > .device/bundle.tar.xz
+  rm -rf .device/stage
+  tracked=$(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s}')
+  bundle=$(stat -c %s .device/bundle.tar.xz)
+  echo "bundle $((bundle >> 20)) MiB + tracked files $((tracked >> 20)) MiB of the carry's 64 MiB"
+  if [ $((bundle + tracked)) -gt $((64 << 20)) ]; then
+    echo "too large for the device tool's carry: move untracked or large test data out of the tree for the run" >&2
+    exit 1
+  fi
   ;;
 run)
   out="${OUT:-/tmp/gpu-out}"; mkdir -p "$out"
   export MANIFOLD_GOLDEN_DIR="$PWD/.device/golden"
-  for pkg in kernels engine; do
-    [ -f ".device/$pkg.test.gz" ] && gunzip -kf ".device/$pkg.test.gz" && chmod +x ".device/$pkg.test"
-  done
+  unpack
   if [ "${REBUILD:-}" = 1 ]; then
     # Kernel development: build the image here and run the binaries with it.
     kernels/build.sh && cp kernels/manifold.fatbin kernels/manifold.fatbin.sum "$out/"
