@@ -192,7 +192,8 @@ type TokenSampler interface {
 	// uniform number u in [0, 1), from the softmax of logits/temperature over
 	// the topK largest (ties to the lower id; topK <= 0 or past
 	// MaxSampleTopK is an error). Candidates are taken from the most likely
-	// down, so the same u draws the same token on every backend.
+	// down, so the same u draws the same token on every backend. A NaN
+	// logit is an error naming it: no token is drawn.
 	SampleToken(logits Buffer, temperature float32, topK int, u float64) (int, error)
 }
 

@@ -3,11 +3,13 @@ package kernels
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -322,6 +324,59 @@ func TestSampleToken(t *testing.T) {
 	}
 	if _, err := g.SampleToken(toGPU(g, []float32{1, 2}), 1, 0, 0.5); err == nil {
 		t.Error("top-k 0 with a temperature accepted")
+	}
+}
+
+// TestSampleTokenNaN: a NaN logit is an error naming the first one, on the
+// device as on the CPU, greedy or drawn, picked and waited for or held on the
+// device (whose held value, gathered by EmbedToken, must not fault); the
+// sampler works as before afterwards.
+func TestSampleTokenNaN(t *testing.T) {
+	g := newGPU(t)
+	rng := rand.New(rand.NewPCG(13, 14))
+	nan := float32(math.NaN())
+	width := 64
+	h := hostWeight(rng, backend.BF16, 1000, width)
+	h.Bias = nil
+	table, err := g.Upload(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, row := g.NewBuffer(1), g.NewBuffer(width)
+	for _, n := range []int{5, 1000, 128256} {
+		for _, at := range [][]int{{0}, {n / 2}, {n - 1}, {n - 1, n / 3}} {
+			l := randn(rng, n)
+			for _, i := range at {
+				l[i] = nan
+			}
+			first := slices.Min(at)
+			want := fmt.Sprintf("logit %d is NaN", first)
+			gl := toGPU(g, l)
+			for _, tc := range []struct {
+				temp float32
+				k    int
+			}{{0, 0}, {1, 40}} {
+				if _, err := cpu.SampleToken(l, tc.temp, tc.k, 0.5); err == nil || !strings.Contains(err.Error(), want) {
+					t.Errorf("CPU n=%d NaN at %v temp=%g: %v, want %q", n, at, tc.temp, err, want)
+				}
+				if _, err := g.SampleToken(gl, tc.temp, tc.k, 0.5); err == nil || !strings.Contains(err.Error(), want) {
+					t.Errorf("GPU n=%d NaN at %v temp=%g: %v, want %q", n, at, tc.temp, err, want)
+				}
+				p, err := g.SampleTokenTo(held, gl, tc.temp, tc.k, 0.5)
+				if err != nil {
+					t.Fatal(err)
+				}
+				g.EmbedToken(row, table, held)
+				if _, err := p.Wait(); err == nil || !strings.Contains(err.Error(), want) {
+					t.Errorf("GPU held n=%d NaN at %v temp=%g: %v, want %q", n, at, tc.temp, err, want)
+				}
+			}
+		}
+	}
+	l := randn(rng, 1000)
+	want, _ := cpu.SampleToken(l, 0, 0, 0)
+	if got, err := g.SampleToken(toGPU(g, l), 0, 0, 0); err != nil || got != want {
+		t.Errorf("after the NaN picks: %d, %v; want %d", got, err, want)
 	}
 }
 

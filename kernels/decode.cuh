@@ -9,7 +9,7 @@ extern "C" __global__ void embed_ids(const void* table, const uint8_t* S, float 
     pdl_launch();
     pdl_wait();
     int i = blockIdx.x;
-    size_t r = (size_t)ids[i];
+    size_t r = (size_t)max(ids[i], 0);  // a held pick of -1 - id (NaN logits): row 0; its step is dropped
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
         float v;
         if (format == 0) v = ((const float*)table)[r * n + j];

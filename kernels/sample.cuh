@@ -4,8 +4,11 @@
 // (largest first, ties to the lower id, as backend/cpu.SampleToken) and draws
 // from their softmax with the host's uniform number u.
 
-// better: a before b in the candidate order.
+// better: a before b in the candidate order. NaN comes first, so that a NaN
+// logit reaches the final stage, which reports it instead of drawing.
 __device__ __forceinline__ bool better(float va, int ia, float vb, int ib) {
+    bool na = va != va, nb = vb != vb;
+    if (na || nb) return na && (!nb || ia < ib);
     return va > vb || (va == vb && ia < ib);
 }
 
@@ -92,6 +95,10 @@ extern "C" __global__ void sample_final(const float* candv, const int* candi, in
     int kk = temperature <= 0.f ? 1 : k;
     block_topk(vals, ids, m, kk, used, tv, ti);
     if (threadIdx.x != 0) return;
+    if (tv[0] != tv[0]) {  // logit ti[0] is NaN: -1 - its id, no draw
+        out[0] = -1 - ti[0];
+        return;
+    }
     if (temperature <= 0.f) {
         out[0] = ti[0];
         return;

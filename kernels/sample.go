@@ -57,6 +57,14 @@ func (b *Backend) SampleToken(logits backend.Buffer, temperature float32, topK i
 	if err := b.Sync(); err != nil {
 		return 0, err
 	}
+	return pickedID(id)
+}
+
+// pickedID is the id a sampling kernel wrote: -1 - i when logit i is NaN.
+func pickedID(id int32) (int, error) {
+	if id < 0 {
+		return 0, fmt.Errorf("kernels: logit %d is NaN; no token drawn", -1-int(id))
+	}
 	return int(id), nil
 }
 
@@ -135,7 +143,7 @@ func (p *pendingToken) Wait() (int, error) {
 	if err := overwritten(); err != nil { // a later pick took the slot while this one waited
 		return 0, err
 	}
-	return int(*(*int32)(unsafe.Add(b.sample.host, 4*slot))), nil
+	return pickedID(*(*int32)(unsafe.Add(b.sample.host, 4*slot)))
 }
 
 // queueSample queues the two sampling kernels over logits, the pick going to

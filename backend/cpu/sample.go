@@ -17,6 +17,11 @@ func SampleToken(l []float32, temperature float32, topK int, u float64) (int, er
 	if len(l) == 0 {
 		return 0, fmt.Errorf("cpu: sampling from no logits")
 	}
+	for i, v := range l {
+		if v != v {
+			return 0, fmt.Errorf("cpu: logit %d is NaN; no token drawn", i)
+		}
+	}
 	if temperature <= 0 {
 		best := 0
 		for i, v := range l {
