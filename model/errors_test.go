@@ -99,31 +99,15 @@ func TestLoadErrors(t *testing.T) {
 
 func TestWrongDTypeWeight(t *testing.T) {
 	dir := t.TempDir()
-	src := tinyModel(t)
-	ck, err := weights.Open(src)
+	err := testmodel.Rewrite(tinyModel(t), dir, func(tn *weights.Tensor) *weights.Tensor {
+		if tn.Name == "model.layers.0.self_attn.q_proj.weight" {
+			tn.DType = weights.I32 // same byte size, wrong kind
+		}
+		return tn
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ck.Close()
-	w, err := weights.Create(filepath.Join(dir, "model.safetensors"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, name := range ck.Names() {
-		tn, _ := ck.Tensor(name)
-		dt := tn.DType
-		if name == "model.layers.0.self_attn.q_proj.weight" {
-			dt = weights.I32 // same byte size, wrong kind
-		}
-		if err := w.Add(name, dt, tn.Shape, tn.Data); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	data, _ := os.ReadFile(filepath.Join(src, "config.json"))
-	os.WriteFile(filepath.Join(dir, "config.json"), data, 0o644)
 	_, err = load(dir)
 	if err == nil || !strings.Contains(err.Error(), "q_proj.weight") || !strings.Contains(err.Error(), "I32") {
 		t.Fatalf("error %v does not name the tensor and dtype", err)
