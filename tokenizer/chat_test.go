@@ -160,3 +160,12 @@ func TestChatTemplateErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestTojsonNegativeIndent: a negative indent is no indent, as in Python's
+// json.dumps, not a size error from the bound on values.
+func TestTojsonNegativeIndent(t *testing.T) {
+	out, err := chatTokenizer(nil, "").RenderChatTemplate("{{ [1]|tojson(indent=-1) }}", nil, false)
+	if want := "[\n1\n]"; err != nil || out != want {
+		t.Errorf("got %q, %v; want %q", out, err, want)
+	}
+}

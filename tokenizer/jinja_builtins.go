@@ -73,7 +73,7 @@ func init() {
 			switch ind := argN(a, kw, 1, "indent", nil).(type) {
 			case nil:
 			case int:
-				checkLen("tojson indent", ind)
+				checkLen("tojson indent", max(ind, 0)) // a negative indent is 0, as in Python
 				o.indent, o.hasIndent, o.itemSep = strings.Repeat(" ", max(ind, 0)), true, ","
 			case string:
 				o.indent, o.hasIndent, o.itemSep = ind, true, ","
