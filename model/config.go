@@ -47,6 +47,11 @@ type Config struct {
 	Raw json.RawMessage
 }
 
+// finiteFloat32 reports whether v is a number that float32 holds finitely
+// (not NaN, not past float32's range): the configs' scale factors and
+// epsilons are used in float32.
+func finiteFloat32(v float64) bool { return math.Abs(v) <= math.MaxFloat32 }
+
 // ErrConfig is wrapped by every config error.
 var ErrConfig = errors.New("bad model config")
 
@@ -150,7 +155,7 @@ func ParseConfig(path string, data []byte) (*Config, error) {
 	}
 	if r.RMSNormEps != nil {
 		c.RMSNormEps = float32(*r.RMSNormEps)
-		if !(c.RMSNormEps >= 0) || math.IsInf(float64(c.RMSNormEps), 0) {
+		if !(*r.RMSNormEps >= 0 && finiteFloat32(*r.RMSNormEps)) {
 			return nil, configErr(path, "rms_norm_eps", "must be a finite number >= 0, got %g", *r.RMSNormEps)
 		}
 	}

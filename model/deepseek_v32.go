@@ -3,7 +3,6 @@ package model
 import (
 	"encoding/json"
 	"fmt"
-	"math"
 	"slices"
 
 	"github.com/manifoldlm/manifold/backend"
@@ -208,7 +207,7 @@ func checkV32Config(cfg *Config, v *v32Config) error {
 	if cfg.HiddenAct != "" && cfg.HiddenAct != "silu" {
 		return configErr(path, "hidden_act", "%q is not supported (silu only)", cfg.HiddenAct)
 	}
-	if !(math.Abs(v.RoutedScalingFactor) <= math.MaxFloat32) {
+	if !finiteFloat32(v.RoutedScalingFactor) {
 		return configErr(path, "routed_scaling_factor", "must be a finite number, got %g", v.RoutedScalingFactor)
 	}
 	if cfg.NumKVHeads != cfg.NumHeads {

@@ -3,7 +3,6 @@ package model
 import (
 	"encoding/json"
 	"fmt"
-	"math"
 	"slices"
 
 	"github.com/manifoldlm/manifold/layers"
@@ -210,10 +209,10 @@ func parseV4Config(cfg *Config) (*v4Config, error) {
 	if (v.HCSinkhornIters < 1 || v.HCSinkhornIters > maxSinkhornIters) && v.residual == mhc.Sinkhorn {
 		return nil, configErr(p, "hc_sinkhorn_iters", "must be in [1, %d], got %d", maxSinkhornIters, v.HCSinkhornIters)
 	}
-	if !(v.HCEps >= 0 && v.HCEps <= math.MaxFloat32) {
+	if !(v.HCEps >= 0 && finiteFloat32(v.HCEps)) {
 		return nil, configErr(p, "hc_eps", "must be a finite number >= 0, got %g", v.HCEps)
 	}
-	if !(math.Abs(v.RoutedScalingFactor) <= math.MaxFloat32) {
+	if !finiteFloat32(v.RoutedScalingFactor) {
 		return nil, configErr(p, "routed_scaling_factor", "must be a finite number, got %g", v.RoutedScalingFactor)
 	}
 
