@@ -212,9 +212,16 @@ func (m *Model) Encode(text string, chat bool) ([]int, error) {
 		if err != nil {
 			return nil, fmt.Errorf("engine: chat template of %s: %w", m.dir, err)
 		}
-		return m.tok.Encode(prompt, false), nil
+		ids, err := m.tok.Encode(prompt, false)
+		if err != nil {
+			return nil, fmt.Errorf("engine: encode: %w", err)
+		}
+		return ids, nil
 	}
-	ids := m.tok.Encode(text, true)
+	ids, err := m.tok.Encode(text, true)
+	if err != nil {
+		return nil, fmt.Errorf("engine: encode: %w", err)
+	}
 	if bos, ok := m.tok.BOS(); ok && m.tok.AddBOSToken() && (len(ids) == 0 || ids[0] != bos) {
 		ids = append([]int{bos}, ids...)
 	}
@@ -226,5 +233,9 @@ func (m *Model) Decode(ids []int) (string, error) {
 	if m.tok == nil {
 		return "", fmt.Errorf("engine: %s: %w", m.dir, ErrNoTokenizer)
 	}
-	return m.tok.Decode(ids, true), nil
+	text, err := m.tok.Decode(ids, true)
+	if err != nil {
+		return "", fmt.Errorf("engine: decode: %w", err)
+	}
+	return text, nil
 }

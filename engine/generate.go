@@ -72,7 +72,8 @@ func (r *Result) DecodeTokensPerSecond() float64 {
 
 // Generate appends prompt to the session and generates tokens after it,
 // calling stream (if not nil) with each token as soon as it is chosen. An
-// error from stream, or ctx's cancellation, stops generation and is
+// error from stream, ctx's cancellation, or an error decoding a token's text
+// (a regex of tokenizer.json past its time limit) stops generation and is
 // returned with the tokens generated so far. Generated tokens are part of the
 // session afterwards, so a later Generate continues the conversation.
 func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptions, stream func(Token) error) (*Result, error) {
@@ -119,7 +120,9 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptio
 		res.DecodeDuration = time.Since(first)
 		t := Token{ID: tok, Index: len(res.Tokens) - 1}
 		if text != nil {
-			t.Text = text.Add(tok)
+			if t.Text, err = text.Add(tok); err != nil {
+				return res, fmt.Errorf("engine: generate: text of token %d: %w", tok, err)
+			}
 		}
 		if stream != nil {
 			if err := stream(t); err != nil {

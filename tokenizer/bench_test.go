@@ -8,6 +8,8 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/dlclark/regexp2"
 )
 
 // benchCorpusBytes is how much text the encode benchmarks tokenize.
@@ -62,15 +64,16 @@ func benchEncode(b *testing.B, tk *Tokenizer, docs []string) {
 	for b.Loop() {
 		tokens = 0
 		for _, d := range docs {
-			tokens += len(tk.Encode(d, false))
+			tokens += len(mustEncode(b, tk, d, false))
 		}
 	}
 	b.ReportMetric(float64(tokens), "tokens")
 }
 
 // BenchmarkEncode measures single-threaded encode throughput per fixture
-// tokenizer, with the pre-tokenizer scanners (scan) and with regexp2
-// running the same patterns (regexp2).
+// tokenizer, with the pre-tokenizer scanners (scan), with regexp2 running
+// the same patterns (regexp2), and with regexp2 without the time limit on
+// each match (regexp2-nolimit), for the cost of that limit.
 func BenchmarkEncode(b *testing.B) {
 	dir, g := loadGolden(b)
 	docs := benchCorpus(b)
@@ -86,6 +89,11 @@ func BenchmarkEncode(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Run(name+"/regexp2", func(b *testing.B) { benchEncode(b, slow, docs) })
+		nolimit, err := build(tb, nil, buildOptions{matchTimeout: regexp2.DefaultMatchTimeout})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(name+"/regexp2-nolimit", func(b *testing.B) { benchEncode(b, nolimit, docs) })
 	}
 }
 
@@ -97,14 +105,14 @@ func BenchmarkDecode(b *testing.B) {
 		var ids [][]int
 		n := 0
 		for _, d := range docs {
-			ids = append(ids, tk.Encode(d, false))
+			ids = append(ids, mustEncode(b, tk, d, false))
 			n += len(d)
 		}
 		b.Run(name, func(b *testing.B) {
 			b.SetBytes(int64(n))
 			for b.Loop() {
 				for _, x := range ids {
-					tk.Decode(x, false)
+					mustDecode(b, tk, x, false)
 				}
 			}
 		})

@@ -135,7 +135,7 @@ func TestChatTemplateFixtures(t *testing.T) {
 			continue
 		}
 		// The rendered prompt's special tokens encode as single ids.
-		ids := tk.Encode(out, false)
+		ids := mustEncode(t, tk, out, false)
 		if len(ids) == 0 || !strings.Contains(out, "Hello!") {
 			t.Errorf("%s: prompt %q encodes to %v", name, out, ids)
 		}

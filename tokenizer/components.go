@@ -628,15 +628,15 @@ func isNull(raw json.RawMessage) bool {
 	return s == "" || s == "null"
 }
 
-func (c *component) pattern(field string, useScanner bool) (matcher, error) {
+func (c *component) pattern(field string, opts *buildOptions) (matcher, error) {
 	if c.Pattern == nil {
 		return nil, fmt.Errorf("%s.pattern: missing", field)
 	}
 	switch {
 	case c.Pattern.String != nil:
-		return compilePattern(*c.Pattern.String, true, false)
+		return compilePattern(*c.Pattern.String, true, "", opts)
 	case c.Pattern.Regex != nil:
-		m, err := compilePattern(*c.Pattern.Regex, false, useScanner)
+		m, err := compilePattern(*c.Pattern.Regex, false, field+" "+c.Type, opts)
 		if err != nil {
 			return nil, fmt.Errorf("%s.pattern.Regex: %w", field, err)
 		}
@@ -679,7 +679,7 @@ func parseNormalizer(raw json.RawMessage, field string, opts *buildOptions) (nor
 		}
 		return normPrepend(*c.Prepend), nil
 	case "Replace":
-		m, err := c.pattern(field, opts.scanners)
+		m, err := c.pattern(field, opts)
 		if err != nil {
 			return nil, err
 		}
@@ -712,7 +712,7 @@ func parsePreTokenizer(raw json.RawMessage, field string, opts *buildOptions) (p
 		seq, err := parseEach(c.Pretokenizers, field+".pretokenizers", func(r json.RawMessage, f string) (preTokenizer, error) { return parsePreTokenizer(r, f, opts) })
 		return preSequence(seq), err
 	case "Split":
-		m, err := c.pattern(field, opts.scanners)
+		m, err := c.pattern(field, opts)
 		if err != nil {
 			return nil, err
 		}
@@ -724,7 +724,7 @@ func parsePreTokenizer(raw json.RawMessage, field string, opts *buildOptions) (p
 	case "ByteLevel":
 		b := preByteLevel{addPrefixSpace: c.AddPrefixSpace == nil || *c.AddPrefixSpace}
 		if c.UseRegex == nil || *c.UseRegex {
-			m, err := compilePattern(patGPT2, false, opts.scanners)
+			m, err := compilePattern(patGPT2, false, field+" ByteLevel", opts)
 			if err != nil {
 				return nil, err
 			}
@@ -807,7 +807,7 @@ func parseDecoder(raw json.RawMessage, field string, opts *buildOptions) (decode
 		mt := p.(preMetaspace)
 		return decMetaspace{mt.repl, mt.scheme}, nil
 	case "Replace":
-		m, err := c.pattern(field, opts.scanners)
+		m, err := c.pattern(field, opts)
 		if err != nil {
 			return nil, err
 		}

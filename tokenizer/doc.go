@@ -10,6 +10,13 @@
 // hand-written scanners checked against a general regex engine
 // (github.com/dlclark/regexp2), which handles any other pattern.
 //
+// regexp2 backtracks, so a careless or malicious pattern such as (a+)+$
+// takes time exponential in the text. Each regexp2 match is limited to 1 s
+// (real patterns take microseconds); one that runs past it makes Encode,
+// Decode or a StreamDecoder fail with an error naming the pattern and the
+// tokenizer.json component using it, and that is the only error they
+// return.
+//
 // The package owns tokenizer files only: it reads no weights and must not
 // depend on the engine, model or kernel packages.
 package tokenizer

@@ -102,13 +102,13 @@ func TestGolden(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			tk := fixtureTokenizer(t, dir, name)
 			for i, c := range g[name] {
-				if got := tk.Encode(c.Text, false); !slices.Equal(got, c.IDs) {
+				if got := mustEncode(t, tk, c.Text, false); !slices.Equal(got, c.IDs) {
 					t.Errorf("case %d %q: Encode(addSpecial=false)\n got %v\nwant %v", i, c.Text, got, c.IDs)
 				}
-				if got := tk.Encode(c.Text, true); !slices.Equal(got, c.IDsWithSpecial) {
+				if got := mustEncode(t, tk, c.Text, true); !slices.Equal(got, c.IDsWithSpecial) {
 					t.Errorf("case %d %q: Encode(addSpecial=true)\n got %v\nwant %v", i, c.Text, got, c.IDsWithSpecial)
 				}
-				if got := tk.Decode(c.IDs, false); got != c.Decoded {
+				if got := mustDecode(t, tk, c.IDs, false); got != c.Decoded {
 					t.Errorf("case %d: Decode\n got %q\nwant %q", i, got, c.Decoded)
 				}
 			}
@@ -158,8 +158,8 @@ func roundTripForm(tk *Tokenizer, x string) (string, bool) {
 
 func roundTrip(t *testing.T, tk *Tokenizer, name, x string) {
 	t.Helper()
-	ids := tk.Encode(x, false)
-	got := tk.Decode(ids, false)
+	ids := mustEncode(t, tk, x, false)
+	got := mustDecode(t, tk, ids, false)
 	if !utf8.ValidString(x) {
 		if !utf8.ValidString(got) {
 			t.Errorf("%s: Decode returned invalid UTF-8 for %q", name, x)
@@ -177,13 +177,20 @@ func roundTrip(t *testing.T, tk *Tokenizer, name, x string) {
 	sd := tk.NewStreamDecoder()
 	var sb strings.Builder
 	for _, id := range ids {
-		chunk := sd.Add(id)
+		chunk, err := sd.Add(id)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
 		if strings.Contains(chunk, "\uFFFD") && !strings.Contains(got, "\uFFFD") {
 			t.Errorf("%s: stream chunk %q of %q holds a partial character", name, chunk, x)
 		}
 		sb.WriteString(chunk)
 	}
-	sb.WriteString(sd.Flush())
+	rest, err := sd.Flush()
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	sb.WriteString(rest)
 	if sb.String() != got {
 		t.Errorf("%s: streamed %q, Decode %q", name, sb.String(), got)
 	}
@@ -251,13 +258,13 @@ func TestHFEdgeCases(t *testing.T) {
 		}
 		tk := fixtureTokenizer(t, dir, name)
 		for i, c := range hf.Tokenizers[name].Cases {
-			if got := tk.Encode(c.Text, false); !slices.Equal(got, c.IDs) {
+			if got := mustEncode(t, tk, c.Text, false); !slices.Equal(got, c.IDs) {
 				t.Errorf("%s case %d %q:\n got %v\nwant %v", name, i, c.Text, got, c.IDs)
 			}
-			if got := tk.Encode(c.Text, true); !slices.Equal(got, c.IDsWithSpecial) {
+			if got := mustEncode(t, tk, c.Text, true); !slices.Equal(got, c.IDsWithSpecial) {
 				t.Errorf("%s case %d %q with special:\n got %v\nwant %v", name, i, c.Text, got, c.IDsWithSpecial)
 			}
-			if got := tk.Decode(c.IDs, false); got != c.Decoded {
+			if got := mustDecode(t, tk, c.IDs, false); got != c.Decoded {
 				t.Errorf("%s case %d: Decode %q, want %q", name, i, got, c.Decoded)
 			}
 		}

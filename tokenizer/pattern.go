@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"fmt"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -57,13 +58,24 @@ var scanners = map[string]scanFunc{
 	patDSMain:   scanDSMain,
 }
 
+// defaultMatchTimeout bounds one regexp2 match (one FindRunesMatch or
+// FindNextMatch call: the search for the next match and the match itself).
+// regexp2 backtracks, so a pattern like (a+)+$ takes time exponential in
+// the text. Real patterns take microseconds a match, and the search scans
+// text without a match at some 25 million characters a second (the slowest
+// of a few patterns timed over 3 MB of Go source), so only a pathological
+// pattern, or tens of megabytes without a match, reaches the limit.
+const defaultMatchTimeout = time.Second
+
 // compilePattern returns a matcher for a Split / Replace pattern. literal
-// patterns are matched as plain strings.
-func compilePattern(pattern string, literal bool, useScanner bool) (matcher, error) {
+// patterns are matched as plain strings. where names the component using
+// the pattern (such as "pre_tokenizer Split") for the error a regex match
+// that runs past opts' time limit raises.
+func compilePattern(pattern string, literal bool, where string, opts *buildOptions) (matcher, error) {
 	if literal {
 		return literalMatcher(pattern), nil
 	}
-	if useScanner {
+	if opts.scanners {
 		if f, ok := scanners[pattern]; ok {
 			return scanMatcher{f}, nil
 		}
@@ -72,7 +84,11 @@ func compilePattern(pattern string, literal bool, useScanner bool) (matcher, err
 	if err != nil {
 		return nil, fmt.Errorf("compile regex %q: %w", pattern, err)
 	}
-	return &regexMatcher{re: re}, nil
+	re.MatchTimeout = opts.matchTimeout
+	if re.MatchTimeout <= 0 {
+		re.MatchTimeout = defaultMatchTimeout
+	}
+	return &regexMatcher{re: re, pattern: pattern, where: where}, nil
 }
 
 type literalMatcher string
@@ -89,8 +105,15 @@ func (m literalMatcher) find(s string, at int) (int, int) {
 }
 
 // regexMatcher runs a general regex with regexp2 (backtracking, lookaround,
-// Unicode classes). regexp2 indexes runes, so offsets are converted.
-type regexMatcher struct{ re *regexp2.Regexp }
+// Unicode classes). regexp2 indexes runes, so offsets are converted. A match
+// that fails (runs past re.MatchTimeout) panics with a *patternError, which
+// Encode, Decode and build recover and return (see patternFailure); no
+// panic leaves the package.
+type regexMatcher struct {
+	re      *regexp2.Regexp
+	pattern string // as written in tokenizer.json
+	where   string // the component using it, such as "pre_tokenizer Split"
+}
 
 func (m *regexMatcher) find(s string, at int) (int, int) {
 	st, e := -1, -1
@@ -103,7 +126,8 @@ func (m *regexMatcher) find(s string, at int) (int, int) {
 
 // each calls fn for the successive non-empty matches in s until fn returns
 // false. (Split and Replace patterns never need empty matches: find_iter's
-// empty matches produce no pieces.)
+// empty matches produce no pieces.) An error from regexp2 panics with a
+// *patternError: ending the list of matches there would tokenize wrongly.
 func (m *regexMatcher) each(s string, fn func(start, end int) bool) {
 	runes := []rune(s)
 	offs := make([]int, len(runes)+1)
@@ -114,12 +138,49 @@ func (m *regexMatcher) each(s string, fn func(start, end int) bool) {
 	}
 	offs[len(runes)] = o
 	match, err := m.re.FindRunesMatch(runes)
-	for err == nil && match != nil {
+	for {
+		if err != nil {
+			panic(&patternError{where: m.where, pattern: m.pattern, timeout: m.re.MatchTimeout, err: err})
+		}
+		if match == nil {
+			return
+		}
 		if match.Length > 0 && !fn(offs[match.Index], offs[match.Index+match.Length]) {
 			return
 		}
 		match, err = m.re.FindNextMatch(match)
 	}
+}
+
+// patternError is a regex match that failed; regexp2 fails a match only
+// when it runs past its MatchTimeout (or on an internal error).
+type patternError struct {
+	where, pattern string
+	timeout        time.Duration
+	err            error // regexp2's, which quotes the whole text
+}
+
+func (e *patternError) Error() string {
+	if strings.HasPrefix(e.err.Error(), "match timeout") {
+		return fmt.Sprintf("%s pattern %q: a match ran over %v on this text (the pattern backtracks pathologically)",
+			e.where, e.pattern, e.timeout)
+	}
+	return fmt.Sprintf("%s pattern %q: regexp2: %v", e.where, e.pattern, e.err)
+}
+
+func (e *patternError) Unwrap() error { return e.err }
+
+// patternFailure returns the *patternError that r, a value recover
+// returned, holds, or nil when r is nil. Any other panic goes on.
+func patternFailure(r any) *patternError {
+	if r == nil {
+		return nil
+	}
+	pe, ok := r.(*patternError)
+	if !ok {
+		panic(r)
+	}
+	return pe
 }
 
 // forEachMatch calls fn for each successive non-empty match of m in s.

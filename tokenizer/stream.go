@@ -33,10 +33,36 @@ func (t *Tokenizer) NewStreamDecoderSkipSpecial() *StreamDecoder {
 }
 
 // Add feeds one id and returns the new text, or "" while the text so far
-// ends inside a character.
-func (d *StreamDecoder) Add(id int) string {
+// ends inside a character. It fails only as Decode does; the decoder is
+// then reset, and the text it held back is lost.
+func (d *StreamDecoder) Add(id int) (text string, err error) {
+	defer d.catchPattern(&err)
+	return d.add(id), nil
+}
+
+// Flush returns any held-back text (with U+FFFD for incomplete
+// characters) and resets the decoder. It fails only as Decode does.
+func (d *StreamDecoder) Flush() (text string, err error) {
+	defer d.catchPattern(&err)
+	return d.flush(), nil
+}
+
+// catchPattern, deferred, recovers a regex match's failure below it into
+// *err and resets the decoder.
+func (d *StreamDecoder) catchPattern(err *error) {
+	if pe := patternFailure(recover()); pe != nil {
+		d.reset()
+		*err = d.t.patternError(pe)
+	}
+}
+
+func (d *StreamDecoder) reset() {
+	d.ids, d.prefix, d.prefixIdx, d.badFrom = d.ids[:0], "", 0, 0
+}
+
+func (d *StreamDecoder) add(id int) string {
 	d.ids = append(d.ids, id)
-	s := d.t.Decode(d.ids, d.skipSpecial)
+	s := d.t.decode(d.ids, d.skipSpecial)
 	if strings.HasSuffix(s, "\uFFFD") {
 		if d.badFrom == 0 {
 			d.badFrom = len(d.ids)
@@ -58,28 +84,26 @@ func (d *StreamDecoder) Add(id int) string {
 		// The new bytes changed how earlier text decodes (an invalid
 		// sequence turned out not to complete); emit the pending tokens'
 		// own decoding rather than repeat text.
-		out = d.t.Decode(d.ids[d.prefixIdx:], d.skipSpecial)
+		out = d.t.decode(d.ids[d.prefixIdx:], d.skipSpecial)
 	}
 	// Keep the tokens just emitted as context for the next step.
 	d.ids = append(d.ids[:0], d.ids[d.prefixIdx:]...)
 	d.prefixIdx = len(d.ids)
-	d.prefix = d.t.Decode(d.ids, d.skipSpecial)
+	d.prefix = d.t.decode(d.ids, d.skipSpecial)
 	return out
 }
 
-// Flush returns any held-back text (with U+FFFD for incomplete
-// characters) and resets the decoder.
-func (d *StreamDecoder) Flush() string {
+func (d *StreamDecoder) flush() string {
 	var out string
 	if len(d.ids) > d.prefixIdx {
-		s := d.t.Decode(d.ids, d.skipSpecial)
+		s := d.t.decode(d.ids, d.skipSpecial)
 		if strings.HasPrefix(s, d.prefix) {
 			out = s[len(d.prefix):]
 		} else {
-			out = d.t.Decode(d.ids[d.prefixIdx:], d.skipSpecial)
+			out = d.t.decode(d.ids[d.prefixIdx:], d.skipSpecial)
 		}
 	}
-	d.ids, d.prefix, d.prefixIdx, d.badFrom = d.ids[:0], "", 0, 0
+	d.reset()
 	if !utf8.ValidString(out) {
 		out = validUTF8(out)
 	}

@@ -9,11 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 )
 
 // Tokenizer turns text into token ids and back. It is safe for concurrent
 // use.
 type Tokenizer struct {
+	src        string // the tokenizer.json path, for errors; "" from FromJSON
 	normalizer normalizer
 	pre        preTokenizer
 	model      *bpe
@@ -39,6 +41,9 @@ type config struct {
 
 type buildOptions struct {
 	scanners bool // use the hand-written pre-tokenizer scanners where they apply
+	// matchTimeout bounds each regexp2 match; 0 means defaultMatchTimeout.
+	// Tests set it short.
+	matchTimeout time.Duration
 }
 
 // Load reads dir/tokenizer.json and, when present, dir/tokenizer_config.json
@@ -85,6 +90,7 @@ func FromFiles(tokenizerJSON, configJSON string) (*Tokenizer, error) {
 		}
 		return nil, fmt.Errorf("tokenizer: %s: %w", tokenizerJSON, err)
 	}
+	t.src = tokenizerJSON
 	return t, nil
 }
 
@@ -193,7 +199,9 @@ func build(tb, cb []byte, opts buildOptions) (*Tokenizer, error) {
 			return nil, fmt.Errorf("added_tokens[%d].content: empty", i)
 		}
 	}
-	t.added.add(tj.AddedTokens, model, t.normalizer)
+	if err := t.addTokens(tj.AddedTokens); err != nil {
+		return nil, fmt.Errorf("added_tokens: normalizing the contents: %w", err)
+	}
 	if t.post, err = parsePostProcessor(tj.PostProcessor, "post_processor", t.TokenID); err != nil {
 		return nil, err
 	}
@@ -209,6 +217,18 @@ func build(tb, cb []byte, opts buildOptions) (*Tokenizer, error) {
 		}
 	}
 	return t, nil
+}
+
+// addTokens registers the added tokens; normalizing their contents can run
+// a normalizer's regex.
+func (t *Tokenizer) addTokens(tokens []addedToken) (err error) {
+	defer func() {
+		if pe := patternFailure(recover()); pe != nil {
+			err = pe
+		}
+	}()
+	t.added.add(tokens, t.model, t.normalizer)
+	return nil
 }
 
 func parseMerges(raw json.RawMessage) ([][2]string, error) {
@@ -378,8 +398,29 @@ func (t *Tokenizer) AddBOSToken() bool { return t.cfg.addBOS }
 // adds its special tokens (for example a BOS). Added and special tokens
 // written in text are recognized as such. Invalid UTF-8 is first replaced
 // by U+FFFD, as a lossy decode would.
-func (t *Tokenizer) Encode(text string, addSpecial bool) []int {
-	return t.encode(nil, text, addSpecial)
+//
+// Encode fails only when a regex of tokenizer.json (a normalizer Replace or
+// a pre_tokenizer Split pattern that no hand-written scanner covers) runs
+// one match past its time limit, 1 s: the error names the pattern and the
+// component using it. Such a pattern backtracks pathologically on the text.
+func (t *Tokenizer) Encode(text string, addSpecial bool) (ids []int, err error) {
+	defer t.catchPattern(&err)
+	return t.encode(nil, text, addSpecial), nil
+}
+
+// catchPattern, deferred, recovers a regex match's failure below it into
+// *err, naming the tokenizer.json it comes from.
+func (t *Tokenizer) catchPattern(err *error) {
+	if pe := patternFailure(recover()); pe != nil {
+		*err = t.patternError(pe)
+	}
+}
+
+func (t *Tokenizer) patternError(pe *patternError) error {
+	if t.src != "" {
+		return fmt.Errorf("tokenizer: %s: %w", t.src, pe)
+	}
+	return fmt.Errorf("tokenizer: %w", pe)
 }
 
 func (t *Tokenizer) encode(dst []int, text string, addSpecial bool) []int {
@@ -435,7 +476,16 @@ func (t *Tokenizer) encode(dst []int, text string, addSpecial bool) []int {
 
 // Decode turns ids into text. Unknown ids are skipped; with skipSpecial,
 // special added tokens are too. Invalid byte sequences become U+FFFD.
-func (t *Tokenizer) Decode(ids []int, skipSpecial bool) string {
+//
+// Decode fails only when a decoder Replace regex of tokenizer.json runs one
+// match past its time limit, as Encode can; after a Fuse decoder such a
+// pattern runs over the whole decoded text.
+func (t *Tokenizer) Decode(ids []int, skipSpecial bool) (text string, err error) {
+	defer t.catchPattern(&err)
+	return t.decode(ids, skipSpecial), nil
+}
+
+func (t *Tokenizer) decode(ids []int, skipSpecial bool) string {
 	tokens := make([]string, 0, len(ids))
 	for _, id := range ids {
 		s, ok := t.Token(id)

@@ -114,7 +114,10 @@ func evalModel(o options, dir, text string, textBytes int) error {
 		return err
 	}
 
-	ids := tok.Encode(text, false)
+	ids, err := tok.Encode(text, false)
+	if err != nil {
+		return err
+	}
 	blen := make([]float64, tok.VocabSize())
 	for id := range blen {
 		if s, ok := tok.Token(id); ok && !tok.IsSpecial(id) {
