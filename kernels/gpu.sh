@@ -8,6 +8,12 @@
 #   kernels/gpu.sh run       on the device machine (device tool: carry .device):
 #                            unpacks the bundle, runs every GPU test, then the
 #                            benchmarks, logs to $OUT
+#   kernels/gpu.sh check     here, before device time is spent on a kernel
+#                            change: the CUDA sources through nvcc's front end
+#                            (-ptx), which needs only an nvcc, such as Debian's
+#                            nvidia-cuda-toolkit (11.8, bookworm non-free);
+#                            its ptxas is too old for the image's sm_90
+#                            instructions, so the image is built on the device
 # .device/ is git-ignored.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +40,14 @@ prepare)
     exit 1
   fi
   ;;
+check)
+  command -v nvcc >/dev/null || { echo "no nvcc here (Debian: apt install nvidia-cuda-toolkit from non-free)" >&2; exit 1; }
+  nvcc --version | tail -1
+  # The front end only (C++ and the CUDA language); 1556: an extern __shared__
+  # array of each kernel family shares its name with the others', as intended.
+  nvcc -std=c++17 -ptx -arch=compute_90 -diag-suppress 1556 -o /dev/null kernels/manifold.cu
+  echo "kernels/manifold.cu and its headers compile to PTX"
+  ;;
 run)
   out="${OUT:-/tmp/gpu-out}"; mkdir -p "$out"
   export MANIFOLD_GOLDEN_DIR="$PWD/.device/golden"
@@ -55,6 +69,6 @@ run)
   exit $status
   ;;
 *)
-  echo "usage: kernels/gpu.sh prepare|run [bench]" >&2; exit 2
+  echo "usage: kernels/gpu.sh prepare|check|run [bench]" >&2; exit 2
   ;;
 esac
