@@ -152,6 +152,47 @@ func TestBadInput(t *testing.T) {
 	}
 }
 
+// TestBadOptions: options out of range are errors naming the option, from
+// Validate and from Generate before anything runs.
+func TestBadOptions(t *testing.T) {
+	nan, inf := math.NaN(), math.Inf(1)
+	for _, tc := range []struct {
+		o     SamplingOptions
+		field string // "" for valid options
+	}{
+		{SamplingOptions{}, ""},
+		{SamplingOptions{Temperature: 0.7, TopK: 40, TopP: 0.95, MinP: 0.05, RepetitionPenalty: 1.1}, ""},
+		{SamplingOptions{TopP: 1, MinP: 1}, ""},
+		{SamplingOptions{Temperature: -1}, "Temperature"},
+		{SamplingOptions{Temperature: nan}, "Temperature"},
+		{SamplingOptions{Temperature: inf}, "Temperature"},
+		{SamplingOptions{TopK: -1}, "TopK"},
+		{SamplingOptions{TopP: 1.5}, "TopP"},
+		{SamplingOptions{TopP: nan}, "TopP"},
+		{SamplingOptions{TopP: -0.1}, "TopP"},
+		{SamplingOptions{MinP: 2}, "MinP"},
+		{SamplingOptions{MinP: nan}, "MinP"},
+		{SamplingOptions{RepetitionPenalty: -1}, "RepetitionPenalty"},
+		{SamplingOptions{RepetitionPenalty: inf}, "RepetitionPenalty"},
+	} {
+		err := tc.o.Validate()
+		switch {
+		case tc.field == "" && err != nil:
+			t.Errorf("%+v: %v", tc.o, err)
+		case tc.field != "" && (err == nil || !strings.Contains(err.Error(), tc.field)):
+			t.Errorf("%+v: error %v, want one naming %s", tc.o, err, tc.field)
+		}
+	}
+	m, ref := loadGolden(t, "llama")
+	s, _ := m.NewSession(32)
+	ctx := context.Background()
+	for _, o := range []GenerateOptions{{MaxTokens: -1}, {Sampling: SamplingOptions{TopP: nan}}} {
+		if _, err := s.Generate(ctx, ints(ref.InputIDs[:4]), o, nil); err == nil || s.Len() != 0 {
+			t.Errorf("%+v: error %v, session length %d", o, err, s.Len())
+		}
+	}
+}
+
 func TestSampler(t *testing.T) {
 	logits := func() []float32 { return []float32{1, 3, 2, 3, -1} }
 	if got := NewSampler(SamplingOptions{}).Sample(logits(), nil); got != 1 {

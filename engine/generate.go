@@ -80,6 +80,12 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptio
 	if len(prompt) == 0 && len(s.tokens) == 0 {
 		return nil, fmt.Errorf("engine: generate: empty prompt")
 	}
+	if opts.MaxTokens < 0 {
+		return nil, fmt.Errorf("engine: generate: MaxTokens %d: want >= 0 (0: until a stop token or the end of the context)", opts.MaxTokens)
+	}
+	if err := opts.Sampling.Validate(); err != nil {
+		return nil, err
+	}
 	if free := s.st.Cap() - len(s.tokens); len(prompt) > free {
 		return nil, fmt.Errorf("engine: prompt of %d tokens is longer than the %d free positions of the context (%d): %w",
 			len(prompt), free, s.st.Cap(), ErrContextFull)

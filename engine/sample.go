@@ -2,6 +2,7 @@ package engine
 
 import (
 	"cmp"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -42,7 +43,28 @@ type candidate struct {
 	logit float64
 }
 
-// NewSampler returns a sampler for opts.
+// Validate reports the first option out of its range, naming it:
+// Temperature and RepetitionPenalty must be finite and not negative, TopK
+// not negative, TopP and MinP within [0, 1]. Generate checks its options
+// with it; a Sampler made from options that fail it draws meaningless tokens.
+func (o SamplingOptions) Validate() error {
+	finite := func(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+	switch {
+	case !finite(o.Temperature) || o.Temperature < 0:
+		return fmt.Errorf("engine: sampling option Temperature %v: want a finite number >= 0 (0: greedy)", o.Temperature)
+	case o.TopK < 0:
+		return fmt.Errorf("engine: sampling option TopK %d: want >= 0 (0: off)", o.TopK)
+	case !(o.TopP >= 0 && o.TopP <= 1):
+		return fmt.Errorf("engine: sampling option TopP %v: want a number in [0, 1] (0 or 1: off)", o.TopP)
+	case !(o.MinP >= 0 && o.MinP <= 1):
+		return fmt.Errorf("engine: sampling option MinP %v: want a number in [0, 1] (0: off)", o.MinP)
+	case !finite(o.RepetitionPenalty) || o.RepetitionPenalty < 0:
+		return fmt.Errorf("engine: sampling option RepetitionPenalty %v: want a finite number >= 0 (0 or 1: off)", o.RepetitionPenalty)
+	}
+	return nil
+}
+
+// NewSampler returns a sampler for opts, which should pass Validate.
 func NewSampler(opts SamplingOptions) *Sampler {
 	return &Sampler{opts: opts, rng: rand.New(rand.NewPCG(opts.Seed, 0x6d616e69666f6c64))}
 }

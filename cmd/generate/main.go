@@ -80,6 +80,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if (o.ids == "") == (o.prompt == "") {
 		return nil, errors.New("give the prompt as text (-prompt TEXT) or as token ids (-ids 1,2,3), one of the two")
 	}
+	if o.maxTokens < 0 {
+		return nil, fmt.Errorf("-max-tokens %d: want >= 0 (0: until EOS or the context is full)", o.maxTokens)
+	}
+	if err := o.sampling.Validate(); err != nil { // before the model loads
+		return nil, err
+	}
 	if o.seed >= 0 {
 		o.sampling.Seed = uint64(o.seed)
 	} else {

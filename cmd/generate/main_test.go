@@ -38,6 +38,9 @@ func TestGenerateBadArgs(t *testing.T) {
 		{[]string{"-model", dir, "-prompt", "hello"}, "tokenizer.json"},
 		{[]string{"-model", filepath.Join(dir, "missing"), "-ids", "1"}, "missing"},
 		{[]string{"-model", dir, "-ids", "1", "-device", "tpu"}, "tpu"},
+		{[]string{"-model", dir, "-ids", "1", "-max-tokens", "-1"}, "-max-tokens"},
+		{[]string{"-model", dir, "-ids", "1", "-top-p", "1.5"}, "TopP"},
+		{[]string{"-model", dir, "-ids", "1", "-temperature", "NaN"}, "Temperature"},
 	} {
 		var out, errOut bytes.Buffer
 		err := run(tc.args, &out, &errOut)
