@@ -144,6 +144,13 @@ func TestBadInput(t *testing.T) {
 	if err != nil || res.Reason != StopContext || s.Len() != 16 {
 		t.Errorf("generation to a full context: %v, reason %q, len %d", err, res.Reason, s.Len())
 	}
+	// A context whose cache exceeds the machine's memory: an error, not the
+	// runtime's fatal out-of-memory (the CPU backend knows its memory on Linux).
+	if mem, ok := m.backend.(interface{ MemoryBytes() int64 }); ok && mem.MemoryBytes() > 0 {
+		if _, err := m.NewSession(1 << 50); err == nil || !strings.Contains(err.Error(), "positions") {
+			t.Errorf("a session of 2^50 positions: %v", err)
+		}
+	}
 	if _, err := Load(t.TempDir(), Options{}); err == nil {
 		t.Error("empty folder loaded")
 	}

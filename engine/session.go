@@ -32,11 +32,38 @@ func (m *Model) NewSession(contextLength int) (*Session, error) {
 	if contextLength <= 0 {
 		contextLength = m.ctxLen
 	}
+	if err := m.fits(contextLength); err != nil {
+		return nil, err
+	}
 	st, err := m.net.NewState(contextLength)
 	if err != nil {
 		return nil, fmt.Errorf("engine: new session: %w", err)
 	}
 	return &Session{m: m, st: st}, nil
+}
+
+// fits refuses a context whose caches would take more than the backend's
+// memory, where the backend says how much it has (the CPU's physical memory):
+// allocating them would end the process instead of returning an error.
+func (m *Model) fits(positions int) error {
+	mem, ok := m.backend.(interface{ MemoryBytes() int64 })
+	if !ok {
+		return nil // the GPU's allocations fail with an error of their own
+	}
+	limit := mem.MemoryBytes()
+	if limit <= 0 {
+		return nil
+	}
+	probe, err := m.net.NewState(1)
+	if err != nil {
+		return fmt.Errorf("engine: new session: %w", err)
+	}
+	per := probe.CacheBytesPerToken()
+	if per > 0 && int64(positions) > limit/per {
+		return fmt.Errorf("engine: new session: a context of %d positions needs %.1f GiB of cache (%d bytes a position), more than the %.1f GiB of memory of %s: ask for fewer positions",
+			positions, float64(per)*float64(positions)/(1<<30), per, float64(limit)/(1<<30), m.Device())
+	}
+	return nil
 }
 
 // Len is the number of tokens in the session.
