@@ -66,6 +66,10 @@ func run(args []string) int {
 		fmt.Fprintln(os.Stderr, "convert: -shard-size must be positive")
 		return 2
 	}
+	if *workers < 0 || *worst < 0 {
+		fmt.Fprintln(os.Stderr, "convert: -workers and -worst must not be negative")
+		return 2
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	opts := convert.Options{In: *in, Out: *out, Exclude: exclude, ShardBytes: *shardMB * 1e6, Workers: *workers}

@@ -26,6 +26,7 @@ func TestRun(t *testing.T) {
 		{"no -out", []string{"-in", in}, 2},
 		{"extra arg", []string{"-in", in, "-out", out, "x"}, 2},
 		{"bad shard size", []string{"-in", in, "-out", out, "-shard-size", "0"}, 2},
+		{"negative workers", []string{"-in", in, "-out", out, "-workers", "-1"}, 2},
 		{"unknown flag", []string{"-in", in, "-out", out, "-fast"}, 2},
 		{"missing input", []string{"-in", filepath.Join(in, "nope"), "-out", out, "-quiet"}, 1},
 		{"ok", []string{"-in", in, "-out", out, "-quiet", "-worst", "2", "-exclude", "lm_head"}, 0},
