@@ -66,6 +66,9 @@ var ErrDevice = errors.New("device not available")
 // safetensors checkpoint, single or sharded) onto the device opts ask for.
 func Load(dir string, opts Options) (*Model, error) {
 	start := time.Now()
+	if opts.Threads < 0 || opts.ContextLength < 0 {
+		return nil, fmt.Errorf("engine: Options.Threads %d, ContextLength %d: want >= 0 (0: the default)", opts.Threads, opts.ContextLength)
+	}
 	if fi, err := os.Stat(dir); err != nil {
 		return nil, fmt.Errorf("engine: model folder: %w", err)
 	} else if !fi.IsDir() {

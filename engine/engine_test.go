@@ -154,6 +154,11 @@ func TestBadInput(t *testing.T) {
 	if _, err := Load(t.TempDir(), Options{}); err == nil {
 		t.Error("empty folder loaded")
 	}
+	for _, o := range []Options{{Threads: -1}, {ContextLength: -5}} {
+		if _, err := Load(filepath.Join(golden.Dir(t), "llama"), o); err == nil {
+			t.Errorf("%+v: loaded", o)
+		}
+	}
 	if _, err := Load(filepath.Join(golden.Dir(t), "llama"), Options{Device: "tpu"}); !errors.Is(err, ErrDevice) {
 		t.Errorf("unknown device: %v", err)
 	}
