@@ -48,7 +48,7 @@ func main() {
 func run(args []string) int {
 	fs := flag.NewFlagSet("convert", flag.ContinueOnError)
 	in := fs.String("in", "", "input checkpoint directory (Hugging Face layout)")
-	out := fs.String("out", "", "output directory (must not exist)")
+	out := fs.String("out", "", "output directory (must not exist; outside -in)")
 	var exclude listFlag
 	fs.Var(&exclude, "exclude", "comma-separated modules or path.Match patterns to keep in BF16 (repeatable)")
 	shardMB := fs.Int64("shard-size", 5000, "maximum shard size in MB (10^6 bytes)")

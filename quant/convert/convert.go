@@ -24,7 +24,7 @@ import (
 
 // Options configure a conversion.
 type Options struct {
-	In, Out     string   // source checkpoint directory; output directory (must not exist)
+	In, Out     string   // source checkpoint directory; output directory (must not exist, nor lie inside In)
 	Exclude     []string // modules (names or path.Match patterns) to keep in BF16
 	ShardBytes  int64    // maximum tensor bytes per output shard
 	Workers     int      // goroutines for the numeric work; <= 0: GOMAXPROCS
@@ -39,6 +39,9 @@ type Options struct {
 // ErrOutputExists: the output directory already exists.
 var ErrOutputExists = errors.New("output already exists")
 
+// ErrOutputInInput: the output directory would lie inside the input's.
+var ErrOutputInInput = errors.New("output inside the input folder")
+
 // ErrAlreadyQuantized: the input is already an NVFP4 checkpoint.
 var ErrAlreadyQuantized = errors.New("input is already NVFP4-quantized")
 
@@ -49,6 +52,42 @@ type plan struct {
 	module string // for kindQuantize and 2-D linears kept in BF16
 	bytes  int64  // source bytes (with consumed scales), for progress
 	note   string // why a linear-shaped tensor stays BF16
+}
+
+// outputInside reports whether out, which does not exist yet, would lie in
+// the input's folder (in itself, or in's folder when in is a file), symbolic
+// links resolved as far as the path exists, and returns that folder.
+func outputInside(in, out string) (string, bool) {
+	inDir := in
+	if st, err := os.Stat(in); err == nil && !st.IsDir() {
+		inDir = filepath.Dir(in)
+	}
+	inDir, err := filepath.EvalSymlinks(inDir)
+	if err != nil {
+		return "", false // Open reports a missing input
+	}
+	inDir, err = filepath.Abs(inDir)
+	if err != nil {
+		return "", false
+	}
+	// The deepest existing ancestor of out, resolved, then the rest of out.
+	abs, err := filepath.Abs(out)
+	if err != nil {
+		return "", false
+	}
+	rest := ""
+	for dir := abs; ; dir = filepath.Dir(dir) {
+		if r, err := filepath.EvalSymlinks(dir); err == nil {
+			abs = filepath.Join(r, rest)
+			break
+		}
+		if filepath.Dir(dir) == dir {
+			break
+		}
+		rest = filepath.Join(filepath.Base(dir), rest)
+	}
+	rel, err := filepath.Rel(inDir, abs)
+	return inDir, err == nil && filepath.IsLocal(rel)
 }
 
 // Convert converts opts.In to NVFP4 in opts.Out (see the package comment).
@@ -68,6 +107,9 @@ func Convert(ctx context.Context, opts Options) (rep *Report, err error) {
 		return nil, fmt.Errorf("convert: %s: %w (refusing to overwrite; remove it or pick another -out)", opts.Out, ErrOutputExists)
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("convert: %w", err)
+	}
+	if inDir, inside := outputInside(opts.In, opts.Out); inside {
+		return nil, fmt.Errorf("convert: %s: %w %s (it would add files there; pick an -out outside it)", opts.Out, ErrOutputInInput, inDir)
 	}
 	srcCfg, err := nvfp4ckpt.ReadConfig(opts.In)
 	if err != nil {

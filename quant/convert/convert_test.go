@@ -529,6 +529,27 @@ func TestConvertBadInput(t *testing.T) {
 			t.Fatalf("err = %v, want ErrOutputExists", err)
 		}
 	})
+	// The output inside the input folder, directly, deeper, through a
+	// symbolic link to it, or beside a single-file input: refused before
+	// anything is written there.
+	t.Run("output inside the input", func(t *testing.T) {
+		before, _ := os.ReadDir(good)
+		link := filepath.Join(t.TempDir(), "link")
+		if err := os.Symlink(good, link); err != nil {
+			t.Fatal(err)
+		}
+		files, _ := filepath.Glob(filepath.Join(good, "*.safetensors"))
+		for _, o := range []Options{{In: good, Out: filepath.Join(good, "nvfp4")}, {In: good, Out: filepath.Join(good, "a", "b")},
+			{In: link, Out: filepath.Join(good, "nvfp4")}, {In: good, Out: filepath.Join(link, "nvfp4")},
+			{In: files[0], Out: filepath.Join(good, "nvfp4")}} {
+			if _, err := convert(t, o); !errors.Is(err, ErrOutputInInput) {
+				t.Errorf("%+v: err = %v, want ErrOutputInInput", o, err)
+			}
+		}
+		if after, _ := os.ReadDir(good); len(after) != len(before) {
+			t.Errorf("the input folder holds %d entries, had %d", len(after), len(before))
+		}
+	})
 }
 
 // TestConvertInterrupted: a conversion stopped part-way (an error, a
