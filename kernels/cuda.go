@@ -6,8 +6,6 @@ import (
 	"runtime"
 	"sync"
 	"unsafe"
-
-	"github.com/ebitengine/purego"
 )
 
 // driver holds the CUDA driver API entry points, resolved from libcuda at run
@@ -63,13 +61,7 @@ type driver struct {
 var ErrNoDriver = errors.New("no CUDA driver or GPU")
 
 var loadDriver = sync.OnceValues(func() (*driver, error) {
-	var lib uintptr
-	var err error
-	for _, name := range []string{"libcuda.so.1", "libcuda.so"} {
-		if lib, err = purego.Dlopen(name, purego.RTLD_NOW|purego.RTLD_GLOBAL); err == nil {
-			break
-		}
-	}
+	lib, err := openDriver()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNoDriver, err)
 	}
@@ -99,14 +91,14 @@ var loadDriver = sync.OnceValues(func() (*driver, error) {
 		{&d.cuGraphLaunch, "cuGraphLaunch"}, {&d.cuGraphExecDestroy, "cuGraphExecDestroy"},
 		{&d.cuGraphDestroy, "cuGraphDestroy"}, {&d.cuLaunchKernelEx, "cuLaunchKernelEx"},
 	} {
-		sym, err := purego.Dlsym(lib, f.name)
+		sym, err := driverSym(lib, f.name)
 		if err != nil {
 			return nil, fmt.Errorf("%w: libcuda lacks %s: %v", ErrNoDriver, f.name, err)
 		}
-		purego.RegisterFunc(f.fn, sym)
+		bindFunc(f.fn, sym)
 	}
-	if sym, err := purego.Dlsym(lib, "cuOccupancyMaxActiveClusters"); err == nil {
-		purego.RegisterFunc(&d.cuOccupancyMaxActiveClusters, sym)
+	if sym, err := driverSym(lib, "cuOccupancyMaxActiveClusters"); err == nil {
+		bindFunc(&d.cuOccupancyMaxActiveClusters, sym)
 	}
 	if r := d.cuInit(0); r != 0 {
 		return nil, fmt.Errorf("%w: cuInit: %s", ErrNoDriver, d.errString(r))

@@ -78,7 +78,7 @@ func TestConfigFieldEdgesGolden(t *testing.T) {
 }
 
 func checkFieldEdges(t *testing.T, checkpoints ...string) {
-	edges := []any{0, -1, 1, 3, 1 << 40, -1 << 40, 0.5, 1e308, -1e308, "x", nil, []any{}, map[string]any{}, true}
+	edges := []any{0, -1, 1, 3, int64(1) << 40, int64(-1) << 40, 0.5, 1e308, -1e308, "x", nil, []any{}, map[string]any{}, true}
 	for _, src := range checkpoints {
 		base, err := os.ReadFile(filepath.Join(src, "config.json"))
 		if err != nil {
