@@ -54,3 +54,12 @@ func Example() {
 	fmt.Println(n, "tokens streamed; stopped on", res.Reason)
 	// Output: 8 tokens streamed; stopped on max tokens
 }
+
+// Check sampling options before use, for example those read from a request.
+func ExampleSamplingOptions_Validate() {
+	opts := engine.SamplingOptions{Temperature: 0.7, TopP: 1.5}
+	if err := opts.Validate(); err != nil {
+		fmt.Println(err)
+	}
+	// Output: engine: sampling option TopP 1.5: want a number in [0, 1] (0 or 1: off)
+}
