@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -101,5 +102,48 @@ func TestTokenizerModelMismatch(t *testing.T) {
 	m, _ := loadGolden(t, "llama")
 	if _, err := m.Encode("hi", false); !errors.Is(err, ErrNoTokenizer) {
 		t.Errorf("no tokenizer: %v", err)
+	}
+}
+
+// TestGenerateTextError: a tokenizer.json decoder regex that backtracks
+// without end on the generated text (after Fuse, `(a+)+b` over a run of a's
+// with no b) ends Generate with an error naming the pattern once the match
+// passes its time limit (1 s), with the tokens generated so far, instead of
+// hanging.
+func TestGenerateTextError(t *testing.T) {
+	dir := t.TempDir()
+	const vocab = 64
+	spec := testmodel.Llama{Layers: 1, Hidden: 32, FFN: 32, Heads: 2, KVHeads: 1, Vocab: vocab, DType: weights.BF16, Seed: 5}
+	if err := spec.Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	var v strings.Builder
+	for i := range vocab { // every token a run of at least 40 a's
+		if i > 0 {
+			v.WriteByte(',')
+		}
+		fmt.Fprintf(&v, "%q:%d", strings.Repeat("a", 40+i), i)
+	}
+	tj := `{"normalizer":null,"pre_tokenizer":null,"post_processor":null,
+		"decoder":{"type":"Sequence","decoders":[{"type":"Fuse"},{"type":"Replace","pattern":{"Regex":"(a+)+b"},"content":"x"}]},
+		"model":{"type":"BPE","vocab":{` + v.String() + `},"merges":[]}}`
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), []byte(tj), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m, err := Load(dir, Options{Device: "cpu"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	s, err := m.NewSession(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Generate(context.Background(), []int{1, 2, 3}, GenerateOptions{MaxTokens: 4, StopTokens: []int{}}, nil)
+	if err == nil || !strings.Contains(err.Error(), `Replace pattern "(a+)+b"`) || !strings.Contains(err.Error(), "text of token") {
+		t.Fatalf("error %v, want the decoder pattern's time limit", err)
+	}
+	if res == nil || len(res.Tokens) == 0 {
+		t.Errorf("result %+v: want the tokens generated so far", res)
 	}
 }
