@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/manifoldlm/manifold/backend"
@@ -57,6 +58,10 @@ type Model struct {
 	deviceNote string
 	ctxLen     int
 	loadTime   time.Duration
+	// cacheBytesPerToken is what each position of a session's caches costs,
+	// found once from a one-position state when first needed (fits; the
+	// state is dropped).
+	cacheBytesPerToken func() (int64, error)
 }
 
 // ErrDevice is returned when the requested device cannot be used.
@@ -109,7 +114,13 @@ func Load(dir string, opts Options) (*Model, error) {
 		}
 	}
 	return &Model{dir: dir, cfg: cfg, gen: gen, ck: ck, backend: b, net: net, tok: tok, ctxLen: ctxLen, deviceNote: note,
-		loadTime: time.Since(start)}, nil
+		loadTime: time.Since(start), cacheBytesPerToken: sync.OnceValues(func() (int64, error) {
+			st, err := net.NewState(1)
+			if err != nil {
+				return 0, err
+			}
+			return st.CacheBytesPerToken(), nil
+		})}, nil
 }
 
 // build opens the device opts ask for and builds the model on it. "auto"

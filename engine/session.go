@@ -54,11 +54,10 @@ func (m *Model) fits(positions int) error {
 	if limit <= 0 {
 		return nil
 	}
-	probe, err := m.net.NewState(1)
+	per, err := m.cacheBytesPerToken()
 	if err != nil {
 		return fmt.Errorf("engine: new session: %w", err)
 	}
-	per := probe.CacheBytesPerToken()
 	if per > 0 && int64(positions) > limit/per {
 		return fmt.Errorf("engine: new session: a context of %d positions needs %.1f GiB of cache (%d bytes a position), more than the %.1f GiB of memory of %s: ask for fewer positions",
 			positions, float64(per)*float64(positions)/(1<<30), per, float64(limit)/(1<<30), m.Device())
