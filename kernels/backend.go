@@ -76,7 +76,7 @@ type Backend struct {
 	tmaOcc        int         // with 8 warps: blocks per multiprocessor (2 or 3), shared memory and registers split so many ways
 	tmaTPB        int         // tiles per block (0: a persistent grid of tmaOcc blocks per multiprocessor)
 	tmaUneven     bool        // benchmarks: tmaOcc blocks per multiprocessor even when their tile counts differ
-	tmaEvict      bool        // its weight copies marked evict-first in L2
+	tmaEvict      bool        // its weight copies marked evict-first in L2 (the default)
 	tmaAblate     int         // benchmarks: gemv_nvfp4_tma's ablation bits (flags bits 4, 5: no x staging, no decoding; 6: timeline)
 	tmaTrace      uint64      // benchmarks: where gemv_nvfp4_tma writes its timeline (flags bit 6), 64 words per block
 	tkmWS         *allocation // the many-block top-k's workspace (dsv4.go: topK)
@@ -150,6 +150,9 @@ func New(ordinal int) (*Backend, error) {
 		b.tmaWarps, b.tmaOcc = 16, 1
 	}
 	b.tmaNorm = os.Getenv("MANIFOLD_NORM_FUSION") != "0"
+	// The m = 1 matmuls' weight copies go through L2 marked evict-first
+	// (docs/DECISIONS.md); MANIFOLD_TMA_EVICT=0 gives them normal priority.
+	b.tmaEvict = os.Getenv("MANIFOLD_TMA_EVICT") != "0"
 	var n int32
 	if err := d.check("cuDeviceGetCount", d.cuDeviceGetCount(&n)); err != nil {
 		return nil, err

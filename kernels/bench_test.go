@@ -60,7 +60,7 @@ func BenchmarkGEMV(b *testing.B) {
 	reset := func() {
 		g.gemvDec, g.bf16Kernel, g.gemvOff, g.gemvPipe, g.gemvFlags, g.gemvSt4, g.gemvX8, g.gemvSmallM = defaultGemvDec, "", false, false, 0, false, false, false
 		g.gemvLB, g.gemvMT, g.gemvTMA, g.gemmK128 = true, true, true, false
-		g.tmaWarps, g.tmaSlots, g.tmaOcc, g.tmaTPB, g.tmaUneven, g.tmaEvict, g.tmaAblate = 8, 0, 2, 0, false, false, 0
+		g.tmaWarps, g.tmaSlots, g.tmaOcc, g.tmaTPB, g.tmaUneven, g.tmaEvict, g.tmaAblate = 8, 0, 2, 0, false, true, 0
 		g.SetPDL(false)
 	}
 	for _, shape := range [][2]int{{4096, 14336}, {14336, 4096}, {6144, 4096}, {128256, 4096}, {16384, 14336}} {
@@ -96,8 +96,8 @@ func BenchmarkGEMV(b *testing.B) {
 				{"nvfp4-16w", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc = 16, 1 }},
 				{"nvfp4-16w-pdl", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc = 16, 1; g.SetPDL(true) }},
 				{"nvfp4-uneven", nv, []int{1}, func() { g.tmaUneven = true }},
-				{"nvfp4-evict", nv, []int{1}, func() { g.tmaEvict = true }},
-				{"nvfp4-evict-pdl", nv, []int{1}, func() { g.tmaEvict = true; g.SetPDL(true) }},
+				{"nvfp4-noevict", nv, []int{1}, func() { g.tmaEvict = false }},
+				{"nvfp4-noevict-pdl", nv, []int{1}, func() { g.tmaEvict = false; g.SetPDL(true) }},
 				{"nvfp4-uneven-pdl", nv, []int{1}, func() { g.tmaUneven = true; g.SetPDL(true) }},
 				{"nvfp4-nox", nv, []int{1}, func() { g.tmaAblate = 0x10 }},
 				{"nvfp4-nox-pdl", nv, []int{1}, func() { g.tmaAblate = 0x10; g.SetPDL(true) }},
