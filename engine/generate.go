@@ -25,6 +25,13 @@ type GenerateOptions struct {
 	// StopTokens end generation (the stop token is reported and kept). Nil
 	// means the model's EOS tokens; an empty non-nil slice means none.
 	StopTokens []int
+	// StopStrings end generation as soon as the generated text contains one
+	// of them (the model needs a tokenizer). Neither the stop string nor
+	// anything after it is streamed; the token that completed it is kept, as a
+	// stop token is. Text that might begin a stop string is streamed only once
+	// the next token shows that it does not, so a token's Text may then be
+	// shorter than its text and a later token's longer.
+	StopStrings []string
 }
 
 // Token is one generated token, as streamed.
@@ -43,6 +50,7 @@ type StopReason string
 // The reasons Generate stops.
 const (
 	StopToken     StopReason = "stop token"
+	StopString    StopReason = "stop string"
 	StopMaxTokens StopReason = "max tokens"
 	StopContext   StopReason = "context full"
 )
@@ -86,6 +94,14 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptio
 	if err := opts.Sampling.Validate(); err != nil {
 		return nil, err
 	}
+	for i, st := range opts.StopStrings {
+		if st == "" {
+			return nil, fmt.Errorf("engine: generate: StopStrings[%d] is empty", i)
+		}
+	}
+	if len(opts.StopStrings) > 0 && s.m.tok == nil {
+		return nil, fmt.Errorf("engine: generate: StopStrings need the model's text: %w", ErrNoTokenizer)
+	}
 	if free := s.st.Cap() - len(s.tokens); len(prompt) > free {
 		return nil, fmt.Errorf("engine: prompt of %d tokens is longer than the %d free positions of the context (%d): %w",
 			len(prompt), free, s.st.Cap(), ErrContextFull)
@@ -99,6 +115,7 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptio
 	if s.m.tok != nil {
 		text = s.m.tok.NewStreamDecoderSkipSpecial()
 	}
+	held := stopText{stops: opts.StopStrings}
 	pick := s.picker(NewSampler(opts.Sampling))
 	// A run of a token that pick queued ahead and that the session does not
 	// keep (an error, a cancelled stream) leaves the cache with it.
@@ -125,21 +142,29 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptio
 		res.Tokens = append(res.Tokens, tok)
 		res.DecodeDuration = time.Since(first)
 		t := Token{ID: tok, Index: len(res.Tokens) - 1}
+		switch {
+		case slices.Contains(stops, tok):
+			res.Reason = StopToken
+		case opts.MaxTokens > 0 && len(res.Tokens) >= opts.MaxTokens:
+			res.Reason = StopMaxTokens
+		}
 		if text != nil {
 			if t.Text, err = text.Add(tok); err != nil {
 				return res, fmt.Errorf("engine: generate: text of token %d: %w", tok, err)
+			}
+			if len(held.stops) > 0 {
+				// The last token streamed (the next finds no position) takes what is held.
+				last := res.Reason != "" || len(s.tokens)+1 >= s.st.Cap()
+				var stopped bool
+				if t.Text, stopped = held.add(t.Text, last); stopped {
+					res.Reason = StopString
+				}
 			}
 		}
 		if stream != nil {
 			if err := stream(t); err != nil {
 				return res, err
 			}
-		}
-		switch {
-		case slices.Contains(stops, tok):
-			res.Reason = StopToken
-		case opts.MaxTokens > 0 && len(res.Tokens) >= opts.MaxTokens:
-			res.Reason = StopMaxTokens
 		}
 		if res.Reason != "" {
 			// Kept. Unless pick queued its run ahead (the cache then holds

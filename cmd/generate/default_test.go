@@ -26,4 +26,24 @@ func TestGenerateDefaultModel(t *testing.T) {
 		}
 	}
 	t.Logf("stdout %q\nstderr %q", out.String(), errOut.String())
+
+	// -stop: the same run cut before the first occurrence of a stop string
+	// taken from the middle of its text (the seed fixes the draws), given to
+	// the flag with its escapes.
+	text := strings.TrimSuffix(out.String(), "\n") // run ends its output with a line break
+	r := []rune(text)
+	if len(r) < 8 {
+		t.Skipf("text %q too short to take a stop string from", text)
+	}
+	stop := string(r[len(r)/2 : len(r)/2+3])
+	cut := strings.Index(text, stop)
+	flag := strings.NewReplacer(`\`, `\\`, "\n", `\n`, "\t", `\t`).Replace(stop)
+	out.Reset()
+	errOut.Reset()
+	if err := run([]string{"-prompt", "func main() {", "-max-tokens", "16", "-seed", "1", "-device", "cpu", "-stop", flag}, &out, &errOut); err != nil {
+		t.Fatal(err, errOut.String())
+	}
+	if got := strings.TrimSuffix(out.String(), "\n"); got != text[:cut] || !strings.Contains(errOut.String(), "(stop string)") {
+		t.Errorf("-stop %q: stdout %q, stderr %q; want %q and the stop string as the reason", flag, got, errOut.String(), text[:cut])
+	}
 }

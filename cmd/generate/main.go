@@ -47,6 +47,7 @@ type options struct {
 	sampling            engine.SamplingOptions
 	seed                int64
 	ignoreEOS, quietLog bool
+	stops               []string
 	attention           model.AttentionOptions
 }
 
@@ -69,6 +70,14 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.sampling.RepetitionPenalty, "repeat-penalty", 1.0, "repetition penalty (1: off)")
 	fs.Int64Var(&o.seed, "seed", -1, "random seed (-1: random)")
 	fs.BoolVar(&o.ignoreEOS, "ignore-eos", false, "do not stop at the model's end-of-sequence tokens")
+	fs.Func("stop", "stop when the text contains this string (repeatable; \\n, \\t and \\\\ are escapes; needs the model's tokenizer)", func(v string) error {
+		v = stopEscapes.Replace(v)
+		if v == "" {
+			return errors.New("empty stop string")
+		}
+		o.stops = append(o.stops, v)
+		return nil
+	})
 	fs.StringVar(&o.attention.Kind, "attention", "dense", "dense or htree (hierarchical sparse attention, Llama/Qwen3; docs/htree.md)")
 	fs.IntVar(&o.attention.HTree.TopK, "htree-topk", 0, "htree: nodes expanded per level (0: 512)")
 	fs.IntVar(&o.attention.HTree.Rate, "htree-rate", 0, "htree: children per tree node (0: 16)")
@@ -93,6 +102,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	return o, nil
 }
+
+// stopEscapes turns the escapes a -stop value may hold into the characters.
+var stopEscapes = strings.NewReplacer(`\\`, `\`, `\n`, "\n", `\t`, "\t")
 
 func parseIDs(s string) ([]int, error) {
 	var ids []int
@@ -139,7 +151,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	opts := engine.GenerateOptions{MaxTokens: o.maxTokens, Sampling: o.sampling}
+	if len(o.stops) > 0 && !asText {
+		return fmt.Errorf("-stop: %s has no tokenizer.json, so its output is token ids, not text", o.model)
+	}
+	opts := engine.GenerateOptions{MaxTokens: o.maxTokens, Sampling: o.sampling, StopStrings: o.stops}
 	if o.ignoreEOS {
 		opts.StopTokens = []int{}
 	}

@@ -41,6 +41,8 @@ func TestGenerateBadArgs(t *testing.T) {
 		{[]string{"-model", dir, "-ids", "1", "-max-tokens", "-1"}, "-max-tokens"},
 		{[]string{"-model", dir, "-ids", "1", "-top-p", "1.5"}, "TopP"},
 		{[]string{"-model", dir, "-ids", "1", "-temperature", "NaN"}, "Temperature"},
+		{[]string{"-model", dir, "-ids", "1", "-stop", ""}, "empty stop string"},
+		{[]string{"-model", dir, "-ids", "1", "-stop", "x"}, "-stop"},
 	} {
 		var out, errOut bytes.Buffer
 		err := run(tc.args, &out, &errOut)
