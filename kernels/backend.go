@@ -92,7 +92,7 @@ type Backend struct {
 	idxMMAOff     bool // tests and benchmarks: idx_scores_tile where idx_scores_mma would run
 	pdl           bool // programmatic dependent launch (queue.go)
 	pdlConfig     launchConfig
-	pdlAttr       launchAttribute
+	pdlAttr       [2]launchAttribute
 	gemvFlags     int         // GemvArgs.flags (gemv.cuh)
 	normFusion    bool        // RMSNorm of one row runs inside the NVFP4 matmul after it
 	tmaNorm       bool        // ... where the bulk-copy kernel takes the matmul (its staging overlaps the weight copies)
@@ -101,6 +101,7 @@ type Backend struct {
 	attnPart      *allocation // attention_kv's and attn_decode's split partials
 	attnPartLen   int
 	attnDecodeOff bool        // one-row attention on attention_kv instead of attn_decode (tests, benchmarks)
+	attnCluster   bool        // attn_decode's splits (up to 8) merged in a thread block cluster (the default)
 	mhcTailOff    bool        // tests and benchmarks: MHCCoeffsPre in four launches at every token count
 	attnTicket    *allocation // attn_decode's counts of finished splits, one per row of blocks (zero between launches)
 	attnTicketLen int
@@ -153,6 +154,9 @@ func New(ordinal int) (*Backend, error) {
 	// The m = 1 matmuls' weight copies go through L2 marked evict-first
 	// (docs/DECISIONS.md); MANIFOLD_TMA_EVICT=0 gives them normal priority.
 	b.tmaEvict = os.Getenv("MANIFOLD_TMA_EVICT") != "0"
+	// attn_decode merges up to 8 splits in a thread block cluster
+	// (docs/DECISIONS.md); MANIFOLD_ATTN_CLUSTER=0 merges through global memory.
+	b.attnCluster = os.Getenv("MANIFOLD_ATTN_CLUSTER") != "0"
 	var n int32
 	if err := d.check("cuDeviceGetCount", d.cuDeviceGetCount(&n)); err != nil {
 		return nil, err
@@ -858,6 +862,10 @@ func (b *Backend) attnPrefill(out, q, k, v backend.Buffer, c *kvCache, layer, po
 // attnDecodeChunk is attn_decode's chunk of keys (ATTD_CH in decode.cuh).
 const attnDecodeChunk = 32
 
+// maxAttnCluster is the most splits attn_decode merges in one thread block
+// cluster (the portable cluster size).
+const maxAttnCluster = 8
+
 // attnDecode queues attn_decode for one query row: the keys split over
 // blocks (each at least a chunk, about two blocks per multiprocessor at long
 // contexts, the query heads of a kv head spread over more blocks at short
@@ -865,6 +873,8 @@ const attnDecodeChunk = 32
 // A RoPE of exactly q and k queued just before it moves into the launch.
 func (b *Backend) attnDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos0, vb int, s layers.AttentionShape) {
 	splits := min(max(vb/attnDecodeChunk, 1), max((2*b.sms+s.KVHeads-1)/s.KVHeads, 1))
+	// Up to 8 splits (a portable cluster) merge in distributed shared memory.
+	cluster := b.attnCluster && splits > 1 && splits <= maxAttnCluster
 	G := s.Heads / s.KVHeads
 	// Short contexts leave most multiprocessors idle: the query heads of a kv
 	// head go to several blocks (each loading the keys again, from L2) while
@@ -877,7 +887,7 @@ func (b *Backend) attnDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos
 	var part uint64
 	var keep []any
 	var ticket uint64
-	if splits > 1 {
+	if splits > 1 && !cluster {
 		pa, ta, err := b.attnScratch(s.Heads*splits*(s.HeadDim+2), rowsOfBlocks)
 		if err != nil {
 			b.setErr(err)
@@ -907,9 +917,14 @@ func (b *Backend) attnDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos
 	name := fmt.Sprintf("attn_decode_%d", s.HeadDim)
 	floats := 4*attnDecodeChunk*(s.HeadDim+4) + G*s.HeadDim + G*attnDecodeChunk + 3*s.HeadDim
 	o := op{kind: opKernel, name: name, fn: b.fn[name], grid: [3]uint32{uint32(rowsOfBlocks), uint32(splits), 1},
-		block: 128, shared: uint32(4 * floats), pdl: pdlKernel(name)}
+		block: 128, pdl: pdlKernel(name)}
+	if cluster {
+		floats += splits * (G / hgroups) * (s.HeadDim + 4) // block 0's merge area (ATTD_PM in decode.cuh)
+		o.cluster = uint32(splits)
+	}
+	o.shared = uint32(4 * floats)
 	o.setParams(ptr(out), ptr(q), ptr(k), ptr(v), c.k[layer].ptr, c.v[layer].ptr, b.dyn.ptr, posRel,
-		s.Heads, s.KVHeads, s.Scale, s.Window, part, ticket, freqs, rhalf, roff, rscale, rinter, hgroups)
+		s.Heads, s.KVHeads, s.Scale, s.Window, part, ticket, freqs, rhalf, roff, rscale, rinter, hgroups, boolInt(cluster))
 	b.push(o)
 }
 

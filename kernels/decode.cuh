@@ -232,8 +232,24 @@ extern "C" __global__ void attn_combine(float* out, const float* part, int heads
 // kernel between them fills the GPU and waits for its predecessor. Row p
 // (the new key, rotated, and value) is written by the block whose share ends
 // at p, which also stages it into its chunk from shared memory.
+//
+// cl != 0: the grid's splits form one thread block cluster along y (2 to 8
+// blocks), and the partials merge in block 0's shared memory instead: each
+// block stores its (output, max, sum) there (distributed shared memory) and
+// block 0 merges them after one cluster barrier, in the ticket merge's order
+// (the same values), with no global round trips (write, fence, atomic, read).
 #define ATTD_WARPS 4
 #define ATTD_CH 32
+#define ATTD_PM(HD) ((HD) + 4)  // a partial's row in block 0's merge area: HD outputs, max, sum, padding
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive_release() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait_acquire() {
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
 // Channel c of v rotated by the angles whose cos and sin (times rscale) are
 // rc[i], rs[i] for pair i.
 __device__ __forceinline__ float attd_rot(const float* v, int c, const float* rc, const float* rs, int rhalf, int roff,
@@ -250,7 +266,7 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
                                                  float* kc, float* vc, const int* dyn, int posRel, int heads,
                                                  int kvHeads, float scale, int window, float* part, int* ticket,
                                                  const float* inv_freq, int rhalf, int roff, float rscale, int rinter,
-                                                 int hgroups) {
+                                                 int hgroups, int cl) {
     constexpr int VEC = HD / WARP;  // output channels per lane
     constexpr int RS = HD + 4;      // padded row: 8 rows at one column hit distinct banks
     constexpr int NT = ATTD_WARPS * WARP;
@@ -266,10 +282,12 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
     float* vn = kn + HD;                     // [HD] the new value
     float* rc = vn + HD;                     // [HD/2] cos and sin of the rotation's angles
     float* rs = rc + HD / 2;
+    float* pm = rs + HD / 2;                 // cl: [splits][GB][ATTD_PM(HD)], block 0's partials to merge
     const int kh = blockIdx.x / hgroups, hb = kh * G + (blockIdx.x % hgroups) * GB;  // kv head, first query head
     const int s = blockIdx.y, splits = gridDim.y;
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
     pdl_launch();
+    if (cl) cluster_arrive_relaxed();  // waited for before the first remote store: every block has started
     const int p = dyn[0] + posRel;
     const int start = window > 0 ? max(0, p - window + 1) : 0;
     const int len = (p - start + 1 + splits - 1) / splits;
@@ -380,6 +398,46 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
         __syncthreads();  // buffer b is free for the load two chunks on
     }
     cp_async_wait<0>();
+    if (cl) {
+        cluster_wait_acquire();
+#pragma unroll
+        for (int gi = 0; gi < GPW; gi++) {
+            const int g = warp + gi * ATTD_WARPS;
+            if (g >= GB) break;
+            const uint32_t row0 = dsmem_map(pm + (s * GB + g) * ATTD_PM(HD), 0);
+            if constexpr (VEC == 4) {
+                dsmem_store4(row0 + 16 * lane, make_uint4(__float_as_uint(o[gi][0]), __float_as_uint(o[gi][1]),
+                                                          __float_as_uint(o[gi][2]), __float_as_uint(o[gi][3])));
+            } else {
+#pragma unroll
+                for (int v = 0; v < VEC; v++) dsmem_store(row0 + 4 * (lane * VEC + v), __float_as_int(o[gi][v]));
+            }
+            if (lane == 0) {
+                dsmem_store(row0 + 4 * HD, __float_as_int(mrun[gi]));
+                dsmem_store(row0 + 4 * (HD + 1), __float_as_int(lrun[gi]));
+            }
+        }
+        cluster_arrive_release();
+        cluster_wait_acquire();
+        if (cluster_rank() != 0) return;
+        for (int i = tid; i < GB * HD; i += NT) {
+            const int g = i / HD, c = i % HD;
+            float M = -INFINITY;
+            for (int s2 = 0; s2 < splits; s2++) M = fmaxf(M, pm[(s2 * GB + g) * ATTD_PM(HD) + HD]);
+            float den = 0.f, acc = 0.f;
+            for (int s2 = 0; s2 < splits; s2++) {
+                const float* pq = pm + (s2 * GB + g) * ATTD_PM(HD);
+                const float mx = pq[HD];
+                if (mx == -INFINITY) continue;  // an empty share
+                const float e = __expf(mx - M);
+                den += e * pq[HD + 1];
+                acc += e * pq[c];
+            }
+            const float inv = 1.f / den;
+            out[(size_t)(hb + g) * HD + c] = acc * inv;
+        }
+        return;
+    }
 #pragma unroll
     for (int gi = 0; gi < GPW; gi++) {
         const int g = warp + gi * ATTD_WARPS;
@@ -436,9 +494,9 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
     extern "C" __global__ void __launch_bounds__(ATTD_WARPS * WARP) NAME(                                            \
         float* out, const float* q, const float* knew, const float* vnew, float* kc, float* vc, const int* dyn,      \
         int posRel, int heads, int kvHeads, float scale, int window, float* part, int* ticket, const float* inv_freq, \
-        int rhalf, int roff, float rscale, int rinter, int hgroups) {                                                \
+        int rhalf, int roff, float rscale, int rinter, int hgroups, int cl) {                                        \
         attn_decode_body<HD>(out, q, knew, vnew, kc, vc, dyn, posRel, heads, kvHeads, scale, window, part, ticket,   \
-                             inv_freq, rhalf, roff, rscale, rinter, hgroups);                                        \
+                             inv_freq, rhalf, roff, rscale, rinter, hgroups, cl);                                    \
     }
 ATTN_DECODE(attn_decode_64, 64)
 ATTN_DECODE(attn_decode_128, 128)

@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"encoding/binary"
 	"fmt"
 	"hash/maphash"
 	"math"
@@ -32,22 +33,23 @@ const (
 // op is one queued stream operation. A kernel's parameters are 8-byte slots;
 // offs[i] is the first slot of parameter i (a struct parameter takes several).
 type op struct {
-	kind   opKind
-	name   string
-	fn     uintptr
-	grid   [3]uint32
-	block  uint32
-	shared uint32
-	params []uint64
-	offs   []uint16
-	pdl    bool    // the kernel waits for its predecessor itself (pdl_wait): launch it with programmatic serialization
-	gemv   *gemvOp // an NVFP4 matmul that later operations may fuse into
-	rope   *ropeOp // a RoPE that the next RoPE may join
-	norm   *normOp // an RMSNorm that the next matmul may take in
+	kind    opKind
+	name    string
+	fn      uintptr
+	grid    [3]uint32
+	block   uint32
+	shared  uint32
+	params  []uint64
+	offs    []uint16
+	pdl     bool    // the kernel waits for its predecessor itself (pdl_wait): launch it with programmatic serialization
+	cluster uint32  // blocks per thread block cluster along y (0: no clusters)
+	gemv    *gemvOp // an NVFP4 matmul that later operations may fuse into
+	rope    *ropeOp // a RoPE that the next RoPE may join
+	norm    *normOp // an RMSNorm that the next matmul may take in
 }
 
 func (o *op) equal(p *op) bool {
-	return o.kind == p.kind && o.fn == p.fn && o.grid == p.grid && o.block == p.block && o.shared == p.shared &&
+	return o.kind == p.kind && o.fn == p.fn && o.grid == p.grid && o.block == p.block && o.shared == p.shared && o.cluster == p.cluster &&
 		slices.Equal(o.params, p.params) && slices.Equal(o.offs, p.offs)
 }
 
@@ -258,8 +260,8 @@ func (b *Backend) launchOp(o *op) {
 			p = unsafe.Pointer(&ptrs[0])
 		}
 		var r int32
-		if o.pdl && b.pdl && !b.profiling {
-			r = b.launchPDL(o, p)
+		if pdl := o.pdl && b.pdl && !b.profiling; pdl || o.cluster > 0 {
+			r = b.launchEx(o, p, pdl)
 		} else {
 			r = b.d.cuLaunchKernel(o.fn, o.grid[0], o.grid[1], o.grid[2], o.block, 1, 1, o.shared, b.stream, p, nil)
 		}
@@ -311,14 +313,32 @@ type launchAttribute struct {
 	value [64]byte
 }
 
-const attrProgrammaticStreamSerialization = 6 // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+const (
+	attrClusterDimension                = 4 // CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+	attrProgrammaticStreamSerialization = 6 // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+)
 
-func (b *Backend) launchPDL(o *op, params unsafe.Pointer) int32 {
-	attr := &b.pdlAttr
-	attr.id = attrProgrammaticStreamSerialization
-	attr.value[0] = 1 // programmaticStreamSerializationAllowed
+// launchEx launches o with cuLaunchKernelEx: with programmatic stream
+// serialization when pdl is set, in clusters of o.cluster blocks along y
+// when that is not 0.
+func (b *Backend) launchEx(o *op, params unsafe.Pointer, pdl bool) int32 {
+	n := 0
+	if pdl {
+		a := &b.pdlAttr[n]
+		*a = launchAttribute{id: attrProgrammaticStreamSerialization}
+		a.value[0] = 1 // programmaticStreamSerializationAllowed
+		n++
+	}
+	if o.cluster > 0 {
+		a := &b.pdlAttr[n]
+		*a = launchAttribute{id: attrClusterDimension}
+		binary.NativeEndian.PutUint32(a.value[0:], 1)
+		binary.NativeEndian.PutUint32(a.value[4:], o.cluster)
+		binary.NativeEndian.PutUint32(a.value[8:], 1)
+		n++
+	}
 	cfg := &b.pdlConfig
-	*cfg = launchConfig{grid: o.grid, block: [3]uint32{o.block, 1, 1}, shared: o.shared, stream: b.stream, attrs: attr, nattrs: 1}
+	*cfg = launchConfig{grid: o.grid, block: [3]uint32{o.block, 1, 1}, shared: o.shared, stream: b.stream, attrs: &b.pdlAttr[0], nattrs: uint32(n)}
 	return b.d.cuLaunchKernelEx(unsafe.Pointer(cfg), o.fn, params, nil)
 }
 
@@ -355,6 +375,7 @@ func signature(ops []op) uint64 {
 		put(uint64(o.grid[0]) | uint64(o.grid[1])<<32)
 		put(uint64(o.grid[2]) | uint64(o.block)<<32)
 		put(uint64(o.shared) | uint64(len(o.params))<<32)
+		put(uint64(o.cluster))
 		for _, p := range o.params {
 			put(p)
 		}
@@ -402,7 +423,7 @@ func (b *Backend) launchGraph(ops []op) {
 	}
 	saved := make([]op, len(ops))
 	for i, o := range ops {
-		saved[i] = op{kind: o.kind, name: o.name, fn: o.fn, grid: o.grid, block: o.block, shared: o.shared,
+		saved[i] = op{kind: o.kind, name: o.name, fn: o.fn, grid: o.grid, block: o.block, shared: o.shared, cluster: o.cluster,
 			params: slices.Clone(o.params), offs: slices.Clone(o.offs)}
 	}
 	b.graphCache[sig] = &graphEntry{ops: saved, exec: exec}
