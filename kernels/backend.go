@@ -77,6 +77,8 @@ type Backend struct {
 	tmaTPB        int         // tiles per block (0: a persistent grid of tmaOcc blocks per multiprocessor)
 	tmaUneven     bool        // benchmarks: tmaOcc blocks per multiprocessor even when their tile counts differ
 	tmaEvict      bool        // its weight copies marked evict-first in L2 (the default)
+	tmaMaps       bool        // its weights copied by tensor maps, four copies a stage (gemv_nvfp4_tma8_tm), in large launches
+	tmaMapsAll    bool        // ... in launches of every size (tests, benchmarks)
 	tmaAblate     int         // benchmarks: gemv_nvfp4_tma's ablation bits (flags bits 4, 5: no x staging, no decoding; 6: timeline)
 	tmaTrace      uint64      // benchmarks: where gemv_nvfp4_tma writes its timeline (flags bit 6), 64 words per block
 	tkmWS         *allocation // the many-block top-k's workspace (dsv4.go: topK)
@@ -154,6 +156,8 @@ func New(ordinal int) (*Backend, error) {
 	// The m = 1 matmuls' weight copies go through L2 marked evict-first
 	// (docs/DECISIONS.md); MANIFOLD_TMA_EVICT=0 gives them normal priority.
 	b.tmaEvict = os.Getenv("MANIFOLD_TMA_EVICT") != "0"
+	b.tmaMaps = os.Getenv("MANIFOLD_TMA_MAPS") != "0"
+	b.tmaMapsAll = os.Getenv("MANIFOLD_TMA_MAPS") == "all"
 	// attn_decode merges up to 8 splits in a thread block cluster
 	// (docs/DECISIONS.md); MANIFOLD_ATTN_CLUSTER=0 merges through global memory.
 	b.attnCluster = os.Getenv("MANIFOLD_ATTN_CLUSTER") != "0"
@@ -189,7 +193,7 @@ func New(ordinal int) (*Backend, error) {
 			"gemv_nvfp4_any", "embed", "rmsnorm", "rope", "attention", "swiglu", "add", "scale",
 			"sample_partial", "sample_final", "embed_ids", "rope_dyn", "attention_kv", "attention_kv_64", "attention_kv_128", "attn_combine", "attn_decode_64", "attn_decode_128", "gemv_bf16_u4",
 			"gemv_nvfp4_m1_d0", "gemv_nvfp4_m1_d1", "gemv_nvfp4_s1_d0", "gemv_nvfp4_s1_d1", "gemv_nvfp4_s1_d1_st4", "gemv_nvfp4_s1_d1_lb", "gemv_nvfp4_s1_d1_mt", "gemv_nvfp4_m8_d0", "gemv_nvfp4_m8_d1",
-			"gemv_nvfp4_m16_d0", "gemv_nvfp4_m16_d1", "gemv_nvfp4_tma", "gemv_nvfp4_tma8", "gemv_nvfp4_tma8_3", "gemv_nvfp4_tma8_trace"} {
+			"gemv_nvfp4_m16_d0", "gemv_nvfp4_m16_d1", "gemv_nvfp4_tma", "gemv_nvfp4_tma8", "gemv_nvfp4_tma8_3", "gemv_nvfp4_tma8_trace", "gemv_nvfp4_tma8_tm"} {
 			var f uintptr
 			if err = d.check("cuModuleGetFunction "+name, d.cuModuleGetFunction(&f, b.module, cString(name))); err != nil {
 				return
@@ -203,7 +207,7 @@ func New(ordinal int) (*Backend, error) {
 			"gemv_nvfp4_s1_d0": b.maxShare, "gemv_nvfp4_s1_d1": b.maxShare, "gemv_nvfp4_s1_d1_st4": b.maxShare, "gemv_nvfp4_s1_d1_lb": b.maxShare, "gemv_nvfp4_s1_d1_mt": b.maxShare,
 			"gemv_nvfp4_m8_d0": b.maxShare, "gemv_nvfp4_m8_d1": b.maxShare, "gemv_nvfp4_m16_d0": b.maxShare,
 			"gemv_nvfp4_m16_d1": b.maxShare, "gemv_nvfp4_tma": b.maxShare, "gemv_nvfp4_tma8": b.maxShare, "gemv_nvfp4_tma8_3": b.maxShare,
-			"gemv_nvfp4_tma8_trace": b.maxShare} {
+			"gemv_nvfp4_tma8_trace": b.maxShare, "gemv_nvfp4_tma8_tm": b.maxShare} {
 			if err = d.check("cuFuncSetAttribute "+name, d.cuFuncSetAttribute(b.fn[name], 8, int32(bytes))); err != nil {
 				return
 			}
@@ -437,6 +441,8 @@ type Weight struct {
 	scales     *allocation // NVFP4 block scales
 	global     float32
 	bias       *allocation
+	maps       *tensorMaps // gemv_nvfp4_tma8_tm's descriptors, encoded on first use (fuse.go: tensorMapsOf)
+	mapsTried  bool
 }
 
 // Rows is the number of output features.

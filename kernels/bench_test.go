@@ -40,7 +40,9 @@ func randomNVFP4(rng *rand.Rand, n, k int) *quant.NVFP4 {
 // (16 features) per block, x staged by every block, -pdl with programmatic
 // dependent launch (each call overlapping the previous one's tail), -nox and
 // -nodec gemv_nvfp4_tma with x not staged or the weights not decoded
-// (ablations: what each costs); bf16 picks its kernel
+// (ablations: what each costs; row copies), -rows gemv_nvfp4_tma8 with a
+// copy per weight row, -tm with tensor copies at every size (gemv_nvfp4_tma8_tm;
+// the default takes them from tmaMapsMin elements); bf16 picks its kernel
 // by shape (one load in flight per lane, four on tall matrices), bf16-1load
 // and bf16-4loads force one. 128256x4096 is the 8B model's LM head.
 func BenchmarkGEMV(b *testing.B) {
@@ -61,6 +63,7 @@ func BenchmarkGEMV(b *testing.B) {
 		g.gemvDec, g.bf16Kernel, g.gemvOff, g.gemvPipe, g.gemvFlags, g.gemvSt4, g.gemvX8, g.gemvSmallM = defaultGemvDec, "", false, false, 0, false, false, false
 		g.gemvLB, g.gemvMT, g.gemvTMA, g.gemmK128 = true, true, true, false
 		g.tmaWarps, g.tmaSlots, g.tmaOcc, g.tmaTPB, g.tmaUneven, g.tmaEvict, g.tmaAblate = 8, 0, 2, 0, false, true, 0
+		g.tmaMaps, g.tmaMapsAll = true, false
 		g.SetPDL(false)
 	}
 	for _, shape := range [][2]int{{4096, 14336}, {14336, 4096}, {6144, 4096}, {128256, 4096}, {16384, 14336}} {
@@ -96,6 +99,10 @@ func BenchmarkGEMV(b *testing.B) {
 				{"nvfp4-16w", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc = 16, 1 }},
 				{"nvfp4-16w-pdl", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc = 16, 1; g.SetPDL(true) }},
 				{"nvfp4-uneven", nv, []int{1}, func() { g.tmaUneven = true }},
+				{"nvfp4-tm", nv, []int{1}, func() { g.tmaMapsAll = true }},
+				{"nvfp4-tm-pdl", nv, []int{1}, func() { g.tmaMapsAll = true; g.SetPDL(true) }},
+				{"nvfp4-rows", nv, []int{1}, func() { g.tmaMaps = false }},
+				{"nvfp4-rows-pdl", nv, []int{1}, func() { g.tmaMaps = false; g.SetPDL(true) }},
 				{"nvfp4-noevict", nv, []int{1}, func() { g.tmaEvict = false }},
 				{"nvfp4-noevict-pdl", nv, []int{1}, func() { g.tmaEvict = false; g.SetPDL(true) }},
 				{"nvfp4-uneven-pdl", nv, []int{1}, func() { g.tmaUneven = true; g.SetPDL(true) }},

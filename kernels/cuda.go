@@ -55,6 +55,9 @@ type driver struct {
 	cuLaunchKernelEx            func(config unsafe.Pointer, fn uintptr, params, extra unsafe.Pointer) int32
 
 	cuOccupancyMaxActiveClusters func(n *int32, fn uintptr, config unsafe.Pointer) int32 // optional: nil if libcuda lacks it
+	// optional (CUDA 12 drivers): nil if libcuda lacks it
+	cuTensorMapEncodeTiled func(m unsafe.Pointer, dtype, rank uint32, addr uint64, dims, strides, box, elemStrides unsafe.Pointer,
+		interleave, swizzle, l2promotion, oobFill uint32) int32
 }
 
 // ErrNoDriver is returned when libcuda cannot be loaded or finds no GPU.
@@ -99,6 +102,9 @@ var loadDriver = sync.OnceValues(func() (*driver, error) {
 	}
 	if sym, err := driverSym(lib, "cuOccupancyMaxActiveClusters"); err == nil {
 		bindFunc(&d.cuOccupancyMaxActiveClusters, sym)
+	}
+	if sym, err := driverSym(lib, "cuTensorMapEncodeTiled"); err == nil {
+		bindFunc(&d.cuTensorMapEncodeTiled, sym)
 	}
 	if r := d.cuInit(0); r != 0 {
 		return nil, fmt.Errorf("%w: cuInit: %s", ErrNoDriver, d.errString(r))

@@ -36,20 +36,24 @@ func TestDecodeStepFusedAndGraphed(t *testing.T) {
 	// none of the launches' tile counts.
 	t.Run("dec1/graphs=true/tiles=3", func(t *testing.T) { testDecodeStep(t, 1, true, 3) })
 	// Widths that gemv_nvfp4_tma takes (K % 2048 == 0), its RMSNorms fused in.
+	// Row copies, and tensor copies at every size (their SwiGLU and residual epilogues).
 	for _, graphs := range []bool{true, false} {
 		t.Run(fmt.Sprintf("tma/graphs=%v", graphs), func(t *testing.T) { testDecodeStep(t, 1, graphs, -1) })
+		t.Run(fmt.Sprintf("tma-maps/graphs=%v", graphs), func(t *testing.T) { testDecodeStep(t, 1, graphs, -3) })
 	}
 	t.Run("tma/attention_kv", func(t *testing.T) { testDecodeStep(t, 1, true, -2) })
 }
 
-// testDecodeStep: tiles > 0 forces that many tiles per block, -1 selects
-// widths for gemv_nvfp4_tma.
+// testDecodeStep: tiles > 0 forces that many tiles per block; -1 selects
+// widths for gemv_nvfp4_tma (row copies), -3 the same with tensor copies at
+// every size, -2 with attention_kv instead of attn_decode.
 func testDecodeStep(t *testing.T, dec int, graphs bool, tiles int) {
 	g, c := newGPU(t), cpu.New(0)
 	g.gemvDec = dec
 	g.gemvTiles = max(tiles, 0)
 	g.normFusion = dec == 0 // dec0 also covers the staged kernel with RMSNorm inside
 	g.gemvTMA = tiles < 0
+	g.tmaMaps, g.tmaMapsAll = tiles != -1, tiles == -3
 	g.attnDecodeOff = tiles == -2
 	g.SetGraphs(graphs)
 	rng := rand.New(rand.NewPCG(21, uint64(dec)))
@@ -257,17 +261,20 @@ func TestSmallMDecodeKernels(t *testing.T) {
 // TestGemvTMA holds gemv_nvfp4_tma's variants to the CPU: 16 or 8 consumer
 // warps, one to three blocks per multiprocessor, persistent or a few tiles
 // per block, a ring of 2 slots (wrapping many times per tile) or the
-// deepest that fits; the SwiGLU and residual
+// deepest that fits, row copies or tensor copies (gemv_nvfp4_tma8_tm, its
+// boxes past the last row filled with zeros); the SwiGLU and residual
 // epilogues are covered by TestDecodeStepFusedAndGraphed.
 func TestGemvTMA(t *testing.T) {
 	g, c := newGPU(t), cpu.New(0)
 	rng := rand.New(rand.NewPCG(17, 18))
 	for _, v := range []struct {
 		warps, occ, slots, tpb int
-		uneven, evict          bool
-	}{{16, 1, 0, 0, false, false}, {16, 1, 2, 0, false, false}, {8, 2, 0, 0, false, true}, {8, 2, 0, 0, true, false},
-		{8, 3, 0, 1, false, false}, {8, 2, 2, 3, false, false}} {
+		uneven, evict, maps    bool
+	}{{16, 1, 0, 0, false, false, false}, {16, 1, 2, 0, false, false, false}, {8, 2, 0, 0, false, true, false},
+		{8, 2, 0, 0, true, false, false}, {8, 3, 0, 1, false, false, false}, {8, 2, 2, 3, false, false, false},
+		{8, 2, 0, 0, false, true, true}, {8, 2, 2, 0, false, false, true}} {
 		g.tmaWarps, g.tmaOcc, g.tmaSlots, g.tmaTPB, g.tmaUneven, g.tmaEvict = v.warps, v.occ, v.slots, v.tpb, v.uneven, v.evict
+		g.tmaMaps, g.tmaMapsAll = v.maps, v.maps
 		for _, sh := range [][2]int{{5, 2048}, {300, 6144}, {4133, 2048}, {700, 4096}, {64, 14336}} {
 			n, k := sh[0], sh[1]
 			h := scaledWeight(rng, backend.NVFP4, n, k)
@@ -283,6 +290,9 @@ func TestGemvTMA(t *testing.T) {
 			g.MatMul(yg, toGPU(g, x), wg, 1)
 			if e := relErr(fromGPU(t, g, yg), yc); e > 1e-3 {
 				t.Errorf("%+v %v: relative error %.3g", v, sh, e)
+			}
+			if v.maps && wg.(*Weight).maps == nil {
+				t.Errorf("%+v %v: no tensor maps encoded", v, sh)
 			}
 		}
 	}

@@ -3,6 +3,7 @@ package kernels
 import (
 	"fmt"
 	"math"
+	"unsafe"
 
 	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/layers"
@@ -226,7 +227,11 @@ const (
 // tmaStages is the ring depth of gemv_nvfp4_tma for K, or 0 when the kernel
 // does not take it (off, K not a multiple of 2048, or under 2 slots fit).
 // With 8 consumer warps a block takes at most half the shared memory.
-func (b *Backend) tmaStages(K int) int {
+func (b *Backend) tmaStages(K int) int { return b.tmaStagesOf(K, tmaStage, 0) }
+
+// tmaStagesOf is tmaStages for ring slots of stage bytes and extra bytes
+// of shared memory besides.
+func (b *Backend) tmaStagesOf(K, stage, extra int) int {
 	if !b.gemvTMA || K%2048 != 0 {
 		return 0
 	}
@@ -234,7 +239,7 @@ func (b *Backend) tmaStages(K int) int {
 	if b.tmaWarps == 8 {
 		share = (b.maxShare+1024)/max(b.tmaOcc, 2) - 1024
 	}
-	ns := min(tmaMaxSlots, (share-2*K-tmaFixed)/tmaStage)
+	ns := min(tmaMaxSlots, (share-2*K-tmaFixed-extra)/stage)
 	if b.tmaSlots > 0 {
 		ns = min(ns, b.tmaSlots)
 	}
@@ -333,6 +338,7 @@ func (b *Backend) finalizeGemv(o *op) {
 	o.block = uint32(32 * kw * tpb)
 	o.shared = uint32(shared)
 	flags := b.gemvFlags | tpb<<8
+	var maps []*tensorMaps
 	if ns := b.tmaStages(g.K); ns > 0 && g.m == 1 {
 		// One persistent block per multiprocessor (at most one per tile).
 		o.name = "gemv_nvfp4_tma"
@@ -348,6 +354,15 @@ func (b *Backend) finalizeGemv(o *op) {
 		flags = ns<<16 | boolInt(b.tmaEvict)<<24 | b.tmaAblate
 		if o.name == "gemv_nvfp4_tma8" && b.tmaAblate&0x40 != 0 {
 			o.name = "gemv_nvfp4_tma8_trace"
+		}
+		if o.name == "gemv_nvfp4_tma8" {
+			if ns = b.tmaStagesOf(g.K, tmStage, 1024); ns == 0 {
+				maps = nil
+			} else if maps = b.groupMaps(g); maps != nil {
+				o.name = "gemv_nvfp4_tma8_tm"
+				o.shared = uint32(1024 + ns*tmStage + 2*g.K + tmaFixed)
+				flags = ns<<16 | boolInt(b.tmaEvict)<<24 | b.tmaAblate
+			}
 		}
 	}
 	o.fn, o.pdl = b.fn[o.name], pdlKernel(o.name)
@@ -380,7 +395,94 @@ func (b *Backend) finalizeGemv(o *op) {
 		a[23] = b.tmaTrace // the timeline's words in the norm output's slot (benchmarks only)
 	}
 	a[25] = uint64(g.xs)
-	o.setParams(a[:])
+	if maps == nil {
+		o.setParams(a[:])
+		return
+	}
+	// GemvArgsTM: GemvArgs padded to 256 bytes, then the weights' and the
+	// scales' tensor maps (64-byte aligned, 128 bytes each).
+	var at [128]uint64
+	copy(at[:], a[:])
+	for i, m := range maps {
+		copy(at[32+16*i:], m.w[:])
+		copy(at[80+16*i:], m.s[:])
+	}
+	o.setParams(at[:])
+}
+
+// tensorMaps are a weight's CUtensorMaps for gemv_nvfp4_tma8_tm: its E2M1
+// bytes as [row][segment][32 words] (segments of 128 bytes, boxes of 8 rows x
+// 8 segments: one row block of a stage) and its scales as [row][words]
+// (boxes of 8 rows x 32 words: a row block's scales of a stage), both with
+// the 128-byte swizzle the kernel reads back.
+type tensorMaps struct{ w, s [16]uint64 }
+
+// The CUtensorMapEncodeTiled enums used here.
+const (
+	tmUint32     = 2 // CU_TENSOR_MAP_DATA_TYPE_UINT32
+	tmSwizzle128 = 3 // CU_TENSOR_MAP_SWIZZLE_128B
+	tmL2Promo256 = 3 // CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+)
+
+// tmStage is gemv_nvfp4_tma8_tm's ring slot (TM_STAGE in gemv.cuh).
+const tmStage = 18432
+
+// tmaMapsMin is the fewest weight elements a launch reads for tensor copies:
+// on the H100 they were faster at 14336 x 4096 and 4096 x 14336 (58.7 M) but
+// slower at 6144 x 4096 (25.2 M) than row copies (docs/PERFORMANCE.md round 25).
+const tmaMapsMin = 32 << 20
+
+// groupMaps returns the tensor maps of every weight of g (nil when tensor
+// copies are off, the launch reads under tmaMapsMin elements, or a weight
+// has none).
+func (b *Backend) groupMaps(g *gemvOp) []*tensorMaps {
+	if !b.tmaMaps || b.tmaAblate != 0 {
+		return nil
+	}
+	n := 0
+	for _, gg := range g.groups {
+		n += gg.w.rows * gg.w.cols
+	}
+	if n < tmaMapsMin && !b.tmaMapsAll {
+		return nil
+	}
+	var maps []*tensorMaps
+	for _, gg := range g.groups {
+		m := b.tensorMapsOf(gg.w)
+		if m == nil {
+			return nil
+		}
+		maps = append(maps, m)
+	}
+	return maps
+}
+
+// tensorMapsOf encodes w's tensor maps on first use; nil when the driver
+// cannot (no cuTensorMapEncodeTiled, or it refuses the shape).
+func (b *Backend) tensorMapsOf(w *Weight) *tensorMaps {
+	if w.mapsTried {
+		return w.maps
+	}
+	w.mapsTried = true
+	enc := b.d.cuTensorMapEncodeTiled
+	if enc == nil || w.format != backend.NVFP4 || w.cols%2048 != 0 || w.data.ptr%16 != 0 || w.scales.ptr%16 != 0 {
+		return nil
+	}
+	K, N := uint64(w.cols), uint64(w.rows)
+	m := &tensorMaps{}
+	dims, strides := [3]uint64{32, N, K / 256}, [2]uint64{K / 2, 128}
+	box, one := [3]uint32{32, 8, 8}, [3]uint32{1, 1, 1}
+	if enc(unsafe.Pointer(&m.w), tmUint32, 3, w.data.ptr, unsafe.Pointer(&dims), unsafe.Pointer(&strides),
+		unsafe.Pointer(&box), unsafe.Pointer(&one), 0, tmSwizzle128, tmL2Promo256, 0) != 0 {
+		return nil
+	}
+	sdims, sstrides, sbox := [2]uint64{K / 64, N}, [1]uint64{K / 16}, [2]uint32{32, 8}
+	if enc(unsafe.Pointer(&m.s), tmUint32, 2, w.scales.ptr, unsafe.Pointer(&sdims), unsafe.Pointer(&sstrides),
+		unsafe.Pointer(&sbox), unsafe.Pointer(&one), 0, tmSwizzle128, tmL2Promo256, 0) != 0 {
+		return nil
+	}
+	w.maps = m
+	return m
 }
 
 // ropeOp is a queued RoPE of one or two tensors (q, then k).

@@ -512,6 +512,43 @@ __device__ __forceinline__ void bulk_g2s_stream(uint32_t dst, const void* src, u
                  "l"(src), "r"(bytes), "r"(bar), "l"(policy)
                  : "memory");
 }
+// A CUtensorMap (the driver's 128-byte tensor descriptor), opaque here.
+struct __align__(64) TensorMap {
+    unsigned long long v[16];
+};
+// gemv_nvfp4_tma8_tm's parameters: GemvArgs, then per weight the tensor maps
+// of its E2M1 bytes (3-D: 128 bytes of a row's 1024-byte stage segment, row,
+// segment; boxes of 8 segments x 8 rows, 128-byte swizzle) and of its scales
+// (2-D: a row's 128 scale bytes of a stage, row; boxes of 8 rows, 128-byte
+// swizzle), encoded by the host (fuse.go: tmaMaps).
+struct GemvArgsTM {
+    GemvArgs g;
+    TensorMap tw[3], ts[3];
+};
+// Tensor copies of one box into shared memory, counted on bar, evict-first in L2.
+__device__ __forceinline__ void tensor_g2s_3d(uint32_t dst, const TensorMap* m, int c0, int c1, int c2, uint32_t bar,
+                                              uint64_t policy) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
+        "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
+        : "memory");
+}
+__device__ __forceinline__ void tensor_g2s_2d(uint32_t dst, const TensorMap* m, int c0, int c1, uint32_t bar, uint64_t policy) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+        "l"(m), "r"(c0), "r"(c1), "r"(bar), "l"(policy)
+        : "memory");
+}
+// gemv_nvfp4_tma8_tm's ring slot: two blocks of 8 rows x 1024 weight bytes,
+// each [segment][row][128 bytes] with the 16-byte chunks of row r at chunk
+// c ^ r (the copy's 128-byte swizzle), then two blocks of 8 rows x 128 scale
+// bytes, [row][128 bytes] likewise swizzled: 18 KB, every block 1024-aligned.
+#define TM_STAGE 18432
+// The ring slot row of tile row g (and g + 8) of an 8-row block: rows read in one
+// quarter-warp phase (g = 2p, 2p + 1) differ in bit 2, so their swizzles land
+// their chunks on distinct banks.
+__device__ __forceinline__ int tm_row(int g) { return (g & 1) * 4 + (g >> 1); }
+
 // Named barrier 1 over the CW consumer warps (the producer never joins it).
 template <int CW>
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(CW * WARP) : "memory"); }
@@ -540,15 +577,19 @@ __device__ __forceinline__ unsigned long long gtime() {
 
 // Shared memory: [NS stages][xs: K/8 uint4 (x8_pairs<1> of each 8 activations)]
 // [zero: 2 uint4][red: 2 x TMA_CW x 16 floats][nred: TMA_CW floats][full, empty: NS each].
-template <int CW, bool TRACE>
-__device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a) {
+template <int CW, bool TRACE, bool TM = false>
+__device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a, const TensorMap* tw = nullptr,
+                                                    const TensorMap* ts = nullptr) {
     constexpr int GP = 16 / CW;  // groups per consumer warp and stage
-    extern __shared__ __align__(16) unsigned char tsm[];
+    constexpr int STAGE = TM ? TM_STAGE : TMA_STAGE;
+    extern __shared__ __align__(16) unsigned char tsm_raw[];
+    // TM: the ring 1024-aligned, as the swizzled copies need (the host adds 1 KB).
+    unsigned char* tsm = TM ? tsm_raw + ((1024u - (smem_u32(tsm_raw) & 1023u)) & 1023u) : tsm_raw;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     const int K = a.K, NS = (a.flags >> 16) & 0xff, stages = K / 2048, total = a.tiles[2];
     const bool swiglu = a.mode == 1;
     unsigned char* ring = tsm;
-    uint4* xs = reinterpret_cast<uint4*>(tsm + NS * TMA_STAGE);
+    uint4* xs = reinterpret_cast<uint4*>(tsm + NS * STAGE);
     uint4* zero = xs + K / 8;
     float* red = reinterpret_cast<float*>(zero + 2);
     float* nred = red + 2 * CW * 16;
@@ -583,6 +624,7 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a) {
         const bool evict = (a.flags >> 24) & 1;  // weights marked evict-first in L2
         uint64_t policy = 0;
         if (evict) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+        else if (TM) asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
         int slot = 0;
         uint32_t phase = 0;
         for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
@@ -592,14 +634,37 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a) {
             int row = swiglu ? n0 + (r & 7) : n0 + r;
             row = row < a.N[gu] ? row : 0;
             const uint8_t* src = wl ? (const uint8_t*)a.P[gu] + (size_t)row * (K / 2) : (const uint8_t*)a.S[gu] + (size_t)row * (K / 16);
+            if (TM) {
+                // Lane 0: four tensor copies a stage (rows past N arrive as zeros).
+                const int g0 = swiglu ? 0 : gi, g1 = swiglu ? 1 : gi, r1 = swiglu ? n0 : n0 + 8;
+                if (tile == (int)blockIdx.x && lane < 2) {  // the descriptors on their way before the first copy
+                    asm volatile("prefetch.tensormap [%0];\n" ::"l"(lane ? ts + g0 : tw + g0) : "memory");
+                }
+                for (int ks = 0; ks < stages; ks++) {
+                    mbar_wait(empty(slot), phase ^ 1);
+                    if (lane == 0) {
+                        const uint32_t st = smem_u32(ring + slot * STAGE);
+                        mbar_expect_tx(full(slot), TM_STAGE);
+                        tensor_g2s_3d(st, tw + g0, 0, n0, 8 * ks, full(slot), policy);
+                        tensor_g2s_3d(st + 8192, tw + g1, 0, r1, 8 * ks, full(slot), policy);
+                        tensor_g2s_2d(st + 16384, ts + g0, 32 * ks, n0, full(slot), policy);
+                        tensor_g2s_2d(st + 17408, ts + g1, 32 * ks, r1, full(slot), policy);
+                    }
+                    __syncwarp();
+                    if (TRACE && tr && lane == 0 && trs < 24) tr[TMA_TR_ISSUE + trs] = gtime();
+                    if (TRACE) trs++;
+                    if (++slot == NS) slot = 0, phase ^= 1;
+                }
+                continue;
+            }
             for (int ks = 0; ks < stages; ks++) {
                 mbar_wait(empty(slot), phase ^ 1);
                 if (lane == 0) mbar_expect_tx(full(slot), 16 * 1024 + 16 * 128);
                 __syncwarp();
                 if (evict)
-                    bulk_g2s_stream(smem_u32(ring + slot * TMA_STAGE + doff), src + (size_t)ks * bytes, bytes, full(slot), policy);
+                    bulk_g2s_stream(smem_u32(ring + slot * STAGE + doff), src + (size_t)ks * bytes, bytes, full(slot), policy);
                 else
-                    bulk_g2s(smem_u32(ring + slot * TMA_STAGE + doff), src + (size_t)ks * bytes, bytes, full(slot));
+                    bulk_g2s(smem_u32(ring + slot * STAGE + doff), src + (size_t)ks * bytes, bytes, full(slot));
                 if (TRACE && tr && lane == 0 && trs < 24) tr[TMA_TR_ISSUE + trs] = gtime();
                 if (TRACE) trs++;
                 if (++slot == NS) slot = 0, phase ^= 1;
@@ -728,8 +793,17 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a) {
     const uint4* xb0 = g == 2 * t ? xs + 4 * t : zero;
     const uint4* xb1 = g == 2 * t + 1 ? xs + 4 * t + 2 : zero;
     const int xst0 = g == 2 * t ? 16 : 0, xst1 = g == 2 * t + 1 ? 16 : 0;  // uint4 per group
-    const int woff = g * TMA_ROWSTRIDE + warp * 64 + t * 16;  // group warp + CW * gq: + CW * gq * 64
-    const int soff = TMA_WBYTES + g * TMA_SROW + warp * 8 + 2 * t;
+    // Row g's (and g+8's) 16 weight bytes and 2 scale bytes of group warp + CW * gq.
+    const int sg = tm_row(g);
+    auto wofs = [&](int gq) {
+        if (TM) return ((warp >> 1) + CW * gq / 2) * 1024 + sg * 128 + ((((warp & 1) * 4 + t) ^ sg) << 4);
+        return g * TMA_ROWSTRIDE + warp * 64 + t * 16 + CW * gq * 64;
+    };
+    auto sofs = [&](int gq) {
+        if (TM) return 16384 + sg * 128 + ((((warp >> 1) + CW * gq / 2) ^ sg) << 4) + (warp & 1) * 8 + 2 * t;
+        return TMA_WBYTES + g * TMA_SROW + warp * 8 + 2 * t + CW * gq * 8;
+    };
+    constexpr int W8 = TM ? 8192 : 8 * TMA_ROWSTRIDE, S8 = TM ? 1024 : 8 * TMA_SROW;  // rows g+8
     int slot = 0, tl = 0;
     uint32_t phase = 0;
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x, tl++) {
@@ -738,15 +812,15 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a) {
             mbar_wait(full(slot), phase);
             if (TRACE && tr && tid == 0 && trs < 24) tr[TMA_TR_FULL + trs] = gtime();
             if (TRACE) trs++;
-            const unsigned char* st = ring + slot * TMA_STAGE;
+            const unsigned char* st = ring + slot * STAGE;
             uint4 wa[GP], wb[GP], xv[GP][4];
             uint32_t sa[GP], sb[GP];
 #pragma unroll
             for (int gq = 0; gq < GP; gq++) {
-                wa[gq] = *reinterpret_cast<const uint4*>(st + woff + CW * gq * 64);
-                wb[gq] = *reinterpret_cast<const uint4*>(st + woff + CW * gq * 64 + 8 * TMA_ROWSTRIDE);
-                sa[gq] = *reinterpret_cast<const uint16_t*>(st + soff + CW * gq * 8);
-                sb[gq] = *reinterpret_cast<const uint16_t*>(st + soff + CW * gq * 8 + 8 * TMA_SROW);
+                wa[gq] = *reinterpret_cast<const uint4*>(st + wofs(gq));
+                wb[gq] = *reinterpret_cast<const uint4*>(st + wofs(gq) + W8);
+                sa[gq] = *reinterpret_cast<const uint16_t*>(st + sofs(gq));
+                sb[gq] = *reinterpret_cast<const uint16_t*>(st + sofs(gq) + S8);
                 const int grp = ks * 16 + warp + CW * gq;  // the group's index in the row
                 const uint4* p0 = xb0 + grp * xst0;
                 const uint4* p1 = xb1 + grp * xst1;
@@ -796,9 +870,9 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a) {
         v8 += __shfl_xor_sync(0xffffffff, v8, 1);
         v8 += __shfl_xor_sync(0xffffffff, v8, 2);
         float* rb = red + (tl & 1) * (CW * 16);
-        if (t == 0) {
-            rb[warp * 16 + g] = vg;
-            rb[warp * 16 + g + 8] = v8;
+        if (t == 0) {  // TM: rows g and g+8 of the mma are the tile's rows sg and sg+8
+            rb[warp * 16 + (TM ? sg : g)] = vg;
+            rb[warp * 16 + (TM ? sg : g) + 8] = v8;
         }
         consumers_sync<CW>();
         if (warp == 0 && lane < 16) {
@@ -850,6 +924,11 @@ extern "C" __global__ void __launch_bounds__(9 * WARP, 2) gemv_nvfp4_tma8(const 
 }
 extern "C" __global__ void __launch_bounds__(9 * WARP, 3) gemv_nvfp4_tma8_3(const __grid_constant__ GemvArgs a) {
     gemv_nvfp4_tma_body<8, false>(a);
+}
+// gemv_nvfp4_tma8 with each stage's weights and scales in four tensor copies
+// (two 8-row blocks of each) instead of 32 row copies.
+extern "C" __global__ void __launch_bounds__(9 * WARP, 2) gemv_nvfp4_tma8_tm(const __grid_constant__ GemvArgsTM a) {
+    gemv_nvfp4_tma_body<8, false, true>(a.g, a.tw, a.ts);
 }
 // gemv_nvfp4_tma8 writing its timeline (BenchmarkGEMVTimeline).
 extern "C" __global__ void __launch_bounds__(9 * WARP, 2) gemv_nvfp4_tma8_trace(const __grid_constant__ GemvArgs a) {
