@@ -355,13 +355,12 @@ func (b *Backend) finalizeGemv(o *op) {
 		if o.name == "gemv_nvfp4_tma8" && b.tmaAblate&0x40 != 0 {
 			o.name = "gemv_nvfp4_tma8_trace"
 		}
-		if o.name == "gemv_nvfp4_tma8" {
-			if ns = b.tmaStagesOf(g.K, tmStage, 1024); ns == 0 {
-				maps = nil
-			} else if maps = b.groupMaps(g); maps != nil {
+		// Tensor copies where every weight has its maps and a ring fits (1 KB more for alignment).
+		if tns := b.tmaStagesOf(g.K, tmStage, 1024); o.name == "gemv_nvfp4_tma8" && tns > 0 {
+			if maps = b.groupMaps(g); maps != nil {
 				o.name = "gemv_nvfp4_tma8_tm"
-				o.shared = uint32(1024 + ns*tmStage + 2*g.K + tmaFixed)
-				flags = ns<<16 | boolInt(b.tmaEvict)<<24 | b.tmaAblate
+				o.shared = uint32(1024 + tns*tmStage + 2*g.K + tmaFixed)
+				flags = tns<<16 | boolInt(b.tmaEvict)<<24 | b.tmaAblate
 			}
 		}
 	}
