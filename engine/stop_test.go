@@ -4,14 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
-
-	"github.com/manifoldlm/manifold/internal/testmodel"
-	"github.com/manifoldlm/manifold/weights"
 )
 
 func TestStopText(t *testing.T) {
@@ -57,29 +52,7 @@ func TestStopText(t *testing.T) {
 // that completed it. A stop string that never occurs changes nothing, text
 // held back at the end included.
 func TestStopStrings(t *testing.T) {
-	dir := t.TempDir()
-	const vocab = 64
-	spec := testmodel.Llama{Layers: 1, Hidden: 32, FFN: 32, Heads: 2, KVHeads: 1, Vocab: vocab, DType: weights.BF16, Seed: 9}
-	if err := spec.Write(dir); err != nil {
-		t.Fatal(err)
-	}
-	var v strings.Builder
-	for i := range vocab {
-		if i > 0 {
-			v.WriteByte(',')
-		}
-		fmt.Fprintf(&v, `"%c%c":%d`, 'a'+i/8, 'a'+i%8, i)
-	}
-	tj := `{"normalizer":null,"pre_tokenizer":null,"post_processor":null,"decoder":{"type":"Fuse"},
-		"model":{"type":"BPE","vocab":{` + v.String() + `},"merges":[]}}`
-	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), []byte(tj), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	m, err := Load(dir, Options{Device: "cpu"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m := tinyTextModel(t, 9, func(i int) string { return fmt.Sprintf("%c%c", 'a'+i/8, 'a'+i%8) }, `{"type":"Fuse"}`)
 	gen := func(stops []string, max int) (*Result, string) {
 		t.Helper()
 		s, err := m.NewSession(64)

@@ -111,30 +111,8 @@ func TestTokenizerModelMismatch(t *testing.T) {
 // passes its time limit (1 s), with the tokens generated so far, instead of
 // hanging.
 func TestGenerateTextError(t *testing.T) {
-	dir := t.TempDir()
-	const vocab = 64
-	spec := testmodel.Llama{Layers: 1, Hidden: 32, FFN: 32, Heads: 2, KVHeads: 1, Vocab: vocab, DType: weights.BF16, Seed: 5}
-	if err := spec.Write(dir); err != nil {
-		t.Fatal(err)
-	}
-	var v strings.Builder
-	for i := range vocab { // every token a run of at least 40 a's
-		if i > 0 {
-			v.WriteByte(',')
-		}
-		fmt.Fprintf(&v, "%q:%d", strings.Repeat("a", 40+i), i)
-	}
-	tj := `{"normalizer":null,"pre_tokenizer":null,"post_processor":null,
-		"decoder":{"type":"Sequence","decoders":[{"type":"Fuse"},{"type":"Replace","pattern":{"Regex":"(a+)+b"},"content":"x"}]},
-		"model":{"type":"BPE","vocab":{` + v.String() + `},"merges":[]}}`
-	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), []byte(tj), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	m, err := Load(dir, Options{Device: "cpu"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m := tinyTextModel(t, 5, func(i int) string { return strings.Repeat("a", 40+i) }, // every token a run of at least 40 a's
+		`{"type":"Sequence","decoders":[{"type":"Fuse"},{"type":"Replace","pattern":{"Regex":"(a+)+b"},"content":"x"}]}`)
 	s, err := m.NewSession(64)
 	if err != nil {
 		t.Fatal(err)
@@ -146,4 +124,35 @@ func TestGenerateTextError(t *testing.T) {
 	if res == nil || len(res.Tokens) == 0 {
 		t.Errorf("result %+v: want the tokens generated so far", res)
 	}
+}
+
+// tinyTextModel loads, on the CPU, a one-layer Llama of 64 tokens (weights
+// from seed) whose tokenizer.json names token i text(i) and decodes with
+// decoder (a tokenizer.json decoder object); closed when the test ends.
+func tinyTextModel(t *testing.T, seed uint64, text func(i int) string, decoder string) *Model {
+	t.Helper()
+	dir := t.TempDir()
+	const vocab = 64
+	spec := testmodel.Llama{Layers: 1, Hidden: 32, FFN: 32, Heads: 2, KVHeads: 1, Vocab: vocab, DType: weights.BF16, Seed: seed}
+	if err := spec.Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	var v strings.Builder
+	for i := range vocab {
+		if i > 0 {
+			v.WriteByte(',')
+		}
+		fmt.Fprintf(&v, "%q:%d", text(i), i)
+	}
+	tj := `{"normalizer":null,"pre_tokenizer":null,"post_processor":null,"decoder":` + decoder + `,
+		"model":{"type":"BPE","vocab":{` + v.String() + `},"merges":[]}}`
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), []byte(tj), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m, err := Load(dir, Options{Device: "cpu"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
 }
