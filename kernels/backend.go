@@ -93,8 +93,8 @@ type Backend struct {
 	tkc16OK       bool // tkc_select16's clusters of 16 fit on this GPU
 	idxMMAOff     bool // tests and benchmarks: idx_scores_tile where idx_scores_mma would run
 	pdl           bool // programmatic dependent launch (queue.go)
-	pdlConfig     launchConfig
-	pdlAttr       [2]launchAttribute
+	launchCfg     launchConfig
+	launchAttrs   [2]launchAttribute
 	gemvFlags     int         // GemvArgs.flags (gemv.cuh)
 	normFusion    bool        // RMSNorm of one row runs inside the NVFP4 matmul after it
 	tmaNorm       bool        // ... where the bulk-copy kernel takes the matmul (its staging overlaps the weight copies)

@@ -324,21 +324,21 @@ const (
 func (b *Backend) launchEx(o *op, params unsafe.Pointer, pdl bool) int32 {
 	n := 0
 	if pdl {
-		a := &b.pdlAttr[n]
+		a := &b.launchAttrs[n]
 		*a = launchAttribute{id: attrProgrammaticStreamSerialization}
 		a.value[0] = 1 // programmaticStreamSerializationAllowed
 		n++
 	}
 	if o.cluster > 0 {
-		a := &b.pdlAttr[n]
+		a := &b.launchAttrs[n]
 		*a = launchAttribute{id: attrClusterDimension}
 		binary.NativeEndian.PutUint32(a.value[0:], 1)
 		binary.NativeEndian.PutUint32(a.value[4:], o.cluster)
 		binary.NativeEndian.PutUint32(a.value[8:], 1)
 		n++
 	}
-	cfg := &b.pdlConfig
-	*cfg = launchConfig{grid: o.grid, block: [3]uint32{o.block, 1, 1}, shared: o.shared, stream: b.stream, attrs: &b.pdlAttr[0], nattrs: uint32(n)}
+	cfg := &b.launchCfg
+	*cfg = launchConfig{grid: o.grid, block: [3]uint32{o.block, 1, 1}, shared: o.shared, stream: b.stream, attrs: &b.launchAttrs[0], nattrs: uint32(n)}
 	return b.d.cuLaunchKernelEx(unsafe.Pointer(cfg), o.fn, params, nil)
 }
 
