@@ -104,6 +104,7 @@ type Backend struct {
 	attnPartLen   int
 	attnDecodeOff bool        // one-row attention on attention_kv instead of attn_decode (tests, benchmarks)
 	attnCluster   bool        // attn_decode's splits (up to 8) merged in a thread block cluster (the default)
+	attnAblate    int         // benchmarks (MANIFOLD_ATTN_ABLATE, results wrong): 1 (wait) attn_decode returns after its wait, 2 (skip) is not launched
 	mhcTailOff    bool        // tests and benchmarks: MHCCoeffsPre in four launches at every token count
 	attnTicket    *allocation // attn_decode's counts of finished splits, one per row of blocks (zero between launches)
 	attnTicketLen int
@@ -161,6 +162,7 @@ func New(ordinal int) (*Backend, error) {
 	// attn_decode merges up to 8 splits in a thread block cluster
 	// (docs/DECISIONS.md); MANIFOLD_ATTN_CLUSTER=0 merges through global memory.
 	b.attnCluster = os.Getenv("MANIFOLD_ATTN_CLUSTER") != "0"
+	b.attnAblate = map[string]int{"wait": 1, "skip": 2}[os.Getenv("MANIFOLD_ATTN_ABLATE")]
 	var n int32
 	if err := d.check("cuDeviceGetCount", d.cuDeviceGetCount(&n)); err != nil {
 		return nil, err
@@ -930,8 +932,11 @@ func (b *Backend) attnDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos
 	}
 	o.shared = uint32(4 * floats)
 	o.setParams(ptr(out), ptr(q), ptr(k), ptr(v), c.k[layer].ptr, c.v[layer].ptr, b.dyn.ptr, posRel,
-		s.Heads, s.KVHeads, s.Scale, s.Window, part, ticket, freqs, rhalf, roff, rscale, rinter, hgroups, boolInt(cluster))
-	b.push(o)
+		s.Heads, s.KVHeads, s.Scale, s.Window, part, ticket, freqs, rhalf, roff, rscale, rinter, hgroups,
+		boolInt(cluster)|boolInt(b.attnAblate == 1)<<1)
+	if b.attnAblate != 2 {
+		b.push(o)
+	}
 }
 
 // attnScratch returns the split partials' array (at least parts floats) and,

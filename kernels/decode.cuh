@@ -238,6 +238,7 @@ extern "C" __global__ void attn_combine(float* out, const float* part, int heads
 // block stores its (output, max, sum) there (distributed shared memory) and
 // block 0 merges them after one cluster barrier, in the ticket merge's order
 // (the same values), with no global round trips (write, fence, atomic, read).
+// cl bit 1 (benchmarks, MANIFOLD_ATTN_ABLATE=wait): the launch returns after its wait.
 #define ATTD_WARPS 4
 #define ATTD_CH 32
 #define ATTD_PM(HD) ((HD) + 4)  // a partial's row in block 0's merge area: HD outputs, max, sum, padding
@@ -287,7 +288,7 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
     const int s = blockIdx.y, splits = gridDim.y;
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
     pdl_launch();
-    if (cl) cluster_arrive_relaxed();  // waited for before the first remote store: every block has started
+    if (cl & 1) cluster_arrive_relaxed();  // waited for before the first remote store: every block has started
     const int p = dyn[0] + posRel;
     const int start = window > 0 ? max(0, p - window + 1) : 0;
     const int len = (p - start + 1 + splits - 1) / splits;
@@ -316,6 +317,7 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
     }
     __syncthreads();
     pdl_wait();
+    if (cl & 2) return;  // benchmarks: the launch and its wait alone, writing nothing
     for (int i = tid; i < GB * HD; i += NT) {
         const int g = i / HD, c = i % HD;
         qs[i] = attd_rot(q + (size_t)(hb + g) * HD, c, rc, rs, rhalf, roff, rinter) * scale;
@@ -398,7 +400,7 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
         __syncthreads();  // buffer b is free for the load two chunks on
     }
     cp_async_wait<0>();
-    if (cl) {
+    if (cl & 1) {
         cluster_wait_acquire();
 #pragma unroll
         for (int gi = 0; gi < GPW; gi++) {

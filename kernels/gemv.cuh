@@ -630,10 +630,6 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a, const Ten
         for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
             int gi, n0;
             gemv_tile(a, tile, gi, n0);
-            const int gu = swiglu ? (r >> 3) : gi;
-            int row = swiglu ? n0 + (r & 7) : n0 + r;
-            row = row < a.N[gu] ? row : 0;
-            const uint8_t* src = wl ? (const uint8_t*)a.P[gu] + (size_t)row * (K / 2) : (const uint8_t*)a.S[gu] + (size_t)row * (K / 16);
             if (TM) {
                 // Lane 0: four tensor copies a stage (rows past N arrive as zeros).
                 const int g0 = swiglu ? 0 : gi, g1 = swiglu ? 1 : gi, r1 = swiglu ? n0 : n0 + 8;
@@ -657,6 +653,10 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a, const Ten
                 }
                 continue;
             }
+            const int gu = swiglu ? (r >> 3) : gi;
+            int row = swiglu ? n0 + (r & 7) : n0 + r;
+            row = row < a.N[gu] ? row : 0;
+            const uint8_t* src = wl ? (const uint8_t*)a.P[gu] + (size_t)row * (K / 2) : (const uint8_t*)a.S[gu] + (size_t)row * (K / 16);
             for (int ks = 0; ks < stages; ks++) {
                 mbar_wait(empty(slot), phase ^ 1);
                 if (lane == 0) mbar_expect_tx(full(slot), 16 * 1024 + 16 * 128);
