@@ -134,6 +134,24 @@ func BenchmarkDecodeLlama8B(b *testing.B) {
 		step()
 	}
 	fmt.Print(kernels.FormatProfile(gb.StopProfile()))
+	// MANIFOLD_ATTN_TRACE=1: attn_decode's per-block timeline over one step
+	// at two contexts (kernels.Backend.StartAttnTrace), launched op by op.
+	if os.Getenv("MANIFOLD_ATTN_TRACE") == "1" {
+		for _, n := range []int{100, 200} {
+			s.Truncate(n)
+			step()
+			step()
+			if err := gb.StartAttnTrace(); err != nil {
+				b.Fatal(err)
+			}
+			step()
+			sum, err := gb.StopAttnTrace()
+			if err != nil {
+				b.Fatal(err)
+			}
+			fmt.Printf("RESULT attn_trace_context keys=%d\n%s", n+3, sum)
+		}
+	}
 }
 
 // timeDecode reports a decode benchmark's time per token as the engine runs

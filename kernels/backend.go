@@ -104,6 +104,7 @@ type Backend struct {
 	attnPartLen   int
 	attnDecodeOff bool        // one-row attention on attention_kv instead of attn_decode (tests, benchmarks)
 	attnCluster   bool        // attn_decode's splits (up to 8) merged in a thread block cluster (the default)
+	attnTrace     *allocation // benchmarks: where attn_decode writes its per-block timeline (profile.go: StartAttnTrace)
 	attnAblate    int         // benchmarks (MANIFOLD_ATTN_ABLATE, results wrong): 1 (wait) attn_decode returns after its wait, 2 (skip) is not launched
 	mhcTailOff    bool        // tests and benchmarks: MHCCoeffsPre in four launches at every token count
 	attnTicket    *allocation // attn_decode's counts of finished splits, one per row of blocks (zero between launches)
@@ -922,6 +923,11 @@ func (b *Backend) attnDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos
 	}
 	q0.keep = append(q0.keep, c, out, q, k, v)
 	q0.keep = append(q0.keep, keep...)
+	var trace uint64
+	if b.attnTrace != nil {
+		trace = b.attnTrace.ptr
+		q0.keep = append(q0.keep, b.attnTrace)
+	}
 	name := fmt.Sprintf("attn_decode_%d", s.HeadDim)
 	floats := 4*attnDecodeChunk*(s.HeadDim+4) + G*s.HeadDim + G*attnDecodeChunk + 3*s.HeadDim
 	o := op{kind: opKernel, name: name, fn: b.fn[name], grid: [3]uint32{uint32(rowsOfBlocks), uint32(splits), 1},
@@ -933,7 +939,7 @@ func (b *Backend) attnDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos
 	o.shared = uint32(4 * floats)
 	o.setParams(ptr(out), ptr(q), ptr(k), ptr(v), c.k[layer].ptr, c.v[layer].ptr, b.dyn.ptr, posRel,
 		s.Heads, s.KVHeads, s.Scale, s.Window, part, ticket, freqs, rhalf, roff, rscale, rinter, hgroups,
-		boolInt(cluster)|boolInt(b.attnAblate == 1)<<1)
+		boolInt(cluster)|boolInt(b.attnAblate == 1)<<1, trace)
 	if b.attnAblate != 2 {
 		b.push(o)
 	}

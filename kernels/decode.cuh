@@ -239,6 +239,19 @@ extern "C" __global__ void attn_combine(float* out, const float* part, int heads
 // block 0 merges them after one cluster barrier, in the ticket merge's order
 // (the same values), with no global round trips (write, fence, atomic, read).
 // cl bit 1 (benchmarks, MANIFOLD_ATTN_ABLATE=wait): the launch returns after its wait.
+//
+// tr (benchmarks, Backend.StartAttnTrace; null otherwise): thread 0 of each
+// block writes the global timer at fixed points (ATTD_TR_*) to record
+// [launch][block][8] after 512 words of per-block launch counters (the
+// grid's linear block index; one grid shape per trace).
+#define ATTD_TR_ENTRY 0   // the block started
+#define ATTD_TR_WAITED 1  // the previous kernel complete (pdl_wait returned)
+#define ATTD_TR_Q 2       // q and the new key rotated in shared memory
+#define ATTD_TR_CHUNK 3   // the first chunk's keys in shared memory
+#define ATTD_TR_LOOP 4    // every chunk done
+#define ATTD_TR_MERGE 5   // the cluster's partials stored (cluster merge) or written (global merge)
+#define ATTD_TR_END 6     // the block's last write issued
+#define ATTD_TR_SM 7      // its multiprocessor
 #define ATTD_WARPS 4
 #define ATTD_CH 32
 #define ATTD_PM(HD) ((HD) + 4)  // a partial's row in block 0's merge area: HD outputs, max, sum, padding
@@ -267,7 +280,7 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
                                                  float* kc, float* vc, const int* dyn, int posRel, int heads,
                                                  int kvHeads, float scale, int window, float* part, int* ticket,
                                                  const float* inv_freq, int rhalf, int roff, float rscale, int rinter,
-                                                 int hgroups, int cl) {
+                                                 int hgroups, int cl, unsigned long long* tr) {
     constexpr int VEC = HD / WARP;  // output channels per lane
     constexpr int RS = HD + 4;      // padded row: 8 rows at one column hit distinct banks
     constexpr int NT = ATTD_WARPS * WARP;
@@ -289,6 +302,23 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
     pdl_launch();
     if (cl & 1) cluster_arrive_relaxed();  // waited for before the first remote store: every block has started
+    __shared__ unsigned long long* s_tr;  // the trace: this block's record
+    if (tr && tid == 0) {
+        const unsigned lb = blockIdx.x + gridDim.x * blockIdx.y;
+        const unsigned launch = atomicAdd(reinterpret_cast<unsigned*>(tr) + lb, 1u) & 63;
+        s_tr = tr + 512 + ((size_t)launch * 1024 + lb) * 8;
+        unsigned smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        s_tr[ATTD_TR_ENTRY] = gtime();
+        s_tr[ATTD_TR_SM] = smid;
+    }
+    auto stamp = [&](int slot) {  // after thread 0's earlier instructions have issued (their loads' values used)
+        if (tr && tid == 0) {
+            unsigned long long t;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+            s_tr[slot] = t;
+        }
+    };
     const int p = dyn[0] + posRel;
     const int start = window > 0 ? max(0, p - window + 1) : 0;
     const int len = (p - start + 1 + splits - 1) / splits;
@@ -317,6 +347,7 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
     }
     __syncthreads();
     pdl_wait();
+    stamp(ATTD_TR_WAITED);
     if (cl & 2) return;  // benchmarks: the launch and its wait alone, writing nothing
     for (int i = tid; i < GB * HD; i += NT) {
         const int g = i / HD, c = i % HD;
@@ -335,6 +366,7 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
             }
         }
     }
+    stamp(ATTD_TR_Q);
     float mrun[GPW], lrun[GPW], o[GPW][VEC];
 #pragma unroll
     for (int gi = 0; gi < GPW; gi++) {
@@ -354,6 +386,7 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
             }
         }
         __syncthreads();
+        if (c == t0) stamp(ATTD_TR_CHUNK);
         const int nk = min(ATTD_CH, t1 - c);
         for (int i = tid; i < GB * ATTD_CH; i += NT) {
             const int g = i / ATTD_CH, j = i % ATTD_CH;
@@ -400,6 +433,7 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
         __syncthreads();  // buffer b is free for the load two chunks on
     }
     cp_async_wait<0>();
+    stamp(ATTD_TR_LOOP);
     if (cl & 1) {
         cluster_wait_acquire();
 #pragma unroll
@@ -421,7 +455,11 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
         }
         cluster_arrive_release();
         cluster_wait_acquire();
-        if (cluster_rank() != 0) return;
+        stamp(ATTD_TR_MERGE);
+        if (cluster_rank() != 0) {
+            stamp(ATTD_TR_END);
+            return;
+        }
         for (int i = tid; i < GB * HD; i += NT) {
             const int g = i / HD, c = i % HD;
             float M = -INFINITY;
@@ -438,6 +476,7 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
             const float inv = 1.f / den;
             out[(size_t)(hb + g) * HD + c] = acc * inv;
         }
+        stamp(ATTD_TR_END);
         return;
     }
 #pragma unroll
@@ -456,12 +495,19 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
             if (lane == 0) pp[HD] = mrun[gi], pp[HD + 1] = lrun[gi];
         }
     }
-    if (splits == 1) return;
+    if (splits == 1) {
+        stamp(ATTD_TR_END);
+        return;
+    }
     __threadfence();
     __syncthreads();
     if (tid == 0) is_last = atomicAdd(ticket + blockIdx.x, 1) == splits - 1;
     __syncthreads();
-    if (!is_last) return;
+    stamp(ATTD_TR_MERGE);
+    if (!is_last) {
+        stamp(ATTD_TR_END);
+        return;
+    }
     __threadfence();
     if (tid == 0) ticket[blockIdx.x] = 0;
 #pragma unroll
@@ -490,15 +536,16 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
 #pragma unroll
         for (int v = 0; v < VEC; v++) out[(size_t)h * HD + lane * VEC + v] = acc[v] * inv;
     }
+    stamp(ATTD_TR_END);
 }
 
 #define ATTN_DECODE(NAME, HD)                                                                                        \
     extern "C" __global__ void __launch_bounds__(ATTD_WARPS * WARP) NAME(                                            \
         float* out, const float* q, const float* knew, const float* vnew, float* kc, float* vc, const int* dyn,      \
         int posRel, int heads, int kvHeads, float scale, int window, float* part, int* ticket, const float* inv_freq, \
-        int rhalf, int roff, float rscale, int rinter, int hgroups, int cl) {                                        \
+        int rhalf, int roff, float rscale, int rinter, int hgroups, int cl, unsigned long long* tr) {                 \
         attn_decode_body<HD>(out, q, knew, vnew, kc, vc, dyn, posRel, heads, kvHeads, scale, window, part, ticket,   \
-                             inv_freq, rhalf, roff, rscale, rinter, hgroups, cl);                                    \
+                             inv_freq, rhalf, roff, rscale, rinter, hgroups, cl, tr);                                \
     }
 ATTN_DECODE(attn_decode_64, 64)
 ATTN_DECODE(attn_decode_128, 128)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/manifoldlm/manifold/backend"
@@ -428,5 +429,50 @@ func TestAttnDecodeRoPE(t *testing.T) {
 				t.Errorf("rope %+v position %d: relative error %.3g", rc, pos, e)
 			}
 		}
+	}
+}
+
+// TestAttnTrace: attn_decode's per-block timeline (StartAttnTrace) records
+// every traced launch and leaves its output as it is untraced.
+func TestAttnTrace(t *testing.T) {
+	g := newGPU(t)
+	rng := rand.New(rand.NewPCG(35, 36))
+	const heads, kvHeads, hd, T = 32, 8, 128, 120
+	s := layers.AttentionShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: float32(1 / math.Sqrt(hd))}
+	gc, err := g.NewKVCache(backend.KVShape{Layers: 1, KVHeads: kvHeads, HeadDim: hd, Capacity: T + 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, k, v := toGPU(g, randn(rng, heads*hd)), toGPU(g, randn(rng, kvHeads*hd)), toGPU(g, randn(rng, kvHeads*hd))
+	out := g.NewBuffer(heads * hd)
+	for pos := range T {
+		g.Attention(out, q, k, v, gc, 0, pos, 1, s)
+	}
+	want := fromGPU(t, g, out)
+	if err := g.StartAttnTrace(); err != nil {
+		t.Fatal(err)
+	}
+	const launches = 3
+	for range launches {
+		g.Attention(out, q, k, v, gc, 0, T-1, 1, s) // the same position again: the same grid and output
+	}
+	sum, err := g.StopAttnTrace()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + sum)
+	if n := strings.Count(sum, "RESULT attn_trace launch="); n != launches {
+		t.Errorf("%d launches summarized, want %d:\n%s", n, launches, sum)
+	}
+	for _, field := range []string{" entry=", " waited=", " q=", " chunk=", " loop=", " end=", " period="} {
+		if !strings.Contains(sum, field) {
+			t.Errorf("summary without%s:\n%s", field, sum)
+		}
+	}
+	if e := relErr(fromGPU(t, g, out), want); e > 0 {
+		t.Errorf("traced output differs from the untraced one: relative error %.3g", e)
+	}
+	if _, err := g.StopAttnTrace(); err == nil {
+		t.Error("a second StopAttnTrace returned no error")
 	}
 }

@@ -1,10 +1,12 @@
 package kernels
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
+	"unsafe"
 )
 
 // Profiling brackets every kernel launch with CUDA events so that the time
@@ -130,4 +132,126 @@ func deviceTime(b *Backend, iters int, fn func()) time.Duration {
 		b.d.cuEventDestroy(end)
 	})
 	return time.Duration(float64(ms) * 1e6 / float64(iters))
+}
+
+// attn_decode's trace layout (decode.cuh: ATTD_TR_*): 512 words of per-block
+// launch counters, then [attnTraceLaunches][attnTraceBlocks][8] words.
+const (
+	attnTraceLaunches = 64
+	attnTraceBlocks   = 1024
+	attnTraceWords    = 512 + attnTraceLaunches*attnTraceBlocks*8
+)
+
+// StartAttnTrace makes the attn_decode launches queued from now until
+// StopAttnTrace write, per block, the global timer at fixed points of the
+// kernel (decode.cuh: ATTD_TR_*): where the one-row attention's time goes
+// inside a decode step. A benchmark's tool: trace one step (its launches
+// share one grid shape), launched op by op.
+func (b *Backend) StartAttnTrace() error {
+	a, err := b.alloc(8 * attnTraceWords)
+	if err != nil {
+		return err
+	}
+	b.onContext(func() {}) // what was queued before is not traced
+	b.qmu.Lock()
+	b.attnTrace = a
+	b.qmu.Unlock()
+	return nil
+}
+
+// StopAttnTrace ends the trace and summarizes it: per launch, in us from
+// the moment its first block's wait returned (the previous kernel
+// complete), the blocks' entry (min / median / max), how many entered after
+// that moment, then the median / max over blocks of when q was read, the
+// first chunk of keys had arrived, the last chunk was done, the merge's
+// partials were stored and the block wrote its last; and the time since
+// the previous launch's release (the layer's period).
+func (b *Backend) StopAttnTrace() (string, error) {
+	b.onContext(func() {}) // launch what is queued
+	b.qmu.Lock()
+	a := b.attnTrace
+	b.attnTrace = nil
+	b.qmu.Unlock()
+	if a == nil {
+		return "", errors.New("kernels: StopAttnTrace without StartAttnTrace")
+	}
+	raw := make([]uint64, attnTraceWords)
+	var err error
+	b.onContext(func() {
+		err = b.d.check("cuStreamSynchronize", b.d.cuStreamSynchronize(b.stream))
+		if err == nil {
+			err = b.d.check("cuMemcpyDtoH", b.d.cuMemcpyDtoH(unsafe.Pointer(&raw[0]), a.ptr, uintptr(8*len(raw))))
+		}
+	})
+	if err != nil {
+		return "", err
+	}
+	count := func(lb int) int { return int(uint32(raw[lb/2] >> (32 * (lb % 2)))) }
+	grid := 0
+	for grid < attnTraceBlocks && count(grid) > 0 {
+		grid++
+	}
+	if grid == 0 {
+		return "", errors.New("kernels: no attn_decode launch was traced")
+	}
+	launches := min(count(0), attnTraceLaunches)
+	rec := func(l, lb, slot int) uint64 { return raw[512+(l*attnTraceBlocks+lb)*8+slot] }
+	var sb strings.Builder
+	names := []string{"entry", "waited", "q", "chunk", "loop", "merge", "end"}
+	var prev uint64
+	agg := make([][]float64, 2*len(names))
+	for l := range launches {
+		ref := uint64(1<<64 - 1)
+		for lb := range grid {
+			if t := rec(l, lb, 1); t != 0 {
+				ref = min(ref, t)
+			}
+		}
+		var sms = map[uint64]int{}
+		late := 0
+		fmt.Fprintf(&sb, "RESULT attn_trace launch=%d blocks=%d", l, grid)
+		for slot, name := range names {
+			var v []float64
+			for lb := range grid {
+				if t := rec(l, lb, slot); t != 0 {
+					v = append(v, float64(int64(t-ref))/1e3)
+				}
+			}
+			if len(v) == 0 {
+				continue
+			}
+			slices.Sort(v)
+			med, hi := v[len(v)/2], v[len(v)-1]
+			agg[2*slot], agg[2*slot+1] = append(agg[2*slot], med), append(agg[2*slot+1], hi)
+			if slot == 0 {
+				for _, x := range v {
+					if x > 0 {
+						late++
+					}
+				}
+				fmt.Fprintf(&sb, " entry=%.2f/%.2f/%.2f late=%d", v[0], med, hi, late)
+				continue
+			}
+			fmt.Fprintf(&sb, " %s=%.2f/%.2f", name, med, hi)
+		}
+		for lb := range grid {
+			sms[rec(l, lb, 7)]++
+		}
+		fmt.Fprintf(&sb, " sms=%d", len(sms))
+		if l > 0 {
+			fmt.Fprintf(&sb, " period=%.2f", float64(int64(ref-prev))/1e3)
+		}
+		prev = ref
+		sb.WriteString("\n")
+	}
+	fmt.Fprintf(&sb, "RESULT attn_trace_median launches=%d blocks=%d", launches, grid)
+	for slot, name := range names {
+		if len(agg[2*slot]) == 0 {
+			continue
+		}
+		m := func(v []float64) float64 { v = slices.Clone(v); slices.Sort(v); return v[len(v)/2] }
+		fmt.Fprintf(&sb, " %s=%.2f/%.2f", name, m(agg[2*slot]), m(agg[2*slot+1]))
+	}
+	sb.WriteString("\n")
+	return sb.String(), nil
 }
