@@ -924,7 +924,7 @@ func (b *Backend) attnDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos
 	q0.keep = append(q0.keep, c, out, q, k, v)
 	q0.keep = append(q0.keep, keep...)
 	var trace uint64
-	if b.attnTrace != nil {
+	if b.attnTrace != nil && rowsOfBlocks*splits <= attnTraceBlocks { // the trace has room for so many blocks
 		trace = b.attnTrace.ptr
 		q0.keep = append(q0.keep, b.attnTrace)
 	}
