@@ -140,6 +140,8 @@ const (
 	attnTraceLaunches = 64
 	attnTraceBlocks   = 1024
 	attnTraceWords    = 512 + attnTraceLaunches*attnTraceBlocks*8
+	attnTraceWaited   = 1 // ATTD_TR_WAITED: the slot every other is timed from
+	attnTraceSM       = 7 // ATTD_TR_SM: the block's multiprocessor, not a time
 )
 
 // StartAttnTrace makes the attn_decode launches queued from now until
@@ -197,17 +199,18 @@ func (b *Backend) StopAttnTrace() (string, error) {
 	launches := min(count(0), attnTraceLaunches)
 	rec := func(l, lb, slot int) uint64 { return raw[512+(l*attnTraceBlocks+lb)*8+slot] }
 	var sb strings.Builder
-	names := []string{"entry", "waited", "q", "chunk", "loop", "merge", "end"}
+	names := []string{"entry", "waited", "q", "chunk", "loop", "merge", "end"} // slots 0 .. attnTraceSM-1
+	median := func(v []float64) float64 { v = slices.Clone(v); slices.Sort(v); return v[len(v)/2] }
 	var prev uint64
-	agg := make([][]float64, 2*len(names))
+	meds, maxes := make([][]float64, len(names)), make([][]float64, len(names)) // per slot, one per launch
 	for l := range launches {
 		ref := uint64(1<<64 - 1)
 		for lb := range grid {
-			if t := rec(l, lb, 1); t != 0 {
+			if t := rec(l, lb, attnTraceWaited); t != 0 {
 				ref = min(ref, t)
 			}
 		}
-		var sms = map[uint64]int{}
+		sms := map[uint64]bool{}
 		late := 0
 		fmt.Fprintf(&sb, "RESULT attn_trace launch=%d blocks=%d", l, grid)
 		for slot, name := range names {
@@ -222,7 +225,7 @@ func (b *Backend) StopAttnTrace() (string, error) {
 			}
 			slices.Sort(v)
 			med, hi := v[len(v)/2], v[len(v)-1]
-			agg[2*slot], agg[2*slot+1] = append(agg[2*slot], med), append(agg[2*slot+1], hi)
+			meds[slot], maxes[slot] = append(meds[slot], med), append(maxes[slot], hi)
 			if slot == 0 {
 				for _, x := range v {
 					if x > 0 {
@@ -235,7 +238,7 @@ func (b *Backend) StopAttnTrace() (string, error) {
 			fmt.Fprintf(&sb, " %s=%.2f/%.2f", name, med, hi)
 		}
 		for lb := range grid {
-			sms[rec(l, lb, 7)]++
+			sms[rec(l, lb, attnTraceSM)] = true
 		}
 		fmt.Fprintf(&sb, " sms=%d", len(sms))
 		if l > 0 {
@@ -246,11 +249,10 @@ func (b *Backend) StopAttnTrace() (string, error) {
 	}
 	fmt.Fprintf(&sb, "RESULT attn_trace_median launches=%d blocks=%d", launches, grid)
 	for slot, name := range names {
-		if len(agg[2*slot]) == 0 {
+		if len(meds[slot]) == 0 {
 			continue
 		}
-		m := func(v []float64) float64 { v = slices.Clone(v); slices.Sort(v); return v[len(v)/2] }
-		fmt.Fprintf(&sb, " %s=%.2f/%.2f", name, m(agg[2*slot]), m(agg[2*slot+1]))
+		fmt.Fprintf(&sb, " %s=%.2f/%.2f", name, median(meds[slot]), median(maxes[slot]))
 	}
 	sb.WriteString("\n")
 	return sb.String(), nil
