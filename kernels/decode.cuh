@@ -242,8 +242,12 @@ extern "C" __global__ void attn_combine(float* out, const float* part, int heads
 //
 // tr (benchmarks, Backend.StartAttnTrace; null otherwise): thread 0 of each
 // block writes the global timer at fixed points (ATTD_TR_*) to record
-// [launch][block][8] after 512 words of per-block launch counters (the
-// grid's linear block index; one grid shape per trace).
+// [launch][block][8] after ATTD_TR_HEAD words of per-block launch counters
+// (32-bit, at the grid's linear block index; one grid shape per trace).
+// profile.go's attnTrace* constants name the same layout (TestAttnTraceLayout).
+#define ATTD_TR_LAUNCHES 64  // launches recorded (the counters wrap)
+#define ATTD_TR_BLOCKS 1024  // blocks a launch may have
+#define ATTD_TR_HEAD 512     // 64-bit words of counters: ATTD_TR_BLOCKS 32-bit ones
 #define ATTD_TR_ENTRY 0   // the block started
 #define ATTD_TR_WAITED 1  // the previous kernel complete (pdl_wait returned)
 #define ATTD_TR_Q 2       // q and the new key rotated in shared memory
@@ -305,19 +309,15 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
     __shared__ unsigned long long* s_tr;  // the trace: this block's record
     if (tr && tid == 0) {
         const unsigned lb = blockIdx.x + gridDim.x * blockIdx.y;
-        const unsigned launch = atomicAdd(reinterpret_cast<unsigned*>(tr) + lb, 1u) & 63;
-        s_tr = tr + 512 + ((size_t)launch * 1024 + lb) * 8;
+        const unsigned launch = atomicAdd(reinterpret_cast<unsigned*>(tr) + lb, 1u) % ATTD_TR_LAUNCHES;
+        s_tr = tr + ATTD_TR_HEAD + ((size_t)launch * ATTD_TR_BLOCKS + lb) * 8;
         unsigned smid;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
         s_tr[ATTD_TR_ENTRY] = gtime();
         s_tr[ATTD_TR_SM] = smid;
     }
     auto stamp = [&](int slot) {  // after thread 0's earlier instructions have issued (their loads' values used)
-        if (tr && tid == 0) {
-            unsigned long long t;
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
-            s_tr[slot] = t;
-        }
+        if (tr && tid == 0) s_tr[slot] = gtime();
     };
     const int p = dyn[0] + posRel;
     const int start = window > 0 ? max(0, p - window + 1) : 0;

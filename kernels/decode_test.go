@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -474,5 +477,36 @@ func TestAttnTrace(t *testing.T) {
 	}
 	if _, err := g.StopAttnTrace(); err == nil {
 		t.Error("a second StopAttnTrace returned no error")
+	}
+}
+
+// TestAttnTraceLayout: the trace layout StopAttnTrace reads is the one
+// attn_decode writes (decode.cuh's ATTD_TR_* defines). Needs no GPU.
+func TestAttnTraceLayout(t *testing.T) {
+	src, err := os.ReadFile("decode.cuh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defines := map[string]int{}
+	for _, m := range regexp.MustCompile(`(?m)^#define (ATTD_TR_\w+) +(\d+)`).FindAllStringSubmatch(string(src), -1) {
+		v, _ := strconv.Atoi(m[2])
+		defines[m[1]] = v
+	}
+	for _, c := range []struct {
+		name string
+		want int
+	}{
+		{"ATTD_TR_LAUNCHES", attnTraceLaunches},
+		{"ATTD_TR_BLOCKS", attnTraceBlocks},
+		{"ATTD_TR_HEAD", attnTraceHead},
+		{"ATTD_TR_WAITED", attnTraceWaited},
+		{"ATTD_TR_SM", attnTraceSM},
+	} {
+		if v, ok := defines[c.name]; !ok || v != c.want {
+			t.Errorf("decode.cuh: %s = %d (defined: %v), profile.go has %d", c.name, v, ok, c.want)
+		}
+	}
+	if 2*attnTraceHead != attnTraceBlocks {
+		t.Errorf("the trace's head holds %d 32-bit counters for %d blocks", 2*attnTraceHead, attnTraceBlocks)
 	}
 }

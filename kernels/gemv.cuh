@@ -563,9 +563,11 @@ __device__ __forceinline__ void mma16816_z(float d[4], const uint32_t a[4], uint
 
 // Benchmark timeline (flags bit 6, BenchmarkGEMVTimeline): the global timer
 // at fixed points, 64 slots per block in a.nh (no norm is fused then).
+// The memory clobber keeps the read after the memory instructions before it
+// in program order (a stamp marks the work issued before it).
 __device__ __forceinline__ unsigned long long gtime() {
     unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
     return t;
 }
 #define TMA_TR_ENTRY 0   // producer: after the barriers' setup

@@ -134,12 +134,14 @@ func deviceTime(b *Backend, iters int, fn func()) time.Duration {
 	return time.Duration(float64(ms) * 1e6 / float64(iters))
 }
 
-// attn_decode's trace layout (decode.cuh: ATTD_TR_*): 512 words of per-block
+// attn_decode's trace layout, the same numbers as decode.cuh's ATTD_TR_*
+// (TestAttnTraceLayout reads them there): attnTraceHead words of per-block
 // launch counters, then [attnTraceLaunches][attnTraceBlocks][8] words.
 const (
-	attnTraceLaunches = 64
-	attnTraceBlocks   = 1024
-	attnTraceWords    = 512 + attnTraceLaunches*attnTraceBlocks*8
+	attnTraceLaunches = 64   // ATTD_TR_LAUNCHES
+	attnTraceBlocks   = 1024 // ATTD_TR_BLOCKS
+	attnTraceHead     = 512  // ATTD_TR_HEAD: attnTraceBlocks 32-bit counters
+	attnTraceWords    = attnTraceHead + attnTraceLaunches*attnTraceBlocks*8
 	attnTraceWaited   = 1 // ATTD_TR_WAITED: the slot every other is timed from
 	attnTraceSM       = 7 // ATTD_TR_SM: the block's multiprocessor, not a time
 )
@@ -197,7 +199,7 @@ func (b *Backend) StopAttnTrace() (string, error) {
 		return "", errors.New("kernels: no attn_decode launch was traced")
 	}
 	launches := min(count(0), attnTraceLaunches)
-	rec := func(l, lb, slot int) uint64 { return raw[512+(l*attnTraceBlocks+lb)*8+slot] }
+	rec := func(l, lb, slot int) uint64 { return raw[attnTraceHead+(l*attnTraceBlocks+lb)*8+slot] }
 	var sb strings.Builder
 	names := []string{"entry", "waited", "q", "chunk", "loop", "merge", "end"} // slots 0 .. attnTraceSM-1
 	median := func(v []float64) float64 { v = slices.Clone(v); slices.Sort(v); return v[len(v)/2] }
