@@ -156,10 +156,7 @@ func (b *Backend) StartAttnTrace() error {
 	if err != nil {
 		return err
 	}
-	b.onContext(func() {}) // what was queued before is not traced
-	b.qmu.Lock()
-	b.attnTrace = a
-	b.qmu.Unlock()
+	b.onContext(func() { b.attnTrace = a }) // what was queued before is launched untraced
 	return nil
 }
 
@@ -171,17 +168,14 @@ func (b *Backend) StartAttnTrace() error {
 // partials were stored and the block wrote its last; and the time since
 // the previous launch's release (the layer's period).
 func (b *Backend) StopAttnTrace() (string, error) {
-	b.onContext(func() {}) // launch what is queued
-	b.qmu.Lock()
-	a := b.attnTrace
-	b.attnTrace = nil
-	b.qmu.Unlock()
-	if a == nil {
-		return "", errors.New("kernels: StopAttnTrace without StartAttnTrace")
-	}
 	raw := make([]uint64, attnTraceWords)
-	var err error
-	b.onContext(func() {
+	err := errors.New("kernels: StopAttnTrace without StartAttnTrace")
+	b.onContext(func() { // the traced launches queued, then read back
+		a := b.attnTrace
+		if a == nil {
+			return
+		}
+		b.attnTrace = nil
 		err = b.d.check("cuStreamSynchronize", b.d.cuStreamSynchronize(b.stream))
 		if err == nil {
 			err = b.d.check("cuMemcpyDtoH", b.d.cuMemcpyDtoH(unsafe.Pointer(&raw[0]), a.ptr, uintptr(8*len(raw))))
