@@ -1,0 +1,178 @@
+// Consumer probe: how fast the m = 1 NVFP4 matmul's consumer warps (gemv.cuh,
+// gemv_nvfp4_tma_body) turn a ring stage already in shared memory into sums,
+// with no copies at all, for several ways of decoding E2M1 to fp16.
+// Standalone (CUDA runtime, not part of the kernel image); on the device:
+//
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a kernels/probe/decode.cu -o /tmp/decode && /tmp/decode
+//
+// Each block (2 a multiprocessor, 8 warps, as gemv_nvfp4_tma8) holds one
+// 16 KB stage of weights, its scales and x, and its warps run the consumer
+// loop over it ITERS times (the same shared-memory layout and loads as the
+// row-copy ring): two 16-row groups a warp and stage, 8 words of 8
+// E2M1 codes a lane and group, one m16n8k16 mma a word. Variants (DEC):
+//   0  no decode: the words go to the mma as they are (a floor for the rest)
+//   1  codes widened to E4M3 bytes, then cvt.rn.f16x2.e4m3x2
+//   2  fp16 bits built with shifts and masks (the committed TMA_DEC)
+//   3  as 2, the shifts moved to the multiply pipe (IMAD, IMAD.HI)
+//   4  as 3, the bytes spread into halves by a mask and a multiply instead of
+//      byte permutes (the x pairs then differ; timing only)
+// HALF: every other mma replaced by an XOR of its operands (the tensor pipe's
+// share of the time). It prints, per variant, the time per stage of a block
+// and the weight bytes consumed per second over the whole GPU. Round 28 of
+// docs/PERFORMANCE.md reads it against the committed kernel's SASS.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1);} } while (0)
+
+__device__ __forceinline__ uint32_t cvt_lo(uint32_t v) {
+    uint32_t r;
+    asm("{.reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;}\n" : "=r"(r) : "r"(v));
+    return r;
+}
+__device__ __forceinline__ uint32_t cvt_hi(uint32_t v) {
+    uint32_t r;
+    asm("{.reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;}\n" : "=r"(r) : "r"(v));
+    return r;
+}
+__device__ __forceinline__ void mma(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// k: constants the compiler cannot see (so that multiplies by powers of two
+// stay multiplies): k[0] = 2^29, k[1] = 2, k[2] = 14, k[3] = 256, k[4] = -256.
+template <int DEC>
+__device__ __forceinline__ void decode(uint32_t u, uint32_t h[4], const uint32_t k[5]) {
+    if (DEC == 0) {
+        h[0] = u, h[1] = u ^ 0x1111u, h[2] = u ^ 0x2222u, h[3] = u ^ 0x4444u;
+    } else if (DEC == 1) {
+        uint32_t e0 = ((u << 2) & 0x1C1C1C1Cu) | ((u << 4) & 0x80808080u);
+        uint32_t e1 = ((u >> 2) & 0x1C1C1C1Cu) | (u & 0x80808080u);
+        h[0] = cvt_lo(e0), h[1] = cvt_hi(e0), h[2] = cvt_lo(e1), h[3] = cvt_hi(e1);
+    } else if (DEC == 2) {
+        const uint32_t flo = ((u << 1) & 0x0E0E0E0Eu) | ((u << 4) & 0x80808080u);
+        const uint32_t fhi = ((u >> 3) & 0x0E0E0E0Eu) | (u & 0x80808080u);
+        h[0] = __byte_perm(flo, 0, 0x1404), h[1] = __byte_perm(flo, 0, 0x3424);
+        h[2] = __byte_perm(fhi, 0, 0x1404), h[3] = __byte_perm(fhi, 0, 0x3424);
+    } else {
+        // Even codes: a byte n = s e1 e0 m becomes 2 (n + 7 s) = s << 7 | e1 e0 m << 1.
+        const uint32_t lo = u & 0x0F0F0F0Fu, s = u & 0x08080808u;
+        const uint32_t flo = lo * k[1] + s * k[2];
+        // Odd codes: the magnitude shifted down 3 by the high word of a product, the sign added.
+        const uint32_t fhi = __umulhi(u & 0x70707070u, k[0]) + (u & 0x80808080u);
+        if (DEC == 3) {
+            h[0] = __byte_perm(flo, 0, 0x1404), h[1] = __byte_perm(flo, 0, 0x3424);
+            h[2] = __byte_perm(fhi, 0, 0x1404), h[3] = __byte_perm(fhi, 0, 0x3424);
+        } else {
+            h[0] = flo & 0xFF00FF00u, h[1] = flo * k[3] + h[0] * k[4];  // (flo - h[0]) << 8
+            h[2] = fhi & 0xFF00FF00u, h[3] = fhi * k[3] + h[2] * k[4];
+        }
+    }
+}
+
+constexpr int WARPS = 8, ITERS = 4096;
+
+template <int DEC, int HALF = 0>
+__global__ void __launch_bounds__(WARPS * 32, 2) consume(const uint4* __restrict__ src, float* out, uint32_t opaque) {
+    // The ring slot as gemv_nvfp4_tma8 lays it out: 16 rows of 1024 weight
+    // bytes at a 1088-byte stride, then 16 rows of 128 scale bytes at 144.
+    __shared__ uint4 w[19712 / 16];
+    __shared__ uint4 xs[256 + 2];  // x pairs of 2048 activations as fp16, then zeros
+    for (int i = threadIdx.x; i < 19712 / 16; i += blockDim.x) w[i] = src[i];
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) xs[i] = src[2048 + i];
+    if (threadIdx.x < 2) xs[256 + threadIdx.x] = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+    const uint32_t k[5] = {0x20000000u | opaque, 2u | opaque, 14u | opaque, 256u | opaque, 0xFFFFFF00u | opaque};
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane >> 2, t = lane & 3;
+    const unsigned char* st = reinterpret_cast<const unsigned char*>(w);
+    // B's sources as in the kernel: real activations for column g == 2t (words
+    // 0, 1) or g == 2t + 1 (words 2, 3), zeros otherwise.
+    const uint4* xb0 = g == 2 * t ? xs + 4 * t : xs + 256;
+    const uint4* xb1 = g == 2 * t + 1 ? xs + 4 * t + 2 : xs + 256;
+    const int xst0 = g == 2 * t ? 16 : 0, xst1 = g == 2 * t + 1 ? 16 : 0;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int it = 0; it < ITERS; it++) {
+        const int wf = warp ^ (it & 1);  // keeps the shared loads inside the loop
+#pragma unroll
+        for (int gq = 0; gq < 2; gq++) {
+            const int wo = g * 1088 + wf * 64 + t * 16 + gq * 512;
+            const uint4 wa = *reinterpret_cast<const uint4*>(st + wo);
+            const uint4 wb = *reinterpret_cast<const uint4*>(st + wo + 8 * 1088);
+            const int so = 17408 + g * 144 + wf * 8 + 2 * t + gq * 64;
+            const uint32_t sa = *reinterpret_cast<const uint16_t*>(st + so);
+            const uint32_t sb = *reinterpret_cast<const uint16_t*>(st + so + 8 * 144);
+            const int grp = (wf + 8 * gq) & 15;
+            const uint4* p0 = xb0 + grp * xst0;
+            const uint4* p1 = xb1 + grp * xst1;
+            const uint4 xv[4] = {p0[0], p0[1], p1[0], p1[1]};
+            const uint32_t wva[4] = {wa.x, wa.y, wa.z, wa.w}, wvb[4] = {wb.x, wb.y, wb.z, wb.w};
+            float da[4] = {0.f, 0.f, 0.f, 0.f}, db[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                uint32_t ha[4], hb[4];
+                decode<DEC>(wva[q], ha, k);
+                decode<DEC>(wvb[q], hb, k);
+                const uint32_t ae[4] = {ha[0], hb[0], ha[1], hb[1]}, ao[4] = {ha[2], hb[2], ha[3], hb[3]};
+                mma(da, ae, xv[q].x, xv[q].y);
+                if (!HALF) mma(db, ao, xv[q].z, xv[q].w);
+                else db[q] += __uint_as_float(ao[0] ^ ao[1] ^ ao[2] ^ ao[3]);  // HALF: one mma a word pair
+            }
+            const uint32_t hsa = cvt_lo(sa), hsb = cvt_lo(sb);
+            const float2 fa = __half22float2(*reinterpret_cast<const __half2*>(&hsa));
+            const float2 fb = __half22float2(*reinterpret_cast<const __half2*>(&hsb));
+            acc[0] = fmaf(da[0] + db[0], fa.x, acc[0]);
+            acc[1] = fmaf(da[1] + db[1], fa.y, acc[1]);
+            acc[2] = fmaf(da[2] + db[2], fb.x, acc[2]);
+            acc[3] = fmaf(da[3] + db[3], fb.y, acc[3]);
+        }
+    }
+    out[blockIdx.x * blockDim.x + threadIdx.x] = acc[0] + acc[1] + acc[2] + acc[3];
+}
+
+template <int DEC, int HALF = 0>
+void run(const uint4* src, float* out, int grid) {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    consume<DEC, HALF><<<grid, WARPS * 32>>>(src, out, 0);  // warm-up
+    CK(cudaDeviceSynchronize());
+    float best = 1e30f;
+    for (int r = 0; r < 5; r++) {
+        CK(cudaEventRecord(a));
+        consume<DEC, HALF><<<grid, WARPS * 32>>>(src, out, 0);
+        CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        best = ms < best ? ms : best;
+    }
+    const double stage_us = best * 1e3 / ITERS, bytes = (double)grid * ITERS * 16384;
+    printf("RESULT decode_probe dec=%d half_mma=%d stage_us=%.3f consumed_GBps=%.0f\n", DEC, HALF, stage_us, bytes / (best * 1e-3) / 1e9);
+}
+
+int main() {
+    int sms;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    uint4* src;
+    float* out;
+    CK(cudaMalloc(&src, 4096 * sizeof(uint4)));  // 2048 uint4 of weights and scales, then x
+    CK(cudaMalloc(&out, 2 * sms * WARPS * 32 * sizeof(float)));
+    uint32_t* h = (uint32_t*)malloc(4096 * sizeof(uint4));
+    for (int i = 0; i < 4 * 4096; i++) h[i] = (uint32_t)(i * 2654435761u) & (i >= 4 * 2048 ? 0x3bff3bffu : ~0u);
+    CK(cudaMemcpy(src, h, 4096 * sizeof(uint4), cudaMemcpyHostToDevice));
+    const int grid = 2 * sms;
+    for (int pass = 0; pass < 2; pass++) {
+        run<0>(src, out, grid);
+        run<1>(src, out, grid);
+        run<2>(src, out, grid);
+        run<3>(src, out, grid);
+        run<4>(src, out, grid);
+        run<0, 1>(src, out, grid);
+        run<2, 1>(src, out, grid);
+    }
+    return 0;
+}
