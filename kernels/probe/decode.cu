@@ -16,6 +16,9 @@
 //   3  as 2, the shifts moved to the multiply pipe (IMAD, IMAD.HI)
 //   4  as 3, the bytes spread into halves by a mask and a multiply instead of
 //      byte permutes (the x pairs then differ; timing only)
+//   5  int8 operands: biased bytes by two table lookups (prmt) a half word,
+//      one m16n8k32 u8 x s8 mma a word pair for each of x's two int8 terms,
+//      the int32 sums converted once a group (timing only)
 // HALF: every other mma replaced by an XOR of its operands (the tensor pipe's
 // share of the time). It prints, per variant, the time per stage of a block
 // and the weight bytes consumed per second over the whole GPU. Round 28 of
@@ -41,6 +44,22 @@ __device__ __forceinline__ void mma(float d[4], const uint32_t a[4], uint32_t b0
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void imma(int d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// DEC 5: eight codes to eight biased bytes 2 w + 12 (0..24) by table lookups:
+// prmt picks a table byte by a nibble's low three bits, and a nibble with bit
+// 3 set yields the sign of the picked byte (0 here): the positive table with
+// the codes as they are, the negative one with their signs flipped, or-ed.
+__device__ __forceinline__ void e2m1x8_to_u8(uint32_t u, uint32_t& lo, uint32_t& hi, const uint32_t t[4]) {
+    const uint32_t f = u ^ 0x88888888u;
+    lo = __byte_perm(t[0], t[1], u) | __byte_perm(t[2], t[3], f);
+    hi = __byte_perm(t[0], t[1], u >> 16) | __byte_perm(t[2], t[3], f >> 16);
 }
 
 // k: constants the compiler cannot see (so that multiplies by powers of two
@@ -87,6 +106,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2) consume(const uint4* __restrict
     if (threadIdx.x < 2) xs[256 + threadIdx.x] = make_uint4(0, 0, 0, 0);
     __syncthreads();
     const uint32_t k[5] = {0x20000000u | opaque, 2u | opaque, 14u | opaque, 256u | opaque, 0xFFFFFF00u | opaque};
+    const uint32_t tb[4] = {0x0F0E0D0Cu | opaque, 0x18141210u | opaque, 0x090A0B0Cu | opaque, 0x00040608u | opaque};
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane >> 2, t = lane & 3;
     const unsigned char* st = reinterpret_cast<const unsigned char*>(w);
     // B's sources as in the kernel: real activations for column g == 2t (words
@@ -111,8 +131,22 @@ __global__ void __launch_bounds__(WARPS * 32, 2) consume(const uint4* __restrict
             const uint4 xv[4] = {p0[0], p0[1], p1[0], p1[1]};
             const uint32_t wva[4] = {wa.x, wa.y, wa.z, wa.w}, wvb[4] = {wb.x, wb.y, wb.z, wb.w};
             float da[4] = {0.f, 0.f, 0.f, 0.f}, db[4] = {0.f, 0.f, 0.f, 0.f};
+            if (DEC == 5) {
+                // Weights as biased u8, x as two s8 terms (hi, lo) a word of B each.
+                int dh[4] = {0, 0, 0, 0}, dl[4] = {0, 0, 0, 0};
 #pragma unroll
-            for (int q = 0; q < 4; q++) {
+                for (int q = 0; q < 4; q++) {
+                    uint32_t a8[4];
+                    e2m1x8_to_u8(wva[q], a8[0], a8[2], tb);
+                    e2m1x8_to_u8(wvb[q], a8[1], a8[3], tb);
+                    imma(dh, a8, xv[q].x, xv[q].y);
+                    imma(dl, a8, xv[q].z, xv[q].w);
+                }
+#pragma unroll
+                for (int j = 0; j < 4; j++) da[j] = (float)(dh[j] * 256 + dl[j]);
+            }
+#pragma unroll
+            for (int q = 0; q < 4 && DEC != 5; q++) {
                 uint32_t ha[4], hb[4];
                 decode<DEC>(wva[q], ha, k);
                 decode<DEC>(wvb[q], hb, k);
@@ -171,6 +205,7 @@ int main() {
         run<2>(src, out, grid);
         run<3>(src, out, grid);
         run<4>(src, out, grid);
+        run<5>(src, out, grid);
         run<0, 1>(src, out, grid);
         run<2, 1>(src, out, grid);
     }
