@@ -196,7 +196,7 @@ func New(ordinal int) (*Backend, error) {
 			"gemv_nvfp4_any", "embed", "rmsnorm", "rope", "attention", "swiglu", "add", "scale",
 			"sample_partial", "sample_final", "embed_ids", "rope_dyn", "attention_kv", "attention_kv_64", "attention_kv_128", "attn_combine", "attn_decode_64", "attn_decode_128", "gemv_bf16_u4",
 			"gemv_nvfp4_m1_d0", "gemv_nvfp4_m1_d1", "gemv_nvfp4_s1_d0", "gemv_nvfp4_s1_d1", "gemv_nvfp4_s1_d1_st4", "gemv_nvfp4_s1_d1_lb", "gemv_nvfp4_s1_d1_mt", "gemv_nvfp4_m8_d0", "gemv_nvfp4_m8_d1",
-			"gemv_nvfp4_m16_d0", "gemv_nvfp4_m16_d1", "gemv_nvfp4_tma", "gemv_nvfp4_tma8", "gemv_nvfp4_tma8_3", "gemv_nvfp4_tma8_trace", "gemv_nvfp4_tma8_tm"} {
+			"gemv_nvfp4_m16_d0", "gemv_nvfp4_m16_d1", "gemv_nvfp4_tma", "gemv_nvfp4_tma8", "gemv_nvfp4_tma8_3", "gemv_nvfp4_tma8_trace", "gemv_nvfp4_tma8_tm", "gemv_nvfp4_tma8_tm_trace"} {
 			var f uintptr
 			if err = d.check("cuModuleGetFunction "+name, d.cuModuleGetFunction(&f, b.module, cString(name))); err != nil {
 				return
@@ -210,7 +210,7 @@ func New(ordinal int) (*Backend, error) {
 			"gemv_nvfp4_s1_d0": b.maxShare, "gemv_nvfp4_s1_d1": b.maxShare, "gemv_nvfp4_s1_d1_st4": b.maxShare, "gemv_nvfp4_s1_d1_lb": b.maxShare, "gemv_nvfp4_s1_d1_mt": b.maxShare,
 			"gemv_nvfp4_m8_d0": b.maxShare, "gemv_nvfp4_m8_d1": b.maxShare, "gemv_nvfp4_m16_d0": b.maxShare,
 			"gemv_nvfp4_m16_d1": b.maxShare, "gemv_nvfp4_tma": b.maxShare, "gemv_nvfp4_tma8": b.maxShare, "gemv_nvfp4_tma8_3": b.maxShare,
-			"gemv_nvfp4_tma8_trace": b.maxShare, "gemv_nvfp4_tma8_tm": b.maxShare} {
+			"gemv_nvfp4_tma8_trace": b.maxShare, "gemv_nvfp4_tma8_tm": b.maxShare, "gemv_nvfp4_tma8_tm_trace": b.maxShare} {
 			if err = d.check("cuFuncSetAttribute "+name, d.cuFuncSetAttribute(b.fn[name], 8, int32(bytes))); err != nil {
 				return
 			}

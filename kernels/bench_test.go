@@ -183,7 +183,8 @@ func BenchmarkGEMV(b *testing.B) {
 	}
 }
 
-// BenchmarkGEMVTimeline records when each block of gemv_nvfp4_tma reaches
+// BenchmarkGEMVTimeline records when each block of gemv_nvfp4_tma8 (with
+// tensor copies where the launch takes them: gemv_nvfp4_tma8_tm) reaches
 // fixed points (global timer; flags bit 6) over a chain of launches with
 // programmatic dependent launch, as in a decode step, and prints the last
 // two launches on one time base: blocks' entry, the wait for the previous

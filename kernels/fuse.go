@@ -352,13 +352,17 @@ func (b *Backend) finalizeGemv(o *op) {
 		}
 		o.shared = uint32(ns*tmaStage + 2*g.K + tmaFixed)
 		flags = ns<<16 | boolInt(b.tmaEvict)<<24 | b.tmaAblate
-		if o.name == "gemv_nvfp4_tma8" && b.tmaAblate&0x40 != 0 {
+		trace := o.name == "gemv_nvfp4_tma8" && b.tmaAblate&0x40 != 0 // the timeline (BenchmarkGEMVTimeline)
+		if trace {
 			o.name = "gemv_nvfp4_tma8_trace"
 		}
 		// Tensor copies where every weight has its maps and a ring fits (1 KB more for alignment).
-		if tns := b.tmaStagesOf(g.K, tmStage, 1024); o.name == "gemv_nvfp4_tma8" && tns > 0 {
+		if tns := b.tmaStagesOf(g.K, tmStage, 1024); (o.name == "gemv_nvfp4_tma8" || trace) && tns > 0 {
 			if maps = b.groupMaps(g); maps != nil {
 				o.name = "gemv_nvfp4_tma8_tm"
+				if trace {
+					o.name = "gemv_nvfp4_tma8_tm_trace"
+				}
 				o.shared = uint32(1024 + tns*tmStage + 2*g.K + tmaFixed)
 				flags = tns<<16 | boolInt(b.tmaEvict)<<24 | b.tmaAblate
 			}

@@ -932,7 +932,10 @@ extern "C" __global__ void __launch_bounds__(9 * WARP, 3) gemv_nvfp4_tma8_3(cons
 extern "C" __global__ void __launch_bounds__(9 * WARP, 2) gemv_nvfp4_tma8_tm(const __grid_constant__ GemvArgsTM a) {
     gemv_nvfp4_tma_body<8, false, true>(a.g, a.tw, a.ts);
 }
-// gemv_nvfp4_tma8 writing its timeline (BenchmarkGEMVTimeline).
+// gemv_nvfp4_tma8 and gemv_nvfp4_tma8_tm writing their timelines (BenchmarkGEMVTimeline).
 extern "C" __global__ void __launch_bounds__(9 * WARP, 2) gemv_nvfp4_tma8_trace(const __grid_constant__ GemvArgs a) {
     gemv_nvfp4_tma_body<8, true>(a);
+}
+extern "C" __global__ void __launch_bounds__(9 * WARP, 2) gemv_nvfp4_tma8_tm_trace(const __grid_constant__ GemvArgsTM a) {
+    gemv_nvfp4_tma_body<8, true, true>(a.g, a.tw, a.ts);
 }
