@@ -79,7 +79,7 @@ type Backend struct {
 	tmaEvict      bool        // its weight copies marked evict-first in L2 (the default)
 	tmaMaps       bool        // its weights copied by tensor maps, four copies a stage (gemv_nvfp4_tma8_tm), in large launches
 	tmaMapsAll    bool        // ... in launches of every size (tests, benchmarks)
-	tmaAblate     int         // benchmarks: gemv_nvfp4_tma's ablation bits (flags bits 4, 5: no x staging, no decoding; 6: timeline)
+	tmaAblate     int         // benchmarks: gemv_nvfp4_tma8's ablation bits (flags bits 4, 5: no x staging, no decoding; 6: timeline), which launch its tracing instances
 	tmaTrace      uint64      // benchmarks: where gemv_nvfp4_tma writes its timeline (flags bit 6), 64 words per block
 	tkmWS         *allocation // the many-block top-k's workspace (dsv4.go: topK)
 	moeBuf        *allocation // MoE's picks, weights and activations (moe.go)

@@ -39,8 +39,9 @@ func randomNVFP4(rng *rand.Rand, n, k int) *quant.NVFP4 {
 // without the 64-register cap (fewer warps per SM), -1tile with one tile
 // (16 features) per block, x staged by every block, -pdl with programmatic
 // dependent launch (each call overlapping the previous one's tail), -nox and
-// -nodec gemv_nvfp4_tma with x not staged or the weights not decoded
-// (ablations: what each costs; row copies), -rows gemv_nvfp4_tma8 with a
+// -nodec gemv_nvfp4_tma8 with x not staged or the weights not decoded
+// (ablations, which its tracing instances take: what each costs, with the
+// default's copies; -rows-nodec with row copies), -rows gemv_nvfp4_tma8 with a
 // copy per weight row, -tm with tensor copies at every size (gemv_nvfp4_tma8_tm;
 // the default takes them from tmaMapsMin elements); bf16 picks its kernel
 // by shape (one load in flight per lane, four on tall matrices), bf16-1load
@@ -112,6 +113,7 @@ func BenchmarkGEMV(b *testing.B) {
 				{"nvfp4-nodec-pdl", nv, []int{1}, func() { g.tmaAblate = 0x20; g.SetPDL(true) }},
 				{"nvfp4-nox-nodec", nv, []int{1}, func() { g.tmaAblate = 0x30 }},
 				{"nvfp4-nox-nodec-pdl", nv, []int{1}, func() { g.tmaAblate = 0x30; g.SetPDL(true) }},
+				{"nvfp4-rows-nodec-pdl", nv, []int{1}, func() { g.tmaMaps, g.tmaAblate = false, 0x20; g.SetPDL(true) }},
 				{"nvfp4-x3", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc = 8, 3 }},
 				{"nvfp4-x3-pdl", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc = 8, 3; g.SetPDL(true) }},
 				{"nvfp4-x2-tpb1", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc, g.tmaTPB = 8, 2, 1 }},

@@ -219,7 +219,7 @@ func (b *Backend) fuseAdd(dst, a, c *Buffer) bool {
 // zeros, reductions and barriers.
 const (
 	tmaStage    = 16*1088 + 16*144
-	tmaFixed    = 32 + 2*16*16*4 + 16*4 + 2*8*8
+	tmaFixed    = 16*130 + 2*16*16*4 + 16*4 + 2*8*8 // TMA_ZERO uint4 of zeros, red, nred, barriers
 	tmaMaxSlots = 8
 	tmaThreads  = 17 * 32
 )
@@ -352,7 +352,8 @@ func (b *Backend) finalizeGemv(o *op) {
 		}
 		o.shared = uint32(ns*tmaStage + 2*g.K + tmaFixed)
 		flags = ns<<16 | boolInt(b.tmaEvict)<<24 | b.tmaAblate
-		trace := o.name == "gemv_nvfp4_tma8" && b.tmaAblate&0x40 != 0 // the timeline (BenchmarkGEMVTimeline)
+		// The timeline (BenchmarkGEMVTimeline) and the ablations: only the tracing instances take them.
+		trace := o.name == "gemv_nvfp4_tma8" && b.tmaAblate != 0
 		if trace {
 			o.name = "gemv_nvfp4_tma8_trace"
 		}
@@ -439,7 +440,7 @@ const tmaMapsMin = 32 << 20
 // copies are off, the launch reads under tmaMapsMin elements, or a weight
 // has none).
 func (b *Backend) groupMaps(g *gemvOp) []*tensorMaps {
-	if !b.tmaMaps || b.tmaAblate != 0 {
+	if !b.tmaMaps {
 		return nil
 	}
 	n := 0

@@ -561,6 +561,19 @@ __device__ __forceinline__ void mma16816_z(float d[4], const uint32_t a[4], uint
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
 }
 
+// Shared-memory loads at a 32-bit shared address (one register plus the
+// constant the caller adds, which the compiler folds into the instruction).
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+    return v;
+}
+__device__ __forceinline__ uint32_t lds16(uint32_t addr) {
+    unsigned short v;
+    asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(addr) : "memory");
+    return v;
+}
+
 // Benchmark timeline (flags bit 6, BenchmarkGEMVTimeline): the global timer
 // at fixed points, 64 slots per block in a.nh (no norm is fused then).
 // The memory clobber keeps the read after the memory instructions before it
@@ -578,7 +591,11 @@ __device__ __forceinline__ unsigned long long gtime() {
 #define TMA_TR_END 60    // consumer warp 0: its last tile's sums written
 
 // Shared memory: [NS stages][xs: K/8 uint4 (x8_pairs<1> of each 8 activations)]
-// [zero: 2 uint4][red: 2 x TMA_CW x 16 floats][nred: TMA_CW floats][full, empty: NS each].
+// [zero: TMA_ZERO uint4][red: 2 x TMA_CW x 16 floats][nred: TMA_CW floats][full, empty: NS each].
+// The zeros are what the lanes of B's empty columns read: as many as their
+// loads of a stage span (two of the next group's 2 KB further on), so that
+// every lane reads at one address plus constants (fuse.go: tmaFixed).
+#define TMA_ZERO 130
 template <int CW, bool TRACE, bool TM = false>
 __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a, const TensorMap* tw = nullptr,
                                                     const TensorMap* ts = nullptr) {
@@ -593,7 +610,7 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a, const Ten
     unsigned char* ring = tsm;
     uint4* xs = reinterpret_cast<uint4*>(tsm + NS * STAGE);
     uint4* zero = xs + K / 8;
-    float* red = reinterpret_cast<float*>(zero + 2);
+    float* red = reinterpret_cast<float*>(zero + TMA_ZERO);
     float* nred = red + 2 * CW * 16;
     const uint32_t bars = smem_u32(nred + CW);  // 8-byte aligned: everything before is a multiple of 16 bytes
     auto full = [&](int s) { return bars + 8 * s; };
@@ -682,7 +699,8 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a, const Ten
     const int tid = threadIdx.x;
     // Benchmark ablations (flags bit 4: x not staged, zeros instead; bit 5:
     // the weights read from the ring but not decoded or multiplied).
-    const bool noX = (a.flags >> 4) & 1, noDec = (a.flags >> 5) & 1;
+    // Only the tracing instances take them: the others test no flag a stage.
+    const bool noX = TRACE && ((a.flags >> 4) & 1), noDec = TRACE && ((a.flags >> 5) & 1);
     const float* nw = (const float*)a.nw;
     float* nh = blockIdx.x == 0 ? (float*)a.nh : nullptr;
     size_t xoff = 0;  // the x of this block's weight (a.xs: every tile of the block is of one weight)
@@ -785,16 +803,23 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a, const Ten
             xs[j] = make_uint4(pr[0], pr[1], pr[2], pr[3]);
         }
     }
-    if (tid < 2) zero[tid] = make_uint4(0, 0, 0, 0);
+    for (int j = tid; j < TMA_ZERO; j += NT) zero[j] = make_uint4(0, 0, 0, 0);
     consumers_sync<CW>();
     if (TRACE && tr && tid == 0) tr[TMA_TR_STAGED] = gtime();
 
     const int g = lane >> 2, t = lane & 3;
-    // The B operand's sources: block 2t of the group (words 0, 1) is real for
-    // column g == 2t, block 2t+1 (words 2, 3) for g == 2t+1; others read zeros.
-    const uint4* xb0 = g == 2 * t ? xs + 4 * t : zero;
-    const uint4* xb1 = g == 2 * t + 1 ? xs + 4 * t + 2 : zero;
-    const int xst0 = g == 2 * t ? 16 : 0, xst1 = g == 2 * t + 1 ? 16 : 0;  // uint4 per group
+    // The consumer loop is bound by integer throughput (the decode's 11
+    // operations a word, docs/PERFORMANCE.md round 28), so a stage's
+    // addressing is a few adds: every shared load is one register plus a
+    // constant. The B operand's sources: block 2t of the group (words 0, 1)
+    // is real for column g == 2t, block 2t+1 (words 2, 3) for g == 2t+1;
+    // others read zeros, at a stride of 0 a stage.
+    const uint32_t xs_u = smem_u32(xs), zero_u = smem_u32(zero);
+    const bool xr0 = g == 2 * t, xr1 = g == 2 * t + 1;
+    const uint32_t xt0 = xr0 ? xs_u + (4 * t + 16 * warp) * 16 : zero_u;      // group `warp` of stage 0
+    const uint32_t xt1 = xr1 ? xs_u + (4 * t + 2 + 16 * warp) * 16 : zero_u;
+    const uint32_t xstep0 = xr0 ? 16 * 256 : 0, xstep1 = xr1 ? 16 * 256 : 0;  // 16 groups of 256 bytes a stage
+    constexpr uint32_t XG = CW * 256;                                         // group warp + CW * gq: gq * XG further
     // Row g's (and g+8's) 16 weight bytes and 2 scale bytes of group warp + CW * gq.
     const int sg = tm_row(g);
     auto wofs = [&](int gq) {
@@ -806,31 +831,37 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a, const Ten
         return TMA_WBYTES + g * TMA_SROW + warp * 8 + 2 * t + CW * gq * 8;
     };
     constexpr int W8 = TM ? 8192 : 8 * TMA_ROWSTRIDE, S8 = TM ? 1024 : 8 * TMA_SROW;  // rows g+8
-    int slot = 0, tl = 0;
-    uint32_t phase = 0;
+    constexpr int WG = TM ? CW / 2 * 1024 : CW * 64;                                   // wofs(gq + 1) - wofs(gq)
+    static_assert(GP <= 2, "the zeros and offsets cover two groups a stage");
+    const uint32_t ring_u = smem_u32(ring), ring_end = ring_u + NS * STAGE;
+    const uint32_t wo = wofs(0), so0 = sofs(0), so1 = sofs(GP - 1);
+    uint32_t st = ring_u, fb = full(0), phase = 0;  // the slot's address, its full barrier, its parity
+    const uint32_t eb = 8 * NS;                    // empty(s) - full(s)
+    int tl = 0;
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x, tl++) {
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        uint32_t xa0 = xt0, xa1 = xt1;
         for (int ks = 0; ks < stages; ks++) {
-            mbar_wait(full(slot), phase);
+            mbar_wait(fb, phase);
             if (TRACE && tr && tid == 0 && trs < 24) tr[TMA_TR_FULL + trs] = gtime();
             if (TRACE) trs++;
-            const unsigned char* st = ring + slot * STAGE;
             uint4 wa[GP], wb[GP], xv[GP][4];
             uint32_t sa[GP], sb[GP];
+            const uint32_t w0 = st + wo, s0 = st + so0, s1 = st + so1;
 #pragma unroll
             for (int gq = 0; gq < GP; gq++) {
-                wa[gq] = *reinterpret_cast<const uint4*>(st + wofs(gq));
-                wb[gq] = *reinterpret_cast<const uint4*>(st + wofs(gq) + W8);
-                sa[gq] = *reinterpret_cast<const uint16_t*>(st + sofs(gq));
-                sb[gq] = *reinterpret_cast<const uint16_t*>(st + sofs(gq) + S8);
-                const int grp = ks * 16 + warp + CW * gq;  // the group's index in the row
-                const uint4* p0 = xb0 + grp * xst0;
-                const uint4* p1 = xb1 + grp * xst1;
-                xv[gq][0] = p0[0], xv[gq][1] = p0[1], xv[gq][2] = p1[0], xv[gq][3] = p1[1];
+                wa[gq] = lds128(w0 + gq * WG);
+                wb[gq] = lds128(w0 + gq * WG + W8);
+                sa[gq] = lds16(gq ? s1 : s0);
+                sb[gq] = lds16((gq ? s1 : s0) + S8);
+                xv[gq][0] = lds128(xa0 + gq * XG), xv[gq][1] = lds128(xa0 + gq * XG + 16);
+                xv[gq][2] = lds128(xa1 + gq * XG), xv[gq][3] = lds128(xa1 + gq * XG + 16);
             }
+            xa0 += xstep0, xa1 += xstep1;
             __syncwarp();
-            if (lane == 0) mbar_arrive(empty(slot));  // every shared read of the slot is done
-            if (++slot == NS) slot = 0, phase ^= 1;
+            if (lane == 0) mbar_arrive(fb + eb);  // every shared read of the slot is done
+            st += STAGE, fb += 8;
+            if (st == ring_end) st = ring_u, fb = full(0), phase ^= 1;
             if (noDec) {
 #pragma unroll
                 for (int gq = 0; gq < GP; gq++)
@@ -858,11 +889,11 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a, const Ten
                 }
                 const uint32_t hsa = e4m3x2_lo(sa[gq]), hsb = e4m3x2_lo(sb[gq]);
                 const float2 fa = __half22float2(*reinterpret_cast<const __half2*>(&hsa));
-                const float2 fb = __half22float2(*reinterpret_cast<const __half2*>(&hsb));
+                const float2 fb2 = __half22float2(*reinterpret_cast<const __half2*>(&hsb));
                 acc[0] = fmaf(da[0] + db[0], fa.x, acc[0]);
                 acc[1] = fmaf(da[1] + db[1], fa.y, acc[1]);
-                acc[2] = fmaf(da[2] + db[2], fb.x, acc[2]);
-                acc[3] = fmaf(da[3] + db[3], fb.y, acc[3]);
+                acc[2] = fmaf(da[2] + db[2], fb2.x, acc[2]);
+                acc[3] = fmaf(da[3] + db[3], fb2.y, acc[3]);
             }
         }
         // Rows g and g+8 of this warp's groups, summed over t, then over the warps.
