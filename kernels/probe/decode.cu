@@ -19,6 +19,13 @@
 //   5  int8 operands: biased bytes by two table lookups (prmt) a half word,
 //      one m16n8k32 u8 x s8 mma a word pair for each of x's two int8 terms,
 //      the int32 sums converted once a group (timing only)
+//   6  DEC 1 for the rows g+8, DEC 2 for the rows g: the conversions
+//      (F2FP) and the integer operations issue to different pipes
+//   7  as 6, and word 3 of the rows g through DEC 1 too (timing only)
+//   8  as 6, but word 3 of the rows g+8 through DEC 2 (timing only)
+//   9  as 2, the left shifts as multiplies by constants hidden from the
+//      compiler (IMAD on the multiply pipe instead of SHF or LOP3)
+//   10 as 9, and the right shift as the high word of a product (IMAD.HI)
 // HALF: every other mma replaced by an XOR of its operands (the tensor pipe's
 // share of the time). It prints, per variant, the time per stage of a block
 // and the weight bytes consumed per second over the whole GPU. Round 28 of
@@ -63,9 +70,9 @@ __device__ __forceinline__ void e2m1x8_to_u8(uint32_t u, uint32_t& lo, uint32_t&
 }
 
 // k: constants the compiler cannot see (so that multiplies by powers of two
-// stay multiplies): k[0] = 2^29, k[1] = 2, k[2] = 14, k[3] = 256, k[4] = -256.
+// stay multiplies): k[0] = 2^29, k[1] = 2, k[2] = 14, k[3] = 256, k[4] = -256, k[5] = 16.
 template <int DEC>
-__device__ __forceinline__ void decode(uint32_t u, uint32_t h[4], const uint32_t k[5]) {
+__device__ __forceinline__ void decode(uint32_t u, uint32_t h[4], const uint32_t k[6]) {
     if (DEC == 0) {
         h[0] = u, h[1] = u ^ 0x1111u, h[2] = u ^ 0x2222u, h[3] = u ^ 0x4444u;
     } else if (DEC == 1) {
@@ -75,6 +82,16 @@ __device__ __forceinline__ void decode(uint32_t u, uint32_t h[4], const uint32_t
     } else if (DEC == 2) {
         const uint32_t flo = ((u << 1) & 0x0E0E0E0Eu) | ((u << 4) & 0x80808080u);
         const uint32_t fhi = ((u >> 3) & 0x0E0E0E0Eu) | (u & 0x80808080u);
+        h[0] = __byte_perm(flo, 0, 0x1404), h[1] = __byte_perm(flo, 0, 0x3424);
+        h[2] = __byte_perm(fhi, 0, 0x1404), h[3] = __byte_perm(fhi, 0, 0x3424);
+    } else if (DEC == 9 || DEC == 10) {
+        // DEC 2 with its left shifts as multiplies by constants the compiler
+        // cannot see (IMAD, the multiply pipe, instead of SHF or LOP3 on the
+        // integer pipe); 10 also the right shift, as the high word of a product.
+        const uint32_t a = u * k[1], b = u * k[5];
+        const uint32_t r = DEC == 10 ? __umulhi(u, k[0]) : u >> 3;
+        const uint32_t flo = (a & 0x0E0E0E0Eu) | (b & 0x80808080u);
+        const uint32_t fhi = (r & 0x0E0E0E0Eu) | (u & 0x80808080u);
         h[0] = __byte_perm(flo, 0, 0x1404), h[1] = __byte_perm(flo, 0, 0x3424);
         h[2] = __byte_perm(fhi, 0, 0x1404), h[3] = __byte_perm(fhi, 0, 0x3424);
     } else {
@@ -105,7 +122,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2) consume(const uint4* __restrict
     for (int i = threadIdx.x; i < 256; i += blockDim.x) xs[i] = src[2048 + i];
     if (threadIdx.x < 2) xs[256 + threadIdx.x] = make_uint4(0, 0, 0, 0);
     __syncthreads();
-    const uint32_t k[5] = {0x20000000u | opaque, 2u | opaque, 14u | opaque, 256u | opaque, 0xFFFFFF00u | opaque};
+    const uint32_t k[6] = {0x20000000u | opaque, 2u | opaque, 14u | opaque, 256u | opaque, 0xFFFFFF00u | opaque, 16u | opaque};
     const uint32_t tb[4] = {0x0F0E0D0Cu | opaque, 0x18141210u | opaque, 0x090A0B0Cu | opaque, 0x00040608u | opaque};
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane >> 2, t = lane & 3;
     const unsigned char* st = reinterpret_cast<const unsigned char*>(w);
@@ -148,8 +165,19 @@ __global__ void __launch_bounds__(WARPS * 32, 2) consume(const uint4* __restrict
 #pragma unroll
             for (int q = 0; q < 4 && DEC != 5; q++) {
                 uint32_t ha[4], hb[4];
-                decode<DEC>(wva[q], ha, k);
-                decode<DEC>(wvb[q], hb, k);
+                // 6-8: the conversion pipe and the integer pipe shared out, fraction
+                // f of the words through DEC 1 (cvt) and the rest through DEC 2:
+                // 6 the rows g+8 (f = 1/2), 7 those and word 3 of rows g (5/8),
+                // 8 words 0-2 of rows g+8 (3/8).
+                if (DEC == 6 || DEC == 7 || DEC == 8) {
+                    if (DEC == 7 && q == 3) decode<1>(wva[q], ha, k);
+                    else decode<2>(wva[q], ha, k);
+                    if (DEC == 8 && q == 3) decode<2>(wvb[q], hb, k);
+                    else decode<1>(wvb[q], hb, k);
+                } else {
+                    decode<DEC>(wva[q], ha, k);
+                    decode<DEC>(wvb[q], hb, k);
+                }
                 const uint32_t ae[4] = {ha[0], hb[0], ha[1], hb[1]}, ao[4] = {ha[2], hb[2], ha[3], hb[3]};
                 mma(da, ae, xv[q].x, xv[q].y);
                 if (!HALF) mma(db, ao, xv[q].z, xv[q].w);
@@ -206,6 +234,11 @@ int main() {
         run<3>(src, out, grid);
         run<4>(src, out, grid);
         run<5>(src, out, grid);
+        run<6>(src, out, grid);
+        run<7>(src, out, grid);
+        run<8>(src, out, grid);
+        run<9>(src, out, grid);
+        run<10>(src, out, grid);
         run<0, 1>(src, out, grid);
         run<2, 1>(src, out, grid);
     }
