@@ -26,6 +26,7 @@
 //   9  as 2, the left shifts as multiplies by constants hidden from the
 //      compiler (IMAD on the multiply pipe instead of SHF or LOP3)
 //   10 as 9, and the right shift as the high word of a product (IMAD.HI)
+// warps=16: DEC 2 with 16 warps a block, one group a warp and stage (round 29).
 // HALF: every other mma replaced by an XOR of its operands (the tensor pipe's
 // share of the time). It prints, per variant, the time per stage of a block
 // and the weight bytes consumed per second over the whole GPU. Round 28 of
@@ -110,9 +111,12 @@ __device__ __forceinline__ void decode(uint32_t u, uint32_t h[4], const uint32_t
     }
 }
 
-constexpr int WARPS = 8, ITERS = 4096;
+constexpr int ITERS = 4096;
 
-template <int DEC, int HALF = 0>
+// WARPS: consumer warps a block (8: two groups a warp and stage, as
+// gemv_nvfp4_tma8; 16: one group a warp, twice the warps to hide latency with
+// at most 64 registers a thread).
+template <int DEC, int HALF = 0, int WARPS = 8>
 __global__ void __launch_bounds__(WARPS * 32, 2) consume(const uint4* __restrict__ src, float* out, uint32_t opaque) {
     // The ring slot as gemv_nvfp4_tma8 lays it out: 16 rows of 1024 weight
     // bytes at a 1088-byte stride, then 16 rows of 128 scale bytes at 144.
@@ -135,14 +139,14 @@ __global__ void __launch_bounds__(WARPS * 32, 2) consume(const uint4* __restrict
     for (int it = 0; it < ITERS; it++) {
         const int wf = warp ^ (it & 1);  // keeps the shared loads inside the loop
 #pragma unroll
-        for (int gq = 0; gq < 2; gq++) {
-            const int wo = g * 1088 + wf * 64 + t * 16 + gq * 512;
+        for (int gq = 0; gq < 16 / WARPS; gq++) {
+            const int wo = g * 1088 + wf * 64 + t * 16 + gq * WARPS * 64;
             const uint4 wa = *reinterpret_cast<const uint4*>(st + wo);
             const uint4 wb = *reinterpret_cast<const uint4*>(st + wo + 8 * 1088);
-            const int so = 17408 + g * 144 + wf * 8 + 2 * t + gq * 64;
+            const int so = 17408 + g * 144 + wf * 8 + 2 * t + gq * WARPS * 8;
             const uint32_t sa = *reinterpret_cast<const uint16_t*>(st + so);
             const uint32_t sb = *reinterpret_cast<const uint16_t*>(st + so + 8 * 144);
-            const int grp = (wf + 8 * gq) & 15;
+            const int grp = (wf + WARPS * gq) & 15;
             const uint4* p0 = xb0 + grp * xst0;
             const uint4* p1 = xb1 + grp * xst1;
             const uint4 xv[4] = {p0[0], p0[1], p1[0], p1[1]};
@@ -195,17 +199,17 @@ __global__ void __launch_bounds__(WARPS * 32, 2) consume(const uint4* __restrict
     out[blockIdx.x * blockDim.x + threadIdx.x] = acc[0] + acc[1] + acc[2] + acc[3];
 }
 
-template <int DEC, int HALF = 0>
+template <int DEC, int HALF = 0, int WARPS = 8>
 void run(const uint4* src, float* out, int grid) {
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
-    consume<DEC, HALF><<<grid, WARPS * 32>>>(src, out, 0);  // warm-up
+    consume<DEC, HALF, WARPS><<<grid, WARPS * 32>>>(src, out, 0);  // warm-up
     CK(cudaDeviceSynchronize());
     float best = 1e30f;
     for (int r = 0; r < 5; r++) {
         CK(cudaEventRecord(a));
-        consume<DEC, HALF><<<grid, WARPS * 32>>>(src, out, 0);
+        consume<DEC, HALF, WARPS><<<grid, WARPS * 32>>>(src, out, 0);
         CK(cudaEventRecord(b));
         CK(cudaEventSynchronize(b));
         float ms;
@@ -213,7 +217,7 @@ void run(const uint4* src, float* out, int grid) {
         best = ms < best ? ms : best;
     }
     const double stage_us = best * 1e3 / ITERS, bytes = (double)grid * ITERS * 16384;
-    printf("RESULT decode_probe dec=%d half_mma=%d stage_us=%.3f consumed_GBps=%.0f\n", DEC, HALF, stage_us, bytes / (best * 1e-3) / 1e9);
+    printf("RESULT decode_probe dec=%d half_mma=%d warps=%d stage_us=%.3f consumed_GBps=%.0f\n", DEC, HALF, WARPS, stage_us, bytes / (best * 1e-3) / 1e9);
 }
 
 int main() {
@@ -222,7 +226,7 @@ int main() {
     uint4* src;
     float* out;
     CK(cudaMalloc(&src, 4096 * sizeof(uint4)));  // 2048 uint4 of weights and scales, then x
-    CK(cudaMalloc(&out, 2 * sms * WARPS * 32 * sizeof(float)));
+    CK(cudaMalloc(&out, 2 * sms * 16 * 32 * sizeof(float)));
     uint32_t* h = (uint32_t*)malloc(4096 * sizeof(uint4));
     for (int i = 0; i < 4 * 4096; i++) h[i] = (uint32_t)(i * 2654435761u) & (i >= 4 * 2048 ? 0x3bff3bffu : ~0u);
     CK(cudaMemcpy(src, h, 4096 * sizeof(uint4), cudaMemcpyHostToDevice));
@@ -239,6 +243,8 @@ int main() {
         run<8>(src, out, grid);
         run<9>(src, out, grid);
         run<10>(src, out, grid);
+        run<2, 0, 16>(src, out, grid);
+        run<0, 0, 16>(src, out, grid);
         run<0, 1>(src, out, grid);
         run<2, 1>(src, out, grid);
     }
