@@ -111,6 +111,7 @@ type Backend struct {
 	attnTicketLen int
 	gemm          gemmScratch // the NVFP4 GEMM's (gemm.go; guarded by partMu)
 	gemmK128      bool        // benchmarks: the NVFP4 GEMM in stages of 128 elements even where 256 fit
+	skipRole      string      // benchmarks (MANIFOLD_SKIP, results wrong): launches of one role left out (queue.go: skipOp)
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -164,6 +165,7 @@ func New(ordinal int) (*Backend, error) {
 	// (docs/DECISIONS.md); MANIFOLD_ATTN_CLUSTER=0 merges through global memory.
 	b.attnCluster = os.Getenv("MANIFOLD_ATTN_CLUSTER") != "0"
 	b.attnAblate = map[string]int{"wait": 1, "skip": 2}[os.Getenv("MANIFOLD_ATTN_ABLATE")]
+	b.skipRole = os.Getenv("MANIFOLD_SKIP")
 	var n int32
 	if err := d.check("cuDeviceGetCount", d.cuDeviceGetCount(&n)); err != nil {
 		return nil, err

@@ -235,6 +235,9 @@ func (b *Backend) flushLocked() {
 func (b *Backend) launchOps(ops []op) {
 	for i := range ops {
 		o := &ops[i]
+		if b.skipRole != "" && b.skipOp(o) {
+			continue
+		}
 		var ev uintptr
 		if b.profiling {
 			ev = b.recordStart()
@@ -488,4 +491,27 @@ func (b *Backend) destroyGraphs() {
 		b.d.cuGraphExecDestroy(e.exec)
 		delete(b.graphCache, k)
 	}
+}
+
+// skipOp reports whether the benchmark switch MANIFOLD_SKIP (results wrong,
+// timing real; launches op by op only) leaves o out: qkv, o, gu, down (a
+// Llama block's NVFP4 m = 1 matmuls by role: three weights, the residual add
+// with K <= N or K > N, SwiGLU), lm (the bf16 LM head). What a decode step
+// gains without a role is what that role's launches cost on its critical
+// path (docs/PERFORMANCE.md round 30).
+func (b *Backend) skipOp(o *op) bool {
+	g := o.gemv
+	switch b.skipRole {
+	case "lm":
+		return o.name == "gemv_bf16_u4"
+	case "qkv":
+		return g != nil && len(g.groups) == 3
+	case "gu":
+		return g != nil && g.mode == 1
+	case "o":
+		return g != nil && g.mode == 2 && g.K <= g.groups[0].w.rows
+	case "down":
+		return g != nil && g.mode == 2 && g.K > g.groups[0].w.rows
+	}
+	return false
 }
