@@ -112,6 +112,8 @@ type Backend struct {
 	gemm          gemmScratch // the NVFP4 GEMM's (gemm.go; guarded by partMu)
 	gemmK128      bool        // benchmarks: the NVFP4 GEMM in stages of 128 elements even where 256 fit
 	skipRole      string      // benchmarks (MANIFOLD_SKIP, results wrong): launches of one role left out (queue.go: skipOp)
+	smallAblate   int         // benchmarks (MANIFOLD_SMALL_ABLATE, results wrong): tmaAblate bits for the launches under tmaMapsMin weights
+	tmaSmallRole  string      // ... only the output projection's (o, under 20 M weights) or the q, k, v matmul's (qkv)
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -166,6 +168,8 @@ func New(ordinal int) (*Backend, error) {
 	b.attnCluster = os.Getenv("MANIFOLD_ATTN_CLUSTER") != "0"
 	b.attnAblate = map[string]int{"wait": 1, "skip": 2}[os.Getenv("MANIFOLD_ATTN_ABLATE")]
 	b.skipRole = os.Getenv("MANIFOLD_SKIP")
+	b.smallAblate = map[string]int{"nodec": 0x20, "nox": 0x10, "both": 0x30}[os.Getenv("MANIFOLD_SMALL_ABLATE")]
+	b.tmaSmallRole = os.Getenv("MANIFOLD_SMALL_ABLATE_ROLE")
 	var n int32
 	if err := d.check("cuDeviceGetCount", d.cuDeviceGetCount(&n)); err != nil {
 		return nil, err

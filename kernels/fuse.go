@@ -351,9 +351,26 @@ func (b *Backend) finalizeGemv(o *op) {
 			}
 		}
 		o.shared = uint32(ns*tmaStage + 2*g.K + tmaFixed)
-		flags = ns<<16 | boolInt(b.tmaEvict)<<24 | b.tmaAblate
+		ablate := b.tmaAblate
+		if b.smallAblate != 0 {
+			weights := 0
+			for _, gg := range g.groups {
+				weights += gg.w.rows * gg.w.cols
+			}
+			lo, hi := 0, tmaMapsMin
+			switch b.tmaSmallRole {
+			case "o":
+				hi = 20 << 20
+			case "qkv":
+				lo = 20 << 20
+			}
+			if weights >= lo && weights < hi {
+				ablate |= b.smallAblate
+			}
+		}
+		flags = ns<<16 | boolInt(b.tmaEvict)<<24 | ablate
 		// The timeline (BenchmarkGEMVTimeline) and the ablations: only the tracing instances take them.
-		trace := o.name == "gemv_nvfp4_tma8" && b.tmaAblate != 0
+		trace := o.name == "gemv_nvfp4_tma8" && ablate != 0
 		if trace {
 			o.name = "gemv_nvfp4_tma8_trace"
 		}
@@ -365,7 +382,7 @@ func (b *Backend) finalizeGemv(o *op) {
 					o.name = "gemv_nvfp4_tma8_tm_trace"
 				}
 				o.shared = uint32(1024 + tns*tmStage + 2*g.K + tmaFixed)
-				flags = tns<<16 | boolInt(b.tmaEvict)<<24 | b.tmaAblate
+				flags = tns<<16 | boolInt(b.tmaEvict)<<24 | ablate
 			}
 		}
 	}
