@@ -45,6 +45,15 @@ type gemvOp struct {
 	xs     int     // > 0: group j reads the row at x + j*xs floats (x is group 0's; see joinStrided)
 }
 
+// weights is how many weight elements the launch reads.
+func (g *gemvOp) weights() int {
+	n := 0
+	for _, gg := range g.groups {
+		n += gg.w.rows * gg.w.cols
+	}
+	return n
+}
+
 // normOp is a queued RMSNorm of one row, which the matmul after it may take in.
 type normOp struct {
 	dst, x, w span
@@ -353,10 +362,6 @@ func (b *Backend) finalizeGemv(o *op) {
 		o.shared = uint32(ns*tmaStage + 2*g.K + tmaFixed)
 		ablate := b.tmaAblate
 		if b.smallAblate != 0 {
-			weights := 0
-			for _, gg := range g.groups {
-				weights += gg.w.rows * gg.w.cols
-			}
 			lo, hi := 0, tmaMapsMin
 			switch b.tmaSmallRole {
 			case "o":
@@ -364,7 +369,7 @@ func (b *Backend) finalizeGemv(o *op) {
 			case "qkv":
 				lo = 20 << 20
 			}
-			if weights >= lo && weights < hi {
+			if n := g.weights(); n >= lo && n < hi {
 				ablate |= b.smallAblate
 			}
 		}
@@ -460,11 +465,7 @@ func (b *Backend) groupMaps(g *gemvOp) []*tensorMaps {
 	if !b.tmaMaps {
 		return nil
 	}
-	n := 0
-	for _, gg := range g.groups {
-		n += gg.w.rows * gg.w.cols
-	}
-	if n < tmaMapsMin && !b.tmaMapsAll {
+	if g.weights() < tmaMapsMin && !b.tmaMapsAll {
 		return nil
 	}
 	var maps []*tensorMaps
