@@ -108,27 +108,8 @@ func BenchmarkDecodeLlama8B(b *testing.B) {
 		return time.Since(start) / tokens
 	}
 	timeDecode(b, gb, "decode8b", spec.WeightBytes(), "", measure)
-	// The engine's own loop: Generate, greedy, from the same 8-token context,
-	// each pick's run queued before its id comes back (the default) and not,
-	// alternated, launched op by op and as graphs.
-	gen := func(ahead bool) float64 {
-		s.Truncate(8)
-		s.noAhead = !ahead
-		defer func() { s.noAhead = false }()
-		res, err := s.Generate(ctx, nil, GenerateOptions{MaxTokens: tokens + 1, StopTokens: []int{}}, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return res.DecodeTokensPerSecond()
-	}
-	for _, graphs := range []bool{false, true} {
-		gb.SetGraphs(graphs)
-		gen(true)
-		gen(false)
-		a1, s1, a2, s2 := gen(true), gen(false), gen(true), gen(false)
-		fmt.Printf("RESULT decode8b_generate graphs=%v ahead_tok_s=%.1f sequential_tok_s=%.1f ahead_tok_s=%.1f sequential_tok_s=%.1f\n", graphs, a1, s1, a2, s2)
-	}
-	gb.SetGraphs(false)
+	benchGenerate(b, s, gb, "decode8b", 8, tokens)
+	gb.SetGraphs(kernels.GraphsOff)
 	gb.StartProfile()
 	for range 8 {
 		step()
@@ -154,6 +135,31 @@ func BenchmarkDecodeLlama8B(b *testing.B) {
 	}
 }
 
+// benchGenerate times the engine's own loop: Generate, greedy, from the
+// session's first `from` tokens, each pick's run queued before its id comes
+// back (the default) and not, alternated, under each graph mode (off: op by
+// op; on; auto, the default: graphs for the runs queued ahead).
+func benchGenerate(b *testing.B, s *Session, gb *kernels.Backend, name string, from, tokens int) {
+	gen := func(ahead bool) float64 {
+		s.Truncate(from)
+		s.noAhead = !ahead
+		defer func() { s.noAhead = false }()
+		res, err := s.Generate(context.Background(), nil, GenerateOptions{MaxTokens: tokens + 1, StopTokens: []int{}}, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return res.DecodeTokensPerSecond()
+	}
+	for _, mode := range []kernels.GraphMode{kernels.GraphsOff, kernels.GraphsOn, kernels.GraphsAuto} {
+		gb.SetGraphs(mode)
+		gen(true)
+		gen(false)
+		a1, s1, a2, s2 := gen(true), gen(false), gen(true), gen(false)
+		fmt.Printf("RESULT %s_generate graphs=%v ahead_tok_s=%.1f sequential_tok_s=%.1f ahead_tok_s=%.1f sequential_tok_s=%.1f\n", name, mode, a1, s1, a2, s2)
+	}
+	gb.SetGraphs(kernels.GraphsAuto)
+}
+
 // timeDecode reports a decode benchmark's time per token as the engine runs
 // (launched op by op, PDL on), with CUDA graphs and without PDL, each from
 // the same context, against the memory floor: the weight bytes a token
@@ -164,9 +170,9 @@ func BenchmarkDecodeLlama8B(b *testing.B) {
 func timeDecode(b *testing.B, gb *kernels.Backend, name string, bytes int64, extra string, measure func() time.Duration) {
 	var g, d [2]time.Duration
 	for i := range 2 {
-		gb.SetGraphs(true)
+		gb.SetGraphs(kernels.GraphsOn)
 		g[i] = measure()
-		gb.SetGraphs(false)
+		gb.SetGraphs(kernels.GraphsOff)
 		d[i] = measure()
 	}
 	launches := gb.GraphLaunches()

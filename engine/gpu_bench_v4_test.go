@@ -133,6 +133,10 @@ func BenchmarkDecodeDeepseekV4(b *testing.B) {
 	timeDecode(b, gb, "decodev4", spec.WeightBytes(),
 		fmt.Sprintf(" path=%s layers=%d experts=%d top_k=6 context=%d", path, m.Config().NumLayers, spec.Experts, prompt), measure)
 
+	if onDevice {
+		benchGenerate(b, s, gb, "decodev4", prompt, tokens)
+	}
+
 	// Per-kernel device time (kernels launched one by one while profiling),
 	// and its share of the wall time: the rest is the host (routing between
 	// the router's matmul and the experts', launches) and idle device.

@@ -55,7 +55,7 @@ type Backend struct {
 	qmu           sync.Mutex
 	q             queue
 	dyn           *allocation // dynSlots ints: the queue's per-step values
-	graphs        bool
+	graphs        GraphMode
 	ahead         int // launch a queue's older ops once it holds this many (push; 0: never)
 	graphCache    map[uint64]*graphEntry
 	graphSeen     map[uint64]int
@@ -145,7 +145,7 @@ func New(ordinal int) (*Backend, error) {
 		return nil, fmt.Errorf("kernels: this build embeds no kernel image (run kernels/build.sh on a machine with nvcc): %w", ErrNoDriver)
 	}
 	b := &Backend{d: d, fn: map[string]uintptr{}, live: map[uint64]struct{}{},
-		graphs: os.Getenv("MANIFOLD_CUDA_GRAPHS") == "1", graphCache: map[uint64]*graphEntry{}, graphSeen: map[uint64]int{},
+		graphs: graphModeEnv(os.Getenv("MANIFOLD_CUDA_GRAPHS")), graphCache: map[uint64]*graphEntry{}, graphSeen: map[uint64]int{},
 		gemvDec: defaultGemvDec, normFusion: os.Getenv("MANIFOLD_NORM_FUSION") == "1",
 		gemvX8: os.Getenv("MANIFOLD_GEMV_M1") == "m8", pdl: os.Getenv("MANIFOLD_CUDA_PDL") != "0",
 		gemvLB: os.Getenv("MANIFOLD_GEMV_M1") != "s1", gemvMT: os.Getenv("MANIFOLD_GEMV_TILES") != "1",

@@ -48,8 +48,8 @@ func randomNVFP4(rng *rand.Rand, n, k int) *quant.NVFP4 {
 // and bf16-4loads force one. 128256x4096 is the 8B model's LM head.
 func BenchmarkGEMV(b *testing.B) {
 	g := newGPU(b)
-	g.SetGraphs(false) // every launch timed as launched
-	g.SetPDL(false)    // no overlap between consecutive launches
+	g.SetGraphs(GraphsOff) // every launch timed as launched
+	g.SetPDL(false)        // no overlap between consecutive launches
 	copyBW := g.CopyBandwidth()
 	b.Logf("device copy bandwidth (read+write): %.0f GB/s", copyBW/1e9)
 	fmt.Printf("RESULT copy copy_GBps=%.0f\n", copyBW/1e9)
@@ -194,7 +194,7 @@ func BenchmarkGEMV(b *testing.B) {
 // shows where a launch's time goes between the copies and the consumers.
 func BenchmarkGEMVTimeline(b *testing.B) {
 	g := newGPU(b)
-	g.SetGraphs(false)
+	g.SetGraphs(GraphsOff)
 	g.SetPDL(true)
 	rng := rand.New(rand.NewPCG(1, 1))
 	for _, shape := range [][2]int{{4096, 14336}, {14336, 4096}, {6144, 4096}} {

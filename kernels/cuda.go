@@ -38,6 +38,7 @@ type driver struct {
 	cuStreamCreate            func(stream *uintptr, flags uint32) int32
 	cuStreamDestroy           func(stream uintptr) int32
 	cuStreamSynchronize       func(stream uintptr) int32
+	cuStreamQuery             func(stream uintptr) int32
 	cuGetErrorString          func(err int32, s **byte) int32
 	cuEventCreate             func(ev *uintptr, flags uint32) int32
 	cuEventRecord             func(ev, stream uintptr) int32
@@ -85,7 +86,7 @@ var loadDriver = sync.OnceValues(func() (*driver, error) {
 		{&d.cuMemFreeHost, "cuMemFreeHost"},
 		{&d.cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2"}, {&d.cuMemsetD32Async, "cuMemsetD32Async"},
 		{&d.cuLaunchKernel, "cuLaunchKernel"}, {&d.cuStreamCreate, "cuStreamCreate"},
-		{&d.cuStreamDestroy, "cuStreamDestroy_v2"}, {&d.cuStreamSynchronize, "cuStreamSynchronize"},
+		{&d.cuStreamDestroy, "cuStreamDestroy_v2"}, {&d.cuStreamSynchronize, "cuStreamSynchronize"}, {&d.cuStreamQuery, "cuStreamQuery"},
 		{&d.cuGetErrorString, "cuGetErrorString"}, {&d.cuEventCreate, "cuEventCreate"},
 		{&d.cuEventRecord, "cuEventRecord"}, {&d.cuEventSynchronize, "cuEventSynchronize"},
 		{&d.cuEventElapsedTime, "cuEventElapsedTime"}, {&d.cuEventDestroy, "cuEventDestroy_v2"},

@@ -23,35 +23,38 @@ import (
 // residual add) on the GPU and the CPU, step after step, so that the GPU
 // replays it as a graph from the third step on; both decodings of the NVFP4
 // kernels (the integer one with the RMSNorms fused into the matmuls), with
-// graphs and without. Weights scale as 1/√fan-in, as in a
+// graphs and without, and with GraphsAuto, each step queued while the one
+// before runs (as engine's Generate does), so that it too replays them. Weights scale as 1/√fan-in, as in a
 // trained model, so that activations stay near unit size. Tolerance: five
 // NVFP4 matmuls in series each round their input to fp16 (relative 2^-12 on
 // average per element), and RMSNorm and attention pass relative errors on
 // unamplified: 5e-3 over the residual stream and logits.
 func TestDecodeStepFusedAndGraphed(t *testing.T) {
 	for _, dec := range []int{1, 0} {
-		for _, graphs := range []bool{true, false} {
-			t.Run(fmt.Sprintf("dec%d/graphs=%v", dec, graphs), func(t *testing.T) {
+		for _, graphs := range []GraphMode{GraphsOn, GraphsOff} {
+			t.Run(fmt.Sprintf("dec%d/graphs=%v", dec, graphs == GraphsOn), func(t *testing.T) {
 				testDecodeStep(t, dec, graphs, 0)
 			})
 		}
 	}
+	t.Run("dec1/graphs=auto", func(t *testing.T) { testDecodeStep(t, 1, GraphsAuto, 0) })
 	// Several tiles per block (gemv_nvfp4_s1_d1_mt), a count that divides
 	// none of the launches' tile counts.
-	t.Run("dec1/graphs=true/tiles=3", func(t *testing.T) { testDecodeStep(t, 1, true, 3) })
+	t.Run("dec1/graphs=true/tiles=3", func(t *testing.T) { testDecodeStep(t, 1, GraphsOn, 3) })
 	// Widths that gemv_nvfp4_tma takes (K % 2048 == 0), its RMSNorms fused in.
 	// Row copies, and tensor copies at every size (their SwiGLU and residual epilogues).
-	for _, graphs := range []bool{true, false} {
-		t.Run(fmt.Sprintf("tma/graphs=%v", graphs), func(t *testing.T) { testDecodeStep(t, 1, graphs, -1) })
-		t.Run(fmt.Sprintf("tma-maps/graphs=%v", graphs), func(t *testing.T) { testDecodeStep(t, 1, graphs, -3) })
+	for _, graphs := range []GraphMode{GraphsOn, GraphsOff, GraphsAuto} {
+		name := map[GraphMode]string{GraphsOn: "true", GraphsOff: "false", GraphsAuto: "auto"}[graphs]
+		t.Run("tma/graphs="+name, func(t *testing.T) { testDecodeStep(t, 1, graphs, -1) })
+		t.Run("tma-maps/graphs="+name, func(t *testing.T) { testDecodeStep(t, 1, graphs, -3) })
 	}
-	t.Run("tma/attention_kv", func(t *testing.T) { testDecodeStep(t, 1, true, -2) })
+	t.Run("tma/attention_kv", func(t *testing.T) { testDecodeStep(t, 1, GraphsOn, -2) })
 }
 
 // testDecodeStep: tiles > 0 forces that many tiles per block; -1 selects
 // widths for gemv_nvfp4_tma (row copies), -3 the same with tensor copies at
 // every size, -2 with attention_kv instead of attn_decode.
-func testDecodeStep(t *testing.T, dec int, graphs bool, tiles int) {
+func testDecodeStep(t *testing.T, dec int, graphs GraphMode, tiles int) {
 	g, c := newGPU(t), cpu.New(0)
 	g.gemvDec = dec
 	g.gemvTiles = max(tiles, 0)
@@ -124,10 +127,14 @@ func testDecodeStep(t *testing.T, dec int, graphs bool, tiles int) {
 		b.MatMul(u.logits, u.h, w(head), 1)
 	}
 	before := g.GraphLaunches()
-	for pos := range 12 {
-		tok := int32(rng.IntN(vocab))
-		step(c, bc, func(p pair) backend.Weight { return p.c }, cc, tok, pos)
-		step(g, bg, func(p pair) backend.Weight { return p.g }, gc, tok, pos)
+	const steps = 12
+	toks := make([]int32, steps)
+	for i := range toks {
+		toks[i] = int32(rng.IntN(vocab))
+	}
+	onCPU := func(p pair) backend.Weight { return p.c }
+	onGPU := func(p pair) backend.Weight { return p.g }
+	check := func(pos int) {
 		for _, cmp := range []struct {
 			name   string
 			gb, cb backend.Buffer
@@ -138,7 +145,42 @@ func testDecodeStep(t *testing.T, dec int, graphs bool, tiles int) {
 			}
 		}
 	}
-	if n := g.GraphLaunches() - before; graphs && n == 0 {
+	if graphs == GraphsAuto {
+		// As engine's Generate: a pick launches each step without waiting
+		// for it (SampleTokenTo) and the next step is queued while it runs,
+		// so that the mode replays them as graphs. The last step's values
+		// hold every earlier one's through the cache. At these sizes the
+		// device outruns the host's launches, so each step ends with a
+		// matmul over 128 MB of zeros that keeps it busy for tens of
+		// microseconds after its pick is launched.
+		pick := g.NewBuffer(1)
+		rows := (64 << 20) / hidden
+		busy, err := g.Upload(&backend.HostWeight{Name: "busy", Rows: rows, Cols: hidden, Format: backend.BF16, Data: make([]byte, 2*rows*hidden)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		scratch := g.NewBuffer(rows)
+		for pos, tok := range toks {
+			step(g, bg, onGPU, gc, tok, pos)
+			g.MatMul(scratch, bg.h, busy, 1)
+			if pos < steps-1 {
+				if _, err := g.SampleTokenTo(pick, bg.logits, 0, 0, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		for pos, tok := range toks {
+			step(c, bc, onCPU, cc, tok, pos)
+		}
+		check(steps - 1)
+	} else {
+		for pos, tok := range toks {
+			step(c, bc, onCPU, cc, tok, pos)
+			step(g, bg, onGPU, gc, tok, pos)
+			check(pos)
+		}
+	}
+	if n := g.GraphLaunches() - before; graphs != GraphsOff && n == 0 {
 		t.Errorf("no step was replayed as a graph")
 	} else {
 		t.Logf("%d of 12 steps replayed as graphs", n)

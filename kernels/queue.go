@@ -12,10 +12,12 @@ import (
 // The backend does not launch kernels as its methods are called: it queues
 // them, and launches the queue when something needs the stream (a read, a
 // write, Sync, a profile, a direct driver call through Backend.onContext).
-// A decode step is thus one queue, and the same queue comes back every step:
-// the second time a queue is seen it is captured as a CUDA graph, and from
-// then on the graph is replayed, one driver call instead of hundreds of
-// launches. What changes from step to step, the position and the token ids,
+// A decode step is thus one queue, and the same queue comes back every step.
+// A queue that starts while the device is still busy (a step queued ahead
+// of the previous token's read, GraphsAuto) is held whole: the second time
+// it is seen it is captured as a CUDA graph, and from then on the graph is
+// replayed, one driver call instead of hundreds of launches. Any other queue
+// launches its older operations while it is still being built (push). What changes from step to step, the position and the token ids,
 // lives in a small device array (dyn) that the kernels read and that is
 // written before each launch of the queue; the queue refers to it only by
 // offsets relative to the step's first position, so consecutive steps queue
@@ -63,6 +65,8 @@ type queue struct {
 	dyn     []int32 // host values of the dyn array for this queue
 	sent    int     // dyn[:sent] is on the device already (launched ahead)
 	hasBase bool    // dyn[0] holds a position
+	decided bool    // graph is set for this queue (at its first operation)
+	graph   bool    // launched as a graph (replayed once seen before), not op by op while queued
 	keep    []any   // buffers and weights the queued work uses, alive until launch
 }
 
@@ -131,13 +135,18 @@ func (b *Backend) enqueue(name string, grid [3]int, block, shared int, args ...a
 	b.qmu.Unlock()
 }
 
-// push appends o to the queue and, launched op by op, launches all but the
-// newest operation once the queue holds b.ahead (launchAhead unless
+// push appends o to the queue (deciding at its first operation whether the
+// queue is a graph's) and, launched op by op, launches all but the newest
+// operation once the queue holds b.ahead (launchAhead unless
 // MANIFOLD_CUDA_AHEAD sets another count; 0 turns it off). qmu must be held.
 func (b *Backend) push(o op) {
 	q := &b.q
+	if !q.decided {
+		q.decided = true
+		q.graph = b.graphs == GraphsOn || b.graphs == GraphsAuto && b.streamBusy()
+	}
 	q.ops = append(q.ops, o)
-	if b.ahead == 0 || len(q.ops) < max(b.ahead, 2) || b.graphs || b.profiling {
+	if b.ahead == 0 || len(q.ops) < max(b.ahead, 2) || q.graph || b.profiling {
 		return
 	}
 	n := len(q.ops) - 1
@@ -222,11 +231,13 @@ func (b *Backend) onContext(fn func()) {
 // kernel by kernel. It runs with qmu held and the context current.
 func (b *Backend) flushLocked() {
 	q := &b.q
+	graph := q.graph
+	q.decided, q.graph = false, false
 	if len(q.ops) == 0 {
 		q.dyn, q.sent, q.hasBase, q.keep = q.dyn[:0], 0, false, q.keep[:0]
 		return
 	}
-	b.launchQueued(q.ops, !b.profiling && b.graphs && len(q.ops) >= minGraphOps)
+	b.launchQueued(q.ops, !b.profiling && graph && len(q.ops) >= minGraphOps)
 	clear(q.keep)
 	q.ops, q.dyn, q.sent, q.hasBase, q.keep = q.ops[:0], q.dyn[:0], 0, false, q.keep[:0]
 	b.freeQueued()
@@ -413,7 +424,7 @@ func (b *Backend) launchGraph(ops []op) {
 	exec, err := b.capture(ops)
 	if err != nil {
 		// Capture failed (some operation is not capturable): launch directly from now on.
-		b.graphs = false
+		b.graphs = GraphsOff
 		b.launchOps(ops)
 		return
 	}
@@ -469,14 +480,63 @@ func (b *Backend) capture(ops []op) (uintptr, error) {
 	return exec, err
 }
 
-// SetGraphs turns capturing and replaying decode steps as CUDA graphs on or
-// off (off by default, MANIFOLD_CUDA_GRAPHS=1 turns them on: launched op by
-// op with programmatic dependent launch, decode measured a few percent
-// faster; docs/DECISIONS.md); off launches every kernel directly.
-func (b *Backend) SetGraphs(on bool) {
+// GraphMode says which queues the backend launches as CUDA graphs.
+type GraphMode int
+
+const (
+	// GraphsAuto (the default) captures and replays the queues that start
+	// while the device is still busy, as a decode step queued before the
+	// previous token's id is read back (engine's Generate), and launches the
+	// others kernel by kernel while they are queued, as a step built while
+	// the device waits for it. On the H100 that measured 1% faster than
+	// either alone on the Llama-3-8B-shape decode (docs/DECISIONS.md).
+	GraphsAuto GraphMode = iota
+	// GraphsOff launches every kernel directly (MANIFOLD_CUDA_GRAPHS=0).
+	GraphsOff
+	// GraphsOn replays every repeated queue of minGraphOps or more as a graph
+	// (MANIFOLD_CUDA_GRAPHS=1).
+	GraphsOn
+)
+
+// String is the mode's name: auto, off or on.
+func (m GraphMode) String() string {
+	switch m {
+	case GraphsOff:
+		return "off"
+	case GraphsOn:
+		return "on"
+	}
+	return "auto"
+}
+
+func graphModeEnv(v string) GraphMode {
+	switch v {
+	case "0":
+		return GraphsOff
+	case "1":
+		return GraphsOn
+	}
+	return GraphsAuto
+}
+
+// SetGraphs sets which queues are captured and replayed as CUDA graphs,
+// from the next queue on.
+func (b *Backend) SetGraphs(m GraphMode) {
 	b.qmu.Lock()
-	b.graphs = on
+	b.graphs = m
 	b.qmu.Unlock()
+}
+
+// cudaErrorNotReady is CUDA_ERROR_NOT_READY: cuStreamQuery's answer while
+// the stream has work in flight.
+const cudaErrorNotReady = 600
+
+// streamBusy reports whether the stream still has work in flight. qmu must
+// be held.
+func (b *Backend) streamBusy() bool {
+	var r int32
+	b.d.onContext(b.ctx, func() { r = b.d.cuStreamQuery(b.stream) })
+	return r == cudaErrorNotReady
 }
 
 // GraphLaunches is the number of queues launched as graphs so far.
