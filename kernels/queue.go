@@ -488,8 +488,9 @@ const (
 	// while the device is still busy, as a decode step queued before the
 	// previous token's id is read back (engine's Generate), and launches the
 	// others kernel by kernel while they are queued, as a step built while
-	// the device waits for it. On the H100 that measured 1% faster than
-	// either alone on the Llama-3-8B-shape decode (docs/DECISIONS.md).
+	// the device waits for it. On the H100 it keeps graphs' 1% on the
+	// pipelined Llama-3-8B-shape decode and direct launches where graphs
+	// lose 14-25% (docs/DECISIONS.md).
 	GraphsAuto GraphMode = iota
 	// GraphsOff launches every kernel directly (MANIFOLD_CUDA_GRAPHS=0).
 	GraphsOff
