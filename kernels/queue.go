@@ -82,6 +82,11 @@ type graphEntry struct {
 	exec uintptr
 }
 
+// autoRecheck: GraphsAuto asks again, every this many operations, whether
+// the device is still busy with earlier work while a queue is held for a
+// graph (a long queue, as a prefill, built while another run ends).
+const autoRecheck = 64
+
 // Graph cache bounds: entries kept, and queues shorter than this are launched
 // directly (a graph launch costs about as much as a few kernel launches).
 const (
@@ -146,6 +151,9 @@ func (b *Backend) push(o op) {
 		q.graph = b.graphs == GraphsOn || b.graphs == GraphsAuto && b.streamBusy()
 	}
 	q.ops = append(q.ops, o)
+	if q.graph && b.graphs == GraphsAuto && len(q.ops)%autoRecheck == 0 && !b.streamBusy() {
+		q.graph = false // the device ran dry while the queue was held: launch it as it is built
+	}
 	if b.ahead == 0 || len(q.ops) < max(b.ahead, 2) || q.graph || b.profiling {
 		return
 	}
@@ -488,7 +496,8 @@ const (
 	// while the device is still busy, as a decode step queued before the
 	// previous token's id is read back (engine's Generate), and launches the
 	// others kernel by kernel while they are queued, as a step built while
-	// the device waits for it. On the H100 it keeps graphs' 1% on the
+	// the device waits for it; a held queue that the device runs dry under
+	// (asked every autoRecheck operations) goes over to the latter. On the H100 it keeps graphs' 1% on the
 	// pipelined Llama-3-8B-shape decode and direct launches where graphs
 	// lose 14-25% (docs/DECISIONS.md).
 	GraphsAuto GraphMode = iota
