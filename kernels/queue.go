@@ -17,8 +17,9 @@ import (
 // of the previous token's read, GraphsAuto) is held whole: the second time
 // it is seen it is captured as a CUDA graph, and from then on the graph is
 // replayed, one driver call instead of hundreds of launches. Any other queue
-// launches its older operations while it is still being built (push). What changes from step to step, the position and the token ids,
-// lives in a small device array (dyn) that the kernels read and that is
+// launches its older operations while it is still being built (push). What
+// changes from step to step, the position and the token ids, lives in a
+// small device array (dyn) that the kernels read and that is
 // written before each launch of the queue; the queue refers to it only by
 // offsets relative to the step's first position, so consecutive steps queue
 // identical work. Queued NVFP4 matmuls that read the same input, SwiGLU and
@@ -497,9 +498,9 @@ const (
 	// previous token's id is read back (engine's Generate), and launches the
 	// others kernel by kernel while they are queued, as a step built while
 	// the device waits for it; a held queue that the device runs dry under
-	// (asked every autoRecheck operations) goes over to the latter. On the H100 it keeps graphs' 1% on the
-	// pipelined Llama-3-8B-shape decode and direct launches where graphs
-	// lose 14-25% (docs/DECISIONS.md).
+	// (asked every autoRecheck operations) goes over to the latter. On the
+	// H100 it keeps graphs' 1% on the pipelined Llama-3-8B-shape decode and
+	// direct launches where graphs lose 14-25% (docs/DECISIONS.md).
 	GraphsAuto GraphMode = iota
 	// GraphsOff launches every kernel directly (MANIFOLD_CUDA_GRAPHS=0).
 	GraphsOff
