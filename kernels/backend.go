@@ -79,6 +79,7 @@ type Backend struct {
 	tmaEvict      bool        // its weight copies marked evict-first in L2 (the default)
 	tmaMaps       bool        // its weights copied by tensor maps, four copies a stage (gemv_nvfp4_tma8_tm), in large launches
 	tmaMapsAll    bool        // ... in launches of every size (tests, benchmarks)
+	tmaMapsBySize bool        // benchmarks: ... by size alone, the output projections too (MANIFOLD_TMA_MAPS=size)
 	tmaAblate     int         // benchmarks: gemv_nvfp4_tma8's ablation bits (flags bits 4, 5: no x staging, no decoding; 6: timeline), which launch its tracing instances
 	tmaTrace      uint64      // benchmarks: where gemv_nvfp4_tma writes its timeline (flags bit 6), 64 words per block
 	tkmWS         *allocation // the many-block top-k's workspace (dsv4.go: topK)
@@ -163,6 +164,7 @@ func New(ordinal int) (*Backend, error) {
 	b.tmaEvict = os.Getenv("MANIFOLD_TMA_EVICT") != "0"
 	b.tmaMaps = os.Getenv("MANIFOLD_TMA_MAPS") != "0"
 	b.tmaMapsAll = os.Getenv("MANIFOLD_TMA_MAPS") == "all"
+	b.tmaMapsBySize = os.Getenv("MANIFOLD_TMA_MAPS") == "size"
 	// attn_decode merges up to 8 splits in a thread block cluster
 	// (docs/DECISIONS.md); MANIFOLD_ATTN_CLUSTER=0 merges through global memory.
 	b.attnCluster = os.Getenv("MANIFOLD_ATTN_CLUSTER") != "0"

@@ -455,17 +455,28 @@ const tmStage = 18432
 
 // tmaMapsMin is the fewest weight elements a launch reads for tensor copies:
 // on the H100 they were faster at 14336 x 4096 and 4096 x 14336 (58.7 M) but
-// slower at 6144 x 4096 (25.2 M) than row copies (docs/PERFORMANCE.md round 25).
-const tmaMapsMin = 32 << 20
+// slower at 6144 x 4096 (25.2 M) than row copies (docs/PERFORMANCE.md round
+// 25), and slower for the q, k, v launch of the Llama-3-8B-shape decode step
+// (round 32). A one-weight launch with the residual add (an output
+// projection) takes them from tmaMapsResMin: in that step they were faster
+// for its 4096 x 4096 (round 32).
+const (
+	tmaMapsMin    = 32 << 20
+	tmaMapsResMin = 16 << 20
+)
 
 // groupMaps returns the tensor maps of every weight of g (nil when tensor
-// copies are off, the launch reads under tmaMapsMin elements, or a weight
-// has none).
+// copies are off, the launch reads fewer elements than it takes them from,
+// or a weight has none).
 func (b *Backend) groupMaps(g *gemvOp) []*tensorMaps {
 	if !b.tmaMaps {
 		return nil
 	}
-	if g.weights() < tmaMapsMin && !b.tmaMapsAll {
+	least := tmaMapsMin
+	if g.mode == 2 && len(g.groups) == 1 && !b.tmaMapsBySize {
+		least = tmaMapsResMin
+	}
+	if g.weights() < least && !b.tmaMapsAll {
 		return nil
 	}
 	var maps []*tensorMaps
