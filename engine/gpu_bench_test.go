@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,12 +24,31 @@ import (
 // 512-token prompt (RESULT prefill8b) and profiles one.
 // MANIFOLD_BENCH_DIR may name a folder to write the 5 GB checkpoint into.
 func BenchmarkDecodeLlama8B(b *testing.B) {
+	benchDecodeLlama(b, "8b", testmodel.Llama{Layers: 32, Hidden: 4096, FFN: 14336, Heads: 32, KVHeads: 8, Vocab: 128256,
+		DType: weights.BF16, NVFP4: true, Seed: 1})
+}
+
+// BenchmarkDecodeLlama1B is the same benchmark at the Llama-3.2-1B shape (16
+// layers, hidden 2048, FFN 8192, GQA 32/8 with heads of 64, vocab 128256;
+// RESULT lines named 1b): the launch-shape rules chosen on the 8B shape,
+// measured where the matmuls are four times smaller.
+// MANIFOLD_BENCH_DIR_1B may name a folder for its 1.6 GB checkpoint.
+func BenchmarkDecodeLlama1B(b *testing.B) {
+	benchDecodeLlama(b, "1b", testmodel.Llama{Layers: 16, Hidden: 2048, FFN: 8192, Heads: 32, KVHeads: 8, Vocab: 128256,
+		DType: weights.BF16, NVFP4: true, Seed: 1})
+}
+
+// benchDecodeLlama runs the decode benchmark on the checkpoint spec
+// describes, written once into its folder; tag ends the RESULT names.
+func benchDecodeLlama(b *testing.B, tag string, spec testmodel.Llama) {
 	if !kernels.Available() {
 		b.Skip("no CUDA driver or GPU")
 	}
-	spec := testmodel.Llama{Layers: 32, Hidden: 4096, FFN: 14336, Heads: 32, KVHeads: 8, Vocab: 128256,
-		DType: weights.BF16, NVFP4: true, Seed: 1}
-	dir := os.Getenv("MANIFOLD_BENCH_DIR")
+	env := "MANIFOLD_BENCH_DIR"
+	if tag != "8b" {
+		env += "_" + strings.ToUpper(tag)
+	}
+	dir := os.Getenv(env)
 	if dir == "" {
 		dir = b.TempDir()
 	}
@@ -69,7 +89,7 @@ func BenchmarkDecodeLlama8B(b *testing.B) {
 	}
 	prefill()
 	pre := min(prefill(), prefill(), prefill())
-	fmt.Printf("RESULT prefill8b tokens=%d ms=%.2f tok_s=%.0f\n", len(prompt), float64(pre.Microseconds())/1e3, float64(len(prompt))/pre.Seconds())
+	fmt.Printf("RESULT prefill%s tokens=%d ms=%.2f tok_s=%.0f\n", tag, len(prompt), float64(pre.Microseconds())/1e3, float64(len(prompt))/pre.Seconds())
 	gb.StartProfile()
 	prefill()
 	fmt.Print(kernels.FormatProfile(gb.StopProfile()))
@@ -107,8 +127,8 @@ func BenchmarkDecodeLlama8B(b *testing.B) {
 		}
 		return time.Since(start) / tokens
 	}
-	timeDecode(b, gb, "decode8b", spec.WeightBytes(), "", measure)
-	benchGenerate(b, s, gb, "decode8b", 8, tokens)
+	timeDecode(b, gb, "decode"+tag, spec.WeightBytes(), "", measure)
+	benchGenerate(b, s, gb, "decode"+tag, 8, tokens)
 	gb.SetGraphs(kernels.GraphsOff)
 	gb.StartProfile()
 	for range 8 {

@@ -457,12 +457,15 @@ const tmStage = 18432
 // on the H100 they were faster at 14336 x 4096 and 4096 x 14336 (58.7 M) but
 // slower at 6144 x 4096 (25.2 M) than row copies (docs/PERFORMANCE.md round
 // 25), and slower for the q, k, v launch of the Llama-3-8B-shape decode step
-// (round 32). A one-weight launch with the residual add (an output
-// projection) takes them from tmaMapsResMin: in that step they were faster
-// for its 4096 x 4096 (round 32).
+// (round 32). A one-weight launch with the residual add and tiles of at most
+// tmaMapsResK columns (an output projection) takes them from tmaMapsResMin:
+// in that step they were faster for its 4096 x 4096 (round 32), and slower
+// for the 2048 x 8192 down projection of the Llama-3.2-1B-shape step, four
+// stages a tile (round 33).
 const (
 	tmaMapsMin    = 32 << 20
 	tmaMapsResMin = 16 << 20
+	tmaMapsResK   = 4096
 )
 
 // groupMaps returns the tensor maps of every weight of g (nil when tensor
@@ -473,7 +476,7 @@ func (b *Backend) groupMaps(g *gemvOp) []*tensorMaps {
 		return nil
 	}
 	least := tmaMapsMin
-	if g.mode == 2 && len(g.groups) == 1 && !b.tmaMapsBySize {
+	if g.mode == 2 && len(g.groups) == 1 && g.K <= tmaMapsResK && !b.tmaMapsBySize {
 		least = tmaMapsResMin
 	}
 	if g.weights() < least && !b.tmaMapsAll {
