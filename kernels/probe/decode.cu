@@ -36,7 +36,7 @@
 #include <cstdlib>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1);} } while (0)
+#include "probe.cuh"
 
 __device__ __forceinline__ uint32_t cvt_lo(uint32_t v) {
     uint32_t r;

@@ -19,7 +19,7 @@
 #include <cmath>
 #include <cstring>
 #include <cuda_runtime.h>
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1);} } while (0)
+#include "probe.cuh"
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -135,19 +135,8 @@ int main() {
         for (int i = 0; i < K; i++) { s = s * 1664525u + 1013904223u; hx[i] = (s >> 8) * (2.f / 16777216.f) - 1.f; }
         CK(cudaMemcpy(x, hx, K * 4, cudaMemcpyHostToDevice));
     }
-    cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-    auto timeit = [&](auto launch, int iters) {
-        for (int i = 0; i < 2; i++) launch();
-        CK(cudaGetLastError());
-        CK(cudaEventRecord(e0));
-        for (int i = 0; i < iters; i++) launch();
-        CK(cudaEventRecord(e1)); CK(cudaEventSynchronize(e1));
-        float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
-        return ms * 1e3 / iters;  // us
-    };
-    double cp = timeit([&] { CK(cudaMemcpyAsync(b, a, big, cudaMemcpyDeviceToDevice)); }, 10);
-    const double copyBW = 2.0 * big / (cp * 1e-6);
-    printf("copy 1 GiB %.1f us = %.0f GB/s (read + write)\n", cp, copyBW / 1e9);
+    auto timeit = [&](auto launch, int iters) { return time_us(launch, iters, 2); };  // us
+    const double copyBW = copy_bandwidth(b, a, big, 2, "copy 1 GiB");
     auto report = [&](const char* name, double us) {
         printf("RESULT lmhead %-34s %8.2f us %6.0f GB/s %6.1f%% of copy\n", name, us, bytes / (us * 1e-6) / 1e9, 100.0 * bytes / (us * 1e-6) / copyBW);
     };

@@ -17,7 +17,7 @@
 #include <cstdlib>
 #include <vector>
 #include <cuda_runtime.h>
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1);} } while (0)
+#include "probe.cuh"
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory"); }
@@ -105,19 +105,8 @@ int main() {
     uint8_t *a, *b; float* out;
     CK(cudaMalloc(&a, big)); CK(cudaMalloc(&b, big)); CK(cudaMalloc(&out, 16));
     CK(cudaMemset(a, 1, big)); CK(cudaMemset(b, 2, big));
-    cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-    auto timeit = [&](auto launch, int iters) {
-        for (int i = 0; i < 3; i++) launch();
-        CK(cudaGetLastError());
-        CK(cudaEventRecord(e0));
-        for (int i = 0; i < iters; i++) launch();
-        CK(cudaEventRecord(e1)); CK(cudaEventSynchronize(e1));
-        float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
-        return ms * 1e3 / iters;  // us
-    };
-    double cp = timeit([&] { CK(cudaMemcpyAsync(b, a, big, cudaMemcpyDeviceToDevice)); }, 10);
-    double copyBW = 2.0 * big / (cp * 1e-6);
-    printf("copy 1GB %.1f us = %.0f GB/s (read+write)\n", cp, copyBW / 1e9);
+    auto timeit = [&](auto launch, int iters) { return time_us(launch, iters, 3); };  // us
+    const double copyBW = copy_bandwidth(b, a, big, 3, "copy 1GB");
     size_t sizes[] = {4096ull * 14336 / 2 + 4096ull * 14336 / 16, 16384ull * 14336 / 2 + 16384ull * 14336 / 16};
     for (size_t bytes : sizes) {
         const int nb = (int)(big / bytes) > 8 ? 8 : (int)(big / bytes);
