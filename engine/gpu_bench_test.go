@@ -140,6 +140,9 @@ func benchDecodeLlama(b *testing.B, tag string, spec testmodel.Llama) {
 	if os.Getenv("MANIFOLD_ATTN_TRACE") == "1" {
 		for _, n := range []int{100, 200} {
 			s.Truncate(n)
+			for s.Len() < n { // Truncate only shortens
+				step()
+			}
 			step()
 			step()
 			if err := gb.StartAttnTrace(); err != nil {

@@ -105,6 +105,9 @@ type Backend struct {
 	attnPartLen   int
 	attnDecodeOff bool        // one-row attention on attention_kv instead of attn_decode (tests, benchmarks)
 	attnCluster   bool        // attn_decode's splits (up to 8) merged in a thread block cluster (the default)
+	attnShort     bool        // one-row attention over short contexts on attn_short (the default)
+	attnShortKeys int         // the most keys an attn_short block holds (0: as many as its shared memory takes)
+	attnMulticast bool        // attn_short's blocks of a kv head copy its rows into each other (the default)
 	attnTrace     *allocation // benchmarks: where attn_decode writes its per-block timeline (profile.go: StartAttnTrace)
 	attnAblate    int         // benchmarks (MANIFOLD_ATTN_ABLATE, results wrong): 1 (wait) attn_decode returns after its wait, 2 (skip) is not launched
 	mhcTailOff    bool        // tests and benchmarks: MHCCoeffsPre in four launches at every token count
@@ -169,6 +172,9 @@ func New(ordinal int) (*Backend, error) {
 	// (docs/DECISIONS.md); MANIFOLD_ATTN_CLUSTER=0 merges through global memory.
 	b.attnCluster = os.Getenv("MANIFOLD_ATTN_CLUSTER") != "0"
 	b.attnAblate = map[string]int{"wait": 1, "skip": 2}[os.Getenv("MANIFOLD_ATTN_ABLATE")]
+	b.attnShort = os.Getenv("MANIFOLD_ATTN_SHORT") != "0"
+	b.attnMulticast = os.Getenv("MANIFOLD_ATTN_MULTICAST") != "0"
+	b.attnShortKeys, _ = strconv.Atoi(os.Getenv("MANIFOLD_ATTN_SHORT_KEYS")) // an experiment's switch
 	b.skipRole = os.Getenv("MANIFOLD_SKIP")
 	b.smallAblate = map[string]int{"nodec": 0x20, "nox": 0x10, "both": 0x30}[os.Getenv("MANIFOLD_SMALL_ABLATE")]
 	b.tmaSmallRole = os.Getenv("MANIFOLD_SMALL_ABLATE_ROLE")
@@ -202,7 +208,7 @@ func New(ordinal int) (*Backend, error) {
 		}
 		for _, name := range []string{"gemv_f32", "gemv_bf16", "gemv_f32_any", "gemv_bf16_any",
 			"gemv_nvfp4_any", "embed", "rmsnorm", "rope", "attention", "swiglu", "add", "scale",
-			"sample_partial", "sample_final", "embed_ids", "rope_dyn", "attention_kv", "attention_kv_64", "attention_kv_128", "attn_combine", "attn_decode_64", "attn_decode_128", "gemv_bf16_u4",
+			"sample_partial", "sample_final", "embed_ids", "rope_dyn", "attention_kv", "attention_kv_64", "attention_kv_128", "attn_combine", "attn_decode_64", "attn_decode_128", "attn_short_64", "attn_short_128", "gemv_bf16_u4",
 			"gemv_nvfp4_m1_d0", "gemv_nvfp4_m1_d1", "gemv_nvfp4_s1_d0", "gemv_nvfp4_s1_d1", "gemv_nvfp4_s1_d1_st4", "gemv_nvfp4_s1_d1_lb", "gemv_nvfp4_s1_d1_mt", "gemv_nvfp4_m8_d0", "gemv_nvfp4_m8_d1",
 			"gemv_nvfp4_m16_d0", "gemv_nvfp4_m16_d1", "gemv_nvfp4_tma", "gemv_nvfp4_tma8", "gemv_nvfp4_tma8_3", "gemv_nvfp4_tma8_trace", "gemv_nvfp4_tma8_tm", "gemv_nvfp4_tma8_tm_trace"} {
 			var f uintptr
@@ -214,7 +220,7 @@ func New(ordinal int) (*Backend, error) {
 		// Dynamic shared memory past the default 48 KB must be asked for.
 		for name, bytes := range map[string]int{"attention": b.maxShare, "sample_final": sampleFinalShared,
 			"attention_kv": b.maxShare - attnStatic, "attention_kv_64": b.maxShare - attnStatic,
-			"attention_kv_128": b.maxShare - attnStatic, "attn_decode_64": b.maxShare, "attn_decode_128": b.maxShare, "gemv_nvfp4_m1_d0": b.maxShare, "gemv_nvfp4_m1_d1": b.maxShare,
+			"attention_kv_128": b.maxShare - attnStatic, "attn_decode_64": b.maxShare, "attn_decode_128": b.maxShare, "attn_short_64": b.maxShare, "attn_short_128": b.maxShare, "gemv_nvfp4_m1_d0": b.maxShare, "gemv_nvfp4_m1_d1": b.maxShare,
 			"gemv_nvfp4_s1_d0": b.maxShare, "gemv_nvfp4_s1_d1": b.maxShare, "gemv_nvfp4_s1_d1_st4": b.maxShare, "gemv_nvfp4_s1_d1_lb": b.maxShare, "gemv_nvfp4_s1_d1_mt": b.maxShare,
 			"gemv_nvfp4_m8_d0": b.maxShare, "gemv_nvfp4_m8_d1": b.maxShare, "gemv_nvfp4_m16_d0": b.maxShare,
 			"gemv_nvfp4_m16_d1": b.maxShare, "gemv_nvfp4_tma": b.maxShare, "gemv_nvfp4_tma8": b.maxShare, "gemv_nvfp4_tma8_3": b.maxShare,
@@ -807,6 +813,9 @@ func (b *Backend) Attention(out, q, k, v backend.Buffer, cache backend.KVCache, 
 	}
 	vb = min(vb, c.shape.Capacity)
 	if m == 1 && !b.attnDecodeOff && (s.HeadDim == 64 || s.HeadDim == 128) && s.Heads/s.KVHeads <= 16 {
+		if b.attnShort && b.attnShortDecode(out, q, k, v, c, layer, pos0, visible, s) {
+			return
+		}
 		b.attnDecode(out, q, k, v, c, layer, pos0, vb, s)
 		return
 	}
@@ -917,18 +926,7 @@ func (b *Backend) attnDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos
 	defer b.qmu.Unlock()
 	q0 := &b.q
 	posRel := q0.posRel(pos0)
-	// RoPE folded in: the last queued op rotates exactly this q and k at this position.
-	var freqs uint64
-	var rhalf, roff, rinter int
-	rscale := float32(1)
-	if n := len(q0.ops); n > 0 && q0.ops[n-1].rope != nil {
-		r := q0.ops[n-1].rope
-		if r.x1 == spanOf(q) && r.x2 == spanOf(k) && r.heads1 == s.Heads && r.heads2 == s.KVHeads && r.rows == 1 &&
-			r.stride == s.HeadDim && r.inverse == 0 && r.posRel == posRel && r.off+2*r.half <= s.HeadDim {
-			freqs, rhalf, roff, rscale, rinter = r.freqs, r.half, r.off, r.scale, r.inter
-			q0.ops = q0.ops[:n-1]
-		}
-	}
+	freqs, rhalf, roff, rscale, rinter := q0.takeRoPE(q, k, s, posRel)
 	q0.keep = append(q0.keep, c, out, q, k, v)
 	q0.keep = append(q0.keep, keep...)
 	var trace uint64
@@ -951,6 +949,106 @@ func (b *Backend) attnDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos
 	if b.attnAblate != 2 {
 		b.push(o)
 	}
+}
+
+// takeRoPE moves a RoPE into the one-row attention queued next: when the
+// last queued op rotates exactly q and k at this position, it is dropped
+// and its angles' arguments returned (rscale 1 and rhalf 0 otherwise).
+func (q0 *queue) takeRoPE(q, k backend.Buffer, s layers.AttentionShape, posRel int) (freqs uint64, rhalf, roff int, rscale float32, rinter int) {
+	rscale = 1
+	if n := len(q0.ops); n > 0 && q0.ops[n-1].rope != nil {
+		r := q0.ops[n-1].rope
+		if r.x1 == spanOf(q) && r.x2 == spanOf(k) && r.heads1 == s.Heads && r.heads2 == s.KVHeads && r.rows == 1 &&
+			r.stride == s.HeadDim && r.inverse == 0 && r.posRel == posRel && r.off+2*r.half <= s.HeadDim {
+			q0.ops = q0.ops[:n-1]
+			return r.freqs, r.half, r.off, r.scale, r.inter
+		}
+	}
+	return 0, 0, 0, 1, 0
+}
+
+// attnShortWarps is attn_short's warps a block (ATTS_WARPS in decode.cuh),
+// attnShortSlice the most keys one of them takes (8 * ATTS_PASSES).
+const (
+	attnShortWarps = 16
+	attnShortSlice = 32
+)
+
+// attnShortShares is the most shares attn_short splits a context into
+// (longer contexts take attn_decode, whose blocks hold a chunk each).
+const attnShortShares = 2
+
+// attnShortRound is the granularity of attn_short's launch shape: the
+// visible length is rounded up to it, so that consecutive decode steps
+// queue the same launch (and replay one graph) for this many positions.
+const attnShortRound = 64
+
+// attnShortDecode queues attn_short for one query row when the context is
+// short enough that every key of a block's share fits its shared memory
+// (one share a (kv head, head group), or up to 8 merged in a cluster), and
+// reports whether it did. A RoPE of exactly q and k queued just before it
+// moves into the launch, as for attn_decode.
+func (b *Backend) attnShortDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos0, visible int, s layers.AttentionShape) bool {
+	G := s.Heads / s.KVHeads
+	if G > attnShortWarps {
+		return false
+	}
+	vr := (visible + attnShortRound - 1) / attnShortRound * attnShortRound
+	rs := s.HeadDim + 4
+	floats := func(kpb, gb, shares int) int { // attn_short's shared memory (as decode.cuh lays it out)
+		f := max(kpb, attnShortWarps)*rs + kpb*rs + gb*s.HeadDim + gb*kpb + s.HeadDim
+		if shares > 1 {
+			f += shares * gb * (s.HeadDim + 4) // block 0's merge area (ATTD_PM)
+		}
+		return f
+	}
+	shares, kpb, hgroups := 0, 0, 1
+	for S := 1; S <= attnShortShares && shares == 0; S++ {
+		// As attn_decode: the query heads of a kv head over several blocks
+		// while the grid stays within about the multiprocessor count.
+		hg := 1
+		for G%(2*hg) == 0 && 2*hg*s.KVHeads*S <= b.sms {
+			hg *= 2
+		}
+		n, gb := (vr+S-1)/S, G/hg
+		if n <= attnShortSlice*(attnShortWarps/gb) && (b.attnShortKeys <= 0 || n <= b.attnShortKeys) &&
+			4*floats(n, gb, S) <= b.maxShare {
+			shares, kpb, hgroups = S, n, hg
+		}
+	}
+	if shares == 0 || shares > 1 && !b.attnCluster {
+		return false
+	}
+	rowsOfBlocks := s.KVHeads * hgroups
+	b.qmu.Lock()
+	defer b.qmu.Unlock()
+	q0 := &b.q
+	posRel := q0.posRel(pos0)
+	freqs, rhalf, roff, rscale, rinter := q0.takeRoPE(q, k, s, posRel)
+	q0.keep = append(q0.keep, c, out, q, k, v)
+	var trace uint64
+	if b.attnTrace != nil && rowsOfBlocks*shares <= attnTraceBlocks {
+		trace = b.attnTrace.ptr
+		q0.keep = append(q0.keep, b.attnTrace)
+	}
+	name := fmt.Sprintf("attn_short_%d", s.HeadDim)
+	o := op{kind: opKernel, name: name, fn: b.fn[name], grid: [3]uint32{uint32(rowsOfBlocks), uint32(shares), 1},
+		block: 32 * attnShortWarps, shared: uint32(4 * floats(kpb, G/hgroups, shares)), pdl: pdlKernel(name)}
+	// One share: a kv head's blocks share their copies of its rows (multicast).
+	multicast := b.attnMulticast && shares == 1 && hgroups > 1 && hgroups <= maxAttnCluster
+	if shares > 1 {
+		o.cluster = uint32(shares)
+	}
+	if multicast {
+		o.clusterX = uint32(hgroups)
+	}
+	o.setParams(ptr(out), ptr(q), ptr(k), ptr(v), c.k[layer].ptr, c.v[layer].ptr, b.dyn.ptr, posRel,
+		s.Heads, s.KVHeads, s.Scale, s.Window, kpb, freqs, rhalf, roff, rscale, rinter, hgroups,
+		boolInt(shares > 1)|boolInt(b.attnAblate == 1)<<1|boolInt(multicast)<<2, trace)
+	if b.attnAblate != 2 {
+		b.push(o)
+	}
+	return true
 }
 
 // attnScratch returns the split partials' array (at least parts floats) and,

@@ -568,6 +568,266 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
 ATTN_DECODE(attn_decode_64, 64)
 ATTN_DECODE(attn_decode_128, 128)
 
+// attn_short_{64,128}: one query row over a short context, every key of a
+// block's share in shared memory at once and 16 warps on it (attn_decode
+// streams 32-key chunks through 4 warps and splits the keys over a cluster
+// of blocks, whose merge waits for the slowest). Grid (kvHeads * hgroups,
+// S): a block per (kv head, group of GB = G / hgroups query heads, share),
+// the keys in S equal shares (S = 1: the block writes its heads' output;
+// 1 < S <= 8: the shares are a cluster along y and merge in block 0's
+// shared memory as attn_decode's cluster does). In a block: the rows of its
+// share before p copied before the wait, the new key (rotated) and value
+// after it; the scores of every (head, key) pair on 1 to 4 threads each;
+// then a head's WPH = 16 / GB warps each take every WPH-th key with the
+// share's maximum (each warp finds it from the scores), so that their
+// partial outputs and sums add up directly. kpb: the most keys a share
+// holds (the host sizes the shared memory from it); the other arguments as
+// attn_decode's, and cl bit 2: the hgroups blocks of a kv head form a
+// cluster along x (S = 1 only) and each copies a part of the rows into all
+// of them (bulk copies multicast), so that a multiprocessor takes in only
+// its part of the keys while the launch before still streams its weights.
+#define ATTS_WARPS 16
+template <int HD, int P, int RS, int NT>
+__device__ __forceinline__ void atts_scores(float* sc, int ld, const float* kb, const float* qs, int gb, int nk,
+                                            int tid) {
+    const int items = gb * nk;
+    for (int base = 0; base < items * P; base += NT) {  // the same trip count on every thread (the shuffles)
+        const int i = base + tid, it = i / P, ps = i % P;
+        const int g = it / nk, j = it % nk;
+        const bool ok = it < items;
+        float d0 = 0.f, d1 = 0.f;
+        if (ok) {
+            const float4* kr = reinterpret_cast<const float4*>(kb + j * RS);
+            const float4* qr = reinterpret_cast<const float4*>(qs + g * HD);
+#pragma unroll
+            for (int t = 0; t < HD / 4 / P; t++) {
+                const float4 k4 = kr[ps + P * t], q4 = qr[ps + P * t];
+                d0 += q4.x * k4.x + q4.y * k4.y;
+                d1 += q4.z * k4.z + q4.w * k4.w;
+            }
+        }
+        float d = d0 + d1;
+#pragma unroll
+        for (int m = 1; m < P; m <<= 1) d += __shfl_xor_sync(0xffffffff, d, m);
+        if (ok && ps == 0) sc[g * ld + j] = d;
+    }
+}
+// A bulk copy global -> shared into the same offset of every block of the
+// cluster in mask, each block's barrier at bar counting the bytes.
+__device__ __forceinline__ void bulk_g2s_multicast(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
+                                                   uint16_t mask) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], "
+        "%4;\n" ::"r"(dst),
+        "l"(src), "r"(bytes), "r"(bar), "h"(mask)
+        : "memory");
+}
+
+template <int HD>
+__device__ __forceinline__ void attn_short_body(float* out, const float* q, const float* knew, const float* vnew,
+                                                float* kc, float* vc, const int* dyn, int posRel, int heads,
+                                                int kvHeads, float scale, int window, int kpb, const float* inv_freq,
+                                                int rhalf, int roff, float rscale, int rinter, int hgroups, int cl,
+                                                unsigned long long* tr) {
+    constexpr int VEC = HD / WARP;
+    constexpr int RS = HD + 4;
+    constexpr int NT = ATTS_WARPS * WARP;
+    extern __shared__ __align__(16) float as_sh[];
+    __shared__ __align__(8) unsigned long long as_bar;  // cl bit 2: the share's rows have arrived
+    const int G = heads / kvHeads, GB = G / hgroups;
+    const int kr = max(kpb, ATTS_WARPS);     // rows of kbuf: after the scores it holds the warps' partials
+    float* kbuf = as_sh;                     // [kr][RS]
+    float* vbuf = kbuf + kr * RS;            // [kpb][RS]
+    float* qs = vbuf + kpb * RS;             // [GB][HD], rotated and scaled
+    float* sc = qs + GB * HD;                // [GB][kpb]
+    float* rc = sc + GB * kpb;               // [HD/2] cos and sin of the rotation's angles
+    float* rs = rc + HD / 2;
+    float* pm = rs + HD / 2;                 // S > 1: [S][GB][ATTD_PM(HD)], block 0's partials to merge
+    float* red = kbuf;                       // [ATTS_WARPS][RS]: a warp's outputs, its sum and the maximum
+    const int kh = blockIdx.x / hgroups, hb = kh * G + (blockIdx.x % hgroups) * GB;
+    const int s = blockIdx.y, S = gridDim.y;
+    const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
+    const bool mc = cl & 4;
+    pdl_launch();
+    if (cl & 1) cluster_arrive_relaxed();  // waited for before the first remote store: every block has started
+    __shared__ unsigned long long* s_tr;
+    if (tr && tid == 0) {
+        const unsigned lb = blockIdx.x + gridDim.x * blockIdx.y;
+        const unsigned launch = atomicAdd(reinterpret_cast<unsigned*>(tr) + lb, 1u) % ATTD_TR_LAUNCHES;
+        s_tr = tr + ATTD_TR_HEAD + ((size_t)launch * ATTD_TR_BLOCKS + lb) * 8;
+        unsigned smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        s_tr[ATTD_TR_ENTRY] = gtime();
+        s_tr[ATTD_TR_SM] = smid;
+    }
+    auto stamp = [&](int slot) {
+        if (tr && tid == 0) s_tr[slot] = gtime();
+    };
+    const int p = dyn[0] + posRel;
+    const int start = window > 0 ? max(0, p - window + 1) : 0;
+    const int len = (p - start + 1 + S - 1) / S;  // at most kpb (the host's shape)
+    const int t0 = start + s * len, t1 = min(p + 1, t0 + len), nk = max(t1 - t0, 0);
+    const int nb = max(min(t1, p) - t0, 0);  // the share's rows before p
+    const size_t row = (size_t)kvHeads * HD;
+    const uint32_t bar = smem_u32(&as_bar);
+    if (mc) {  // every block's barrier set up before any copy lands in it
+        if (tid == 0) {
+            mbar_init(bar, 1);
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
+        cluster_arrive_release();
+        cluster_wait_acquire();
+        if (tid == 0) mbar_expect_tx(bar, 2 * nb * HD * 4);
+        const int r = blockIdx.x % hgroups;
+        const uint16_t mask = (uint16_t)((1u << hgroups) - 1);
+        for (int i = r + hgroups * tid; i < 2 * nb; i += hgroups * NT) {  // this block's part: rows r mod hgroups
+            const int isv = i >= nb;
+            const int j = isv ? i - nb : i;
+            const float* src = (isv ? vc : kc) + (size_t)(t0 + j) * row + (size_t)kh * HD;
+            bulk_g2s_multicast(smem_u32((isv ? vbuf : kbuf) + j * RS), src, HD * 4, bar, mask);
+        }
+    } else {
+        for (int i = tid; i < 2 * nb * (HD / 4); i += NT) {
+            const int isv = i >= nb * (HD / 4);
+            const int ii = isv ? i - nb * (HD / 4) : i;
+            const int j = ii / (HD / 4), c4 = ii % (HD / 4);
+            const float* src = (isv ? vc : kc) + (size_t)(t0 + j) * row + (size_t)kh * HD + 4 * c4;
+            cp_async16(smem_u32((isv ? vbuf : kbuf) + j * RS + 4 * c4), src);
+        }
+        cp_async_commit();
+    }
+    for (int i = tid; i < rhalf; i += NT) {
+        float sn, cs;
+        sincosf((float)p * inv_freq[i], &sn, &cs);
+        rc[i] = cs * rscale, rs[i] = sn * rscale;
+    }
+    __syncthreads();
+    pdl_wait();
+    stamp(ATTD_TR_WAITED);
+    if (cl & 2) {  // benchmarks: the launch and its wait alone, writing nothing
+        if (mc) mbar_wait(bar, 0);  // no block leaves while copies into it are under way
+        return;
+    }
+    for (int i = tid; i < GB * HD; i += NT) {
+        const int g = i / HD, c = i % HD;
+        qs[i] = attd_rot(q + (size_t)(hb + g) * HD, c, rc, rs, rhalf, roff, rinter) * scale;
+    }
+    if (nk > 0 && t1 == p + 1) {  // this share ends at the new key: its row from knew and vnew
+        for (int c = tid; c < HD; c += NT) {
+            const float k = attd_rot(knew + (size_t)kh * HD, c, rc, rs, rhalf, roff, rinter);
+            const float v = vnew[(size_t)kh * HD + c];
+            kbuf[(p - t0) * RS + c] = k;
+            vbuf[(p - t0) * RS + c] = v;
+            if (blockIdx.x % hgroups == 0) {  // one block per kv head writes the cache
+                kc[(size_t)p * row + (size_t)kh * HD + c] = k;
+                vc[(size_t)p * row + (size_t)kh * HD + c] = v;
+            }
+        }
+    }
+    stamp(ATTD_TR_Q);
+    if (mc) mbar_wait(bar, 0);
+    else cp_async_wait<0>();
+    __syncthreads();
+    stamp(ATTD_TR_CHUNK);
+    if (GB * nk * 4 <= NT) atts_scores<HD, 4, RS, NT>(sc, kpb, kbuf, qs, GB, nk, tid);
+    else if (GB * nk * 2 <= NT) atts_scores<HD, 2, RS, NT>(sc, kpb, kbuf, qs, GB, nk, tid);
+    else atts_scores<HD, 1, RS, NT>(sc, kpb, kbuf, qs, GB, nk, tid);
+    __syncthreads();  // kbuf is free: red takes its place
+    const int WPH = ATTS_WARPS / GB;  // warps a head (GB <= 16)
+    const int g = warp / WPH, sl = warp % WPH;
+    float mx = -INFINITY;
+    if (g < GB) {
+        const float* sg = sc + g * kpb;
+#pragma unroll 4
+        for (int j = lane; j < nk; j += WARP) mx = fmaxf(mx, sg[j]);
+        mx = warp_max(mx);  // -inf for an empty share
+        float o[VEC], l = 0.f;
+#pragma unroll
+        for (int v = 0; v < VEC; v++) o[v] = 0.f;
+        const float* vb = vbuf + lane * VEC;
+#pragma unroll 4
+        for (int j = sl; j < nk; j += WPH) {
+            const float e = __expf(sg[j] - mx);
+            l += e;
+            if constexpr (VEC == 4) {
+                const float4 w = *reinterpret_cast<const float4*>(vb + j * RS);
+                o[0] += e * w.x, o[1] += e * w.y, o[2] += e * w.z, o[3] += e * w.w;
+            } else {
+                const float2 w = *reinterpret_cast<const float2*>(vb + j * RS);
+                o[0] += e * w.x, o[1] += e * w.y;
+            }
+        }
+#pragma unroll
+        for (int v = 0; v < VEC; v++) red[warp * RS + lane * VEC + v] = o[v];
+        if (lane == 0) red[warp * RS + HD] = l, red[warp * RS + HD + 1] = mx;
+    }
+    stamp(ATTD_TR_LOOP);
+    __syncthreads();
+    // A head's warps summed: its outputs (not yet divided) and sum.
+    auto summed = [&](int h, int c, float& acc, float& den) {
+        acc = 0.f, den = 0.f;
+#pragma unroll
+        for (int w = 0; w < ATTS_WARPS; w++) {
+            if (w < WPH) acc += red[(h * WPH + w) * RS + c], den += red[(h * WPH + w) * RS + HD];
+        }
+    };
+    if (S == 1) {
+        for (int i = tid; i < GB * HD; i += NT) {
+            const int h = i / HD, c = i % HD;
+            float acc, den;
+            summed(h, c, acc, den);
+            out[(size_t)(hb + h) * HD + c] = acc / den;
+        }
+        stamp(ATTD_TR_END);
+        return;
+    }
+    cluster_wait_acquire();
+    for (int i = tid; i < GB * HD; i += NT) {  // this share's (outputs, sum, maximum) a head into block 0
+        const int h = i / HD, c = i % HD;
+        float acc, den;
+        summed(h, c, acc, den);
+        const uint32_t r0 = dsmem_map(pm + (s * GB + h) * ATTD_PM(HD), 0);
+        dsmem_store(r0 + 4 * c, __float_as_int(acc));
+        if (c == 0) {  // the head's maximum: every warp of it found the same
+            dsmem_store(r0 + 4 * HD, __float_as_int(den));
+            dsmem_store(r0 + 4 * (HD + 1), __float_as_int(red[h * WPH * RS + HD + 1]));
+        }
+    }
+    cluster_arrive_release();
+    cluster_wait_acquire();
+    stamp(ATTD_TR_MERGE);
+    if (cluster_rank() != 0) {
+        stamp(ATTD_TR_END);
+        return;
+    }
+    for (int i = tid; i < GB * HD; i += NT) {
+        const int h = i / HD, c = i % HD;
+        float M = -INFINITY;
+        for (int s2 = 0; s2 < S; s2++) M = fmaxf(M, pm[(s2 * GB + h) * ATTD_PM(HD) + HD + 1]);
+        float den = 0.f, acc = 0.f;
+        for (int s2 = 0; s2 < S; s2++) {
+            const float* pq = pm + (s2 * GB + h) * ATTD_PM(HD);
+            if (pq[HD + 1] == -INFINITY) continue;  // an empty share
+            const float e = __expf(pq[HD + 1] - M);
+            den += e * pq[HD];
+            acc += e * pq[c];
+        }
+        out[(size_t)(hb + h) * HD + c] = acc / den;
+    }
+    stamp(ATTD_TR_END);
+}
+
+#define ATTN_SHORT(NAME, HD)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(ATTS_WARPS * WARP) NAME(                                        \
+        float* out, const float* q, const float* knew, const float* vnew, float* kc, float* vc, const int* dyn,  \
+        int posRel, int heads, int kvHeads, float scale, int window, int kpb, const float* inv_freq, int rhalf,   \
+        int roff, float rscale, int rinter, int hgroups, int cl, unsigned long long* tr) {                        \
+        attn_short_body<HD>(out, q, knew, vnew, kc, vc, dyn, posRel, heads, kvHeads, scale, window, kpb,         \
+                            inv_freq, rhalf, roff, rscale, rinter, hgroups, cl, tr);                              \
+    }
+ATTN_SHORT(attn_short_64, 64)
+ATTN_SHORT(attn_short_128, 128)
+
 // attn_prefill_{64,128}: causal attention for many new rows at once (a
 // prompt chunk), tiled as flash attention: a block per (query head, 64
 // rows); each 64-key tile of the visible keys is copied into shared memory

@@ -402,21 +402,25 @@ func TestGemvStridedRows(t *testing.T) {
 	}
 }
 
-// TestAttnDecode holds attn_decode (one query row; head sizes 64 and 128,
-// query heads per kv head 1 to 16, a sliding window, one split and many,
-// chunks cut short by the context's end; splits merged in a cluster or
-// through global memory) to the CPU backend at
+// TestAttnDecode holds attn_decode and attn_short (one query row; head sizes
+// 64 and 128, query heads per kv head 1 to 16, a sliding window, one split
+// and many, chunks cut short by the context's end; splits merged in a
+// cluster or through global memory; short contexts on attn_short in one
+// share or two, its rows copied by each block or multicast, or on
+// attn_decode) to the CPU backend at
 // 1e-5, as compareAttention: float32 on both sides, different summation
 // orders.
 func TestAttnDecode(t *testing.T) {
 	g, c := newGPU(t), cpu.New(0)
-	defer func(cl bool) { g.attnCluster = cl }(g.attnCluster)
+	defer func(cl, sh, mc bool) { g.attnCluster, g.attnShort, g.attnMulticast = cl, sh, mc }(g.attnCluster, g.attnShort, g.attnMulticast)
 	rng := rand.New(rand.NewPCG(31, 32))
 	spans := [][2]int{{0, 1}, {1, 2}, {2, 33}, {33, 34}, {34, 35}, {35, 100}, {100, 101}, {101, 200}, {200, 201},
-		{201, 256}, {256, 257}, {257, 287}, {287, 288}, {288, 700}, {700, 701}, {701, 1500}, {1500, 1501}}
-	for _, cluster := range []bool{true, false} {
-		g.attnCluster = cluster
-		t.Run(fmt.Sprintf("cluster=%v", cluster), func(t *testing.T) {
+		{201, 256}, {256, 257}, {257, 287}, {287, 288}, {288, 384}, {384, 385}, {385, 700}, {700, 701}, {701, 1500},
+		{1500, 1501}}
+	for _, mode := range []struct{ short, cluster, multicast bool }{
+		{true, true, true}, {true, true, false}, {true, false, true}, {false, true, false}, {false, false, false}} {
+		g.attnShort, g.attnCluster, g.attnMulticast = mode.short, mode.cluster, mode.multicast
+		t.Run(fmt.Sprintf("short=%v/cluster=%v/multicast=%v", mode.short, mode.cluster, mode.multicast), func(t *testing.T) {
 			for _, tc := range []struct{ heads, kv, hd, window int }{{8, 2, 128, 0}, {16, 16, 64, 0}, {28, 4, 128, 0}, {32, 2, 64, 50}, {16, 1, 128, 0}} {
 				s := layers.AttentionShape{Heads: tc.heads, KVHeads: tc.kv, HeadDim: tc.hd, Window: tc.window}
 				compareAttention(t, g, c, rng, s, 2, 1, spans)

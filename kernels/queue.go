@@ -36,23 +36,24 @@ const (
 // op is one queued stream operation. A kernel's parameters are 8-byte slots;
 // offs[i] is the first slot of parameter i (a struct parameter takes several).
 type op struct {
-	kind    opKind
-	name    string
-	fn      uintptr
-	grid    [3]uint32
-	block   uint32
-	shared  uint32
-	params  []uint64
-	offs    []uint16
-	pdl     bool    // the kernel waits for its predecessor itself (pdl_wait): launch it with programmatic serialization
-	cluster uint32  // blocks per thread block cluster along y (0: no clusters)
-	gemv    *gemvOp // an NVFP4 matmul that later operations may fuse into
-	rope    *ropeOp // a RoPE that the next RoPE may join
-	norm    *normOp // an RMSNorm that the next matmul may take in
+	kind     opKind
+	name     string
+	fn       uintptr
+	grid     [3]uint32
+	block    uint32
+	shared   uint32
+	params   []uint64
+	offs     []uint16
+	pdl      bool    // the kernel waits for its predecessor itself (pdl_wait): launch it with programmatic serialization
+	cluster  uint32  // blocks per thread block cluster along y (0: no clusters)
+	clusterX uint32  // blocks per thread block cluster along x (0: no clusters)
+	gemv     *gemvOp // an NVFP4 matmul that later operations may fuse into
+	rope     *ropeOp // a RoPE that the next RoPE may join
+	norm     *normOp // an RMSNorm that the next matmul may take in
 }
 
 func (o *op) equal(p *op) bool {
-	return o.kind == p.kind && o.fn == p.fn && o.grid == p.grid && o.block == p.block && o.shared == p.shared && o.cluster == p.cluster &&
+	return o.kind == p.kind && o.fn == p.fn && o.grid == p.grid && o.block == p.block && o.shared == p.shared && o.cluster == p.cluster && o.clusterX == p.clusterX &&
 		slices.Equal(o.params, p.params) && slices.Equal(o.offs, p.offs)
 }
 
@@ -283,7 +284,7 @@ func (b *Backend) launchOp(o *op) {
 			p = unsafe.Pointer(&ptrs[0])
 		}
 		var r int32
-		if pdl := o.pdl && b.pdl && !b.profiling; pdl || o.cluster > 0 {
+		if pdl := o.pdl && b.pdl && !b.profiling; pdl || o.cluster > 0 || o.clusterX > 0 {
 			r = b.launchEx(o, p, pdl)
 		} else {
 			r = b.d.cuLaunchKernel(o.fn, o.grid[0], o.grid[1], o.grid[2], o.block, 1, 1, o.shared, b.stream, p, nil)
@@ -342,8 +343,8 @@ const (
 )
 
 // launchEx launches o with cuLaunchKernelEx: with programmatic stream
-// serialization when pdl is set, in clusters of o.cluster blocks along y
-// when that is not 0.
+// serialization when pdl is set, in clusters of o.clusterX by o.cluster
+// blocks (x by y) when either is not 0.
 func (b *Backend) launchEx(o *op, params unsafe.Pointer, pdl bool) int32 {
 	n := 0
 	if pdl {
@@ -352,11 +353,11 @@ func (b *Backend) launchEx(o *op, params unsafe.Pointer, pdl bool) int32 {
 		a.value[0] = 1 // programmaticStreamSerializationAllowed
 		n++
 	}
-	if o.cluster > 0 {
+	if o.cluster > 0 || o.clusterX > 0 {
 		a := &b.launchAttrs[n]
 		*a = launchAttribute{id: attrClusterDimension}
-		binary.NativeEndian.PutUint32(a.value[0:], 1)
-		binary.NativeEndian.PutUint32(a.value[4:], o.cluster)
+		binary.NativeEndian.PutUint32(a.value[0:], max(o.clusterX, 1))
+		binary.NativeEndian.PutUint32(a.value[4:], max(o.cluster, 1))
 		binary.NativeEndian.PutUint32(a.value[8:], 1)
 		n++
 	}
@@ -398,7 +399,7 @@ func signature(ops []op) uint64 {
 		put(uint64(o.grid[0]) | uint64(o.grid[1])<<32)
 		put(uint64(o.grid[2]) | uint64(o.block)<<32)
 		put(uint64(o.shared) | uint64(len(o.params))<<32)
-		put(uint64(o.cluster))
+		put(uint64(o.cluster) | uint64(o.clusterX)<<32)
 		for _, p := range o.params {
 			put(p)
 		}
@@ -446,7 +447,7 @@ func (b *Backend) launchGraph(ops []op) {
 	}
 	saved := make([]op, len(ops))
 	for i, o := range ops {
-		saved[i] = op{kind: o.kind, name: o.name, fn: o.fn, grid: o.grid, block: o.block, shared: o.shared, cluster: o.cluster,
+		saved[i] = op{kind: o.kind, name: o.name, fn: o.fn, grid: o.grid, block: o.block, shared: o.shared, cluster: o.cluster, clusterX: o.clusterX,
 			params: slices.Clone(o.params), offs: slices.Clone(o.offs)}
 	}
 	b.graphCache[sig] = &graphEntry{ops: saved, exec: exec}
