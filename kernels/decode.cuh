@@ -577,41 +577,17 @@ ATTN_DECODE(attn_decode_128, 128)
 // 1 < S <= 8: the shares are a cluster along y and merge in block 0's
 // shared memory as attn_decode's cluster does). In a block: the rows of its
 // share before p copied before the wait, the new key (rotated) and value
-// after it; the scores of every (head, key) pair on 1 to 4 threads each;
-// then a head's WPH = 16 / GB warps each take every WPH-th key with the
-// share's maximum (each warp finds it from the scores), so that their
-// partial outputs and sums add up directly. kpb: the most keys a share
-// holds (the host sizes the shared memory from it); the other arguments as
-// attn_decode's, and cl bit 2: the hgroups blocks of a kv head form a
+// after it; a head's WPH = 16 / GB warps score its keys, 8 lanes a key
+// with q in registers (shared memory's bandwidth bounds the launch: each
+// key's row read once, without bank conflicts), then each take every
+// WPH-th key (at most 32) with the share's maximum (each warp finds it
+// from the scores), so that their partial outputs and sums add up
+// directly. kpb: the most keys a share holds (the host sizes the shared
+// memory from it); the other arguments as attn_decode's, and cl bit 2: the hgroups blocks of a kv head form a
 // cluster along x (S = 1 only) and each copies a part of the rows into all
 // of them (bulk copies multicast), so that a multiprocessor takes in only
 // its part of the keys while the launch before still streams its weights.
 #define ATTS_WARPS 16
-template <int HD, int P, int RS, int NT>
-__device__ __forceinline__ void atts_scores(float* sc, int ld, const float* kb, const float* qs, int gb, int nk,
-                                            int tid) {
-    const int items = gb * nk;
-    for (int base = 0; base < items * P; base += NT) {  // the same trip count on every thread (the shuffles)
-        const int i = base + tid, it = i / P, ps = i % P;
-        const int g = it / nk, j = it % nk;
-        const bool ok = it < items;
-        float d0 = 0.f, d1 = 0.f;
-        if (ok) {
-            const float4* kr = reinterpret_cast<const float4*>(kb + j * RS);
-            const float4* qr = reinterpret_cast<const float4*>(qs + g * HD);
-#pragma unroll
-            for (int t = 0; t < HD / 4 / P; t++) {
-                const float4 k4 = kr[ps + P * t], q4 = qr[ps + P * t];
-                d0 += q4.x * k4.x + q4.y * k4.y;
-                d1 += q4.z * k4.z + q4.w * k4.w;
-            }
-        }
-        float d = d0 + d1;
-#pragma unroll
-        for (int m = 1; m < P; m <<= 1) d += __shfl_xor_sync(0xffffffff, d, m);
-        if (ok && ps == 0) sc[g * ld + j] = d;
-    }
-}
 // A bulk copy global -> shared into the same offset of every block of the
 // cluster in mask, each block's barrier at bar counting the bytes.
 __device__ __forceinline__ void bulk_g2s_multicast(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
@@ -708,20 +684,22 @@ __device__ __forceinline__ void attn_short_body(float* out, const float* q, cons
         if (mc) mbar_wait(bar, 0);  // no block leaves while copies into it are under way
         return;
     }
-    for (int i = tid; i < GB * HD; i += NT) {
-        const int g = i / HD, c = i % HD;
-        qs[i] = attd_rot(q + (size_t)(hb + g) * HD, c, rc, rs, rhalf, roff, rinter) * scale;
-    }
-    if (nk > 0 && t1 == p + 1) {  // this share ends at the new key: its row from knew and vnew
-        for (int c = tid; c < HD; c += NT) {
-            const float k = attd_rot(knew + (size_t)kh * HD, c, rc, rs, rhalf, roff, rinter);
-            const float v = vnew[(size_t)kh * HD + c];
-            kbuf[(p - t0) * RS + c] = k;
-            vbuf[(p - t0) * RS + c] = v;
-            if (blockIdx.x % hgroups == 0) {  // one block per kv head writes the cache
-                kc[(size_t)p * row + (size_t)kh * HD + c] = k;
-                vc[(size_t)p * row + (size_t)kh * HD + c] = v;
-            }
+    // q, and when this share ends at the new key its row from knew and
+    // vnew, on separate threads: their loads are under way together (one
+    // round trip to L2 after the wait, not two).
+    const int nq = GB * HD, nn = nk > 0 && t1 == p + 1 ? 2 * HD : 0;
+    for (int i = tid; i < nq + nn; i += NT) {
+        if (i < nq) {
+            const int g = i / HD, c = i % HD;
+            qs[i] = attd_rot(q + (size_t)(hb + g) * HD, c, rc, rs, rhalf, roff, rinter) * scale;
+        } else {
+            const int c = (i - nq) % HD;
+            const bool isv = i - nq >= HD;
+            const float x =
+                isv ? vnew[(size_t)kh * HD + c] : attd_rot(knew + (size_t)kh * HD, c, rc, rs, rhalf, roff, rinter);
+            (isv ? vbuf : kbuf)[(p - t0) * RS + c] = x;
+            if (blockIdx.x % hgroups == 0)  // one block a kv head writes the cache
+                (isv ? vc : kc)[(size_t)p * row + (size_t)kh * HD + c] = x;
         }
     }
     stamp(ATTD_TR_Q);
@@ -729,32 +707,57 @@ __device__ __forceinline__ void attn_short_body(float* out, const float* q, cons
     else cp_async_wait<0>();
     __syncthreads();
     stamp(ATTD_TR_CHUNK);
-    if (GB * nk * 4 <= NT) atts_scores<HD, 4, RS, NT>(sc, kpb, kbuf, qs, GB, nk, tid);
-    else if (GB * nk * 2 <= NT) atts_scores<HD, 2, RS, NT>(sc, kpb, kbuf, qs, GB, nk, tid);
-    else atts_scores<HD, 1, RS, NT>(sc, kpb, kbuf, qs, GB, nk, tid);
-    __syncthreads();  // kbuf is free: red takes its place
     const int WPH = ATTS_WARPS / GB;  // warps a head (GB <= 16)
     const int g = warp / WPH, sl = warp % WPH;
+    if (g < GB) {  // scores: 8 lanes a key (a row's 16-byte pieces 8 apart: no bank conflicts), q in registers
+        const int kg = lane / 8, ps = lane % 8;
+        float4 qv[HD / 32];
+#pragma unroll
+        for (int t = 0; t < HD / 32; t++) qv[t] = reinterpret_cast<const float4*>(qs + g * HD)[ps + 8 * t];
+        for (int base = 4 * sl; base < nk; base += 4 * WPH) {  // the same trip count on the warp's lanes
+            const int j = base + kg;
+            float d0 = 0.f, d1 = 0.f;
+            if (j < nk) {
+                const float4* kr4 = reinterpret_cast<const float4*>(kbuf + j * RS);
+#pragma unroll
+                for (int t = 0; t < HD / 32; t++) {
+                    const float4 k4 = kr4[ps + 8 * t];
+                    d0 += qv[t].x * k4.x + qv[t].y * k4.y;
+                    d1 += qv[t].z * k4.z + qv[t].w * k4.w;
+                }
+            }
+            float d = d0 + d1;
+            d += __shfl_xor_sync(0xffffffff, d, 1);
+            d += __shfl_xor_sync(0xffffffff, d, 2);
+            d += __shfl_xor_sync(0xffffffff, d, 4);
+            if (j < nk && ps == 0) sc[g * kpb + j] = d;
+        }
+    }
+    __syncthreads();  // kbuf is free: red takes its place
     float mx = -INFINITY;
     if (g < GB) {
         const float* sg = sc + g * kpb;
 #pragma unroll 4
         for (int j = lane; j < nk; j += WARP) mx = fmaxf(mx, sg[j]);
         mx = warp_max(mx);  // -inf for an empty share
-        float o[VEC], l = 0.f;
+        // The warp's keys j = sl + WPH * i (i < 32): lane i's weight, then
+        // every lane its channels of the weighted values.
+        const int mine = (nk - sl + WPH - 1) / WPH;
+        const float e = lane < mine ? __expf(sg[sl + WPH * lane] - mx) : 0.f;
+        const float l = warp_sum(e);
+        float o[VEC];
 #pragma unroll
         for (int v = 0; v < VEC; v++) o[v] = 0.f;
-        const float* vb = vbuf + lane * VEC;
+        const float* vb = vbuf + sl * RS + lane * VEC;
 #pragma unroll 4
-        for (int j = sl; j < nk; j += WPH) {
-            const float e = __expf(sg[j] - mx);
-            l += e;
+        for (int i = 0; i < mine; i++) {
+            const float ei = __shfl_sync(0xffffffff, e, i);
             if constexpr (VEC == 4) {
-                const float4 w = *reinterpret_cast<const float4*>(vb + j * RS);
-                o[0] += e * w.x, o[1] += e * w.y, o[2] += e * w.z, o[3] += e * w.w;
+                const float4 w = *reinterpret_cast<const float4*>(vb + i * WPH * RS);
+                o[0] += ei * w.x, o[1] += ei * w.y, o[2] += ei * w.z, o[3] += ei * w.w;
             } else {
-                const float2 w = *reinterpret_cast<const float2*>(vb + j * RS);
-                o[0] += e * w.x, o[1] += e * w.y;
+                const float2 w = *reinterpret_cast<const float2*>(vb + i * WPH * RS);
+                o[0] += ei * w.x, o[1] += ei * w.y;
             }
         }
 #pragma unroll
