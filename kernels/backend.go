@@ -106,7 +106,6 @@ type Backend struct {
 	attnDecodeOff bool        // one-row attention on attention_kv instead of attn_decode (tests, benchmarks)
 	attnCluster   bool        // attn_decode's splits (up to 8) merged in a thread block cluster (the default)
 	attnShort     bool        // one-row attention over short contexts on attn_short (the default)
-	attnShortKeys int         // the most keys an attn_short block holds (0: as many as its shared memory takes)
 	attnMulticast bool        // attn_short's blocks of a kv head copy its rows into each other (the default)
 	attnTrace     *allocation // benchmarks: where attn_decode writes its per-block timeline (profile.go: StartAttnTrace)
 	attnAblate    int         // benchmarks (MANIFOLD_ATTN_ABLATE, results wrong): 1 (wait) attn_decode returns after its wait, 2 (skip) is not launched
@@ -174,7 +173,6 @@ func New(ordinal int) (*Backend, error) {
 	b.attnAblate = map[string]int{"wait": 1, "skip": 2}[os.Getenv("MANIFOLD_ATTN_ABLATE")]
 	b.attnShort = os.Getenv("MANIFOLD_ATTN_SHORT") != "0"
 	b.attnMulticast = os.Getenv("MANIFOLD_ATTN_MULTICAST") != "0"
-	b.attnShortKeys, _ = strconv.Atoi(os.Getenv("MANIFOLD_ATTN_SHORT_KEYS")) // an experiment's switch
 	b.skipRole = os.Getenv("MANIFOLD_SKIP")
 	b.smallAblate = map[string]int{"nodec": 0x20, "nox": 0x10, "both": 0x30}[os.Getenv("MANIFOLD_SMALL_ABLATE")]
 	b.tmaSmallRole = os.Getenv("MANIFOLD_SMALL_ABLATE_ROLE")
@@ -968,7 +966,7 @@ func (q0 *queue) takeRoPE(q, k backend.Buffer, s layers.AttentionShape, posRel i
 }
 
 // attnShortWarps is attn_short's warps a block (ATTS_WARPS in decode.cuh),
-// attnShortSlice the most keys one of them takes (8 * ATTS_PASSES).
+// attnShortSlice the most keys one of them weighs (a key a lane).
 const (
 	attnShortWarps = 16
 	attnShortSlice = 32
@@ -985,9 +983,11 @@ const attnShortRound = 64
 
 // attnShortDecode queues attn_short for one query row when the context is
 // short enough that every key of a block's share fits its shared memory
-// (one share a (kv head, head group), or up to 8 merged in a cluster), and
-// reports whether it did. A RoPE of exactly q and k queued just before it
-// moves into the launch, as for attn_decode.
+// (one share a (kv head, head group), or attnShortShares merged in a
+// cluster), and reports whether it did. With one share the blocks of a kv
+// head form a cluster and multicast its rows to each other. A RoPE of
+// exactly q and k queued just before it moves into the launch, as for
+// attn_decode.
 func (b *Backend) attnShortDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos0, visible int, s layers.AttentionShape) bool {
 	G := s.Heads / s.KVHeads
 	if G > attnShortWarps {
@@ -1011,8 +1011,7 @@ func (b *Backend) attnShortDecode(out, q, k, v backend.Buffer, c *kvCache, layer
 			hg *= 2
 		}
 		n, gb := (vr+S-1)/S, G/hg
-		if n <= attnShortSlice*(attnShortWarps/gb) && (b.attnShortKeys <= 0 || n <= b.attnShortKeys) &&
-			4*floats(n, gb, S) <= b.maxShare {
+		if n <= attnShortSlice*(attnShortWarps/gb) && 4*floats(n, gb, S) <= b.maxShare {
 			shares, kpb, hgroups = S, n, hg
 		}
 	}
