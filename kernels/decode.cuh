@@ -610,6 +610,7 @@ __device__ __forceinline__ void attn_short_body(float* out, const float* q, cons
     constexpr int NT = ATTS_WARPS * WARP;
     extern __shared__ __align__(16) float as_sh[];
     __shared__ __align__(8) unsigned long long as_bar;  // cl bit 2: the share's rows have arrived
+    __shared__ float as_wmax[ATTS_WARPS];               // each warp's maximum score
     const int G = heads / kvHeads, GB = G / hgroups;
     const int kr = max(kpb, ATTS_WARPS);     // rows of kbuf: after the scores it holds the warps' partials
     float* kbuf = as_sh;                     // [kr][RS]
@@ -677,6 +678,12 @@ __device__ __forceinline__ void attn_short_body(float* out, const float* q, cons
         sincosf((float)p * inv_freq[i], &sn, &cs);
         rc[i] = cs * rscale, rs[i] = sn * rscale;
     }
+    // The warps' roles, worked out before the wait (the divisions are not on
+    // the path after it).
+    int WPH = ATTS_WARPS / GB;  // warps a head (GB <= 16)
+    int g = warp / WPH, sl = warp % WPH;
+    int mine = (nk - sl + WPH - 1) / WPH;  // the keys the warp weighs
+    asm volatile("" : "+r"(WPH), "+r"(g), "+r"(sl), "+r"(mine));
     __syncthreads();
     pdl_wait();
     stamp(ATTD_TR_WAITED);
@@ -707,42 +714,57 @@ __device__ __forceinline__ void attn_short_body(float* out, const float* q, cons
     else cp_async_wait<0>();
     __syncthreads();
     stamp(ATTD_TR_CHUNK);
-    const int WPH = ATTS_WARPS / GB;  // warps a head (GB <= 16)
-    const int g = warp / WPH, sl = warp % WPH;
     if (g < GB) {  // scores: 8 lanes a key (a row's 16-byte pieces 8 apart: no bank conflicts), q in registers
         const int kg = lane / 8, ps = lane % 8;
         float4 qv[HD / 32];
 #pragma unroll
         for (int t = 0; t < HD / 32; t++) qv[t] = reinterpret_cast<const float4*>(qs + g * HD)[ps + 8 * t];
-        for (int base = 4 * sl; base < nk; base += 4 * WPH) {  // the same trip count on the warp's lanes
-            const int j = base + kg;
-            float d0 = 0.f, d1 = 0.f;
-            if (j < nk) {
-                const float4* kr4 = reinterpret_cast<const float4*>(kbuf + j * RS);
+        float wm = -INFINITY;  // the maximum of the warp's scores
+        // Two keys a lane at a time, their loads and sums interleaved; the
+        // same trip count on the warp's lanes (the shuffles).
+        for (int base = 4 * sl; base < nk; base += 8 * WPH) {
+            const int j0 = base + kg, j1 = j0 + 4 * WPH;
+            float a0 = 0.f, a1 = 0.f, b0 = 0.f, b1 = 0.f;
+            // Rows past the share are read as its last (no branch around the
+            // loads) and their sums dropped.
+            const float4* k0 = reinterpret_cast<const float4*>(kbuf + min(j0, nk - 1) * RS);
+            const float4* k1 = reinterpret_cast<const float4*>(kbuf + min(j1, nk - 1) * RS);
 #pragma unroll
-                for (int t = 0; t < HD / 32; t++) {
-                    const float4 k4 = kr4[ps + 8 * t];
-                    d0 += qv[t].x * k4.x + qv[t].y * k4.y;
-                    d1 += qv[t].z * k4.z + qv[t].w * k4.w;
-                }
+            for (int t = 0; t < HD / 32; t++) {
+                const float4 x4 = k0[ps + 8 * t], y4 = k1[ps + 8 * t];
+                a0 += qv[t].x * x4.x + qv[t].y * x4.y;
+                a1 += qv[t].z * x4.z + qv[t].w * x4.w;
+                b0 += qv[t].x * y4.x + qv[t].y * y4.y;
+                b1 += qv[t].z * y4.z + qv[t].w * y4.w;
             }
-            float d = d0 + d1;
-            d += __shfl_xor_sync(0xffffffff, d, 1);
-            d += __shfl_xor_sync(0xffffffff, d, 2);
-            d += __shfl_xor_sync(0xffffffff, d, 4);
-            if (j < nk && ps == 0) sc[g * kpb + j] = d;
+            float da = a0 + a1, db = b0 + b1;
+#pragma unroll
+            for (int m = 1; m < 8; m <<= 1) {
+                da += __shfl_xor_sync(0xffffffff, da, m);
+                db += __shfl_xor_sync(0xffffffff, db, m);
+            }
+            if (j0 < nk) {
+                if (ps == 0) sc[g * kpb + j0] = da;
+                wm = fmaxf(wm, da);
+            }
+            if (j1 < nk) {
+                if (ps == 0) sc[g * kpb + j1] = db;
+                wm = fmaxf(wm, db);
+            }
         }
+        wm = fmaxf(wm, __shfl_xor_sync(0xffffffff, wm, 8));
+        wm = fmaxf(wm, __shfl_xor_sync(0xffffffff, wm, 16));
+        if (lane == 0) as_wmax[warp] = wm;
     }
     __syncthreads();  // kbuf is free: red takes its place
     float mx = -INFINITY;
     if (g < GB) {
         const float* sg = sc + g * kpb;
-#pragma unroll 4
-        for (int j = lane; j < nk; j += WARP) mx = fmaxf(mx, sg[j]);
-        mx = warp_max(mx);  // -inf for an empty share
+#pragma unroll
+        for (int w = 0; w < ATTS_WARPS; w++)  // the head's maximum from its warps' (-inf for an empty share)
+            if (w < WPH) mx = fmaxf(mx, as_wmax[g * WPH + w]);
         // The warp's keys j = sl + WPH * i (i < 32): lane i's weight, then
         // every lane its channels of the weighted values.
-        const int mine = (nk - sl + WPH - 1) / WPH;
         const float e = lane < mine ? __expf(sg[sl + WPH * lane] - mx) : 0.f;
         const float l = warp_sum(e);
         float o[VEC];
