@@ -578,12 +578,13 @@ ATTN_DECODE(attn_decode_128, 128)
 // shared memory as attn_decode's cluster does). In a block: the rows of its
 // share before p copied before the wait, the new key (rotated) and value
 // after it; a head's WPH = 16 / GB warps score its keys, 8 lanes a key
-// with q in registers (shared memory's bandwidth bounds the launch: each
-// key's row read once, without bank conflicts), then each take every
-// WPH-th key (at most 32) with the share's maximum (each warp finds it
-// from the scores), so that their partial outputs and sums add up
-// directly. kpb: the most keys a share holds (the host sizes the shared
-// memory from it); the other arguments as attn_decode's, and cl bit 2: the hgroups blocks of a kv head form a
+// and two keys a lane at a time, with q in registers (each key's row read
+// once, without bank conflicts; the loop is bound by its dependent
+// latencies, docs/PERFORMANCE.md round 34), each keeping its maximum; then
+// each takes every WPH-th key (at most 32) with the head's maximum over
+// its warps', so that their partial outputs and sums add up directly.
+// kpb: the most keys a share holds (the host sizes the shared memory from
+// it); the other arguments as attn_decode's, and cl bit 2: the hgroups blocks of a kv head form a
 // cluster along x (S = 1 only) and each copies a part of the rows into all
 // of them (bulk copies multicast), so that a multiprocessor takes in only
 // its part of the keys while the launch before still streams its weights.
