@@ -922,16 +922,8 @@ func (b *Backend) attnDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos
 	}
 	b.qmu.Lock()
 	defer b.qmu.Unlock()
-	q0 := &b.q
-	posRel := q0.posRel(pos0)
-	freqs, rhalf, roff, rscale, rinter := q0.takeRoPE(q, k, s, posRel)
-	q0.keep = append(q0.keep, c, out, q, k, v)
-	q0.keep = append(q0.keep, keep...)
-	var trace uint64
-	if b.attnTrace != nil && rowsOfBlocks*splits <= attnTraceBlocks { // the trace has room for so many blocks
-		trace = b.attnTrace.ptr
-		q0.keep = append(q0.keep, b.attnTrace)
-	}
+	a := b.attnRow(out, q, k, v, c, pos0, rowsOfBlocks*splits, s)
+	b.q.keep = append(b.q.keep, keep...)
 	name := fmt.Sprintf("attn_decode_%d", s.HeadDim)
 	floats := 4*attnDecodeChunk*(s.HeadDim+4) + G*s.HeadDim + G*attnDecodeChunk + 3*s.HeadDim
 	o := op{kind: opKernel, name: name, fn: b.fn[name], grid: [3]uint32{uint32(rowsOfBlocks), uint32(splits), 1},
@@ -941,28 +933,47 @@ func (b *Backend) attnDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos
 		o.cluster = uint32(splits)
 	}
 	o.shared = uint32(4 * floats)
-	o.setParams(ptr(out), ptr(q), ptr(k), ptr(v), c.k[layer].ptr, c.v[layer].ptr, b.dyn.ptr, posRel,
-		s.Heads, s.KVHeads, s.Scale, s.Window, part, ticket, freqs, rhalf, roff, rscale, rinter, hgroups,
-		boolInt(cluster)|boolInt(b.attnAblate == 1)<<1, trace)
+	o.setParams(ptr(out), ptr(q), ptr(k), ptr(v), c.k[layer].ptr, c.v[layer].ptr, b.dyn.ptr, a.posRel,
+		s.Heads, s.KVHeads, s.Scale, s.Window, part, ticket, a.freqs, a.rhalf, a.roff, a.rscale, a.rinter, hgroups,
+		boolInt(cluster)|boolInt(b.attnAblate == 1)<<1, a.trace)
 	if b.attnAblate != 2 {
 		b.push(o)
 	}
 }
 
-// takeRoPE moves a RoPE into the one-row attention queued next: when the
-// last queued op rotates exactly q and k at this position, it is dropped
-// and its angles' arguments returned (rscale 1 and rhalf 0 otherwise).
-func (q0 *queue) takeRoPE(q, k backend.Buffer, s layers.AttentionShape, posRel int) (freqs uint64, rhalf, roff int, rscale float32, rinter int) {
-	rscale = 1
+// attnRowArgs are what attn_decode and attn_short take from the queue: the
+// position relative to its step values, a RoPE moved into the launch
+// (rhalf 0: none) and where the trace goes (0: none).
+type attnRowArgs struct {
+	posRel              int
+	freqs               uint64
+	rhalf, roff, rinter int
+	rscale              float32
+	trace               uint64
+}
+
+// attnRow prepares a one-row attention launch of blocks blocks at pos0 (with
+// b.qmu held): when the last queued op rotates exactly q and k at this
+// position, it is dropped and its angles go into the launch; the buffers
+// stay alive through the queue, and the trace is on when one is running and
+// has room for the grid.
+func (b *Backend) attnRow(out, q, k, v backend.Buffer, c *kvCache, pos0, blocks int, s layers.AttentionShape) attnRowArgs {
+	q0 := &b.q
+	a := attnRowArgs{posRel: q0.posRel(pos0), rscale: 1}
 	if n := len(q0.ops); n > 0 && q0.ops[n-1].rope != nil {
 		r := q0.ops[n-1].rope
 		if r.x1 == spanOf(q) && r.x2 == spanOf(k) && r.heads1 == s.Heads && r.heads2 == s.KVHeads && r.rows == 1 &&
-			r.stride == s.HeadDim && r.inverse == 0 && r.posRel == posRel && r.off+2*r.half <= s.HeadDim {
+			r.stride == s.HeadDim && r.inverse == 0 && r.posRel == a.posRel && r.off+2*r.half <= s.HeadDim {
+			a.freqs, a.rhalf, a.roff, a.rscale, a.rinter = r.freqs, r.half, r.off, r.scale, r.inter
 			q0.ops = q0.ops[:n-1]
-			return r.freqs, r.half, r.off, r.scale, r.inter
 		}
 	}
-	return 0, 0, 0, 1, 0
+	q0.keep = append(q0.keep, c, out, q, k, v)
+	if b.attnTrace != nil && blocks <= attnTraceBlocks {
+		a.trace = b.attnTrace.ptr
+		q0.keep = append(q0.keep, b.attnTrace)
+	}
+	return a
 }
 
 // attnShortWarps is attn_short's warps a block (ATTS_WARPS in decode.cuh),
@@ -1021,15 +1032,7 @@ func (b *Backend) attnShortDecode(out, q, k, v backend.Buffer, c *kvCache, layer
 	rowsOfBlocks := s.KVHeads * hgroups
 	b.qmu.Lock()
 	defer b.qmu.Unlock()
-	q0 := &b.q
-	posRel := q0.posRel(pos0)
-	freqs, rhalf, roff, rscale, rinter := q0.takeRoPE(q, k, s, posRel)
-	q0.keep = append(q0.keep, c, out, q, k, v)
-	var trace uint64
-	if b.attnTrace != nil && rowsOfBlocks*shares <= attnTraceBlocks {
-		trace = b.attnTrace.ptr
-		q0.keep = append(q0.keep, b.attnTrace)
-	}
+	a := b.attnRow(out, q, k, v, c, pos0, rowsOfBlocks*shares, s)
 	name := fmt.Sprintf("attn_short_%d", s.HeadDim)
 	o := op{kind: opKernel, name: name, fn: b.fn[name], grid: [3]uint32{uint32(rowsOfBlocks), uint32(shares), 1},
 		block: 32 * attnShortWarps, shared: uint32(4 * floats(kpb, G/hgroups, shares)), pdl: pdlKernel(name)}
@@ -1041,9 +1044,9 @@ func (b *Backend) attnShortDecode(out, q, k, v backend.Buffer, c *kvCache, layer
 	if multicast {
 		o.clusterX = uint32(hgroups)
 	}
-	o.setParams(ptr(out), ptr(q), ptr(k), ptr(v), c.k[layer].ptr, c.v[layer].ptr, b.dyn.ptr, posRel,
-		s.Heads, s.KVHeads, s.Scale, s.Window, kpb, freqs, rhalf, roff, rscale, rinter, hgroups,
-		boolInt(shares > 1)|boolInt(b.attnAblate == 1)<<1|boolInt(multicast)<<2, trace)
+	o.setParams(ptr(out), ptr(q), ptr(k), ptr(v), c.k[layer].ptr, c.v[layer].ptr, b.dyn.ptr, a.posRel,
+		s.Heads, s.KVHeads, s.Scale, s.Window, kpb, a.freqs, a.rhalf, a.roff, a.rscale, a.rinter, hgroups,
+		boolInt(shares > 1)|boolInt(b.attnAblate == 1)<<1|boolInt(multicast)<<2, a.trace)
 	if b.attnAblate != 2 {
 		b.push(o)
 	}

@@ -268,6 +268,33 @@ __device__ __forceinline__ void cluster_arrive_release() {
 __device__ __forceinline__ void cluster_wait_acquire() {
     asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
+// A block's record in attn_decode's and attn_short's trace: stamp(slot)
+// writes the global timer there, on thread 0 only (after its earlier
+// instructions have issued: their loads' values used), when a trace runs
+// (tr not null); the record's address is kept in shared memory.
+__device__ __forceinline__ unsigned long long*& attd_trace_rec() {
+    __shared__ unsigned long long* rec;
+    return rec;
+}
+struct AttdStamp {
+    bool on;
+    __device__ __forceinline__ void operator()(int slot) const {
+        if (on) attd_trace_rec()[slot] = gtime();
+    }
+};
+__device__ __forceinline__ AttdStamp attd_trace_begin(unsigned long long* tr, int tid) {
+    if (tr && tid == 0) {
+        const unsigned lb = blockIdx.x + gridDim.x * blockIdx.y;
+        const unsigned launch = atomicAdd(reinterpret_cast<unsigned*>(tr) + lb, 1u) % ATTD_TR_LAUNCHES;
+        unsigned long long* rec = tr + ATTD_TR_HEAD + ((size_t)launch * ATTD_TR_BLOCKS + lb) * 8;
+        attd_trace_rec() = rec;
+        unsigned smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        rec[ATTD_TR_ENTRY] = gtime();
+        rec[ATTD_TR_SM] = smid;
+    }
+    return AttdStamp{tr != nullptr && tid == 0};
+}
 // Channel c of v rotated by the angles whose cos and sin (times rscale) are
 // rc[i], rs[i] for pair i.
 __device__ __forceinline__ float attd_rot(const float* v, int c, const float* rc, const float* rs, int rhalf, int roff,
@@ -277,6 +304,39 @@ __device__ __forceinline__ float attd_rot(const float* v, int c, const float* rc
     const int i = rinter ? r / 2 : r % rhalf;
     const int i0 = roff + (rinter ? 2 * i : i), i1 = roff + (rinter ? 2 * i + 1 : i + rhalf);
     return c == i0 ? v[i0] * rc[i] - v[i1] * rs[i] : v[i1] * rc[i] + v[i0] * rs[i];
+}
+
+// A cluster of splits after each stored its partials in block 0's shared
+// memory (pm: [splits][GB][ATTD_PM(HD)], each row HD outputs not yet
+// divided, the split's maximum, its sum): one barrier, then block 0 writes
+// the merged output of its GB heads; stamp (the trace's) marks both.
+template <int HD, typename Stamp>
+__device__ __forceinline__ void attd_cluster_merge(float* out, const float* pm, int hb, int GB, int splits, int tid,
+                                                   int nt, Stamp stamp) {
+    cluster_arrive_release();
+    cluster_wait_acquire();
+    stamp(ATTD_TR_MERGE);
+    if (cluster_rank() != 0) {
+        stamp(ATTD_TR_END);
+        return;
+    }
+    for (int i = tid; i < GB * HD; i += nt) {
+        const int g = i / HD, c = i % HD;
+        float M = -INFINITY;
+        for (int s2 = 0; s2 < splits; s2++) M = fmaxf(M, pm[(s2 * GB + g) * ATTD_PM(HD) + HD]);
+        float den = 0.f, acc = 0.f;
+        for (int s2 = 0; s2 < splits; s2++) {
+            const float* pq = pm + (s2 * GB + g) * ATTD_PM(HD);
+            const float mx = pq[HD];
+            if (mx == -INFINITY) continue;  // an empty share
+            const float e = __expf(mx - M);
+            den += e * pq[HD + 1];
+            acc += e * pq[c];
+        }
+        const float inv = 1.f / den;
+        out[(size_t)(hb + g) * HD + c] = acc * inv;
+    }
+    stamp(ATTD_TR_END);
 }
 
 // attn_decode's scores of one chunk: sc[g * ATTD_CH + j] = q_g . k_j for
@@ -335,19 +395,7 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
     pdl_launch();
     if (cl & 1) cluster_arrive_relaxed();  // waited for before the first remote store: every block has started
-    __shared__ unsigned long long* s_tr;  // the trace: this block's record
-    if (tr && tid == 0) {
-        const unsigned lb = blockIdx.x + gridDim.x * blockIdx.y;
-        const unsigned launch = atomicAdd(reinterpret_cast<unsigned*>(tr) + lb, 1u) % ATTD_TR_LAUNCHES;
-        s_tr = tr + ATTD_TR_HEAD + ((size_t)launch * ATTD_TR_BLOCKS + lb) * 8;
-        unsigned smid;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-        s_tr[ATTD_TR_ENTRY] = gtime();
-        s_tr[ATTD_TR_SM] = smid;
-    }
-    auto stamp = [&](int slot) {  // after thread 0's earlier instructions have issued (their loads' values used)
-        if (tr && tid == 0) s_tr[slot] = gtime();
-    };
+    const AttdStamp stamp = attd_trace_begin(tr, tid);  // the trace: this block's record
     const int p = dyn[0] + posRel;
     const int start = window > 0 ? max(0, p - window + 1) : 0;
     const int len = (p - start + 1 + splits - 1) / splits;
@@ -471,30 +519,7 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
                 dsmem_store(row0 + 4 * (HD + 1), __float_as_int(lrun[gi]));
             }
         }
-        cluster_arrive_release();
-        cluster_wait_acquire();
-        stamp(ATTD_TR_MERGE);
-        if (cluster_rank() != 0) {
-            stamp(ATTD_TR_END);
-            return;
-        }
-        for (int i = tid; i < GB * HD; i += NT) {
-            const int g = i / HD, c = i % HD;
-            float M = -INFINITY;
-            for (int s2 = 0; s2 < splits; s2++) M = fmaxf(M, pm[(s2 * GB + g) * ATTD_PM(HD) + HD]);
-            float den = 0.f, acc = 0.f;
-            for (int s2 = 0; s2 < splits; s2++) {
-                const float* pq = pm + (s2 * GB + g) * ATTD_PM(HD);
-                const float mx = pq[HD];
-                if (mx == -INFINITY) continue;  // an empty share
-                const float e = __expf(mx - M);
-                den += e * pq[HD + 1];
-                acc += e * pq[c];
-            }
-            const float inv = 1.f / den;
-            out[(size_t)(hb + g) * HD + c] = acc * inv;
-        }
-        stamp(ATTD_TR_END);
+        attd_cluster_merge<HD>(out, pm, hb, GB, splits, tid, NT, stamp);
         return;
     }
 #pragma unroll
@@ -628,19 +653,7 @@ __device__ __forceinline__ void attn_short_body(float* out, const float* q, cons
     const bool mc = cl & 4;
     pdl_launch();
     if (cl & 1) cluster_arrive_relaxed();  // waited for before the first remote store: every block has started
-    __shared__ unsigned long long* s_tr;
-    if (tr && tid == 0) {
-        const unsigned lb = blockIdx.x + gridDim.x * blockIdx.y;
-        const unsigned launch = atomicAdd(reinterpret_cast<unsigned*>(tr) + lb, 1u) % ATTD_TR_LAUNCHES;
-        s_tr = tr + ATTD_TR_HEAD + ((size_t)launch * ATTD_TR_BLOCKS + lb) * 8;
-        unsigned smid;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-        s_tr[ATTD_TR_ENTRY] = gtime();
-        s_tr[ATTD_TR_SM] = smid;
-    }
-    auto stamp = [&](int slot) {
-        if (tr && tid == 0) s_tr[slot] = gtime();
-    };
+    const AttdStamp stamp = attd_trace_begin(tr, tid);  // the trace: this block's record
     const int p = dyn[0] + posRel;
     const int start = window > 0 ? max(0, p - window + 1) : 0;
     const int len = (p - start + 1 + S - 1) / S;  // at most kpb (the host's shape)
@@ -808,39 +821,18 @@ __device__ __forceinline__ void attn_short_body(float* out, const float* q, cons
         return;
     }
     cluster_wait_acquire();
-    for (int i = tid; i < GB * HD; i += NT) {  // this share's (outputs, sum, maximum) a head into block 0
+    for (int i = tid; i < GB * HD; i += NT) {  // this share's (outputs, maximum, sum) a head into block 0
         const int h = i / HD, c = i % HD;
         float acc, den;
         summed(h, c, acc, den);
         const uint32_t r0 = dsmem_map(pm + (s * GB + h) * ATTD_PM(HD), 0);
         dsmem_store(r0 + 4 * c, __float_as_int(acc));
-        if (c == 0) {  // the head's maximum: every warp of it found the same
-            dsmem_store(r0 + 4 * HD, __float_as_int(den));
-            dsmem_store(r0 + 4 * (HD + 1), __float_as_int(red[h * WPH * RS + HD + 1]));
+        if (c == 0) {  // the head's maximum (every warp of it has the same) and sum
+            dsmem_store(r0 + 4 * HD, __float_as_int(red[h * WPH * RS + HD + 1]));
+            dsmem_store(r0 + 4 * (HD + 1), __float_as_int(den));
         }
     }
-    cluster_arrive_release();
-    cluster_wait_acquire();
-    stamp(ATTD_TR_MERGE);
-    if (cluster_rank() != 0) {
-        stamp(ATTD_TR_END);
-        return;
-    }
-    for (int i = tid; i < GB * HD; i += NT) {
-        const int h = i / HD, c = i % HD;
-        float M = -INFINITY;
-        for (int s2 = 0; s2 < S; s2++) M = fmaxf(M, pm[(s2 * GB + h) * ATTD_PM(HD) + HD + 1]);
-        float den = 0.f, acc = 0.f;
-        for (int s2 = 0; s2 < S; s2++) {
-            const float* pq = pm + (s2 * GB + h) * ATTD_PM(HD);
-            if (pq[HD + 1] == -INFINITY) continue;  // an empty share
-            const float e = __expf(pq[HD + 1] - M);
-            den += e * pq[HD];
-            acc += e * pq[c];
-        }
-        out[(size_t)(hb + h) * HD + c] = acc / den;
-    }
-    stamp(ATTD_TR_END);
+    attd_cluster_merge<HD>(out, pm, hb, GB, S, tid, NT, stamp);
 }
 
 #define ATTN_SHORT(NAME, HD)                                                                                     \
