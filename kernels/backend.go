@@ -900,13 +900,7 @@ func (b *Backend) attnDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos
 	// Up to 8 splits (a portable cluster) merge in distributed shared memory.
 	cluster := b.attnCluster && splits > 1 && splits <= maxAttnCluster
 	G := s.Heads / s.KVHeads
-	// Short contexts leave most multiprocessors idle: the query heads of a kv
-	// head go to several blocks (each loading the keys again, from L2) while
-	// that keeps the grid within about the multiprocessor count.
-	hgroups := 1
-	for G%(2*hgroups) == 0 && 2*hgroups*s.KVHeads*splits <= b.sms {
-		hgroups *= 2
-	}
+	hgroups := b.attnHeadGroups(G, s.KVHeads, splits)
 	rowsOfBlocks := s.KVHeads * hgroups
 	var part uint64
 	var keep []any
@@ -939,6 +933,19 @@ func (b *Backend) attnDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos
 	if b.attnAblate != 2 {
 		b.push(o)
 	}
+}
+
+// attnHeadGroups is how many groups the G query heads of each of kvHeads
+// kv heads go to, at splits blocks a group, in a one-row attention launch:
+// short contexts leave most multiprocessors idle, so the heads go to
+// several blocks (each loading the keys again, from L2) while that keeps
+// the grid within about the multiprocessor count.
+func (b *Backend) attnHeadGroups(G, kvHeads, splits int) int {
+	hg := 1
+	for G%(2*hg) == 0 && 2*hg*kvHeads*splits <= b.sms {
+		hg *= 2
+	}
+	return hg
 }
 
 // attnRowArgs are what attn_decode and attn_short take from the queue: the
@@ -1015,12 +1022,7 @@ func (b *Backend) attnShortDecode(out, q, k, v backend.Buffer, c *kvCache, layer
 	}
 	shares, kpb, hgroups := 0, 0, 1
 	for S := 1; S <= attnShortShares && shares == 0; S++ {
-		// As attn_decode: the query heads of a kv head over several blocks
-		// while the grid stays within about the multiprocessor count.
-		hg := 1
-		for G%(2*hg) == 0 && 2*hg*s.KVHeads*S <= b.sms {
-			hg *= 2
-		}
+		hg := b.attnHeadGroups(G, s.KVHeads, S)
 		n, gb := (vr+S-1)/S, G/hg
 		if n <= attnShortSlice*(attnShortWarps/gb) && 4*floats(n, gb, S) <= b.maxShare {
 			shares, kpb, hgroups = S, n, hg
