@@ -114,6 +114,7 @@ type Backend struct {
 	attnTicketLen int
 	gemm          gemmScratch // the NVFP4 GEMM's (gemm.go; guarded by partMu)
 	gemmK128      bool        // benchmarks: the NVFP4 GEMM in stages of 128 elements even where 256 fit
+	gemmK256      bool        // benchmarks: ... of 256 elements even where 512 would be taken
 	skipRole      string      // benchmarks (MANIFOLD_SKIP, results wrong): launches of one role left out (queue.go: skipOp)
 	smallAblate   int         // benchmarks (MANIFOLD_SMALL_ABLATE, results wrong): tmaAblate bits for the launches under tmaMapsMin weights
 	tmaSmallRole  string      // ... only the output projection's (o, under 20 M weights) or the q, k, v matmul's (qkv)

@@ -29,7 +29,8 @@ func randomNVFP4(rng *rand.Rand, n, k int) *quant.NVFP4 {
 // as a fraction of the copy bandwidth measured in the same run. Variants:
 // nvfp4 at m = 1 is gemv_nvfp4_tma (gemv.cuh), at m > 1 gemm_nvfp4_t*
 // (gemm.cuh; m = 512 is a prefill chunk), nvfp4-k128 those in stages of 128
-// elements, nvfp4-gemm the GEMM at m = 1;
+// elements, nvfp4-k256 in stages of 256 where 512 would be taken, nvfp4-gemm
+// the GEMM at m = 1;
 // nvfp4-s1 the m = 1 kernel before it (x staged per block, cp.async);
 // nvfp4-m16 the decode-shape kernel at m = 16; nvfp4-dec0 the m = 1 kernel
 // with integer E2M1 decoding, nvfp4-pipe
@@ -62,7 +63,7 @@ func BenchmarkGEMV(b *testing.B) {
 	}
 	reset := func() {
 		g.gemvDec, g.bf16Kernel, g.gemvOff, g.gemvPipe, g.gemvFlags, g.gemvSt4, g.gemvX8, g.gemvSmallM = defaultGemvDec, "", false, false, 0, false, false, false
-		g.gemvLB, g.gemvMT, g.gemvTMA, g.gemmK128 = true, true, true, false
+		g.gemvLB, g.gemvMT, g.gemvTMA, g.gemmK128, g.gemmK256 = true, true, true, false, false
 		g.tmaWarps, g.tmaSlots, g.tmaOcc, g.tmaTPB, g.tmaUneven, g.tmaEvict, g.tmaAblate = 8, 0, 2, 0, false, true, 0
 		g.tmaMaps, g.tmaMapsAll = true, false
 		g.SetPDL(false)
@@ -93,6 +94,7 @@ func BenchmarkGEMV(b *testing.B) {
 				{"nvfp4-m16", nv, []int{16}, func() { g.gemvSmallM = true }},
 				{"nvfp4-gemm", nv, []int{1}, func() { g.gemvOff = true }},
 				{"nvfp4-k128", nv, []int{16, 64, 512}, func() { g.gemmK128 = true }},
+				{"nvfp4-k256", nv, []int{4, 16}, func() { g.gemmK256 = true }},
 				{"nvfp4-pipe", nv, []int{1}, func() { g.gemvPipe = true }},
 				{"nvfp4-contig", nv, []int{1}, func() { g.gemvFlags = 1 }},
 				{"nvfp4-st4", nv, []int{1}, func() { g.gemvSt4 = true }},

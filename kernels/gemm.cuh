@@ -7,10 +7,10 @@
 // Two launches. gemm_x_h8 converts x once to fp16 pairs in the order the
 // mma's B fragments take them, zero-padded to a whole number of token tiles
 // (every block of the matmul then copies its x straight into shared memory,
-// and the conversion is not repeated per block). gemm_nvfp4_t{8,16,32,64}
-// computes tiles of 128 features x BM tokens: K in chunks of 128, each
-// chunk's weights, scales and x brought in by cp.async into a ring of
-// stages a few chunks ahead. Warp w owns features 16w..16w+15 of the tile:
+// and the conversion is not repeated per block). gemm_nvfp4_[k256_|k512_]t*
+// computes tiles of 128 features x BM tokens: K in stages of 128, 256 or 512
+// elements (1 to 4 chunks of 128), each stage's weights, scales and x brought
+// in by cp.async into a ring a few stages ahead. Warp w owns features 16w..16w+15 of the tile:
 // lane (g, t) decodes the 16 bytes of elements [32t, 32t+32) of features g
 // and g+8 (scale blocks 2t and 2t+1), multiplies them by their block scales
 // in fp16 (the E2M1 x E4M3 product has 6 significant bits: exact, and with
@@ -50,9 +50,9 @@ __device__ __forceinline__ void cp_async8(uint32_t dst, const void* src) {
 }
 
 // TT: 8-token tiles per warp (BM = 8 TT tokens per block); NS: ring stages;
-// KC: elements of K per stage (128 or 256; K % KC == 0): a feature's KC / 2
-// weight bytes per stage are one or two whole 64-byte segments, and larger
-// stages mean fewer, longer requests in flight for the same bytes.
+// KC: elements of K per stage (128, 256 or 512; K % KC == 0): a feature's
+// KC / 2 weight bytes per stage are one to four whole 64-byte segments, and
+// larger stages mean fewer, longer requests in flight for the same bytes.
 // Grid: (feature tiles x splits, token tiles); 256 threads; shared memory
 // NS x (128 x KC/2 weight bytes + 128 x KC/16 scale bytes + BM x XROW x 16).
 // cps: stages per split; part and ticket only when there is more than one.
@@ -61,7 +61,7 @@ __device__ __forceinline__ void gemm_nvfp4_tile(const uint8_t* __restrict__ P, c
                                                 const uint4* __restrict__ xh, float* __restrict__ y, const float* __restrict__ bias,
                                                 float* __restrict__ part, int* __restrict__ ticket, int N, int K, int m, int cps) {
     constexpr int H = KC / 128;                   // 128-element sub-chunks per stage
-    constexpr int XROW = H == 1 ? GT_XROW : 36;   // uint4 per token (16 H + 4: conflict-free B loads)
+    constexpr int XROW = 16 * H + 4;              // uint4 per token (16 H + 4: conflict-free B loads)
     constexpr int BM = 8 * TT, WR = KC / 2, SR = KC / 16, WB = GT_N * WR, SB = GT_N * SR, STAGE = WB + SB + BM * XROW * 16;
     extern __shared__ __align__(16) unsigned char gts[];
     __shared__ int last;
@@ -85,7 +85,7 @@ __device__ __forceinline__ void gemm_nvfp4_tile(const uint8_t* __restrict__ P, c
     const uint4* xsrc = xh + (size_t)(m0 + xn) * (K / 8) + xj;
     // With two sub-chunks per row, odd rows hold them swapped, so that the
     // 16-byte reads of rows g and g + 1 fall on different banks.
-    const int wsw = H == 2 ? ((wp >> 6) ^ (wr & 1)) * 64 + (wp & 63) : wp;
+    const int wsw = H >= 2 ? ((wp >> 6) ^ (wr & 1)) * 64 + (wp & 63) : wp;
     const uint32_t sbase = smem_u32(gts), wdst = WR * wr + wsw, xdst = WB + SB + 16 * (xn * XROW + xj);
     size_t wrow[WC];
 #pragma unroll
@@ -99,7 +99,8 @@ __device__ __forceinline__ void gemm_nvfp4_tile(const uint8_t* __restrict__ P, c
         for (int j = 0; j < WC; j++) cp_async16(st + wdst + j * (256 / WT) * WR, wsrc + wrow[j] + WR * c);
         if (tid < GT_N) {
             if (SR == 8) cp_async8(st + WB + SR * tid, ssrc + SR * c);
-            else cp_async16(st + WB + SR * tid, ssrc + SR * c);
+#pragma unroll
+            for (int j = 0; j < SR / 16; j++) cp_async16(st + WB + SR * tid + 16 * j, ssrc + SR * c + 16 * j);
         }
 #pragma unroll
         for (int j = 0; j < XC; j++)
@@ -124,7 +125,7 @@ __device__ __forceinline__ void gemm_nvfp4_tile(const uint8_t* __restrict__ P, c
         const unsigned char* st = gts + (i % NS) * STAGE;
 #pragma unroll
         for (int h = 0; h < H; h++) {
-            const int hs = H == 2 ? 64 * (h ^ (g & 1)) : 0;  // rows ra and rb have g's parity
+            const int hs = H >= 2 ? 64 * (h ^ (g & 1)) : 0;  // rows ra and rb have g's parity
             const uint4 wa = *reinterpret_cast<const uint4*>(st + WR * ra + hs + 16 * t);
             const uint4 wb = *reinterpret_cast<const uint4*>(st + WR * rb + hs + 16 * t);
             const uint32_t sa = e4m3x2_lo(*reinterpret_cast<const uint16_t*>(st + WB + SR * ra + 8 * h + 2 * t));
@@ -202,3 +203,5 @@ GEMM_NVFP4_TILE(gemm_nvfp4_k256_t8, 1, 4, 256, 2)
 GEMM_NVFP4_TILE(gemm_nvfp4_k256_t16, 2, 4, 256, 2)
 GEMM_NVFP4_TILE(gemm_nvfp4_k256_t32, 4, 3, 256, 2)
 GEMM_NVFP4_TILE(gemm_nvfp4_k256_t64, 8, 2, 256, 2)
+GEMM_NVFP4_TILE(gemm_nvfp4_k512_t8, 1, 4, 512, 1)
+GEMM_NVFP4_TILE(gemm_nvfp4_k512_t16, 2, 3, 512, 1)

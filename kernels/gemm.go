@@ -15,10 +15,26 @@ type gemmScratch struct {
 // multiprocessor (occ), as its GEMM_NVFP4_TILE line declares them.
 type gemmKernel struct{ bm, ns, kc, occ int }
 
-// gemmPick picks the variant for m tokens and K: the smallest token tile
-// that holds m (at most 64), stages of 256 elements where K allows (or
-// unless k128, for benchmarks).
-func gemmPick(m, K int, k128 bool) gemmKernel {
+// gemmPick picks the variant for m tokens, N features and K on sms
+// multiprocessors. Up to 16 tokens, stages of 512 elements (256 bytes of each
+// weight row) in one block a multiprocessor with a deeper ring, where K % 512
+// == 0 and that grid, K split to fill the multiprocessors, leaves at most a
+// fifth of them idle (docs/PERFORMANCE.md round 35: 12-20% faster at 14336 x
+// 4096, 2-7% at 4096 x 14336, 3-4% slower at 6144 x 4096, whose 48 tiles
+// leave 36 idle). Otherwise the smallest token tile that holds m (at most 64),
+// two or three blocks a multiprocessor, stages of 256 elements where K allows.
+// k128 and k256 (benchmarks) force stages of 128 or 256 elements.
+func gemmPick(m, N, K, sms int, k128, k256 bool) gemmKernel {
+	if m <= 16 && K%512 == 0 && !k128 && !k256 {
+		k := gemmKernel{8, 4, 512, 1}
+		if m > 8 {
+			k = gemmKernel{16, 3, 512, 1}
+		}
+		tiles := (N + 127) / 128
+		if splits, _ := gemmSplits(tiles, K/512, sms, 1); 5*tiles*splits >= 4*sms {
+			return k
+		}
+	}
 	vs := [4]gemmKernel{{8, 4, 128, 3}, {16, 4, 128, 3}, {32, 4, 128, 2}, {64, 3, 128, 2}}
 	if K%256 == 0 && !k128 {
 		vs = [4]gemmKernel{{8, 4, 256, 2}, {16, 4, 256, 2}, {32, 3, 256, 2}, {64, 2, 256, 2}}
@@ -31,8 +47,8 @@ func gemmPick(m, K int, k128 bool) gemmKernel {
 }
 
 func (k gemmKernel) name() string {
-	if k.kc == 256 {
-		return fmt.Sprintf("gemm_nvfp4_k256_t%d", k.bm)
+	if k.kc > 128 {
+		return fmt.Sprintf("gemm_nvfp4_k%d_t%d", k.kc, k.bm)
 	}
 	return fmt.Sprintf("gemm_nvfp4_t%d", k.bm)
 }
@@ -40,10 +56,7 @@ func (k gemmKernel) name() string {
 // shared is the ring's shared memory: per stage 128 features' kc/2 weight
 // and kc/16 scale bytes, bm tokens' xrow x 16 bytes of x.
 func (k gemmKernel) shared() int {
-	xrow := 20
-	if k.kc == 256 {
-		xrow = 36
-	}
+	xrow := 16*k.kc/128 + 4
 	return k.ns * (128*k.kc/2 + 128*k.kc/16 + k.bm*xrow*16)
 }
 
@@ -61,10 +74,10 @@ func gemmSplits(tiles, stages, slots, minStages int) (splits, cps int) {
 // (gemm.cuh).
 func (b *Backend) gemmNVFP4(dst, x *Buffer, w *Weight, m int) {
 	N, K := w.rows, w.cols
-	k := gemmPick(m, K, b.gemmK128)
+	k := gemmPick(m, N, K, b.sms, b.gemmK128, b.gemmK256)
 	bm := k.bm
 	mtiles, ntiles := (m+bm-1)/bm, (N+127)/128
-	splits, cps := gemmSplits(mtiles*ntiles, K/k.kc, k.occ*b.sms, 512/k.kc)
+	splits, cps := gemmSplits(mtiles*ntiles, K/k.kc, k.occ*b.sms, max(512/k.kc, 1))
 	b.partMu.Lock()
 	s := &b.gemm
 	err := b.grow(&s.xh, &s.xhLen, mtiles*bm*K/2) // fp16: K/2 words per token
