@@ -117,7 +117,7 @@ type Backend struct {
 	gemmK256      bool        // benchmarks: ... of 256 elements even where 512 would be taken
 	skipRole      string      // benchmarks (MANIFOLD_SKIP, results wrong): launches of one role left out (queue.go: skipOp)
 	smallAblate   int         // benchmarks (MANIFOLD_SMALL_ABLATE, results wrong): tmaAblate bits for the launches under tmaMapsMin weights
-	tmaSmallRole  string      // ... only the output projection's (o, under 20 M weights) or the q, k, v matmul's (qkv)
+	tmaSmallRole  string      // ... only the output projection's (o, under 20 M weights) or the q, k, v matmul's (qkv); or instead the down projection's (down) or every launch from tmaMapsMin (large)
 }
 
 var _ backend.Backend = (*Backend)(nil)

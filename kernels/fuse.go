@@ -368,6 +368,10 @@ func (b *Backend) finalizeGemv(o *op) {
 				hi = 20 << 20
 			case "qkv":
 				lo = 20 << 20
+			case "down": // the down projection (4096 x 14336: 58.7 M weights)
+				lo, hi = tmaMapsMin, 64<<20
+			case "large": // every launch from tmaMapsMin weights
+				lo, hi = tmaMapsMin, math.MaxInt
 			}
 			if n := g.weights(); n >= lo && n < hi {
 				ablate |= b.smallAblate
