@@ -90,11 +90,11 @@ func BenchmarkGEMV(b *testing.B) {
 		} else {
 			q := randomNVFP4(rng, N, K)
 			nv := &backend.HostWeight{Name: "nvfp4", Rows: N, Cols: K, Format: backend.NVFP4, Q: q}
-			vs = []variant{{"nvfp4", nv, []int{1, 4, 16, 64, 512}, reset}, {"nvfp4-dec0", nv, []int{1}, func() { g.gemvDec = 0 }},
+			vs = []variant{{"nvfp4", nv, []int{1, 4, 16, 32, 64, 512}, reset}, {"nvfp4-dec0", nv, []int{1}, func() { g.gemvDec = 0 }},
 				{"nvfp4-m16", nv, []int{16}, func() { g.gemvSmallM = true }},
 				{"nvfp4-gemm", nv, []int{1}, func() { g.gemvOff = true }},
 				{"nvfp4-k128", nv, []int{16, 64, 512}, func() { g.gemmK128 = true }},
-				{"nvfp4-k256", nv, []int{4, 16}, func() { g.gemmK256 = true }},
+				{"nvfp4-k256", nv, []int{4, 16, 32, 64}, func() { g.gemmK256 = true }},
 				{"nvfp4-pipe", nv, []int{1}, func() { g.gemvPipe = true }},
 				{"nvfp4-contig", nv, []int{1}, func() { g.gemvFlags = 1 }},
 				{"nvfp4-st4", nv, []int{1}, func() { g.gemvSt4 = true }},

@@ -16,22 +16,31 @@ type gemmScratch struct {
 type gemmKernel struct{ bm, ns, kc, occ int }
 
 // gemmPick picks the variant for m tokens, N features and K on sms
-// multiprocessors. Up to 16 tokens, stages of 512 elements (256 bytes of each
-// weight row) in one block a multiprocessor with a deeper ring, where K % 512
-// == 0 and that grid, K split to fill the multiprocessors, leaves at most a
-// fifth of them idle (docs/PERFORMANCE.md round 35: 12-20% faster at 14336 x
-// 4096, 2-7% at 4096 x 14336, 3-4% slower at 6144 x 4096, whose 48 tiles
-// leave 36 idle). Otherwise the smallest token tile that holds m (at most 64),
-// two or three blocks a multiprocessor, stages of 256 elements where K allows.
-// k128 and k256 (benchmarks) force stages of 128 or 256 elements.
+// multiprocessors. Where K % 512 == 0, stages of 512 elements (256 bytes of
+// each weight row) in one block a multiprocessor with a deeper ring: up to 16
+// tokens where that grid, K split to fill the multiprocessors, leaves at most
+// a fifth of them idle, and up to 64 where the feature tiles alone do
+// (docs/PERFORMANCE.md round 35: at m = 16 12-20% faster at 14336 x 4096 and
+// 2-8% at 4096 x 14336, 3-4% slower at 6144 x 4096, whose 48 tiles split two
+// ways leave 36 idle; at m = 64 25% faster at 14336 x 4096, 1-3% slower at
+// 4096 x 14336; at m = 512 slower). Otherwise the smallest token tile that
+// holds m (at most 64), two or three blocks a multiprocessor, stages of 256
+// elements where K allows. k128 and k256 (benchmarks) force stages of 128 or
+// 256 elements.
 func gemmPick(m, N, K, sms int, k128, k256 bool) gemmKernel {
-	if m <= 16 && K%512 == 0 && !k128 && !k256 {
+	if m <= 64 && K%512 == 0 && !k128 && !k256 {
 		k := gemmKernel{8, 4, 512, 1}
-		if m > 8 {
+		switch {
+		case m > 32:
+			k = gemmKernel{64, 2, 512, 1}
+		case m > 16:
+			k = gemmKernel{32, 3, 512, 1}
+		case m > 8:
 			k = gemmKernel{16, 3, 512, 1}
 		}
 		tiles := (N + 127) / 128
-		if splits, _ := gemmSplits(tiles, K/512, sms, 1); 5*tiles*splits >= 4*sms {
+		splits, _ := gemmSplits(tiles, K/512, sms, 1)
+		if 5*tiles >= 4*sms || m <= 16 && 5*tiles*splits >= 4*sms {
 			return k
 		}
 	}
