@@ -86,7 +86,7 @@ func (b *Backend) gemmNVFP4(dst, x *Buffer, w *Weight, m int) {
 	k := gemmPick(m, N, K, b.sms, b.gemmK128, b.gemmK256)
 	bm := k.bm
 	mtiles, ntiles := (m+bm-1)/bm, (N+127)/128
-	splits, cps := gemmSplits(mtiles*ntiles, K/k.kc, k.occ*b.sms, max(512/k.kc, 1))
+	splits, cps := gemmSplits(mtiles*ntiles, K/k.kc, k.occ*b.sms, 512/k.kc)
 	b.partMu.Lock()
 	s := &b.gemm
 	err := b.grow(&s.xh, &s.xhLen, mtiles*bm*K/2) // fp16: K/2 words per token
