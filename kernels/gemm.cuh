@@ -10,8 +10,8 @@
 // and the conversion is not repeated per block). gemm_nvfp4_[k256_|k512_]t*
 // computes tiles of 128 features x BM tokens: K in stages of 128, 256 or 512
 // elements (1 to 4 chunks of 128), each stage's weights, scales and x brought
-// in by cp.async into a ring a few stages ahead. Warp w owns features 16w..16w+15 of the tile:
-// lane (g, t) decodes the 16 bytes of elements [32t, 32t+32) of features g
+// in by cp.async into a ring a few stages ahead. Warp w owns features
+// 16w..16w+15 of the tile: lane (g, t) decodes the 16 bytes of elements [32t, 32t+32) of features g
 // and g+8 (scale blocks 2t and 2t+1), multiplies them by their block scales
 // in fp16 (the E2M1 x E4M3 product has 6 significant bits: exact, and with
 // the decode's 2^-6 inside fp16's range), and runs two m16n8k16 per 8 tokens
@@ -23,7 +23,6 @@
 // the last of a tile's blocks to finish (an atomic ticket, left at zero)
 // adds them in split order, so the result does not depend on timing.
 #define GT_N 128    // features per block: 8 warps x 16
-#define GT_XROW 20  // uint4 per token and chunk in shared memory: 16 + 4 (the B loads of a quarter warp hit distinct banks)
 
 // One thread per 8 elements: xh[n][c][q][t] (uint4) holds elements
 // 128c + 32t + 8q .. +8 of token n as x8_pairs<1>; tokens m..mpad-1 are zero.
@@ -83,8 +82,8 @@ __device__ __forceinline__ void gemm_nvfp4_tile(const uint8_t* __restrict__ P, c
     const uint8_t* wsrc = P + wp;
     const uint8_t* ssrc = S + (tid < GT_N && n0 + tid < N ? n0 + tid : 0) * ks;
     const uint4* xsrc = xh + (size_t)(m0 + xn) * (K / 8) + xj;
-    // With two sub-chunks per row, odd rows hold them swapped, so that the
-    // 16-byte reads of rows g and g + 1 fall on different banks.
+    // With two or four sub-chunks per row, odd rows hold each pair swapped, so
+    // that the 16-byte reads of rows g and g + 1 fall on different banks.
     const int wsw = H >= 2 ? ((wp >> 6) ^ (wr & 1)) * 64 + (wp & 63) : wp;
     const uint32_t sbase = smem_u32(gts), wdst = WR * wr + wsw, xdst = WB + SB + 16 * (xn * XROW + xj);
     size_t wrow[WC];

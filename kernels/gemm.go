@@ -20,13 +20,11 @@ type gemmKernel struct{ bm, ns, kc, occ int }
 // each weight row) in one block a multiprocessor with a deeper ring: up to 16
 // tokens where that grid, K split to fill the multiprocessors, leaves at most
 // a fifth of them idle, and up to 64 where the feature tiles alone do
-// (docs/PERFORMANCE.md round 35: at m = 16 12-20% faster at 14336 x 4096 and
-// 2-8% at 4096 x 14336, 3-4% slower at 6144 x 4096, whose 48 tiles split two
-// ways leave 36 idle; at m = 64 25% faster at 14336 x 4096, 1-3% slower at
-// 4096 x 14336; at m = 512 slower). Otherwise the smallest token tile that
-// holds m (at most 64), two or three blocks a multiprocessor, stages of 256
-// elements where K allows. k128 and k256 (benchmarks) force stages of 128 or
-// 256 elements.
+// (docs/PERFORMANCE.md round 35: up to 23% faster there; slower where the
+// grid leaves multiprocessors idle, and at m = 512). Otherwise the smallest
+// token tile that holds m (at most 64), two or three blocks a multiprocessor,
+// stages of 256 elements where K allows. k128 and k256 (benchmarks) force
+// stages of 128 or 256 elements.
 func gemmPick(m, N, K, sms int, k128, k256 bool) gemmKernel {
 	if m <= 64 && K%512 == 0 && !k128 && !k256 {
 		k := gemmKernel{8, 4, 512, 1}
