@@ -114,7 +114,9 @@ func TestMatMul(t *testing.T) {
 		{33, 300, 2048}, {2, 700, 1024}, {200, 260, 640}, {40, 129, 5120}, {12, 1030, 256}, {24, 64, 1280}, {7, 33, 384}, {13, 300, 640},
 		// gemm_nvfp4_k512_t* (enough feature tiles to fill an H100's
 		// multiprocessors): each token tile, a partial last tile, 1 to 3 stages.
-		{3, 13600, 1536}, {9, 14000, 1024}, {20, 13600, 512}, {40, 13700, 512}} {
+		{3, 13600, 1536}, {9, 14000, 1024}, {20, 13600, 512}, {40, 13700, 512},
+		// gemm_nvfp4_k256_t64_f2 (m > 64): two token tiles, a partial one.
+		{100, 300, 768}} {
 		for _, f := range []backend.Format{backend.F32, backend.BF16, backend.F16, backend.NVFP4} {
 			if f == backend.NVFP4 && sh.k%16 != 0 {
 				continue
@@ -504,7 +506,7 @@ func TestFreeWhileQueued(t *testing.T) {
 // TestGemmPick holds the NVFP4 GEMM's variant choice to its rule on an
 // H100's 132 multiprocessors (no GPU needed): stages of 512 elements up to 16
 // tokens where that grid leaves at most a fifth of them idle, up to 64 where
-// the feature tiles alone do.
+// the feature tiles alone do; two feature groups a warp past 64 tokens.
 func TestGemmPick(t *testing.T) {
 	for _, tc := range []struct {
 		m, n, k int
@@ -516,7 +518,9 @@ func TestGemmPick(t *testing.T) {
 		{32, 14336, 4096, "gemm_nvfp4_k512_t32"}, // 112 tiles on their own
 		{64, 14336, 4096, "gemm_nvfp4_k512_t64"},
 		{64, 4096, 14336, "gemm_nvfp4_k256_t64"}, // 32 tiles: only split
-		{128, 14336, 4096, "gemm_nvfp4_k256_t64"},
+		{128, 14336, 4096, "gemm_nvfp4_k256_t64_f2"},
+		{512, 4096, 14336, "gemm_nvfp4_k256_t64_f2"},
+		{512, 4096, 640, "gemm_nvfp4_t64"},       // K % 256 != 0
 		{16, 14336, 3840, "gemm_nvfp4_k256_t16"}, // K % 512 != 0
 		{64, 4096, 640, "gemm_nvfp4_t64"},
 	} {

@@ -55,13 +55,14 @@ __device__ __forceinline__ void cp_async8(uint32_t dst, const void* src) {
 // Grid: (feature tiles x splits, token tiles); 256 threads; shared memory
 // NS x (128 x KC/2 weight bytes + 128 x KC/16 scale bytes + BM x XROW x 16).
 // cps: stages per split; part and ticket only when there is more than one.
-template <int TT, int NS, int KC>
+template <int TT, int NS, int KC, int FG = 1>
 __device__ __forceinline__ void gemm_nvfp4_tile(const uint8_t* __restrict__ P, const uint8_t* __restrict__ S, float scale,
                                                 const uint4* __restrict__ xh, float* __restrict__ y, const float* __restrict__ bias,
                                                 float* __restrict__ part, int* __restrict__ ticket, int N, int K, int m, int cps) {
     constexpr int H = KC / 128;                   // 128-element sub-chunks per stage
     constexpr int XROW = 16 * H + 4;              // uint4 per token (16 H + 4: conflict-free B loads)
     constexpr int BM = 8 * TT, WR = KC / 2, SR = KC / 16, WB = GT_N * WR, SB = GT_N * SR, STAGE = WB + SB + BM * XROW * 16;
+    constexpr int NT = 256 / FG;  // threads: 128 / (16 FG) warps
     extern __shared__ __align__(16) unsigned char gts[];
     __shared__ int last;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -75,9 +76,9 @@ __device__ __forceinline__ void gemm_nvfp4_tile(const uint8_t* __restrict__ P, c
     // per feature (feature 0's past N: their sums are never written), 16 H
     // x 16 bytes of x per token. Each thread's sources and destinations are
     // fixed but for the stage's offset: weights (16 bytes of features
-    // tid / (WR/16) + j 256 / (WR/16)), scales (feature tid, tid < 128), x
-    // (16 bytes of tokens (tid + 256 j) / 16H).
-    constexpr int WT = WR / 16, WC = GT_N * WT / 256, XT = 16 * H, XC = BM * XT >= 256 ? BM * XT / 256 : 1;
+    // tid / (WR/16) + j NT / (WR/16)), scales (feature tid, tid < 128), x
+    // (16 bytes of tokens (tid + NT j) / 16H).
+    constexpr int WT = WR / 16, WC = GT_N * WT / NT, XT = 16 * H, XC = BM * XT >= NT ? BM * XT / NT : 1;
     const int wr = tid / WT, wp = 16 * (tid % WT), xn = tid / XT, xj = tid % XT;
     const uint8_t* wsrc = P + wp;
     const uint8_t* ssrc = S + (tid < GT_N && n0 + tid < N ? n0 + tid : 0) * ks;
@@ -89,13 +90,13 @@ __device__ __forceinline__ void gemm_nvfp4_tile(const uint8_t* __restrict__ P, c
     size_t wrow[WC];
 #pragma unroll
     for (int j = 0; j < WC; j++) {
-        const int row = n0 + wr + j * (256 / WT);
+        const int row = n0 + wr + j * (NT / WT);
         wrow[j] = (row < N ? row : 0) * kb;
     }
     auto issue = [&](int c, int slot) {
         const uint32_t st = sbase + slot * STAGE;
 #pragma unroll
-        for (int j = 0; j < WC; j++) cp_async16(st + wdst + j * (256 / WT) * WR, wsrc + wrow[j] + WR * c);
+        for (int j = 0; j < WC; j++) cp_async16(st + wdst + j * (NT / WT) * WR, wsrc + wrow[j] + WR * c);
         if (tid < GT_N) {
             if (SR == 8) cp_async8(st + WB + SR * tid, ssrc + SR * c);
 #pragma unroll
@@ -103,19 +104,25 @@ __device__ __forceinline__ void gemm_nvfp4_tile(const uint8_t* __restrict__ P, c
         }
 #pragma unroll
         for (int j = 0; j < XC; j++)
-            if (BM * XT >= 256 || tid < BM * XT)
-                cp_async16(st + xdst + j * (256 / XT) * XROW * 16, xsrc + (size_t)j * (256 / XT) * (K / 8) + XT * c);
+            if (BM * XT >= NT || tid < BM * XT)
+                cp_async16(st + xdst + j * (NT / XT) * XROW * 16, xsrc + (size_t)j * (NT / XT) * (K / 8) + XT * c);
     };
 
-    float acc[TT][4];
+    float acc[FG][TT][4];
 #pragma unroll
-    for (int u = 0; u < TT; u++) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.f;
+    for (int f = 0; f < FG; f++)
+#pragma unroll
+        for (int u = 0; u < TT; u++) acc[f][u][0] = acc[f][u][1] = acc[f][u][2] = acc[f][u][3] = 0.f;
 #pragma unroll
     for (int s = 0; s < NS - 1; s++) {
         if (s < nc) issue(c0 + s, s);
         cp_async_commit();
     }
-    const int ra = 16 * warp + g, rb = ra + 8;  // this lane's two features in the tile
+    // This lane's features in the tile: ra[f] and rb[f] = ra[f] + 8 of the
+    // warp's 16-feature group f (each B fragment loaded serves FG groups).
+    int ra[FG], rb[FG];
+#pragma unroll
+    for (int f = 0; f < FG; f++) ra[f] = 16 * (FG * warp + f) + g, rb[f] = ra[f] + 8;
     for (int i = 0; i < nc; i++) {
         cp_async_wait<NS - 2>();
         __syncthreads();  // stage i has landed for every thread; slot (i - 1) % NS is free
@@ -125,51 +132,68 @@ __device__ __forceinline__ void gemm_nvfp4_tile(const uint8_t* __restrict__ P, c
 #pragma unroll
         for (int h = 0; h < H; h++) {
             const int hs = H >= 2 ? 64 * (h ^ (g & 1)) : 0;  // rows ra and rb have g's parity
-            const uint4 wa = *reinterpret_cast<const uint4*>(st + WR * ra + hs + 16 * t);
-            const uint4 wb = *reinterpret_cast<const uint4*>(st + WR * rb + hs + 16 * t);
-            const uint32_t sa = e4m3x2_lo(*reinterpret_cast<const uint16_t*>(st + WB + SR * ra + 8 * h + 2 * t));
-            const uint32_t sb = e4m3x2_lo(*reinterpret_cast<const uint16_t*>(st + WB + SR * rb + 8 * h + 2 * t));
+            uint32_t wva[FG][4], wvb[FG][4], sa[FG], sb[FG];
+#pragma unroll
+            for (int f = 0; f < FG; f++) {
+                const uint4 wa = *reinterpret_cast<const uint4*>(st + WR * ra[f] + hs + 16 * t);
+                const uint4 wb = *reinterpret_cast<const uint4*>(st + WR * rb[f] + hs + 16 * t);
+                wva[f][0] = wa.x, wva[f][1] = wa.y, wva[f][2] = wa.z, wva[f][3] = wa.w;
+                wvb[f][0] = wb.x, wvb[f][1] = wb.y, wvb[f][2] = wb.z, wvb[f][3] = wb.w;
+                sa[f] = e4m3x2_lo(*reinterpret_cast<const uint16_t*>(st + WB + SR * ra[f] + 8 * h + 2 * t));
+                sb[f] = e4m3x2_lo(*reinterpret_cast<const uint16_t*>(st + WB + SR * rb[f] + 8 * h + 2 * t));
+            }
             const uint4* xs = reinterpret_cast<const uint4*>(st + WB + SB) + g * XROW + 16 * h + t;
-            const uint32_t wva[4] = {wa.x, wa.y, wa.z, wa.w}, wvb[4] = {wb.x, wb.y, wb.z, wb.w};
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                // Words 0, 1 are scale block 2t (the low scale byte), 2, 3 block 2t + 1.
-                const uint32_t ma = q < 2 ? __byte_perm(sa, 0, 0x1010) : __byte_perm(sa, 0, 0x3232);
-                const uint32_t mb = q < 2 ? __byte_perm(sb, 0, 0x1010) : __byte_perm(sb, 0, 0x3232);
-                uint32_t da[4], db[4];
-                fp4x8_decode<1>(wva[q], da);
-                fp4x8_decode<1>(wvb[q], db);
+                uint32_t ae[FG][4], ao[FG][4];
 #pragma unroll
-                for (int j = 0; j < 4; j++) da[j] = hmul2u(da[j], ma), db[j] = hmul2u(db[j], mb);
-                const uint32_t ae[4] = {da[0], db[0], da[1], db[1]}, ao[4] = {da[2], db[2], da[3], db[3]};
+                for (int f = 0; f < FG; f++) {
+                    // Words 0, 1 are scale block 2t (the low scale byte), 2, 3 block 2t + 1.
+                    const uint32_t ma = q < 2 ? __byte_perm(sa[f], 0, 0x1010) : __byte_perm(sa[f], 0, 0x3232);
+                    const uint32_t mb = q < 2 ? __byte_perm(sb[f], 0, 0x1010) : __byte_perm(sb[f], 0, 0x3232);
+                    uint32_t da[4], db[4];
+                    fp4x8_decode<1>(wva[f][q], da);
+                    fp4x8_decode<1>(wvb[f][q], db);
+#pragma unroll
+                    for (int j = 0; j < 4; j++) da[j] = hmul2u(da[j], ma), db[j] = hmul2u(db[j], mb);
+                    ae[f][0] = da[0], ae[f][1] = db[0], ae[f][2] = da[1], ae[f][3] = db[1];
+                    ao[f][0] = da[2], ao[f][1] = db[2], ao[f][2] = da[3], ao[f][3] = db[3];
+                }
 #pragma unroll
                 for (int u = 0; u < TT; u++) {
                     const uint4 xv = xs[8 * u * XROW + 4 * q];
-                    mma16816(acc[u], ae, xv.x, xv.y);
-                    mma16816(acc[u], ao, xv.z, xv.w);
+#pragma unroll
+                    for (int f = 0; f < FG; f++) {
+                        mma16816(acc[f][u], ae[f], xv.x, xv.y);
+                        mma16816(acc[f][u], ao[f], xv.z, xv.w);
+                    }
                 }
             }
         }
     }
     cp_async_wait<0>();
 
-    // acc[u]: features ra (0, 1) and rb (2, 3) of tokens 8u + 2t, 8u + 2t + 1.
+    // acc[f][u]: features ra[f] (0, 1) and rb[f] (2, 3) of tokens 8u + 2t, 8u + 2t + 1.
     if (splits == 1) {
 #pragma unroll
-        for (int u = 0; u < TT; u++)
+        for (int f = 0; f < FG; f++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int f = n0 + (e < 2 ? ra : rb), tok = m0 + 8 * u + 2 * t + (e & 1);
-                if (f < N && tok < m) y[(size_t)tok * N + f] = acc[u][e] * scale + (bias ? bias[f] : 0.f);
-            }
+            for (int u = 0; u < TT; u++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int ft = n0 + (e < 2 ? ra[f] : rb[f]), tok = m0 + 8 * u + 2 * t + (e & 1);
+                    if (ft < N && tok < m) y[(size_t)tok * N + ft] = acc[f][u][e] * scale + (bias ? bias[ft] : 0.f);
+                }
         return;
     }
     const size_t tile = (size_t)mt * ntiles + nt;
     float* mine = part + (tile * splits + split) * (BM * GT_N);
 #pragma unroll
-    for (int u = 0; u < TT; u++)
+    for (int f = 0; f < FG; f++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) mine[(8 * u + 2 * t + (e & 1)) * GT_N + (e < 2 ? ra : rb)] = acc[u][e];
+        for (int u = 0; u < TT; u++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) mine[(8 * u + 2 * t + (e & 1)) * GT_N + (e < 2 ? ra[f] : rb[f])] = acc[f][u][e];
     __threadfence();
     __syncthreads();
     if (tid == 0) last = atomicAdd(ticket + tile, 1) == splits - 1;
@@ -177,7 +201,7 @@ __device__ __forceinline__ void gemm_nvfp4_tile(const uint8_t* __restrict__ P, c
     if (!last) return;
     __threadfence();
     const float* all = part + tile * splits * (BM * GT_N);
-    for (int i = tid; i < BM * GT_N; i += 256) {
+    for (int i = tid; i < BM * GT_N; i += NT) {
         const int tok = m0 + i / GT_N, f = n0 + i % GT_N;
         float v = 0.f;
         for (int s = 0; s < splits; s++) v += __ldcg(all + (size_t)s * (BM * GT_N) + i);
@@ -187,12 +211,14 @@ __device__ __forceinline__ void gemm_nvfp4_tile(const uint8_t* __restrict__ P, c
 }
 
 // OCC: blocks per multiprocessor (registers and shared memory allow it).
-#define GEMM_NVFP4_TILE(NAME, TT, NS, KC, OCC)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(256, OCC)                                                                       \
+#define GEMM_NVFP4_TILE(NAME, TT, NS, KC, OCC) GEMM_NVFP4_TILE_FG(NAME, TT, NS, KC, OCC, 1)
+// FG: 16-feature groups a warp (256 / FG threads a block).
+#define GEMM_NVFP4_TILE_FG(NAME, TT, NS, KC, OCC, FG)                                                                            \
+    extern "C" __global__ void __launch_bounds__(256 / FG, OCC)                                                                  \
         NAME(const uint8_t* P, const uint8_t* S, float scale, const uint4* xh, float* y, const float* bias, float* part, \
              int* ticket, int N, int K, int m, int cps) {                                                                        \
         pdl_entry();                                                                                                             \
-        gemm_nvfp4_tile<TT, NS, KC>(P, S, scale, xh, y, bias, part, ticket, N, K, m, cps);                                      \
+        gemm_nvfp4_tile<TT, NS, KC, FG>(P, S, scale, xh, y, bias, part, ticket, N, K, m, cps);                                      \
     }
 GEMM_NVFP4_TILE(gemm_nvfp4_t8, 1, 4, 128, 3)
 GEMM_NVFP4_TILE(gemm_nvfp4_t16, 2, 4, 128, 3)
@@ -206,3 +232,4 @@ GEMM_NVFP4_TILE(gemm_nvfp4_k512_t8, 1, 4, 512, 1)
 GEMM_NVFP4_TILE(gemm_nvfp4_k512_t16, 2, 3, 512, 1)
 GEMM_NVFP4_TILE(gemm_nvfp4_k512_t32, 4, 3, 512, 1)
 GEMM_NVFP4_TILE(gemm_nvfp4_k512_t64, 8, 2, 512, 1)
+GEMM_NVFP4_TILE_FG(gemm_nvfp4_k256_t64_f2, 8, 2, 256, 2, 2)

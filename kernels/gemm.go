@@ -11,9 +11,10 @@ type gemmScratch struct {
 }
 
 // gemmKernel is one of gemm.cuh's gemm_nvfp4 variants: its token tile
-// (bm), ring stages (ns), elements of K per stage (kc) and blocks per
-// multiprocessor (occ), as its GEMM_NVFP4_TILE line declares them.
-type gemmKernel struct{ bm, ns, kc, occ int }
+// (bm), ring stages (ns), elements of K per stage (kc), blocks per
+// multiprocessor (occ) and 16-feature groups a warp (fg; 256 / fg threads a
+// block), as its GEMM_NVFP4_TILE line declares them.
+type gemmKernel struct{ bm, ns, kc, occ, fg int }
 
 // gemmPick picks the variant for m tokens, N features and K on sms
 // multiprocessors. Where K % 512 == 0, stages of 512 elements (256 bytes of
@@ -23,18 +24,18 @@ type gemmKernel struct{ bm, ns, kc, occ int }
 // (docs/PERFORMANCE.md round 35: up to 23% faster there; slower where the
 // grid leaves multiprocessors idle, and at m = 512). Otherwise the smallest
 // token tile that holds m (at most 64), two or three blocks a multiprocessor,
-// stages of 256 elements where K allows. k128 and k256 (benchmarks) force
-// stages of 128 or 256 elements.
+// stages of 256 elements where K allows, and past 64 tokens two feature groups
+// a warp. k128 and k256 (benchmarks) force stages of 128 or 256 elements.
 func gemmPick(m, N, K, sms int, k128, k256 bool) gemmKernel {
 	if m <= 64 && K%512 == 0 && !k128 && !k256 {
-		k := gemmKernel{8, 4, 512, 1}
+		k := gemmKernel{8, 4, 512, 1, 1}
 		switch {
 		case m > 32:
-			k = gemmKernel{64, 2, 512, 1}
+			k = gemmKernel{64, 2, 512, 1, 1}
 		case m > 16:
-			k = gemmKernel{32, 3, 512, 1}
+			k = gemmKernel{32, 3, 512, 1, 1}
 		case m > 8:
-			k = gemmKernel{16, 3, 512, 1}
+			k = gemmKernel{16, 3, 512, 1, 1}
 		}
 		tiles := (N + 127) / 128
 		splits, _ := gemmSplits(tiles, K/512, sms, 1)
@@ -42,18 +43,27 @@ func gemmPick(m, N, K, sms int, k128, k256 bool) gemmKernel {
 			return k
 		}
 	}
-	vs := [4]gemmKernel{{8, 4, 128, 3}, {16, 4, 128, 3}, {32, 4, 128, 2}, {64, 3, 128, 2}}
+	vs := [4]gemmKernel{{8, 4, 128, 3, 1}, {16, 4, 128, 3, 1}, {32, 4, 128, 2, 1}, {64, 3, 128, 2, 1}}
 	if K%256 == 0 && !k128 {
-		vs = [4]gemmKernel{{8, 4, 256, 2}, {16, 4, 256, 2}, {32, 3, 256, 2}, {64, 2, 256, 2}}
+		vs = [4]gemmKernel{{8, 4, 256, 2, 1}, {16, 4, 256, 2, 1}, {32, 3, 256, 2, 1}, {64, 2, 256, 2, 1}}
 	}
 	i := 0
 	for i < len(vs)-1 && vs[i].bm < m {
 		i++
 	}
+	if m > 64 && vs[i].kc == 256 {
+		// Prefill chunks: two 16-feature groups a warp (4 warps a block), each
+		// B fragment loaded from shared memory serving both (3-5% faster at m
+		// = 512, 22-30% slower at m = 64 on half the warps; round 35).
+		return gemmKernel{64, 2, 256, 2, 2}
+	}
 	return vs[i]
 }
 
 func (k gemmKernel) name() string {
+	if k.fg > 1 {
+		return fmt.Sprintf("gemm_nvfp4_k%d_t%d_f%d", k.kc, k.bm, k.fg)
+	}
 	if k.kc > 128 {
 		return fmt.Sprintf("gemm_nvfp4_k%d_t%d", k.kc, k.bm)
 	}
@@ -109,7 +119,7 @@ func (b *Backend) gemmNVFP4(dst, x *Buffer, w *Weight, m int) {
 	}
 	units := mtiles * bm * K / 8
 	b.launch("gemm_x_h8", [3]int{min((units+255)/256, 4*b.sms), 1, 1}, 256, 0, xh.ptr, x.ptr, m, mtiles*bm, K)
-	b.launch(k.name(), [3]int{ntiles * splits, mtiles, 1}, 256, k.shared(),
+	b.launch(k.name(), [3]int{ntiles * splits, mtiles, 1}, 256/k.fg, k.shared(),
 		w.data.ptr, w.scales.ptr, w.global*64, xh.ptr, dst.ptr, bias, pp, tp, N, K, m, cps)
 	b.qmu.Lock()
 	b.q.keep = append(b.q.keep, xh, part, ticket, w, x, dst)
