@@ -10,13 +10,15 @@
 // and the conversion is not repeated per block). gemm_nvfp4_[k256_|k512_]t*
 // computes tiles of 128 features x BM tokens: K in stages of 128, 256 or 512
 // elements (1 to 4 chunks of 128), each stage's weights, scales and x brought
-// in by cp.async into a ring a few stages ahead. Warp w owns features
-// 16w..16w+15 of the tile: lane (g, t) decodes the 16 bytes of elements [32t, 32t+32) of features g
-// and g+8 (scale blocks 2t and 2t+1), multiplies them by their block scales
-// in fp16 (the E2M1 x E4M3 product has 6 significant bits: exact, and with
-// the decode's 2^-6 inside fp16's range), and runs two m16n8k16 per 8 tokens
-// and 16 elements, accumulating in float32. Each weight is decoded once per
-// token tile.
+// in by cp.async into a ring a few stages ahead. Warp w owns FG groups of 16
+// features (16 FG w .. 16 FG w + 16 FG - 1 of the tile; FG = 1, or 2 in the
+// _f2 variant, whose blocks have half the warps): for each group, lane (g, t)
+// decodes the 16 bytes of elements [32t, 32t+32) of features g and g+8
+// (scale blocks 2t and 2t+1), multiplies them by their block scales in fp16
+// (the E2M1 x E4M3 product has 6 significant bits: exact, and with the
+// decode's 2^-6 inside fp16's range), and runs two m16n8k16 per 8 tokens and
+// 16 elements, accumulating in float32; each B fragment loaded serves the FG
+// groups. Each weight is decoded once per token tile.
 //
 // When the tiles alone would leave multiprocessors idle (few features or
 // tokens), K is split over blocks: each writes its float32 partial tile, and
@@ -52,7 +54,8 @@ __device__ __forceinline__ void cp_async8(uint32_t dst, const void* src) {
 // KC: elements of K per stage (128, 256 or 512; K % KC == 0): a feature's
 // KC / 2 weight bytes per stage are one to four whole 64-byte segments, and
 // larger stages mean fewer, longer requests in flight for the same bytes.
-// Grid: (feature tiles x splits, token tiles); 256 threads; shared memory
+// FG: 16-feature groups a warp. Grid: (feature tiles x splits, token
+// tiles); 256 / FG threads; shared memory
 // NS x (128 x KC/2 weight bytes + 128 x KC/16 scale bytes + BM x XROW x 16).
 // cps: stages per split; part and ticket only when there is more than one.
 template <int TT, int NS, int KC, int FG = 1>
@@ -62,7 +65,7 @@ __device__ __forceinline__ void gemm_nvfp4_tile(const uint8_t* __restrict__ P, c
     constexpr int H = KC / 128;                   // 128-element sub-chunks per stage
     constexpr int XROW = 16 * H + 4;              // uint4 per token (16 H + 4: conflict-free B loads)
     constexpr int BM = 8 * TT, WR = KC / 2, SR = KC / 16, WB = GT_N * WR, SB = GT_N * SR, STAGE = WB + SB + BM * XROW * 16;
-    constexpr int NT = 256 / FG;  // threads: 128 / (16 FG) warps
+    constexpr int NT = 256 / FG;  // threads: 8 / FG warps of 16 FG features
     extern __shared__ __align__(16) unsigned char gts[];
     __shared__ int last;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
