@@ -75,6 +75,12 @@ __device__ __forceinline__ uint32_t hmul2u(uint32_t a, uint32_t b) {
     return *reinterpret_cast<uint32_t*>(&r);
 }
 
+// fp4x8_decode's multipliers 2 and 16, read from constant memory: ptxas
+// cannot see them, so it keeps the multiplies (FMA pipe) instead of turning
+// them into shifts on the ALU pipe or folding them into masks, one more ALU
+// op a word (docs/PERFORMANCE.md round 36).
+__constant__ uint32_t dec_mul[2] = {2u, 16u};
+
 template <int DEC>
 __device__ __forceinline__ void fp4x8_decode(uint32_t u, uint32_t h[4]) {
     if (DEC == 1) {
@@ -87,10 +93,16 @@ __device__ __forceinline__ void fp4x8_decode(uint32_t u, uint32_t h[4]) {
         h[3] = e4m3x2_hi(e1);  // (5, 7)
     } else if (DEC == 2) {
         // fp16 with the code's bits in place (s -> bit 15, e1 e0 m -> bits 11..9):
-        // the value x 2^-14, exact (0.5 a subnormal). Integer ops only, 11 per
-        // word against DEC 1's 7 and 4 conversions, which share the pipe.
-        const uint32_t flo = ((u << 1) & 0x0E0E0E0Eu) | ((u << 4) & 0x80808080u);  // bytes: elements 0, 2, 4, 6
-        const uint32_t fhi = ((u >> 3) & 0x0E0E0E0Eu) | (u & 0x80808080u);         // bytes: elements 1, 3, 5, 7
+        // the value x 2^-14, exact (0.5 a subnormal). Integer ops only: on the
+        // ALU pipe, which bounds the consumer loop, 3 LOP3, one shift and 4
+        // PRMT a word; the two left shifts are multiplies on the FMA pipe.
+        // The signs are masked once (t) and each byte's form is one select
+        // (c ? b : a, LUT 0xD8) between a sign source that is zero outside
+        // bit 7 and the bits the select takes from the magnitude source.
+        const uint32_t t = u & 0x88888888u;
+        uint32_t flo, fhi;
+        asm("lop3.b32 %0, %1, %2, 0x0E0E0E0E, 0xD8;\n" : "=r"(flo) : "r"(t * dec_mul[1]), "r"(u * dec_mul[0]));  // bytes: elements 0, 2, 4, 6
+        asm("lop3.b32 %0, %1, %2, 0x0E0E0E0E, 0xD8;\n" : "=r"(fhi) : "r"(t), "r"(u >> 3));                        // bytes: elements 1, 3, 5, 7
         h[0] = __byte_perm(flo, 0, 0x1404);  // (0, 2)
         h[1] = __byte_perm(flo, 0, 0x3424);  // (4, 6)
         h[2] = __byte_perm(fhi, 0, 0x1404);  // (1, 3)
@@ -808,8 +820,8 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a, const Ten
     if (TRACE && tr && tid == 0) tr[TMA_TR_STAGED] = gtime();
 
     const int g = lane >> 2, t = lane & 3;
-    // The consumer loop is bound by integer throughput (the decode's 11
-    // operations a word, docs/PERFORMANCE.md round 28), so a stage's
+    // The consumer loop is bound by integer throughput (the decode's 8 ALU
+    // operations a word, docs/PERFORMANCE.md rounds 28 and 36), so a stage's
     // addressing is a few adds: every shared load is one register plus a
     // constant. The B operand's sources: block 2t of the group (words 0, 1)
     // is real for column g == 2t, block 2t+1 (words 2, 3) for g == 2t+1;
