@@ -55,6 +55,7 @@ type Backend struct {
 	qmu           sync.Mutex
 	q             queue
 	dyn           *allocation // dynSlots ints: the queue's per-step values
+	pushed        uint64      // launches queued so far (push), less those fused away: kvCache.lateRows's clock
 	graphs        GraphMode
 	ahead         int // launch a queue's older ops once it holds this many (push; 0: never)
 	graphCache    map[uint64]*graphEntry
@@ -735,10 +736,62 @@ func (b *Backend) copyDriver(dst, src uint64, n int) {
 // KV cache and attention.
 
 type kvCache struct {
-	shape backend.KVShape
-	k, v  []*allocation
-	n     []int
+	shape  backend.KVShape
+	k, v   []*allocation
+	n      []int
+	writes [][]kvWrite // a layer's row writes among the last residentGrids launches queued (lateRows)
 }
+
+// kvWrite: rows [lo, hi) of a layer's cache are written by the launch
+// numbered seq (Backend.pushed after it was queued).
+type kvWrite struct {
+	lo, hi int
+	seq    uint64
+}
+
+// residentGrids is how many grids a device holds at once at most (CUDA's
+// "maximum number of resident grids per device", 128 on compute capability
+// 9.0). Every kernel launched after its predecessor's trigger waits for that
+// predecessor before it completes (TestKernelsWaitForPredecessor), so a
+// launch's blocks start while an earlier one is unfinished only if every
+// launch between them is resident too: the launch residentGrids back or
+// older has completed.
+const residentGrids = 128
+
+// noteWrite records that the launch queued last (seq) writes rows [lo, hi)
+// of layer, forgetting writes that no launch queued from now on can overlap.
+func (c *kvCache) noteWrite(layer, lo, hi int, seq uint64) {
+	w := c.writes[layer][:0]
+	for _, x := range c.writes[layer] {
+		if seq-x.seq < residentGrids {
+			w = append(w, x)
+		}
+	}
+	c.writes[layer] = append(w, kvWrite{lo, hi, seq})
+}
+
+// lateRows is how many of the rows before p the one-row attention about to
+// be queued (after launch now) must read after its wait rather than before:
+// from the lowest row that one of the last residentGrids launches writes,
+// whose writer may not have finished when the attention's blocks start.
+// Decode steps of more than residentGrids launches leave none; shorter ones
+// the same count every step. From row 0 on it is lateAll, the same at every
+// position, so that consecutive steps queue the same launches (graphs).
+func (c *kvCache) lateRows(layer, p int, now uint64) int {
+	r0 := p
+	for _, w := range c.writes[layer] {
+		if now-w.seq < residentGrids && w.lo < r0 {
+			r0 = w.lo
+		}
+	}
+	if r0 <= 0 && p > 0 {
+		return lateAll
+	}
+	return p - r0
+}
+
+// lateAll is lateRows's "every row" (more than any cache holds).
+const lateAll = 1 << 30
 
 // NewKVCache allocates the cache on the device.
 func (b *Backend) NewKVCache(s backend.KVShape) (backend.KVCache, error) {
@@ -749,7 +802,7 @@ func (b *Backend) NewKVCache(s backend.KVShape) (backend.KVCache, error) {
 		return nil, fmt.Errorf("kernels: a context of %d positions exceeds this GPU's attention kernel limit of %d",
 			s.Capacity, b.maxShare/4)
 	}
-	c := &kvCache{shape: s, n: make([]int, s.Layers)}
+	c := &kvCache{shape: s, n: make([]int, s.Layers), writes: make([][]kvWrite, s.Layers)}
 	bytes := 4 * s.Capacity * s.KVHeads * s.HeadDim
 	for range s.Layers {
 		k, err := b.alloc(bytes)
@@ -791,6 +844,11 @@ func (b *Backend) Attention(out, q, k, v backend.Buffer, cache backend.KVCache, 
 		return
 	}
 	c.n[layer] = pos0 + m
+	defer func() { // whichever launches below write the rows
+		b.qmu.Lock()
+		c.noteWrite(layer, pos0, pos0+m, b.pushed)
+		b.qmu.Unlock()
+	}()
 	visible := pos0 + m
 	if s.Window > 0 {
 		visible = min(visible, s.Window)
@@ -930,7 +988,7 @@ func (b *Backend) attnDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos
 	o.shared = uint32(4 * floats)
 	o.setParams(ptr(out), ptr(q), ptr(k), ptr(v), c.k[layer].ptr, c.v[layer].ptr, b.dyn.ptr, a.posRel,
 		s.Heads, s.KVHeads, s.Scale, s.Window, part, ticket, a.freqs, a.rhalf, a.roff, a.rscale, a.rinter, hgroups,
-		boolInt(cluster)|boolInt(b.attnAblate == 1)<<1, a.trace)
+		boolInt(cluster)|boolInt(b.attnAblate == 1)<<1, c.lateRows(layer, pos0, b.pushed), a.trace)
 	if b.attnAblate != 2 {
 		b.push(o)
 	}
@@ -974,6 +1032,7 @@ func (b *Backend) attnRow(out, q, k, v backend.Buffer, c *kvCache, pos0, blocks 
 			r.stride == s.HeadDim && r.inverse == 0 && r.posRel == a.posRel && r.off+2*r.half <= s.HeadDim {
 			a.freqs, a.rhalf, a.roff, a.rscale, a.rinter = r.freqs, r.half, r.off, r.scale, r.inter
 			q0.ops = q0.ops[:n-1]
+			b.pushed-- // never launched
 		}
 	}
 	q0.keep = append(q0.keep, c, out, q, k, v)
@@ -1049,7 +1108,7 @@ func (b *Backend) attnShortDecode(out, q, k, v backend.Buffer, c *kvCache, layer
 	}
 	o.setParams(ptr(out), ptr(q), ptr(k), ptr(v), c.k[layer].ptr, c.v[layer].ptr, b.dyn.ptr, a.posRel,
 		s.Heads, s.KVHeads, s.Scale, s.Window, kpb, a.freqs, a.rhalf, a.roff, a.rscale, a.rinter, hgroups,
-		boolInt(shares > 1)|boolInt(b.attnAblate == 1)<<1|boolInt(multicast)<<2, a.trace)
+		boolInt(shares > 1)|boolInt(b.attnAblate == 1)<<1|boolInt(multicast)<<2, c.lateRows(layer, pos0, b.pushed), a.trace)
 	if b.attnAblate != 2 {
 		b.push(o)
 	}

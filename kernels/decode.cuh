@@ -227,11 +227,14 @@ extern "C" __global__ void attn_combine(float* out, const float* part, int heads
 // the last of a block row's splits to finish (ticket[blockIdx.x], reset by it) merges
 // them: no second launch.
 //
-// The cache rows before p are read before pdl_wait: the kernels that wrote
-// them (this layer's attention in earlier steps) are complete, since every
-// kernel between them fills the GPU and waits for its predecessor. Row p
-// (the new key, rotated, and value) is written by the block whose share ends
-// at p, which also stages it into its chunk from shared memory.
+// The cache rows before p - late are read before pdl_wait: the host passes
+// as late the rows written by any of the last 128 launches (kvCache.lateRows
+// in backend.go), so the kernels that wrote the others are complete (a grid
+// completes only after its predecessor, and at most 128 grids are resident:
+// a chain of unfinished launches is shorter). The late rows are read after
+// the wait. Row p (the new key, rotated, and value) is written by the block
+// whose share ends at p, which also stages it into its chunk from shared
+// memory.
 //
 // cl != 0: the grid's splits form one thread block cluster along y (2 to 8
 // blocks), and the partials merge in block 0's shared memory instead: each
@@ -373,7 +376,7 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
                                                  float* kc, float* vc, const int* dyn, int posRel, int heads,
                                                  int kvHeads, float scale, int window, float* part, int* ticket,
                                                  const float* inv_freq, int rhalf, int roff, float rscale, int rinter,
-                                                 int hgroups, int cl, unsigned long long* tr) {
+                                                 int hgroups, int cl, int late, unsigned long long* tr) {
     constexpr int VEC = HD / WARP;  // output channels per lane
     constexpr int RS = HD + 4;      // padded row: 8 rows at one column hit distinct banks
     constexpr int NT = ATTD_WARPS * WARP;
@@ -401,21 +404,23 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
     const int len = (p - start + 1 + splits - 1) / splits;
     const int t0 = start + s * len, t1 = min(p + 1, t0 + len);
     const size_t row = (size_t)kvHeads * HD;
-    // Rows [c, c + CH) of the share, those before p, into buffer b; one commit group.
-    auto load = [&](int c, int b) {
+    // Rows [c, c + CH) of the share, those before p and in [lo, hi), into
+    // buffer b; one commit group.
+    auto load = [&](int c, int b, int lo, int hi) {
         const int rows = min(ATTD_CH, t1 - c);
         for (int i = tid; i < 2 * rows * (HD / 4); i += NT) {
             const int isv = i >= rows * (HD / 4);
             const int ii = isv ? i - rows * (HD / 4) : i;
             const int j = ii / (HD / 4), c4 = ii % (HD / 4), t = c + j;
-            if (t < t1 && t < p) {
+            if (t < t1 && t < p && t >= lo && t < hi) {
                 const float* src = (isv ? vc : kc) + (size_t)t * row + (size_t)kh * HD + 4 * c4;
                 cp_async16(smem_u32((isv ? vbuf : kbuf) + (b * ATTD_CH + j) * RS + 4 * c4), src);
             }
         }
         cp_async_commit();
     };
-    if (t0 < t1) load(t0, 0);
+    const int pw = p - late;  // rows from pw on may still be being written: read after the wait
+    if (t0 < t1) load(t0, 0, 0, pw);
     // The rotation depends on the position alone: one sincosf per pair, shared by the heads.
     for (int i = tid; i < rhalf; i += NT) {
         float sn, cs;
@@ -425,6 +430,7 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
     __syncthreads();
     pdl_wait();
     stamp(ATTD_TR_WAITED);
+    if (t0 < t1) load(t0, 0, pw, p);
     if (cl & 2) return;  // benchmarks: the launch and its wait alone, writing nothing
     for (int i = tid; i < GB * HD; i += NT) {
         const int g = i / HD, c = i % HD;
@@ -453,7 +459,7 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
     }
     int b = 0;
     for (int c = t0; c < t1; c += ATTD_CH, b ^= 1) {
-        if (c + ATTD_CH < t1) load(c + ATTD_CH, b ^ 1);
+        if (c + ATTD_CH < t1) load(c + ATTD_CH, b ^ 1, 0, p);
         else cp_async_commit();
         cp_async_wait<1>();
         if (mine && p >= c && p < c + ATTD_CH) {  // the new row from shared memory
@@ -586,9 +592,9 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
     extern "C" __global__ void __launch_bounds__(ATTD_WARPS * WARP) NAME(                                            \
         float* out, const float* q, const float* knew, const float* vnew, float* kc, float* vc, const int* dyn,      \
         int posRel, int heads, int kvHeads, float scale, int window, float* part, int* ticket, const float* inv_freq, \
-        int rhalf, int roff, float rscale, int rinter, int hgroups, int cl, unsigned long long* tr) {                 \
+        int rhalf, int roff, float rscale, int rinter, int hgroups, int cl, int late, unsigned long long* tr) {       \
         attn_decode_body<HD>(out, q, knew, vnew, kc, vc, dyn, posRel, heads, kvHeads, scale, window, part, ticket,   \
-                             inv_freq, rhalf, roff, rscale, rinter, hgroups, cl, tr);                                \
+                             inv_freq, rhalf, roff, rscale, rinter, hgroups, cl, late, tr);                          \
     }
 ATTN_DECODE(attn_decode_64, 64)
 ATTN_DECODE(attn_decode_128, 128)
@@ -601,8 +607,8 @@ ATTN_DECODE(attn_decode_128, 128)
 // the keys in S equal shares (S = 1: the block writes its heads' output;
 // 1 < S <= 8: the shares are a cluster along y and merge in block 0's
 // shared memory as attn_decode's cluster does). In a block: the rows of its
-// share before p copied before the wait, the new key (rotated) and value
-// after it; a head's WPH = 16 / GB warps score its keys, 8 lanes a key
+// share before p - late copied before the wait (late as attn_decode's), the
+// rest, the new key (rotated) and value after it; a head's WPH = 16 / GB warps score its keys, 8 lanes a key
 // and two keys a lane at a time, with q in registers (each key's row read
 // once, without bank conflicts; the loop is bound by its dependent
 // latencies, docs/PERFORMANCE.md round 34), each keeping its maximum; then
@@ -630,7 +636,7 @@ __device__ __forceinline__ void attn_short_body(float* out, const float* q, cons
                                                 float* kc, float* vc, const int* dyn, int posRel, int heads,
                                                 int kvHeads, float scale, int window, int kpb, const float* inv_freq,
                                                 int rhalf, int roff, float rscale, int rinter, int hgroups, int cl,
-                                                unsigned long long* tr) {
+                                                int late, unsigned long long* tr) {
     constexpr int VEC = HD / WARP;
     constexpr int RS = HD + 4;
     constexpr int NT = ATTS_WARPS * WARP;
@@ -661,6 +667,34 @@ __device__ __forceinline__ void attn_short_body(float* out, const float* q, cons
     const int nb = max(min(t1, p) - t0, 0);  // the share's rows before p
     const size_t row = (size_t)kvHeads * HD;
     const uint32_t bar = smem_u32(&as_bar);
+    // The share's rows j in [j0, j1) (before p), into kbuf and vbuf: with mc
+    // this block's part of them (i = r mod hgroups) multicast to the
+    // cluster's blocks, whose barriers count the bytes; else by cp.async, one
+    // commit group. Rows from p - late on may still be being written (as
+    // attn_decode's): they are copied after the wait.
+    const int nbp = min(max(p - late - t0, 0), nb);
+    auto copyRows = [&](int j0, int j1) {
+        const int n = j1 - j0;
+        if (mc) {
+            const int r = blockIdx.x % hgroups;
+            const uint16_t mask = (uint16_t)((1u << hgroups) - 1);
+            for (int i = r + hgroups * tid; i < 2 * n; i += hgroups * NT) {
+                const int isv = i >= n;
+                const int j = j0 + (isv ? i - n : i);
+                const float* src = (isv ? vc : kc) + (size_t)(t0 + j) * row + (size_t)kh * HD;
+                bulk_g2s_multicast(smem_u32((isv ? vbuf : kbuf) + j * RS), src, HD * 4, bar, mask);
+            }
+        } else {
+            for (int i = tid; i < 2 * n * (HD / 4); i += NT) {
+                const int isv = i >= n * (HD / 4);
+                const int ii = isv ? i - n * (HD / 4) : i;
+                const int j = j0 + ii / (HD / 4), c4 = ii % (HD / 4);
+                const float* src = (isv ? vc : kc) + (size_t)(t0 + j) * row + (size_t)kh * HD + 4 * c4;
+                cp_async16(smem_u32((isv ? vbuf : kbuf) + j * RS + 4 * c4), src);
+            }
+            cp_async_commit();
+        }
+    };
     if (mc) {  // every block's barrier set up before any copy lands in it
         if (tid == 0) {
             mbar_init(bar, 1);
@@ -669,24 +703,8 @@ __device__ __forceinline__ void attn_short_body(float* out, const float* q, cons
         cluster_arrive_release();
         cluster_wait_acquire();
         if (tid == 0) mbar_expect_tx(bar, 2 * nb * HD * 4);
-        const int r = blockIdx.x % hgroups;
-        const uint16_t mask = (uint16_t)((1u << hgroups) - 1);
-        for (int i = r + hgroups * tid; i < 2 * nb; i += hgroups * NT) {  // this block's part: rows r mod hgroups
-            const int isv = i >= nb;
-            const int j = isv ? i - nb : i;
-            const float* src = (isv ? vc : kc) + (size_t)(t0 + j) * row + (size_t)kh * HD;
-            bulk_g2s_multicast(smem_u32((isv ? vbuf : kbuf) + j * RS), src, HD * 4, bar, mask);
-        }
-    } else {
-        for (int i = tid; i < 2 * nb * (HD / 4); i += NT) {
-            const int isv = i >= nb * (HD / 4);
-            const int ii = isv ? i - nb * (HD / 4) : i;
-            const int j = ii / (HD / 4), c4 = ii % (HD / 4);
-            const float* src = (isv ? vc : kc) + (size_t)(t0 + j) * row + (size_t)kh * HD + 4 * c4;
-            cp_async16(smem_u32((isv ? vbuf : kbuf) + j * RS + 4 * c4), src);
-        }
-        cp_async_commit();
     }
+    copyRows(0, nbp);
     for (int i = tid; i < rhalf; i += NT) {
         float sn, cs;
         sincosf((float)p * inv_freq[i], &sn, &cs);
@@ -701,6 +719,7 @@ __device__ __forceinline__ void attn_short_body(float* out, const float* q, cons
     __syncthreads();
     pdl_wait();
     stamp(ATTD_TR_WAITED);
+    if (nbp < nb) copyRows(nbp, nb);
     if (cl & 2) {  // benchmarks: the launch and its wait alone, writing nothing
         if (mc) mbar_wait(bar, 0);  // no block leaves while copies into it are under way
         return;
@@ -839,9 +858,9 @@ __device__ __forceinline__ void attn_short_body(float* out, const float* q, cons
     extern "C" __global__ void __launch_bounds__(ATTS_WARPS * WARP) NAME(                                        \
         float* out, const float* q, const float* knew, const float* vnew, float* kc, float* vc, const int* dyn,  \
         int posRel, int heads, int kvHeads, float scale, int window, int kpb, const float* inv_freq, int rhalf,   \
-        int roff, float rscale, int rinter, int hgroups, int cl, unsigned long long* tr) {                        \
+        int roff, float rscale, int rinter, int hgroups, int cl, int late, unsigned long long* tr) {              \
         attn_short_body<HD>(out, q, knew, vnew, kc, vc, dyn, posRel, heads, kvHeads, scale, window, kpb,         \
-                            inv_freq, rhalf, roff, rscale, rinter, hgroups, cl, tr);                              \
+                            inv_freq, rhalf, roff, rscale, rinter, hgroups, cl, late, tr);                        \
     }
 ATTN_SHORT(attn_short_64, 64)
 ATTN_SHORT(attn_short_128, 128)

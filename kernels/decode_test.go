@@ -429,6 +429,79 @@ func TestAttnDecode(t *testing.T) {
 	}
 }
 
+// TestAttnBackToBack queues one-row attentions for consecutive positions
+// with nothing between them, so that each launch's blocks may start while
+// the one before (which writes the row they read) still runs: the rows its
+// last residentGrids launches wrote are read after the wait (lateRows), and
+// every position's output matches the CPU's at TestAttnDecode's tolerance.
+// Before that rule, a launch could read the row before its own stale (seen
+// as TestAttnTrace's untraced output off by 2.4%, once in six runs).
+func TestAttnBackToBack(t *testing.T) {
+	g, c := newGPU(t), cpu.New(0)
+	defer func(sh bool) { g.attnShort = sh }(g.attnShort)
+	rng := rand.New(rand.NewPCG(37, 38))
+	const T = 160
+	for _, short := range []bool{true, false} {
+		g.attnShort = short
+		for _, tc := range []struct{ heads, kv, hd int }{{32, 8, 128}, {8, 2, 64}} {
+			s := layers.AttentionShape{Heads: tc.heads, KVHeads: tc.kv, HeadDim: tc.hd, Scale: float32(1 / math.Sqrt(float64(tc.hd)))}
+			shape := backend.KVShape{Layers: 1, KVHeads: tc.kv, HeadDim: tc.hd, Capacity: T}
+			cc, _ := c.NewKVCache(shape)
+			gc, err := g.NewKVCache(shape)
+			if err != nil {
+				t.Fatal(err)
+			}
+			qr, kr := tc.heads*tc.hd, tc.kv*tc.hd
+			q, k, v := randn(rng, T*qr), randn(rng, T*kr), randn(rng, T*kr)
+			var qs, ks, vs, outs []backend.Buffer // uploaded before the first launch: nothing between the launches
+			for p := range T {
+				qs = append(qs, toGPU(g, q[p*qr:(p+1)*qr]))
+				ks = append(ks, toGPU(g, k[p*kr:(p+1)*kr]))
+				vs = append(vs, toGPU(g, v[p*kr:(p+1)*kr]))
+				outs = append(outs, g.NewBuffer(qr))
+			}
+			for p := range T {
+				g.Attention(outs[p], qs[p], ks[p], vs[p], gc, 0, p, 1, s)
+			}
+			for p := range T {
+				want := make(cpu.Buffer, qr)
+				c.Attention(want, cpu.Buffer(q[p*qr:(p+1)*qr]), cpu.Buffer(k[p*kr:(p+1)*kr]), cpu.Buffer(v[p*kr:(p+1)*kr]), cc, 0, p, 1, s)
+				if e := relErr(fromGPU(t, g, outs[p]), want); e > 1e-5 {
+					t.Errorf("short=%v %+v position %d: relative error %.3g", short, tc, p, e)
+				}
+			}
+		}
+	}
+}
+
+// TestLateRows: which rows before p a one-row attention reads after its
+// wait, from the launches that wrote them. Needs no GPU.
+func TestLateRows(t *testing.T) {
+	c := &kvCache{writes: make([][]kvWrite, 1)}
+	c.noteWrite(0, 0, 100, 1)   // a prompt of 100 rows, launch 1
+	c.noteWrite(0, 100, 101, 2) // a decode step, launch 2
+	for _, tc := range []struct {
+		p    int
+		now  uint64
+		want int
+	}{
+		{101, 2, lateAll},             // the prompt's launch is recent: every row
+		{101, residentGrids, lateAll}, // 127 launches after it: still
+		{101, residentGrids + 1, 1},   // the prompt's writer has completed; the step's row not yet
+		{101, residentGrids + 2, 0},   // both complete
+		{50, 3, lateAll},              // rows below p only: all of them
+		{0, 3, 0},                     // no rows before p
+	} {
+		if got := c.lateRows(0, tc.p, tc.now); got != tc.want {
+			t.Errorf("lateRows(p %d, now %d) = %d, want %d", tc.p, tc.now, got, tc.want)
+		}
+	}
+	c.noteWrite(0, 101, 102, 2*residentGrids) // forgets the writes residentGrids back
+	if len(c.writes[0]) != 1 {
+		t.Errorf("%d writes kept, want 1: %+v", len(c.writes[0]), c.writes[0])
+	}
+}
+
 // TestAttnDecodeRoPE: a RoPE of q and k queued just before a one-row
 // attention runs inside attn_decode; against the CPU's RoPE then attention
 // (half and interleaved pairs, every channel rotated or the first half

@@ -153,6 +153,7 @@ func (b *Backend) push(o op) {
 		q.graph = b.graphs == GraphsOn || b.graphs == GraphsAuto && b.streamBusy()
 	}
 	q.ops = append(q.ops, o)
+	b.pushed++
 	if q.graph && b.graphs == GraphsAuto && len(q.ops)%autoRecheck == 0 && !b.streamBusy() {
 		q.graph = false // the device ran dry while the queue was held: launch it as it is built
 	}

@@ -26,6 +26,11 @@
 //   9  as 2, the left shifts as multiplies by constants hidden from the
 //      compiler (IMAD on the multiply pipe instead of SHF or LOP3)
 //   10 as 9, and the right shift as the high word of a product (IMAD.HI)
+//   11 DEC 2 as committed in round 36: signs masked once, each byte form one
+//      LOP3 select, the left shifts as hidden multiplies (8 ALU ops a word)
+//   12 DEC 1 in the same form (E4M3 bytes in 4 ALU ops and 2 IMAD, then 4 cvt)
+//   13 11 for the rows g, 12 for the rows g+8 (timing only: their scales differ by 2^8)
+//   14 as 13, but word 3 of the rows g+8 through 11 (3/8 of the words through cvt)
 // warps=16: DEC 2 with 16 warps a block, one group a warp and stage (round 29).
 // HALF: every other mma replaced by an XOR of its operands (the tensor pipe's
 // share of the time). It prints, per variant, the time per stage of a block
@@ -71,9 +76,9 @@ __device__ __forceinline__ void e2m1x8_to_u8(uint32_t u, uint32_t& lo, uint32_t&
 }
 
 // k: constants the compiler cannot see (so that multiplies by powers of two
-// stay multiplies): k[0] = 2^29, k[1] = 2, k[2] = 14, k[3] = 256, k[4] = -256, k[5] = 16.
+// stay multiplies): k[0] = 2^29, k[1] = 2, k[2] = 14, k[3] = 256, k[4] = -256, k[5] = 16, k[6] = 4.
 template <int DEC>
-__device__ __forceinline__ void decode(uint32_t u, uint32_t h[4], const uint32_t k[6]) {
+__device__ __forceinline__ void decode(uint32_t u, uint32_t h[4], const uint32_t k[7]) {
     if (DEC == 0) {
         h[0] = u, h[1] = u ^ 0x1111u, h[2] = u ^ 0x2222u, h[3] = u ^ 0x4444u;
     } else if (DEC == 1) {
@@ -85,6 +90,21 @@ __device__ __forceinline__ void decode(uint32_t u, uint32_t h[4], const uint32_t
         const uint32_t fhi = ((u >> 3) & 0x0E0E0E0Eu) | (u & 0x80808080u);
         h[0] = __byte_perm(flo, 0, 0x1404), h[1] = __byte_perm(flo, 0, 0x3424);
         h[2] = __byte_perm(fhi, 0, 0x1404), h[3] = __byte_perm(fhi, 0, 0x3424);
+    } else if (DEC == 11 || DEC == 12) {
+        // c ? b : a (LUT 0xD8): the signs (t, zero outside the sign bits and
+        // the bits taken from b) or the magnitudes, one select a byte form.
+        const uint32_t t = u & 0x88888888u;
+        uint32_t lo, hi;
+        if (DEC == 11) {
+            asm("lop3.b32 %0, %1, %2, 0x0E0E0E0E, 0xD8;\n" : "=r"(lo) : "r"(t * k[5]), "r"(u * k[1]));
+            asm("lop3.b32 %0, %1, %2, 0x0E0E0E0E, 0xD8;\n" : "=r"(hi) : "r"(t), "r"(u >> 3));
+            h[0] = __byte_perm(lo, 0, 0x1404), h[1] = __byte_perm(lo, 0, 0x3424);
+            h[2] = __byte_perm(hi, 0, 0x1404), h[3] = __byte_perm(hi, 0, 0x3424);
+        } else {
+            asm("lop3.b32 %0, %1, %2, 0x1C1C1C1C, 0xD8;\n" : "=r"(lo) : "r"(t * k[5]), "r"(u * k[6]));
+            asm("lop3.b32 %0, %1, %2, 0x1C1C1C1C, 0xD8;\n" : "=r"(hi) : "r"(t), "r"(u >> 2));
+            h[0] = cvt_lo(lo), h[1] = cvt_hi(lo), h[2] = cvt_lo(hi), h[3] = cvt_hi(hi);
+        }
     } else if (DEC == 9 || DEC == 10) {
         // DEC 2 with its left shifts as multiplies by constants the compiler
         // cannot see (IMAD, the multiply pipe, instead of SHF or LOP3 on the
@@ -126,7 +146,8 @@ __global__ void __launch_bounds__(WARPS * 32, 2) consume(const uint4* __restrict
     for (int i = threadIdx.x; i < 256; i += blockDim.x) xs[i] = src[2048 + i];
     if (threadIdx.x < 2) xs[256 + threadIdx.x] = make_uint4(0, 0, 0, 0);
     __syncthreads();
-    const uint32_t k[6] = {0x20000000u | opaque, 2u | opaque, 14u | opaque, 256u | opaque, 0xFFFFFF00u | opaque, 16u | opaque};
+    const uint32_t k[7] = {0x20000000u | opaque, 2u | opaque,  14u | opaque, 256u | opaque,
+                           0xFFFFFF00u | opaque, 16u | opaque, 4u | opaque};
     const uint32_t tb[4] = {0x0F0E0D0Cu | opaque, 0x18141210u | opaque, 0x090A0B0Cu | opaque, 0x00040608u | opaque};
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane >> 2, t = lane & 3;
     const unsigned char* st = reinterpret_cast<const unsigned char*>(w);
@@ -173,7 +194,11 @@ __global__ void __launch_bounds__(WARPS * 32, 2) consume(const uint4* __restrict
                 // f of the words through DEC 1 (cvt) and the rest through DEC 2:
                 // 6 the rows g+8 (f = 1/2), 7 those and word 3 of rows g (5/8),
                 // 8 words 0-2 of rows g+8 (3/8).
-                if (DEC == 6 || DEC == 7 || DEC == 8) {
+                if (DEC == 13 || DEC == 14) {
+                    decode<11>(wva[q], ha, k);
+                    if (DEC == 14 && q == 3) decode<11>(wvb[q], hb, k);
+                    else decode<12>(wvb[q], hb, k);
+                } else if (DEC == 6 || DEC == 7 || DEC == 8) {
                     if (DEC == 7 && q == 3) decode<1>(wva[q], ha, k);
                     else decode<2>(wva[q], ha, k);
                     if (DEC == 8 && q == 3) decode<2>(wvb[q], hb, k);
@@ -243,6 +268,10 @@ int main() {
         run<8>(src, out, grid);
         run<9>(src, out, grid);
         run<10>(src, out, grid);
+        run<11>(src, out, grid);
+        run<12>(src, out, grid);
+        run<13>(src, out, grid);
+        run<14>(src, out, grid);
         run<2, 0, 16>(src, out, grid);
         run<0, 0, 16>(src, out, grid);
         run<0, 1>(src, out, grid);
