@@ -32,7 +32,10 @@
 //   13 11 for the rows g, 12 for the rows g+8 (timing only: their scales differ by 2^8)
 //   14 as 13, but word 3 of the rows g+8 through 11 (3/8 of the words through cvt)
 // warps=16: DEC 2 with 16 warps a block, one group a warp and stage (round 29).
-// HALF: every other mma replaced by an XOR of its operands (the tensor pipe's
+// HALF 2: every mma kept, the odd words' into a second pair of accumulators
+// (two dependent chains of two mma a group instead of one of four), summed
+// after the group (round 36).
+// HALF 1: every other mma replaced by an XOR of its operands (the tensor pipe's
 // share of the time). It prints, per variant, the time per stage of a block
 // and the weight bytes consumed per second over the whole GPU. Round 28 of
 // docs/PERFORMANCE.md reads it against the committed kernel's SASS.
@@ -173,6 +176,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2) consume(const uint4* __restrict
             const uint4 xv[4] = {p0[0], p0[1], p1[0], p1[1]};
             const uint32_t wva[4] = {wa.x, wa.y, wa.z, wa.w}, wvb[4] = {wb.x, wb.y, wb.z, wb.w};
             float da[4] = {0.f, 0.f, 0.f, 0.f}, db[4] = {0.f, 0.f, 0.f, 0.f};
+            float dc[4] = {0.f, 0.f, 0.f, 0.f}, dd[4] = {0.f, 0.f, 0.f, 0.f};  // HALF 2
             if (DEC == 5) {
                 // Weights as biased u8, x as two s8 terms (hi, lo) a word of B each.
                 int dh[4] = {0, 0, 0, 0}, dl[4] = {0, 0, 0, 0};
@@ -208,9 +212,18 @@ __global__ void __launch_bounds__(WARPS * 32, 2) consume(const uint4* __restrict
                     decode<DEC>(wvb[q], hb, k);
                 }
                 const uint32_t ae[4] = {ha[0], hb[0], ha[1], hb[1]}, ao[4] = {ha[2], hb[2], ha[3], hb[3]};
+                if (HALF == 2 && (q & 1)) {
+                    mma(dc, ae, xv[q].x, xv[q].y);
+                    mma(dd, ao, xv[q].z, xv[q].w);
+                    continue;
+                }
                 mma(da, ae, xv[q].x, xv[q].y);
-                if (!HALF) mma(db, ao, xv[q].z, xv[q].w);
+                if (HALF != 1) mma(db, ao, xv[q].z, xv[q].w);
                 else db[q] += __uint_as_float(ao[0] ^ ao[1] ^ ao[2] ^ ao[3]);  // HALF: one mma a word pair
+            }
+            if (HALF == 2) {
+#pragma unroll
+                for (int j = 0; j < 4; j++) da[j] += dc[j], db[j] += dd[j];
             }
             const uint32_t hsa = cvt_lo(sa), hsb = cvt_lo(sb);
             const float2 fa = __half22float2(*reinterpret_cast<const __half2*>(&hsa));
@@ -276,6 +289,9 @@ int main() {
         run<0, 0, 16>(src, out, grid);
         run<0, 1>(src, out, grid);
         run<2, 1>(src, out, grid);
+        run<11, 2>(src, out, grid);
+        run<0, 2>(src, out, grid);
+        run<11, 1>(src, out, grid);
     }
     return 0;
 }
