@@ -742,11 +742,11 @@ type kvCache struct {
 	writes [][]kvWrite // a layer's row writes among the last residentGrids launches queued (lateRows)
 }
 
-// kvWrite: rows [lo, hi) of a layer's cache are written by the launch
+// kvWrite: rows from lo on of a layer's cache are written by the launch
 // numbered seq (Backend.pushed after it was queued).
 type kvWrite struct {
-	lo, hi int
-	seq    uint64
+	lo  int
+	seq uint64
 }
 
 // residentGrids is how many grids a device holds at once at most (CUDA's
@@ -758,16 +758,16 @@ type kvWrite struct {
 // older has completed.
 const residentGrids = 128
 
-// noteWrite records that the launch queued last (seq) writes rows [lo, hi)
+// noteWrite records that the launch queued last (seq) writes rows from lo on
 // of layer, forgetting writes that no launch queued from now on can overlap.
-func (c *kvCache) noteWrite(layer, lo, hi int, seq uint64) {
+func (c *kvCache) noteWrite(layer, lo int, seq uint64) {
 	w := c.writes[layer][:0]
 	for _, x := range c.writes[layer] {
 		if seq-x.seq < residentGrids {
 			w = append(w, x)
 		}
 	}
-	c.writes[layer] = append(w, kvWrite{lo, hi, seq})
+	c.writes[layer] = append(w, kvWrite{lo, seq})
 }
 
 // lateRows is how many of the rows before p the one-row attention about to
@@ -846,7 +846,7 @@ func (b *Backend) Attention(out, q, k, v backend.Buffer, cache backend.KVCache, 
 	c.n[layer] = pos0 + m
 	defer func() { // whichever launches below write the rows
 		b.qmu.Lock()
-		c.noteWrite(layer, pos0, pos0+m, b.pushed)
+		c.noteWrite(layer, pos0, b.pushed)
 		b.qmu.Unlock()
 	}()
 	visible := pos0 + m

@@ -478,8 +478,8 @@ func TestAttnBackToBack(t *testing.T) {
 // wait, from the launches that wrote them. Needs no GPU.
 func TestLateRows(t *testing.T) {
 	c := &kvCache{writes: make([][]kvWrite, 1)}
-	c.noteWrite(0, 0, 100, 1)   // a prompt of 100 rows, launch 1
-	c.noteWrite(0, 100, 101, 2) // a decode step, launch 2
+	c.noteWrite(0, 0, 1)   // a prompt of 100 rows, launch 1
+	c.noteWrite(0, 100, 2) // a decode step, launch 2
 	for _, tc := range []struct {
 		p    int
 		now  uint64
@@ -496,7 +496,7 @@ func TestLateRows(t *testing.T) {
 			t.Errorf("lateRows(p %d, now %d) = %d, want %d", tc.p, tc.now, got, tc.want)
 		}
 	}
-	c.noteWrite(0, 101, 102, 2*residentGrids) // forgets the writes residentGrids back
+	c.noteWrite(0, 101, 2*residentGrids) // forgets the writes residentGrids back
 	if len(c.writes[0]) != 1 {
 		t.Errorf("%d writes kept, want 1: %+v", len(c.writes[0]), c.writes[0])
 	}
