@@ -820,10 +820,10 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a, const Ten
     if (TRACE && tr && tid == 0) tr[TMA_TR_STAGED] = gtime();
 
     const int g = lane >> 2, t = lane & 3;
-    // The consumer loop is bound by integer throughput (the decode's 8 ALU
-    // operations a word, docs/PERFORMANCE.md rounds 28 and 36), so a stage's
-    // addressing is a few adds: every shared load is one register plus a
-    // constant. The B operand's sources: block 2t of the group (words 0, 1)
+    // The consumer loop is bound by the instructions it issues (about one a
+    // clock a scheduler; the decode's 10 a word are 160 of a stage's 243,
+    // docs/PERFORMANCE.md rounds 36 and 37), so a stage's addressing is a few
+    // adds: every shared load is one register plus a constant. The B operand's sources: block 2t of the group (words 0, 1)
     // is real for column g == 2t, block 2t+1 (words 2, 3) for g == 2t+1;
     // others read zeros, at a stride of 0 a stage.
     const uint32_t xs_u = smem_u32(xs), zero_u = smem_u32(zero);
@@ -857,7 +857,10 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a, const Ten
             mbar_wait(fb, phase);
             if (TRACE && tr && tid == 0 && trs < 24) tr[TMA_TR_FULL + trs] = gtime();
             if (TRACE) trs++;
-            uint4 wa[GP], wb[GP], xv[GP][4];
+            // The slot's weights and scales are read before its release; x (not
+            // in the ring) group by group after it, so that fewer registers are
+            // live across the release.
+            uint4 wa[GP], wb[GP];
             uint32_t sa[GP], sb[GP];
             const uint32_t w0 = st + wo, s0 = st + so0, s1 = st + so1;
 #pragma unroll
@@ -866,9 +869,8 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a, const Ten
                 wb[gq] = lds128(w0 + gq * WG + W8);
                 sa[gq] = lds16(gq ? s1 : s0);
                 sb[gq] = lds16((gq ? s1 : s0) + S8);
-                xv[gq][0] = lds128(xa0 + gq * XG), xv[gq][1] = lds128(xa0 + gq * XG + 16);
-                xv[gq][2] = lds128(xa1 + gq * XG), xv[gq][3] = lds128(xa1 + gq * XG + 16);
             }
+            const uint32_t xg0 = xa0, xg1 = xa1;
             xa0 += xstep0, xa1 += xstep1;
             __syncwarp();
             if (lane == 0) mbar_arrive(fb + eb);  // every shared read of the slot is done
@@ -877,13 +879,16 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a, const Ten
             if (noDec) {
 #pragma unroll
                 for (int gq = 0; gq < GP; gq++)
-                    acc[0] += __uint_as_float((wa[gq].x ^ wb[gq].w ^ sa[gq] ^ xv[gq][1].y) & 0x3f800001u);
+                    acc[0] += __uint_as_float((wa[gq].x ^ wb[gq].w ^ sa[gq] ^ lds128(xg0 + gq * XG + 16).y) & 0x3f800001u);
                 continue;
             }
 #pragma unroll
             for (int gq = 0; gq < GP; gq++) {
                 const uint32_t wva[4] = {wa[gq].x, wa[gq].y, wa[gq].z, wa[gq].w}, wvb[4] = {wb[gq].x, wb[gq].y, wb[gq].z, wb[gq].w};
-                float da[4], db[4];
+                const uint4 xv[4] = {lds128(xg0 + gq * XG), lds128(xg0 + gq * XG + 16), lds128(xg1 + gq * XG), lds128(xg1 + gq * XG + 16)};
+                // One accumulator chain a group (8 mma): the consumers are bound by
+                // the instructions they issue, and a second chain cost 4 FADD.
+                float da[4];
 #pragma unroll
                 for (int w = 0; w < 4; w++) {
                     uint32_t ha[4], hb[4];
@@ -891,21 +896,17 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a, const Ten
                     fp4x8_decode<TMA_DEC>(wvb[w], hb);
                     const uint32_t ae[4] = {ha[0], hb[0], ha[1], hb[1]};
                     const uint32_t ao[4] = {ha[2], hb[2], ha[3], hb[3]};
-                    if (w == 0) {
-                        mma16816_z(da, ae, xv[gq][w].x, xv[gq][w].y);
-                        mma16816_z(db, ao, xv[gq][w].z, xv[gq][w].w);
-                    } else {
-                        mma16816(da, ae, xv[gq][w].x, xv[gq][w].y);
-                        mma16816(db, ao, xv[gq][w].z, xv[gq][w].w);
-                    }
+                    if (w == 0) mma16816_z(da, ae, xv[w].x, xv[w].y);
+                    else mma16816(da, ae, xv[w].x, xv[w].y);
+                    mma16816(da, ao, xv[w].z, xv[w].w);
                 }
                 const uint32_t hsa = e4m3x2_lo(sa[gq]), hsb = e4m3x2_lo(sb[gq]);
                 const float2 fa = __half22float2(*reinterpret_cast<const __half2*>(&hsa));
                 const float2 fb2 = __half22float2(*reinterpret_cast<const __half2*>(&hsb));
-                acc[0] = fmaf(da[0] + db[0], fa.x, acc[0]);
-                acc[1] = fmaf(da[1] + db[1], fa.y, acc[1]);
-                acc[2] = fmaf(da[2] + db[2], fb2.x, acc[2]);
-                acc[3] = fmaf(da[3] + db[3], fb2.y, acc[3]);
+                acc[0] = fmaf(da[0], fa.x, acc[0]);
+                acc[1] = fmaf(da[1], fa.y, acc[1]);
+                acc[2] = fmaf(da[2], fb2.x, acc[2]);
+                acc[3] = fmaf(da[3], fb2.y, acc[3]);
             }
         }
         // Rows g and g+8 of this warp's groups, summed over t, then over the warps.
