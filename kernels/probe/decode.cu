@@ -41,7 +41,10 @@
 // docs/PERFORMANCE.md reads it against the committed kernel's SASS.
 #include <cstdint>
 #include <cstdio>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <vector>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include "probe.cuh"
@@ -237,6 +240,175 @@ __global__ void __launch_bounds__(WARPS * 32, 2) consume(const uint4* __restrict
     out[blockIdx.x * blockDim.x + threadIdx.x] = acc[0] + acc[1] + acc[2] + acc[3];
 }
 
+// WG: the consumer on wgmma (sm_90a) instead of mma.sync. A warpgroup's four
+// warps each take one 256-element K-group of the stage's 16 rows (warp w:
+// group w, as the tile's warps split K); a wgmma m64n8k16 takes A from
+// registers (each warp's 16 rows: 4 elements of rows g and g+8 a lane, the
+// fragment of mma.m16n8k16) and B from shared memory: column n is K-group n's
+// activations (fp16), so a warp's sums are column `warp` of its rows (the
+// other seven columns are cross terms, not read). B holds every activation
+// once (2 bytes an element, 256 bytes an instruction: two core matrices of 8
+// columns x 8 elements), laid out in the order the decoded pairs reach the
+// fragment. The block scales are folded into the weights (E4M3 bytes x 2^-6
+// converted to fp16 and multiplied by the scale in fp16: exact, at most 6
+// significant bits in [2^-16, 42]), so the accumulators run over the whole
+// stage with no epilogue a block; the 16 wgmma a warp and stage are issued
+// together and waited for before the next stage's decode.
+//   WGV 0: as described (4 ALU ops, 2 IMAD, 4 cvt, 4 HMUL2 a word)
+//   WGV 1: no decode: the words go to the wgmma as they are (a floor)
+//   WGV 2: the decode and scaling, but no wgmma (the words' XOR summed)
+//   WGV 3: as 0, the wait for a stage's wgmma after the next stage's loads
+__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
+    uint32_t r;
+    asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ void wgmma_m64n8k16(float d[4], const uint32_t a[4], uint64_t desc) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, 1, 1, 1, 0;\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+template <int WGV>
+__global__ void __launch_bounds__(256, 2) consume_wg(const uint4* __restrict__ src, float* out, uint32_t opaque, int iters) {
+    __shared__ __align__(128) uint4 w[19712 / 16];
+    __shared__ __align__(128) uint4 xb[256];  // B: 16 instructions x 256 bytes
+    for (int i = threadIdx.x; i < 19712 / 16; i += blockDim.x) w[i] = src[i];
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) xb[i] = src[2048 + i];
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    const uint32_t k[7] = {0x20000000u | opaque, 2u | opaque,  14u | opaque, 256u | opaque,
+                           0xFFFFFF00u | opaque, 16u | opaque, 4u | opaque};
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane >> 2, t = lane & 3;
+    const unsigned char* st = reinterpret_cast<const unsigned char*>(w);
+    // No swizzle; the K-direction core-matrix stride (128 bytes) in both offset
+    // fields (N = 8 has one 8-column group, so the other is not used).
+    const uint32_t xa = (uint32_t)__cvta_generic_to_shared(xb);
+    const uint64_t desc0 = (uint64_t)((xa & 0x3FFFF) >> 4) | ((uint64_t)(128 >> 4) << 16) | ((uint64_t)(128 >> 4) << 32);
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int it = 0; it < iters; it++) {
+        const int wf = warp ^ (it & 1);  // keeps the shared loads inside the loop
+        const int wo = g * 1088 + wf * 128 + t * 32;
+        const uint4 wa0 = *reinterpret_cast<const uint4*>(st + wo), wa1 = *reinterpret_cast<const uint4*>(st + wo + 16);
+        const uint4 wb0 = *reinterpret_cast<const uint4*>(st + wo + 8 * 1088), wb1 = *reinterpret_cast<const uint4*>(st + wo + 8 * 1088 + 16);
+        const int so = 17408 + g * 144 + wf * 16 + 4 * t;
+        const uint32_t sa = *reinterpret_cast<const uint32_t*>(st + so), sb = *reinterpret_cast<const uint32_t*>(st + so + 8 * 144);
+        const uint32_t wva[8] = {wa0.x, wa0.y, wa0.z, wa0.w, wa1.x, wa1.y, wa1.z, wa1.w};
+        const uint32_t wvb[8] = {wb0.x, wb0.y, wb0.z, wb0.w, wb1.x, wb1.y, wb1.z, wb1.w};
+        if (WGV == 3) asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");  // the previous stage's, after this one's loads
+        // fp16x2 scales of rows g, g+8: blocks (0, 1) and (2, 3) of the lane's four.
+        const uint32_t sa01 = cvt_lo(sa), sa23 = cvt_hi(sa), sb01 = cvt_lo(sb), sb23 = cvt_hi(sb);
+        uint32_t A[16][4];
+#pragma unroll
+        for (int q = 0; q < 8; q++) {
+            const uint32_t s2a = q < 4 ? sa01 : sa23, s2b = q < 4 ? sb01 : sb23;
+            const uint32_t sg = __byte_perm(s2a, 0, (q & 2) ? 0x3232 : 0x1010);
+            const uint32_t s8 = __byte_perm(s2b, 0, (q & 2) ? 0x3232 : 0x1010);
+            uint32_t ha[4], hb[4];
+            if (WGV == 1) {
+                ha[0] = wva[q], ha[1] = wva[q] ^ 0x1111u, ha[2] = wva[q] ^ 0x2222u, ha[3] = wva[q] ^ 0x4444u;
+                hb[0] = wvb[q], hb[1] = wvb[q] ^ 0x1111u, hb[2] = wvb[q] ^ 0x2222u, hb[3] = wvb[q] ^ 0x4444u;
+            } else {
+                decode<12>(wva[q], ha, k);
+                decode<12>(wvb[q], hb, k);
+#pragma unroll
+                for (int j = 0; j < 4; j++) ha[j] = hmul2(ha[j], sg), hb[j] = hmul2(hb[j], s8);
+            }
+            A[2 * q][0] = ha[0], A[2 * q][1] = hb[0], A[2 * q][2] = ha[1], A[2 * q][3] = hb[1];
+            A[2 * q + 1][0] = ha[2], A[2 * q + 1][1] = hb[2], A[2 * q + 1][2] = ha[3], A[2 * q + 1][3] = hb[3];
+        }
+        if (WGV == 2) {
+#pragma unroll
+            for (int i = 0; i < 16; i++) d[i & 3] += __uint_as_float((A[i][0] ^ A[i][1] ^ A[i][2] ^ A[i][3]) & 0x3f800001u);
+            continue;
+        }
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int i = 0; i < 16; i++) wgmma_m64n8k16(d, A[i], desc0 + 16 * i);  // + 256 bytes an instruction
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        if (WGV != 3) asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    float* o = out + (blockIdx.x * blockDim.x + threadIdx.x) * 4;
+    o[0] = d[0], o[1] = d[1], o[2] = d[2], o[3] = d[3];
+}
+
+// The check of WGV 0 against the host: one stage, each warp's column of its
+// rows against sum over its K-group of E2M1 x scale x x (the B tiles built
+// here from x as the kernel's fragments order it).
+static float e2m1(int c) {
+    const float m[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+    return (c & 8) ? -m[c & 7] : m[c & 7];
+}
+static float e4m3(int b) {
+    const int e = (b >> 3) & 15, m = b & 7;
+    const float v = e ? ldexpf(1.f + m / 8.f, e - 7) : ldexpf(m / 8.f, -6);
+    return (b & 0x80) ? -v : v;
+}
+static float h2f(uint16_t h) {
+    const int e = (h >> 10) & 31, m = h & 1023;
+    const float v = e ? ldexpf(1.f + m / 1024.f, e - 15) : ldexpf(m / 1024.f, -14);
+    return (h & 0x8000) ? -v : v;
+}
+template <int WGV>
+void run_wg(uint4* src, float* out, int grid, bool check) {
+    if (check) {
+        std::vector<unsigned char> host(4096 * 16);
+        uint32_t seed = 12345;
+        auto rnd = [&] { seed = seed * 1664525u + 1013904223u; return seed >> 8; };
+        for (int i = 0; i < 19712; i++) host[i] = rnd() & 0xFF;
+        for (int r = 0; r < 16; r++)
+            for (int j = 0; j < 128; j++) host[17408 + r * 144 + j] = 0x18 + rnd() % 0x40;  // scales 2^-4 .. 2^4
+        std::vector<uint16_t> x(2048);
+        for (int e = 0; e < 2048; e++) x[e] = (uint16_t)(0x3000 + rnd() % 0x0C00) | ((rnd() & 1) << 15);
+        // B: instruction i = 2q + p, logical l, column n -> element 64t + 8q + p + 2j (+4 for l >= 8) of group n.
+        uint16_t* B = reinterpret_cast<uint16_t*>(host.data() + 2048 * 16);
+        for (int i = 0; i < 16; i++)
+            for (int n = 0; n < 8; n++)
+                for (int l = 0; l < 16; l++) {
+                    const int q = i / 2, p = i % 2, c = l / 8, tt = (l % 8) / 2, j = l % 2;
+                    const int e = 64 * tt + 8 * q + p + 2 * j + 4 * c;
+                    B[(256 * i + 128 * c + 16 * n + 2 * (l % 8)) / 2] = x[256 * n + e];
+                }
+        CK(cudaMemcpy(src, host.data(), host.size(), cudaMemcpyHostToDevice));
+        consume_wg<WGV><<<1, 256>>>(src, out, 0, 1);
+        CK(cudaDeviceSynchronize());
+        std::vector<float> o(256 * 4);
+        CK(cudaMemcpy(o.data(), out, o.size() * 4, cudaMemcpyDeviceToHost));
+        double worst = 0;
+        for (int wq = 0; wq < 8; wq++)
+            for (int r = 0; r < 16; r++) {
+                double ref = 0, mag = 0;
+                for (int e = 0; e < 256; e++) {
+                    const int el = 256 * wq + e, byte = host[r * 1088 + el / 2];
+                    const double v = e2m1((el & 1) ? byte >> 4 : byte & 15) * e4m3(host[17408 + r * 144 + el / 16]) * h2f(x[el]);
+                    ref += v, mag += fabs(v);
+                }
+                const int lane = 4 * (r & 7) + wq / 2, th = 32 * wq + lane;
+                const double got = 64.0 * o[4 * th + (r >= 8 ? 2 : 0) + (wq & 1)];
+                worst = fmax(worst, fabs(got - ref) / mag);
+            }
+        printf("RESULT wgmma_check wgv=%d worst_rel_to_abs_sum=%.3g %s\n", WGV, worst, worst < 1e-5 ? "ok" : "FAIL");
+        return;
+    }
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    consume_wg<WGV><<<grid, 256>>>(src, out, 0, ITERS);
+    CK(cudaDeviceSynchronize());
+    float best = 1e30f;
+    for (int r = 0; r < 5; r++) {
+        CK(cudaEventRecord(a));
+        consume_wg<WGV><<<grid, 256>>>(src, out, 0, ITERS);
+        CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        best = ms < best ? ms : best;
+    }
+    const double stage_us = best * 1e3 / ITERS, bytes = (double)grid * ITERS * 16384;
+    printf("RESULT decode_probe wgmma wgv=%d stage_us=%.3f consumed_GBps=%.0f\n", WGV, stage_us, bytes / (best * 1e-3) / 1e9);
+}
+
 template <int DEC, int HALF = 0, int WARPS = 8>
 void run(const uint4* src, float* out, int grid) {
     cudaEvent_t a, b;
@@ -258,17 +430,33 @@ void run(const uint4* src, float* out, int grid) {
     printf("RESULT decode_probe dec=%d half_mma=%d warps=%d stage_us=%.3f consumed_GBps=%.0f\n", DEC, HALF, WARPS, stage_us, bytes / (best * 1e-3) / 1e9);
 }
 
-int main() {
+int main(int argc, char** argv) {
     int sms;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     uint4* src;
     float* out;
     CK(cudaMalloc(&src, 4096 * sizeof(uint4)));  // 2048 uint4 of weights and scales, then x
-    CK(cudaMalloc(&out, 2 * sms * 16 * 32 * sizeof(float)));
+    CK(cudaMalloc(&out, 2 * sms * 256 * 4 * sizeof(float)));
     uint32_t* h = (uint32_t*)malloc(4096 * sizeof(uint4));
     for (int i = 0; i < 4 * 4096; i++) h[i] = (uint32_t)(i * 2654435761u) & (i >= 4 * 2048 ? 0x3bff3bffu : ~0u);
     CK(cudaMemcpy(src, h, 4096 * sizeof(uint4), cudaMemcpyHostToDevice));
     const int grid = 2 * sms;
+    if (argc > 1 && !strcmp(argv[1], "wg")) {  // the wgmma consumer against DEC 11 and 12
+        run_wg<0>(src, out, grid, true);
+        run_wg<3>(src, out, grid, true);
+        for (int i = 0; i < 4 * 4096; i++) h[i] = (uint32_t)(i * 2654435761u) & (i >= 4 * 2048 ? 0x3bff3bffu : ~0u);
+        CK(cudaMemcpy(src, h, 4096 * sizeof(uint4), cudaMemcpyHostToDevice));
+        for (int pass = 0; pass < 2; pass++) {
+            run<11>(src, out, grid);
+            run<12>(src, out, grid);
+            run<0>(src, out, grid);
+            run_wg<0>(src, out, grid, false);
+            run_wg<1>(src, out, grid, false);
+            run_wg<2>(src, out, grid, false);
+            run_wg<3>(src, out, grid, false);
+        }
+        return 0;
+    }
     for (int pass = 0; pass < 2; pass++) {
         run<0>(src, out, grid);
         run<1>(src, out, grid);
