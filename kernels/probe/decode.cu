@@ -240,6 +240,27 @@ __global__ void __launch_bounds__(WARPS * 32, 2) consume(const uint4* __restrict
     out[blockIdx.x * blockDim.x + threadIdx.x] = acc[0] + acc[1] + acc[2] + acc[3];
 }
 
+// The fastest of five timed launches, in ms, after one launch not timed.
+template <typename F>
+float best_ms(F launch) {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    launch();  // warm-up
+    CK(cudaDeviceSynchronize());
+    float best = 1e30f;
+    for (int r = 0; r < 5; r++) {
+        CK(cudaEventRecord(a));
+        launch();
+        CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        best = ms < best ? ms : best;
+    }
+    return best;
+}
+
 // WG: the consumer on wgmma (sm_90a) instead of mma.sync. A warpgroup's four
 // warps each take one 256-element K-group of the stage's 16 rows (warp w:
 // group w, as the tile's warps split K); a wgmma m64n8k16 takes A from
@@ -390,42 +411,14 @@ void run_wg(uint4* src, float* out, int grid, bool check) {
         printf("RESULT wgmma_check wgv=%d worst_rel_to_abs_sum=%.3g %s\n", WGV, worst, worst < 1e-5 ? "ok" : "FAIL");
         return;
     }
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    consume_wg<WGV><<<grid, 256>>>(src, out, 0, ITERS);
-    CK(cudaDeviceSynchronize());
-    float best = 1e30f;
-    for (int r = 0; r < 5; r++) {
-        CK(cudaEventRecord(a));
-        consume_wg<WGV><<<grid, 256>>>(src, out, 0, ITERS);
-        CK(cudaEventRecord(b));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        best = ms < best ? ms : best;
-    }
+    const float best = best_ms([&] { consume_wg<WGV><<<grid, 256>>>(src, out, 0, ITERS); });
     const double stage_us = best * 1e3 / ITERS, bytes = (double)grid * ITERS * 16384;
     printf("RESULT decode_probe wgmma wgv=%d stage_us=%.3f consumed_GBps=%.0f\n", WGV, stage_us, bytes / (best * 1e-3) / 1e9);
 }
 
 template <int DEC, int HALF = 0, int WARPS = 8>
 void run(const uint4* src, float* out, int grid) {
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    consume<DEC, HALF, WARPS><<<grid, WARPS * 32>>>(src, out, 0);  // warm-up
-    CK(cudaDeviceSynchronize());
-    float best = 1e30f;
-    for (int r = 0; r < 5; r++) {
-        CK(cudaEventRecord(a));
-        consume<DEC, HALF, WARPS><<<grid, WARPS * 32>>>(src, out, 0);
-        CK(cudaEventRecord(b));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        best = ms < best ? ms : best;
-    }
+    const float best = best_ms([&] { consume<DEC, HALF, WARPS><<<grid, WARPS * 32>>>(src, out, 0); });
     const double stage_us = best * 1e3 / ITERS, bytes = (double)grid * ITERS * 16384;
     printf("RESULT decode_probe dec=%d half_mma=%d warps=%d stage_us=%.3f consumed_GBps=%.0f\n", DEC, HALF, WARPS, stage_us, bytes / (best * 1e-3) / 1e9);
 }
