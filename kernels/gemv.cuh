@@ -93,9 +93,9 @@ __device__ __forceinline__ void fp4x8_decode(uint32_t u, uint32_t h[4]) {
         h[3] = e4m3x2_hi(e1);  // (5, 7)
     } else if (DEC == 2) {
         // fp16 with the code's bits in place (s -> bit 15, e1 e0 m -> bits 11..9):
-        // the value x 2^-14, exact (0.5 a subnormal). Integer ops only: on the
-        // ALU pipe, which bounds the consumer loop, 3 LOP3, one shift and 4
-        // PRMT a word; the two left shifts are multiplies on the FMA pipe.
+        // the value x 2^-14, exact (0.5 a subnormal). Integer ops only, 10
+        // a word: 3 LOP3, one shift and 4 PRMT on the ALU pipe, the two left
+        // shifts as multiplies (IMAD) on the FMA pipe.
         // The signs are masked once (t) and each byte's form is one select
         // (c ? b : a, LUT 0xD8) between a sign source that is zero outside
         // bit 7 and the bits the select takes from the magnitude source.
@@ -823,9 +823,10 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a, const Ten
     // The consumer loop is bound by the instructions it issues (about one a
     // clock a scheduler; the decode's 10 a word are 160 of a stage's 243,
     // docs/PERFORMANCE.md rounds 36 and 37), so a stage's addressing is a few
-    // adds: every shared load is one register plus a constant. The B operand's sources: block 2t of the group (words 0, 1)
-    // is real for column g == 2t, block 2t+1 (words 2, 3) for g == 2t+1;
-    // others read zeros, at a stride of 0 a stage.
+    // adds: every shared load is one register plus a constant. The B
+    // operand's sources: block 2t of the group (words 0, 1) is real for
+    // column g == 2t, block 2t+1 (words 2, 3) for g == 2t+1; others read
+    // zeros, at a stride of 0 a stage.
     const uint32_t xs_u = smem_u32(xs), zero_u = smem_u32(zero);
     const bool xr0 = g == 2 * t, xr1 = g == 2 * t + 1;
     const uint32_t xt0 = xr0 ? xs_u + (4 * t + 16 * warp) * 16 : zero_u;      // group `warp` of stage 0
