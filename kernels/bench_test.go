@@ -313,7 +313,7 @@ func BenchmarkFFNChain(b *testing.B) {
 	for i := range sets {
 		sets[i] = ffnWeights{upload(ffn, hidden), upload(ffn, hidden), upload(hidden, ffn)}
 	}
-	bytes := 3 * float64(hidden*ffn) * backend.NVFP4.BytesPerValue()
+	matBytes := float64(hidden*ffn) * backend.NVFP4.BytesPerValue() // one weight's E2M1 codes and scales
 	x, gate, up, h, res := g.NewBuffer(hidden), g.NewBuffer(ffn), g.NewBuffer(ffn), g.NewBuffer(hidden), g.NewBuffer(hidden)
 	g.Write(x, 0, randn(rng, hidden))
 	g.Write(res, 0, make([]float32, hidden))
@@ -321,9 +321,9 @@ func BenchmarkFFNChain(b *testing.B) {
 		name string
 		down bool
 	}{{"ffn", true}, {"gateup", false}} {
-		mb := 2 * float64(hidden*ffn) * backend.NVFP4.BytesPerValue()
+		mb := 2 * matBytes // bytes a block reads
 		if v.down {
-			mb = bytes
+			mb = 3 * matBytes
 		}
 		block := func(i int) {
 			s := sets[i%len(sets)]
