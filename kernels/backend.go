@@ -78,6 +78,9 @@ type Backend struct {
 	tmaTPB        int         // tiles per block (0: a persistent grid of tmaOcc blocks per multiprocessor)
 	tmaUneven     bool        // benchmarks: tmaOcc blocks per multiprocessor even when their tile counts differ
 	tmaEvict      bool        // its weight copies marked evict-first in L2 (the default)
+	tmaPace       int         // m = 1 launches with more stages a block than ring slots, after one too: the first ring fill paced, stage s copied once stage s - tmaPace arrived (paceOf; flags bits 25-27; 1 by default, MANIFOLD_TMA_PACE=0 off)
+	tmaPaceAll    bool        // benchmarks (MANIFOLD_TMA_PACE_ALL=1): ... in every launch
+	afterLong     bool        // the op last finalized (launched last) is a long m = 1 matmul (fuse.go: paceOf)
 	tmaMaps       bool        // its weights copied by tensor maps, four copies a stage (gemv_nvfp4_tma8_tm), in large launches
 	tmaMapsAll    bool        // ... in launches of every size (tests, benchmarks)
 	tmaMapsBySize bool        // benchmarks: ... by size alone, the output projections too (MANIFOLD_TMA_MAPS=size)
@@ -166,6 +169,13 @@ func New(ordinal int) (*Backend, error) {
 	// The m = 1 matmuls' weight copies go through L2 marked evict-first
 	// (docs/DECISIONS.md); MANIFOLD_TMA_EVICT=0 gives them normal priority.
 	b.tmaEvict = os.Getenv("MANIFOLD_TMA_EVICT") != "0"
+	// The m = 1 matmuls' first ring fill is paced where their blocks have more
+	// stages than ring slots (docs/DECISIONS.md); MANIFOLD_TMA_PACE=n (0-7) sets its depth.
+	b.tmaPace = defaultTMAPace
+	if v, err := strconv.Atoi(os.Getenv("MANIFOLD_TMA_PACE")); err == nil && v >= 0 && v < 8 {
+		b.tmaPace = v
+	}
+	b.tmaPaceAll = os.Getenv("MANIFOLD_TMA_PACE_ALL") == "1"
 	b.tmaMaps = os.Getenv("MANIFOLD_TMA_MAPS") != "0"
 	b.tmaMapsAll = os.Getenv("MANIFOLD_TMA_MAPS") == "all"
 	b.tmaMapsBySize = os.Getenv("MANIFOLD_TMA_MAPS") == "size"

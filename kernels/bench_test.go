@@ -39,7 +39,9 @@ func randomNVFP4(rng *rand.Rand, n, k int) *quant.NVFP4 {
 // m <= 8 kernel (x read per chunk, nothing staged), -88reg the m = 1 kernel
 // without the 64-register cap (fewer warps per SM), -1tile with one tile
 // (16 features) per block, x staged by every block, -pdl with programmatic
-// dependent launch (each call overlapping the previous one's tail), -nox and
+// dependent launch (each call overlapping the previous one's tail), -nopace
+// with every block's ring filled at once (as before round 40; -pace2 two
+// stages in flight as it fills, -paceall paced in small launches too), -nox and
 // -nodec gemv_nvfp4_tma8 with x not staged or the weights not decoded
 // (ablations, which its tracing instances take: what each costs, with the
 // default's copies; -rows-nodec with row copies), -rows gemv_nvfp4_tma8 with a
@@ -64,7 +66,7 @@ func BenchmarkGEMV(b *testing.B) {
 	reset := func() {
 		g.gemvDec, g.bf16Kernel, g.gemvOff, g.gemvPipe, g.gemvFlags, g.gemvSt4, g.gemvX8, g.gemvSmallM = defaultGemvDec, "", false, false, 0, false, false, false
 		g.gemvLB, g.gemvMT, g.gemvTMA, g.gemmK128, g.gemmK256 = true, true, true, false, false
-		g.tmaWarps, g.tmaSlots, g.tmaOcc, g.tmaTPB, g.tmaUneven, g.tmaEvict, g.tmaAblate = 8, 0, 2, 0, false, true, 0
+		g.tmaWarps, g.tmaSlots, g.tmaOcc, g.tmaTPB, g.tmaUneven, g.tmaEvict, g.tmaAblate, g.tmaPace, g.tmaPaceAll = 8, 0, 2, 0, false, true, 0, defaultTMAPace, false
 		g.tmaMaps, g.tmaMapsAll = true, false
 		g.SetPDL(false)
 	}
@@ -109,6 +111,10 @@ func BenchmarkGEMV(b *testing.B) {
 				{"nvfp4-noevict", nv, []int{1}, func() { g.tmaEvict = false }},
 				{"nvfp4-noevict-pdl", nv, []int{1}, func() { g.tmaEvict = false; g.SetPDL(true) }},
 				{"nvfp4-uneven-pdl", nv, []int{1}, func() { g.tmaUneven = true; g.SetPDL(true) }},
+				{"nvfp4-nopace", nv, []int{1}, func() { g.tmaPace = 0 }},
+				{"nvfp4-nopace-pdl", nv, []int{1}, func() { g.tmaPace = 0; g.SetPDL(true) }},
+				{"nvfp4-pace2-pdl", nv, []int{1}, func() { g.tmaPace = 2; g.SetPDL(true) }},
+				{"nvfp4-paceall-pdl", nv, []int{1}, func() { g.tmaPaceAll = true; g.SetPDL(true) }},
 				{"nvfp4-nox", nv, []int{1}, func() { g.tmaAblate = 0x10 }},
 				{"nvfp4-nox-pdl", nv, []int{1}, func() { g.tmaAblate = 0x10; g.SetPDL(true) }},
 				{"nvfp4-nodec", nv, []int{1}, func() { g.tmaAblate = 0x20 }},

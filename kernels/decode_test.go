@@ -313,14 +313,17 @@ func TestSmallMDecodeKernels(t *testing.T) {
 func TestGemvTMA(t *testing.T) {
 	g, c := newGPU(t), cpu.New(0)
 	rng := rand.New(rand.NewPCG(17, 18))
+	// pace: the first ring fill's (paceAll: in every launch, the small too).
+	const p = defaultTMAPace
 	for _, v := range []struct {
-		warps, occ, slots, tpb int
-		uneven, evict, maps    bool
-	}{{16, 1, 0, 0, false, false, false}, {16, 1, 2, 0, false, false, false}, {8, 2, 0, 0, false, true, false},
-		{8, 2, 0, 0, true, false, false}, {8, 3, 0, 1, false, false, false}, {8, 2, 2, 3, false, false, false},
-		{8, 2, 0, 0, false, true, true}, {8, 2, 2, 0, false, false, true}} {
+		warps, occ, slots, tpb, pace int
+		uneven, evict, maps, paceAll bool
+	}{{16, 1, 0, 0, p, false, false, false, false}, {16, 1, 2, 0, 3, false, false, false, true}, {8, 2, 0, 0, p, false, true, false, false},
+		{8, 2, 0, 0, p, true, false, false, false}, {8, 3, 0, 1, p, false, false, false, false}, {8, 2, 2, 3, p, false, false, false, false},
+		{8, 2, 0, 0, p, false, true, true, false}, {8, 2, 2, 0, p, false, false, true, false}, {8, 2, 0, 0, 0, false, true, true, false},
+		{8, 2, 0, 0, 1, false, true, true, true}, {8, 2, 0, 0, 2, false, true, false, true}} {
 		g.tmaWarps, g.tmaOcc, g.tmaSlots, g.tmaTPB, g.tmaUneven, g.tmaEvict = v.warps, v.occ, v.slots, v.tpb, v.uneven, v.evict
-		g.tmaMaps, g.tmaMapsAll = v.maps, v.maps
+		g.tmaMaps, g.tmaMapsAll, g.tmaPace, g.tmaPaceAll = v.maps, v.maps, v.pace, v.paceAll
 		for _, sh := range [][2]int{{5, 2048}, {300, 6144}, {4133, 2048}, {700, 4096}, {64, 14336}} {
 			n, k := sh[0], sh[1]
 			h := scaledWeight(rng, backend.NVFP4, n, k)

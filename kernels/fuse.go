@@ -169,6 +169,28 @@ func (b *Backend) tmaGrid(total int) int {
 	return (total + per - 1) / per
 }
 
+// longGemv reports whether an m = 1 launch's blocks have more stages to copy
+// than their ns ring slots: copies remain to be issued after its release, and
+// it keeps the memory busy to its end.
+func longGemv(K, total, grid, ns int) bool { return (total+grid-1)/grid*(K/2048) > ns }
+
+// paceOf is the pace of an m = 1 launch's first ring fill (GemvArgs.flags
+// bits 25-27): tmaPace for a long launch without a fused norm after a long
+// launch, 0 (all at once) otherwise. After a long launch the memory is busy
+// through the boundary, so copies issued before the release only queue, and
+// x's loads behind them; after a short one (the output projection before the
+// gate and up matmuls), whose copies were all issued early, the memory would
+// idle unless the whole ring is asked for at once. The launches with a fused
+// norm (the gate and up matmuls with SwiGLU) measured slower paced even after
+// a long launch (docs/PERFORMANCE.md round 40). Without programmatic
+// dependent launch nothing overlaps the boundary: no pace.
+func (b *Backend) paceOf(long, afterLong, norm bool) int {
+	if b.tmaPaceAll || long && afterLong && !norm && b.pdl {
+		return b.tmaPace
+	}
+	return 0
+}
+
 // fuseSwiGLU makes the last queued matmul pair's epilogue SwiGLU(dst=gate, gate, up). qmu held.
 func (b *Backend) fuseSwiGLU(dst, gate, up *Buffer, limit float32) bool {
 	q := &b.q
@@ -230,7 +252,10 @@ const (
 	tmaStage    = 16*1088 + 16*144
 	tmaFixed    = 16*130 + 2*16*16*4 + 16*4 + 2*8*8 // TMA_ZERO uint4 of zeros, red, nred, barriers
 	tmaMaxSlots = 8
-	tmaThreads  = 17 * 32
+	// defaultTMAPace: the first ring fill of a long m = 1 launch after a long
+	// one copies a stage once the one before it has arrived (paceOf).
+	defaultTMAPace = 1
+	tmaThreads     = 17 * 32
 )
 
 // tmaStages is the ring depth of gemv_nvfp4_tma for K, or 0 when the kernel
@@ -259,7 +284,7 @@ func (b *Backend) tmaStagesOf(K, stage, extra int) int {
 }
 
 // finalizeGemv fills in the kernel, launch shape and parameters of a queued matmul.
-func (b *Backend) finalizeGemv(o *op) {
+func (b *Backend) finalizeGemv(o *op, afterLong bool) {
 	g := o.gemv
 	var tiles [3]int
 	total := 0
@@ -377,7 +402,8 @@ func (b *Backend) finalizeGemv(o *op) {
 				ablate |= b.smallAblate
 			}
 		}
-		flags = ns<<16 | boolInt(b.tmaEvict)<<24 | ablate
+		long := longGemv(g.K, total, int(o.grid[0]), ns)
+		flags = ns<<16 | boolInt(b.tmaEvict)<<24 | b.paceOf(long, afterLong, g.norm != nil)<<25 | ablate
 		// The timeline (BenchmarkGEMVTimeline) and the ablations: only the tracing instances take them.
 		trace := o.name == "gemv_nvfp4_tma8" && ablate != 0
 		if trace {
@@ -391,9 +417,11 @@ func (b *Backend) finalizeGemv(o *op) {
 					o.name = "gemv_nvfp4_tma8_tm_trace"
 				}
 				o.shared = uint32(1024 + tns*tmStage + 2*g.K + tmaFixed)
-				flags = tns<<16 | boolInt(b.tmaEvict)<<24 | ablate
+				long = longGemv(g.K, total, int(o.grid[0]), tns)
+				flags = tns<<16 | boolInt(b.tmaEvict)<<24 | b.paceOf(long, afterLong, g.norm != nil)<<25 | ablate
 			}
 		}
+		b.afterLong = long
 	}
 	o.fn, o.pdl = b.fn[o.name], pdlKernel(o.name)
 	var a [26]uint64
@@ -590,10 +618,14 @@ func (b *Backend) queueNorm(dst, x, w *Buffer, eps float32) {
 }
 
 // finalize builds the parameters of fusable operations once nothing more can join them.
+// Ops are finalized in launch order, so b.afterLong tells each whether the
+// launch before it is a long m = 1 matmul (paceOf).
 func (b *Backend) finalize(o *op) {
+	after := b.afterLong
+	b.afterLong = false
 	switch {
 	case o.gemv != nil:
-		b.finalizeGemv(o)
+		b.finalizeGemv(o, after)
 	case o.rope != nil:
 		b.finalizeRoPE(o)
 	}

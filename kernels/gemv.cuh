@@ -43,6 +43,9 @@ struct GemvArgs {
     float eps;
     // bit 0: each warp takes a contiguous run of chunks; bit 1: weight copies
     // prefetch 256 B into L2; bits 8-15: T, tiles per block (0 means 1).
+    // gemv_nvfp4_tma*: bits 4-6 the benchmarks' ablations and timeline, bits
+    // 16-23 ring slots, bit 24 weight copies evict-first, bits 25-27 the
+    // ring's first fill paced.
     int flags;
     // gemv_nvfp4_tma* (mode 0, no norm): weight j reads x + j * xs floats (0:
     // every weight reads x); each block then takes tiles of one weight only.
@@ -658,6 +661,15 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a, const Ten
         else if (TM) asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
         int slot = 0;
         uint32_t phase = 0;
+        // flags bits 25-27, pace: stage n of the ring's first fill is copied
+        // only once stage n - pace has arrived (0: all at once). Fewer copies
+        // then wait in the memory's queues at the release, and x's loads,
+        // which queue behind them, return sooner (docs/PERFORMANCE.md round 40).
+        const int pace = (a.flags >> 25) & 7;
+        auto paced = [&](int n) {
+            if (pace && n >= pace && n < NS) mbar_wait(full(n - pace), 0);
+        };
+        int ni = 0;  // stages issued
         for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
             int gi, n0;
             gemv_tile(a, tile, gi, n0);
@@ -667,8 +679,9 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a, const Ten
                 if (tile == (int)blockIdx.x && lane < 2) {  // the descriptors on their way before the first copy
                     asm volatile("prefetch.tensormap [%0];\n" ::"l"(lane ? ts + g0 : tw + g0) : "memory");
                 }
-                for (int ks = 0; ks < stages; ks++) {
+                for (int ks = 0; ks < stages; ks++, ni++) {
                     mbar_wait(empty(slot), phase ^ 1);
+                    paced(ni);
                     if (lane == 0) {
                         const uint32_t st = smem_u32(ring + slot * STAGE);
                         mbar_expect_tx(full(slot), TM_STAGE);
@@ -688,8 +701,9 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a, const Ten
             int row = swiglu ? n0 + (r & 7) : n0 + r;
             row = row < a.N[gu] ? row : 0;
             const uint8_t* src = wl ? (const uint8_t*)a.P[gu] + (size_t)row * (K / 2) : (const uint8_t*)a.S[gu] + (size_t)row * (K / 16);
-            for (int ks = 0; ks < stages; ks++) {
+            for (int ks = 0; ks < stages; ks++, ni++) {
                 mbar_wait(empty(slot), phase ^ 1);
+                paced(ni);
                 if (lane == 0) mbar_expect_tx(full(slot), 16 * 1024 + 16 * 128);
                 __syncwarp();
                 if (evict)

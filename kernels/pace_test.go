@@ -1,0 +1,42 @@
+package kernels
+
+import "testing"
+
+// TestPaceOf holds the rule for pacing an m = 1 launch's first ring fill:
+// only a long launch without a fused norm, right after a long launch, with
+// programmatic dependent launch on (or every launch when forced).
+func TestPaceOf(t *testing.T) {
+	for _, tc := range []struct {
+		long, afterLong, norm, pdl, all bool
+		want                            int
+	}{
+		{true, true, false, true, false, defaultTMAPace}, // the down projection after the gate and up matmuls
+		{true, false, false, true, false, 0},             // after a short launch
+		{true, true, true, true, false, 0},               // a fused norm (the gate and up matmuls)
+		{false, true, false, true, false, 0},             // a short launch: its whole work fits in its ring
+		{true, true, false, false, false, 0},             // no overlap between launches
+		{false, false, true, false, true, defaultTMAPace},
+	} {
+		b := &Backend{tmaPace: defaultTMAPace, tmaPaceAll: tc.all, pdl: tc.pdl}
+		if got := b.paceOf(tc.long, tc.afterLong, tc.norm); got != tc.want {
+			t.Errorf("%+v: pace %d, want %d", tc, got, tc.want)
+		}
+	}
+	// Llama-3-8B's m = 1 shapes on 132 multiprocessors (two blocks each):
+	// rings of 4 slots at K = 14336 and 5 at K = 4096.
+	for _, tc := range []struct {
+		name               string
+		K, total, grid, ns int
+		want               bool
+	}{
+		{"down 4096x14336", 14336, 256, 256, 4, true},
+		{"gate/up 2x14336x4096", 4096, 1792, 256, 5, true},
+		{"14336x4096", 4096, 896, 224, 5, true},
+		{"q, k, v 6144x4096", 4096, 384, 192, 5, false},
+		{"output 4096x4096", 4096, 256, 256, 5, false},
+	} {
+		if got := longGemv(tc.K, tc.total, tc.grid, tc.ns); got != tc.want {
+			t.Errorf("%s: long %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
