@@ -175,17 +175,17 @@ func (b *Backend) tmaGrid(total int) int {
 func longGemv(K, total, grid, ns int) bool { return (total+grid-1)/grid*(K/2048) > ns }
 
 // paceOf is the pace of an m = 1 launch's first ring fill (GemvArgs.flags
-// bits 25-27): tmaPace for a long launch without a fused norm after a long
-// launch, 0 (all at once) otherwise. After a long launch the memory is busy
-// through the boundary, so copies issued before the release only queue, and
-// x's loads behind them; after a short one (the output projection before the
-// gate and up matmuls), whose copies were all issued early, the memory would
-// idle unless the whole ring is asked for at once. The launches with a fused
-// norm (the gate and up matmuls with SwiGLU) measured slower paced even after
-// a long launch (docs/PERFORMANCE.md round 40). Without programmatic
-// dependent launch nothing overlaps the boundary: no pace.
-func (b *Backend) paceOf(long, afterLong, norm bool) int {
-	if b.tmaPaceAll || long && afterLong && !norm && b.pdl {
+// bits 25-27): tmaPace for a long launch after a long launch, 0 (all at once)
+// otherwise. After a long launch the memory is busy through the boundary, so
+// copies issued before the release only queue, and x's loads behind them;
+// after a short one (the output projection before the gate and up matmuls),
+// whose copies were all issued early, the memory would idle unless the whole
+// ring is asked for at once. The gate and up matmuls with the SwiGLU epilogue
+// measured slower paced even after a long launch, so they are not
+// (docs/PERFORMANCE.md round 40). Without programmatic dependent launch
+// nothing overlaps the boundary: no pace.
+func (b *Backend) paceOf(long, afterLong, swiglu bool) int {
+	if b.tmaPaceAll || long && afterLong && !swiglu && b.pdl {
 		return b.tmaPace
 	}
 	return 0
@@ -403,7 +403,7 @@ func (b *Backend) finalizeGemv(o *op, afterLong bool) {
 			}
 		}
 		long := longGemv(g.K, total, int(o.grid[0]), ns)
-		flags = ns<<16 | boolInt(b.tmaEvict)<<24 | b.paceOf(long, afterLong, g.norm != nil)<<25 | ablate
+		flags = ns<<16 | boolInt(b.tmaEvict)<<24 | b.paceOf(long, afterLong, g.mode == 1)<<25 | ablate
 		// The timeline (BenchmarkGEMVTimeline) and the ablations: only the tracing instances take them.
 		trace := o.name == "gemv_nvfp4_tma8" && ablate != 0
 		if trace {
@@ -418,7 +418,7 @@ func (b *Backend) finalizeGemv(o *op, afterLong bool) {
 				}
 				o.shared = uint32(1024 + tns*tmStage + 2*g.K + tmaFixed)
 				long = longGemv(g.K, total, int(o.grid[0]), tns)
-				flags = tns<<16 | boolInt(b.tmaEvict)<<24 | b.paceOf(long, afterLong, g.norm != nil)<<25 | ablate
+				flags = tns<<16 | boolInt(b.tmaEvict)<<24 | b.paceOf(long, afterLong, g.mode == 1)<<25 | ablate
 			}
 		}
 		b.afterLong = long

@@ -3,22 +3,22 @@ package kernels
 import "testing"
 
 // TestPaceOf holds the rule for pacing an m = 1 launch's first ring fill:
-// only a long launch without a fused norm, right after a long launch, with
+// only a long launch, not the SwiGLU one, right after a long launch, with
 // programmatic dependent launch on (or every launch when forced).
 func TestPaceOf(t *testing.T) {
 	for _, tc := range []struct {
-		long, afterLong, norm, pdl, all bool
-		want                            int
+		long, afterLong, swiglu, pdl, all bool
+		want                              int
 	}{
 		{true, true, false, true, false, defaultTMAPace}, // the down projection after the gate and up matmuls
 		{true, false, false, true, false, 0},             // after a short launch
-		{true, true, true, true, false, 0},               // a fused norm (the gate and up matmuls)
+		{true, true, true, true, false, 0},               // the gate and up matmuls with SwiGLU
 		{false, true, false, true, false, 0},             // a short launch: its whole work fits in its ring
 		{true, true, false, false, false, 0},             // no overlap between launches
 		{false, false, true, false, true, defaultTMAPace},
 	} {
 		b := &Backend{tmaPace: defaultTMAPace, tmaPaceAll: tc.all, pdl: tc.pdl}
-		if got := b.paceOf(tc.long, tc.afterLong, tc.norm); got != tc.want {
+		if got := b.paceOf(tc.long, tc.afterLong, tc.swiglu); got != tc.want {
 			t.Errorf("%+v: pace %d, want %d", tc, got, tc.want)
 		}
 	}
