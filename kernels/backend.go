@@ -78,7 +78,7 @@ type Backend struct {
 	tmaTPB        int         // tiles per block (0: a persistent grid of tmaOcc blocks per multiprocessor)
 	tmaUneven     bool        // benchmarks: tmaOcc blocks per multiprocessor even when their tile counts differ
 	tmaEvict      bool        // its weight copies marked evict-first in L2 (the default)
-	tmaPace       int         // m = 1 launches with more stages a block than ring slots, after one too: the first ring fill paced, stage s copied once stage s - tmaPace arrived (paceOf; flags bits 25-27; 1 by default, MANIFOLD_TMA_PACE=0 off)
+	tmaPace       int         // a long m = 1 launch after a long one, not the SwiGLU matmul: its ring's first fill paced, stage s copied once stage s - tmaPace arrived (paceOf; flags bits 25-27; 1 by default, MANIFOLD_TMA_PACE=0 off)
 	tmaPaceAll    bool        // benchmarks (MANIFOLD_TMA_PACE_ALL=1): ... in every launch
 	afterLong     bool        // the op last finalized (launched last) is a long m = 1 matmul (fuse.go: paceOf)
 	tmaMaps       bool        // its weights copied by tensor maps, four copies a stage (gemv_nvfp4_tma8_tm), in large launches
@@ -169,8 +169,8 @@ func New(ordinal int) (*Backend, error) {
 	// The m = 1 matmuls' weight copies go through L2 marked evict-first
 	// (docs/DECISIONS.md); MANIFOLD_TMA_EVICT=0 gives them normal priority.
 	b.tmaEvict = os.Getenv("MANIFOLD_TMA_EVICT") != "0"
-	// The m = 1 matmuls' first ring fill is paced where their blocks have more
-	// stages than ring slots (docs/DECISIONS.md); MANIFOLD_TMA_PACE=n (0-7) sets its depth.
+	// A long m = 1 matmul after a long one paces its ring's first fill
+	// (fuse.go: paceOf; docs/DECISIONS.md); MANIFOLD_TMA_PACE=n (0-7) sets its depth, 0 off.
 	b.tmaPace = defaultTMAPace
 	if v, err := strconv.Atoi(os.Getenv("MANIFOLD_TMA_PACE")); err == nil && v >= 0 && v < 8 {
 		b.tmaPace = v
