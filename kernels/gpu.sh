@@ -30,6 +30,8 @@ prepare)
   for pkg in kernels engine; do
     CGO_ENABLED=0 go test -c -ldflags='-s -w' -o ".device/stage/$pkg.test" "./$pkg"
   done
+  # Random checkpoints of named shapes, for the fixture scripts (engine/testdata/gen_longrope.py).
+  CGO_ENABLED=0 go build -ldflags='-s -w' -o .device/stage/write ./internal/testmodel/write
   tar -C .device/stage -cf - . | xz -6 -T2 > .device/bundle.tar.xz
   rm -rf .device/stage
   tracked=$(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s}')

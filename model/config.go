@@ -12,7 +12,6 @@ import (
 	"strings"
 
 	"github.com/manifoldlm/manifold/layers"
-	"github.com/manifoldlm/manifold/quant"
 )
 
 // Config holds the fields of config.json that every architecture shares. The
@@ -328,22 +327,15 @@ func Supported() []string {
 	return names
 }
 
-// NewRoPE builds a rotary embedding for heads of headDim channels from p, as
-// the reference runs it: transformers keeps the inverse frequencies in a
-// buffer of the model's dtype, so a bfloat16 (or float16) checkpoint rotates
-// by frequencies rounded to that type, even when the matmuls run in float32.
+// NewRoPE builds a rotary embedding for heads of headDim channels from p.
+// The inverse frequencies stay in float32 whatever the checkpoint's dtype, as
+// transformers (its inv_freq buffer is float32 after from_pretrained of a
+// bf16 or f16 checkpoint), vLLM and llama.cpp compute them: rounding them to
+// bf16 shifts a rotation's phase by up to position × frequency × 2^-9.
 func (c *Config) NewRoPE(p layers.RoPEParams, headDim int) (*layers.RoPE, error) {
 	r, err := layers.NewRoPE(p, headDim)
 	if err != nil {
 		return nil, configErr(c.Path, "rope_parameters", "%v", err)
-	}
-	for i, f := range r.InvFreq {
-		switch c.DType {
-		case "bfloat16":
-			r.InvFreq[i] = quant.BF16ToFloat32(quant.Float32ToBF16(f))
-		case "float16":
-			r.InvFreq[i] = quant.F16ToFloat32(quant.Float32ToF16(f))
-		}
 	}
 	return r, nil
 }

@@ -17,24 +17,49 @@ import (
 	"github.com/manifoldlm/manifold/weights"
 )
 
-// Llama describes a Llama-shape model.
+// Llama describes a Llama-shape model, or with Qwen3 set a Qwen3-shape one
+// (per-head RMSNorm of q and k).
 type Llama struct {
 	Layers, Hidden, FFN, Heads, KVHeads, Vocab int
+	HeadDim                                    int           // 0: Hidden / Heads
+	Theta                                      float64       // rope_theta; 0: 500000
+	Qwen3                                      bool          // model_type qwen3, with q_norm and k_norm
 	DType                                      weights.DType // F32 or BF16: embeddings, norms, LM head, and linears unless NVFP4
 	NVFP4                                      bool          // linears as random NVFP4 codes in ModelOpt's layout
 	Seed                                       uint64
 }
 
+func (l Llama) headDim() int {
+	if l.HeadDim > 0 {
+		return l.HeadDim
+	}
+	return l.Hidden / l.Heads
+}
+
 // Write creates dir/config.json and dir/model.safetensors.
 func (l Llama) Write(dir string) error {
-	hd := l.Hidden / l.Heads
+	hd := l.headDim()
+	theta := l.Theta
+	if theta == 0 {
+		theta = 500000
+	}
+	arch, typ, dtype, eps := "LlamaForCausalLM", "llama", "float32", 1e-5
+	if l.Qwen3 {
+		arch, typ, eps = "Qwen3ForCausalLM", "qwen3", 1e-6
+	}
+	if l.DType == weights.BF16 {
+		dtype = "bfloat16"
+	}
 	cfg := map[string]any{
-		"architectures": []string{"LlamaForCausalLM"}, "model_type": "llama",
+		"architectures": []string{arch}, "model_type": typ,
 		"hidden_size": l.Hidden, "intermediate_size": l.FFN, "num_hidden_layers": l.Layers,
 		"num_attention_heads": l.Heads, "num_key_value_heads": l.KVHeads, "head_dim": hd,
-		"vocab_size": l.Vocab, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
-		"rope_theta": 500000.0, "tie_word_embeddings": false, "hidden_act": "silu",
-		"bos_token_id": 0, "eos_token_id": 1,
+		"vocab_size": l.Vocab, "max_position_embeddings": 40960, "rms_norm_eps": eps,
+		"rope_theta": theta, "tie_word_embeddings": false, "hidden_act": "silu",
+		"bos_token_id": 0, "eos_token_id": 1, "dtype": dtype,
+	}
+	if l.Qwen3 {
+		cfg["attention_bias"] = false
 	}
 	data, _ := json.MarshalIndent(cfg, "", "  ")
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), data, 0o644); err != nil {
@@ -105,6 +130,11 @@ func (l Llama) Write(dir string) error {
 			lin(p+"mlp.up_proj", l.FFN, l.Hidden),
 			lin(p+"mlp.down_proj", l.Hidden, l.FFN),
 		)
+		if l.Qwen3 {
+			must = append(must,
+				add(p+"self_attn.q_norm.weight", []int{hd}, 0.05, 1),
+				add(p+"self_attn.k_norm.weight", []int{hd}, 0.05, 1))
+		}
 	}
 	for _, err := range must {
 		if err != nil {
@@ -119,7 +149,7 @@ func (l Llama) Write(dir string) error {
 // embedding table, of which one row is read): the linears (with their block
 // scales when NVFP4) and the LM head.
 func (l Llama) WeightBytes() int64 {
-	hd := l.Hidden / l.Heads
+	hd := l.headDim()
 	per := int64(l.Hidden*(l.Heads*hd)*2 + l.Hidden*(l.KVHeads*hd)*2 + 3*l.Hidden*l.FFN)
 	linear := float64(per*int64(l.Layers)) * float64(l.DType.Size())
 	if l.NVFP4 {
