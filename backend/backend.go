@@ -7,10 +7,11 @@
 // runs on the pure-Go CPU backend (backend/cpu) and on the CUDA backend
 // (kernels/). Nothing crosses the interface per element.
 //
-// Architecture-specific operations (mHC, the DSA indexer, MoE routing) are
-// declared as small interfaces next to their reference math in layers/...
-// and implemented by the backends that support them; a model asks for them
-// with a type assertion and reports a clear error when a backend lacks one.
+// Operations only some architectures need (sparse MLA attention, compressed
+// attention, hyper-connections, htree, device MoE routing) are declared in
+// ops.go as groups a backend implements whole; a model asks for the groups
+// it needs once, at load (CapabilitiesOf), and reports a clear error naming
+// a group the backend lacks. Every op's reference math is in layers/....
 //
 // This package owns the interface and the host-side weight description only; it
 // holds no state and does no compute.
@@ -177,6 +178,12 @@ type Backend interface {
 	Scale(dst, a Buffer, s float32)
 	// Copy copies src into dst (same length).
 	Copy(dst, src Buffer)
+	// GatherRows copies row rows[i] of src ([*, w]) to row i of dst (MoE
+	// dispatch).
+	GatherRows(dst, src Buffer, rows []int32, w int)
+	// ScatterAddRows adds scale[i] * row i of src to row rows[i] of dst ([*,
+	// w]) (MoE combine).
+	ScatterAddRows(dst, src Buffer, rows []int32, scale []float32, w int)
 
 	// Sync waits for queued work to finish (a no-op on the CPU).
 	Sync() error

@@ -23,7 +23,6 @@ import (
 	"github.com/manifoldlm/manifold/kernels"
 	"github.com/manifoldlm/manifold/model"
 	"github.com/manifoldlm/manifold/tokenizer"
-	"github.com/manifoldlm/manifold/weights"
 )
 
 // Options configure Load. The zero value loads on the best available device
@@ -50,8 +49,9 @@ type Model struct {
 	dir     string
 	cfg     *model.Config
 	gen     *model.GenerationConfig
-	ck      *weights.Checkpoint
+	folder  *model.Folder // the folder, read once; holds the checkpoint's memory maps
 	backend backend.Backend
+	caps    backend.Capabilities // the backend's optional op groups, asked once
 	net     model.Model
 	tok     *tokenizer.Tokenizer // nil when the folder has no tokenizer.json
 	// deviceNote says why "auto" did not take the GPU, when one is present.
@@ -79,31 +79,26 @@ func Load(dir string, opts Options) (*Model, error) {
 	} else if !fi.IsDir() {
 		return nil, fmt.Errorf("engine: model path %s is not a folder", dir)
 	}
-	cfg, err := model.LoadConfig(dir)
+	f, err := model.ReadFolder(dir)
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	gen, err := model.LoadGenerationConfig(dir)
-	if err != nil {
-		return nil, fmt.Errorf("engine: %w", err)
-	}
+	cfg, gen := f.Config, f.Generation
 	var tok *tokenizer.Tokenizer
 	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err == nil {
 		if tok, err = tokenizer.Load(dir); err != nil {
+			f.Close()
 			return nil, fmt.Errorf("engine: %w", err)
 		}
 		if tok.VocabSize() > cfg.VocabSize {
+			f.Close()
 			return nil, fmt.Errorf("engine: %s: tokenizer.json has %d tokens but config.json's vocab_size is %d: they belong to different models",
 				dir, tok.VocabSize(), cfg.VocabSize)
 		}
 	}
-	ck, err := weights.Open(dir)
+	b, net, note, err := build(opts, f)
 	if err != nil {
-		return nil, fmt.Errorf("engine: %w", err)
-	}
-	b, net, note, err := build(opts, cfg, ck)
-	if err != nil {
-		ck.Close()
+		f.Close()
 		return nil, fmt.Errorf("engine: loading %s: %w", filepath.Base(dir), err)
 	}
 	ctxLen := opts.ContextLength
@@ -113,7 +108,7 @@ func Load(dir string, opts Options) (*Model, error) {
 			ctxLen = DefaultContext
 		}
 	}
-	return &Model{dir: dir, cfg: cfg, gen: gen, ck: ck, backend: b, net: net, tok: tok, ctxLen: ctxLen, deviceNote: note,
+	return &Model{dir: dir, cfg: cfg, gen: gen, folder: f, backend: b, caps: backend.CapabilitiesOf(b), net: net, tok: tok, ctxLen: ctxLen, deviceNote: note,
 		loadTime: time.Since(start), cacheBytesPerToken: sync.OnceValues(func() (int64, error) {
 			st, err := net.NewState(1)
 			if err != nil {
@@ -126,12 +121,12 @@ func Load(dir string, opts Options) (*Model, error) {
 // build opens the device opts ask for and builds the model on it. "auto"
 // takes the first GPU when a CUDA driver and a GPU are present and the model
 // runs there, else the CPU; the returned note says why the GPU was passed over.
-func build(opts Options, cfg *model.Config, ck *weights.Checkpoint) (backend.Backend, model.Model, string, error) {
+func build(opts Options, f *model.Folder) (backend.Backend, model.Model, string, error) {
 	var note string
 	switch opts.Device {
 	case "", "auto":
 		if kernels.Available() {
-			b, net, err := buildOn(kernels.New, opts, cfg, ck)
+			b, net, err := buildOn(kernels.New, opts, f)
 			if err == nil {
 				return b, net, "", nil
 			}
@@ -139,7 +134,7 @@ func build(opts Options, cfg *model.Config, ck *weights.Checkpoint) (backend.Bac
 		}
 	case "cpu":
 	case "cuda":
-		b, net, err := buildOn(kernels.New, opts, cfg, ck)
+		b, net, err := buildOn(kernels.New, opts, f)
 		if errors.Is(err, kernels.ErrNoDriver) {
 			err = fmt.Errorf("device %q: %w: %v", opts.Device, ErrDevice, err)
 		}
@@ -147,20 +142,17 @@ func build(opts Options, cfg *model.Config, ck *weights.Checkpoint) (backend.Bac
 	default:
 		return nil, nil, "", fmt.Errorf("device %q: %w: want auto, cpu or cuda", opts.Device, ErrDevice)
 	}
-	b, net, err := buildOn(func(int) (*cpu.Backend, error) { return cpu.New(opts.Threads), nil }, opts, cfg, ck)
+	b, net, err := buildOn(func(int) (*cpu.Backend, error) { return cpu.New(opts.Threads), nil }, opts, f)
 	return b, net, note, err
 }
 
 // buildOn opens a backend with open and builds the model on it.
-func buildOn[B backend.Backend](open func(int) (B, error), opts Options, cfg *model.Config, ck *weights.Checkpoint) (backend.Backend, model.Model, error) {
+func buildOn[B backend.Backend](open func(int) (B, error), opts Options, f *model.Folder) (backend.Backend, model.Model, error) {
 	b, err := open(0)
 	if err != nil {
 		return nil, nil, err
 	}
-	net, err := model.New(b, cfg, ck)
-	if err == nil {
-		err = model.SetAttention(net, opts.Attention)
-	}
+	net, err := model.Build(b, f, model.Options{Attention: opts.Attention})
 	if err != nil {
 		b.Close()
 		return nil, nil, err
@@ -195,7 +187,7 @@ func (m *Model) ContextLength() int { return m.ctxLen }
 
 // Close releases the weights and the device. Sessions must not be used after.
 func (m *Model) Close() error {
-	return errors.Join(m.ck.Close(), m.backend.Close())
+	return errors.Join(m.folder.Close(), m.backend.Close())
 }
 
 // EOSTokens are the model's end-of-sequence ids (generation_config.json,

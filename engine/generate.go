@@ -196,7 +196,8 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptio
 // that call: Generate keeps the token or truncates the cache.
 func (s *Session) picker(sampler *Sampler) func(ctx context.Context, tokens []int, more bool) (int, error) {
 	df, forwards := s.m.net.(model.DeviceForwarder)
-	ts, samples := s.m.backend.(backend.TokenSampler)
+	ts := s.m.caps.Sampler
+	samples := ts != nil
 	o := sampler.opts
 	if !forwards || !samples || !o.onDevice() {
 		return func(ctx context.Context, tokens []int, _ bool) (int, error) {
@@ -218,7 +219,8 @@ func (s *Session) picker(sampler *Sampler) func(ctx context.Context, tokens []in
 		return 0
 	}
 	sf, forwardsHeld := s.m.net.(model.SampledForwarder)
-	tp, holds := s.m.backend.(backend.TokenPipeliner)
+	tp := s.m.caps.Pipeliner
+	holds := tp != nil
 	if !forwardsHeld || !holds || s.noAhead {
 		return func(ctx context.Context, tokens []int, _ bool) (int, error) {
 			logits, err := s.appendDevice(ctx, tokens, df)

@@ -56,14 +56,11 @@ func TestPipelinedGenerateCPU(t *testing.T) {
 				t.Fatal(err)
 			}
 			hb := heldCPU{cpu.New(1), new(int)}
-			net, err := model.New(hb, m.cfg, m.ck)
-			if err == nil {
-				err = model.SetAttention(net, att)
-			}
+			net, err := model.Build(hb, m.folder, model.Options{Attention: att})
 			if err != nil {
 				t.Fatal(err)
 			}
-			m.backend, m.net = hb, net
+			m.backend, m.caps, m.net = hb, backend.CapabilitiesOf(hb), net
 			checkPipelined(t, m, arch)
 			if *hb.held < 20 {
 				t.Errorf("%s %+v: %d tokens ran ahead", arch, att, *hb.held)

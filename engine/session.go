@@ -46,8 +46,8 @@ func (m *Model) NewSession(contextLength int) (*Session, error) {
 // memory, where the backend says how much it has (the CPU's physical memory):
 // allocating them would end the process instead of returning an error.
 func (m *Model) fits(positions int) error {
-	mem, ok := m.backend.(interface{ MemoryBytes() int64 })
-	if !ok {
+	mem := m.caps.Memory
+	if mem == nil {
 		return nil // the GPU's allocations fail with an error of their own
 	}
 	limit := mem.MemoryBytes()

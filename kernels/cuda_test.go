@@ -287,7 +287,7 @@ func TestGoldenOnGPU(t *testing.T) {
 			}
 			t.Run(filepath.Join(arch, variant+"."), func(t *testing.T) {
 				ref := golden.Load(t, filepath.Join(root, arch))
-				d, same := compareModels(t, g, dir, ref.InputIDs, nil)
+				d, same := compareModels(t, g, dir, ref.InputIDs, model.Options{})
 				requireClose(t, d, same)
 			})
 		}

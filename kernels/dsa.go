@@ -11,12 +11,12 @@ import (
 	"github.com/manifoldlm/manifold/layers/dsa"
 )
 
-// DeepSeek Sparse Attention and the MLA steps on the GPU (dsa.Ops), kernels
+// DeepSeek Sparse Attention and the MLA steps on the GPU (backend.SparseMLAOps), kernels
 // in dsa.cuh. ops_test.go holds each to the CPU backend.
 
-var _ dsa.Ops = (*Backend)(nil)
+var _ backend.SparseMLAOps = (*Backend)(nil)
 
-// dsaIndices is the GPU's dsa.Indices: each query's selected token indices
+// dsaIndices is the GPU's backend.Indices: each query's selected token indices
 // (int32 [rows, k], increasing) and their counts, on the device.
 type dsaIndices struct {
 	shape   dsa.IndexerShape
@@ -27,7 +27,7 @@ type dsaIndices struct {
 	cntCap  int
 	part    *allocation // dsa_attend_split's partial results
 	partCap int
-	// DSASelect's scores [rows, nKeys] and topk_select's scratch [rows,
+	// IndexerSelect's scores [rows, nKeys] and topk_select's scratch [rows,
 	// 3*nKeys], kept between calls up to dsaKeepScores scores.
 	scores, scratch       *allocation
 	scoresCap, scratchCap int
@@ -62,8 +62,8 @@ func (x *dsaIndices) read(b *Backend) ([][]int32, error) {
 	return out, nil
 }
 
-// DSALayerNorm is layers.LayerNorm over rows of w.Len() values (float32 sums).
-func (b *Backend) DSALayerNorm(dst, x, w, bias backend.Buffer, eps float32) {
+// LayerNorm is layers.LayerNorm over rows of w.Len() values (float32 sums).
+func (b *Backend) LayerNorm(dst, x, w, bias backend.Buffer, eps float32) {
 	n := w.Len()
 	rows := x.Len() / n
 	if rows <= 0 {
@@ -72,8 +72,8 @@ func (b *Backend) DSALayerNorm(dst, x, w, bias backend.Buffer, eps float32) {
 	b.launch("dsa_layernorm", [3]int{rows, 1, 1}, min(1024, max(32, (n+31)/32*32)), 0, ptr(dst), ptr(x), ptr(w), optPtr(bias), n, eps)
 }
 
-// DSANewIndices allocates an empty selection; its device memory grows on use.
-func (b *Backend) DSANewIndices(s dsa.IndexerShape) (dsa.Indices, error) {
+// NewIndices allocates an empty selection; its device memory grows on use.
+func (b *Backend) NewIndices(s dsa.IndexerShape) (backend.Indices, error) {
 	if err := s.Validate(); err != nil {
 		return nil, fmt.Errorf("kernels: %w", err)
 	}
@@ -93,10 +93,10 @@ func (b *Backend) grow(a **allocation, have *int, n int) error {
 	return nil
 }
 
-// DSASelect scales the weights, scores every visible key per query
+// IndexerSelect scales the weights, scores every visible key per query
 // (idx_scores_tile: a block per 64 keys, all heads; idx_scores, a warp per
 // key, for odd shapes) and selects with topk_select.
-func (b *Backend) DSASelect(idx dsa.Indices, q, w, keys backend.Buffer, m, nKeys, pos0 int) {
+func (b *Backend) IndexerSelect(idx backend.Indices, q, w, keys backend.Buffer, m, nKeys, pos0 int) {
 	x := idx.(*dsaIndices)
 	s := x.shape
 	x.rows, x.k = 0, 0
@@ -172,7 +172,7 @@ func (b *Backend) indexScores(scores uint64, q, w, keys backend.Buffer, m, nKeys
 // scores[i, e] = sum_h w[i, h] * ReLU(scale * q[i, h] . keys[e]) for the keys
 // query i sees (e < (pos0 + i + 1) / rate), -inf beyond; idx_scores_mma
 // where the shape allows it, else idx_scores_tile, else idx_scores.
-// afterScale: the op queued last is a scale of w alone (DSASelect), which
+// afterScale: the op queued last is a scale of w alone (IndexerSelect), which
 // idx_scores_mma may overlap (overlapAfter).
 func (b *Backend) scoreKeys(scores uint64, q, keys, w backend.Buffer, m, n, heads, dim, pos0, rate int, scale float32, afterScale bool) {
 	if n <= 0 {
@@ -185,7 +185,7 @@ func (b *Backend) scoreKeys(scores uint64, q, keys, w backend.Buffer, m, n, head
 		b.launch("idx_scores_mma", [3]int{min(tiles, 2*b.sms), m, 1}, 256, idxMMAShare, scores,
 			ptr(q), ptr(keys), ptr(w), heads, dim, n, pos0, rate, scale)
 		if afterScale {
-			b.overlapAfter("scale") // DSASelect's scale of w, which is all it wrote
+			b.overlapAfter("scale") // IndexerSelect's scale of w, which is all it wrote
 		}
 	case dim > 0 && dim%4 == 0 && ptr(keys)%16 == 0 && idxScoresShare(dim) <= b.opsShare():
 		b.launch("idx_scores_tile", [3]int{(n + idxTile - 1) / idxTile, m, 1}, 256, idxScoresShare(dim), scores,
@@ -215,8 +215,8 @@ func (b *Backend) attendSparse(x *dsaIndices, m, heads int, scale float32, args 
 	runtime.KeepAlive(x)
 }
 
-// DSAAttendMLA is AttendMLA over the selected tokens, one block per (head, query).
-func (b *Backend) DSAAttendMLA(out, q, kv, kRope backend.Buffer, idx dsa.Indices, m int, s layers.MLAShape, scale float32) {
+// SparseMLAAttention is AttendMLA over the selected tokens, one block per (head, query).
+func (b *Backend) SparseMLAAttention(out, q, kv, kRope backend.Buffer, idx backend.Indices, m int, s layers.MLAShape, scale float32) {
 	nd, rd, vd, qk := s.NopeDim, s.RopeDim, s.VDim, s.QKDim()
 	per := nd + vd
 	row := s.Heads * per
@@ -228,11 +228,11 @@ func (b *Backend) DSAAttendMLA(out, q, kv, kRope backend.Buffer, idx dsa.Indices
 		ptr(kv)+uint64(4*nd), per, row, vd)
 }
 
-// DSAAttendLatent is AttendLatent over the selected tokens: dsa_attend_mma
+// SparseLatentAttention is AttendLatent over the selected tokens: dsa_attend_mma
 // or dsa_attend_split (the selected rows read once per 16 heads, the
 // selection split over blocks, dsa_attend_combine merging the splits) where
 // the shapes allow it, else dsa_attend, one block per (head, query).
-func (b *Backend) DSAAttendLatent(out, qLat, q, latent, kRope backend.Buffer, idx dsa.Indices, m int, s layers.MLAShape, scale float32) {
+func (b *Backend) SparseLatentAttention(out, qLat, q, latent, kRope backend.Buffer, idx backend.Indices, m int, s layers.MLAShape, scale float32) {
 	r, rd, nd, qk := s.KVLoraRank, s.RopeDim, s.NopeDim, s.QKDim()
 	H := s.Heads
 	x := idx.(*dsaIndices)
@@ -413,12 +413,3 @@ func (b *Backend) MLAExpandOutput(out, outLat backend.Buffer, kvB backend.Weight
 	runtime.KeepAlive(w)
 }
 
-// DSAGather copies rows of src into dst (MoE dispatch).
-func (b *Backend) DSAGather(dst, src backend.Buffer, rows []int32, w int) {
-	b.gatherRows(dst, src, rows, w)
-}
-
-// DSAScatterAdd adds scaled rows of src into rows of dst (MoE combine).
-func (b *Backend) DSAScatterAdd(dst, src backend.Buffer, rows []int32, scale []float32, w int) {
-	b.scatterAddRows(dst, src, rows, scale, w)
-}

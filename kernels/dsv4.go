@@ -10,11 +10,11 @@ import (
 	"github.com/manifoldlm/manifold/layers/dsv4"
 )
 
-// DeepSeek-V4's operations of layers/dsv4 on the GPU (dsv4.Ops), kernels in
+// DeepSeek-V4's operations of layers/dsv4 on the GPU (backend.CompressedAttentionOps), kernels in
 // dsv4.cuh (and the indexer's scores and top-k in dsa.cuh). ops_test.go
 // holds each to the CPU backend.
 
-var _ dsv4.Ops = (*Backend)(nil)
+var _ backend.CompressedAttentionOps = (*Backend)(nil)
 
 // v4Chunk is V4_CHUNK of dsv4.cuh: key scores in shared memory at a time.
 const v4Chunk = 1024
@@ -112,8 +112,8 @@ func (b *Backend) topK(sp uint64, n, topk, pos0, rate int, out uint64, ostride i
 	b.launch("tkm_emit", grid, topkThreads, 0, sp, n, topk, pos0, rate, out, ostride, cp, mode, xp, ws)
 }
 
-// V4Compress pools, normalizes and rotates compressed entries, one block per entry.
-func (b *Backend) V4Compress(dst, kv, gate, ape, norm backend.Buffer, a dsv4.CompressArgs) {
+// CompressKV pools, normalizes and rotates compressed entries, one block per entry.
+func (b *Backend) CompressKV(dst, kv, gate, ape, norm backend.Buffer, a dsv4.CompressArgs) {
 	if a.Entries <= 0 {
 		return
 	}
@@ -137,10 +137,10 @@ func (b *Backend) V4Compress(dst, kv, gate, ape, norm backend.Buffer, a dsv4.Com
 	runtime.KeepAlive(tab)
 }
 
-// V4IndexTopK scores every compressed entry for each query (scoreKeys, as
+// CompressedIndexTopK scores every compressed entry for each query (scoreKeys, as
 // DSA's indexer), then selects each query's entries with the exact top-k
 // (torch's ties; see dsa.cuh).
-func (b *Backend) V4IndexTopK(idx, q, keys, weights backend.Buffer, a dsv4.IndexArgs) {
+func (b *Backend) CompressedIndexTopK(idx, q, keys, weights backend.Buffer, a dsv4.IndexArgs) {
 	if a.M <= 0 {
 		return
 	}
@@ -187,8 +187,8 @@ func (b *Backend) selectTopK(out backend.Buffer, mode int, cnt *allocation, rows
 	b.topK(sp, n, topk, pos0, rate, ptr(out), ostride, cp, mode, xp, rows)
 }
 
-// V4Attention attends with sinks, one block per (head, query) (dsv4.cuh).
-func (b *Backend) V4Attention(out, q, local, comp, idx, sinks backend.Buffer, a dsv4.AttnArgs) {
+// CompressedAttention attends with sinks, one block per (head, query) (dsv4.cuh).
+func (b *Backend) CompressedAttention(out, q, local, comp, idx, sinks backend.Buffer, a dsv4.AttnArgs) {
 	if a.M <= 0 {
 		return
 	}
@@ -242,21 +242,22 @@ func (b *Backend) v4AttentionMMA(out, q, local, comp, idx, sinks backend.Buffer,
 	return true
 }
 
-// V4Transpose swaps the outer axes of [a, b, w].
-func (b *Backend) V4Transpose(dst, src backend.Buffer, a, bb, w int) {
+// Transpose swaps the outer axes of [a, b, w].
+func (b *Backend) Transpose(dst, src backend.Buffer, a, bb, w int) {
 	if a*bb*w <= 0 {
 		return
 	}
 	b.launch("v4_transpose", grid1(a*bb*w, 256), 256, 0, ptr(dst), ptr(src), a, bb, w)
 }
 
-// V4Gather gathers rows.
-func (b *Backend) V4Gather(dst, src backend.Buffer, rows []int32, w int) {
+
+// GatherRows copies rows of src into dst (MoE dispatch).
+func (b *Backend) GatherRows(dst, src backend.Buffer, rows []int32, w int) {
 	b.gatherRows(dst, src, rows, w)
 }
 
-// V4ScatterAdd adds scaled rows.
-func (b *Backend) V4ScatterAdd(dst, src backend.Buffer, rows []int32, scale []float32, w int) {
+// ScatterAddRows adds scaled rows of src into rows of dst (MoE combine).
+func (b *Backend) ScatterAddRows(dst, src backend.Buffer, rows []int32, scale []float32, w int) {
 	b.scatterAddRows(dst, src, rows, scale, w)
 }
 

@@ -9,13 +9,13 @@ import (
 	"github.com/manifoldlm/manifold/layers/dsa/htree"
 )
 
-// htree attention on the GPU (htree.Ops, docs/htree.md), kernels in
+// htree attention on the GPU (backend.TreeAttentionOps, docs/htree.md), kernels in
 // htree.cuh: the trees live in device memory, one allocation per layer for
 // the keys of every level and one for the values; the RoPE table is made on
 // the host exactly as htree.NewRotary makes it. ops_test.go holds the op to
 // the CPU backend.
 
-var _ htree.Ops = (*Backend)(nil)
+var _ backend.TreeAttentionOps = (*Backend)(nil)
 
 // htMaxLevels is HT_MAXLEVELS of htree.cuh.
 const htMaxLevels = 32
@@ -31,7 +31,7 @@ const htTile = 64
 // partials: their factors and 16 warps' column sums.
 func htCombineShare(np, hd int) int { return 4 * (np + 16*hd) }
 
-// htreeCache is the GPU's htree.Cache.
+// htreeCache is the GPU's backend.TreeCache.
 type htreeCache struct {
 	shape    htree.CacheShape // options with defaults
 	row      int              // KVHeads*HeadDim
@@ -58,8 +58,8 @@ func (c *htreeCache) Bytes() int64 {
 	return 4 * (2*int64(len(c.k))*int64(c.nodes)*int64(c.row) + 2*int64(c.mc)*int64(c.half))
 }
 
-// HTreeNewCache allocates the trees and uploads the RoPE table.
-func (b *Backend) HTreeNewCache(s htree.CacheShape) (htree.Cache, error) {
+// NewTreeCache allocates the trees and uploads the RoPE table.
+func (b *Backend) NewTreeCache(s htree.CacheShape) (backend.TreeCache, error) {
 	s.Options = s.Options.WithDefaults()
 	o := s.Options
 	if err := o.Validate(); err != nil {
@@ -111,12 +111,12 @@ func (b *Backend) HTreeNewCache(s htree.CacheShape) (htree.Cache, error) {
 	return c, nil
 }
 
-// HTreeAttention appends k and v to layer's tree (level 0 by copy, the
+// TreeAttention appends k and v to layer's tree (level 0 by copy, the
 // changed nodes of every upper level recomputed), then attends level by
 // level from the top (ht_score, ht_select, ht_part over tiles of candidates
 // for every query head, then ht_combine; see htree.cuh), in waves of htWave
 // query heads sharing the cache's scratch.
-func (b *Backend) HTreeAttention(out, q, k, v backend.Buffer, cache htree.Cache, layer, pos0, m int, s layers.AttentionShape) {
+func (b *Backend) TreeAttention(out, q, k, v backend.Buffer, cache backend.TreeCache, layer, pos0, m int, s layers.AttentionShape) {
 	c := cache.(*htreeCache)
 	sh := c.shape
 	o := sh.Options

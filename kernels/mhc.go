@@ -9,12 +9,12 @@ import (
 	"github.com/manifoldlm/manifold/layers/mhc"
 )
 
-// The hyper-connection steps of layers/mhc on the GPU (mhc.Ops), kernels in
+// The hyper-connection steps of layers/mhc on the GPU (backend.HyperConnectionOps), kernels in
 // mhc.cuh. ops_test.go holds each to the CPU backend.
 
 var (
-	_ mhc.Ops      = (*Backend)(nil)
-	_ mhc.FusedOps = (*Backend)(nil)
+	_ backend.HyperConnectionOps      = (*Backend)(nil)
+	_ backend.FusedHyperConnectionOps = (*Backend)(nil)
 )
 
 // mhcFinishThreads is MHC_FT of mhc.cuh: mhc_proj_finish's block (a block
@@ -198,7 +198,7 @@ func (b *Backend) mhcProjPart(x backend.Buffer, fn backend.Weight, rows int, tai
 	return p, true
 }
 
-// MHCCoeffsPre is mhc.FusedOps: MHCProject (the fused projection's partial
+// MHCCoeffsPre is backend.FusedHyperConnectionOps: MHCProject (the fused projection's partial
 // sums and mhc_proj_finish), MHCActivate and MHCPre, after checking the
 // weight against the mixer. For up to mhcTailRows tokens (decode) the last
 // block of the projection runs the other three steps itself (mhcTail): one

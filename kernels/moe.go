@@ -10,14 +10,14 @@ import (
 	"github.com/manifoldlm/manifold/layers/dsv4"
 )
 
-// DeepSeek MoE on the device (dsv4.MoEOps for V4, backend.GroupMoEOps for
+// DeepSeek MoE on the device (backend.RoutedMoEOps for V4, backend.GroupMoEOps for
 // V3.2), kernels in moe.cuh: the routing (moe_route, moe_group_route) and the
 // routed experts (moe_up: gate and up with SwiGLU; moe_down: down, weighted
 // and added to the output) read the picked experts' weights through a table
 // of the layer's experts, so nothing comes back to the host.
 
 var (
-	_ dsv4.MoEOps         = (*Backend)(nil)
+	_ backend.RoutedMoEOps         = (*Backend)(nil)
 	_ backend.GroupMoEOps = (*Backend)(nil)
 )
 
@@ -89,9 +89,9 @@ func (b *Backend) BindExperts(w1, w3, w2 []backend.Weight, bias []float32) (back
 	return x, nil
 }
 
-// MoE queues moe_route, moe_up and moe_down (see moe.cuh). The picks and
+// RoutedMoE queues moe_route, moe_up and moe_down (see moe.cuh). The picks and
 // weights [M, K] and the activations [M, K, ffn] live in per-backend scratch.
-func (b *Backend) MoE(out, x, logits backend.Buffer, hash []int32, exp backend.Experts, a dsv4.RouteArgs, limit float32) {
+func (b *Backend) RoutedMoE(out, x, logits backend.Buffer, hash []int32, exp backend.Experts, a dsv4.RouteArgs, limit float32) {
 	if hash != nil && len(hash) != a.M*a.K {
 		b.setErr(fmt.Errorf("kernels: MoE of %d tokens, top-%d: %d hashed ids", a.M, a.K, len(hash)))
 		return

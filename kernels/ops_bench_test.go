@@ -22,8 +22,8 @@ import (
 
 type opsBackend interface {
 	backend.Backend
-	mhc.Ops
-	dsa.Ops
+	backend.HyperConnectionOps
+	backend.SparseMLAOps
 }
 
 func opsBackends(b *testing.B) []opsBackend {
@@ -109,16 +109,16 @@ func BenchmarkOpsDSADecode(b *testing.B) {
 			iw := upload(be, randn(rng, ix.Heads))
 			ik := upload(be, randn(rng, L*ix.HeadDim))
 			out := be.NewBuffer(s.Heads * s.KVLoraRank)
-			idx, err := be.DSANewIndices(ix)
+			idx, err := be.NewIndices(ix)
 			if err != nil {
 				b.Fatal(err)
 			}
-			be.DSASelect(idx, iq, iw, ik, 1, L, L-1)
+			be.IndexerSelect(idx, iq, iw, ik, 1, L, L-1)
 			name := fmt.Sprintf("%s/ctx=%d/", be.Name()[:3], L)
 			b.Run(name+"select", func(b *testing.B) {
 				b.SetBytes(int64(4 * L * ix.HeadDim))
 				for range b.N {
-					be.DSASelect(idx, iq, iw, ik, 1, L, L-1)
+					be.IndexerSelect(idx, iq, iw, ik, 1, L, L-1)
 				}
 				if err := be.Sync(); err != nil {
 					b.Fatal(err)
@@ -127,7 +127,7 @@ func BenchmarkOpsDSADecode(b *testing.B) {
 			b.Run(name+"attend-latent", func(b *testing.B) {
 				b.SetBytes(int64(4 * ix.TopK * (s.KVLoraRank + s.RopeDim)))
 				for range b.N {
-					be.DSAAttendLatent(out, qLat, q, lat, kr, idx, 1, s, 0.1)
+					be.SparseLatentAttention(out, qLat, q, lat, kr, idx, 1, s, 0.1)
 				}
 				if err := be.Sync(); err != nil {
 					b.Fatal(err)

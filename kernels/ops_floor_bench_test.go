@@ -139,9 +139,9 @@ func allIndices(b *testing.B, g *Backend, s dsa.IndexerShape, k int) *dsaIndices
 	return x
 }
 
-// BenchmarkOpsVsDenseDSA: one decode query at V3.2 shapes. sparse = DSASelect
-// (indexer scores + exact top-k 2048) + DSAAttendLatent over the selection;
-// dense = DSAAttendLatent over every position (in chunks of at most 32768
+// BenchmarkOpsVsDenseDSA: one decode query at V3.2 shapes. sparse = IndexerSelect
+// (indexer scores + exact top-k 2048) + SparseLatentAttention over the selection;
+// dense = SparseLatentAttention over every position (in chunks of at most 32768
 // keys, the kernel's shared-memory bound on one selection; the chunks' merge
 // is not counted).
 func BenchmarkOpsVsDenseDSA(b *testing.B) {
@@ -160,57 +160,57 @@ func BenchmarkOpsVsDenseDSA(b *testing.B) {
 		fillRandom(g, rng, ptr(kr), L*s.RopeDim)
 		fillRandom(g, rng, ptr(ik), L*ix.HeadDim)
 		iq := toGPU(g, randn(rng, ix.Heads*ix.HeadDim))
-		// DSASelect scales the weights in place (as the model's per-token
+		// IndexerSelect scales the weights in place (as the model's per-token
 		// buffer): each call selects with a fresh copy, or repeated calls
 		// would drive them to zero and every score into one tie.
 		iw0, iw := toGPU(g, randn(rng, ix.Heads)), g.NewBuffer(ix.Heads)
 		g.Copy(iw, iw0)
 		out := g.NewBuffer(s.Heads * s.KVLoraRank)
-		idx, err := g.DSANewIndices(ix)
+		idx, err := g.NewIndices(ix)
 		if err != nil {
 			b.Fatal(err)
 		}
-		g.DSASelect(idx, iq, iw, ik, 1, L, L-1)
+		g.IndexerSelect(idx, iq, iw, ik, 1, L, L-1)
 		all := allIndices(b, g, ix, min(L, chunk))
 		name := fmt.Sprintf("ctx=%d/", L)
 		attendBytes := float64(ix.TopK) * rowBytes
 		selectBytes := float64(4 * L * ix.HeadDim)
 		b.Run(name+"select", func(b *testing.B) {
-			timeOp(b, g, bw, 10, selectBytes, func() { g.Copy(iw, iw0); g.DSASelect(idx, iq, iw, ik, 1, L, L-1) })
+			timeOp(b, g, bw, 10, selectBytes, func() { g.Copy(iw, iw0); g.IndexerSelect(idx, iq, iw, ik, 1, L, L-1) })
 		})
 		b.Run(name+"attend", func(b *testing.B) {
-			timeOp(b, g, bw, 10, attendBytes, func() { g.DSAAttendLatent(out, qLat, q, lat, kr, idx, 1, s, 0.1) })
+			timeOp(b, g, bw, 10, attendBytes, func() { g.SparseLatentAttention(out, qLat, q, lat, kr, idx, 1, s, 0.1) })
 		})
 		// The indexer on CUDA-core FMAs (idx_scores_tile, before idx_scores_mma).
 		b.Run(name+"select-tile", func(b *testing.B) {
 			g.idxMMAOff = true
 			defer func() { g.idxMMAOff = false }()
-			timeOp(b, g, bw, 10, selectBytes, func() { g.Copy(iw, iw0); g.DSASelect(idx, iq, iw, ik, 1, L, L-1) })
+			timeOp(b, g, bw, 10, selectBytes, func() { g.Copy(iw, iw0); g.IndexerSelect(idx, iq, iw, ik, 1, L, L-1) })
 		})
 		b.Run(name+"select-tkm", func(b *testing.B) {
 			g.topkPath = topkMany
 			defer func() { g.topkPath = topkAuto }()
-			timeOp(b, g, bw, 10, selectBytes, func() { g.Copy(iw, iw0); g.DSASelect(idx, iq, iw, ik, 1, L, L-1) })
+			timeOp(b, g, bw, 10, selectBytes, func() { g.Copy(iw, iw0); g.IndexerSelect(idx, iq, iw, ik, 1, L, L-1) })
 		})
 		// The attend over the first 512 and 1024 positions (one and two tiles
 		// a block): how its time grows with the tiles.
 		for _, k := range []int{512, 1024} {
 			first := allIndices(b, g, ix, k)
 			b.Run(fmt.Sprintf("%sattend-k%d", name, k), func(b *testing.B) {
-				timeOp(b, g, bw, 10, float64(k)*rowBytes, func() { g.DSAAttendLatent(out, qLat, q, lat, kr, first, 1, s, 0.1) })
+				timeOp(b, g, bw, 10, float64(k)*rowBytes, func() { g.SparseLatentAttention(out, qLat, q, lat, kr, first, 1, s, 0.1) })
 			})
 		}
 		// The attend in 8-warp blocks (dsa_attend_mma, before dsa_attend_mma16).
 		b.Run(name+"attend-8w", func(b *testing.B) {
 			g.attnMMA8 = true
 			defer func() { g.attnMMA8 = false }()
-			timeOp(b, g, bw, 10, attendBytes, func() { g.DSAAttendLatent(out, qLat, q, lat, kr, idx, 1, s, 0.1) })
+			timeOp(b, g, bw, 10, attendBytes, func() { g.SparseLatentAttention(out, qLat, q, lat, kr, idx, 1, s, 0.1) })
 		})
 		// The attend on CUDA-core FMAs (dsa_attend_split, before dsa_attend_mma).
 		b.Run(name+"attend-split", func(b *testing.B) {
 			g.attnMMAOff = true
 			defer func() { g.attnMMAOff = false }()
-			timeOp(b, g, bw, 10, attendBytes, func() { g.DSAAttendLatent(out, qLat, q, lat, kr, idx, 1, s, 0.1) })
+			timeOp(b, g, bw, 10, attendBytes, func() { g.SparseLatentAttention(out, qLat, q, lat, kr, idx, 1, s, 0.1) })
 		})
 		// sparse, then the same with the 8-warp attend, with the cluster
 		// top-k in clusters of 8 (where 16 would run), with the top-k's
@@ -228,8 +228,8 @@ func BenchmarkOpsVsDenseDSA(b *testing.B) {
 				defer func() { g.topkPath, g.attnMMA8, g.tkc8 = topkAuto, false, false }()
 				timeOp(b, g, bw, 10, selectBytes+attendBytes, func() {
 					g.Copy(iw, iw0)
-					g.DSASelect(idx, iq, iw, ik, 1, L, L-1)
-					g.DSAAttendLatent(out, qLat, q, lat, kr, idx, 1, s, 0.1)
+					g.IndexerSelect(idx, iq, iw, ik, 1, L, L-1)
+					g.SparseLatentAttention(out, qLat, q, lat, kr, idx, 1, s, 0.1)
 				})
 			})
 		}
@@ -237,7 +237,7 @@ func BenchmarkOpsVsDenseDSA(b *testing.B) {
 			timeOp(b, g, bw, 3, float64(L)*rowBytes, func() {
 				for c0 := 0; c0 < L; c0 += chunk {
 					k := min(chunk, L-c0)
-					g.DSAAttendLatent(out, qLat, q, g.View(lat, c0*s.KVLoraRank, k*s.KVLoraRank),
+					g.SparseLatentAttention(out, qLat, q, g.View(lat, c0*s.KVLoraRank, k*s.KVLoraRank),
 						g.View(kr, c0*s.RopeDim, k*s.RopeDim), all, 1, s, 0.1)
 				}
 			})
@@ -268,7 +268,7 @@ func BenchmarkOpsVsDenseHTree(b *testing.B) {
 		k, v := toGPU(g, randn(rng, row)), toGPU(g, randn(rng, row))
 		out := g.NewBuffer(as.Heads * as.HeadDim)
 
-		hc, err := g.HTreeNewCache(htree.CacheShape{Layers: 1, KVHeads: as.KVHeads, HeadDim: as.HeadDim, Capacity: L, RoPE: rope})
+		hc, err := g.NewTreeCache(htree.CacheShape{Layers: 1, KVHeads: as.KVHeads, HeadDim: as.HeadDim, Capacity: L, RoPE: rope})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -293,7 +293,7 @@ func BenchmarkOpsVsDenseHTree(b *testing.B) {
 		kvBytes := float64(2 * 4 * L * row)
 		name := fmt.Sprintf("ctx=%d/", L)
 		b.Run(name+"htree", func(b *testing.B) {
-			timeOp(b, g, bw, 10, 0, func() { g.HTreeAttention(out, q, k, v, hc, 0, L-1, 1, as) })
+			timeOp(b, g, bw, 10, 0, func() { g.TreeAttention(out, q, k, v, hc, 0, L-1, 1, as) })
 		})
 		b.Run(name+"dense", func(b *testing.B) {
 			timeOp(b, g, bw, 10, kvBytes, func() { g.Attention(out, q, k, v, dc, 0, L-1, 1, as) })
@@ -339,7 +339,7 @@ func BenchmarkOpsV4Attention(b *testing.B) {
 			b.Run(name, func(b *testing.B) {
 				g.attnMMAOff = off
 				defer func() { g.attnMMAOff = false }()
-				timeOp(b, g, bw, 20, bytes, func() { g.V4Attention(out, q, local, comp, idx, sinks, a) })
+				timeOp(b, g, bw, 20, bytes, func() { g.CompressedAttention(out, q, local, comp, idx, sinks, a) })
 			})
 		}
 	}
@@ -366,7 +366,7 @@ func BenchmarkOpsV4MoE(b *testing.B) {
 	x, logits, out := toGPU(g, randn(rng, D)), toGPU(g, randn(rng, E)), g.NewBuffer(D)
 	bytes := float64(K*3*I*D) * 9 / 16 // E2M1 nibbles and one E4M3 scale per 16
 	b.Run("device", func(b *testing.B) {
-		timeOp(b, g, bw, 20, bytes, func() { g.MoE(out, x, logits, nil, ex, a, 10) })
+		timeOp(b, g, bw, 20, bytes, func() { g.RoutedMoE(out, x, logits, nil, ex, a, 10) })
 	})
 	ge, ue, ye := g.NewBuffer(I), g.NewBuffer(I), g.NewBuffer(D)
 	host, idx, wts := make([]float32, E), make([]int32, K), make([]float32, K)
@@ -379,7 +379,7 @@ func BenchmarkOpsV4MoE(b *testing.B) {
 				g.MatMul(ue, x, w3[e], 1)
 				g.SwiGLU(ge, ge, ue, 10)
 				g.MatMul(ye, ge, w2[e], 1)
-				g.V4ScatterAdd(out, ye, []int32{0}, wts[j:j+1], D)
+				g.ScatterAddRows(out, ye, []int32{0}, wts[j:j+1], D)
 			}
 		})
 	})

@@ -19,10 +19,9 @@ import (
 	"github.com/manifoldlm/manifold/layers/mhc"
 	"github.com/manifoldlm/manifold/model"
 	"github.com/manifoldlm/manifold/quant/convert"
-	"github.com/manifoldlm/manifold/weights"
 )
 
-// The architecture ops (mhc.Ops, dsv4.Ops, dsa.Ops, htree.Ops) on the GPU
+// The architecture ops (backend.HyperConnectionOps, backend.CompressedAttentionOps, backend.SparseMLAOps, backend.TreeAttentionOps) on the GPU
 // against the CPU backend on random inputs. Tolerances are relative
 // (‖gpu − cpu‖ / ‖cpu‖): 1e-5 where both sides run float32 sums in
 // different orders (dot products over at most a few thousand terms, expf
@@ -322,9 +321,9 @@ func TestV4Ops(t *testing.T) {
 		kv, gate := randn(rng, a.SourceRows()*rw), randn(rng, a.SourceRows()*rw)
 		ape, norm := randn(rng, a.Rate*rw), randn(rng, a.Width)
 		want := make(cpu.Buffer, a.Entries*a.Width)
-		c.V4Compress(want, cpu.Buffer(kv), cpu.Buffer(gate), cpu.Buffer(ape), cpu.Buffer(norm), a)
+		c.CompressKV(want, cpu.Buffer(kv), cpu.Buffer(gate), cpu.Buffer(ape), cpu.Buffer(norm), a)
 		got := poisoned(g, a.Entries*a.Width)
-		g.V4Compress(got, toGPU(g, kv), toGPU(g, gate), toGPU(g, ape), toGPU(g, norm), a)
+		g.CompressKV(got, toGPU(g, kv), toGPU(g, gate), toGPU(g, ape), toGPU(g, norm), a)
 		check(t, "compress", fromGPU(t, g, got), want, opsTol)
 	}
 	// Indexer top-k: entries not a multiple of the 64-entry tile, top-k
@@ -341,9 +340,9 @@ func TestV4Ops(t *testing.T) {
 		a.Scale = float32(1 / math.Sqrt(float64(a.Dim)))
 		q, keys, w := randn(rng, a.M*a.Heads*a.Dim), randn(rng, max(a.Entries, 1)*a.Dim), randn(rng, a.M*a.Heads)
 		want := make(cpu.Buffer, a.M*a.TopK)
-		c.V4IndexTopK(want, cpu.Buffer(q), cpu.Buffer(keys), cpu.Buffer(w), a)
+		c.CompressedIndexTopK(want, cpu.Buffer(q), cpu.Buffer(keys), cpu.Buffer(w), a)
 		got := poisoned(g, a.M*a.TopK)
-		g.V4IndexTopK(got, toGPU(g, q), toGPU(g, keys), toGPU(g, w), a)
+		g.CompressedIndexTopK(got, toGPU(g, q), toGPU(g, keys), toGPU(g, w), a)
 		if gv := fromGPU(t, g, got); !slices.Equal(gv, want) {
 			t.Errorf("index top-k %+v:\nGPU %v\nCPU %v", a, gv, want)
 		}
@@ -384,12 +383,12 @@ func TestV4Ops(t *testing.T) {
 		if idx != nil {
 			ci, gi = cpu.Buffer(idx), toGPU(g, idx)
 		}
-		c.V4Attention(want, cpu.Buffer(q), cpu.Buffer(local), cc, ci, cpu.Buffer(sinks), a)
+		c.CompressedAttention(want, cpu.Buffer(q), cpu.Buffer(local), cc, ci, cpu.Buffer(sinks), a)
 		gq, gl, gs := toGPU(g, q), toGPU(g, local), toGPU(g, sinks)
 		for _, mode := range []struct{ off, eight bool }{{false, false}, {false, true}, {true, false}} {
 			g.attnMMAOff, g.attnMMA8 = mode.off, mode.eight
 			got := poisoned(g, a.M*a.Heads*a.Dim)
-			g.V4Attention(got, gq, gl, gc, gi, gs, a)
+			g.CompressedAttention(got, gq, gl, gc, gi, gs, a)
 			check(t, fmt.Sprintf("v4 attention %+v (mma off %v, 8 warps %v)", a, mode.off, mode.eight), fromGPU(t, g, got), want, opsTol)
 		}
 		g.attnMMAOff, g.attnMMA8 = false, false
@@ -397,11 +396,11 @@ func TestV4Ops(t *testing.T) {
 	// Layout moves.
 	src := randn(rng, 3*5*7)
 	tc := make(cpu.Buffer, len(src))
-	c.V4Transpose(tc, cpu.Buffer(src), 3, 5, 7)
+	c.Transpose(tc, cpu.Buffer(src), 3, 5, 7)
 	tg := poisoned(g, len(src))
-	g.V4Transpose(tg, toGPU(g, src), 3, 5, 7)
+	g.Transpose(tg, toGPU(g, src), 3, 5, 7)
 	check(t, "transpose", fromGPU(t, g, tg), tc, 0)
-	testGatherScatter(t, g, c, rng, g.V4Gather, c.V4Gather, g.V4ScatterAdd, c.V4ScatterAdd)
+	testGatherScatter(t, g, c, rng, g.GatherRows, c.GatherRows, g.ScatterAddRows, c.ScatterAddRows)
 }
 
 // testGatherScatter checks row gathers and scatter-adds of more rows than
@@ -532,9 +531,9 @@ func TestDSAOps(t *testing.T) {
 	// LayerNorm in place, rows not a multiple of anything.
 	x, w, bias := randn(rng, 7*33), randn(rng, 33), randn(rng, 33)
 	lc := append(cpu.Buffer{}, x...)
-	c.DSALayerNorm(lc, lc, cpu.Buffer(w), cpu.Buffer(bias), 1e-6)
+	c.LayerNorm(lc, lc, cpu.Buffer(w), cpu.Buffer(bias), 1e-6)
 	lg := toGPU(g, x)
-	g.DSALayerNorm(lg, lg, toGPU(g, w), toGPU(g, bias), 1e-6)
+	g.LayerNorm(lg, lg, toGPU(g, w), toGPU(g, bias), 1e-6)
 	check(t, "layernorm", fromGPU(t, g, lg), lc, 1e-6)
 
 	s := layers.MLAShape{Heads: 4, QLoraRank: 32, KVLoraRank: 64, NopeDim: 32, RopeDim: 16, VDim: 32}
@@ -566,10 +565,10 @@ func TestDSAOps(t *testing.T) {
 		q, kv, kr := randn(rng, m*s.Heads*qk), randn(rng, L*s.Heads*per), randn(rng, L*s.RopeDim)
 		scale := float32(1 / math.Sqrt(float64(qk)))
 		oc := make(cpu.Buffer, m*s.Heads*s.VDim)
-		c.DSAAttendMLA(oc, cpu.Buffer(q), cpu.Buffer(kv), cpu.Buffer(kr), ic, m, s, scale)
+		c.SparseMLAAttention(oc, cpu.Buffer(q), cpu.Buffer(kv), cpu.Buffer(kr), ic, m, s, scale)
 		og := poisoned(g, m*s.Heads*s.VDim)
 		qg, krg := toGPU(g, q), toGPU(g, kr)
-		g.DSAAttendMLA(og, qg, toGPU(g, kv), krg, gi, m, s, scale)
+		g.SparseMLAAttention(og, qg, toGPU(g, kv), krg, gi, m, s, scale)
 		check(t, "attend MLA", fromGPU(t, g, og), oc, opsTol)
 		// Absorbed path: query absorption, latent attention, output expansion.
 		h := hostWeight(rng, tc.f, s.Heads*per, r)
@@ -586,9 +585,9 @@ func TestDSAOps(t *testing.T) {
 		check(t, "absorb "+tc.f.String(), fromGPU(t, g, qlg), qlc, opsTol)
 		lat := randn(rng, L*r)
 		olc := make(cpu.Buffer, m*s.Heads*r)
-		c.DSAAttendLatent(olc, qlc, cpu.Buffer(q), cpu.Buffer(lat), cpu.Buffer(kr), ic, m, s, scale)
+		c.SparseLatentAttention(olc, qlc, cpu.Buffer(q), cpu.Buffer(lat), cpu.Buffer(kr), ic, m, s, scale)
 		olg := poisoned(g, m*s.Heads*r)
-		g.DSAAttendLatent(olg, toGPU(g, qlc), qg, toGPU(g, lat), krg, gi, m, s, scale)
+		g.SparseLatentAttention(olg, toGPU(g, qlc), qg, toGPU(g, lat), krg, gi, m, s, scale)
 		check(t, "attend latent", fromGPU(t, g, olg), olc, opsTol)
 		ec := make(cpu.Buffer, m*s.Heads*s.VDim)
 		c.MLAExpandOutput(ec, olc, wc, m, s)
@@ -596,10 +595,10 @@ func TestDSAOps(t *testing.T) {
 		g.MLAExpandOutput(eg, toGPU(g, olc), wg, m, s)
 		check(t, "expand "+tc.f.String(), fromGPU(t, g, eg), ec, opsTol)
 	}
-	testGatherScatter(t, g, c, rng, g.DSAGather, c.DSAGather, g.DSAScatterAdd, c.DSAScatterAdd)
+	testGatherScatter(t, g, c, rng, g.GatherRows, c.GatherRows, g.ScatterAddRows, c.ScatterAddRows)
 }
 
-// TestDSASelectShapes holds DSASelect to the layers/dsa indexer at shapes
+// TestDSASelectShapes holds IndexerSelect to the layers/dsa indexer at shapes
 // that take idx_scores_mma's edges (heads up to 64, a partial 16-head tile;
 // key counts not a multiple of the 64-key tile, more tiles than blocks;
 // queries whose visible keys end inside a tile), idx_scores_tile's (one and
@@ -609,7 +608,7 @@ func TestDSAOps(t *testing.T) {
 func TestDSASelectShapes(t *testing.T) {
 	g := newGPU(t)
 	rng := rand.New(rand.NewPCG(21, 22))
-	gi, err := g.DSANewIndices(dsa.IndexerShape{Heads: 1, HeadDim: 4, TopK: 1})
+	gi, err := g.NewIndices(dsa.IndexerShape{Heads: 1, HeadDim: 4, TopK: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -634,7 +633,7 @@ func TestDSASelectShapes(t *testing.T) {
 		m, L := tc.m, tc.nKeys
 		pos0 := L - m
 		iq, iw, ik := randn(rng, m*ix.Heads*ix.HeadDim), randn(rng, m*ix.Heads), randn(rng, L*ix.HeadDim)
-		g.DSASelect(gi, toGPU(g, iq), toGPU(g, iw), toGPU(g, ik), m, L, pos0)
+		g.IndexerSelect(gi, toGPU(g, iq), toGPU(g, iw), toGPU(g, ik), m, L, pos0)
 		ref, _ := dsa.NewIndexer(ix, 1)
 		dsa.PrepareWeights(iw, ix)
 		var want dsa.Selection
@@ -651,7 +650,7 @@ func TestDSASelectShapes(t *testing.T) {
 	}
 }
 
-// TestDSAAttendLatentShapes holds DSAAttendLatent to the CPU at shapes that
+// TestDSAAttendLatentShapes holds SparseLatentAttention to the CPU at shapes that
 // take dsa_attend_split's edges: one and several groups of 16 heads (the last
 // one partial), top-k above the context, selections not a multiple of the
 // 32-token tile, one split or many (up to the 64 cap) with some empty for
@@ -686,7 +685,7 @@ func TestDSAAttendLatentShapes(t *testing.T) {
 			t.Errorf("heads %d rank %d rope %d: split path %v, want %v", H, tc.la, tc.lb, fits, tc.split)
 		}
 		oc := make(cpu.Buffer, m*H*tc.la)
-		c.DSAAttendLatent(oc, cpu.Buffer(qLat), cpu.Buffer(q), cpu.Buffer(lat), cpu.Buffer(kr), ic, m, s, scale)
+		c.SparseLatentAttention(oc, cpu.Buffer(qLat), cpu.Buffer(q), cpu.Buffer(lat), cpu.Buffer(kr), ic, m, s, scale)
 		qLatg, qg := toGPU(g, qLat), toGPU(g, q)
 		// dsa_attend_mma where it applies (with 16 warps, then 8, where the
 		// rank takes 16), then dsa_attend_split on the same inputs.
@@ -702,7 +701,7 @@ func TestDSAAttendLatentShapes(t *testing.T) {
 				kernel, perSM = attendMMAKernel("dsa_attend_mma", g.attendMMAWarps(tc.la)), 1
 			}
 			splits, per := g.dsaSplits(min(tc.topk, L), m, H, perSM)
-			g.DSAAttendLatent(og, qLatg, qg, latg, krg, gi, m, s, scale)
+			g.SparseLatentAttention(og, qLatg, qg, latg, krg, gi, m, s, scale)
 			name := fmt.Sprintf("attend latent heads=%d rank=%d rope=%d keys=%d top-%d m=%d (%s, %d splits of %d)",
 				H, tc.la, tc.lb, L, tc.topk, m, kernel, splits, per)
 			check(t, name, fromGPU(t, g, og), oc, opsTol)
@@ -736,11 +735,11 @@ func TestHTreeOps(t *testing.T) {
 		}
 		rope.Interleaved = tc.interleaved
 		shape := htree.CacheShape{Layers: 2, KVHeads: tc.kv, HeadDim: tc.hd, Capacity: tc.capa, Options: tc.opts, RoPE: rope}
-		cc, err := c.HTreeNewCache(shape)
+		cc, err := c.NewTreeCache(shape)
 		if err != nil {
 			t.Fatal(err)
 		}
-		gc, err := g.HTreeNewCache(shape)
+		gc, err := g.NewTreeCache(shape)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -756,9 +755,9 @@ func TestHTreeOps(t *testing.T) {
 			}
 			q, k, v := randn(rng, m*tc.heads*tc.hd), randn(rng, m*tc.kv*tc.hd), randn(rng, m*tc.kv*tc.hd)
 			want := make(cpu.Buffer, len(q))
-			c.HTreeAttention(want, cpu.Buffer(q), cpu.Buffer(k), cpu.Buffer(v), cc, 1, pos0, m, as)
+			c.TreeAttention(want, cpu.Buffer(q), cpu.Buffer(k), cpu.Buffer(v), cc, 1, pos0, m, as)
 			got := poisoned(g, len(q))
-			g.HTreeAttention(got, toGPU(g, q), toGPU(g, k), toGPU(g, v), gc, 1, pos0, m, as)
+			g.TreeAttention(got, toGPU(g, q), toGPU(g, k), toGPU(g, v), gc, 1, pos0, m, as)
 			check(t, "htree", fromGPU(t, g, got), want, 1e-5)
 		}
 		if cc.Len() != gc.Len() {
@@ -801,35 +800,23 @@ func runGreedy(t *testing.T, m model.Model, ids []int32) ([]float32, []int32) {
 	return full, toks
 }
 
-// compareModels loads dir on the GPU (g) and the CPU (after setup, if any)
+// compareModels loads dir on the GPU (g) and the CPU (built with o)
 // and returns the largest |logit| difference of a full pass and whether the
 // greedy tokens agree (equal, or the GPU follows the CPU's up to exact ties).
-func compareModels(t *testing.T, g backend.Backend, dir string, ids []int32, setup func(model.Model) error) (float64, bool) {
+func compareModels(t *testing.T, g backend.Backend, dir string, ids []int32, o model.Options) (float64, bool) {
 	t.Helper()
-	cfg, err := model.LoadConfig(dir)
+	f, err := model.ReadFolder(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ck, err := weights.Open(dir)
+	defer f.Close()
+	mg, err := model.Build(g, f, o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ck.Close()
-	mg, err := model.New(g, cfg, ck)
+	mc, err := model.Build(cpu.New(0), f, o)
 	if err != nil {
 		t.Fatal(err)
-	}
-	mc, err := model.New(cpu.New(0), cfg, ck)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if setup != nil {
-		if err := setup(mg); err != nil {
-			t.Fatal(err)
-		}
-		if err := setup(mc); err != nil {
-			t.Fatal(err)
-		}
 	}
 	gl, gt := runGreedy(t, mg, ids)
 	cl, ct := runGreedy(t, mc, ids)
@@ -899,9 +886,7 @@ func TestHTreeGoldenOnGPU(t *testing.T) {
 	g := newGPU(t)
 	dir := filepath.Join(golden.Dir(t), "llama")
 	ref := golden.Load(t, dir)
-	d, same := compareModels(t, g, dir, ref.InputIDs, func(m model.Model) error {
-		return model.SetAttention(m, model.AttentionOptions{Kind: "htree", HTree: htree.Options{Rate: 4, TopK: 4, TopCandidates: 8}})
-	})
+	d, same := compareModels(t, g, dir, ref.InputIDs, model.Options{Attention: model.AttentionOptions{Kind: "htree", HTree: htree.Options{Rate: 4, TopK: 4, TopCandidates: 8}}})
 	requireClose(t, d, same)
 }
 
@@ -952,7 +937,7 @@ func TestNVFP4GoldenOnGPU(t *testing.T) {
 			if _, err := convert.Convert(context.Background(), convert.Options{In: src, Out: out, Workers: 2}); err != nil {
 				t.Fatal(err)
 			}
-			d, same := compareModels(t, g, out, ref.InputIDs, nil)
+			d, same := compareModels(t, g, out, ref.InputIDs, model.Options{})
 			t.Logf("tensor-core NVFP4 path: max |GPU - CPU| logit %.3g, greedy equal %v", d, same)
 			if dense[cfg.ModelType] {
 				requireClose(t, d, same)
@@ -961,7 +946,7 @@ func TestNVFP4GoldenOnGPU(t *testing.T) {
 			if math.IsInf(d, 0) || math.IsNaN(d) {
 				t.Errorf("tensor-core NVFP4: logits not finite")
 			}
-			d, same = compareModels(t, exactNVFP4{g}, out, ref.InputIDs, nil)
+			d, same = compareModels(t, exactNVFP4{g}, out, ref.InputIDs, model.Options{})
 			requireClose(t, d, same)
 		})
 	}
@@ -1012,7 +997,7 @@ func moeHostAdd(c *cpu.Backend, cw [3][]backend.Weight, out, x []float32, idx []
 			c.MatMul(ue, xi, cw[1][e], 1)
 			c.SwiGLU(ge, ge, ue, limit)
 			c.MatMul(ye, ge, cw[2][e], 1)
-			c.V4ScatterAdd(cpu.Buffer(out), ye, []int32{int32(i)}, []float32{w[i*k+j]}, dim)
+			c.ScatterAddRows(cpu.Buffer(out), ye, []int32{int32(i)}, []float32{w[i*k+j]}, dim)
 		}
 	}
 }
@@ -1066,7 +1051,7 @@ func TestV4MoE(t *testing.T) {
 			t.Fatalf("%s: BindExperts: %v, %v", name, ex, err)
 		}
 		out := toGPU(g, shared)
-		g.MoE(out, toGPU(g, x), toGPU(g, logits), hash, ex, a, tc.limit)
+		g.RoutedMoE(out, toGPU(g, x), toGPU(g, logits), hash, ex, a, tc.limit)
 		check(t, name, fromGPU(t, g, out), want, opsTol)
 	}
 }
@@ -1104,20 +1089,20 @@ func TestGroupMoE(t *testing.T) {
 	}
 }
 
-// selectBoth runs DSASelect on the CPU and the GPU over the same random
+// selectBoth runs IndexerSelect on the CPU and the GPU over the same random
 // indexer queries, weights and keys (m queries, the last at position L - 1)
 // and returns both selections and the inputs.
-func selectBoth(t *testing.T, c *cpu.Backend, g *Backend, rng *rand.Rand, ix dsa.IndexerShape, m, L int) (ic, gi dsa.Indices, iq, iw, ik []float32) {
+func selectBoth(t *testing.T, c *cpu.Backend, g *Backend, rng *rand.Rand, ix dsa.IndexerShape, m, L int) (ic, gi backend.Indices, iq, iw, ik []float32) {
 	t.Helper()
 	iq, iw, ik = randn(rng, m*ix.Heads*ix.HeadDim), randn(rng, m*ix.Heads), randn(rng, L*ix.HeadDim)
 	var err error
-	if ic, err = c.DSANewIndices(ix); err != nil {
+	if ic, err = c.NewIndices(ix); err != nil {
 		t.Fatal(err)
 	}
-	if gi, err = g.DSANewIndices(ix); err != nil {
+	if gi, err = g.NewIndices(ix); err != nil {
 		t.Fatal(err)
 	}
-	c.DSASelect(ic, cpu.Buffer(slices.Clone(iq)), cpu.Buffer(slices.Clone(iw)), cpu.Buffer(ik), m, L, L-m)
-	g.DSASelect(gi, toGPU(g, iq), toGPU(g, iw), toGPU(g, ik), m, L, L-m)
+	c.IndexerSelect(ic, cpu.Buffer(slices.Clone(iq)), cpu.Buffer(slices.Clone(iw)), cpu.Buffer(ik), m, L, L-m)
+	g.IndexerSelect(gi, toGPU(g, iq), toGPU(g, iw), toGPU(g, ik), m, L, L-m)
 	return ic, gi, iq, iw, ik
 }

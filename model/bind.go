@@ -13,12 +13,15 @@ import (
 
 // Loader moves checkpoint tensors onto a backend.
 type Loader struct {
-	b  backend.Backend
-	ck *weights.Checkpoint
+	b    backend.Backend
+	ck   *weights.Checkpoint
+	caps backend.Capabilities // b's optional op groups, asked once (Build)
 }
 
 // NewLoader returns a loader reading ck onto b.
-func NewLoader(b backend.Backend, ck *weights.Checkpoint) *Loader { return &Loader{b: b, ck: ck} }
+func NewLoader(b backend.Backend, ck *weights.Checkpoint) *Loader {
+	return &Loader{b: b, ck: ck, caps: backend.CapabilitiesOf(b)}
+}
 
 // Checkpoint is the checkpoint being read.
 func (l *Loader) Checkpoint() *weights.Checkpoint { return l.ck }

@@ -27,7 +27,8 @@ import (
 // NewStateWith picks a path explicitly.
 type DeepseekV32 struct {
 	b     backend.Backend
-	ops   dsa.Ops
+	ops   backend.SparseMLAOps
+	gmoe  backend.GroupMoEOps // nil: routed experts on the host
 	cfg   *Config
 	v     v32Config
 	mla   layers.MLAShape
@@ -115,13 +116,16 @@ type v32MoE struct {
 // modules' default eps, not rms_norm_eps.
 const v32LatentEps, v32IndexerEps = 1e-6, 1e-6
 
-func newDeepseekV32(b backend.Backend, cfg *Config, l *Loader) (Model, error) {
+func newDeepseekV32(b backend.Backend, cfg *Config, l *Loader, o Options) (Model, error) {
+	if o.Attention.Kind == "htree" {
+		return nil, fmt.Errorf("model: %s does not support htree attention (llama and qwen3 do)", cfg.ModelType)
+	}
 	return loadDeepseekV32(b, cfg, l)
 }
 
 func loadDeepseekV32(b backend.Backend, cfg *Config, l *Loader) (*DeepseekV32, error) {
-	ops, ok := b.(dsa.Ops)
-	if !ok {
+	ops := l.caps.SparseMLA
+	if ops == nil {
 		return nil, fmt.Errorf("model: deepseek_v32 needs DSA ops; backend %s lacks them", b.Name())
 	}
 	v := defaultV32Config()
@@ -131,7 +135,7 @@ func loadDeepseekV32(b backend.Backend, cfg *Config, l *Loader) (*DeepseekV32, e
 	if err := checkV32Config(cfg, &v); err != nil {
 		return nil, err
 	}
-	m := &DeepseekV32{b: b, ops: ops, cfg: cfg, v: v, Blocks: make([]v32Block, cfg.NumLayers)}
+	m := &DeepseekV32{b: b, ops: ops, gmoe: l.caps.GroupMoE, cfg: cfg, v: v, Blocks: make([]v32Block, cfg.NumLayers)}
 	m.mla = layers.MLAShape{Heads: cfg.NumHeads, QLoraRank: *v.QLoraRank, KVLoraRank: v.KVLoraRank,
 		NopeDim: v.QKNopeHeadDim, RopeDim: v.QKRopeHeadDim, VDim: v.VHeadDim}
 	if err := m.mla.Validate(); err != nil {
@@ -327,7 +331,7 @@ func (m *DeepseekV32) loadMoE(l *Loader, prefix string) (*v32MoE, error) {
 			return nil, err
 		}
 	}
-	if ops, ok := m.b.(backend.GroupMoEOps); ok {
+	if ops := l.caps.GroupMoE; ops != nil {
 		w1, w3, w2 := make([]backend.Weight, E), make([]backend.Weight, E), make([]backend.Weight, E)
 		for e, x := range moe.Experts {
 			w1[e], w3[e], w2[e] = x.Gate, x.Up, x.Down

@@ -6,7 +6,6 @@ import (
 
 	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/layers"
-	"github.com/manifoldlm/manifold/layers/dsa"
 )
 
 // MLAPath selects how a DeepSeek-V3.2 state computes attention and what its
@@ -54,7 +53,7 @@ type v32State struct {
 
 	lat, kr, ik, kv []backend.Buffer // per layer: latent, rope key, indexer key, expanded k_nope|v
 	dense           backend.KVCache
-	idx             dsa.Indices
+	idx             backend.Indices
 	perToken        int64 // cache bytes per position, all layers
 
 	rows                                     int // rows the scratch holds
@@ -98,7 +97,7 @@ func (m *DeepseekV32) NewStateWith(capacity int, path MLAPath) (State, error) {
 	var width int // float32 values cached per token and layer
 	switch path {
 	case MLAAuto, MLAAbsorbed, MLANaive:
-		idx, err := m.ops.DSANewIndices(m.ixs)
+		idx, err := m.ops.NewIndices(m.ixs)
 		if err != nil {
 			return nil, err
 		}
@@ -268,14 +267,14 @@ func (m *DeepseekV32) attention(s *v32State, l int, blk *v32Block, out, h backen
 	b.RoPE(qI, n, ix.Heads, ix.HeadDim, 0, pos0, m.irope, false)
 	kI := b.View(s.ik[l], pos0*ix.HeadDim, n*ix.HeadDim)
 	b.MatMul(kI, h, blk.IK, n)
-	ops.DSALayerNorm(kI, kI, blk.IKNormW, blk.IKNormB, v32IndexerEps)
+	ops.LayerNorm(kI, kI, blk.IKNormW, blk.IKNormB, v32IndexerEps)
 	b.RoPE(kI, n, 1, ix.HeadDim, 0, pos0, m.irope, false)
 	wI := b.View(s.wI, 0, n*ix.Heads)
 	b.MatMul(wI, h, blk.IW, n)
 	// The selection is queued right before the attention that reads it, so
 	// that a backend can overlap the two (the GPU stages the attention's
 	// queries while the top-k runs).
-	selectTokens := func() { ops.DSASelect(s.idx, qI, wI, b.View(s.ik[l], 0, L*ix.HeadDim), n, L, pos0) }
+	selectTokens := func() { ops.IndexerSelect(s.idx, qI, wI, b.View(s.ik[l], 0, L*ix.HeadDim), n, L, pos0) }
 
 	b.Copy(b.View(s.kr[l], pos0*dr, n*dr), kr)
 	rope := b.View(s.kr[l], 0, L*dr)
@@ -284,21 +283,21 @@ func (m *DeepseekV32) attention(s *v32State, l int, blk *v32Block, out, h backen
 		w := a.Heads * (a.NopeDim + a.VDim)
 		b.MatMul(b.View(s.kv[l], pos0*w, n*w), lat, blk.KVB, n)
 		selectTokens()
-		ops.DSAAttendMLA(att, q, b.View(s.kv[l], 0, L*w), rope, s.idx, n, a, m.scale)
+		ops.SparseMLAAttention(att, q, b.View(s.kv[l], 0, L*w), rope, s.idx, n, a, m.scale)
 	case s.path == MLAAbsorbed || m.absorb(n, L):
 		b.Copy(b.View(s.lat[l], pos0*r, n*r), lat)
 		qLat := b.View(s.qLat, 0, n*a.Heads*r)
 		ops.MLAAbsorbQuery(qLat, q, blk.KVB, n, a)
 		oLat := b.View(s.oLat, 0, n*a.Heads*r)
 		selectTokens()
-		ops.DSAAttendLatent(oLat, qLat, q, b.View(s.lat[l], 0, L*r), rope, s.idx, n, a, m.scale)
+		ops.SparseLatentAttention(oLat, qLat, q, b.View(s.lat[l], 0, L*r), rope, s.idx, n, a, m.scale)
 		ops.MLAExpandOutput(att, oLat, blk.KVB, n, a)
 	default:
 		b.Copy(b.View(s.lat[l], pos0*r, n*r), lat)
 		kv := m.kvScratch(s, L)
 		b.MatMul(kv, b.View(s.lat[l], 0, L*r), blk.KVB, L)
 		selectTokens()
-		ops.DSAAttendMLA(att, q, kv, rope, s.idx, n, a, m.scale)
+		ops.SparseMLAAttention(att, q, kv, rope, s.idx, n, a, m.scale)
 	}
 	b.MatMul(out, att, blk.O, n)
 }
@@ -362,7 +361,7 @@ func (m *DeepseekV32) moe(s *v32State, f *v32MoE, out, h backend.Buffer, n int) 
 		}
 		a := f.route
 		a.M = n
-		b.(backend.GroupMoEOps).GroupMoE(out, h, rl, f.dev, a)
+		m.gmoe.GroupMoE(out, h, rl, f.dev, a)
 		return
 	}
 	if cap(s.hostLogits) < n*E {
@@ -405,11 +404,11 @@ func (m *DeepseekV32) moe(s *v32State, f *v32MoE, out, h backend.Buffer, n int) 
 		x := &f.Experts[e]
 		xe, ye := b.View(s.xe, 0, cnt*H), b.View(s.ye, 0, cnt*H)
 		ge, ue := b.View(s.ge, 0, cnt*x.Width), b.View(s.ue, 0, cnt*x.Width)
-		m.ops.DSAGather(xe, h, rows, H)
+		m.b.GatherRows(xe, h, rows, H)
 		b.MatMul(ge, xe, x.Gate, cnt)
 		b.MatMul(ue, xe, x.Up, cnt)
 		b.SwiGLU(ge, ge, ue, 0)
 		b.MatMul(ye, ge, x.Down, cnt)
-		m.ops.DSAScatterAdd(out, ye, rows, s.expertScale[e], H)
+		m.b.ScatterAddRows(out, ye, rows, s.expertScale[e], H)
 	}
 }

@@ -63,7 +63,7 @@ func loadV32(t testing.TB, dir string, edit func(map[string]any)) (*DeepseekV32,
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ck.Close() })
-	m, err := New(cpu.New(0), cfg, ck)
+	m, err := Build(cpu.New(0), &Folder{Dir: dir, Config: cfg, Checkpoint: ck}, Options{})
 	if err != nil {
 		return nil, err
 	}

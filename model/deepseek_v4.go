@@ -22,13 +22,14 @@ import (
 // low-rank output projection; MoE with sqrtsoftplus or hash routing, a shared
 // expert and clamped SwiGLU.
 //
-// Besides backend.Backend it needs the backend to implement mhc.Ops and
-// dsv4.Ops. Tensor names are the checkpoint's (DeepSeek's original names).
+// Besides backend.Backend it needs the backend to implement backend.HyperConnectionOps and
+// backend.CompressedAttentionOps. Tensor names are the checkpoint's (DeepSeek's original names).
 type DeepseekV4 struct {
 	b      backend.Backend
-	hc     mhc.Ops
-	ops    dsv4.Ops
-	moeOps dsv4.MoEOps // optional: routing and routed experts on the device
+	hc     backend.HyperConnectionOps
+	ops    backend.CompressedAttentionOps
+	moeOps backend.RoutedMoEOps            // optional: routing and routed experts on the device
+	fused  backend.FusedHyperConnectionOps // optional: a site's coefficients and Pre in one call
 	cfg    *Config
 	v      *v4Config
 	mixer  *mhc.Mixer
@@ -116,18 +117,21 @@ type v4Expert struct {
 	W2 backend.Weight `w:"w2" shape:"hidden,ffn"`
 }
 
-func newDeepseekV4(b backend.Backend, cfg *Config, l *Loader) (Model, error) {
+func newDeepseekV4(b backend.Backend, cfg *Config, l *Loader, o Options) (Model, error) {
+	if o.Attention.Kind == "htree" {
+		return nil, fmt.Errorf("model: %s does not support htree attention (llama and qwen3 do)", cfg.ModelType)
+	}
 	return loadDeepseekV4(b, cfg, l)
 }
 
 func loadDeepseekV4(b backend.Backend, cfg *Config, l *Loader) (*DeepseekV4, error) {
-	hc, ok := b.(mhc.Ops)
-	if !ok {
-		return nil, fmt.Errorf("model: deepseek_v4 needs mHC ops (layers/mhc.Ops); backend %s lacks them", b.Name())
+	hc := l.caps.HyperConnection
+	if hc == nil {
+		return nil, fmt.Errorf("model: deepseek_v4 needs hyper-connection ops (backend.HyperConnectionOps); backend %s lacks them", b.Name())
 	}
-	ops, ok := b.(dsv4.Ops)
-	if !ok {
-		return nil, fmt.Errorf("model: deepseek_v4 needs DeepSeek-V4 ops (layers/dsv4.Ops); backend %s lacks them", b.Name())
+	ops := l.caps.Compressed
+	if ops == nil {
+		return nil, fmt.Errorf("model: deepseek_v4 needs compressed-attention ops (backend.CompressedAttentionOps); backend %s lacks them", b.Name())
 	}
 	v, err := parseV4Config(cfg)
 	if err != nil {
@@ -141,7 +145,7 @@ func loadDeepseekV4(b backend.Backend, cfg *Config, l *Loader) (*DeepseekV4, err
 		return nil, configErr(cfg.Path, "hc_mult", "%v", err)
 	}
 	m := &DeepseekV4{b: b, hc: hc, ops: ops, cfg: cfg, v: v, mixer: mixer}
-	m.moeOps, _ = b.(dsv4.MoEOps)
+	m.moeOps, m.fused = l.caps.RoutedMoE, l.caps.FusedHyper
 	if m.mainRoPE, err = cfg.NewRoPE(v.mainRoPE, v.HeadDim); err != nil {
 		return nil, err
 	}
@@ -740,7 +744,7 @@ func (m *DeepseekV4) hcPre(s *v4State, site *v4HC, x backend.Buffer, n int) back
 	logits := b.View(sc.logits, 0, n*mix)
 	pre, post, res := b.View(sc.pre, 0, n*nh), b.View(sc.post, 0, n*nh), b.View(sc.res, 0, n*nh*nh)
 	c := b.View(sc.c, 0, n*D)
-	if f, ok := m.hc.(mhc.FusedOps); ok && m.mixer.Config().NormEps == m.cfg.RMSNormEps {
+	if f := m.fused; f != nil && m.mixer.Config().NormEps == m.cfg.RMSNormEps {
 		f.MHCCoeffsPre(m.mixer, c, pre, post, res, logits, x, site.Fn, site.Base, site.Scale, n)
 		return c
 	}
@@ -809,7 +813,7 @@ func (m *DeepseekV4) attention(s *v4State, l int, h backend.Buffer, n, pos0 int)
 		m.indexer(s, blk, ls.index, qres, iw, idx, n, pos0)
 	}
 	att := b.View(sc.att, 0, n*H*hd)
-	m.ops.V4Attention(att, q, local, comp, idx, blk.Attn.Sinks, args)
+	m.ops.CompressedAttention(att, q, local, comp, idx, blk.Attn.Sinks, args)
 
 	// Keep the last sliding_window-1 rows for the next call, where they are.
 	keep := min(s.window()-1, ls.win+n)
@@ -826,11 +830,11 @@ func (m *DeepseekV4) attention(s *v4State, l int, h backend.Buffer, n, pos0 int)
 		}
 	} else {
 		grp, grp2 := b.View(sc.grp, 0, n*H*hd), b.View(sc.grp2, 0, n*g*o)
-		m.ops.V4Transpose(grp, att, n, g, gw) // [n, g, gw] -> [g, n, gw]
+		m.ops.Transpose(grp, att, n, g, gw) // [n, g, gw] -> [g, n, gw]
 		for j := 0; j < g; j++ {
 			b.MatMul(b.View(grp2, j*n*o, n*o), b.View(grp, j*n*gw, n*gw), blk.WOA[j], n)
 		}
-		m.ops.V4Transpose(u, grp2, g, n, o) // [g, n, o] -> [n, g, o]
+		m.ops.Transpose(u, grp2, g, n, o) // [g, n, o] -> [n, g, o]
 	}
 	out := b.View(sc.a, 0, n*cfg.HiddenSize)
 	b.MatMul(out, u, blk.Attn.WOB, n)
@@ -891,7 +895,7 @@ func (m *DeepseekV4) compressPool(c *v4Comp, w *v4Compressor, n int) {
 	a := dsv4.CompressArgs{Entries: windows, Rate: w.rate, Width: w.width, Overlap: w.csa, Prev: c.prev > 0,
 		Pos0: c.count * w.rate, Eps: m.cfg.RMSNormEps, RoPE: m.compRoPE}
 	src := a.SourceRows() * rw
-	m.ops.V4Compress(b.View(c.entries, c.count*w.width, windows*w.width), b.View(kv, base, src), b.View(gate, base, src),
+	m.ops.CompressKV(b.View(c.entries, c.count*w.width, windows*w.width), b.View(kv, base, src), b.View(gate, base, src),
 		w.APE, w.Norm, a)
 	c.count += windows
 	// Keep the last closed window (CSA) and the tail, where they are.
@@ -913,7 +917,7 @@ func (m *DeepseekV4) indexer(s *v4State, blk *v4Block, ic *v4Comp, qres, iw, idx
 	b.MatMul(iq, qres, blk.Indexer.WQB, n)
 	b.RoPE(iq, n, Hi, di, di-m.compRoPE.Dim(), pos0, m.compRoPE, false)
 	b.Scale(iw, iw, float32(math.Pow(float64(Hi), -0.5)))
-	m.ops.V4IndexTopK(idx, iq, ic.entries, iw, dsv4.IndexArgs{
+	m.ops.CompressedIndexTopK(idx, iq, ic.entries, iw, dsv4.IndexArgs{
 		M: n, Heads: Hi, Dim: di, Entries: ic.count, TopK: s.indexTopK(), Pos0: pos0, Rate: blk.rate,
 		Scale: float32(math.Pow(float64(di), -0.5)),
 	})
@@ -925,7 +929,7 @@ func (m *DeepseekV4) indexer(s *v4State, blk *v4Block, ic *v4Comp, qres, iw, idx
 const v4DeviceMoETokens = 8
 
 // moe runs the MoE block over h ([n, hidden], normed): the shared expert on
-// all rows, then the routed experts, routed on the device (dsv4.MoEOps) for
+// all rows, then the routed experts, routed on the device (backend.RoutedMoEOps) for
 // short chunks when the backend can, else on the host, each routed expert
 // on its rows.
 func (m *DeepseekV4) moe(s *v4State, blk *v4Block, h backend.Buffer, tokens []int32) backend.Buffer {
@@ -954,7 +958,7 @@ func (m *DeepseekV4) moe(s *v4State, blk *v4Block, h backend.Buffer, tokens []in
 	}
 	route := dsv4.RouteArgs{M: n, Experts: E, K: K, Scoring: v.scoring, Scale: float32(v.RoutedScalingFactor)}
 	if blk.dev != nil && n <= v4DeviceMoETokens {
-		m.moeOps.MoE(out, h, router, hash, blk.dev, route, limit)
+		m.moeOps.RoutedMoE(out, h, router, hash, blk.dev, route, limit)
 		return out
 	}
 
@@ -981,7 +985,7 @@ func (m *DeepseekV4) moe(s *v4State, blk *v4Block, h backend.Buffer, tokens []in
 		xe := h
 		if n > 1 {
 			xe = b.View(sc.xe, 0, cnt*D)
-			m.ops.V4Gather(xe, h, rows, D)
+			m.b.GatherRows(xe, h, rows, D)
 		}
 		ge, ue, ye := b.View(sc.ge, 0, cnt*I), b.View(sc.ue, 0, cnt*I), b.View(sc.ye, 0, cnt*D)
 		ex := &blk.Experts[e]
@@ -989,7 +993,7 @@ func (m *DeepseekV4) moe(s *v4State, blk *v4Block, h backend.Buffer, tokens []in
 		b.MatMul(ue, xe, ex.W3, cnt)
 		b.SwiGLU(ge, ge, ue, limit)
 		b.MatMul(ye, ge, ex.W2, cnt)
-		m.ops.V4ScatterAdd(out, ye, rows, s.expScale[e], D)
+		m.b.ScatterAddRows(out, ye, rows, s.expScale[e], D)
 	}
 	return out
 }

@@ -14,7 +14,7 @@ import (
 )
 
 // mhcTimer is the CPU backend with the time spent in its mHC ops recorded
-// (the model reaches them through the mhc.Ops type assertion, so every
+// (the model reaches them through the backend.HyperConnectionOps type assertion, so every
 // hyper-connection step, its projection matmul included, is counted).
 type mhcTimer struct {
 	*cpu.Backend

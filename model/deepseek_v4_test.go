@@ -452,14 +452,9 @@ func TestDeepseekV4BadInput(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(dir, "config.json"), cj, 0o644); err != nil {
 				t.Fatal(err)
 			}
-			cfg, err := LoadConfig(dir)
+			f, _, err := Open(dir, cpu.New(1), Options{})
 			if err == nil {
-				ck, err2 := weights.Open(dir)
-				if err2 != nil {
-					t.Fatal(err2)
-				}
-				defer ck.Close()
-				_, err = New(cpu.New(1), cfg, ck)
+				f.Close()
 			}
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("err = %v, want one naming %q", err, tc.want)

@@ -40,15 +40,8 @@ func editConfig(t *testing.T, dir, field string, value any) {
 }
 
 func load(dir string) (Model, error) {
-	cfg, err := LoadConfig(dir)
-	if err != nil {
-		return nil, err
-	}
-	ck, err := weights.Open(dir)
-	if err != nil {
-		return nil, err
-	}
-	return New(cpu.New(1), cfg, ck)
+	_, m, err := Open(dir, cpu.New(1), Options{})
+	return m, err
 }
 
 func TestLoadErrors(t *testing.T) {

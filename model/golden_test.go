@@ -11,7 +11,6 @@ import (
 
 	"github.com/manifoldlm/manifold/backend/cpu"
 	"github.com/manifoldlm/manifold/internal/golden"
-	"github.com/manifoldlm/manifold/weights"
 )
 
 const goldenTol = 1e-3 // the fixtures' README: max |logit - golden| on the float32 CPU path
@@ -55,19 +54,11 @@ func modelType(t *testing.T, dir string) string {
 
 func loadTestModel(t testing.TB, dir string) Model {
 	t.Helper()
-	cfg, err := LoadConfig(dir)
+	f, m, err := Open(dir, cpu.New(0), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ck, err := weights.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ck.Close() })
-	m, err := New(cpu.New(0), cfg, ck)
-	if err != nil {
-		t.Fatal(err)
-	}
+	t.Cleanup(func() { f.Close() })
 	return m
 }
 

@@ -17,7 +17,8 @@ type Llama struct {
 	cfg   *Config
 	rope  *layers.RoPE
 	attn  []layers.AttentionShape // per layer (sliding windows differ)
-	htree *llamaHTree             // non-nil: htree attention (SetAttention, llama_htree.go)
+	htree *llamaHTree             // non-nil: htree attention (Options.Attention, llama_htree.go)
+	pipe  backend.TokenPipeliner  // nil: the backend cannot run a token it holds
 	head
 	Blocks []llamaBlock
 }
@@ -36,11 +37,11 @@ type llamaBlock struct {
 	Down     backend.Weight `w:"mlp.down_proj" shape:"hidden,ffn"`
 }
 
-func newLlama(b backend.Backend, cfg *Config, l *Loader) (Model, error) {
-	return loadLlama(b, cfg, l, false)
+func newLlama(b backend.Backend, cfg *Config, l *Loader, o Options) (Model, error) {
+	return loadLlama(b, cfg, l, o, false)
 }
 
-func loadLlama(b backend.Backend, cfg *Config, l *Loader, qkNorm bool) (*Llama, error) {
+func loadLlama(b backend.Backend, cfg *Config, l *Loader, o Options, qkNorm bool) (*Llama, error) {
 	if cfg.HiddenAct != "" && cfg.HiddenAct != "silu" {
 		return nil, configErr(cfg.Path, "hidden_act", "%q is not supported (silu only)", cfg.HiddenAct)
 	}
@@ -51,7 +52,7 @@ func loadLlama(b backend.Backend, cfg *Config, l *Loader, qkNorm bool) (*Llama, 
 	if err != nil {
 		return nil, err
 	}
-	m := &Llama{b: b, cfg: cfg, rope: rope, Blocks: make([]llamaBlock, cfg.NumLayers)}
+	m := &Llama{b: b, cfg: cfg, rope: rope, pipe: l.caps.Pipeliner, Blocks: make([]llamaBlock, cfg.NumLayers)}
 	dims := map[string]int{
 		"hidden":   cfg.HiddenSize,
 		"q":        cfg.NumHeads * cfg.HeadDim,
@@ -77,6 +78,11 @@ func loadLlama(b backend.Backend, cfg *Config, l *Loader, qkNorm bool) (*Llama, 
 			s.Window = cfg.SlidingWindow
 		}
 		m.attn = append(m.attn, s)
+	}
+	if o.Attention.Kind == "htree" {
+		if m.htree, err = newLlamaHTree(m, l.caps, o.Attention); err != nil {
+			return nil, err
+		}
 	}
 	return m, nil
 }
@@ -206,8 +212,8 @@ func (m *Llama) ForwardDevice(ctx context.Context, st State, tokens []int32) (ba
 // ForwardSampled runs the token whose id src holds on the backend (see
 // SampledForwarder) and leaves its logits there.
 func (m *Llama) ForwardSampled(ctx context.Context, st State, src backend.Buffer) (backend.Buffer, error) {
-	tp, ok := m.b.(backend.TokenPipeliner)
-	if !ok {
+	tp := m.pipe
+	if tp == nil {
 		return nil, fmt.Errorf("model: backend %s cannot run a token it holds", m.b.Name())
 	}
 	// Token 0 stands for the held one in the checks; EmbedToken reads src.

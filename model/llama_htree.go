@@ -23,43 +23,25 @@ type AttentionOptions struct {
 	FirstLayer int
 }
 
-// SetAttention makes m use the attention o asks for. Call it right after
-// New, before any state is made: states made earlier keep the old caches.
-func SetAttention(m Model, o AttentionOptions) error {
+// validate checks the kind; the architecture checks the rest.
+func (o AttentionOptions) validate() error {
 	switch o.Kind {
 	case "", "dense", "htree":
-	default:
-		return fmt.Errorf("model: attention %q: want dense or htree", o.Kind)
-	}
-	l, ok := m.(*Llama)
-	if !ok {
-		if o.Kind == "htree" {
-			return fmt.Errorf("model: %s does not support htree attention (llama and qwen3 do)", m.Config().ModelType)
-		}
 		return nil
 	}
-	if o.Kind != "htree" {
-		l.htree = nil
-		return nil
-	}
-	h, err := newLlamaHTree(l, o)
-	if err != nil {
-		return err
-	}
-	l.htree = h
-	return nil
+	return fmt.Errorf("model: attention %q: want dense or htree", o.Kind)
 }
 
 // llamaHTree runs a Llama's attention layers, some on htree and the others
 // dense, each kind with its own cache indexed compactly.
 type llamaHTree struct {
-	ops          htree.Ops
+	ops          backend.TreeAttentionOps
 	opts         htree.Options
 	index        []int // per layer: its tree index if >= 0, else -(dense index)-1
 	trees, dense int
 }
 
-func newLlamaHTree(m *Llama, o AttentionOptions) (*llamaHTree, error) {
+func newLlamaHTree(m *Llama, caps backend.Capabilities, o AttentionOptions) (*llamaHTree, error) {
 	opts := o.HTree.WithDefaults()
 	if err := opts.Validate(); err != nil {
 		return nil, fmt.Errorf("model: %w", err)
@@ -67,8 +49,8 @@ func newLlamaHTree(m *Llama, o AttentionOptions) (*llamaHTree, error) {
 	if o.FirstLayer < 0 || o.FirstLayer >= len(m.Blocks) {
 		return nil, fmt.Errorf("model: htree first layer %d: the model has layers 0..%d", o.FirstLayer, len(m.Blocks)-1)
 	}
-	ops, ok := m.b.(htree.Ops)
-	if !ok {
+	ops := caps.TreeAttention
+	if ops == nil {
 		return nil, fmt.Errorf("model: htree attention needs htree ops; backend %s lacks them (use the cpu device)", m.b.Name())
 	}
 	h := &llamaHTree{ops: ops, opts: opts, index: make([]int, len(m.Blocks))}
@@ -90,7 +72,7 @@ func newLlamaHTree(m *Llama, o AttentionOptions) (*llamaHTree, error) {
 // htreeKV is a Llama state's cache under htree: the trees, and the dense KV
 // cache of the dense layers (nil when there are none).
 type htreeKV struct {
-	trees htree.Cache
+	trees backend.TreeCache
 	dense backend.KVCache
 }
 
@@ -111,7 +93,7 @@ func (c *htreeKV) Bytes() int64 {
 
 func (h *llamaHTree) newState(m *Llama, capacity int) (State, error) {
 	c := m.cfg
-	trees, err := h.ops.HTreeNewCache(htree.CacheShape{Layers: h.trees, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim,
+	trees, err := h.ops.NewTreeCache(htree.CacheShape{Layers: h.trees, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim,
 		Capacity: capacity, Options: h.opts, RoPE: m.rope})
 	if err != nil {
 		return nil, err
@@ -130,7 +112,7 @@ func (h *llamaHTree) newState(m *Llama, capacity int) (State, error) {
 func (h *llamaHTree) attention(m *Llama, att, q, k, v backend.Buffer, cache backend.KVCache, l, pos0, n int) {
 	c, b, kv := m.cfg, m.b, cache.(*htreeKV)
 	if i := h.index[l]; i >= 0 {
-		h.ops.HTreeAttention(att, q, k, v, kv.trees, i, pos0, n, m.attn[l])
+		h.ops.TreeAttention(att, q, k, v, kv.trees, i, pos0, n, m.attn[l])
 		return
 	}
 	b.RoPE(q, n, c.NumHeads, c.HeadDim, 0, pos0, m.rope, false)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/manifoldlm/manifold/backend/cpu"
 	"github.com/manifoldlm/manifold/internal/golden"
 	"github.com/manifoldlm/manifold/layers/dsa/htree"
 )
@@ -86,8 +87,7 @@ func TestHTreeQuality(t *testing.T) {
 			fmt.Fprintf(&table, "%s, T=%d, rate 4, 8 top-level candidates\n%6s %12s %12s %14s %14s %14s\n",
 				arch, T, "top-K", "max|Δlogit|", "mean|Δlogit|", "argmax agree", "greedy agree", "greedy prefix")
 			for _, k := range []int{1, 2, 4, 8, 16, 32, T} {
-				m := loadTestModel(t, dir)
-				err := SetAttention(m, AttentionOptions{Kind: "htree", HTree: htree.Options{Rate: 4, TopK: k, TopCandidates: 8}})
+				m, err := openWith(t, dir, AttentionOptions{Kind: "htree", HTree: htree.Options{Rate: 4, TopK: k, TopCandidates: 8}})
 				if err != nil && strings.Contains(err.Error(), "sliding window") {
 					t.Skip(err)
 				} else if err != nil {
@@ -128,27 +128,37 @@ func TestHTreeQuality(t *testing.T) {
 	}
 }
 
-func TestSetAttentionErrors(t *testing.T) {
+// openWith builds the folder dir on the CPU with attention o.
+func openWith(t testing.TB, dir string, o AttentionOptions) (Model, error) {
+	t.Helper()
+	f, m, err := Open(dir, cpu.New(0), Options{Attention: o})
+	if err == nil {
+		t.Cleanup(func() { f.Close() })
+	}
+	return m, err
+}
+
+func TestAttentionOptionErrors(t *testing.T) {
 	dir := filepath.Join(golden.Dir(t), "llama")
 	if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
 		t.Skip("no llama fixture")
 	}
-	m := loadTestModel(t, dir)
+	layers := loadTestModel(t, dir).Config().NumLayers
 	for _, c := range []struct {
 		o    AttentionOptions
 		want string
 	}{
 		{AttentionOptions{Kind: "sparse"}, `attention "sparse"`},
 		{AttentionOptions{Kind: "htree", HTree: htree.Options{Rate: 1}}, "rate 1"},
-		{AttentionOptions{Kind: "htree", FirstLayer: m.Config().NumLayers}, "first layer"},
+		{AttentionOptions{Kind: "htree", FirstLayer: layers}, "first layer"},
 		{AttentionOptions{Kind: "htree", FirstLayer: -1}, "first layer"},
 	} {
-		if err := SetAttention(m, c.o); err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("SetAttention(%+v) = %v, want an error naming %q", c.o, err, c.want)
+		if _, err := openWith(t, dir, c.o); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Open with attention %+v = %v, want an error naming %q", c.o, err, c.want)
 		}
 	}
-	// Dense again after htree: the golden path is untouched.
-	if err := SetAttention(m, AttentionOptions{Kind: "htree"}); err != nil {
+	m, err := openWith(t, dir, AttentionOptions{Kind: "htree"})
+	if err != nil {
 		t.Fatal(err)
 	}
 	st, err := m.NewState(8)
@@ -158,10 +168,7 @@ func TestSetAttentionErrors(t *testing.T) {
 	if _, ok := st.(*llamaState).cache.(*htreeKV); !ok {
 		t.Errorf("htree state has a %T cache", st.(*llamaState).cache)
 	}
-	if err := SetAttention(m, AttentionOptions{Kind: "dense"}); err != nil {
-		t.Fatal(err)
-	}
-	if st, _ = m.NewState(8); st.(*llamaState).cache.Bytes() == 0 {
+	if st, _ = loadTestModel(t, dir).NewState(8); st.(*llamaState).cache.Bytes() == 0 {
 		t.Error("dense state has no cache")
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	"github.com/manifoldlm/manifold/backend"
-	"github.com/manifoldlm/manifold/quant/nvfp4ckpt"
 	"github.com/manifoldlm/manifold/weights"
 )
 
@@ -68,7 +67,7 @@ type State interface {
 }
 
 // constructor builds an architecture from its config and weights.
-type constructor func(b backend.Backend, cfg *Config, w *Loader) (Model, error)
+type constructor func(b backend.Backend, cfg *Config, l *Loader, o Options) (Model, error)
 
 // architectures maps model_type to its constructor. It is fixed at compile
 // time and never modified.
@@ -77,23 +76,6 @@ var architectures = map[string]constructor{
 	"deepseek_v4":  newDeepseekV4,
 	"llama":        newLlama,
 	"qwen3":        newQwen3,
-}
-
-// New builds the architecture named by cfg.ModelType from the checkpoint.
-func New(b backend.Backend, cfg *Config, ck *weights.Checkpoint) (Model, error) {
-	ctor, ok := architectures[cfg.ModelType]
-	if !ok {
-		return nil, fmt.Errorf("model: unknown architecture %q; supported: %v", cfg.ModelType, Supported())
-	}
-	// An unknown or malformed quantization config is an error here, before
-	// any tensor is read; NVFP4 linears are then found by their scale tensors.
-	if _, err := nvfp4ckpt.ReadConfig(ck.Dir()); err != nil {
-		return nil, err
-	}
-	if err := checkSizes(cfg, ck); err != nil {
-		return nil, err
-	}
-	return ctor(b, cfg, NewLoader(b, ck))
 }
 
 // widthFields are the config.json fields of every architecture that give a

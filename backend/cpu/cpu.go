@@ -253,3 +253,20 @@ func dequantizeRow(dst []float32, q *quant.NVFP4, r int) {
 		dst[j] = quant.E2M1ToFloat32(c&0xf) * quant.E4M3ToFloat32(scales[j/16]) * q.GlobalScale
 	}
 }
+
+// GatherRows copies rows of src into dst.
+func (b *Backend) GatherRows(dst, src backend.Buffer, rows []int32, w int) {
+	d, s := dst.(Buffer), src.(Buffer)
+	for i, r := range rows {
+		copy(d[i*w:(i+1)*w], s[int(r)*w:(int(r)+1)*w])
+	}
+}
+
+// ScatterAddRows adds scaled rows of src into rows of dst.
+func (b *Backend) ScatterAddRows(dst, src backend.Buffer, rows []int32, scale []float32, w int) {
+	d, s := dst.(Buffer), src.(Buffer)
+	for i, r := range rows {
+		o := d[int(r)*w : (int(r)+1)*w]
+		axpyF32(o, s[i*w:(i+1)*w], scale[i])
+	}
+}

@@ -10,14 +10,14 @@ import (
 	"github.com/manifoldlm/manifold/quant"
 )
 
-// This file implements dsa.Ops (DeepSeek Sparse Attention and MLA steps):
+// This file implements backend.SparseMLAOps (DeepSeek Sparse Attention and MLA steps):
 // the math of layers/dsa and layers/mla.go on the buffers' slices, with the
 // AVX2 dot products and axpys, parallel over queries, heads or keys.
 // dsa_test.go holds each method to its reference function.
 
-var _ dsa.Ops = (*Backend)(nil)
+var _ backend.SparseMLAOps = (*Backend)(nil)
 
-// dsaIndices is the CPU's dsa.Indices: the selection and a score row.
+// dsaIndices is the CPU's backend.Indices: the selection and a score row.
 type dsaIndices struct {
 	shape dsa.IndexerShape
 	sel   dsa.Selection
@@ -27,23 +27,23 @@ type dsaIndices struct {
 
 func (x *dsaIndices) Rows() int { return x.sel.Rows() }
 
-// DSALayerNorm is layers.LayerNorm over rows of len(w).
-func (b *Backend) DSALayerNorm(dst, x, w, bias backend.Buffer, eps float32) {
+// LayerNorm is layers.LayerNorm over rows of len(w).
+func (b *Backend) LayerNorm(dst, x, w, bias backend.Buffer, eps float32) {
 	layers.LayerNorm(dst.(Buffer), x.(Buffer), w.(Buffer), bias.(Buffer), eps)
 }
 
-// DSANewIndices allocates an empty selection.
-func (b *Backend) DSANewIndices(s dsa.IndexerShape) (dsa.Indices, error) {
+// NewIndices allocates an empty selection.
+func (b *Backend) NewIndices(s dsa.IndexerShape) (backend.Indices, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
 	return &dsaIndices{shape: s}, nil
 }
 
-// DSASelect is dsa.Indexer.Select. With at least as many queries as
+// IndexerSelect is dsa.Indexer.Select. With at least as many queries as
 // threads, queries run in parallel; with fewer (decoding), each query's
 // keys are scored in parallel.
-func (b *Backend) DSASelect(idx dsa.Indices, q, w, keys backend.Buffer, m, nKeys, pos0 int) {
+func (b *Backend) IndexerSelect(idx backend.Indices, q, w, keys backend.Buffer, m, nKeys, pos0 int) {
 	x := idx.(*dsaIndices)
 	s := x.shape
 	qs, ws, ks := q.(Buffer), w.(Buffer), keys.(Buffer)
@@ -132,8 +132,8 @@ func softmaxRow(p []float32) {
 	}
 }
 
-// DSAAttendMLA is dsa.AttendMLA for each query, on AVX2 dots and axpys.
-func (b *Backend) DSAAttendMLA(out, q, kv, kRope backend.Buffer, idx dsa.Indices, m int, s layers.MLAShape, scale float32) {
+// SparseMLAAttention is dsa.AttendMLA for each query, on AVX2 dots and axpys.
+func (b *Backend) SparseMLAAttention(out, q, kv, kRope backend.Buffer, idx backend.Indices, m int, s layers.MLAShape, scale float32) {
 	sel := &idx.(*dsaIndices).sel
 	o, qs, kvs, kr := out.(Buffer), q.(Buffer), kv.(Buffer), kRope.(Buffer)
 	nd, rd, vd, qk := s.NopeDim, s.RopeDim, s.VDim, s.QKDim()
@@ -142,7 +142,7 @@ func (b *Backend) DSAAttendMLA(out, q, kv, kRope backend.Buffer, idx dsa.Indices
 	b.dsaJobs(m, s.Heads, func(i, h0, h1 int) {
 		ts := sel.Row(i)
 		if len(ts) == 0 {
-			panic(fmt.Sprintf("cpu: DSAAttendMLA: query %d selected no keys", i))
+			panic(fmt.Sprintf("cpu: SparseMLAAttention: query %d selected no keys", i))
 		}
 		p := make([]float32, len(ts))
 		for h := h0; h < h1; h++ {
@@ -162,9 +162,9 @@ func (b *Backend) DSAAttendMLA(out, q, kv, kRope backend.Buffer, idx dsa.Indices
 	})
 }
 
-// DSAAttendLatent is dsa.AttendLatent for each query, on AVX2 dots and
+// SparseLatentAttention is dsa.AttendLatent for each query, on AVX2 dots and
 // axpys; each cached latent row is read once for the job's heads.
-func (b *Backend) DSAAttendLatent(out, qLat, q, latent, kRope backend.Buffer, idx dsa.Indices, m int, s layers.MLAShape, scale float32) {
+func (b *Backend) SparseLatentAttention(out, qLat, q, latent, kRope backend.Buffer, idx backend.Indices, m int, s layers.MLAShape, scale float32) {
 	sel := &idx.(*dsaIndices).sel
 	o, ql, qs, lat, kr := out.(Buffer), qLat.(Buffer), q.(Buffer), latent.(Buffer), kRope.(Buffer)
 	r, qk, rd, nd := s.KVLoraRank, s.QKDim(), s.RopeDim, s.NopeDim
@@ -172,7 +172,7 @@ func (b *Backend) DSAAttendLatent(out, qLat, q, latent, kRope backend.Buffer, id
 		ts := sel.Row(i)
 		n := len(ts)
 		if n == 0 {
-			panic(fmt.Sprintf("cpu: DSAAttendLatent: query %d selected no keys", i))
+			panic(fmt.Sprintf("cpu: SparseLatentAttention: query %d selected no keys", i))
 		}
 		p := make([]float32, (h1-h0)*n)
 		for j, t := range ts {
@@ -260,22 +260,6 @@ func (b *Backend) MLAExpandOutput(out, outLat backend.Buffer, kvB backend.Weight
 	})
 }
 
-// DSAGather copies rows of src into dst.
-func (b *Backend) DSAGather(dst, src backend.Buffer, rows []int32, w int) {
-	d, s := dst.(Buffer), src.(Buffer)
-	for i, r := range rows {
-		copy(d[i*w:(i+1)*w], s[int(r)*w:(int(r)+1)*w])
-	}
-}
-
-// DSAScatterAdd adds scaled rows of src into rows of dst.
-func (b *Backend) DSAScatterAdd(dst, src backend.Buffer, rows []int32, scale []float32, w int) {
-	d, s := dst.(Buffer), src.(Buffer)
-	for i, r := range rows {
-		o := d[int(r)*w : (int(r)+1)*w]
-		axpyF32(o, s[i*w:(i+1)*w], scale[i])
-	}
-}
 
 func axpyF32Go(y, x []float32, a float32) {
 	y = y[:len(x)]

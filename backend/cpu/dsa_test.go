@@ -12,7 +12,7 @@ import (
 	"github.com/manifoldlm/manifold/layers/dsa"
 )
 
-// TestDSAOps holds each dsa.Ops method of the CPU backend to the reference
+// TestDSAOps holds each backend.SparseMLAOps method of the CPU backend to the reference
 // function it implements, for prefill blocks and single decoding queries,
 // on one thread and on several.
 func TestDSAOps(t *testing.T) {
@@ -36,11 +36,11 @@ func testDSAOps(t *testing.T, b *Backend, s layers.MLAShape, ix dsa.IndexerShape
 	q := randn(rng, m*ix.Heads*ix.HeadDim)
 	w := randn(rng, m*ix.Heads)
 	keys := randn(rng, L*ix.HeadDim)
-	idx, err := b.DSANewIndices(ix)
+	idx, err := b.NewIndices(ix)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.DSASelect(idx, buf(q), buf(slices.Clone(w)), buf(keys), m, L, pos0)
+	b.IndexerSelect(idx, buf(q), buf(slices.Clone(w)), buf(keys), m, L, pos0)
 	ref, _ := dsa.NewIndexer(ix, 1)
 	var want dsa.Selection
 	ws := slices.Clone(w)
@@ -83,13 +83,13 @@ func testDSAOps(t *testing.T, b *Backend, s layers.MLAShape, ix dsa.IndexerShape
 	}
 	const scale = 0.3
 	out := b.NewBuffer(m * s.Heads * s.VDim)
-	b.DSAAttendMLA(out, buf(qm), buf(kv), buf(rope), idx, m, s, scale)
+	b.SparseMLAAttention(out, buf(qm), buf(kv), buf(rope), idx, m, s, scale)
 	wantOut := make([]float32, m*s.Heads*s.VDim)
 	for i := range m {
 		dsa.AttendMLA(wantOut[i*s.Heads*s.VDim:], qm[i*s.Heads*s.QKDim():], kv, rope, want.Row(i), s, scale, make([]float32, L))
 	}
 	if d := maxDiff(out.(Buffer), wantOut); d > 1e-4 {
-		t.Fatalf("DSAAttendMLA: max diff %g", d)
+		t.Fatalf("SparseMLAAttention: max diff %g", d)
 	}
 
 	for _, tw := range []struct {
@@ -107,7 +107,7 @@ func testDSAOps(t *testing.T, b *Backend, s layers.MLAShape, ix dsa.IndexerShape
 			t.Fatalf("%s MLAAbsorbQuery: max diff %g", tw.name, d)
 		}
 		oLat := b.NewBuffer(m * s.Heads * s.KVLoraRank)
-		b.DSAAttendLatent(oLat, qLat, buf(qm), buf(lat), buf(rope), idx, m, s, scale)
+		b.SparseLatentAttention(oLat, qLat, buf(qm), buf(lat), buf(rope), idx, m, s, scale)
 		wantOL := make([]float32, m*s.Heads*s.KVLoraRank)
 		for i := range m {
 			qr := make([]float32, s.Heads*s.RopeDim)
@@ -118,7 +118,7 @@ func testDSAOps(t *testing.T, b *Backend, s layers.MLAShape, ix dsa.IndexerShape
 				s.Heads, s.KVLoraRank, s.RopeDim, s.KVLoraRank, s.RopeDim, scale, make([]float32, s.Heads*L))
 		}
 		if d := maxDiff(oLat.(Buffer), wantOL); d > 1e-4 {
-			t.Fatalf("%s DSAAttendLatent: max diff %g", tw.name, d)
+			t.Fatalf("%s SparseLatentAttention: max diff %g", tw.name, d)
 		}
 		o := b.NewBuffer(m * s.Heads * s.VDim)
 		b.MLAExpandOutput(o, oLat, tw.w, m, s)
@@ -149,7 +149,7 @@ func TestDSALayerNormGatherScatter(t *testing.T) {
 	wb, bb := b.NewBuffer(8), b.NewBuffer(8)
 	b.Write(wb, 0, w)
 	b.Write(bb, 0, bias)
-	b.DSALayerNorm(dst, xb, wb, bb, 1e-6)
+	b.LayerNorm(dst, xb, wb, bb, 1e-6)
 	want := make([]float32, len(x))
 	layers.LayerNorm(want, x, w, bias, 1e-6)
 	if d := maxDiff(dst.(Buffer), want); d != 0 {
@@ -159,11 +159,11 @@ func TestDSALayerNormGatherScatter(t *testing.T) {
 	src := b.NewBuffer(4 * 3)
 	b.Write(src, 0, []float32{0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3})
 	g := b.NewBuffer(2 * 3)
-	b.DSAGather(g, src, []int32{3, 1}, 3)
+	b.GatherRows(g, src, []int32{3, 1}, 3)
 	if !slices.Equal(g.(Buffer), Buffer{3, 3, 3, 1, 1, 1}) {
 		t.Fatalf("gather %v", g)
 	}
-	b.DSAScatterAdd(src, g, []int32{0, 2}, []float32{2, -1}, 3)
+	b.ScatterAddRows(src, g, []int32{0, 2}, []float32{2, -1}, 3)
 	if !slices.Equal(src.(Buffer), Buffer{6, 6, 6, 1, 1, 1, 1, 1, 1, 3, 3, 3}) {
 		t.Fatalf("scatter-add %v", src)
 	}
@@ -199,7 +199,7 @@ func BenchmarkDSADecodeAttention(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 1))
 	fill := func(n int) backend.Buffer { x := be.NewBuffer(n); be.Write(x, 0, randn(rng, n)); return x }
 	// A selection of every other token.
-	idx, _ := be.DSANewIndices(ix)
+	idx, _ := be.NewIndices(ix)
 	sel := &idx.(*dsaIndices).sel
 	sel.Resize(1, ix.TopK)
 	for j := range ix.TopK {
@@ -218,7 +218,7 @@ func BenchmarkDSADecodeAttention(b *testing.B) {
 	b.Run("naive", func(b *testing.B) {
 		kv := fill(L * s.Heads * per)
 		for b.Loop() {
-			be.DSAAttendMLA(out, q, kv, rope, idx, 1, s, 0.1)
+			be.SparseMLAAttention(out, q, kv, rope, idx, 1, s, 0.1)
 		}
 		b.ReportMetric(float64(s.Heads*per*4), "cacheB/token")
 	})
@@ -227,7 +227,7 @@ func BenchmarkDSADecodeAttention(b *testing.B) {
 		qLat, oLat := be.NewBuffer(s.Heads*s.KVLoraRank), be.NewBuffer(s.Heads*s.KVLoraRank)
 		for b.Loop() {
 			be.MLAAbsorbQuery(qLat, q, kvW, 1, s)
-			be.DSAAttendLatent(oLat, qLat, q, lat, rope, idx, 1, s, 0.1)
+			be.SparseLatentAttention(oLat, qLat, q, lat, rope, idx, 1, s, 0.1)
 			be.MLAExpandOutput(out, oLat, kvW, 1, s)
 		}
 		b.ReportMetric(float64(s.KVLoraRank*4), "cacheB/token")

@@ -9,11 +9,11 @@ import (
 	"github.com/manifoldlm/manifold/layers/dsv4"
 )
 
-// DeepSeek-V4's operations of layers/dsv4 on the CPU (dsv4.Ops): each calls
+// DeepSeek-V4's operations of layers/dsv4 on the CPU (backend.CompressedAttentionOps): each calls
 // the package's reference function, split over independent rows (entries,
 // queries) across the backend's threads.
 
-var _ dsv4.Ops = (*Backend)(nil)
+var _ backend.CompressedAttentionOps = (*Backend)(nil)
 
 func optional(x backend.Buffer) []float32 {
 	if x == nil {
@@ -22,8 +22,8 @@ func optional(x backend.Buffer) []float32 {
 	return x.(Buffer)
 }
 
-// V4Compress pools compressed entries, parallel over entries.
-func (b *Backend) V4Compress(dst, kv, gate, ape, norm backend.Buffer, a dsv4.CompressArgs) {
+// CompressKV pools compressed entries, parallel over entries.
+func (b *Backend) CompressKV(dst, kv, gate, ape, norm backend.Buffer, a dsv4.CompressArgs) {
 	d, k, g := dst.(Buffer), kv.(Buffer), gate.(Buffer)
 	rw := a.RowWidth()
 	base := 0 // source row of window 0's first row
@@ -46,10 +46,10 @@ func (b *Backend) V4Compress(dst, kv, gate, ape, norm backend.Buffer, a dsv4.Com
 	})
 }
 
-// V4IndexTopK scores and selects compressed entries. With several queries
+// CompressedIndexTopK scores and selects compressed entries. With several queries
 // it splits the queries over threads; a single query (decoding) splits its
 // score row instead, which is where a long context spends its time.
-func (b *Backend) V4IndexTopK(idx, q, keys, weights backend.Buffer, a dsv4.IndexArgs) {
+func (b *Backend) CompressedIndexTopK(idx, q, keys, weights backend.Buffer, a dsv4.IndexArgs) {
 	ix, qs, ks, ws := idx.(Buffer), q.(Buffer), keys.(Buffer), weights.(Buffer)
 	if a.M > 1 {
 		b.parallel(a.M, 1, func(lo, hi int) {
@@ -103,9 +103,9 @@ func v4Select(dst, scores []float32, a dsv4.IndexArgs, i int, scratch *layers.To
 	}
 }
 
-// V4Attention attends, parallel over (query, head) pairs so that a single
+// CompressedAttention attends, parallel over (query, head) pairs so that a single
 // decoding query uses every thread. Keys are read in place (no gather).
-func (b *Backend) V4Attention(out, q, local, comp, idx, sinks backend.Buffer, a dsv4.AttnArgs) {
+func (b *Backend) CompressedAttention(out, q, local, comp, idx, sinks backend.Buffer, a dsv4.AttnArgs) {
 	o, qs, loc, cs, ix, sk := out.(Buffer), q.(Buffer), local.(Buffer), optional(comp), optional(idx), sinks.(Buffer)
 	b.parallel(a.M*a.Heads, 1, func(lo, hi int) {
 		rows := make([][]float32, 0, a.MaxKeys())
@@ -164,17 +164,8 @@ func v4SinkHead(out, q []float32, rows [][]float32, sink float32, scores []float
 	}
 }
 
-// V4Transpose swaps the outer axes of [a, b, w].
-func (b *Backend) V4Transpose(dst, src backend.Buffer, a, bb, w int) {
+// Transpose swaps the outer axes of [a, b, w].
+func (b *Backend) Transpose(dst, src backend.Buffer, a, bb, w int) {
 	dsv4.Transpose(dst.(Buffer), src.(Buffer), a, bb, w)
 }
 
-// V4Gather gathers rows.
-func (b *Backend) V4Gather(dst, src backend.Buffer, rows []int32, w int) {
-	dsv4.Gather(dst.(Buffer), src.(Buffer), rows, w)
-}
-
-// V4ScatterAdd adds scaled rows.
-func (b *Backend) V4ScatterAdd(dst, src backend.Buffer, rows []int32, scale []float32, w int) {
-	dsv4.ScatterAdd(dst.(Buffer), src.(Buffer), rows, scale, w)
-}

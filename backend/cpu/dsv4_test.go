@@ -40,7 +40,7 @@ func TestV4CompressSplit(t *testing.T) {
 		dsv4.Compress(want, kv, gate, ape, norm, a)
 		for _, threads := range []int{1, 2, 5} {
 			got := make(Buffer, len(want))
-			New(threads).V4Compress(got, Buffer(kv), Buffer(gate), Buffer(ape), Buffer(norm), a)
+			New(threads).CompressKV(got, Buffer(kv), Buffer(gate), Buffer(ape), Buffer(norm), a)
 			if !slices.Equal([]float32(got), want) {
 				t.Errorf("%+v on %d threads differs from the reference", a, threads)
 			}
@@ -55,9 +55,9 @@ func TestV4AttentionAndIndexSplit(t *testing.T) {
 	want := make([]float32, ia.M*ia.TopK)
 	dsv4.IndexTopK(want, q, keys, w, make([]float32, ia.Entries), ia)
 	got := make(Buffer, len(want))
-	New(3).V4IndexTopK(got, Buffer(q), Buffer(keys), Buffer(w), ia)
+	New(3).CompressedIndexTopK(got, Buffer(q), Buffer(keys), Buffer(w), ia)
 	if !slices.Equal([]float32(got), want) {
-		t.Errorf("V4IndexTopK = %v, want %v", got, want)
+		t.Errorf("CompressedIndexTopK = %v, want %v", got, want)
 	}
 
 	aa := dsv4.AttnArgs{M: 9, Heads: 2, Dim: 4, Pos0: 20, Lo: 15, Window: 6, Rate: 4, TopK: 3, Entries: 7, Scale: 0.5}
@@ -65,10 +65,10 @@ func TestV4AttentionAndIndexSplit(t *testing.T) {
 	wantA := make([]float32, len(qa))
 	dsv4.Attention(wantA, qa, local, keys, want, sinks, aa, make([]float32, aa.MaxKeys()*aa.Dim), make([]float32, aa.MaxKeys()))
 	gotA := make(Buffer, len(qa))
-	New(3).V4Attention(gotA, Buffer(qa), Buffer(local), Buffer(keys), got, Buffer(sinks), aa)
+	New(3).CompressedAttention(gotA, Buffer(qa), Buffer(local), Buffer(keys), got, Buffer(sinks), aa)
 	for i := range wantA {
 		if d := math.Abs(float64(gotA[i] - wantA[i])); d > 1e-6 {
-			t.Fatalf("V4Attention[%d] = %g, reference %g", i, gotA[i], wantA[i])
+			t.Fatalf("CompressedAttention[%d] = %g, reference %g", i, gotA[i], wantA[i])
 		}
 	}
 	// One query (decoding): the score row is split over threads instead.
@@ -76,8 +76,8 @@ func TestV4AttentionAndIndexSplit(t *testing.T) {
 	want1 := make([]float32, ia.TopK)
 	dsv4.IndexTopK(want1, q, keys, w, make([]float32, ia.Entries), ia)
 	got1 := make(Buffer, ia.TopK)
-	New(3).V4IndexTopK(got1, Buffer(q), Buffer(keys), Buffer(w), ia)
+	New(3).CompressedIndexTopK(got1, Buffer(q), Buffer(keys), Buffer(w), ia)
 	if !slices.Equal([]float32(got1), want1) {
-		t.Errorf("V4IndexTopK (one query) = %v, want %v", got1, want1)
+		t.Errorf("CompressedIndexTopK (one query) = %v, want %v", got1, want1)
 	}
 }

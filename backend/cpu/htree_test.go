@@ -51,14 +51,14 @@ func TestHTreeOps(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, chunk := range []int{n, 1} {
-			cache, err := b.HTreeNewCache(htree.CacheShape{Layers: 1, KVHeads: s.KVHeads, HeadDim: s.HeadDim, Capacity: n, Options: c.o, RoPE: rope})
+			cache, err := b.NewTreeCache(htree.CacheShape{Layers: 1, KVHeads: s.KVHeads, HeadDim: s.HeadDim, Capacity: n, Options: c.o, RoPE: rope})
 			if err != nil {
 				t.Fatal(err)
 			}
 			got := make([]float32, n*qw)
 			for p := 0; p < n; p += chunk {
 				m := min(chunk, n-p)
-				b.HTreeAttention(Buffer(got[p*qw:(p+m)*qw]), Buffer(q[p*qw:(p+m)*qw]), Buffer(k[p*kw:(p+m)*kw]), Buffer(v[p*kw:(p+m)*kw]), cache, 0, p, m, s)
+				b.TreeAttention(Buffer(got[p*qw:(p+m)*qw]), Buffer(q[p*qw:(p+m)*qw]), Buffer(k[p*kw:(p+m)*kw]), Buffer(v[p*kw:(p+m)*kw]), cache, 0, p, m, s)
 			}
 			var d float64
 			for i := range got {
@@ -105,7 +105,7 @@ func BenchmarkHTreeDecode(bb *testing.B) {
 		fill(dc.k[0][:n*kw])
 		fill(dc.v[0][:n*kw])
 		dc.n[0] = n
-		hc, err := b.HTreeNewCache(htree.CacheShape{Layers: 1, KVHeads: s.KVHeads, HeadDim: s.HeadDim, Capacity: ctx, RoPE: rope})
+		hc, err := b.NewTreeCache(htree.CacheShape{Layers: 1, KVHeads: s.KVHeads, HeadDim: s.HeadDim, Capacity: ctx, RoPE: rope})
 		if err != nil {
 			bb.Fatal(err)
 		}
@@ -127,7 +127,7 @@ func BenchmarkHTreeDecode(bb *testing.B) {
 		bb.Run(name+"/htree", func(bb *testing.B) {
 			for bb.Loop() {
 				hc.Truncate(n)
-				b.HTreeAttention(out, q, k, v, hc, 0, n, 1, s)
+				b.TreeAttention(out, q, k, v, hc, 0, n, 1, s)
 			}
 			bb.ReportMetric(float64(hc.Bytes())/(1<<20), "tree-MiB")
 		})

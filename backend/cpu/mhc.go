@@ -7,10 +7,10 @@ import (
 	"github.com/manifoldlm/manifold/layers/mhc"
 )
 
-// The hyper-connection steps of layers/mhc on the CPU (mhc.Ops). Each calls
+// The hyper-connection steps of layers/mhc on the CPU (backend.HyperConnectionOps). Each calls
 // the package's reference function, split over tokens where that pays.
 
-var _ mhc.Ops = (*Backend)(nil)
+var _ backend.HyperConnectionOps = (*Backend)(nil)
 
 // MHCProject is the norm+projection step: the matmul on the raw stream, then
 // each row scaled by 1/rms (the same math as normalizing first).

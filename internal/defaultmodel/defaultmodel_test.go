@@ -125,19 +125,11 @@ func loadFixture(t *testing.T) *fixture {
 
 func loadModel(t *testing.T, dir string) model.Model {
 	t.Helper()
-	cfg, err := model.LoadConfig(dir)
+	f, m, err := model.Open(dir, cpu.New(0), model.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ck, err := weights.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ck.Close() })
-	m, err := model.New(cpu.New(0), cfg, ck)
-	if err != nil {
-		t.Fatal(err)
-	}
+	t.Cleanup(func() { f.Close() })
 	return m
 }
 

@@ -85,19 +85,11 @@ func argmax(x []float32) int32 {
 
 func loadModel(t *testing.T, dir string) model.Model {
 	t.Helper()
-	cfg, err := model.LoadConfig(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ck, err := weights.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ck.Close() })
-	m, err := model.New(cpu.New(2), cfg, ck)
+	f, m, err := model.Open(dir, cpu.New(2), model.Options{})
 	if err != nil {
 		t.Fatalf("converted model does not load: %v", err)
 	}
+	t.Cleanup(func() { f.Close() })
 	return m
 }
 

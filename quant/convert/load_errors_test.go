@@ -24,7 +24,7 @@ func loadsInEngine(dir string) error {
 }
 
 // TestConvertedBadInputEngine damages a converted checkpoint in the ways
-// issue 8 names and checks that engine.Load (through model.New) rejects it
+// issue 8 names and checks that engine.Load (through model.Build) rejects it
 // with a named error (errors.Is) that mentions the tensor or field at fault.
 func TestConvertedBadInputEngine(t *testing.T) {
 	src := t.TempDir()

@@ -100,19 +100,11 @@ func evalModel(o options, dir, text string, textBytes int) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := model.LoadConfig(dir)
+	f, m, err := model.Open(dir, cpu.New(o.threads), model.Options{})
 	if err != nil {
 		return err
 	}
-	ck, err := weights.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer ck.Close()
-	m, err := model.New(cpu.New(o.threads), cfg, ck)
-	if err != nil {
-		return err
-	}
+	defer f.Close()
 
 	ids, err := tok.Encode(text, false)
 	if err != nil {
@@ -145,7 +137,7 @@ func evalModel(o options, dir, text string, textBytes int) error {
 	if err != nil {
 		return err
 	}
-	V := cfg.VocabSize
+	V := m.Config().VocabSize
 	start := time.Now()
 	var nats, nbytes float64
 	windows, tokens := 0, 0

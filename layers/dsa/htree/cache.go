@@ -3,8 +3,7 @@ package htree
 import (
 	"fmt"
 
-	"github.com/manifoldlm/manifold/backend"
-	"github.com/manifoldlm/manifold/layers"
+		"github.com/manifoldlm/manifold/layers"
 )
 
 // CacheShape is the geometry of the trees of every htree layer of one
@@ -15,25 +14,7 @@ type CacheShape struct {
 	RoPE                               *layers.RoPE
 }
 
-// Cache holds one sequence's trees on a backend's device. Its methods mean
-// what backend.KVCache's mean.
-type Cache interface {
-	backend.KVCache
-}
-
-// Ops is what a backend implements to run htree attention, at whole-call
-// granularity (every token of a chunk, every head).
-type Ops interface {
-	// HTreeNewCache allocates empty trees (and the RoPE table) for s.
-	HTreeNewCache(s CacheShape) (Cache, error)
-	// HTreeAttention appends k and v ([m, KVHeads, HeadDim], k before RoPE)
-	// to layer's tree at positions pos0.., then writes into out ([m, Heads,
-	// HeadDim]) htree attention of q ([m, Heads, HeadDim], before RoPE) at
-	// positions pos0..pos0+m-1: Attend of every query head.
-	HTreeAttention(out, q, k, v backend.Buffer, c Cache, layer, pos0, m int, s layers.AttentionShape)
-}
-
-// Trees is a Cache in host memory (the CPU backend's): one Tree per layer
+// Trees is a tree cache in host memory (the CPU backend's): one Tree per layer
 // and the RoPE table.
 type Trees struct {
 	shape  CacheShape
@@ -98,7 +79,7 @@ func (c *Trees) Bytes() int64 {
 	return b
 }
 
-// Attention is HTreeAttention on host slices: it appends k and v to layer's
+// Attention is backend.TreeAttentionOps.TreeAttention on host slices: it appends k and v to layer's
 // tree and runs Attend for each of the m·Heads query heads, split over
 // parallel (which calls fn on disjoint ranges covering [0, n), possibly
 // concurrently; nil runs fn(0, n)), with the inner loops of kern.

@@ -1,0 +1,89 @@
+package model
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/quant/nvfp4ckpt"
+	"github.com/manifoldlm/manifold/weights"
+)
+
+// Folder is a model folder read once: config.json, generation_config.json,
+// the quantization config and the safetensors checkpoint (memory-mapped,
+// single or sharded). Build makes architectures from it on any backend
+// without reading the folder again. Close it after every model built from
+// it is done: the weights may point into its memory maps.
+type Folder struct {
+	Dir        string
+	Config     *Config
+	Generation *GenerationConfig   // zero when the folder has none
+	Quant      *nvfp4ckpt.Config   // nil for an unquantized checkpoint
+	Checkpoint *weights.Checkpoint // open until Close
+}
+
+// ReadFolder reads the model folder dir. Every error names the file and,
+// where there is one, the field.
+func ReadFolder(dir string) (*Folder, error) {
+	cfg, err := LoadConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	gen, err := LoadGenerationConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	// An unknown or malformed quantization config is an error here, before
+	// any tensor is read; NVFP4 linears are then found by their scale tensors.
+	q, err := nvfp4ckpt.ReadConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	ck, err := weights.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	return &Folder{Dir: dir, Config: cfg, Generation: gen, Quant: q, Checkpoint: ck}, nil
+}
+
+// Close releases the checkpoint.
+func (f *Folder) Close() error { return f.Checkpoint.Close() }
+
+// Options configure an architecture at construction.
+type Options struct {
+	// Attention chooses dense or htree attention where the architecture
+	// offers a choice.
+	Attention AttentionOptions
+}
+
+// Build makes the architecture named by the folder's config on backend b.
+// The backend's optional op groups are asked once, here: an architecture
+// that needs a group b lacks fails with an error naming it.
+func Build(b backend.Backend, f *Folder, o Options) (Model, error) {
+	cfg := f.Config
+	ctor, ok := architectures[cfg.ModelType]
+	if !ok {
+		return nil, fmt.Errorf("model: %s: unknown architecture %q; supported: %v", cfg.Path, cfg.ModelType, Supported())
+	}
+	if err := o.Attention.validate(); err != nil {
+		return nil, err
+	}
+	if err := checkSizes(cfg, f.Checkpoint); err != nil {
+		return nil, err
+	}
+	return ctor(b, cfg, &Loader{b: b, ck: f.Checkpoint, caps: backend.CapabilitiesOf(b)}, o)
+}
+
+// Open reads the folder dir and builds its architecture on b: ReadFolder
+// then Build. Close the returned folder when done with the model.
+func Open(dir string, b backend.Backend, o Options) (*Folder, Model, error) {
+	f, err := ReadFolder(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	m, err := Build(b, f, o)
+	if err != nil {
+		return nil, nil, errors.Join(err, f.Close())
+	}
+	return f, m, nil
+}
