@@ -412,4 +412,3 @@ func (b *Backend) MLAExpandOutput(out, outLat backend.Buffer, kvB backend.Weight
 		m, s.Heads, s.KVLoraRank, s.NopeDim, s.NopeDim+s.VDim, s.VDim)
 	runtime.KeepAlive(w)
 }
-

@@ -250,7 +250,6 @@ func (b *Backend) Transpose(dst, src backend.Buffer, a, bb, w int) {
 	b.launch("v4_transpose", grid1(a*bb*w, 256), 256, 0, ptr(dst), ptr(src), a, bb, w)
 }
 
-
 // GatherRows copies rows of src into dst (MoE dispatch).
 func (b *Backend) GatherRows(dst, src backend.Buffer, rows []int32, w int) {
 	b.gatherRows(dst, src, rows, w)

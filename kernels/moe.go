@@ -17,8 +17,8 @@ import (
 // of the layer's experts, so nothing comes back to the host.
 
 var (
-	_ backend.RoutedMoEOps         = (*Backend)(nil)
-	_ backend.GroupMoEOps = (*Backend)(nil)
+	_ backend.RoutedMoEOps = (*Backend)(nil)
+	_ backend.GroupMoEOps  = (*Backend)(nil)
 )
 
 // moe.cuh's limits: MOE_MAXK picks per token, MOE_MAXE experts, MOE_ROWS

@@ -260,7 +260,6 @@ func (b *Backend) MLAExpandOutput(out, outLat backend.Buffer, kvB backend.Weight
 	})
 }
 
-
 func axpyF32Go(y, x []float32, a float32) {
 	y = y[:len(x)]
 	for i, v := range x {

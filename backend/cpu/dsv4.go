@@ -168,4 +168,3 @@ func v4SinkHead(out, q []float32, rows [][]float32, sink float32, scores []float
 func (b *Backend) Transpose(dst, src backend.Buffer, a, bb, w int) {
 	dsv4.Transpose(dst.(Buffer), src.(Buffer), a, bb, w)
 }
-

@@ -3,7 +3,7 @@ package htree
 import (
 	"fmt"
 
-		"github.com/manifoldlm/manifold/layers"
+	"github.com/manifoldlm/manifold/layers"
 )
 
 // CacheShape is the geometry of the trees of every htree layer of one
