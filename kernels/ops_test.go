@@ -18,7 +18,7 @@ import (
 	"github.com/manifoldlm/manifold/layers/dsv4"
 	"github.com/manifoldlm/manifold/layers/mhc"
 	"github.com/manifoldlm/manifold/model"
-	"github.com/manifoldlm/manifold/quant/convert"
+	"github.com/manifoldlm/manifold/weights/convert"
 )
 
 // The architecture ops (backend.HyperConnectionOps, backend.CompressedAttentionOps, backend.SparseMLAOps, backend.TreeAttentionOps) on the GPU

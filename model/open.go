@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/manifoldlm/manifold/backend"
-	"github.com/manifoldlm/manifold/quant/nvfp4ckpt"
+	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 	"github.com/manifoldlm/manifold/weights"
 )
 

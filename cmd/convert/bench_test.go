@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/manifoldlm/manifold/internal/testmodel"
-	"github.com/manifoldlm/manifold/quant/convert"
+	"github.com/manifoldlm/manifold/weights/convert"
 	"github.com/manifoldlm/manifold/weights"
 )
 

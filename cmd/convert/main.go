@@ -1,5 +1,5 @@
 // Command convert converts a Hugging Face safetensors checkpoint to NVFP4 in
-// NVIDIA ModelOpt's layout (see package quant/convert for what is quantized,
+// NVIDIA ModelOpt's layout (see package weights/convert for what is quantized,
 // what is kept in BF16, and the guarantees about the output).
 //
 // Usage:
@@ -25,7 +25,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/manifoldlm/manifold/quant/convert"
+	"github.com/manifoldlm/manifold/weights/convert"
 )
 
 type listFlag []string

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/manifoldlm/manifold/internal/testmodel"
-	"github.com/manifoldlm/manifold/quant/nvfp4ckpt"
+	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 	"github.com/manifoldlm/manifold/weights"
 )
 

@@ -18,7 +18,7 @@ import (
 	"github.com/manifoldlm/manifold/internal/golden"
 	"github.com/manifoldlm/manifold/internal/testmodel"
 	"github.com/manifoldlm/manifold/quant"
-	"github.com/manifoldlm/manifold/quant/nvfp4ckpt"
+	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 	"github.com/manifoldlm/manifold/weights"
 )
 

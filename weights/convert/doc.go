@@ -26,6 +26,6 @@
 // output directory.
 //
 // The package owns the conversion only: reading NVFP4 checkpoints and their
-// config belongs to quant/nvfp4ckpt, the number formats to quant, flags and
+// config belongs to weights/nvfp4ckpt, the number formats to quant, flags and
 // signals to cmd/convert. It holds no package-level mutable state.
 package convert

@@ -25,5 +25,5 @@
 // The package owns these layouts and config formats only: it must not know
 // model architectures (which tensors a model has; package model does), run
 // computations on the weights (package quant and the backends do), or write
-// checkpoints (quant/convert does).
+// checkpoints (weights/convert does).
 package nvfp4ckpt

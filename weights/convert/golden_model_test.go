@@ -14,7 +14,7 @@ import (
 	"github.com/manifoldlm/manifold/backend/cpu"
 	"github.com/manifoldlm/manifold/internal/golden"
 	"github.com/manifoldlm/manifold/model"
-	"github.com/manifoldlm/manifold/quant/nvfp4ckpt"
+	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 	"github.com/manifoldlm/manifold/weights"
 )
 

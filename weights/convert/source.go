@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/manifoldlm/manifold/quant"
-	"github.com/manifoldlm/manifold/quant/nvfp4ckpt"
+	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 	"github.com/manifoldlm/manifold/weights"
 )
 
