@@ -7,8 +7,8 @@ import (
 	"strings"
 
 	"github.com/manifoldlm/manifold/backend"
-	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 	"github.com/manifoldlm/manifold/weights"
+	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 )
 
 // Loader moves checkpoint tensors onto a backend.

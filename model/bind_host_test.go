@@ -11,8 +11,8 @@ import (
 
 	"github.com/manifoldlm/manifold/backend/cpu"
 	"github.com/manifoldlm/manifold/quant"
-	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 	"github.com/manifoldlm/manifold/weights"
+	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 )
 
 func f32Bytes(v []float32) []byte {

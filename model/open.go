@@ -5,8 +5,8 @@ import (
 	"fmt"
 
 	"github.com/manifoldlm/manifold/backend"
-	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 	"github.com/manifoldlm/manifold/weights"
+	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 )
 
 // Folder is a model folder read once: config.json, generation_config.json,

@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/manifoldlm/manifold/internal/testmodel"
-	"github.com/manifoldlm/manifold/weights/convert"
 	"github.com/manifoldlm/manifold/weights"
+	"github.com/manifoldlm/manifold/weights/convert"
 )
 
 // BenchmarkConvert measures converter throughput in MB/s of source on a

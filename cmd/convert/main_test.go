@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/manifoldlm/manifold/internal/testmodel"
-	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 	"github.com/manifoldlm/manifold/weights"
+	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 )
 
 func TestRun(t *testing.T) {

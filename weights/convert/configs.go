@@ -11,8 +11,8 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 	"github.com/manifoldlm/manifold/weights"
+	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 )
 
 // producerName is written to hf_quant_config.json and quantization_config.

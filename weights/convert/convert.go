@@ -18,8 +18,8 @@ import (
 	"time"
 
 	"github.com/manifoldlm/manifold/quant"
-	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 	"github.com/manifoldlm/manifold/weights"
+	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 )
 
 // Options configure a conversion.

@@ -18,8 +18,8 @@ import (
 	"github.com/manifoldlm/manifold/internal/golden"
 	"github.com/manifoldlm/manifold/internal/testmodel"
 	"github.com/manifoldlm/manifold/quant"
-	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 	"github.com/manifoldlm/manifold/weights"
+	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 )
 
 // maxRelRMS bounds a quantized tensor's relative RMS error. NVFP4 gives

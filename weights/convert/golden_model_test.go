@@ -14,8 +14,8 @@ import (
 	"github.com/manifoldlm/manifold/backend/cpu"
 	"github.com/manifoldlm/manifold/internal/golden"
 	"github.com/manifoldlm/manifold/model"
-	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 	"github.com/manifoldlm/manifold/weights"
+	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 )
 
 // greedyPrompt is the prompt length of the fixtures' greedy_tokens

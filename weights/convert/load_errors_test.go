@@ -10,8 +10,8 @@ import (
 	"github.com/manifoldlm/manifold/engine"
 	"github.com/manifoldlm/manifold/internal/testmodel"
 	"github.com/manifoldlm/manifold/quant"
-	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 	"github.com/manifoldlm/manifold/weights"
+	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 )
 
 // loadsInEngine reports whether engine.Load accepts dir on the CPU.

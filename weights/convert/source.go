@@ -7,8 +7,8 @@ import (
 	"strings"
 
 	"github.com/manifoldlm/manifold/quant"
-	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 	"github.com/manifoldlm/manifold/weights"
+	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 )
 
 // linearNames are the last components of module names whose 2-D ".weight"
