@@ -1,0 +1,147 @@
+package model
+
+import (
+	"fmt"
+
+	"github.com/manifoldlm/manifold/backend"
+)
+
+// DeepSeek-V3.2's per-sequence state: each layer's latent, rope-key and
+// indexer-key caches, the selection block and the activation scratch, grown
+// as the sequence does. The forward pass (deepseek_v32_forward.go) reads and
+// appends through these.
+
+// v32State is one sequence: per-layer caches and activation scratch.
+type v32State struct {
+	path   MLAPath
+	n, cap int
+
+	lat, kr, ik, kv []backend.Buffer // per layer: latent, rope key, indexer key, expanded k_nope|v
+	dense           backend.KVCache
+	idx             backend.Indices
+	perToken        int64 // cache bytes per position, all layers
+
+	rows                                     int // rows the scratch holds
+	x, h, y, cq, q, lat1, kr1, qI, wI, att   backend.Buffer
+	qLat, oLat, gate, up, rl, xe, ge, ue, ye backend.Buffer
+	dk, dv, datt, logits                     backend.Buffer
+	kvTmp                                    backend.Buffer
+	kvTmpRows                                int
+	hostLogits, routeW                       []float32
+	routeIdx                                 []int32
+	expertRows                               [][]int32
+	expertScale                              [][]float32
+}
+
+func (s *v32State) Len() int { return s.n }
+func (s *v32State) Cap() int { return s.cap }
+func (s *v32State) Truncate(n int) {
+	s.n = min(s.n, max(n, 0))
+	if s.dense != nil {
+		s.dense.Truncate(s.n)
+	}
+}
+func (s *v32State) CacheBytes() int64         { return s.perToken * int64(s.cap) }
+func (s *v32State) CacheBytesPerToken() int64 { return s.perToken }
+
+// Path is the MLA path the state runs.
+func (s *v32State) Path() MLAPath { return s.path }
+
+// NewState allocates an MLAAuto state for capacity positions.
+func (m *DeepseekV32) NewState(capacity int) (State, error) { return m.NewStateWith(capacity, MLAAuto) }
+
+// NewStateWith allocates a state for capacity positions that runs the given
+// MLA path.
+func (m *DeepseekV32) NewStateWith(capacity int, path MLAPath) (State, error) {
+	if capacity <= 0 {
+		return nil, fmt.Errorf("model: deepseek_v32 state capacity %d, want > 0", capacity)
+	}
+	b, c, s := m.b, m.cfg, m.mla
+	st := &v32State{path: path, cap: capacity}
+	L := c.NumLayers
+	var width int // float32 values cached per token and layer
+	switch path {
+	case MLAAuto, MLAAbsorbed, MLANaive:
+		idx, err := m.ops.NewIndices(m.ixs)
+		if err != nil {
+			return nil, err
+		}
+		st.idx = idx
+		st.kr = make([]backend.Buffer, L)
+		st.ik = make([]backend.Buffer, L)
+		for l := range L {
+			st.kr[l] = b.NewBuffer(capacity * s.RopeDim)
+			st.ik[l] = b.NewBuffer(capacity * m.ixs.HeadDim)
+		}
+		width = s.RopeDim + m.ixs.HeadDim
+		if path == MLANaive {
+			st.kv = make([]backend.Buffer, L)
+			for l := range L {
+				st.kv[l] = b.NewBuffer(capacity * s.Heads * (s.NopeDim + s.VDim))
+			}
+			width += s.Heads * (s.NopeDim + s.VDim)
+		} else {
+			st.lat = make([]backend.Buffer, L)
+			for l := range L {
+				st.lat[l] = b.NewBuffer(capacity * s.KVLoraRank)
+			}
+			width += s.KVLoraRank
+		}
+		st.perToken = int64(L) * int64(width) * 4
+	case MLADense:
+		cache, err := b.NewKVCache(backend.KVShape{Layers: L, KVHeads: s.Heads, HeadDim: s.QKDim(), Capacity: capacity})
+		if err != nil {
+			return nil, err
+		}
+		st.dense = cache
+		st.perToken = cache.Bytes() / int64(capacity)
+	default:
+		return nil, fmt.Errorf("model: unknown MLA path %v", path)
+	}
+	return st, nil
+}
+
+// grow makes the scratch buffers hold n rows.
+func (m *DeepseekV32) grow(s *v32State, n int) {
+	if s.rows >= n {
+		return
+	}
+	b, c, a, ix, v := m.b, m.cfg, m.mla, m.ixs, &m.v
+	s.rows = n
+	s.x = b.NewBuffer(n * c.HiddenSize)
+	s.h = b.NewBuffer(n * c.HiddenSize)
+	s.y = b.NewBuffer(n * c.HiddenSize)
+	s.cq = b.NewBuffer(n * a.QLoraRank)
+	s.q = b.NewBuffer(n * a.Heads * a.QKDim())
+	s.lat1 = b.NewBuffer(n * a.KVLoraRank)
+	s.kr1 = b.NewBuffer(n * a.RopeDim)
+	s.qI = b.NewBuffer(n * ix.Heads * ix.HeadDim)
+	s.wI = b.NewBuffer(n * ix.Heads)
+	s.att = b.NewBuffer(n * a.Heads * a.VDim)
+	s.qLat = b.NewBuffer(n * a.Heads * a.KVLoraRank)
+	s.oLat = b.NewBuffer(n * a.Heads * a.KVLoraRank)
+	ffn := max(c.IntermediateSize, v.MoEIntermediateSize*max(v.NSharedExperts, 1))
+	s.gate = b.NewBuffer(n * ffn)
+	s.up = b.NewBuffer(n * ffn)
+	s.rl = b.NewBuffer(n * max(v.NRoutedExperts, 1))
+	s.xe = b.NewBuffer(n * c.HiddenSize)
+	s.ye = b.NewBuffer(n * c.HiddenSize)
+	s.ge = b.NewBuffer(n * max(v.MoEIntermediateSize, 1))
+	s.ue = b.NewBuffer(n * max(v.MoEIntermediateSize, 1))
+	if s.path == MLADense {
+		s.dk = b.NewBuffer(n * a.Heads * a.QKDim())
+		s.dv = b.NewBuffer(n * a.Heads * a.QKDim())
+		s.datt = b.NewBuffer(n * a.Heads * a.QKDim())
+	}
+	s.logits = b.NewBuffer(n * c.VocabSize)
+}
+
+// kvScratch is a buffer for L tokens of expanded k_nope|v.
+func (m *DeepseekV32) kvScratch(s *v32State, L int) backend.Buffer {
+	w := m.mla.Heads * (m.mla.NopeDim + m.mla.VDim)
+	if s.kvTmpRows < L {
+		s.kvTmpRows = max(L, min(2*s.kvTmpRows, s.cap))
+		s.kvTmp = m.b.NewBuffer(s.kvTmpRows * w)
+	}
+	return m.b.View(s.kvTmp, 0, L*w)
+}
