@@ -278,7 +278,13 @@ const v4ShardBytes = 4 << 30
 // Tensors are generated on every core, each from its own seed (the same
 // bytes whatever the core count), while the previous ones are written.
 // config.json is written last, so a folder holding it holds a whole checkpoint.
-func (d DeepseekV4) Write(dir string) error {
+func (d DeepseekV4) Write(dir string) error { return d.WriteProgress(dir, nil) }
+
+// WriteProgress is Write, calling progress (when not nil) after each tensor
+// with the tensor bytes added so far and CheckpointBytes. The last call
+// (done == total) comes before the last shard is finished. An error from
+// progress stops the write and is returned; config.json is then not written.
+func (d DeepseekV4) WriteProgress(dir string, progress func(done, total int64) error) error {
 	cfg, err := d.Config()
 	if err != nil {
 		return err
@@ -311,9 +317,19 @@ func (d DeepseekV4) Write(dir string) error {
 		}
 	}()
 	w := weights.NewShardedWriter(dir, v4ShardBytes, map[string]string{"format": "pt"})
+	var done, total int64
+	if progress != nil {
+		total = d.CheckpointBytes()
+	}
 	for m := range ch {
 		if err = w.Add(m.t.name, m.t.dtype, m.t.shape, m.data); err != nil {
 			break
+		}
+		if progress != nil {
+			done += int64(len(m.data))
+			if err = progress(done, total); err != nil {
+				break
+			}
 		}
 	}
 	if err != nil {

@@ -36,8 +36,8 @@ func (l Llama) headDim() int {
 	return l.Hidden / l.Heads
 }
 
-// Write creates dir/config.json and dir/model.safetensors.
-func (l Llama) Write(dir string) error {
+// Config is the config.json Write writes.
+func (l Llama) Config() ([]byte, error) {
 	hd := l.headDim()
 	theta := l.Theta
 	if theta == 0 {
@@ -61,14 +61,45 @@ func (l Llama) Write(dir string) error {
 	if l.Qwen3 {
 		cfg["attention_bias"] = false
 	}
-	data, _ := json.MarshalIndent(cfg, "", "  ")
-	if err := os.WriteFile(filepath.Join(dir, "config.json"), data, 0o644); err != nil {
+	return json.MarshalIndent(cfg, "", "  ")
+}
+
+// Write creates dir/config.json and dir/model.safetensors (and
+// dir/hf_quant_config.json when NVFP4). config.json is written last, so a
+// folder holding it holds a whole checkpoint.
+func (l Llama) Write(dir string) error { return l.WriteProgress(dir, nil) }
+
+// WriteProgress is Write, calling progress (when not nil) after each tensor
+// with the tensor bytes added so far and CheckpointBytes. The last call
+// (done == total) comes before the file is finished (its data copied behind
+// the header). An error from progress stops the write and is returned;
+// config.json is then not written.
+func (l Llama) WriteProgress(dir string, progress func(done, total int64) error) error {
+	hd := l.headDim()
+	cfg, err := l.Config()
+	if err != nil {
+		return err
+	}
+	// A config.json left from an earlier checkpoint would make this folder
+	// look whole while it is being rewritten.
+	if err := os.Remove(filepath.Join(dir, "config.json")); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
 	if l.NVFP4 {
 		q := `{"producer": {"name": "manifold-testmodel"}, "quantization": {"quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ["lm_head"]}}`
 		if err := os.WriteFile(filepath.Join(dir, "hf_quant_config.json"), []byte(q), 0o644); err != nil {
 			return err
+		}
+	} else if err := os.Remove(filepath.Join(dir, "hf_quant_config.json")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err // one left from an NVFP4 checkpoint would mislabel this one
+	}
+	var done int64
+	total := l.CheckpointBytes()
+	var stopped error // progress's error: the tensors after it are skipped
+	added := func(n int) {
+		done += int64(n)
+		if progress != nil && stopped == nil {
+			stopped = progress(done, total)
 		}
 	}
 	w, err := weights.Create(filepath.Join(dir, "model.safetensors"), map[string]string{"format": "pt"})
@@ -77,6 +108,9 @@ func (l Llama) Write(dir string) error {
 	}
 	rng := rand.New(rand.NewPCG(l.Seed, 1))
 	add := func(name string, shape []int, scale float64, around float64) error {
+		if stopped != nil {
+			return stopped
+		}
 		n := 1
 		for _, d := range shape {
 			n *= d
@@ -91,9 +125,13 @@ func (l Llama) Write(dir string) error {
 				binary.LittleEndian.PutUint16(buf[2*i:], quant.Float32ToBF16(v))
 			}
 		}
+		added(len(buf))
 		return w.Add(name, l.DType, shape, buf)
 	}
 	lin := func(name string, out, in int) error {
+		if stopped != nil {
+			return stopped
+		}
 		if !l.NVFP4 {
 			return add(name+".weight", []int{out, in}, 1/math.Sqrt(float64(in)), 0)
 		}
@@ -107,6 +145,7 @@ func (l Llama) Write(dir string) error {
 		}
 		global := make([]byte, 4)
 		binary.LittleEndian.PutUint32(global, math.Float32bits(float32(1/(6*math.Sqrt(float64(in))))))
+		added(len(packed) + len(scales) + len(global))
 		return errors.Join(
 			w.Add(name+".weight", weights.U8, []int{out, in / 2}, packed),
 			w.Add(name+".weight_scale", weights.F8E4M3, []int{out, in / 16}, scales),
@@ -136,13 +175,37 @@ func (l Llama) Write(dir string) error {
 				add(p+"self_attn.k_norm.weight", []int{hd}, 0.05, 1))
 		}
 	}
+	if stopped != nil {
+		must = append(must, stopped)
+	}
 	for _, err := range must {
 		if err != nil {
 			w.Close()
 			return err
 		}
 	}
-	return w.Close()
+	if err := w.Close(); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644)
+}
+
+// CheckpointBytes is the size of the tensor data Write writes.
+func (l Llama) CheckpointBytes() int64 {
+	hd := int64(l.headDim())
+	H, F, V, size := int64(l.Hidden), int64(l.FFN), int64(l.Vocab), int64(l.DType.Size())
+	linear := func(out, in int64) int64 {
+		if l.NVFP4 {
+			return out*in/2 + out*in/16 + 4
+		}
+		return out * in * size
+	}
+	per := 2*H*size + linear(int64(l.Heads)*hd, H) + 2*linear(int64(l.KVHeads)*hd, H) + linear(H, int64(l.Heads)*hd) +
+		2*linear(F, H) + linear(H, F)
+	if l.Qwen3 {
+		per += 2 * hd * size
+	}
+	return 2*V*H*size + H*size + int64(l.Layers)*per
 }
 
 // WeightBytes is the size of the weights a decode step reads (all but the
