@@ -1,0 +1,301 @@
+package conformance
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+
+	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/layers"
+	"github.com/manifoldlm/manifold/layers/dsv4"
+	"github.com/manifoldlm/manifold/layers/mhc"
+	"github.com/manifoldlm/manifold/quant"
+)
+
+// Cases is the table: every op the models use, at shapes that cover each
+// kernel choice of the CUDA backend (m = 1 decode and m > 1 prefill; widths
+// with and without the bulk-copy kernel's K % 2048; sizes off every tile).
+func Cases() []Case {
+	var cs []Case
+	// MatMul in every weight format. m = 1 takes the decode kernels, m up
+	// to 16 the small-m ones, larger m the GEMM; K = 2048 and 4096 take the
+	// bulk-copy m = 1 kernel on the GPU.
+	for _, f := range []backend.Format{backend.F32, backend.BF16, backend.F16, backend.NVFP4} {
+		for _, s := range [][3]int{{1, 7, 48}, {1, 257, 2048}, {1, 96, 4096}, {3, 33, 80}, {16, 130, 512}, {17, 64, 96}, {70, 200, 272}} {
+			m, rows, cols := s[0], s[1], s[2]
+			tol := 2e-5
+			if f == backend.NVFP4 || f == backend.F16 || f == backend.BF16 {
+				tol = 4e-3 // the GPU's tensor cores take x in 16 bits
+			}
+			cs = append(cs, Case{Op: "MatMul", Shape: fmt.Sprintf("%s/m=%d/%dx%d", f, m, rows, cols), Tol: tol,
+				Run: func(b backend.Backend, _ backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+					return matmul(b, rng, f, m, rows, cols, false)
+				}})
+		}
+	}
+	cs = append(cs, Case{Op: "MatMul", Shape: "f32+bias/m=5/9x40", Tol: 2e-5,
+		Run: func(b backend.Backend, _ backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+			return matmul(b, rng, backend.F32, 5, 9, 40, true)
+		}})
+	for _, s := range [][2]int{{1, 64}, {5, 4096}, {3, 100}, {33, 7}} {
+		rows, w := s[0], s[1]
+		cs = append(cs, Case{Op: "RMSNorm", Shape: fmt.Sprintf("%dx%d", rows, w), Tol: 1e-5,
+			Run: func(b backend.Backend, _ backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+				x, g := rnd(rng, rows*w, 1), rnd(rng, w, 0.2)
+				for i := range g {
+					g[i]++
+				}
+				want := make([]float32, len(x))
+				for r := range rows {
+					layers.RMSNorm(want[r*w:(r+1)*w], x[r*w:(r+1)*w], g, 1e-6)
+				}
+				dst := b.NewBuffer(len(x))
+				b.RMSNorm(dst, upload(b, x), upload(b, g), 1e-6)
+				return read(b, dst), want
+			}})
+	}
+	for _, s := range []struct {
+		rows, heads, hd, off, pos0 int
+		inter, inverse             bool
+	}{{1, 4, 64, 0, 37, false, false}, {7, 3, 128, 0, 0, false, false}, {3, 2, 64, 32, 1000, true, false}, {2, 5, 64, 0, 30000, false, true}} {
+		cs = append(cs, Case{Op: "RoPE", Shape: fmt.Sprintf("%dx%dx%d/off=%d/pos=%d/inter=%v/inv=%v", s.rows, s.heads, s.hd, s.off, s.pos0, s.inter, s.inverse), Tol: 2e-5,
+			Run: func(b backend.Backend, _ backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+				r, err := layers.NewRoPE(layers.RoPEParams{Theta: 1e6, PartialRotaryFactor: float64(s.hd-s.off) / float64(s.hd)}, s.hd)
+				if err != nil {
+					panic(err)
+				}
+				r.Interleaved = s.inter
+				stride := s.heads * s.hd
+				x := rnd(rng, s.rows*stride, 1)
+				want := append([]float32(nil), x...)
+				layers.ApplyRoPE(want, s.rows, s.heads, s.hd, s.off, s.pos0, r, s.inverse)
+				xb := upload(b, x)
+				b.RoPE(xb, s.rows, s.heads, s.hd, s.off, s.pos0, r, s.inverse)
+				return read(b, xb), want
+			}})
+	}
+	for _, n := range []int{1, 100, 4099} {
+		for _, limit := range []float32{0, 7} {
+			cs = append(cs, Case{Op: "SwiGLU", Shape: fmt.Sprintf("n=%d/limit=%g", n, limit), Tol: 1e-6,
+				Run: func(b backend.Backend, _ backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+					g, u := rnd(rng, n, 4), rnd(rng, n, 4)
+					want := make([]float32, n)
+					layers.SwiGLU(want, g, u, limit)
+					dst := b.NewBuffer(n)
+					b.SwiGLU(dst, upload(b, g), upload(b, u), limit)
+					return read(b, dst), want
+				}})
+		}
+		cs = append(cs, Case{Op: "Add,Scale,Copy", Shape: fmt.Sprintf("n=%d", n), Tol: 0,
+			Run: func(b backend.Backend, _ backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+				x, y := rnd(rng, n, 1), rnd(rng, n, 1)
+				want := make([]float32, 3*n)
+				for i := range n {
+					want[i], want[n+i], want[2*n+i] = x[i]+y[i], x[i]*0.37, y[i]
+				}
+				out := b.NewBuffer(3 * n)
+				b.Add(b.View(out, 0, n), upload(b, x), upload(b, y))
+				b.Scale(b.View(out, n, n), upload(b, x), 0.37)
+				b.Copy(b.View(out, 2*n, n), upload(b, y))
+				return read(b, out), want
+			}})
+	}
+	for _, f := range []backend.Format{backend.F32, backend.BF16} {
+		cs = append(cs, Case{Op: "Embed", Shape: fmt.Sprintf("%s/5of37x72", f), Tol: 0,
+			Run: func(b backend.Backend, _ backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+				const V, C = 37, 72
+				table, hw := weight(rng, f, V, C)
+				w, err := b.Upload(hw)
+				if err != nil {
+					panic(err)
+				}
+				ids := []int32{0, 36, 5, 5, 17}
+				want := make([]float32, 0, len(ids)*C)
+				for _, id := range ids {
+					want = append(want, table[int(id)*C:(int(id)+1)*C]...)
+				}
+				dst := b.NewBuffer(len(ids) * C)
+				b.Embed(dst, w, ids)
+				return read(b, dst), want
+			}})
+	}
+	// Attention: decode (m = 1) at short and long contexts, prefill, GQA
+	// groups of 1, 4 and 8, a sliding window, head dims 64 and 128.
+	for _, s := range []struct{ heads, kv, hd, pos0, m, window int }{
+		{8, 2, 64, 37, 1, 0}, {32, 8, 128, 700, 1, 0}, {4, 4, 64, 0, 19, 0}, {8, 1, 64, 5, 40, 0}, {8, 2, 64, 30, 6, 16}, {16, 2, 128, 2100, 1, 0},
+	} {
+		cs = append(cs, Case{Op: "Attention", Shape: fmt.Sprintf("h=%d/kv=%d/d=%d/pos=%d/m=%d/win=%d", s.heads, s.kv, s.hd, s.pos0, s.m, s.window), Tol: 2e-5,
+			Run: func(b backend.Backend, _ backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+				as := layers.AttentionShape{Heads: s.heads, KVHeads: s.kv, HeadDim: s.hd, Scale: float32(1 / math.Sqrt(float64(s.hd))), Window: s.window}
+				return attention(b, rng, as, s.pos0, s.m)
+			}})
+	}
+	for _, s := range [][3]int{{3, 10, 64}, {40, 100, 7}} {
+		rows, src, w := s[0], s[1], s[2]
+		cs = append(cs, Case{Op: "GatherRows,ScatterAddRows", Shape: fmt.Sprintf("%dof%dx%d", rows, src, w), Tol: 1e-6,
+			Run: func(b backend.Backend, _ backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+				x, acc := rnd(rng, src*w, 1), rnd(rng, src*w, 1)
+				idx, scale := make([]int32, rows), rnd(rng, rows, 1)
+				for i := range idx {
+					idx[i] = int32(rng.IntN(src))
+				}
+				g := make([]float32, rows*w)
+				dsv4.Gather(g, x, idx, w)
+				sum := append([]float32(nil), acc...)
+				dsv4.ScatterAdd(sum, g, idx, scale, w)
+				gb, ab := b.NewBuffer(rows*w), upload(b, acc)
+				b.GatherRows(gb, upload(b, x), idx, w)
+				b.ScatterAddRows(ab, gb, idx, scale, w)
+				return append(read(b, gb), read(b, ab)...), append(g, sum...)
+			}})
+	}
+	cs = append(cs, sparseCases()...)
+	cs = append(cs, hyperCases()...)
+	return cs
+}
+
+// weight makes a random rows x cols weight of format f and returns the
+// values it holds (after rounding to f) with its host description.
+func weight(rng *rand.Rand, f backend.Format, rows, cols int) ([]float32, *backend.HostWeight) {
+	v := rnd(rng, rows*cols, 1/math.Sqrt(float64(cols)))
+	hw := &backend.HostWeight{Name: "w", Rows: rows, Cols: cols, Format: f}
+	switch f {
+	case backend.F32:
+		hw.Data = make([]byte, 4*len(v))
+		for i, x := range v {
+			binary.LittleEndian.PutUint32(hw.Data[4*i:], math.Float32bits(x))
+		}
+	case backend.BF16:
+		hw.Data = make([]byte, 2*len(v))
+		quant.EncodeBF16(hw.Data, v)
+		quant.DecodeBF16(v, hw.Data)
+	case backend.F16:
+		hw.Data = make([]byte, 2*len(v))
+		quant.EncodeF16(hw.Data, v)
+		quant.DecodeF16(v, hw.Data)
+	case backend.NVFP4:
+		q, err := quant.QuantizeNVFP4(v, rows, cols)
+		if err != nil {
+			panic(err)
+		}
+		hw.Q = q
+		v = q.Dequantize()
+	}
+	return v, hw
+}
+
+func matmul(b backend.Backend, rng *rand.Rand, f backend.Format, m, rows, cols int, bias bool) ([]float32, []float32) {
+	wv, hw := weight(rng, f, rows, cols)
+	if bias {
+		hw.Bias = rnd(rng, rows, 1)
+	}
+	w, err := b.Upload(hw)
+	if err != nil {
+		panic(err)
+	}
+	x := rnd(rng, m*cols, 1)
+	want := make([]float32, m*rows)
+	for i := range m {
+		for r := range rows {
+			var s float64
+			for k := range cols {
+				s += float64(x[i*cols+k]) * float64(wv[r*cols+k])
+			}
+			if bias {
+				s += float64(hw.Bias[r])
+			}
+			want[i*rows+r] = float32(s)
+		}
+	}
+	dst := b.NewBuffer(m * rows)
+	b.MatMul(dst, upload(b, x), w, m)
+	return read(b, dst), want
+}
+
+// attention fills a cache with pos0 positions, then runs m queries.
+func attention(b backend.Backend, rng *rand.Rand, s layers.AttentionShape, pos0, m int) ([]float32, []float32) {
+	n := pos0 + m
+	row := s.KVHeads * s.HeadDim
+	keys, values := rnd(rng, n*row, 1), rnd(rng, n*row, 1)
+	q := rnd(rng, m*s.Heads*s.HeadDim, 1)
+	want := make([]float32, len(q))
+	layers.Attention(want, q, keys, values, m, pos0, s)
+	cache, err := b.NewKVCache(backend.KVShape{Layers: 1, KVHeads: s.KVHeads, HeadDim: s.HeadDim, Capacity: n})
+	if err != nil {
+		panic(err)
+	}
+	out := b.NewBuffer(len(q))
+	if pos0 > 0 { // the context, appended as a prefill whose output is dropped
+		pq := b.NewBuffer(pos0 * s.Heads * s.HeadDim)
+		b.Attention(b.NewBuffer(pq.Len()), pq, upload(b, keys[:pos0*row]), upload(b, values[:pos0*row]), cache, 0, 0, pos0, s)
+	}
+	b.Attention(out, upload(b, q), upload(b, keys[pos0*row:]), upload(b, values[pos0*row:]), cache, 0, pos0, m, s)
+	return read(b, out), want
+}
+
+func sparseCases() []Case {
+	var cs []Case
+	for _, s := range [][2]int{{1, 128}, {9, 100}} {
+		rows, w := s[0], s[1]
+		cs = append(cs, Case{Op: "SparseMLAOps.LayerNorm", Shape: fmt.Sprintf("%dx%d", rows, w), Tol: 1e-5, Needs: "SparseMLAOps",
+			Run: func(b backend.Backend, caps backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+				x, g, bias := rnd(rng, rows*w, 2), rnd(rng, w, 1), rnd(rng, w, 1)
+				want := make([]float32, len(x))
+				for r := range rows {
+					layers.LayerNorm(want[r*w:(r+1)*w], x[r*w:(r+1)*w], g, bias, 1e-6)
+				}
+				dst := b.NewBuffer(len(x))
+				caps.SparseMLA.LayerNorm(dst, upload(b, x), upload(b, g), upload(b, bias), 1e-6)
+				return read(b, dst), want
+			}})
+	}
+	for _, s := range [][3]int{{2, 3, 5}, {5, 17, 8}} {
+		a, bb, w := s[0], s[1], s[2]
+		cs = append(cs, Case{Op: "CompressedAttentionOps.Transpose", Shape: fmt.Sprintf("%dx%dx%d", a, bb, w), Tol: 0, Needs: "CompressedAttentionOps",
+			Run: func(b backend.Backend, caps backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+				x := rnd(rng, a*bb*w, 1)
+				want := make([]float32, len(x))
+				dsv4.Transpose(want, x, a, bb, w)
+				dst := b.NewBuffer(len(x))
+				caps.Compressed.Transpose(dst, upload(b, x), a, bb, w)
+				return read(b, dst), want
+			}})
+	}
+	return cs
+}
+
+func hyperCases() []Case {
+	var cs []Case
+	for _, s := range [][3]int{{1, 4, 256}, {7, 4, 100}, {3, 2, 4096}} {
+		rows, n, hidden := s[0], s[1], s[2]
+		shape := fmt.Sprintf("rows=%d/n=%d/C=%d", rows, n, hidden)
+		cs = append(cs, Case{Op: "HyperConnectionOps.MHCPre,MHCPost,MHCExpand", Shape: shape, Tol: 1e-5, Needs: "HyperConnectionOps",
+			Run: func(b backend.Backend, caps backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+				x, pre, post, res := rnd(rng, rows*n*hidden, 1), rnd(rng, rows*n, 0.5), rnd(rng, rows*n, 0.5), rnd(rng, rows*n*n, 0.5)
+				out, emb := rnd(rng, rows*hidden, 1), rnd(rng, rows*hidden, 1)
+				wPre, wPost, wExp := make([]float32, rows*hidden), make([]float32, rows*n*hidden), make([]float32, rows*n*hidden)
+				mhc.Pre(wPre, x, pre, rows, n, hidden)
+				mhc.Post(wPost, x, out, post, res, make([]float32, n*hidden), rows, n, hidden)
+				mhc.Expand(wExp, emb, rows, n, hidden)
+				h := caps.HyperConnection
+				gPre, gPost, gExp := b.NewBuffer(len(wPre)), b.NewBuffer(len(wPost)), b.NewBuffer(len(wExp))
+				xb := upload(b, x)
+				h.MHCPre(gPre, xb, upload(b, pre), rows, n, hidden)
+				h.MHCPost(gPost, xb, upload(b, out), upload(b, post), upload(b, res), rows, n, hidden)
+				h.MHCExpand(gExp, upload(b, emb), rows, n, hidden)
+				got := append(append(read(b, gPre), read(b, gPost)...), read(b, gExp)...)
+				return got, append(append(wPre, wPost...), wExp...)
+			}})
+		cs = append(cs, Case{Op: "HyperConnectionOps.MHCHeadActivate", Shape: shape, Tol: 1e-6, Needs: "HyperConnectionOps",
+			Run: func(b backend.Backend, caps backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+				pre, base := rnd(rng, rows*n, 2), rnd(rng, n, 1)
+				want := append([]float32(nil), pre...)
+				mhc.HeadActivate(want, base, 0.7, 1e-6, rows, n)
+				pb := upload(b, pre)
+				caps.HyperConnection.MHCHeadActivate(pb, upload(b, base), 0.7, 1e-6, rows, n)
+				return read(b, pb), want
+			}})
+	}
+	return cs
+}
