@@ -20,7 +20,7 @@ import (
 // and htree decode attention against dense flash-decoding. Times are
 // deviceTime's (CUDA events around iters queued runs, so launch and queueing
 // gaps count). Caches are filled with random data directly. Run on the device
-// machine, in kernels/, with bench_mhc_torch.py for the PyTorch eager mHC:
+// machine, in kernels/, with dev/torch/bench_mhc_torch.py for the PyTorch eager mHC:
 //
 //	kernels.test -test.run '^$' -test.bench 'OpsFloor|OpsVsDense' -test.benchtime 3x
 
