@@ -27,6 +27,8 @@ import (
 
 // Options configure Load. The zero value loads on the best available device
 // with every core and the model's full context (capped at DefaultContext).
+// No environment variable changes what a model computes: these are the
+// only knobs (README.md: Knobs).
 type Options struct {
 	// Device is "auto" (the default), "cpu" or "cuda".
 	Device string
@@ -38,6 +40,11 @@ type Options struct {
 	// Attention chooses dense (the default) or htree attention for the
 	// architectures that offer a choice (Llama, Qwen3); see docs/htree.md.
 	Attention model.AttentionOptions
+	// GPU schedules the CUDA backend's work: CUDA graphs (auto, on, off),
+	// programmatic dependent launch, how many launches are queued before
+	// the older ones start. Each of its values gives the same results
+	// (kernels.Options); the zero value is the default of each.
+	GPU kernels.Options
 }
 
 // DefaultContext caps the default session length, so that a model with a
@@ -73,6 +80,9 @@ func Load(dir string, opts Options) (*Model, error) {
 	start := time.Now()
 	if opts.Threads < 0 || opts.ContextLength < 0 {
 		return nil, fmt.Errorf("engine: Options.Threads %d, ContextLength %d: want >= 0 (0: the default)", opts.Threads, opts.ContextLength)
+	}
+	if err := opts.GPU.Validate(); err != nil {
+		return nil, fmt.Errorf("engine: Options.GPU: %w", err)
 	}
 	if fi, err := os.Stat(dir); err != nil {
 		return nil, fmt.Errorf("engine: model folder: %w", err)
@@ -123,10 +133,11 @@ func Load(dir string, opts Options) (*Model, error) {
 // runs there, else the CPU; the returned note says why the GPU was passed over.
 func build(opts Options, f *model.Folder) (backend.Backend, model.Model, string, error) {
 	var note string
+	gpu := func(ordinal int) (*kernels.Backend, error) { return kernels.New(ordinal, opts.GPU) }
 	switch opts.Device {
 	case "", "auto":
 		if kernels.Available() {
-			b, net, err := buildOn(kernels.New, opts, f)
+			b, net, err := buildOn(gpu, opts, f)
 			if err == nil {
 				return b, net, "", nil
 			}
@@ -134,7 +145,7 @@ func build(opts Options, f *model.Folder) (backend.Backend, model.Model, string,
 		}
 	case "cpu":
 	case "cuda":
-		b, net, err := buildOn(kernels.New, opts, f)
+		b, net, err := buildOn(gpu, opts, f)
 		if errors.Is(err, kernels.ErrNoDriver) {
 			err = fmt.Errorf("device %q: %w: %v", opts.Device, ErrDevice, err)
 		}

@@ -135,27 +135,9 @@ func benchDecodeLlama(b *testing.B, tag string, spec testmodel.Llama) {
 		step()
 	}
 	fmt.Print(kernels.FormatProfile(gb.StopProfile()))
-	// MANIFOLD_ATTN_TRACE=1: attn_decode's per-block timeline over one step
-	// at two contexts (kernels.Backend.StartAttnTrace), launched op by op.
-	if os.Getenv("MANIFOLD_ATTN_TRACE") == "1" {
-		for _, n := range []int{100, 200} {
-			s.Truncate(n)
-			for s.Len() < n { // Truncate only shortens
-				step()
-			}
-			step()
-			step()
-			if err := gb.StartAttnTrace(); err != nil {
-				b.Fatal(err)
-			}
-			step()
-			sum, err := gb.StopAttnTrace()
-			if err != nil {
-				b.Fatal(err)
-			}
-			fmt.Printf("RESULT attn_trace_context keys=%d\n%s", n+3, sum)
-		}
-	}
+	// The dev build's attn_decode timeline (MANIFOLD_ATTN_TRACE=1:
+	// gpu_bench_dev_test.go).
+	attnTraceSteps(b, s, gb, step)
 }
 
 // benchGenerate times the engine's own loop: Generate, greedy, from the

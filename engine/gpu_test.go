@@ -7,10 +7,15 @@ import (
 	"testing"
 
 	"github.com/manifoldlm/manifold/internal/golden"
+	"github.com/manifoldlm/manifold/internal/testimage"
 	"github.com/manifoldlm/manifold/kernels"
 	"github.com/manifoldlm/manifold/layers/dsa/htree"
 	"github.com/manifoldlm/manifold/model"
 )
+
+// MANIFOLD_KERNEL_IMAGE: a kernel image built after this test binary
+// (kernels/gpu.sh run).
+func init() { testimage.FromEnv() }
 
 // TestDeviceSamplingMatchesHost generates on the GPU, where greedy and top-k
 // sampling run on the device (the model's ForwardDevice leaves the logits

@@ -6,13 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"runtime"
-	"strconv"
 	"sync"
 	"unsafe"
 
 	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/internal/testimage"
 	"github.com/manifoldlm/manifold/layers"
 	"github.com/manifoldlm/manifold/quant"
 )
@@ -62,66 +61,60 @@ type Backend struct {
 	graphSeen     map[uint64]int
 	graphLaunches int
 	paramPtrs     []unsafe.Pointer
-	gemvDec       int         // 0 or 1: the NVFP4 kernels' decoding (fuse.go)
-	gemvOff       bool        // benchmarks: NVFP4 matmuls on the GEMM (gemm.go) even at m = 1
-	gemvPipe      bool        // benchmarks: m == 1 activations streamed with the weights
-	gemvSt4       bool        // benchmarks: 4-stage pipeline, fewer warps
-	gemvX8        bool        // m == 1 on the m <= 8 kernel (x read per chunk, no staging)
-	gemvSmallM    bool        // 2 <= m <= 16 on the decode-shape kernels too
-	gemvLB        bool        // m == 1 on the 64-register variant (32 warps per multiprocessor; measured faster)
-	gemvMT        bool        // m == 1: several tiles per block, x staged once for them (MANIFOLD_GEMV_TILES=1: one)
-	gemvTiles     int         // tests: tiles per block forced (> 1) where they fit
-	gemvTMA       bool        // m == 1, K % 2048 == 0: the persistent bulk-copy kernel (MANIFOLD_GEMV_TMA=0: off)
-	tmaWarps      int         // its consumer warps: 16 (one block per multiprocessor) or 8
-	tmaSlots      int         // benchmarks: its ring depth forced (> 0)
-	tmaOcc        int         // with 8 warps: blocks per multiprocessor (2 or 3), shared memory and registers split so many ways
-	tmaTPB        int         // tiles per block (0: a persistent grid of tmaOcc blocks per multiprocessor)
-	tmaUneven     bool        // benchmarks: tmaOcc blocks per multiprocessor even when their tile counts differ
-	tmaEvict      bool        // its weight copies marked evict-first in L2 (the default)
-	tmaPace       int         // a long m = 1 launch after a long one, not the SwiGLU matmul: its ring's first fill paced, stage s copied once stage s - tmaPace arrived (paceOf; flags bits 25-27; 1 by default, MANIFOLD_TMA_PACE=0 off)
-	tmaPaceAll    bool        // benchmarks (MANIFOLD_TMA_PACE_ALL=1): ... in every launch
 	afterLong     bool        // the op last finalized (launched last) is a long m = 1 matmul (fuse.go: paceOf)
-	tmaMaps       bool        // its weights copied by tensor maps, four copies a stage (gemv_nvfp4_tma8_tm), in large launches
-	tmaMapsAll    bool        // ... in launches of every size (tests, benchmarks)
-	tmaMapsBySize bool        // benchmarks: ... by size alone, the output projections too (MANIFOLD_TMA_MAPS=size)
-	tmaAblate     int         // benchmarks: gemv_nvfp4_tma8's ablation bits (flags bits 4, 5: no x staging, no decoding; 6: timeline), which launch its tracing instances
-	tmaTrace      uint64      // benchmarks: where gemv_nvfp4_tma writes its timeline (flags bit 6), 64 words per block
 	tkmWS         *allocation // the many-block top-k's workspace (dsv4.go: topK)
 	moeBuf        *allocation // MoE's picks, weights and activations (moe.go)
 	moeBufLen     int
 	tkmCap        int
-	topkPath      int  // tests and benchmarks: a top-k path forced (topkMany, topkOneBlock)
-	attnMMAOff    bool // tests and benchmarks: dsa_attend_split and v4_attention4 where the mma kernels would run
-	attnMMA8      bool // tests and benchmarks: the mma kernels' 8-warp blocks where 16 would run
-	tkc8          bool // tests and benchmarks: the cluster top-k in clusters of 8 where 16 would run
 	tkc16Once     sync.Once
 	tkc16OK       bool // tkc_select16's clusters of 16 fit on this GPU
-	idxMMAOff     bool // tests and benchmarks: idx_scores_tile where idx_scores_mma would run
 	pdl           bool // programmatic dependent launch (queue.go)
 	launchCfg     launchConfig
 	launchAttrs   [2]launchAttribute
-	gemvFlags     int         // GemvArgs.flags (gemv.cuh)
-	normFusion    bool        // RMSNorm of one row runs inside the NVFP4 matmul after it
-	tmaNorm       bool        // ... where the bulk-copy kernel takes the matmul (its staging overlaps the weight copies)
-	bf16Kernel    string      // benchmarks: the aligned bf16 matmul kernel ("" picks by shape)
 	partMu        sync.Mutex  // guards attnPart (taken before qmu)
 	attnPart      *allocation // attention_kv's and attn_decode's split partials
 	attnPartLen   int
-	attnDecodeOff bool        // one-row attention on attention_kv instead of attn_decode (tests, benchmarks)
-	attnCluster   bool        // attn_decode's splits (up to 8) merged in a thread block cluster (the default)
-	attnShort     bool        // one-row attention over short contexts on attn_short (the default)
-	attnMulticast bool        // attn_short's blocks of a kv head copy its rows into each other (the default)
-	attnTrace     *allocation // benchmarks: where attn_decode writes its per-block timeline (profile.go: StartAttnTrace)
-	attnAblate    int         // benchmarks (MANIFOLD_ATTN_ABLATE, results wrong): 1 (wait) attn_decode returns after its wait, 2 (skip) is not launched
-	mhcTailOff    bool        // tests and benchmarks: MHCCoeffsPre in four launches at every token count
 	attnTicket    *allocation // attn_decode's counts of finished splits, one per row of blocks (zero between launches)
 	attnTicketLen int
 	gemm          gemmScratch // the NVFP4 GEMM's (gemm.go; guarded by partMu)
-	gemmK128      bool        // benchmarks: the NVFP4 GEMM in stages of 128 elements even where 256 fit
-	gemmK256      bool        // benchmarks: ... of 256 elements even where 512 would be taken
-	skipRole      string      // benchmarks (MANIFOLD_SKIP, results wrong): launches of one role left out (queue.go: skipOp)
-	smallAblate   int         // benchmarks (MANIFOLD_SMALL_ABLATE, results wrong): tmaAblate bits for the launches under tmaMapsMin weights
-	tmaSmallRole  string      // ... only the output projection's (o, under 20 M weights) or the q, k, v matmul's (qkv); or instead the down projection's (down) or every launch from tmaMapsMin (large)
+
+	// force: tests force a variant a default path can choose (for other
+	// shapes, or on other GPUs), so that the conformance tests cover every
+	// kernel a default path can launch. Only _test.go files (and the dev
+	// build) set it; its zero value is the default path.
+	force variants
+	// exp: the dev build's experiments (dev.go, build tag manifold_dev);
+	// nothing in the production build (dev_off.go), whose methods there
+	// return what the default path does.
+	exp experiments
+}
+
+// variants are the choices Backend.force makes instead of the default
+// path's; each names a kernel or a launch shape that a default path takes
+// for some shape or GPU. The zero value forces nothing.
+type variants struct {
+	gemvOff     bool   // NVFP4 matmuls on the GEMM (gemm.go) even at m = 1 (the default where the decode kernels do not take the shape)
+	gemvPipe    bool   // m = 1: activations streamed with the weights (gemv_nvfp4_m1_d1; the default where x does not fit beside the ring)
+	gemvOneTile bool   // m = 1: one tile a block (gemv_nvfp4_s1_d1_lb) where several would be taken (gemv_nvfp4_s1_d1_mt)
+	gemvTiles   int    // m = 1: tiles a block forced (> 1) where they fit
+	noGemvTMA   bool   // m = 1: the staged kernels where gemv_nvfp4_tma8* would run (the default when K % 2048 != 0)
+	tmaSlots    int    // gemv_nvfp4_tma8*: ring depth forced (> 0; a deep K leaves fewer slots)
+	tmaTPB      int    // gemv_nvfp4_tma8*: tiles a block (> 0) instead of the persistent grid
+	tmaRows     bool   // gemv_nvfp4_tma8 (row copies) where the tensor copies (gemv_nvfp4_tma8_tm) would run
+	tmaMapsAll  bool   // gemv_nvfp4_tma8_tm in launches of every size (the default from tmaMapsMin weights)
+	bf16Kernel  string // the aligned bf16 matmul kernel ("" picks by shape)
+	gemmK128    bool   // the NVFP4 GEMM in stages of 128 elements even where 256 fit
+	gemmK256    bool   // ... of 256 elements even where 512 would be taken
+	topkPath    int    // a top-k path (topkMany, topkOneBlock)
+	attnMMAOff  bool   // dsa_attend_split and v4_attention4 where the mma kernels would run
+	attnMMA8    bool   // the mma kernels' 8-warp blocks where 16 would run
+	tkc8        bool   // the cluster top-k in clusters of 8 where 16 would run
+	idxMMAOff   bool   // idx_scores_tile where idx_scores_mma would run
+	attnKV      bool   // one-row attention on attention_kv instead of attn_short / attn_decode
+	attnGlobal  bool   // attn_decode's splits merged through global memory, not in a cluster (the default past 8 splits)
+	attnNoShort bool   // one-row attention on attn_decode where attn_short would run (the default at long contexts)
+	attnNoCast  bool   // attn_short's blocks each copy the rows, not multicast (the default with one head group or two shares)
+	mhcTailOff  bool   // MHCCoeffsPre in four launches at every token count
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -136,58 +129,30 @@ func Available() bool {
 	return d.cuDeviceGetCount(&n) == 0 && n > 0
 }
 
-// New opens GPU ordinal and loads the kernels.
-func New(ordinal int) (*Backend, error) {
+// New opens GPU ordinal and loads the kernels, with o's settings (the zero
+// Options for the defaults).
+func New(ordinal int, o Options) (*Backend, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
 	d, err := loadDriver()
 	if err != nil {
 		return nil, err
 	}
 	img := image
-	if path := os.Getenv("MANIFOLD_KERNEL_IMAGE"); path != "" {
-		// For kernel development: try a freshly built image without rebuilding the Go binary.
-		if img, err = os.ReadFile(path); err != nil {
-			return nil, fmt.Errorf("kernels: MANIFOLD_KERNEL_IMAGE: %w", err)
-		}
+	if testimage.Image != nil { // tests: an image built after the binary (kernels/gpu.sh run)
+		img = testimage.Image
+	}
+	if img, err = devImage(img); err != nil {
+		return nil, err
 	}
 	if len(img) == 0 {
 		return nil, fmt.Errorf("kernels: this build embeds no kernel image (run kernels/build.sh on a machine with nvcc): %w", ErrNoDriver)
 	}
+	o = devOptions(o)
 	b := &Backend{d: d, fn: map[string]uintptr{}, live: map[uint64]struct{}{},
-		graphs: graphModeEnv(os.Getenv("MANIFOLD_CUDA_GRAPHS")), graphCache: map[uint64]*graphEntry{}, graphSeen: map[uint64]int{},
-		gemvDec: defaultGemvDec, normFusion: os.Getenv("MANIFOLD_NORM_FUSION") == "1",
-		gemvX8: os.Getenv("MANIFOLD_GEMV_M1") == "m8", pdl: os.Getenv("MANIFOLD_CUDA_PDL") != "0",
-		gemvLB: os.Getenv("MANIFOLD_GEMV_M1") != "s1", gemvMT: os.Getenv("MANIFOLD_GEMV_TILES") != "1",
-		gemvTMA: os.Getenv("MANIFOLD_GEMV_TMA") != "0", tmaWarps: 8, tmaOcc: 2}
-	b.ahead = launchAhead
-	if v, err := strconv.Atoi(os.Getenv("MANIFOLD_CUDA_AHEAD")); err == nil && v >= 0 { // 0: off
-		b.ahead = v
-	}
-	if os.Getenv("MANIFOLD_GEMV_TMA") == "16" { // one block of 16 consumer warps per multiprocessor
-		b.tmaWarps, b.tmaOcc = 16, 1
-	}
-	b.tmaNorm = os.Getenv("MANIFOLD_NORM_FUSION") != "0"
-	// The m = 1 matmuls' weight copies go through L2 marked evict-first
-	// (docs/DECISIONS.md); MANIFOLD_TMA_EVICT=0 gives them normal priority.
-	b.tmaEvict = os.Getenv("MANIFOLD_TMA_EVICT") != "0"
-	// A long m = 1 matmul after a long one paces its ring's first fill
-	// (fuse.go: paceOf; docs/DECISIONS.md); MANIFOLD_TMA_PACE=n (0-7) sets its depth, 0 off.
-	b.tmaPace = defaultTMAPace
-	if v, err := strconv.Atoi(os.Getenv("MANIFOLD_TMA_PACE")); err == nil && v >= 0 && v < 8 {
-		b.tmaPace = v
-	}
-	b.tmaPaceAll = os.Getenv("MANIFOLD_TMA_PACE_ALL") == "1"
-	b.tmaMaps = os.Getenv("MANIFOLD_TMA_MAPS") != "0"
-	b.tmaMapsAll = os.Getenv("MANIFOLD_TMA_MAPS") == "all"
-	b.tmaMapsBySize = os.Getenv("MANIFOLD_TMA_MAPS") == "size"
-	// attn_decode merges up to 8 splits in a thread block cluster
-	// (docs/DECISIONS.md); MANIFOLD_ATTN_CLUSTER=0 merges through global memory.
-	b.attnCluster = os.Getenv("MANIFOLD_ATTN_CLUSTER") != "0"
-	b.attnAblate = map[string]int{"wait": 1, "skip": 2}[os.Getenv("MANIFOLD_ATTN_ABLATE")]
-	b.attnShort = os.Getenv("MANIFOLD_ATTN_SHORT") != "0"
-	b.attnMulticast = os.Getenv("MANIFOLD_ATTN_MULTICAST") != "0"
-	b.skipRole = os.Getenv("MANIFOLD_SKIP")
-	b.smallAblate = map[string]int{"nodec": 0x20, "nox": 0x10, "both": 0x30}[os.Getenv("MANIFOLD_SMALL_ABLATE")]
-	b.tmaSmallRole = os.Getenv("MANIFOLD_SMALL_ABLATE_ROLE")
+		graphs: o.Graphs, graphCache: map[uint64]*graphEntry{}, graphSeen: map[uint64]int{},
+		pdl: !o.NoPDL, ahead: o.ahead(), exp: newExperiments()}
 	var n int32
 	if err := d.check("cuDeviceGetCount", d.cuDeviceGetCount(&n)); err != nil {
 		return nil, err
@@ -219,8 +184,7 @@ func New(ordinal int) (*Backend, error) {
 		for _, name := range []string{"gemv_f32", "gemv_bf16", "gemv_f32_any", "gemv_bf16_any",
 			"gemv_nvfp4_any", "embed", "rmsnorm", "rope", "attention", "swiglu", "add", "scale",
 			"sample_partial", "sample_final", "embed_ids", "rope_dyn", "attention_kv", "attention_kv_64", "attention_kv_128", "attn_combine", "attn_decode_64", "attn_decode_128", "attn_short_64", "attn_short_128", "gemv_bf16_u4",
-			"gemv_nvfp4_m1_d0", "gemv_nvfp4_m1_d1", "gemv_nvfp4_s1_d0", "gemv_nvfp4_s1_d1", "gemv_nvfp4_s1_d1_st4", "gemv_nvfp4_s1_d1_lb", "gemv_nvfp4_s1_d1_mt", "gemv_nvfp4_m8_d0", "gemv_nvfp4_m8_d1",
-			"gemv_nvfp4_m16_d0", "gemv_nvfp4_m16_d1", "gemv_nvfp4_tma", "gemv_nvfp4_tma8", "gemv_nvfp4_tma8_3", "gemv_nvfp4_tma8_trace", "gemv_nvfp4_tma8_tm", "gemv_nvfp4_tma8_tm_trace"} {
+			"gemv_nvfp4_m1_d1", "gemv_nvfp4_s1_d1_lb", "gemv_nvfp4_s1_d1_mt", "gemv_nvfp4_tma8", "gemv_nvfp4_tma8_tm"} {
 			var f uintptr
 			if err = d.check("cuModuleGetFunction "+name, d.cuModuleGetFunction(&f, b.module, cString(name))); err != nil {
 				return
@@ -230,15 +194,14 @@ func New(ordinal int) (*Backend, error) {
 		// Dynamic shared memory past the default 48 KB must be asked for.
 		for name, bytes := range map[string]int{"attention": b.maxShare, "sample_final": sampleFinalShared,
 			"attention_kv": b.maxShare - attnStatic, "attention_kv_64": b.maxShare - attnStatic,
-			"attention_kv_128": b.maxShare - attnStatic, "attn_decode_64": b.maxShare, "attn_decode_128": b.maxShare, "attn_short_64": b.maxShare, "attn_short_128": b.maxShare, "gemv_nvfp4_m1_d0": b.maxShare, "gemv_nvfp4_m1_d1": b.maxShare,
-			"gemv_nvfp4_s1_d0": b.maxShare, "gemv_nvfp4_s1_d1": b.maxShare, "gemv_nvfp4_s1_d1_st4": b.maxShare, "gemv_nvfp4_s1_d1_lb": b.maxShare, "gemv_nvfp4_s1_d1_mt": b.maxShare,
-			"gemv_nvfp4_m8_d0": b.maxShare, "gemv_nvfp4_m8_d1": b.maxShare, "gemv_nvfp4_m16_d0": b.maxShare,
-			"gemv_nvfp4_m16_d1": b.maxShare, "gemv_nvfp4_tma": b.maxShare, "gemv_nvfp4_tma8": b.maxShare, "gemv_nvfp4_tma8_3": b.maxShare,
-			"gemv_nvfp4_tma8_trace": b.maxShare, "gemv_nvfp4_tma8_tm": b.maxShare, "gemv_nvfp4_tma8_tm_trace": b.maxShare} {
+			"attention_kv_128": b.maxShare - attnStatic, "attn_decode_64": b.maxShare, "attn_decode_128": b.maxShare, "attn_short_64": b.maxShare, "attn_short_128": b.maxShare, "gemv_nvfp4_m1_d1": b.maxShare,
+			"gemv_nvfp4_s1_d1_lb": b.maxShare, "gemv_nvfp4_s1_d1_mt": b.maxShare, "gemv_nvfp4_tma8": b.maxShare, "gemv_nvfp4_tma8_tm": b.maxShare} {
 			if err = d.check("cuFuncSetAttribute "+name, d.cuFuncSetAttribute(b.fn[name], 8, int32(bytes))); err != nil {
 				return
 			}
 		}
+		// The dev build's kernels (in the dev image only) and switches (dev.go).
+		b.exp.setup(b)
 	})
 	if err != nil {
 		b.Close()
@@ -620,18 +583,18 @@ func (b *Backend) MatMul(dst, x backend.Buffer, wt backend.Weight, m int) {
 		if N >= 32768 || m > 1 {
 			name = "gemv_bf16_u4"
 		}
-		if b.bf16Kernel != "" {
-			name = b.bf16Kernel
+		if b.force.bf16Kernel != "" {
+			name = b.force.bf16Kernel
 		}
 		if !aligned || K%8 != 0 {
 			name = "gemv_bf16_any"
-		} else if N <= bf16SplitRows && m <= 4 && b.bf16Kernel == "" {
+		} else if N <= bf16SplitRows && m <= 4 && b.force.bf16Kernel == "" {
 			// Few rows (the MoE routers): a block per row.
 			name, g = "gemv_bf16_sk", [3]int{N, 1, 1}
 		}
 		b.launch(name, g, 32*warps, 0, w.data.ptr, xp, ptr(dst), bias, N, K, m)
 	case backend.NVFP4:
-		if xb, db := x.(*Buffer), dst.(*Buffer); !b.gemvOff && gemvEligible(xb, db, w, m, b.gemvSmallM) {
+		if xb, db := x.(*Buffer), dst.(*Buffer); !b.force.gemvOff && gemvEligible(xb, db, w, m, b.exp.gemvSmallM()) {
 			// Decode shapes: pipelined tensor-core kernel, fusable (fuse.go).
 			b.qmu.Lock()
 			b.queueGemv(db, xb, w, m)
@@ -879,8 +842,8 @@ func (b *Backend) Attention(out, q, k, v backend.Buffer, cache backend.KVCache, 
 		vb *= 2
 	}
 	vb = min(vb, c.shape.Capacity)
-	if m == 1 && !b.attnDecodeOff && (s.HeadDim == 64 || s.HeadDim == 128) && s.Heads/s.KVHeads <= 16 {
-		if b.attnShort && b.attnShortDecode(out, q, k, v, c, layer, pos0, visible, s) {
+	if m == 1 && !b.force.attnKV && (s.HeadDim == 64 || s.HeadDim == 128) && s.Heads/s.KVHeads <= 16 {
+		if !b.force.attnNoShort && b.attnShortDecode(out, q, k, v, c, layer, pos0, visible, s) {
 			return
 		}
 		b.attnDecode(out, q, k, v, c, layer, pos0, vb, s)
@@ -967,7 +930,7 @@ const maxAttnCluster = 8
 func (b *Backend) attnDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos0, vb int, s layers.AttentionShape) {
 	splits := min(max(vb/attnDecodeChunk, 1), max((2*b.sms+s.KVHeads-1)/s.KVHeads, 1))
 	// Up to 8 splits (a portable cluster) merge in distributed shared memory.
-	cluster := b.attnCluster && splits > 1 && splits <= maxAttnCluster
+	cluster := !b.force.attnGlobal && splits > 1 && splits <= maxAttnCluster
 	G := s.Heads / s.KVHeads
 	hgroups := b.attnHeadGroups(G, s.KVHeads, splits)
 	rowsOfBlocks := s.KVHeads * hgroups
@@ -998,8 +961,8 @@ func (b *Backend) attnDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos
 	o.shared = uint32(4 * floats)
 	o.setParams(ptr(out), ptr(q), ptr(k), ptr(v), c.k[layer].ptr, c.v[layer].ptr, b.dyn.ptr, a.posRel,
 		s.Heads, s.KVHeads, s.Scale, s.Window, part, ticket, a.freqs, a.rhalf, a.roff, a.rscale, a.rinter, hgroups,
-		boolInt(cluster)|boolInt(b.attnAblate == 1)<<1, c.lateRows(layer, pos0, b.pushed), a.trace)
-	if b.attnAblate != 2 {
+		boolInt(cluster)|b.exp.attnAblate(), c.lateRows(layer, pos0, b.pushed), a.trace)
+	if !b.exp.attnSkip() {
 		b.push(o)
 	}
 }
@@ -1031,8 +994,8 @@ type attnRowArgs struct {
 // attnRow prepares a one-row attention launch of blocks blocks at pos0 (with
 // b.qmu held): when the last queued op rotates exactly q and k at this
 // position, it is dropped and its angles go into the launch; the buffers
-// stay alive through the queue, and the trace is on when one is running and
-// has room for the grid.
+// stay alive through the queue; the dev build's trace is on when one is
+// running and has room for the grid.
 func (b *Backend) attnRow(out, q, k, v backend.Buffer, c *kvCache, pos0, blocks int, s layers.AttentionShape) attnRowArgs {
 	q0 := &b.q
 	a := attnRowArgs{posRel: q0.posRel(pos0), rscale: 1}
@@ -1046,10 +1009,7 @@ func (b *Backend) attnRow(out, q, k, v backend.Buffer, c *kvCache, pos0, blocks 
 		}
 	}
 	q0.keep = append(q0.keep, c, out, q, k, v)
-	if b.attnTrace != nil && blocks <= attnTraceBlocks {
-		a.trace = b.attnTrace.ptr
-		q0.keep = append(q0.keep, b.attnTrace)
-	}
+	a.trace = b.exp.attnTrace(q0, blocks) // the dev build's timeline; 0 in production
 	return a
 }
 
@@ -1098,7 +1058,7 @@ func (b *Backend) attnShortDecode(out, q, k, v backend.Buffer, c *kvCache, layer
 			shares, kpb, hgroups = S, n, hg
 		}
 	}
-	if shares == 0 || shares > 1 && !b.attnCluster {
+	if shares == 0 || shares > 1 && b.force.attnGlobal {
 		return false
 	}
 	rowsOfBlocks := s.KVHeads * hgroups
@@ -1109,7 +1069,7 @@ func (b *Backend) attnShortDecode(out, q, k, v backend.Buffer, c *kvCache, layer
 	o := op{kind: opKernel, name: name, fn: b.fn[name], grid: [3]uint32{uint32(rowsOfBlocks), uint32(shares), 1},
 		block: 32 * attnShortWarps, shared: uint32(4 * floats(kpb, G/hgroups, shares)), pdl: pdlKernel(name)}
 	// One share: a kv head's blocks share their copies of its rows (multicast).
-	multicast := b.attnMulticast && shares == 1 && hgroups > 1 && hgroups <= maxAttnCluster
+	multicast := !b.force.attnNoCast && shares == 1 && hgroups > 1 && hgroups <= maxAttnCluster
 	if shares > 1 {
 		o.cluster = uint32(shares)
 	}
@@ -1118,8 +1078,8 @@ func (b *Backend) attnShortDecode(out, q, k, v backend.Buffer, c *kvCache, layer
 	}
 	o.setParams(ptr(out), ptr(q), ptr(k), ptr(v), c.k[layer].ptr, c.v[layer].ptr, b.dyn.ptr, a.posRel,
 		s.Heads, s.KVHeads, s.Scale, s.Window, kpb, a.freqs, a.rhalf, a.roff, a.rscale, a.rinter, hgroups,
-		boolInt(shares > 1)|boolInt(b.attnAblate == 1)<<1|boolInt(multicast)<<2, c.lateRows(layer, pos0, b.pushed), a.trace)
-	if b.attnAblate != 2 {
+		boolInt(shares > 1)|b.exp.attnAblate()|boolInt(multicast)<<2, c.lateRows(layer, pos0, b.pushed), a.trace)
+	if !b.exp.attnSkip() {
 		b.push(o)
 	}
 	return true

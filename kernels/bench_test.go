@@ -5,7 +5,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
-	"sort"
 	"testing"
 	"time"
 
@@ -32,23 +31,16 @@ func randomNVFP4(rng *rand.Rand, n, k int) *quant.NVFP4 {
 // elements, nvfp4-k256 in stages of 256 where 512 would be taken, nvfp4-gemm
 // the GEMM at m = 1;
 // nvfp4-s1 the m = 1 kernel before it (x staged per block, cp.async);
-// nvfp4-m16 the decode-shape kernel at m = 16; nvfp4-dec0 the m = 1 kernel
-// with integer E2M1 decoding, nvfp4-pipe
-// the m = 1 kernel streaming x with the weights, -contig with each warp on a
-// contiguous run of K, -st4 with 4 pipeline stages and fewer warps, -x8 the
-// m <= 8 kernel (x read per chunk, nothing staged), -88reg the m = 1 kernel
-// without the 64-register cap (fewer warps per SM), -1tile with one tile
-// (16 features) per block, x staged by every block, -pdl with programmatic
-// dependent launch (each call overlapping the previous one's tail), -nopace
-// with every block's ring filled at once (as before round 40; -pace2 two
-// stages in flight as it fills, -paceall paced in small launches too), -nox and
-// -nodec gemv_nvfp4_tma8 with x not staged or the weights not decoded
-// (ablations, which its tracing instances take: what each costs, with the
-// default's copies; -rows-nodec with row copies), -rows gemv_nvfp4_tma8 with a
-// copy per weight row, -tm with tensor copies at every size (gemv_nvfp4_tma8_tm;
-// the default takes them from tmaMapsMin elements); bf16 picks its kernel
-// by shape (one load in flight per lane, four on tall matrices), bf16-1load
-// and bf16-4loads force one. 128256x4096 is the 8B model's LM head.
+// nvfp4-pipe the m = 1 kernel streaming x with the weights, -1tile with one
+// tile (16 features) per block, x staged by every block, -pdl with
+// programmatic dependent launch (each call overlapping the previous one's
+// tail), -rows gemv_nvfp4_tma8 with a copy per weight row, -tm with tensor
+// copies at every size (gemv_nvfp4_tma8_tm; the default takes them from
+// tmaMapsMin elements), -x2-tpb1 and -x2-tpb2 with one or two tiles a block
+// instead of the persistent grid; bf16 picks its kernel by shape (one load
+// in flight per lane, four on tall matrices), bf16-1load and bf16-4loads
+// force one. 128256x4096 is the 8B model's LM head. The dev build adds its
+// experiments (bench_dev_test.go: gemvDevVariants).
 func BenchmarkGEMV(b *testing.B) {
 	g := newGPU(b)
 	g.SetGraphs(GraphsOff) // every launch timed as launched
@@ -57,17 +49,12 @@ func BenchmarkGEMV(b *testing.B) {
 	b.Logf("device copy bandwidth (read+write): %.0f GB/s", copyBW/1e9)
 	fmt.Printf("RESULT copy copy_GBps=%.0f\n", copyBW/1e9)
 	rng := rand.New(rand.NewPCG(1, 1))
-	type variant struct {
-		name string
-		h    *backend.HostWeight
-		ms   []int
-		set  func()
-	}
+	type variant = gemvVariant
 	reset := func() {
-		g.gemvDec, g.bf16Kernel, g.gemvOff, g.gemvPipe, g.gemvFlags, g.gemvSt4, g.gemvX8, g.gemvSmallM = defaultGemvDec, "", false, false, 0, false, false, false
-		g.gemvLB, g.gemvMT, g.gemvTMA, g.gemmK128, g.gemmK256 = true, true, true, false, false
-		g.tmaWarps, g.tmaSlots, g.tmaOcc, g.tmaTPB, g.tmaUneven, g.tmaEvict, g.tmaAblate, g.tmaPace, g.tmaPaceAll = 8, 0, 2, 0, false, true, 0, defaultTMAPace, false
-		g.tmaMaps, g.tmaMapsAll = true, false
+		f := &g.force
+		f.bf16Kernel, f.gemvOff, f.gemvPipe, f.gemvOneTile, f.noGemvTMA, f.gemmK128, f.gemmK256 = "", false, false, false, false, false, false
+		f.tmaSlots, f.tmaTPB, f.tmaRows, f.tmaMapsAll = 0, 0, false, false
+		resetGEMVDev(g)
 		g.SetPDL(false)
 	}
 	for _, shape := range [][2]int{{4096, 14336}, {14336, 4096}, {6144, 4096}, {128256, 4096}, {16384, 14336}} {
@@ -83,60 +70,32 @@ func BenchmarkGEMV(b *testing.B) {
 		if N == 16384 { // 132 MB of NVFP4: the kernels' rate with launch and ramp amortized
 			q := randomNVFP4(rng, N, K)
 			nv := &backend.HostWeight{Name: "nvfp4", Rows: N, Cols: K, Format: backend.NVFP4, Q: q}
-			vs = []variant{{"nvfp4", nv, []int{1}, reset}, {"nvfp4-16w", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc = 16, 1 }},
-				{"nvfp4-x2", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc = 8, 2 }},
-				{"nvfp4-x3-tpb1", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc, g.tmaTPB = 8, 3, 1 }},
-				{"nvfp4-s1", nv, []int{1}, func() { g.gemvTMA = false }}}
+			vs = []variant{{"nvfp4", nv, []int{1}, reset}, {"nvfp4-s1", nv, []int{1}, func() { g.force.noGemvTMA = true }}}
+			vs = append(vs, gemvDevVariants(g, N, nv, bfw)...)
 		} else if N == 128256 {
-			vs = []variant{{"bf16", bfw, []int{1}, reset}, {"bf16-1load", bfw, []int{1}, func() { g.bf16Kernel = "gemv_bf16" }}}
+			vs = []variant{{"bf16", bfw, []int{1}, reset}, {"bf16-1load", bfw, []int{1}, func() { g.force.bf16Kernel = "gemv_bf16" }}}
 		} else {
 			q := randomNVFP4(rng, N, K)
 			nv := &backend.HostWeight{Name: "nvfp4", Rows: N, Cols: K, Format: backend.NVFP4, Q: q}
-			vs = []variant{{"nvfp4", nv, []int{1, 4, 16, 32, 64, 512}, reset}, {"nvfp4-dec0", nv, []int{1}, func() { g.gemvDec = 0 }},
-				{"nvfp4-m16", nv, []int{16}, func() { g.gemvSmallM = true }},
-				{"nvfp4-gemm", nv, []int{1}, func() { g.gemvOff = true }},
-				{"nvfp4-k128", nv, []int{16, 64, 512}, func() { g.gemmK128 = true }},
-				{"nvfp4-k256", nv, []int{4, 16, 32, 64}, func() { g.gemmK256 = true }},
-				{"nvfp4-pipe", nv, []int{1}, func() { g.gemvPipe = true }},
-				{"nvfp4-contig", nv, []int{1}, func() { g.gemvFlags = 1 }},
-				{"nvfp4-st4", nv, []int{1}, func() { g.gemvSt4 = true }},
+			vs = []variant{{"nvfp4", nv, []int{1, 4, 16, 32, 64, 512}, reset},
+				{"nvfp4-gemm", nv, []int{1}, func() { g.force.gemvOff = true }},
+				{"nvfp4-k128", nv, []int{16, 64, 512}, func() { g.force.gemmK128 = true }},
+				{"nvfp4-k256", nv, []int{4, 16, 32, 64}, func() { g.force.gemmK256 = true }},
+				{"nvfp4-pipe", nv, []int{1}, func() { g.force.gemvPipe = true }},
 				{"nvfp4-pdl", nv, []int{1}, func() { g.SetPDL(true) }},
-				{"nvfp4-16w", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc = 16, 1 }},
-				{"nvfp4-16w-pdl", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc = 16, 1; g.SetPDL(true) }},
-				{"nvfp4-uneven", nv, []int{1}, func() { g.tmaUneven = true }},
-				{"nvfp4-tm", nv, []int{1}, func() { g.tmaMapsAll = true }},
-				{"nvfp4-tm-pdl", nv, []int{1}, func() { g.tmaMapsAll = true; g.SetPDL(true) }},
-				{"nvfp4-rows", nv, []int{1}, func() { g.tmaMaps = false }},
-				{"nvfp4-rows-pdl", nv, []int{1}, func() { g.tmaMaps = false; g.SetPDL(true) }},
-				{"nvfp4-noevict", nv, []int{1}, func() { g.tmaEvict = false }},
-				{"nvfp4-noevict-pdl", nv, []int{1}, func() { g.tmaEvict = false; g.SetPDL(true) }},
-				{"nvfp4-uneven-pdl", nv, []int{1}, func() { g.tmaUneven = true; g.SetPDL(true) }},
-				{"nvfp4-nopace", nv, []int{1}, func() { g.tmaPace = 0 }},
-				{"nvfp4-nopace-pdl", nv, []int{1}, func() { g.tmaPace = 0; g.SetPDL(true) }},
-				{"nvfp4-pace2-pdl", nv, []int{1}, func() { g.tmaPace = 2; g.SetPDL(true) }},
-				{"nvfp4-paceall-pdl", nv, []int{1}, func() { g.tmaPaceAll = true; g.SetPDL(true) }},
-				{"nvfp4-nox", nv, []int{1}, func() { g.tmaAblate = 0x10 }},
-				{"nvfp4-nox-pdl", nv, []int{1}, func() { g.tmaAblate = 0x10; g.SetPDL(true) }},
-				{"nvfp4-nodec", nv, []int{1}, func() { g.tmaAblate = 0x20 }},
-				{"nvfp4-nodec-pdl", nv, []int{1}, func() { g.tmaAblate = 0x20; g.SetPDL(true) }},
-				{"nvfp4-nox-nodec", nv, []int{1}, func() { g.tmaAblate = 0x30 }},
-				{"nvfp4-nox-nodec-pdl", nv, []int{1}, func() { g.tmaAblate = 0x30; g.SetPDL(true) }},
-				{"nvfp4-rows-nodec-pdl", nv, []int{1}, func() { g.tmaMaps, g.tmaAblate = false, 0x20; g.SetPDL(true) }},
-				{"nvfp4-x3", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc = 8, 3 }},
-				{"nvfp4-x3-pdl", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc = 8, 3; g.SetPDL(true) }},
-				{"nvfp4-x2-tpb1", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc, g.tmaTPB = 8, 2, 1 }},
-				{"nvfp4-x2-tpb1-pdl", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc, g.tmaTPB = 8, 2, 1; g.SetPDL(true) }},
-				{"nvfp4-x2-tpb2", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc, g.tmaTPB = 8, 2, 2 }},
-				{"nvfp4-x3-tpb1", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc, g.tmaTPB = 8, 3, 1 }},
-				{"nvfp4-x3-tpb1-pdl", nv, []int{1}, func() { g.tmaWarps, g.tmaOcc, g.tmaTPB = 8, 3, 1; g.SetPDL(true) }},
-				{"nvfp4-s1", nv, []int{1}, func() { g.gemvTMA = false }},
-				{"nvfp4-s1-pdl", nv, []int{1}, func() { g.gemvTMA = false; g.SetPDL(true) }},
-				{"nvfp4-88reg", nv, []int{1}, func() { g.gemvLB = false }},
-				{"nvfp4-1tile", nv, []int{1}, func() { g.gemvMT = false }},
-				{"nvfp4-1tile-pdl", nv, []int{1}, func() { g.gemvMT = false; g.SetPDL(true) }},
-				{"nvfp4-x8", nv, []int{1}, func() { g.gemvX8 = true }},
-				{"nvfp4-x8-contig", nv, []int{1}, func() { g.gemvX8, g.gemvFlags = true, 1 }},
-				{"bf16", bfw, []int{1, 16, 64}, reset}, {"bf16-4loads", bfw, []int{1}, func() { g.bf16Kernel = "gemv_bf16_u4" }}}
+				{"nvfp4-tm", nv, []int{1}, func() { g.force.tmaMapsAll = true }},
+				{"nvfp4-tm-pdl", nv, []int{1}, func() { g.force.tmaMapsAll = true; g.SetPDL(true) }},
+				{"nvfp4-rows", nv, []int{1}, func() { g.force.tmaRows = true }},
+				{"nvfp4-rows-pdl", nv, []int{1}, func() { g.force.tmaRows = true; g.SetPDL(true) }},
+				{"nvfp4-x2-tpb1", nv, []int{1}, func() { g.force.tmaTPB = 1 }},
+				{"nvfp4-x2-tpb1-pdl", nv, []int{1}, func() { g.force.tmaTPB = 1; g.SetPDL(true) }},
+				{"nvfp4-x2-tpb2", nv, []int{1}, func() { g.force.tmaTPB = 2 }},
+				{"nvfp4-s1", nv, []int{1}, func() { g.force.noGemvTMA = true }},
+				{"nvfp4-s1-pdl", nv, []int{1}, func() { g.force.noGemvTMA = true; g.SetPDL(true) }},
+				{"nvfp4-1tile", nv, []int{1}, func() { g.force.gemvOneTile = true }},
+				{"nvfp4-1tile-pdl", nv, []int{1}, func() { g.force.gemvOneTile = true; g.SetPDL(true) }},
+				{"bf16", bfw, []int{1, 16, 64}, reset}, {"bf16-4loads", bfw, []int{1}, func() { g.force.bf16Kernel = "gemv_bf16_u4" }}}
+			vs = append(vs, gemvDevVariants(g, N, nv, bfw)...)
 		}
 		for _, v := range vs {
 			h := v.h
@@ -190,104 +149,6 @@ func BenchmarkGEMV(b *testing.B) {
 			}
 			reset()
 		}
-	}
-}
-
-// BenchmarkGEMVTimeline records when each block of gemv_nvfp4_tma8 (with
-// tensor copies where the launch takes them: gemv_nvfp4_tma8_tm) reaches
-// fixed points (global timer; flags bit 6) over a chain of launches with
-// programmatic dependent launch, as in a decode step, and prints the last
-// two launches on one time base: blocks' entry, the wait for the previous
-// kernel, x staged, each stage's copies issued and arrived, the end. It
-// shows where a launch's time goes between the copies and the consumers.
-func BenchmarkGEMVTimeline(b *testing.B) {
-	g := newGPU(b)
-	g.SetGraphs(GraphsOff)
-	g.SetPDL(true)
-	rng := rand.New(rand.NewPCG(1, 1))
-	for _, shape := range [][2]int{{4096, 14336}, {14336, 4096}, {6144, 4096}} {
-		N, K := shape[0], shape[1]
-		h := &backend.HostWeight{Name: "nvfp4", Rows: N, Cols: K, Format: backend.NVFP4, Q: randomNVFP4(rng, N, K)}
-		ws := make([]backend.Weight, max(1, int(math.Ceil(200e6/(float64(N*K)*h.Format.BytesPerValue())))))
-		for i := range ws {
-			w, err := g.Upload(h)
-			if err != nil {
-				b.Fatal(err)
-			}
-			ws[i] = w
-		}
-		b.Run(fmt.Sprintf("%dx%d", N, K), func(b *testing.B) {
-			const words = 256 + 4*1024*64 // counters, then four launches of up to 1024 blocks
-			tb := g.NewBuffer(2 * words)
-			g.Write(tb, 0, make([]float32, 2*words))
-			g.tmaTrace, g.tmaAblate = tb.(*Buffer).ptr, 0x40
-			defer func() { g.tmaTrace, g.tmaAblate = 0, 0 }()
-			x, y := g.NewBuffer(K), g.NewBuffer(N)
-			g.Write(x, 0, randn(rng, K))
-			for i := range 40 {
-				g.MatMul(y, x, ws[i%len(ws)], 1)
-			}
-			raw := make([]float32, 2*words)
-			g.Read(raw, tb, 0)
-			if err := g.Sync(); err != nil {
-				b.Fatal(err)
-			}
-			word := func(i int) uint64 {
-				return uint64(math.Float32bits(raw[2*i])) | uint64(math.Float32bits(raw[2*i+1]))<<32
-			}
-			cnt := func(blk int) uint32 {
-				w := word(blk / 2)
-				return uint32(w >> (32 * (blk % 2)))
-			}
-			grid := 0
-			for grid < 512 && cnt(grid) > 0 {
-				grid++
-			}
-			if grid == 0 {
-				b.Skip("no timeline written (not the bulk-copy kernel at this shape)")
-			}
-			last := int(cnt(0)) - 1
-			at := func(launch, blk, slot int) uint64 { return word(256 + ((launch&3)*grid+blk)*64 + slot) }
-			t0 := uint64(math.MaxUint64)
-			for blk := range grid {
-				t0 = min(t0, at(last-1, blk, 0))
-			}
-			us := func(t uint64) float64 { return float64(int64(t-t0)) / 1e3 }
-			stat := func(launch, slot int) (lo, med, hi float64, ok bool) {
-				var v []float64
-				for blk := range grid {
-					if t := at(launch, blk, slot); t != 0 {
-						v = append(v, us(t))
-					}
-				}
-				if len(v) == 0 {
-					return 0, 0, 0, false
-				}
-				sort.Float64s(v)
-				return v[0], v[len(v)/2], v[len(v)-1], true
-			}
-			for _, l := range []int{last - 1, last} {
-				line := fmt.Sprintf("RESULT gemv_timeline N=%d K=%d blocks=%d launch=%d", N, K, grid, l-last)
-				for _, p := range []struct {
-					name string
-					slot int
-				}{{"entry", 0}, {"waited", 30}, {"staged", 31}, {"end", 60}} {
-					if lo, med, hi, ok := stat(l, p.slot); ok {
-						line += fmt.Sprintf(" %s=%.2f/%.2f/%.2f", p.name, lo, med, hi)
-					}
-				}
-				fmt.Println(line)
-				for s := range 24 {
-					_, ib, ih, ok1 := stat(l, 1+s)
-					_, fb, fh, ok2 := stat(l, 32+s)
-					if !ok1 && !ok2 {
-						break
-					}
-					fmt.Printf("RESULT gemv_timeline_stage launch=%d stage=%d issued_med=%.2f issued_max=%.2f arrived_med=%.2f arrived_max=%.2f\n",
-						l-last, s, ib, ih, fb, fh)
-				}
-			}
-		})
 	}
 }
 
@@ -357,4 +218,13 @@ func BenchmarkFFNChain(b *testing.B) {
 			}
 		})
 	}
+}
+
+// gemvVariant is one of BenchmarkGEMV's variants: a weight, the token
+// counts it runs at, and what it sets on the backend first.
+type gemvVariant struct {
+	name string
+	h    *backend.HostWeight
+	ms   []int
+	set  func()
 }

@@ -27,7 +27,16 @@ var conformanceVariants = []struct {
 	set  func(*Backend)
 }{
 	{"default", func(*Backend) {}},
-	{"attention-without-mma", func(g *Backend) { g.attnMMAOff = true }},
-	{"one-row-attention-on-attention_kv", func(g *Backend) { g.attnDecodeOff = true }},
-	{"m1-without-bulk-copy", func(g *Backend) { g.gemvTMA = false }},
+	{"gemm-at-m1", func(g *Backend) { g.force.gemvOff = true }},
+	{"m1-x-streamed", func(g *Backend) { g.force.gemvPipe = true }},
+	{"m1-one-tile", func(g *Backend) { g.force.gemvOneTile = true }},
+	{"m1-without-bulk-copy", func(g *Backend) { g.force.noGemvTMA = true }},
+	{"m1-bulk-copy-rows", func(g *Backend) { g.force.tmaRows = true }},
+	{"m1-tensor-maps-all", func(g *Backend) { g.force.tmaMapsAll = true }},
+	{"gemm-k128", func(g *Backend) { g.force.gemmK128 = true }},
+	{"gemm-k256", func(g *Backend) { g.force.gemmK256 = true }},
+	{"attention-kv", func(g *Backend) { g.force.attnKV = true }},
+	{"attention-global-merge", func(g *Backend) { g.force.attnGlobal = true }},
+	{"attention-no-short", func(g *Backend) { g.force.attnNoShort = true }},
+	{"attention-no-multicast", func(g *Backend) { g.force.attnNoCast = true }},
 }

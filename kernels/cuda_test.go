@@ -16,17 +16,21 @@ import (
 	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/backend/cpu"
 	"github.com/manifoldlm/manifold/internal/golden"
+	"github.com/manifoldlm/manifold/internal/testimage"
 	"github.com/manifoldlm/manifold/layers"
 	"github.com/manifoldlm/manifold/model"
 	"github.com/manifoldlm/manifold/quant"
 )
+
+// MANIFOLD_KERNEL_IMAGE: an image built after this test binary (kernels/gpu.sh run).
+func init() { testimage.FromEnv() }
 
 func newGPU(t testing.TB) *Backend {
 	t.Helper()
 	if !Available() {
 		t.Skip("no CUDA driver or GPU")
 	}
-	b, err := New(0)
+	b, err := New(0, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -241,9 +241,11 @@ extern "C" __global__ void attn_combine(float* out, const float* part, int heads
 // block stores its (output, max, sum) there (distributed shared memory) and
 // block 0 merges them after one cluster barrier, in the ticket merge's order
 // (the same values), with no global round trips (write, fence, atomic, read).
-// cl bit 1 (benchmarks, MANIFOLD_ATTN_ABLATE=wait): the launch returns after its wait.
+// cl bit 1 (the dev image's, MANIFOLD_ATTN_ABLATE=wait): the launch returns
+// after its wait; the production image ignores it.
 //
-// tr (benchmarks, Backend.StartAttnTrace; null otherwise): thread 0 of each
+// tr (the dev image's, Backend.StartAttnTrace; null otherwise, and ignored
+// by the production image): thread 0 of each
 // block writes the global timer at fixed points (ATTD_TR_*) to record
 // [launch][block][8] after ATTD_TR_HEAD words of per-block launch counters
 // (32-bit, at the grid's linear block index; one grid shape per trace).
@@ -274,7 +276,8 @@ __device__ __forceinline__ void cluster_wait_acquire() {
 // A block's record in attn_decode's and attn_short's trace: stamp(slot)
 // writes the global timer there, on thread 0 only (after its earlier
 // instructions have issued: their loads' values used), when a trace runs
-// (tr not null); the record's address is kept in shared memory.
+// (tr not null; the dev image only: DEV_ON); the record's address is kept
+// in shared memory.
 __device__ __forceinline__ unsigned long long*& attd_trace_rec() {
     __shared__ unsigned long long* rec;
     return rec;
@@ -286,7 +289,7 @@ struct AttdStamp {
     }
 };
 __device__ __forceinline__ AttdStamp attd_trace_begin(unsigned long long* tr, int tid) {
-    if (tr && tid == 0) {
+    if (DEV_ON && tr && tid == 0) {
         const unsigned lb = blockIdx.x + gridDim.x * blockIdx.y;
         const unsigned launch = atomicAdd(reinterpret_cast<unsigned*>(tr) + lb, 1u) % ATTD_TR_LAUNCHES;
         unsigned long long* rec = tr + ATTD_TR_HEAD + ((size_t)launch * ATTD_TR_BLOCKS + lb) * 8;
@@ -296,7 +299,7 @@ __device__ __forceinline__ AttdStamp attd_trace_begin(unsigned long long* tr, in
         rec[ATTD_TR_ENTRY] = gtime();
         rec[ATTD_TR_SM] = smid;
     }
-    return AttdStamp{tr != nullptr && tid == 0};
+    return AttdStamp{DEV_ON && tr != nullptr && tid == 0};
 }
 // Channel c of v rotated by the angles whose cos and sin (times rscale) are
 // rc[i], rs[i] for pair i.
@@ -431,7 +434,7 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
     pdl_wait();
     stamp(ATTD_TR_WAITED);
     if (t0 < t1) load(t0, 0, pw, p);
-    if (cl & 2) return;  // benchmarks: the launch and its wait alone, writing nothing
+    if (DEV_ON && (cl & 2)) return;  // the dev image's ablation: the launch and its wait alone, writing nothing
     for (int i = tid; i < GB * HD; i += NT) {
         const int g = i / HD, c = i % HD;
         qs[i] = attd_rot(q + (size_t)(hb + g) * HD, c, rc, rs, rhalf, roff, rinter) * scale;
@@ -720,7 +723,7 @@ __device__ __forceinline__ void attn_short_body(float* out, const float* q, cons
     pdl_wait();
     stamp(ATTD_TR_WAITED);
     if (nbp < nb) copyRows(nbp, nb);
-    if (cl & 2) {  // benchmarks: the launch and its wait alone, writing nothing
+    if (DEV_ON && (cl & 2)) {  // the dev image's ablation: the launch and its wait alone, writing nothing
         if (mc) mbar_wait(bar, 0);  // no block leaves while copies into it are under way
         return;
     }

@@ -5,10 +5,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
-	"regexp"
-	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/manifoldlm/manifold/backend"
@@ -21,49 +17,49 @@ import (
 // (fused q/k/v matmuls, RoPE of q and k, attention with the cache append,
 // output projection with the residual add, gate/up with SwiGLU, down with the
 // residual add) on the GPU and the CPU, step after step, so that the GPU
-// replays it as a graph from the third step on; both decodings of the NVFP4
-// kernels (the integer one with the RMSNorms fused into the matmuls), with
-// graphs and without, and with GraphsAuto, each step queued while the one
-// before runs (as engine's Generate does), so that it too replays them.
+// replays it as a graph from the third step on; with graphs and without,
+// and with GraphsAuto, each step queued while the one before runs (as
+// engine's Generate does), so that it too replays them. (The dev build adds
+// the integer E2M1 decoding with the RMSNorms fused into the staged
+// kernels: decode_dev_test.go.)
 // Weights scale as 1/√fan-in, as in a trained model, so that activations
 // stay near unit size. Tolerance: five
 // NVFP4 matmuls in series each round their input to fp16 (relative 2^-12 on
 // average per element), and RMSNorm and attention pass relative errors on
 // unamplified: 5e-3 over the residual stream and logits.
 func TestDecodeStepFusedAndGraphed(t *testing.T) {
-	for _, dec := range []int{1, 0} {
-		for _, graphs := range []GraphMode{GraphsOn, GraphsOff} {
-			t.Run(fmt.Sprintf("dec%d/graphs=%v", dec, graphs), func(t *testing.T) {
-				testDecodeStep(t, dec, graphs, 0)
-			})
-		}
+	for _, graphs := range []GraphMode{GraphsOn, GraphsOff, GraphsAuto} {
+		t.Run(fmt.Sprintf("dec1/graphs=%v", graphs), func(t *testing.T) { testDecodeStep(t, 1, graphs, 0, nil) })
 	}
-	t.Run("dec1/graphs=auto", func(t *testing.T) { testDecodeStep(t, 1, GraphsAuto, 0) })
 	// Several tiles per block (gemv_nvfp4_s1_d1_mt), a count that divides
 	// none of the launches' tile counts.
-	t.Run("dec1/graphs=on/tiles=3", func(t *testing.T) { testDecodeStep(t, 1, GraphsOn, 3) })
-	// Widths that gemv_nvfp4_tma takes (K % 2048 == 0), its RMSNorms fused in.
+	t.Run("dec1/graphs=on/tiles=3", func(t *testing.T) { testDecodeStep(t, 1, GraphsOn, 3, nil) })
+	// Widths that gemv_nvfp4_tma8 takes (K % 2048 == 0), its RMSNorms fused in.
 	// Row copies, and tensor copies at every size (their SwiGLU and residual epilogues).
 	for _, graphs := range []GraphMode{GraphsOn, GraphsOff, GraphsAuto} {
-		t.Run(fmt.Sprintf("tma/graphs=%v", graphs), func(t *testing.T) { testDecodeStep(t, 1, graphs, -1) })
-		t.Run(fmt.Sprintf("tma-maps/graphs=%v", graphs), func(t *testing.T) { testDecodeStep(t, 1, graphs, -3) })
+		t.Run(fmt.Sprintf("tma/graphs=%v", graphs), func(t *testing.T) { testDecodeStep(t, 1, graphs, -1, nil) })
+		t.Run(fmt.Sprintf("tma-maps/graphs=%v", graphs), func(t *testing.T) { testDecodeStep(t, 1, graphs, -3, nil) })
 	}
-	t.Run("tma/attention_kv", func(t *testing.T) { testDecodeStep(t, 1, GraphsOn, -2) })
+	t.Run("tma/attention_kv", func(t *testing.T) { testDecodeStep(t, 1, GraphsOn, -2, nil) })
 }
 
-// testDecodeStep: tiles > 0 forces that many tiles per block; -1 selects
-// widths for gemv_nvfp4_tma (row copies), -3 the same with tensor copies at
-// every size, -2 with attention_kv instead of attn_decode.
-func testDecodeStep(t *testing.T, dec int, graphs GraphMode, tiles int) {
+// testDecodeStep: tiles > 0 forces that many tiles per block (and, as
+// tiles 0, the staged kernels); -1 selects widths for gemv_nvfp4_tma8 (row
+// copies), -3 the same with tensor copies at every size, -2 with
+// attention_kv instead of attn_short and attn_decode. seed seeds the random
+// values; set, when not nil, changes g before the steps (the dev build's
+// variants).
+func testDecodeStep(t *testing.T, seed uint64, graphs GraphMode, tiles int, set func(g *Backend)) {
 	g, c := newGPU(t), cpu.New(0)
-	g.gemvDec = dec
-	g.gemvTiles = max(tiles, 0)
-	g.normFusion = dec == 0 // dec0 also covers the staged kernel with RMSNorm inside
-	g.gemvTMA = tiles < 0
-	g.tmaMaps, g.tmaMapsAll = tiles != -1, tiles == -3
-	g.attnDecodeOff = tiles == -2
+	g.force.gemvTiles = max(tiles, 0)
+	g.force.noGemvTMA = tiles >= 0
+	g.force.tmaRows, g.force.tmaMapsAll = tiles == -1, tiles == -3
+	g.force.attnKV = tiles == -2
+	if set != nil {
+		set(g)
+	}
 	g.SetGraphs(graphs)
-	rng := rand.New(rand.NewPCG(21, uint64(dec)))
+	rng := rand.New(rand.NewPCG(21, seed))
 	hidden, ffn, heads, kvHeads, hd, vocab := 512, 768, 8, 2, 64, 300
 	if tiles < 0 {
 		hidden, ffn, heads, kvHeads = 2048, 4096, 32, 4
@@ -219,35 +215,39 @@ func TestAttentionSplits(t *testing.T) {
 }
 
 // TestNormFusedIntoMatMul: RMSNorm of one row then an NVFP4 matmul of it run
-// as one kernel, which also writes the normalized row.
+// as one kernel (gemv_nvfp4_tma8*, where K % 2048 == 0), which also writes
+// the normalized row; and apart where the matmul does not take it.
 func TestNormFusedIntoMatMul(t *testing.T) {
 	g, c := newGPU(t), cpu.New(0)
-	g.normFusion = true
 	rng := rand.New(rand.NewPCG(13, 14))
-	// {40, 4096} and {300, 6144} on gemv_nvfp4_tma, then on the staged kernel.
-	for i, sh := range [][2]int{{300, 512}, {40, 4096}, {300, 6144}, {40, 4096}, {300, 6144}} {
-		g.gemvTMA = i < 3
-		n, k := sh[0], sh[1]
-		h := scaledWeight(rng, backend.NVFP4, n, k)
-		wc, _ := c.Upload(h)
-		wg, err := g.Upload(h)
-		if err != nil {
-			t.Fatal(err)
-		}
-		x, nw := randn(rng, k), randn(rng, k)
-		hc, yc := make(cpu.Buffer, k), make(cpu.Buffer, n)
-		c.RMSNorm(hc, cpu.Buffer(x), cpu.Buffer(nw), 1e-6)
-		c.MatMul(yc, hc, wc, 1)
-		gx, gw := toGPU(g, x), toGPU(g, nw)
-		hg, yg := g.NewBuffer(k), g.NewBuffer(n)
-		g.RMSNorm(hg, gx, gw, 1e-6)
-		g.MatMul(yg, hg, wg, 1)
-		if e := relErr(fromGPU(t, g, hg), hc); e > 1e-6 {
-			t.Errorf("%v: normalized row: relative error %.3g", sh, e)
-		}
-		if e := relErr(fromGPU(t, g, yg), yc); e > 1e-3 {
-			t.Errorf("%v: matmul: relative error %.3g", sh, e)
-		}
+	for _, sh := range [][2]int{{300, 512}, {40, 4096}, {300, 6144}} {
+		normThenMatMul(t, g, c, rng, sh[0], sh[1])
+	}
+}
+
+// normThenMatMul holds RMSNorm then a matmul of the normalized row, n x k,
+// to the CPU.
+func normThenMatMul(t *testing.T, g *Backend, c *cpu.Backend, rng *rand.Rand, n, k int) {
+	t.Helper()
+	h := scaledWeight(rng, backend.NVFP4, n, k)
+	wc, _ := c.Upload(h)
+	wg, err := g.Upload(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, nw := randn(rng, k), randn(rng, k)
+	hc, yc := make(cpu.Buffer, k), make(cpu.Buffer, n)
+	c.RMSNorm(hc, cpu.Buffer(x), cpu.Buffer(nw), 1e-6)
+	c.MatMul(yc, hc, wc, 1)
+	gx, gw := toGPU(g, x), toGPU(g, nw)
+	hg, yg := g.NewBuffer(k), g.NewBuffer(n)
+	g.RMSNorm(hg, gx, gw, 1e-6)
+	g.MatMul(yg, hg, wg, 1)
+	if e := relErr(fromGPU(t, g, hg), hc); e > 1e-6 {
+		t.Errorf("%d x %d: normalized row: relative error %.3g", n, k, e)
+	}
+	if e := relErr(fromGPU(t, g, yg), yc); e > 1e-3 {
+		t.Errorf("%d x %d: matmul: relative error %.3g", n, k, e)
 	}
 }
 
@@ -260,7 +260,7 @@ func TestGemvTilesPerBlock(t *testing.T) {
 	rng := rand.New(rand.NewPCG(17, 18))
 	for _, tiles := range []int{2, 3, 4, 8} {
 		for _, sh := range []struct{ n, k int }{{300, 1024}, {513, 1024}, {24, 256}, {1000, 4096}, {64, 2048}} {
-			g.gemvTiles = tiles
+			g.force.gemvTiles = tiles
 			h := hostWeight(rng, backend.NVFP4, sh.n, sh.k)
 			wc, _ := c.Upload(h)
 			wg, err := g.Upload(h)
@@ -279,71 +279,47 @@ func TestGemvTilesPerBlock(t *testing.T) {
 	}
 }
 
-// TestSmallMDecodeKernels holds the decode-shape NVFP4 kernels at 2 <= m <=
-// 16 (benchmarked against the GEMM, which production uses there) to
-// the CPU backend; tolerance as TestMatMul's for NVFP4.
-func TestSmallMDecodeKernels(t *testing.T) {
+// TestGemvTMA holds the variants of gemv_nvfp4_tma8 that a default path
+// takes to the CPU: persistent or a few tiles per block, a ring of 2 slots
+// (wrapping many times per tile) or the deepest that fits, row copies or
+// tensor copies (gemv_nvfp4_tma8_tm, its boxes past the last row filled with
+// zeros); the SwiGLU and residual epilogues are covered by
+// TestDecodeStepFusedAndGraphed, the dev build's variants (16 consumer
+// warps, three blocks a multiprocessor, other paces) by TestGemvTMADev.
+func TestGemvTMA(t *testing.T) {
 	g, c := newGPU(t), cpu.New(0)
-	g.gemvSmallM = true
-	rng := rand.New(rand.NewPCG(15, 16))
-	for _, sh := range []struct{ m, n, k int }{{5, 100, 512}, {16, 256, 4096}, {9, 40, 768}, {2, 24, 256}} {
-		h := hostWeight(rng, backend.NVFP4, sh.n, sh.k)
-		wc, _ := c.Upload(h)
-		wg, err := g.Upload(h)
-		if err != nil {
-			t.Fatal(err)
-		}
-		x := randn(rng, sh.m*sh.k)
-		want := make(cpu.Buffer, sh.m*sh.n)
-		c.MatMul(want, cpu.Buffer(x), wc, sh.m)
-		out := g.NewBuffer(sh.m * sh.n)
-		g.MatMul(out, toGPU(g, x), wg, sh.m)
-		if e := relErr(fromGPU(t, g, out), want); e > 1e-3 {
-			t.Errorf("%+v: relative error %.3g", sh, e)
+	rng := rand.New(rand.NewPCG(17, 18))
+	for _, v := range []struct {
+		slots, tpb int
+		maps       bool
+	}{{0, 0, false}, {2, 3, false}, {0, 0, true}, {2, 0, true}} {
+		g.force.tmaSlots, g.force.tmaTPB, g.force.tmaRows, g.force.tmaMapsAll = v.slots, v.tpb, !v.maps, v.maps
+		for _, sh := range [][2]int{{5, 2048}, {300, 6144}, {4133, 2048}, {700, 4096}, {64, 14336}} {
+			checkGemvTMA(t, g, c, rng, sh[0], sh[1], v.maps, fmt.Sprintf("%+v", v))
 		}
 	}
 }
 
-// TestGemvTMA holds gemv_nvfp4_tma's variants to the CPU: 16 or 8 consumer
-// warps, one to three blocks per multiprocessor, persistent or a few tiles
-// per block, a ring of 2 slots (wrapping many times per tile) or the
-// deepest that fits, row copies or tensor copies (gemv_nvfp4_tma8_tm, its
-// boxes past the last row filled with zeros); the SwiGLU and residual
-// epilogues are covered by TestDecodeStepFusedAndGraphed.
-func TestGemvTMA(t *testing.T) {
-	g, c := newGPU(t), cpu.New(0)
-	rng := rand.New(rand.NewPCG(17, 18))
-	// pace: the first ring fill's (paceAll: in every launch, the small too).
-	const p = defaultTMAPace
-	for _, v := range []struct {
-		warps, occ, slots, tpb, pace int
-		uneven, evict, maps, paceAll bool
-	}{{16, 1, 0, 0, p, false, false, false, false}, {16, 1, 2, 0, 3, false, false, false, true}, {8, 2, 0, 0, p, false, true, false, false},
-		{8, 2, 0, 0, p, true, false, false, false}, {8, 3, 0, 1, p, false, false, false, false}, {8, 2, 2, 3, p, false, false, false, false},
-		{8, 2, 0, 0, p, false, true, true, false}, {8, 2, 2, 0, p, false, false, true, false}, {8, 2, 0, 0, 0, false, true, true, false},
-		{8, 2, 0, 0, 1, false, true, true, true}, {8, 2, 0, 0, 2, false, true, false, true}} {
-		g.tmaWarps, g.tmaOcc, g.tmaSlots, g.tmaTPB, g.tmaUneven, g.tmaEvict = v.warps, v.occ, v.slots, v.tpb, v.uneven, v.evict
-		g.tmaMaps, g.tmaMapsAll, g.tmaPace, g.tmaPaceAll = v.maps, v.maps, v.pace, v.paceAll
-		for _, sh := range [][2]int{{5, 2048}, {300, 6144}, {4133, 2048}, {700, 4096}, {64, 14336}} {
-			n, k := sh[0], sh[1]
-			h := scaledWeight(rng, backend.NVFP4, n, k)
-			wc, _ := c.Upload(h)
-			wg, err := g.Upload(h)
-			if err != nil {
-				t.Fatal(err)
-			}
-			x := randn(rng, k)
-			yc := make(cpu.Buffer, n)
-			c.MatMul(yc, cpu.Buffer(x), wc, 1)
-			yg := g.NewBuffer(n)
-			g.MatMul(yg, toGPU(g, x), wg, 1)
-			if e := relErr(fromGPU(t, g, yg), yc); e > 1e-3 {
-				t.Errorf("%+v %v: relative error %.3g", v, sh, e)
-			}
-			if v.maps && wg.(*Weight).maps == nil {
-				t.Errorf("%+v %v: no tensor maps encoded", v, sh)
-			}
-		}
+// checkGemvTMA holds an m = 1 matmul n x k to the CPU and, when maps is
+// set, checks that the weight's tensor maps were encoded.
+func checkGemvTMA(t *testing.T, g *Backend, c *cpu.Backend, rng *rand.Rand, n, k int, maps bool, v string) {
+	t.Helper()
+	h := scaledWeight(rng, backend.NVFP4, n, k)
+	wc, _ := c.Upload(h)
+	wg, err := g.Upload(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := randn(rng, k)
+	yc := make(cpu.Buffer, n)
+	c.MatMul(yc, cpu.Buffer(x), wc, 1)
+	yg := g.NewBuffer(n)
+	g.MatMul(yg, toGPU(g, x), wg, 1)
+	if e := relErr(fromGPU(t, g, yg), yc); e > 1e-3 {
+		t.Errorf("%s %d x %d: relative error %.3g", v, n, k, e)
+	}
+	if maps && wg.(*Weight).maps == nil {
+		t.Errorf("%s %d x %d: no tensor maps encoded", v, n, k)
 	}
 }
 
@@ -415,14 +391,14 @@ func TestGemvStridedRows(t *testing.T) {
 // orders.
 func TestAttnDecode(t *testing.T) {
 	g, c := newGPU(t), cpu.New(0)
-	defer func(cl, sh, mc bool) { g.attnCluster, g.attnShort, g.attnMulticast = cl, sh, mc }(g.attnCluster, g.attnShort, g.attnMulticast)
+	defer func(f variants) { g.force = f }(g.force)
 	rng := rand.New(rand.NewPCG(31, 32))
 	spans := [][2]int{{0, 1}, {1, 2}, {2, 33}, {33, 34}, {34, 35}, {35, 100}, {100, 101}, {101, 200}, {200, 201},
 		{201, 256}, {256, 257}, {257, 287}, {287, 288}, {288, 384}, {384, 385}, {385, 700}, {700, 701}, {701, 1500},
 		{1500, 1501}}
 	for _, mode := range []struct{ short, cluster, multicast bool }{
 		{true, true, true}, {true, true, false}, {true, false, true}, {false, true, false}, {false, false, false}} {
-		g.attnShort, g.attnCluster, g.attnMulticast = mode.short, mode.cluster, mode.multicast
+		g.force.attnNoShort, g.force.attnGlobal, g.force.attnNoCast = !mode.short, !mode.cluster, !mode.multicast
 		t.Run(fmt.Sprintf("short=%v/cluster=%v/multicast=%v", mode.short, mode.cluster, mode.multicast), func(t *testing.T) {
 			for _, tc := range []struct{ heads, kv, hd, window int }{{8, 2, 128, 0}, {16, 16, 64, 0}, {28, 4, 128, 0}, {32, 2, 64, 50}, {16, 1, 128, 0}} {
 				s := layers.AttentionShape{Heads: tc.heads, KVHeads: tc.kv, HeadDim: tc.hd, Window: tc.window}
@@ -441,11 +417,11 @@ func TestAttnDecode(t *testing.T) {
 // as TestAttnTrace's untraced output off by 2.4%, once in six runs).
 func TestAttnBackToBack(t *testing.T) {
 	g, c := newGPU(t), cpu.New(0)
-	defer func(sh bool) { g.attnShort = sh }(g.attnShort)
+	defer func(f variants) { g.force = f }(g.force)
 	rng := rand.New(rand.NewPCG(37, 38))
 	const T = 160
 	for _, short := range []bool{true, false} {
-		g.attnShort = short
+		g.force.attnNoShort = !short
 		for _, tc := range []struct{ heads, kv, hd int }{{32, 8, 128}, {8, 2, 64}} {
 			s := layers.AttentionShape{Heads: tc.heads, KVHeads: tc.kv, HeadDim: tc.hd, Scale: float32(1 / math.Sqrt(float64(tc.hd)))}
 			shape := backend.KVShape{Layers: 1, KVHeads: tc.kv, HeadDim: tc.hd, Capacity: T}
@@ -554,81 +530,5 @@ func TestAttnDecodeRoPE(t *testing.T) {
 				t.Errorf("rope %+v position %d: relative error %.3g", rc, pos, e)
 			}
 		}
-	}
-}
-
-// TestAttnTrace: attn_decode's per-block timeline (StartAttnTrace) records
-// every traced launch and leaves its output as it is untraced.
-func TestAttnTrace(t *testing.T) {
-	g := newGPU(t)
-	rng := rand.New(rand.NewPCG(35, 36))
-	const heads, kvHeads, hd, T = 32, 8, 128, 120
-	s := layers.AttentionShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: float32(1 / math.Sqrt(hd))}
-	gc, err := g.NewKVCache(backend.KVShape{Layers: 1, KVHeads: kvHeads, HeadDim: hd, Capacity: T + 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	q, k, v := toGPU(g, randn(rng, heads*hd)), toGPU(g, randn(rng, kvHeads*hd)), toGPU(g, randn(rng, kvHeads*hd))
-	out := g.NewBuffer(heads * hd)
-	for pos := range T {
-		g.Attention(out, q, k, v, gc, 0, pos, 1, s)
-	}
-	want := fromGPU(t, g, out)
-	if err := g.StartAttnTrace(); err != nil {
-		t.Fatal(err)
-	}
-	const launches = 3
-	for range launches {
-		g.Attention(out, q, k, v, gc, 0, T-1, 1, s) // the same position again: the same grid and output
-	}
-	sum, err := g.StopAttnTrace()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Log("\n" + sum)
-	if n := strings.Count(sum, "RESULT attn_trace launch="); n != launches {
-		t.Errorf("%d launches summarized, want %d:\n%s", n, launches, sum)
-	}
-	for _, field := range []string{" entry=", " waited=", " q=", " chunk=", " loop=", " end=", " period="} {
-		if !strings.Contains(sum, field) {
-			t.Errorf("summary without%s:\n%s", field, sum)
-		}
-	}
-	if e := relErr(fromGPU(t, g, out), want); e > 0 {
-		t.Errorf("traced output differs from the untraced one: relative error %.3g", e)
-	}
-	if _, err := g.StopAttnTrace(); err == nil {
-		t.Error("a second StopAttnTrace returned no error")
-	}
-}
-
-// TestAttnTraceLayout: the trace layout StopAttnTrace reads is the one
-// attn_decode writes (decode.cuh's ATTD_TR_* defines). Needs no GPU.
-func TestAttnTraceLayout(t *testing.T) {
-	src, err := os.ReadFile("decode.cuh")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defines := map[string]int{}
-	for _, m := range regexp.MustCompile(`(?m)^#define (ATTD_TR_\w+) +(\d+)`).FindAllStringSubmatch(string(src), -1) {
-		v, _ := strconv.Atoi(m[2])
-		defines[m[1]] = v
-	}
-	for _, c := range []struct {
-		name string
-		want int
-	}{
-		{"ATTD_TR_LAUNCHES", attnTraceLaunches},
-		{"ATTD_TR_BLOCKS", attnTraceBlocks},
-		{"ATTD_TR_HEAD", attnTraceHead},
-		{"ATTD_TR_WAITED", attnTraceWaited},
-		{"ATTD_TR_SM", attnTraceSM},
-	} {
-		if v, ok := defines[c.name]; !ok || v != c.want {
-			t.Errorf("decode.cuh: %s = %d (defined: %v), profile.go has %d", c.name, v, ok, c.want)
-		}
-	}
-	if 2*attnTraceHead != attnTraceBlocks {
-		t.Errorf("the trace's head holds %d 32-bit counters for %d blocks", 2*attnTraceHead, attnTraceBlocks)
 	}
 }

@@ -10,6 +10,13 @@
 // still builds and reports no GPU (dl_*.go). Every kernel is tested against the
 // CPU backend in cuda_test.go; those tests skip themselves without a GPU.
 //
+// New takes Options, the production settings (how work is scheduled, never
+// what it computes); the package reads no environment variable. The
+// experiments of kernel development (other kernels and launch shapes,
+// ablations, timelines, and the environment variables that switch them)
+// exist only in the dev build, -tags manifold_dev (dev.go, dev/README.md),
+// and their kernels only in the dev image (build.sh dev).
+//
 // This package owns GPU memory, streams and kernels; it knows no architecture
 // and reads no files.
 package kernels

@@ -179,7 +179,7 @@ func (b *Backend) scoreKeys(scores uint64, q, keys, w backend.Buffer, m, n, head
 		return
 	}
 	switch {
-	case !b.idxMMAOff && heads <= idxMMAHeads && dim > 0 && dim <= idxMMADim && dim%8 == 0 &&
+	case !b.force.idxMMAOff && heads <= idxMMAHeads && dim > 0 && dim <= idxMMADim && dim%8 == 0 &&
 		(ptr(keys)|ptr(q))%16 == 0 && idxMMAShare <= b.opsShare():
 		tiles := (n + idxTile - 1) / idxTile
 		b.launch("idx_scores_mma", [3]int{min(tiles, 2*b.sms), m, 1}, 256, idxMMAShare, scores,
@@ -297,7 +297,7 @@ func attendMMAShare(la, lb, nw int) int {
 // 16 (dsa_attend_mma16, v4_attention_mma16) where la is a multiple of 128,
 // so that every warp owns whole 8-column output tiles, else 8.
 func (b *Backend) attendMMAWarps(la int) int {
-	if la%128 == 0 && !b.attnMMA8 {
+	if la%128 == 0 && !b.force.attnMMA8 {
 		return 16
 	}
 	return 8
@@ -315,7 +315,7 @@ func attendMMAKernel(base string, nw int) string {
 // attendMMAFits reports whether dsa_attend_mma takes the shapes (on top of
 // attendSplitFits).
 func (b *Backend) attendMMAFits(la, lb int) bool {
-	return !b.attnMMAOff && la%64 == 0 && lb%8 == 0 && la+lb <= dsaMMAMaxD &&
+	return !b.force.attnMMAOff && la%64 == 0 && lb%8 == 0 && la+lb <= dsaMMAMaxD &&
 		attendMMAShare(la, lb, b.attendMMAWarps(la)) <= b.opsShare()
 }
 

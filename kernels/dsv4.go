@@ -63,7 +63,7 @@ func (b *Backend) tkc16Fits() bool {
 	return b.tkc16OK
 }
 
-// Top-k paths (Backend.topkPath; tests and benchmarks force the others).
+// Top-k paths (Backend.force.topkPath; tests and benchmarks force the others).
 const (
 	topkAuto     = iota // one cluster per row for a few long rows, else one block per row
 	topkMany            // the many-block passes (tkm_) for a few long rows
@@ -77,9 +77,9 @@ const (
 // keeps, zeroed when allocated and cleared again by tkm_emit).
 func (b *Backend) topK(sp uint64, n, topk, pos0, rate int, out uint64, ostride int, cp uint64, mode int, xp uint64, rows int) {
 	few := rows <= tkmRows && n >= tkmMinKeys && topk >= 1
-	if few && b.topkPath == topkAuto {
+	if few && b.force.topkPath == topkAuto {
 		name, cb := "tkc_select", tkcBlocks
-		if n >= tkc16MinKeys && !b.tkc8 && b.tkc16Fits() {
+		if n >= tkc16MinKeys && !b.force.tkc8 && b.tkc16Fits() {
 			name, cb = "tkc_select16", 16
 		}
 		// tkc_select's shared memory: five arrays of 2048 bins and its keys.
@@ -88,7 +88,7 @@ func (b *Backend) topK(sp uint64, n, topk, pos0, rate int, out uint64, ostride i
 			return
 		}
 	}
-	if b.topkPath == topkOneBlock || !few || n > tkmChunk*tkmMaxB {
+	if b.force.topkPath == topkOneBlock || !few || n > tkmChunk*tkmMaxB {
 		staged, shared := 0, 0
 		if 4*n <= b.opsShare() {
 			staged, shared = 1, 4*n

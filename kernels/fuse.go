@@ -65,8 +65,8 @@ type normOp struct {
 const defaultGemvDec = 1
 
 // gemvEligible reports whether the decode-shape NVFP4 kernel takes this
-// matmul: m = 1 (for 2 <= m <= 16 the GEMM of gemm.go measured faster; smallM
-// lets benchmarks and tests reach the m <= 16 variants).
+// matmul: m = 1 (for 2 <= m <= 16 the GEMM of gemm.go measured faster; smallM,
+// the dev build's, reaches the m <= 16 variants).
 func gemvEligible(x, dst *Buffer, w *Weight, m int, smallM bool) bool {
 	return w.format == backend.NVFP4 && w.cols%256 == 0 && (m == 1 || smallM && m >= 1 && m <= 16) &&
 		x.ptr%16 == 0 && dst.ptr%4 == 0 && x.n >= m*w.cols && dst.n >= m*w.rows
@@ -82,7 +82,7 @@ func (b *Backend) queueGemv(dst, x *Buffer, w *Weight, m int) {
 		bias = w.bias.ptr
 	}
 	q.keep = append(q.keep, dst, x, w)
-	if n := len(q.ops); n > 0 && q.ops[n-1].norm != nil && m == 1 && (b.normFusion || b.tmaNorm && b.tmaStages(w.cols) > 0) {
+	if n := len(q.ops); n > 0 && q.ops[n-1].norm != nil && m == 1 && (b.exp.normStaged() || b.exp.normTMA() && b.tmaStages(w.cols) > 0) {
 		// RMSNorm(x, r, nw) then x·wᵀ: the matmul normalizes r while staging it
 		// and writes x too; x must not overlap r (blocks read r while block 0 writes x).
 		nm := q.ops[n-1].norm
@@ -148,24 +148,29 @@ func (b *Backend) joinStrided(g *gemvOp, xs, y span, w *Weight, bias uint64, m i
 	return true
 }
 
-// tmaGrid is the grid of gemv_nvfp4_tma* over total tiles (block x takes
-// tiles x, x + grid, ...): one persistent block per multiprocessor (at most
-// one per tile), tmaOcc (at least 2) with 8 consumer warps, or tmaTPB
-// tiles a block where a benchmark sets it.
+// tmaGrid is the grid of gemv_nvfp4_tma8* over total tiles (block x takes
+// tiles x, x + grid, ...): persistent blocks, two per multiprocessor (at
+// most one per tile), or force.tmaTPB tiles a block where a test sets it.
+// The dev build's experiments may take other grids (dev.go).
 func (b *Backend) tmaGrid(total int) int {
-	switch {
-	case b.tmaTPB > 0:
-		return (total + b.tmaTPB - 1) / b.tmaTPB
-	case b.tmaWarps != 8:
-		return min(total, b.sms)
+	if b.force.tmaTPB > 0 {
+		return (total + b.force.tmaTPB - 1) / b.force.tmaTPB
 	}
-	occ := max(b.tmaOcc, 2)
-	if b.tmaUneven {
-		return min(total, occ*b.sms)
+	if grid, ok := b.exp.tmaGrid(total, b.sms); ok {
+		return grid
 	}
-	// As many tiles for every block: the fewest blocks that take
-	// ceil(total / (occ * SMs)) tiles each.
-	per := (total + occ*b.sms - 1) / (occ * b.sms)
+	return tmaBalanced(total, tmaOcc*b.sms)
+}
+
+// tmaOcc is how many gemv_nvfp4_tma8* blocks (8 consumer warps each) share
+// a multiprocessor: shared memory and registers are split so many ways.
+const tmaOcc = 2
+
+// tmaBalanced is a grid of at most slots blocks over total tiles with as
+// many tiles for every block: the fewest blocks that take ceil(total /
+// slots) tiles each.
+func tmaBalanced(total, slots int) int {
+	per := (total + slots - 1) / slots
 	return (total + per - 1) / per
 }
 
@@ -175,7 +180,7 @@ func (b *Backend) tmaGrid(total int) int {
 func longGemv(K, total, grid, ns int) bool { return (total+grid-1)/grid*(K/2048) > ns }
 
 // paceOf is the pace of an m = 1 launch's first ring fill (GemvArgs.flags
-// bits 25-27): tmaPace for a long launch after a long launch, 0 (all at once)
+// bits 25-27): defaultTMAPace for a long launch after a long launch, 0 (all at once)
 // otherwise. After a long launch the memory is busy through the boundary, so
 // copies issued before the release only queue, and x's loads behind them;
 // after a short one (the output projection before the gate and up matmuls),
@@ -183,10 +188,14 @@ func longGemv(K, total, grid, ns int) bool { return (total+grid-1)/grid*(K/2048)
 // ring is asked for at once. The gate and up matmuls with the SwiGLU epilogue
 // measured slower paced even after a long launch, so they are not
 // (docs/PERFORMANCE.md round 40). Without programmatic dependent launch
-// nothing overlaps the boundary: no pace.
+// nothing overlaps the boundary: no pace. The dev build may set another
+// pace, or pace every launch (dev.go).
 func (b *Backend) paceOf(long, afterLong, swiglu bool) int {
-	if b.tmaPaceAll || long && afterLong && !swiglu && b.pdl {
-		return b.tmaPace
+	if p, ok := b.exp.paceOf(long, afterLong, swiglu, b.pdl); ok {
+		return p
+	}
+	if long && afterLong && !swiglu && b.pdl {
+		return defaultTMAPace
 	}
 	return 0
 }
@@ -255,27 +264,27 @@ const (
 	// defaultTMAPace: the first ring fill of a long m = 1 launch after a long
 	// one copies a stage once the one before it has arrived (paceOf).
 	defaultTMAPace = 1
-	tmaThreads     = 17 * 32
 )
 
-// tmaStages is the ring depth of gemv_nvfp4_tma for K, or 0 when the kernel
-// does not take it (off, K not a multiple of 2048, or under 2 slots fit).
-// With 8 consumer warps a block takes at most half the shared memory.
+// tmaStages is the ring depth of gemv_nvfp4_tma8 for K, or 0 when the kernel
+// does not take it (forced off, K not a multiple of 2048, or under 2 slots
+// fit). A block takes at most half the shared memory (tmaOcc blocks a
+// multiprocessor).
 func (b *Backend) tmaStages(K int) int { return b.tmaStagesOf(K, tmaStage, 0) }
 
 // tmaStagesOf is tmaStages for ring slots of stage bytes and extra bytes
 // of shared memory besides.
 func (b *Backend) tmaStagesOf(K, stage, extra int) int {
-	if !b.gemvTMA || K%2048 != 0 {
+	if b.force.noGemvTMA || K%2048 != 0 {
 		return 0
 	}
-	share := b.maxShare
-	if b.tmaWarps == 8 {
-		share = (b.maxShare+1024)/max(b.tmaOcc, 2) - 1024
+	share := (b.maxShare+1024)/tmaOcc - 1024
+	if s, ok := b.exp.tmaShare(b.maxShare); ok {
+		share = s
 	}
 	ns := min(tmaMaxSlots, (share-2*K-tmaFixed-extra)/stage)
-	if b.tmaSlots > 0 {
-		ns = min(ns, b.tmaSlots)
+	if b.force.tmaSlots > 0 {
+		ns = min(ns, b.force.tmaSlots)
 	}
 	if ns < 2 {
 		return 0
@@ -305,20 +314,20 @@ func (b *Backend) finalizeGemv(o *op, afterLong bool) {
 	// chunk. The kernels are bound by instruction latency, not by bytes in
 	// flight: many warps with 2 pipeline stages beat few with deep pipelines.
 	st := 2
-	if b.gemvSt4 {
+	if b.exp.gemvSt4() {
 		st = 4
 	}
 	perSM := 22
 	switch {
 	case st == 4:
 		perSM = 16
-	case b.gemvLB && g.m == 1:
+	case b.exp.gemvLB() && g.m == 1:
 		perSM = 32
 	}
 	kw := min(max(perSM*b.sms/total, 1), 16, max(g.K/256, 1))
 	mr := 16
 	switch {
-	case g.m == 1 && (g.norm != nil || !b.gemvX8):
+	case g.m == 1 && (g.norm != nil || !b.exp.gemvX8()):
 		mr = 1
 	case g.m <= 8:
 		mr = 8
@@ -328,14 +337,15 @@ func (b *Backend) finalizeGemv(o *op, afterLong bool) {
 	kind := fmt.Sprintf("m%d", mr)
 	shared := kw * st * 2304
 	switch {
-	case mr == 1 && (g.norm != nil || !b.gemvPipe) && shared+2*g.K <= b.maxShare:
+	case mr == 1 && (g.norm != nil || !b.force.gemvPipe) && shared+2*g.K <= b.maxShare:
 		kind, shared = "s1", shared+2*g.K
 	case mr == 1:
 		shared = kw * st * (2304 + 1024)
 	}
-	o.name = fmt.Sprintf("gemv_nvfp4_%s_d%d", kind, b.gemvDec)
+	dec := b.exp.gemvDec()
+	o.name = fmt.Sprintf("gemv_nvfp4_%s_d%d", kind, dec)
 	if st == 4 {
-		o.name = "gemv_nvfp4_s1_d1_st4" // benchmarks only (with gemvDec 1, m == 1)
+		o.name = "gemv_nvfp4_s1_d1_st4" // the dev build's (with gemvDec 1, m == 1)
 	}
 	// Several tiles per block (m == 1, x staged): x is read from L2 and
 	// staged once per T tiles instead of once per tile. T doubles while the
@@ -343,11 +353,11 @@ func (b *Backend) finalizeGemv(o *op, afterLong bool) {
 	// multiprocessors (measured better in decode than requiring all of them:
 	// docs/PERFORMANCE.md) and all its blocks fit on the GPU at once.
 	tpb := 1
-	if b.gemvLB && kind == "s1" && b.gemvDec == 1 {
+	if b.exp.gemvLB() && kind == "s1" && dec == 1 {
 		o.name = "gemv_nvfp4_s1_d1_lb"
-		if t := b.gemvTiles; t > 1 && t*kw <= 32 && t*kw*st*2304+2*g.K <= b.maxShare {
+		if t := b.force.gemvTiles; t > 1 && t*kw <= 32 && t*kw*st*2304+2*g.K <= b.maxShare {
 			tpb = t // tests: a given T
-		} else if b.gemvMT {
+		} else if !b.force.gemvOneTile {
 			for {
 				t2 := 2 * tpb
 				bw := t2 * kw
@@ -371,57 +381,30 @@ func (b *Backend) finalizeGemv(o *op, afterLong bool) {
 	o.grid = [3]uint32{uint32((total + tpb - 1) / tpb), 1, 1}
 	o.block = uint32(32 * kw * tpb)
 	o.shared = uint32(shared)
-	flags := b.gemvFlags | tpb<<8
+	flags := b.exp.gemvFlags() | tpb<<8
 	var maps []*tensorMaps
 	if ns := b.tmaStages(g.K); ns > 0 && g.m == 1 {
-		// One persistent block per multiprocessor (at most one per tile).
-		o.name = "gemv_nvfp4_tma"
+		// Persistent blocks of 8 consumer warps, tmaOcc a multiprocessor
+		// (at most one per tile); the dev build may take another kernel.
+		o.name, o.block = "gemv_nvfp4_tma8", 9*32
 		o.grid = [3]uint32{uint32(b.tmaGrid(total)), 1, 1}
-		o.block = tmaThreads
-		if b.tmaWarps == 8 {
-			o.name, o.block = "gemv_nvfp4_tma8", 9*32
-			if b.tmaOcc > 2 {
-				o.name = "gemv_nvfp4_tma8_3"
-			}
-		}
+		b.exp.tmaKernel(o)
 		o.shared = uint32(ns*tmaStage + 2*g.K + tmaFixed)
-		ablate := b.tmaAblate
-		if b.smallAblate != 0 {
-			lo, hi := 0, tmaMapsMin
-			switch b.tmaSmallRole {
-			case "o":
-				hi = 20 << 20
-			case "qkv":
-				lo = 20 << 20
-			case "down": // the down projection (4096 x 14336: 58.7 M weights)
-				lo, hi = tmaMapsMin, 64<<20
-			case "large": // every launch from tmaMapsMin weights
-				lo, hi = tmaMapsMin, math.MaxInt
-			}
-			if n := g.weights(); n >= lo && n < hi {
-				ablate |= b.smallAblate
-			}
-		}
 		long := longGemv(g.K, total, int(o.grid[0]), ns)
-		flags = ns<<16 | boolInt(b.tmaEvict)<<24 | b.paceOf(long, afterLong, g.mode == 1)<<25 | ablate
-		// The timeline (BenchmarkGEMVTimeline) and the ablations: only the tracing instances take them.
-		trace := o.name == "gemv_nvfp4_tma8" && ablate != 0
-		if trace {
-			o.name = "gemv_nvfp4_tma8_trace"
-		}
+		flags = ns<<16 | boolInt(b.exp.tmaEvict())<<24 | b.paceOf(long, afterLong, g.mode == 1)<<25
 		// Tensor copies where every weight has its maps and a ring fits (1 KB more for alignment).
-		if tns := b.tmaStagesOf(g.K, tmStage, 1024); (o.name == "gemv_nvfp4_tma8" || trace) && tns > 0 {
+		if tns := b.tmaStagesOf(g.K, tmStage, 1024); o.name == "gemv_nvfp4_tma8" && tns > 0 {
 			if maps = b.groupMaps(g); maps != nil {
 				o.name = "gemv_nvfp4_tma8_tm"
-				if trace {
-					o.name = "gemv_nvfp4_tma8_tm_trace"
-				}
 				o.shared = uint32(1024 + tns*tmStage + 2*g.K + tmaFixed)
 				long = longGemv(g.K, total, int(o.grid[0]), tns)
-				flags = tns<<16 | boolInt(b.tmaEvict)<<24 | b.paceOf(long, afterLong, g.mode == 1)<<25 | ablate
+				flags = tns<<16 | boolInt(b.exp.tmaEvict())<<24 | b.paceOf(long, afterLong, g.mode == 1)<<25
 			}
 		}
 		b.afterLong = long
+		// The dev build's ablations and timeline (flags bits 4-6, which
+		// only its tracing instances take); nothing in production.
+		flags = b.exp.gemvAblate(o, g, flags)
 	}
 	o.fn, o.pdl = b.fn[o.name], pdlKernel(o.name)
 	var a [26]uint64
@@ -449,8 +432,8 @@ func (b *Backend) finalizeGemv(o *op, afterLong bool) {
 	a[20] = pair(uint32(ngroups), uint32(g.mode))
 	if nm := g.norm; nm != nil {
 		a[21], a[22], a[23], a[24] = nm.x.ptr, nm.w.ptr, nm.dst.ptr, uint64(f(nm.eps))|uint64(flags)<<32
-	} else if flags&0x40 != 0 {
-		a[23] = b.tmaTrace // the timeline's words in the norm output's slot (benchmarks only)
+	} else {
+		a[23] = b.exp.gemvTimeline(flags) // the dev build's timeline words in the norm output's slot (flags bit 6); 0 in production
 	}
 	a[25] = uint64(g.xs)
 	if maps == nil {
@@ -504,14 +487,14 @@ const (
 // copies are off, the launch reads fewer elements than it takes them from,
 // or a weight has none).
 func (b *Backend) groupMaps(g *gemvOp) []*tensorMaps {
-	if !b.tmaMaps {
+	if b.force.tmaRows {
 		return nil
 	}
 	least := tmaMapsMin
-	if g.mode == 2 && len(g.groups) == 1 && g.K <= tmaMapsResK && !b.tmaMapsBySize {
+	if g.mode == 2 && len(g.groups) == 1 && g.K <= tmaMapsResK && !b.exp.mapsBySize() {
 		least = tmaMapsResMin
 	}
-	if g.weights() < least && !b.tmaMapsAll {
+	if g.weights() < least && !b.force.tmaMapsAll {
 		return nil
 	}
 	var maps []*tensorMaps

@@ -25,7 +25,8 @@ type gemmKernel struct{ bm, ns, kc, occ, fg int }
 // grid leaves multiprocessors idle, and at m = 512). Otherwise the smallest
 // token tile that holds m (at most 64), two or three blocks a multiprocessor,
 // stages of 256 elements where K allows, and past 64 tokens two feature groups
-// a warp. k128 and k256 (benchmarks) force stages of 128 or 256 elements.
+// a warp. k128 and k256 (tests and benchmarks: Backend.force) force stages of
+// 128 or 256 elements, as K % 512 != 0 and K % 256 != 0 take them.
 func gemmPick(m, N, K, sms int, k128, k256 bool) gemmKernel {
 	if m <= 64 && K%512 == 0 && !k128 && !k256 {
 		k := gemmKernel{8, 4, 512, 1, 1}
@@ -91,7 +92,7 @@ func gemmSplits(tiles, stages, slots, minStages int) (splits, cps int) {
 // (gemm.cuh).
 func (b *Backend) gemmNVFP4(dst, x *Buffer, w *Weight, m int) {
 	N, K := w.rows, w.cols
-	k := gemmPick(m, N, K, b.sms, b.gemmK128, b.gemmK256)
+	k := gemmPick(m, N, K, b.sms, b.force.gemmK128, b.force.gemmK256)
 	bm := k.bm
 	mtiles, ntiles := (m+bm-1)/bm, (N+127)/128
 	splits, cps := gemmSplits(mtiles*ntiles, K/k.kc, k.occ*b.sms, 512/k.kc)

@@ -398,11 +398,15 @@ __device__ __forceinline__ void gemv_nvfp4_body(const GemvArgs& a) {
     extern "C" __global__ void __launch_bounds__(512) NAME(const __grid_constant__ GemvArgs a) { \
         gemv_nvfp4_body<MR, DEC, XS, ST>(a);                                                            \
     }
-GEMV_NVFP4(gemv_nvfp4_m1_d0, 1, 0, 2, 2)
 GEMV_NVFP4(gemv_nvfp4_m1_d1, 1, 1, 2, 2)
+#ifdef MANIFOLD_DEV
+// The dev build's (kernels/dev.go): the integer E2M1 decoding, the
+// 88-register staged kernel, 4 pipeline stages.
+GEMV_NVFP4(gemv_nvfp4_m1_d0, 1, 0, 2, 2)
 GEMV_NVFP4(gemv_nvfp4_s1_d0, 1, 0, 1, 2)
 GEMV_NVFP4(gemv_nvfp4_s1_d1, 1, 1, 1, 2)
 GEMV_NVFP4(gemv_nvfp4_s1_d1_st4, 1, 1, 1, 4)
+#endif
 // At most 64 registers, so that 32 warps fit on a multiprocessor.
 extern "C" __global__ void __launch_bounds__(512, 2) gemv_nvfp4_s1_d1_lb(const __grid_constant__ GemvArgs a) {
     gemv_nvfp4_body<1, 1, 1, 2>(a);
@@ -411,10 +415,14 @@ extern "C" __global__ void __launch_bounds__(512, 2) gemv_nvfp4_s1_d1_lb(const _
 extern "C" __global__ void __launch_bounds__(1024, 1) gemv_nvfp4_s1_d1_mt(const __grid_constant__ GemvArgs a) {
     gemv_nvfp4_body<1, 1, 1, 2, 0>(a);
 }
+#ifdef MANIFOLD_DEV
+// The dev build's: 2 <= m <= 16 on the decode-shape kernels (production
+// takes the GEMM there), and m = 1 on the m <= 8 kernel.
 GEMV_NVFP4(gemv_nvfp4_m8_d0, 8, 0, 0, 2)
 GEMV_NVFP4(gemv_nvfp4_m8_d1, 8, 1, 0, 2)
 GEMV_NVFP4(gemv_nvfp4_m16_d0, 16, 0, 0, 2)
 GEMV_NVFP4(gemv_nvfp4_m16_d1, 16, 1, 0, 2)
+#endif
 
 // bf16 GEMV, m <= 4 per pass, K % 8 == 0, 16-byte aligned x: one warp per
 // output row, each lane with four 16-byte weight loads in flight.
@@ -973,28 +981,36 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a, const Ten
     if (TRACE && tr && tid == 0) tr[TMA_TR_END] = gtime();
 }
 
-// 16 consumer warps, one block per multiprocessor; 8 consumer warps (two
-// groups each per stage) with at most half a multiprocessor's registers, so
-// that the next launch's block fits beside it (its copies start while this
-// one drains, with programmatic dependent launch).
+// 16 consumer warps, one block per multiprocessor (the dev build's); 8
+// consumer warps (two groups each per stage) with at most half a
+// multiprocessor's registers, so that the next launch's block fits beside it
+// (its copies start while this one drains, with programmatic dependent
+// launch), or a third of them (the dev build's).
+#ifdef MANIFOLD_DEV
 extern "C" __global__ void __launch_bounds__(17 * WARP, 1) gemv_nvfp4_tma(const __grid_constant__ GemvArgs a) {
     gemv_nvfp4_tma_body<16, false>(a);
 }
+#endif
 extern "C" __global__ void __launch_bounds__(9 * WARP, 2) gemv_nvfp4_tma8(const __grid_constant__ GemvArgs a) {
     gemv_nvfp4_tma_body<8, false>(a);
 }
+#ifdef MANIFOLD_DEV
 extern "C" __global__ void __launch_bounds__(9 * WARP, 3) gemv_nvfp4_tma8_3(const __grid_constant__ GemvArgs a) {
     gemv_nvfp4_tma_body<8, false>(a);
 }
+#endif
 // gemv_nvfp4_tma8 with each stage's weights and scales in four tensor copies
 // (two 8-row blocks of each) instead of 32 row copies.
 extern "C" __global__ void __launch_bounds__(9 * WARP, 2) gemv_nvfp4_tma8_tm(const __grid_constant__ GemvArgsTM a) {
     gemv_nvfp4_tma_body<8, false, true>(a.g, a.tw, a.ts);
 }
-// gemv_nvfp4_tma8 and gemv_nvfp4_tma8_tm writing their timelines (BenchmarkGEMVTimeline).
+// gemv_nvfp4_tma8 and gemv_nvfp4_tma8_tm writing their timelines and taking
+// the ablations (BenchmarkGEMVTimeline, the dev build's).
+#ifdef MANIFOLD_DEV
 extern "C" __global__ void __launch_bounds__(9 * WARP, 2) gemv_nvfp4_tma8_trace(const __grid_constant__ GemvArgs a) {
     gemv_nvfp4_tma_body<8, true>(a);
 }
 extern "C" __global__ void __launch_bounds__(9 * WARP, 2) gemv_nvfp4_tma8_tm_trace(const __grid_constant__ GemvArgsTM a) {
     gemv_nvfp4_tma_body<8, true, true>(a.g, a.tw, a.ts);
 }
+#endif

@@ -4,13 +4,16 @@
 #                            fixtures ($MANIFOLD_GOLDEN_DIR, without its
 #                            tokenizers) into one xz'd tar, .device/bundle.tar.xz,
 #                            and checks that it fits the device tool's 64 MiB
-#                            carry beside the tracked files
+#                            carry beside the tracked files ("prepare dev": the
+#                            dev build's, -tags manifold_dev, dev/README.md)
 #   kernels/gpu.sh run       on the device machine (device tool: carry .device):
 #                            unpacks the bundle, runs every GPU test, then the
-#                            benchmarks, logs to $OUT
+#                            benchmarks, logs to $OUT (DEV=1: builds the dev
+#                            image there and runs the binaries with it)
 #   kernels/gpu.sh check     here, before device time is spent on a kernel
 #                            change: the CUDA sources through nvcc's front end
-#                            (-ptx), which needs only an nvcc, such as Debian's
+#                            (-ptx), the production image's and the dev image's
+#                            (-DMANIFOLD_DEV), which needs only an nvcc, such as Debian's
 #                            nvidia-cuda-toolkit (11.8, bookworm non-free);
 #                            its ptxas is too old for the image's sm_90
 #                            instructions, so the image is built on the device
@@ -27,8 +30,10 @@ prepare)
   rm -rf .device && mkdir -p .device/stage
   cp -r "${MANIFOLD_GOLDEN_DIR:-../shared/golden}" .device/stage/golden && chmod -R u+w .device/stage/golden
   rm -rf .device/stage/golden/tokenizers # 21 MB; the tests that need them skip themselves
+  tags=""
+  if [ "${2:-}" = dev ]; then tags="-tags=manifold_dev"; fi
   for pkg in kernels engine; do
-    CGO_ENABLED=0 go test -c -ldflags='-s -w' -o ".device/stage/$pkg.test" "./$pkg"
+    CGO_ENABLED=0 go test -c $tags -ldflags='-s -w' -o ".device/stage/$pkg.test" "./$pkg"
   done
   # Random checkpoints of named shapes, for the fixture scripts (engine/testdata/gen_longrope.py).
   CGO_ENABLED=0 go build -ldflags='-s -w' -o .device/stage/write ./internal/testmodel/write
@@ -49,6 +54,8 @@ check)
   # array of each kernel family shares its name with the others', as intended.
   nvcc -std=c++17 -ptx -arch=compute_90 -diag-suppress 1556 -o /dev/null kernels/manifold.cu
   echo "kernels/manifold.cu and its headers compile to PTX"
+  nvcc -std=c++17 -ptx -arch=compute_90 -diag-suppress 1556 -DMANIFOLD_DEV -o /dev/null kernels/manifold.cu
+  echo "... and with -DMANIFOLD_DEV (the dev image)"
   ;;
 run)
   out="${OUT:-/tmp/gpu-out}"; mkdir -p "$out"
@@ -59,18 +66,23 @@ run)
     kernels/build.sh && cp kernels/manifold.fatbin kernels/manifold.fatbin.sum "$out/"
     export MANIFOLD_KERNEL_IMAGE="$PWD/kernels/manifold.fatbin"
   fi
+  if [ "${DEV:-}" = 1 ]; then
+    # The dev build's experiments (binaries from "prepare dev"): the dev image.
+    kernels/build.sh dev
+    export MANIFOLD_KERNEL_IMAGE="$PWD/kernels/manifold-dev.fatbin"
+  fi
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   status=0
   (cd kernels && ../.device/kernels.test -test.count=1 -test.v 2>&1 | grep -v '^=== ' | tee "$out/kernels-test.log" | grep -E '^(--- |FAIL|PASS|ok)' ) || status=1
   (cd engine && ../.device/engine.test -test.count=1 2>&1 | tail -5) || status=1
   if [ "${2:-}" = "bench" ]; then
     (cd kernels && ../.device/kernels.test -test.run '^$' -test.bench GEMV -test.benchtime 1x 2>&1 | grep RESULT | tee "$out/gemv.log")
-    python3 kernels/bench_torch.py 2>&1 | tee "$out/torch.log"
+    python3 dev/torch/bench_torch.py 2>&1 | tee "$out/torch.log"
     (cd engine && MANIFOLD_BENCH_DIR=/tmp/llama8b ../.device/engine.test -test.run '^$' -test.bench DecodeLlama8B -test.benchtime 1x 2>&1 | grep -v '^goos\|^goarch\|^pkg\|^cpu' | tee "$out/decode.log")
   fi
   exit $status
   ;;
 *)
-  echo "usage: kernels/gpu.sh prepare|check|run [bench]" >&2; exit 2
+  echo "usage: kernels/gpu.sh prepare [dev]|check|run [bench]" >&2; exit 2
   ;;
 esac

@@ -8,6 +8,19 @@
 
 #define WARP 32
 
+// MANIFOLD_DEV is defined for the dev image only (kernels/build.sh dev,
+// kernels/manifold-dev.fatbin): the kernels that only the experiments of the
+// dev build launch (kernels/dev.go), the tracing instances, and the
+// ablation and timeline branches are compiled there alone. DEV_ON is 1 in
+// the dev image and 0 in the production one, for the branches inside
+// production kernels: their arguments and flag bits stay as they are, and
+// the production image compiles the branches away.
+#ifdef MANIFOLD_DEV
+#define DEV_ON 1
+#else
+#define DEV_ON 0
+#endif
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);

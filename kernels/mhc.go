@@ -212,7 +212,7 @@ func (b *Backend) MHCCoeffsPre(m *mhc.Mixer, dst, pre, post, res, logits, x back
 		return
 	}
 	if rows >= 1 && rows <= mhcTailRows && c.Residual != mhc.Lite && c.Streams <= 4 && c.Hidden%4 == 0 &&
-		(ptr(dst)|ptr(x))%16 == 0 && !b.mhcTailOff {
+		(ptr(dst)|ptr(x))%16 == 0 && !b.force.mhcTailOff {
 		t := &mhcTail{logits: logits, pre: pre, post: post, res: res, dst: dst, base: base, scale: scale,
 			n: c.Streams, hidden: c.Hidden, iters: c.SinkhornIters, eps: c.Eps, normEps: c.NormEps}
 		if _, ok := b.mhcProjPart(x, fn, rows, t); ok {

@@ -30,7 +30,7 @@ func opsBackends(b *testing.B) []opsBackend {
 	if !Available() {
 		b.Skip("no CUDA driver or GPU")
 	}
-	g, err := New(0)
+	g, err := New(0, Options{})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -20,7 +20,7 @@ import (
 // and htree decode attention against dense flash-decoding. Times are
 // deviceTime's (CUDA events around iters queued runs, so launch and queueing
 // gaps count). Caches are filled with random data directly. Run on the device
-// machine, in kernels/, with bench_mhc_torch.py for the PyTorch eager mHC:
+// machine, in kernels/, with dev/torch/bench_mhc_torch.py for the PyTorch eager mHC:
 //
 //	kernels.test -test.run '^$' -test.bench 'OpsFloor|OpsVsDense' -test.benchtime 3x
 
@@ -28,7 +28,7 @@ func floorGPU(b *testing.B) (*Backend, float64) {
 	if !Available() {
 		b.Skip("no CUDA driver or GPU")
 	}
-	g, err := New(0)
+	g, err := New(0, Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -183,13 +183,13 @@ func BenchmarkOpsVsDenseDSA(b *testing.B) {
 		})
 		// The indexer on CUDA-core FMAs (idx_scores_tile, before idx_scores_mma).
 		b.Run(name+"select-tile", func(b *testing.B) {
-			g.idxMMAOff = true
-			defer func() { g.idxMMAOff = false }()
+			g.force.idxMMAOff = true
+			defer func() { g.force.idxMMAOff = false }()
 			timeOp(b, g, bw, 10, selectBytes, func() { g.Copy(iw, iw0); g.IndexerSelect(idx, iq, iw, ik, 1, L, L-1) })
 		})
 		b.Run(name+"select-tkm", func(b *testing.B) {
-			g.topkPath = topkMany
-			defer func() { g.topkPath = topkAuto }()
+			g.force.topkPath = topkMany
+			defer func() { g.force.topkPath = topkAuto }()
 			timeOp(b, g, bw, 10, selectBytes, func() { g.Copy(iw, iw0); g.IndexerSelect(idx, iq, iw, ik, 1, L, L-1) })
 		})
 		// The attend over the first 512 and 1024 positions (one and two tiles
@@ -202,14 +202,14 @@ func BenchmarkOpsVsDenseDSA(b *testing.B) {
 		}
 		// The attend in 8-warp blocks (dsa_attend_mma, before dsa_attend_mma16).
 		b.Run(name+"attend-8w", func(b *testing.B) {
-			g.attnMMA8 = true
-			defer func() { g.attnMMA8 = false }()
+			g.force.attnMMA8 = true
+			defer func() { g.force.attnMMA8 = false }()
 			timeOp(b, g, bw, 10, attendBytes, func() { g.SparseLatentAttention(out, qLat, q, lat, kr, idx, 1, s, 0.1) })
 		})
 		// The attend on CUDA-core FMAs (dsa_attend_split, before dsa_attend_mma).
 		b.Run(name+"attend-split", func(b *testing.B) {
-			g.attnMMAOff = true
-			defer func() { g.attnMMAOff = false }()
+			g.force.attnMMAOff = true
+			defer func() { g.force.attnMMAOff = false }()
 			timeOp(b, g, bw, 10, attendBytes, func() { g.SparseLatentAttention(out, qLat, q, lat, kr, idx, 1, s, 0.1) })
 		})
 		// sparse, then the same with the 8-warp attend, with the cluster
@@ -224,8 +224,8 @@ func BenchmarkOpsVsDenseDSA(b *testing.B) {
 		}{{"sparse", topkAuto, false, false}, {"sparse-8w", topkAuto, true, false}, {"sparse-tkc8", topkAuto, false, true},
 			{"sparse-tkm", topkMany, false, false}, {"sparse-1block", topkOneBlock, false, false}} {
 			b.Run(name+v.name, func(b *testing.B) {
-				g.topkPath, g.attnMMA8, g.tkc8 = v.path, v.eight, v.tkc8
-				defer func() { g.topkPath, g.attnMMA8, g.tkc8 = topkAuto, false, false }()
+				g.force.topkPath, g.force.attnMMA8, g.force.tkc8 = v.path, v.eight, v.tkc8
+				defer func() { g.force.topkPath, g.force.attnMMA8, g.force.tkc8 = topkAuto, false, false }()
 				timeOp(b, g, bw, 10, selectBytes+attendBytes, func() {
 					g.Copy(iw, iw0)
 					g.IndexerSelect(idx, iq, iw, ik, 1, L, L-1)
@@ -337,8 +337,8 @@ func BenchmarkOpsV4Attention(b *testing.B) {
 				name = tc.name + "/v4_attention4"
 			}
 			b.Run(name, func(b *testing.B) {
-				g.attnMMAOff = off
-				defer func() { g.attnMMAOff = false }()
+				g.force.attnMMAOff = off
+				defer func() { g.force.attnMMAOff = false }()
 				timeOp(b, g, bw, 20, bytes, func() { g.CompressedAttention(out, q, local, comp, idx, sinks, a) })
 			})
 		}

@@ -243,10 +243,10 @@ func TestMHCProjectFused(t *testing.T) {
 			// At decode sizes the projection's last block finishes the step
 			// (mhcTail): the same operations as the four launches, so the
 			// same bits.
-			g.mhcTailOff = true
+			g.force.mhcTailOff = true
 			ps, qs, rs, ds, ls := poisoned(g, rows*n), poisoned(g, rows*n), poisoned(g, rows*n*n), poisoned(g, rows*C), poisoned(g, rows*mix)
 			g.MHCCoeffsPre(mx, ds, ps, qs, rs, ls, xg, wg, toGPU(g, base), toGPU(g, scale), rows)
-			g.mhcTailOff = false
+			g.force.mhcTailOff = false
 			for _, o := range []struct {
 				what      string
 				got, want backend.Buffer
@@ -386,12 +386,12 @@ func TestV4Ops(t *testing.T) {
 		c.CompressedAttention(want, cpu.Buffer(q), cpu.Buffer(local), cc, ci, cpu.Buffer(sinks), a)
 		gq, gl, gs := toGPU(g, q), toGPU(g, local), toGPU(g, sinks)
 		for _, mode := range []struct{ off, eight bool }{{false, false}, {false, true}, {true, false}} {
-			g.attnMMAOff, g.attnMMA8 = mode.off, mode.eight
+			g.force.attnMMAOff, g.force.attnMMA8 = mode.off, mode.eight
 			got := poisoned(g, a.M*a.Heads*a.Dim)
 			g.CompressedAttention(got, gq, gl, gc, gi, gs, a)
 			check(t, fmt.Sprintf("v4 attention %+v (mma off %v, 8 warps %v)", a, mode.off, mode.eight), fromGPU(t, g, got), want, opsTol)
 		}
-		g.attnMMAOff, g.attnMMA8 = false, false
+		g.force.attnMMAOff, g.force.attnMMA8 = false, false
 	}
 	// Layout moves.
 	src := randn(rng, 3*5*7)
@@ -453,16 +453,16 @@ func TestTopKTies(t *testing.T) {
 			if path != topkAuto && (tc.n < tkmMinKeys || tc.rows > tkmRows) {
 				continue // every path is the one-block one
 			}
-			g.topkPath = path
+			g.force.topkPath = path
 			testTopKCase(t, g, rng, tc)
 			if path == topkAuto && tc.n >= tkc16MinKeys && tc.rows <= tkmRows {
-				g.tkc8 = true // the cluster top-k in clusters of 8 where 16 ran
+				g.force.tkc8 = true // the cluster top-k in clusters of 8 where 16 ran
 				testTopKCase(t, g, rng, tc)
-				g.tkc8 = false
+				g.force.tkc8 = false
 			}
 		}
 	}
-	g.topkPath = topkAuto
+	g.force.topkPath = topkAuto
 }
 
 // topKCase: rows of n scores drawn from levels values (nan: some NaN),
@@ -625,9 +625,9 @@ func TestDSASelectShapes(t *testing.T) {
 			cases = append(cases, tc)
 		}
 	}
-	defer func() { g.idxMMAOff = false }()
+	defer func() { g.force.idxMMAOff = false }()
 	for _, tc := range cases {
-		g.idxMMAOff = tc.mmaOff
+		g.force.idxMMAOff = tc.mmaOff
 		ix := dsa.IndexerShape{Heads: tc.heads, HeadDim: tc.dim, RopeDim: 8, TopK: tc.topk}
 		gi.(*dsaIndices).shape = ix // one selection across shapes: the kept scores are reused and grown
 		m, L := tc.m, tc.nKeys
@@ -644,7 +644,7 @@ func TestDSASelectShapes(t *testing.T) {
 		}
 		for i := range m {
 			if !slices.Equal(got[i], want.Row(i)) {
-				t.Errorf("select heads=%d dim=%d top-%d of %d (mma off %v), query %d: GPU %v, want %v", tc.heads, tc.dim, tc.topk, L, g.idxMMAOff, i, got[i], want.Row(i))
+				t.Errorf("select heads=%d dim=%d top-%d of %d (mma off %v), query %d: GPU %v, want %v", tc.heads, tc.dim, tc.topk, L, g.force.idxMMAOff, i, got[i], want.Row(i))
 			}
 		}
 	}
@@ -690,7 +690,7 @@ func TestDSAAttendLatentShapes(t *testing.T) {
 		// dsa_attend_mma where it applies (with 16 warps, then 8, where the
 		// rank takes 16), then dsa_attend_split on the same inputs.
 		for _, mode := range []struct{ off, eight bool }{{false, false}, {false, true}, {true, false}} {
-			g.attnMMAOff, g.attnMMA8 = mode.off, mode.eight
+			g.force.attnMMAOff, g.force.attnMMA8 = mode.off, mode.eight
 			if mode.eight && tc.la%128 != 0 {
 				continue // the first pass ran the 8-warp kernel already
 			}
@@ -707,7 +707,7 @@ func TestDSAAttendLatentShapes(t *testing.T) {
 			check(t, name, fromGPU(t, g, og), oc, opsTol)
 			og = poisoned(g, m*H*tc.la)
 		}
-		g.attnMMAOff, g.attnMMA8 = false, false
+		g.force.attnMMAOff, g.force.attnMMA8 = false, false
 	}
 }
 

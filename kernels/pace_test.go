@@ -4,20 +4,20 @@ import "testing"
 
 // TestPaceOf holds the rule for pacing an m = 1 launch's first ring fill:
 // only a long launch, not the SwiGLU one, right after a long launch, with
-// programmatic dependent launch on (or every launch when forced).
+// programmatic dependent launch on (the dev build's other paces:
+// TestPaceOfDev).
 func TestPaceOf(t *testing.T) {
 	for _, tc := range []struct {
-		long, afterLong, swiglu, pdl, all bool
-		want                              int
+		long, afterLong, swiglu, pdl bool
+		want                         int
 	}{
-		{true, true, false, true, false, defaultTMAPace}, // the down projection after the gate and up matmuls
-		{true, false, false, true, false, 0},             // after a short launch
-		{true, true, true, true, false, 0},               // the gate and up matmuls with SwiGLU
-		{false, true, false, true, false, 0},             // a short launch: its whole work fits in its ring
-		{true, true, false, false, false, 0},             // no overlap between launches
-		{false, false, true, false, true, defaultTMAPace},
+		{true, true, false, true, defaultTMAPace}, // the down projection after the gate and up matmuls
+		{true, false, false, true, 0},             // after a short launch
+		{true, true, true, true, 0},               // the gate and up matmuls with SwiGLU
+		{false, true, false, true, 0},             // a short launch: its whole work fits in its ring
+		{true, true, false, false, 0},             // no overlap between launches
 	} {
-		b := &Backend{tmaPace: defaultTMAPace, tmaPaceAll: tc.all, pdl: tc.pdl}
+		b := &Backend{pdl: tc.pdl, exp: newExperiments()}
 		if got := b.paceOf(tc.long, tc.afterLong, tc.swiglu); got != tc.want {
 			t.Errorf("%+v: pace %d, want %d", tc, got, tc.want)
 		}

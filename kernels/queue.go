@@ -145,7 +145,7 @@ func (b *Backend) enqueue(name string, grid [3]int, block, shared int, args ...a
 // push appends o to the queue (deciding at its first operation whether the
 // queue is a graph's) and, launched op by op, launches all but the newest
 // operation once the queue holds b.ahead (launchAhead unless
-// MANIFOLD_CUDA_AHEAD sets another count; 0 turns it off). qmu must be held.
+// Options.LaunchAhead sets another count; 0 here turns it off). qmu must be held.
 func (b *Backend) push(o op) {
 	q := &b.q
 	if !q.decided {
@@ -257,7 +257,7 @@ func (b *Backend) flushLocked() {
 func (b *Backend) launchOps(ops []op) {
 	for i := range ops {
 		o := &ops[i]
-		if b.skipRole != "" && b.skipOp(o) {
+		if b.exp.skip(o) { // the dev build's MANIFOLD_SKIP; never in production
 			continue
 		}
 		var ev uintptr
@@ -504,10 +504,9 @@ const (
 	// H100 it keeps graphs' 1% on the pipelined Llama-3-8B-shape decode and
 	// direct launches where graphs lose 14-25% (docs/DECISIONS.md).
 	GraphsAuto GraphMode = iota
-	// GraphsOff launches every kernel directly (MANIFOLD_CUDA_GRAPHS=0).
+	// GraphsOff launches every kernel directly.
 	GraphsOff
-	// GraphsOn replays every repeated queue of minGraphOps or more as a graph
-	// (MANIFOLD_CUDA_GRAPHS=1).
+	// GraphsOn replays every repeated queue of minGraphOps or more as a graph.
 	GraphsOn
 )
 
@@ -520,16 +519,6 @@ func (m GraphMode) String() string {
 		return "on"
 	}
 	return "auto"
-}
-
-func graphModeEnv(v string) GraphMode {
-	switch v {
-	case "0":
-		return GraphsOff
-	case "1":
-		return GraphsOn
-	}
-	return GraphsAuto
 }
 
 // SetGraphs sets which queues are captured and replayed as CUDA graphs,
@@ -564,27 +553,4 @@ func (b *Backend) destroyGraphs() {
 		b.d.cuGraphExecDestroy(e.exec)
 		delete(b.graphCache, k)
 	}
-}
-
-// skipOp reports whether the benchmark switch MANIFOLD_SKIP (results wrong,
-// timing real; launches op by op only) leaves o out: qkv, o, gu, down (a
-// Llama block's NVFP4 m = 1 matmuls by role: three weights, the residual add
-// with K <= N or K > N, SwiGLU), lm (the bf16 LM head). What a decode step
-// gains without a role is what that role's launches cost on its critical
-// path (docs/PERFORMANCE.md round 30).
-func (b *Backend) skipOp(o *op) bool {
-	g := o.gemv
-	switch b.skipRole {
-	case "lm":
-		return o.name == "gemv_bf16_u4"
-	case "qkv":
-		return g != nil && len(g.groups) == 3
-	case "gu":
-		return g != nil && g.mode == 1
-	case "o":
-		return g != nil && g.mode == 2 && g.K <= g.groups[0].w.rows
-	case "down":
-		return g != nil && g.mode == 2 && g.K > g.groups[0].w.rows
-	}
-	return false
 }

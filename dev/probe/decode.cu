@@ -3,7 +3,7 @@
 // with no copies at all, for several ways of decoding E2M1 to fp16.
 // Standalone (CUDA runtime, not part of the kernel image); on the device:
 //
-//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a kernels/probe/decode.cu -o /tmp/decode && /tmp/decode
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a dev/probe/decode.cu -o /tmp/decode && /tmp/decode
 //
 // Each block (2 a multiprocessor, 8 warps, as gemv_nvfp4_tma8) holds one
 // 16 KB stage of weights, its scales and x, and its warps run the consumer

@@ -3,7 +3,7 @@
 // m = 1 matmuls (gemv.cuh) are measured against in docs/PERFORMANCE.md.
 // Standalone (CUDA runtime, not part of the kernel image); on the device:
 //
-//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a kernels/probe/stream.cu -o /tmp/stream && /tmp/stream
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a dev/probe/stream.cu -o /tmp/stream && /tmp/stream
 //
 // Sizes: 33030144 bytes (the weights and scales of a 4096 x 14336 NVFP4
 // matrix) and 132 MB, each over 8 rotating copies so that no launch finds its

@@ -3,7 +3,7 @@
 // by which loop. Standalone (CUDA runtime, not part of the kernel image); on
 // the device:
 //
-//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a kernels/probe/lmhead.cu -o /tmp/lmhead && /tmp/lmhead
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a dev/probe/lmhead.cu -o /tmp/lmhead && /tmp/lmhead
 //
 // Reads: 16-byte ld.global.nc over the whole matrix, grid-stride (the stream
 // probe's k_ldg). Matmuls (y = W x, W bf16 row-major, x fp32):

@@ -1,4 +1,4 @@
-// What the standalone probes share (kernels/probe/*.cu, each built by one nvcc
+// What the standalone probes share (dev/probe/*.cu, each built by one nvcc
 // command): the error check, timing a launch with CUDA events, and the
 // device's copy bandwidth, the roofline they report against.
 #pragma once
