@@ -245,6 +245,11 @@ type ExpertBinder interface {
 	// cannot run them (weight format or shapes): the caller keeps its host
 	// path.
 	BindExperts(w1, w3, w2 []Weight, bias []float32) (Experts, error)
+	// MaxDeviceMoETokens is the most tokens one call should route on the
+	// device: the device path reads each token's experts' weights once a
+	// token, the host path (routing on the host, a MatMul per picked expert
+	// over its rows) once a chunk, which wins for longer chunks.
+	MaxDeviceMoETokens() int
 }
 
 // GroupMoEOps is implemented by backends that route DeepSeek-V3-style MoE

@@ -46,6 +46,11 @@ func (x *moeExperts) NumExperts() int { return x.n }
 // moeStaged is the floats moe_stage spans for a vector of k values.
 func moeStaged(k int) int { return (k + 1023) / 1024 * 1024 }
 
+// MaxDeviceMoETokens is 8: at more tokens a call, the host path, which
+// reads each expert's weights once a chunk, beats the device path's once a
+// token on the models measured (docs/DECISIONS.md).
+func (b *Backend) MaxDeviceMoETokens() int { return 8 }
+
 // BindExperts builds the expert table for NVFP4 experts whose widths are
 // multiples of 32 and whose staged inputs fit in shared memory; otherwise
 // it returns nil, nil.

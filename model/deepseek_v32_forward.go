@@ -204,11 +204,6 @@ func (m *DeepseekV32) mlp(s *v32State, f *v32MLP, out, h backend.Buffer, n int) 
 	b.MatMul(out, gate, f.Down, n)
 }
 
-// v32DeviceMoETokens is the most tokens a call routes on the device (as
-// DeepSeek-V4's v4DeviceMoETokens: the host path reads each expert's weights
-// once per chunk, the device path once per token).
-const v32DeviceMoETokens = 8
-
 // moe writes the mixture of experts of n rows into out: the shared experts
 // plus each token's routed experts weighted by the router, routed on the
 // device (backend.GroupMoEOps) for short chunks when the backend can, else
@@ -218,7 +213,7 @@ func (m *DeepseekV32) moe(s *v32State, f *v32MoE, out, h backend.Buffer, n int) 
 	E, K := f.route.Experts, f.route.K
 	rl := b.View(s.rl, 0, n*E)
 	b.MatMul(rl, h, f.Router, n)
-	if f.dev != nil && n <= v32DeviceMoETokens {
+	if f.dev != nil && n <= m.gmoe.MaxDeviceMoETokens() {
 		if f.Shared != nil {
 			m.mlp(s, f.Shared, out, h, n)
 		} else {

@@ -589,11 +589,6 @@ func (m *DeepseekV4) indexer(s *v4State, blk *v4Block, ic *v4Comp, qres, iw, idx
 	})
 }
 
-// v4DeviceMoETokens is the most tokens a call routes on the device: the
-// device MoE reads each token's experts' weights once per token, the host
-// path once per expert, which wins for long prefill chunks.
-const v4DeviceMoETokens = 8
-
 // moe runs the MoE block over h ([n, hidden], normed): the shared expert on
 // all rows, then the routed experts, routed on the device (backend.RoutedMoEOps) for
 // short chunks when the backend can, else on the host, each routed expert
@@ -623,7 +618,7 @@ func (m *DeepseekV4) moe(s *v4State, blk *v4Block, h backend.Buffer, tokens []in
 		}
 	}
 	route := dsv4.RouteArgs{M: n, Experts: E, K: K, Scoring: v.scoring, Scale: float32(v.RoutedScalingFactor)}
-	if blk.dev != nil && n <= v4DeviceMoETokens {
+	if blk.dev != nil && n <= m.moeOps.MaxDeviceMoETokens() {
 		m.moeOps.RoutedMoE(out, h, router, hash, blk.dev, route, limit)
 		return out
 	}
