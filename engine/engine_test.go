@@ -27,6 +27,22 @@ func loadGolden(t testing.TB, arch string) (*Model, *golden.Reference) {
 	return m, golden.Load(t, dir)
 }
 
+// openSession loads dir with o and opens a session of its default length;
+// the model closes when the test ends.
+func openSession(t testing.TB, dir string, o Options) (*Model, *Session) {
+	t.Helper()
+	m, err := Load(dir, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	s, err := m.NewSession(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, s
+}
+
 func ints(v []int32) []int {
 	out := make([]int, len(v))
 	for i, x := range v {

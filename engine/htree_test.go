@@ -19,15 +19,7 @@ func TestHTreeAttention(t *testing.T) {
 	dir := filepath.Join(golden.Dir(t), "llama")
 	ref := golden.Load(t, dir)
 	greedy := func(o model.AttentionOptions) []int {
-		m, err := Load(dir, Options{Device: "cpu", Attention: o})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer m.Close()
-		s, err := m.NewSession(0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, s := openSession(t, dir, Options{Device: "cpu", Attention: o})
 		res, err := s.Generate(context.Background(), ints(ref.InputIDs[:20]), GenerateOptions{MaxTokens: len(ref.GreedyTokens), StopTokens: []int{}}, nil)
 		if err != nil {
 			t.Fatal(err)

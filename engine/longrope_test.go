@@ -57,15 +57,7 @@ func TestLongRoPE(t *testing.T) {
 			if device == "cpu" && !*longCPU {
 				limit = 2048
 			}
-			m, err := Load(dir, Options{Device: device, ContextLength: len(ids)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer m.Close()
-			s, err := m.NewSession(0)
-			if err != nil {
-				t.Fatal(err)
-			}
+			_, s := openSession(t, dir, Options{Device: device, ContextLength: len(ids)})
 			start := time.Now()
 			worst := map[bool]float64{}
 			for r, p := range pos {

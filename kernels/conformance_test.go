@@ -14,7 +14,7 @@ func TestConformance(t *testing.T) {
 	for _, v := range conformanceVariants {
 		t.Run(v.name, func(t *testing.T) {
 			g := newGPU(t)
-			v.set(g)
+			g.force = v.force
 			conformance.Run(t, g)
 		})
 	}
@@ -23,20 +23,20 @@ func TestConformance(t *testing.T) {
 // conformanceVariants force the kernel variants that the default rules pick
 // only for other shapes or devices.
 var conformanceVariants = []struct {
-	name string
-	set  func(*Backend)
+	name  string
+	force variants
 }{
-	{"default", func(*Backend) {}},
-	{"gemm-at-m1", func(g *Backend) { g.force.gemvOff = true }},
-	{"m1-x-streamed", func(g *Backend) { g.force.gemvPipe = true }},
-	{"m1-one-tile", func(g *Backend) { g.force.gemvOneTile = true }},
-	{"m1-without-bulk-copy", func(g *Backend) { g.force.noGemvTMA = true }},
-	{"m1-bulk-copy-rows", func(g *Backend) { g.force.tmaRows = true }},
-	{"m1-tensor-maps-all", func(g *Backend) { g.force.tmaMapsAll = true }},
-	{"gemm-k128", func(g *Backend) { g.force.gemmK128 = true }},
-	{"gemm-k256", func(g *Backend) { g.force.gemmK256 = true }},
-	{"attention-kv", func(g *Backend) { g.force.attnKV = true }},
-	{"attention-global-merge", func(g *Backend) { g.force.attnGlobal = true }},
-	{"attention-no-short", func(g *Backend) { g.force.attnNoShort = true }},
-	{"attention-no-multicast", func(g *Backend) { g.force.attnNoCast = true }},
+	{"default", variants{}},
+	{"gemm-at-m1", variants{gemvOff: true}},
+	{"m1-x-streamed", variants{gemvPipe: true}},
+	{"m1-one-tile", variants{gemvOneTile: true}},
+	{"m1-without-bulk-copy", variants{noGemvTMA: true}},
+	{"m1-bulk-copy-rows", variants{tmaRows: true}},
+	{"m1-tensor-maps-all", variants{tmaMapsAll: true}},
+	{"gemm-k128", variants{gemmK128: true}},
+	{"gemm-k256", variants{gemmK256: true}},
+	{"attention-kv", variants{attnKV: true}},
+	{"attention-global-merge", variants{attnGlobal: true}},
+	{"attention-no-short", variants{attnNoShort: true}},
+	{"attention-no-multicast", variants{attnNoCast: true}},
 }

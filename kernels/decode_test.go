@@ -230,11 +230,7 @@ func TestNormFusedIntoMatMul(t *testing.T) {
 func normThenMatMul(t *testing.T, g *Backend, c *cpu.Backend, rng *rand.Rand, n, k int) {
 	t.Helper()
 	h := scaledWeight(rng, backend.NVFP4, n, k)
-	wc, _ := c.Upload(h)
-	wg, err := g.Upload(h)
-	if err != nil {
-		t.Fatal(err)
-	}
+	wc, wg := uploadBoth(t, g, c, h)
 	x, nw := randn(rng, k), randn(rng, k)
 	hc, yc := make(cpu.Buffer, k), make(cpu.Buffer, n)
 	c.RMSNorm(hc, cpu.Buffer(x), cpu.Buffer(nw), 1e-6)
@@ -262,11 +258,7 @@ func TestGemvTilesPerBlock(t *testing.T) {
 		for _, sh := range []struct{ n, k int }{{300, 1024}, {513, 1024}, {24, 256}, {1000, 4096}, {64, 2048}} {
 			g.force.gemvTiles = tiles
 			h := hostWeight(rng, backend.NVFP4, sh.n, sh.k)
-			wc, _ := c.Upload(h)
-			wg, err := g.Upload(h)
-			if err != nil {
-				t.Fatal(err)
-			}
+			wc, wg := uploadBoth(t, g, c, h)
 			x := randn(rng, sh.k)
 			want := make(cpu.Buffer, sh.n)
 			c.MatMul(want, cpu.Buffer(x), wc, 1)
@@ -305,11 +297,7 @@ func TestGemvTMA(t *testing.T) {
 func checkGemvTMA(t *testing.T, g *Backend, c *cpu.Backend, rng *rand.Rand, n, k int, maps bool, v string) {
 	t.Helper()
 	h := scaledWeight(rng, backend.NVFP4, n, k)
-	wc, _ := c.Upload(h)
-	wg, err := g.Upload(h)
-	if err != nil {
-		t.Fatal(err)
-	}
+	wc, wg := uploadBoth(t, g, c, h)
 	x := randn(rng, k)
 	yc := make(cpu.Buffer, n)
 	c.MatMul(yc, cpu.Buffer(x), wc, 1)
@@ -531,4 +519,17 @@ func TestAttnDecodeRoPE(t *testing.T) {
 			}
 		}
 	}
+}
+
+// uploadBoth puts h on the CPU and the GPU.
+func uploadBoth(t *testing.T, g *Backend, c *cpu.Backend, h *backend.HostWeight) (wc, wg backend.Weight) {
+	t.Helper()
+	wc, err := c.Upload(h)
+	if err == nil {
+		wg, err = g.Upload(h)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return wc, wg
 }

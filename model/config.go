@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -319,12 +320,7 @@ func LoadGenerationConfig(dir string) (*GenerationConfig, error) {
 
 // Supported lists the model_type values this package runs, sorted.
 func Supported() []string {
-	names := make([]string, 0, len(architectures))
-	for k := range architectures {
-		names = append(names, k)
-	}
-	slices.Sort(names)
-	return names
+	return slices.Sorted(maps.Keys(architectures))
 }
 
 // NewRoPE builds a rotary embedding for heads of headDim channels from p.

@@ -25,25 +25,23 @@ type Folder struct {
 // ReadFolder reads the model folder dir. Every error names the file and,
 // where there is one, the field.
 func ReadFolder(dir string) (*Folder, error) {
-	cfg, err := LoadConfig(dir)
-	if err != nil {
-		return nil, err
-	}
-	gen, err := LoadGenerationConfig(dir)
-	if err != nil {
-		return nil, err
+	f := &Folder{Dir: dir}
+	var err error
+	if f.Config, err = LoadConfig(dir); err == nil {
+		f.Generation, err = LoadGenerationConfig(dir)
 	}
 	// An unknown or malformed quantization config is an error here, before
 	// any tensor is read; NVFP4 linears are then found by their scale tensors.
-	q, err := nvfp4ckpt.ReadConfig(dir)
+	if err == nil {
+		f.Quant, err = nvfp4ckpt.ReadConfig(dir)
+	}
+	if err == nil {
+		f.Checkpoint, err = weights.Open(dir)
+	}
 	if err != nil {
 		return nil, err
 	}
-	ck, err := weights.Open(dir)
-	if err != nil {
-		return nil, err
-	}
-	return &Folder{Dir: dir, Config: cfg, Generation: gen, Quant: q, Checkpoint: ck}, nil
+	return f, nil
 }
 
 // Close releases the checkpoint.

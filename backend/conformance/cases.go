@@ -162,9 +162,8 @@ func weight(rng *rand.Rand, f backend.Format, rows, cols int) ([]float32, *backe
 	hw := &backend.HostWeight{Name: "w", Rows: rows, Cols: cols, Format: f}
 	switch f {
 	case backend.F32:
-		hw.Data = make([]byte, 4*len(v))
-		for i, x := range v {
-			binary.LittleEndian.PutUint32(hw.Data[4*i:], math.Float32bits(x))
+		for _, x := range v {
+			hw.Data = binary.LittleEndian.AppendUint32(hw.Data, math.Float32bits(x))
 		}
 	case backend.BF16:
 		hw.Data = make([]byte, 2*len(v))

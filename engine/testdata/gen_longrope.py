@@ -41,6 +41,14 @@ def run(model, ids, positions, chunk, dev):
     return torch.stack([rows[p] for p in positions])
 
 
+def exact_float32():
+    """float32 matmuls without TF32; returns the device to run on."""
+    for flags in (torch.backends.cuda.matmul, torch.backends.cudnn):
+        flags.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True, help="folder written by internal/testmodel/write -shape qwen3-8b-2l-bf16")
@@ -49,10 +57,7 @@ def main():
     ap.add_argument("--seed", type=int, default=54)
     a = ap.parse_args()
 
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = exact_float32()
 
     model = AutoModelForCausalLM.from_pretrained(a.model, attn_implementation="eager")
     freqs = [(n, b) for n, b in model.named_buffers() if n.endswith("inv_freq")]

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -77,12 +78,7 @@ func Shape(name string) (Spec, error) {
 
 // ShapeNames lists the named shapes, sorted.
 func ShapeNames() []string {
-	names := make([]string, 0, len(shapes))
-	for k := range shapes {
-		names = append(names, k)
-	}
-	slices.Sort(names)
-	return names
+	return slices.Sorted(maps.Keys(shapes))
 }
 
 // Shapes lists the named shapes, sorted by name.
