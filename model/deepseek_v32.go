@@ -126,7 +126,7 @@ func newDeepseekV32(b backend.Backend, cfg *Config, l *Loader, o Options) (Model
 func loadDeepseekV32(b backend.Backend, cfg *Config, l *Loader) (*DeepseekV32, error) {
 	ops := l.caps.SparseMLA
 	if ops == nil {
-		return nil, fmt.Errorf("model: deepseek_v32 needs DSA ops; backend %s lacks them", b.Name())
+		return nil, fmt.Errorf("model: deepseek_v32 needs sparse MLA ops (backend.SparseMLAOps); backend %s lacks them", b.Name())
 	}
 	v := defaultV32Config()
 	if err := json.Unmarshal(cfg.Raw, &v); err != nil {

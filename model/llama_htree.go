@@ -51,7 +51,7 @@ func newLlamaHTree(m *Llama, caps backend.Capabilities, o AttentionOptions) (*ll
 	}
 	ops := caps.TreeAttention
 	if ops == nil {
-		return nil, fmt.Errorf("model: htree attention needs htree ops; backend %s lacks them (use the cpu device)", m.b.Name())
+		return nil, fmt.Errorf("model: htree attention needs tree-attention ops (backend.TreeAttentionOps); backend %s lacks them (use the cpu device)", m.b.Name())
 	}
 	h := &llamaHTree{ops: ops, opts: opts, index: make([]int, len(m.Blocks))}
 	for l := range m.Blocks {
