@@ -152,6 +152,8 @@ func Cases() []Case {
 	}
 	cs = append(cs, sparseCases()...)
 	cs = append(cs, hyperCases()...)
+	cs = append(cs, moreHyperCases()...)
+	cs = append(cs, compressedCases()...)
 	return cs
 }
 
@@ -294,6 +296,119 @@ func hyperCases() []Case {
 				pb := upload(b, pre)
 				caps.HyperConnection.MHCHeadActivate(pb, upload(b, base), 0.7, 1e-6, rows, n)
 				return read(b, pb), want
+			}})
+	}
+	return cs
+}
+
+func moreHyperCases() []Case {
+	var cs []Case
+	for _, s := range [][3]int{{1, 4, 256}, {6, 4, 96}} {
+		rows, n, hidden := s[0], s[1], s[2]
+		shape := fmt.Sprintf("rows=%d/n=%d/C=%d", rows, n, hidden)
+		cs = append(cs, Case{Op: "HyperConnectionOps.MHCProject,MHCActivate", Shape: shape, Tol: 2e-5, Needs: "HyperConnectionOps",
+			Run: func(b backend.Backend, caps backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+				mx, err := mhc.New(mhc.Config{Streams: n, Hidden: hidden, SinkhornIters: 20, Eps: 1e-6, NormEps: 1e-6})
+				if err != nil {
+					panic(err)
+				}
+				mix, width := mx.Config().MixDim(), n*hidden
+				x, fn := rnd(rng, rows*width, 1), rnd(rng, mix*width, 1/math.Sqrt(float64(width)))
+				base, scale := rnd(rng, mix, 0.5), []float32{0.8, 0.9, 1.1}
+				logits := make([]float32, rows*mix)
+				mhc.Project(logits, x, fn, rows, width, 1e-6)
+				co := mhc.Coeffs{Pre: make([]float32, rows*n), Post: make([]float32, rows*n), Res: make([]float32, rows*n*n)}
+				wantLogits := append([]float32(nil), logits...)
+				mx.Activate(co, logits, base, scale, rows)
+				want := append(append(append(wantLogits, co.Pre...), co.Post...), co.Res...)
+
+				_, hw := weight(rng, backend.F32, mix, width)
+				hw.Data = hw.Data[:0]
+				for _, v := range fn {
+					hw.Data = binary.LittleEndian.AppendUint32(hw.Data, math.Float32bits(v))
+				}
+				w, err := b.Upload(hw)
+				if err != nil {
+					panic(err)
+				}
+				h := caps.HyperConnection
+				lb := b.NewBuffer(rows * mix)
+				h.MHCProject(lb, upload(b, x), w, rows, 1e-6)
+				got := read(b, lb)
+				pre, post, res := b.NewBuffer(rows*n), b.NewBuffer(rows*n), b.NewBuffer(rows*n*n)
+				h.MHCActivate(mx, pre, post, res, lb, upload(b, base), upload(b, scale), rows)
+				got = append(append(append(got, read(b, pre)...), read(b, post)...), read(b, res)...)
+				return got, want
+			}})
+	}
+	return cs
+}
+
+func compressedCases() []Case {
+	var cs []Case
+	rope, err := layers.NewRoPE(layers.RoPEParams{Theta: 160000, PartialRotaryFactor: 0.25}, 64)
+	if err != nil {
+		panic(err)
+	}
+	for _, s := range []struct {
+		entries, rate, width int
+		overlap, prev        bool
+	}{{3, 16, 64, false, false}, {5, 4, 64, true, true}, {1, 4, 64, true, false}} {
+		cs = append(cs, Case{Op: "CompressedAttentionOps.CompressKV", Shape: fmt.Sprintf("entries=%d/rate=%d/overlap=%v/prev=%v", s.entries, s.rate, s.overlap, s.prev), Tol: 2e-5, Needs: "CompressedAttentionOps",
+			Run: func(b backend.Backend, caps backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+				a := dsv4.CompressArgs{Entries: s.entries, Rate: s.rate, Width: s.width, Overlap: s.overlap, Prev: s.prev, Pos0: 64, Eps: 1e-6, RoPE: rope}
+				rw, src := a.RowWidth(), a.SourceRows()
+				kv, gate, ape, norm := rnd(rng, src*rw, 1), rnd(rng, src*rw, 1), rnd(rng, s.rate*rw, 0.5), rnd(rng, s.width, 0.2)
+				want := make([]float32, s.entries*s.width)
+				dsv4.Compress(want, kv, gate, ape, norm, a)
+				dst := b.NewBuffer(len(want))
+				caps.Compressed.CompressKV(dst, upload(b, kv), upload(b, gate), upload(b, ape), upload(b, norm), a)
+				return read(b, dst), want
+			}})
+	}
+	for _, s := range []struct{ m, heads, entries, topK, pos0 int }{{1, 8, 40, 16, 163}, {5, 4, 9, 4, 36}, {3, 8, 300, 64, 1200}} {
+		cs = append(cs, Case{Op: "CompressedAttentionOps.CompressedIndexTopK", Shape: fmt.Sprintf("m=%d/h=%d/entries=%d/k=%d", s.m, s.heads, s.entries, s.topK), Tol: 0, Needs: "CompressedAttentionOps",
+			Run: func(b backend.Backend, caps backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+				const dim = 32
+				a := dsv4.IndexArgs{M: s.m, Heads: s.heads, Dim: dim, Entries: s.entries, TopK: s.topK, Pos0: s.pos0, Rate: 4, Scale: float32(1 / math.Sqrt(dim))}
+				q, keys, w := rnd(rng, s.m*s.heads*dim, 1), rnd(rng, s.entries*dim, 1), rnd(rng, s.m*s.heads, 1)
+				want := make([]float32, s.m*s.topK)
+				dsv4.IndexTopK(want, q, keys, w, make([]float32, s.entries), a)
+				idx := b.NewBuffer(len(want))
+				caps.Compressed.CompressedIndexTopK(idx, upload(b, q), upload(b, keys), upload(b, w), a)
+				return read(b, idx), want
+			}})
+	}
+	for _, s := range []struct{ m, heads, pos0, window, rate, topK, entries int }{
+		{1, 8, 70, 32, 0, 0, 0}, {1, 8, 70, 32, 16, 0, 4}, {4, 4, 37, 16, 4, 6, 9}, {1, 16, 300, 128, 4, 32, 75},
+	} {
+		cs = append(cs, Case{Op: "CompressedAttentionOps.CompressedAttention", Shape: fmt.Sprintf("m=%d/h=%d/pos=%d/win=%d/rate=%d/k=%d", s.m, s.heads, s.pos0, s.window, s.rate, s.topK), Tol: 2e-5, Needs: "CompressedAttentionOps",
+			Run: func(b backend.Backend, caps backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+				const dim = 64
+				lo := max(0, s.pos0-s.window+1)
+				a := dsv4.AttnArgs{M: s.m, Heads: s.heads, Dim: dim, Pos0: s.pos0, Lo: lo, Window: s.window, Rate: s.rate, TopK: s.topK, Entries: s.entries, Scale: 1 / 8.0}
+				q, local, sinks := rnd(rng, s.m*s.heads*dim, 1), rnd(rng, (s.pos0+s.m-lo)*dim, 1), rnd(rng, s.heads, 1)
+				comp := rnd(rng, max(1, s.entries)*dim, 1)
+				var idx []float32
+				var idxB backend.Buffer
+				if s.topK > 0 {
+					idx = make([]float32, s.m*s.topK)
+					for i := range idx {
+						idx[i] = -1
+					}
+					for i := range s.m {
+						vis := dsv4.Visible(s.pos0+i, s.rate)
+						for j := 0; j < min(s.topK, vis); j++ {
+							idx[i*s.topK+j] = float32((j * 7) % vis)
+						}
+					}
+					idxB = upload(b, idx)
+				}
+				want := make([]float32, len(q))
+				dsv4.Attention(want, q, local, comp, idx, sinks, a, make([]float32, a.MaxKeys()*dim), make([]float32, a.MaxKeys()))
+				out := b.NewBuffer(len(q))
+				caps.Compressed.CompressedAttention(out, upload(b, q), upload(b, local), upload(b, comp), idxB, upload(b, sinks), a)
+				return read(b, out), want
 			}})
 	}
 	return cs
