@@ -65,6 +65,7 @@ def main():
     for n, b in freqs:
         assert b.dtype == torch.float32, f"{n} is {b.dtype}: transformers should keep it in float32"
     model = model.float().to(dev).eval()
+    freqs = [(n, b) for n, b in model.named_buffers() if n.endswith("inv_freq")]  # the moved buffers
 
     n = POSITIONS[-1] + 1
     g = torch.Generator().manual_seed(a.seed)
