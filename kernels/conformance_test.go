@@ -39,4 +39,10 @@ var conformanceVariants = []struct {
 	{"attention-global-merge", variants{attnGlobal: true}},
 	{"attention-no-short", variants{attnNoShort: true}},
 	{"attention-no-multicast", variants{attnNoCast: true}},
+	{"sink-attention-without-mma", variants{attnMMAOff: true}},
+	{"sink-attention-mma-8-warps", variants{attnMMA8: true}},
+	{"indexer-scores-without-mma", variants{idxMMAOff: true}},
+	{"top-k-many-blocks", variants{topkPath: topkMany}},
+	{"top-k-one-block", variants{topkPath: topkOneBlock}},
+	{"top-k-clusters-of-8", variants{tkc8: true}},
 }
