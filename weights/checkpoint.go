@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -88,7 +89,12 @@ type shardIndex struct {
 }
 
 func openIndex(path, index string) (*Checkpoint, error) {
-	raw, err := os.ReadFile(index)
+	f, err := openRegular(index)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := io.ReadAll(f)
+	f.Close()
 	if err != nil {
 		return nil, &Error{File: index, Err: err}
 	}
@@ -174,9 +180,9 @@ func openFiles(path, dir string, paths []string) (*Checkpoint, error) {
 }
 
 func openMapped(path string) (*mappedFile, error) {
-	f, err := os.Open(path)
+	f, err := openRegular(path)
 	if err != nil {
-		return nil, &Error{File: path, Err: err}
+		return nil, err
 	}
 	defer f.Close()
 	st, err := f.Stat()

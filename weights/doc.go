@@ -18,6 +18,9 @@
 // Every error about a file is an *Error naming the file (and the tensor when
 // there is one) and wrapping one of the sentinel errors (ErrTruncated,
 // ErrBadHeader, ErrOverlap, ...), so callers can test it with errors.Is.
+// A checkpoint or index path that is not a regular file once links are
+// followed (a named pipe, a device) is ErrNotRegular, found before anything
+// is read from it.
 //
 // The package owns the container format only. It must not interpret tensor
 // names or model layouts (package model does) nor implement number formats
