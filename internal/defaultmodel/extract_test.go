@@ -60,7 +60,7 @@ func TestExtractChild(t *testing.T) {
 	case "hang":
 		_, err := extract(root, extractOptions{lockWait: time.Minute, beforePublish: func(tmp string) {
 			fmt.Println("paused", tmp)
-			select {}
+			time.Sleep(time.Hour) // until killed
 		}})
 		t.Fatal("extract returned:", err)
 	default:
