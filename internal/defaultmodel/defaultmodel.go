@@ -180,10 +180,11 @@ func extract(root string, o extractOptions) (string, error) {
 	if o.beforePublish != nil {
 		o.beforePublish(tmp)
 	}
-	if _, err := os.Lstat(dir); err == nil {
+	if _, err := os.Lstat(dir); err == nil && locking {
 		// A damaged copy: move it out of the way, then remove it. No process
 		// opens files under the new name, and those that hold the old files
-		// open or mapped keep reading them.
+		// open or mapped keep reading them. (Without a lock, the copy may be
+		// another process's, published since the check: it is left alone.)
 		aside := filepath.Join(root, fmt.Sprintf("%s%d-%d", asidePrefix(id), os.Getpid(), time.Now().UnixNano()))
 		if err := os.Rename(dir, aside); err != nil {
 			return "", fmt.Errorf("defaultmodel: moving aside the damaged %s (%s): %w", dir, damage, err)
@@ -191,6 +192,13 @@ func extract(root string, o extractOptions) (string, error) {
 		defer os.RemoveAll(aside)
 	}
 	if err := os.Rename(tmp, dir); err != nil {
+		// Without a lock, another process may have published first.
+		if d, cerr := check(dir, es); cerr == nil && d == "" {
+			return dir, nil
+		}
+		if _, lerr := os.Lstat(dir); lerr == nil {
+			return "", fmt.Errorf("defaultmodel: %w (the copy there is damaged: %s; remove it)", err, damage)
+		}
 		return "", fmt.Errorf("defaultmodel: %w", err)
 	}
 	return dir, nil
