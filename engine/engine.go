@@ -23,6 +23,7 @@ import (
 	"github.com/manifoldlm/manifold/kernels"
 	"github.com/manifoldlm/manifold/model"
 	"github.com/manifoldlm/manifold/tokenizer"
+	"github.com/manifoldlm/manifold/weights"
 )
 
 // Options configure Load. The zero value loads on the best available device
@@ -45,6 +46,16 @@ type Options struct {
 	// the older ones start. Each of its values gives the same results
 	// (kernels.Options); the zero value is the default of each.
 	GPU kernels.Options
+	// CopyWeights reads the checkpoint into memory at Load instead of
+	// memory-mapping it (weights.OpenOptions.Copy). With a mapping (the
+	// default), a weight file truncated while the model is loaded kills
+	// the process with SIGBUS when the missing pages are read, and one
+	// rewritten in place changes the weights under it; replacing a file by
+	// renaming a new one over it is safe either way. A copy is immune, for
+	// the cost of reading the files at Load and of keeping their size in
+	// private memory (not shared page cache) until Close. For long-running
+	// programs whose model folder may be rewritten.
+	CopyWeights bool
 }
 
 // DefaultContext caps the default session length, so that a model with a
@@ -89,7 +100,7 @@ func Load(dir string, opts Options) (*Model, error) {
 	} else if !fi.IsDir() {
 		return nil, fmt.Errorf("engine: model path %s is not a folder", dir)
 	}
-	f, err := model.ReadFolder(dir)
+	f, err := model.ReadFolderWith(dir, weights.OpenOptions{Copy: opts.CopyWeights})
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}

@@ -10,8 +10,8 @@ import (
 )
 
 // Folder is a model folder read once: config.json, generation_config.json,
-// the quantization config and the safetensors checkpoint (memory-mapped,
-// single or sharded). Build makes architectures from it on any backend
+// the quantization config and the safetensors checkpoint (memory-mapped, or
+// copied into memory with ReadFolderWith; single or sharded). Build makes architectures from it on any backend
 // without reading the folder again. Close it after every model built from
 // it is done: the weights may point into its memory maps.
 type Folder struct {
@@ -22,9 +22,13 @@ type Folder struct {
 	Checkpoint *weights.Checkpoint // open until Close
 }
 
-// ReadFolder reads the model folder dir. Every error names the file and,
-// where there is one, the field.
-func ReadFolder(dir string) (*Folder, error) {
+// ReadFolder reads the model folder dir, memory-mapping its checkpoint.
+// Every error names the file and, where there is one, the field.
+func ReadFolder(dir string) (*Folder, error) { return ReadFolderWith(dir, weights.OpenOptions{}) }
+
+// ReadFolderWith reads the model folder dir as ReadFolder does, opening the
+// checkpoint with o (o.Copy reads it into memory instead of mapping it).
+func ReadFolderWith(dir string, o weights.OpenOptions) (*Folder, error) {
 	f := &Folder{Dir: dir}
 	var err error
 	if f.Config, err = LoadConfig(dir); err == nil {
@@ -36,7 +40,7 @@ func ReadFolder(dir string) (*Folder, error) {
 		f.Quant, err = nvfp4ckpt.ReadConfig(dir)
 	}
 	if err == nil {
-		f.Checkpoint, err = weights.Open(dir)
+		f.Checkpoint, err = weights.OpenWith(dir, o)
 	}
 	if err != nil {
 		return nil, err

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -36,7 +37,8 @@ type tensorRef struct {
 	info *tensorInfo
 }
 
-// mappedFile is one memory-mapped safetensors file and its parsed header.
+// mappedFile is one safetensors file, memory-mapped (or read into memory
+// with OpenOptions.Copy), and its parsed header.
 type mappedFile struct {
 	path    string
 	data    []byte // the whole file
@@ -44,29 +46,45 @@ type mappedFile struct {
 	hdr     *header
 }
 
+// OpenOptions configure OpenWith. The zero value is Open's behaviour.
+type OpenOptions struct {
+	// Copy reads every file into memory at open instead of mapping it, so
+	// that the checkpoint no longer depends on its files: one truncated or
+	// rewritten in place while open changes nothing, where a mapping would
+	// see the new bytes or kill the process with SIGBUS (see the package
+	// comment). It costs the read at open (the files' size at the disk's
+	// or the page cache's speed) and keeps the checkpoint's size resident
+	// in private memory until Close, memory the kernel cannot reclaim or
+	// share with other processes as it does mapped pages.
+	Copy bool
+}
+
 // Open opens a checkpoint. path is a .safetensors file, a shard index
 // (a *.index.json file), or a directory holding
 // model.safetensors.index.json (sharded), model.safetensors, or a single
 // *.safetensors file. Every header is parsed and validated; tensor data is
 // memory-mapped and read only when used.
-func Open(path string) (*Checkpoint, error) {
+func Open(path string) (*Checkpoint, error) { return OpenWith(path, OpenOptions{}) }
+
+// OpenWith opens a checkpoint as Open does, with options.
+func OpenWith(path string, o OpenOptions) (*Checkpoint, error) {
 	st, err := os.Stat(path)
 	if err != nil {
 		return nil, &Error{File: path, Err: err}
 	}
 	if !st.IsDir() {
 		if strings.HasSuffix(path, ".index.json") {
-			return openIndex(path, path)
+			return openIndex(path, path, o)
 		}
-		return openFiles(path, filepath.Dir(path), []string{path})
+		return openFiles(path, filepath.Dir(path), []string{path}, o)
 	}
 	index := filepath.Join(path, IndexFileName)
 	if _, err := os.Stat(index); err == nil {
-		return openIndex(path, index)
+		return openIndex(path, index, o)
 	}
 	single := filepath.Join(path, SingleFileName)
 	if _, err := os.Stat(single); err == nil {
-		return openFiles(path, path, []string{single})
+		return openFiles(path, path, []string{single}, o)
 	}
 	matches, err := filepath.Glob(filepath.Join(path, "*.safetensors"))
 	if err != nil {
@@ -74,7 +92,7 @@ func Open(path string) (*Checkpoint, error) {
 	}
 	switch len(matches) {
 	case 1:
-		return openFiles(path, path, matches)
+		return openFiles(path, path, matches, o)
 	case 0:
 		return nil, errf(path, "", ErrNoCheckpoint, "directory has no %s, %s or *.safetensors", IndexFileName, SingleFileName)
 	default:
@@ -87,8 +105,13 @@ type shardIndex struct {
 	WeightMap map[string]string `json:"weight_map"`
 }
 
-func openIndex(path, index string) (*Checkpoint, error) {
-	raw, err := os.ReadFile(index)
+func openIndex(path, index string, o OpenOptions) (*Checkpoint, error) {
+	f, err := openRegular(index)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := io.ReadAll(f)
+	f.Close()
 	if err != nil {
 		return nil, &Error{File: index, Err: err}
 	}
@@ -126,7 +149,7 @@ func openIndex(path, index string) (*Checkpoint, error) {
 			return nil, &Error{File: index, Err: err}
 		}
 	}
-	c, err := openFiles(path, dir, paths)
+	c, err := openFiles(path, dir, paths, o)
 	if err != nil {
 		return nil, err
 	}
@@ -141,11 +164,12 @@ func openIndex(path, index string) (*Checkpoint, error) {
 	return c, nil
 }
 
-// openFiles maps and validates each file and merges their tensors.
-func openFiles(path, dir string, paths []string) (*Checkpoint, error) {
+// openFiles maps (or reads) and validates each file and merges their
+// tensors.
+func openFiles(path, dir string, paths []string, o OpenOptions) (*Checkpoint, error) {
 	c := &Checkpoint{path: path, dir: dir, tensors: make(map[string]tensorRef), metadata: make(map[string]string)}
 	for _, p := range paths {
-		mf, err := openMapped(p)
+		mf, err := openMapped(p, o)
 		if err != nil {
 			c.Close()
 			return nil, err
@@ -173,10 +197,10 @@ func openFiles(path, dir string, paths []string) (*Checkpoint, error) {
 	return c, nil
 }
 
-func openMapped(path string) (*mappedFile, error) {
-	f, err := os.Open(path)
+func openMapped(path string, o OpenOptions) (*mappedFile, error) {
+	f, err := openRegular(path)
 	if err != nil {
-		return nil, &Error{File: path, Err: err}
+		return nil, err
 	}
 	defer f.Close()
 	st, err := f.Stat()
@@ -194,8 +218,14 @@ func openMapped(path string) (*mappedFile, error) {
 	if err != nil {
 		return nil, err
 	}
-	data, release, err := mapFile(f, size)
-	if err != nil {
+	var data []byte
+	var release func() error
+	if o.Copy {
+		if data, err = readFile(path, f, size); err != nil {
+			return nil, err
+		}
+		release = func() error { return nil }
+	} else if data, release, err = mapFile(f, size); err != nil {
 		return nil, &Error{File: path, Err: fmt.Errorf("mmap: %w", err)}
 	}
 	hdr, err := parseHeader(path, data[8:8+n], size-8-n)
@@ -204,6 +234,22 @@ func openMapped(path string) (*mappedFile, error) {
 		return nil, err
 	}
 	return &mappedFile{path: path, data: data, release: release, hdr: hdr}, nil
+}
+
+// readFile reads the size bytes of f into memory. A file that has become
+// shorter since it was measured is ErrTruncated.
+func readFile(path string, f *os.File, size int64) ([]byte, error) {
+	if int64(int(size)) != size {
+		return nil, &Error{File: path, Err: fmt.Errorf("%d bytes do not fit in this process's memory", size)}
+	}
+	data := make([]byte, size)
+	n, err := f.ReadAt(data, 0)
+	if err == io.EOF {
+		return nil, errf(path, "", ErrTruncated, "%d bytes, %d when opened (changed while being read)", n, size)
+	} else if err != nil {
+		return nil, &Error{File: path, Err: err}
+	}
+	return data, nil
 }
 
 // Names returns the names of all tensors, sorted.
@@ -217,8 +263,9 @@ func (c *Checkpoint) Has(name string) bool {
 	return ok
 }
 
-// Tensor returns the named tensor. Its Data aliases the read-only mapping and
-// is valid until Close; nothing is read from disk until Data is used.
+// Tensor returns the named tensor. Its Data aliases the read-only mapping (or
+// the copy, with OpenOptions.Copy) and is valid until Close; with a mapping,
+// nothing is read from disk until Data is used.
 func (c *Checkpoint) Tensor(name string) (*Tensor, error) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
@@ -262,8 +309,8 @@ func (c *Checkpoint) Files() []string {
 	return ps
 }
 
-// Close unmaps every file. Tensor data obtained earlier must not be used
-// afterwards. Close is idempotent.
+// Close unmaps every file (or lets the copies go). Tensor data obtained
+// earlier must not be used afterwards. Close is idempotent.
 func (c *Checkpoint) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -38,6 +38,10 @@ var (
 	ErrDType = errors.New("unsupported dtype for conversion")
 	// ErrClosed: the checkpoint or writer was closed.
 	ErrClosed = errors.New("closed")
+	// ErrNotRegular: a path that should be a checkpoint or an index file is a
+	// named pipe, a device or another file that is not a regular file (links
+	// followed).
+	ErrNotRegular = errors.New("not a regular file")
 )
 
 // MaxHeaderSize is the largest header length Open accepts (100 MB), checked

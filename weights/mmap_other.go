@@ -15,3 +15,6 @@ func mapFile(f *os.File, size int64) ([]byte, func() error, error) {
 	}
 	return b, func() error { return nil }, nil
 }
+
+// openFlags are added to O_RDONLY when a checkpoint file is opened.
+const openFlags = 0

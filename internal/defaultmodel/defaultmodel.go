@@ -7,9 +7,11 @@
 //
 // The engine memory-maps weights, so it needs a real folder: Dir extracts the
 // embedded files on first use into the user's cache folder, under a name
-// derived from their content, and reuses that folder afterwards. Extraction
-// writes into a temporary folder beside the target and renames it, so a
-// concurrent or interrupted run never leaves a partial model where Dir looks.
+// derived from their content, and reuses that folder afterwards once it has
+// checked it byte for byte. Extraction writes into a temporary folder beside
+// the target and renames it, under a lock file, so that concurrent runs in
+// several processes never remove or see a partial model where Dir looks, and
+// a killed run's leftovers are removed by a later one (ExtractTo).
 //
 // The package owns the embedded files and their extraction only: it does
 // not load or run the model (the engine does) and holds no package-level
@@ -17,16 +19,21 @@
 package defaultmodel
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"embed"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
 )
 
 //go:embed nvfp4
@@ -95,21 +102,69 @@ func Dir() (string, error) {
 	return ExtractTo(filepath.Join(root, "manifold"))
 }
 
+// lockWait is how long an extraction waits for another process's.
+const lockWait = time.Minute
+
 // ExtractTo returns root/<ID>, the folder holding the model's files,
 // extracting them there unless a complete copy is already present.
+//
+// It is safe for any number of processes at once. A copy is complete when
+// every file equals the embedded one, byte for byte (read back each time:
+// 9 MB, a few milliseconds). Otherwise the process takes an exclusive lock,
+// root/.<ID>.lock (flock, released by the kernel however its holder ends),
+// looks again, and extracts into a new temporary folder beside the target,
+// root/.extract-<ID>-*, which it renames to root/<ID>. A damaged copy (a
+// file removed or changed by hand) is first renamed aside, so no process
+// ever finds a partial folder under the published name. Temporary folders
+// of killed extractions are removed by the next run that takes the lock.
 func ExtractTo(root string) (string, error) {
+	return extract(root, extractOptions{lockWait: lockWait})
+}
+
+type extractOptions struct {
+	lockWait time.Duration
+	// beforePublish, when set (tests), runs with the temporary folder
+	// written and the lock held, before the folder is renamed.
+	beforePublish func(tmp string)
+}
+
+func lockName(id string) string    { return "." + id + ".lock" }
+func tempPrefix(id string) string  { return ".extract-" + id + "-" }
+func asidePrefix(id string) string { return ".damaged-" + id + "-" }
+
+func extract(root string, o extractOptions) (string, error) {
 	es, err := entries()
 	if err != nil {
 		return "", err
 	}
-	dir := filepath.Join(root, id(es))
-	if complete(dir, es) {
+	id := id(es)
+	dir := filepath.Join(root, id)
+	damage, err := check(dir, es)
+	if err != nil {
+		return "", fmt.Errorf("defaultmodel: %w", err)
+	}
+	if damage == "" {
+		removeLeftovers(root, id, false)
 		return dir, nil
 	}
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return "", fmt.Errorf("defaultmodel: %w", err)
 	}
-	tmp, err := os.MkdirTemp(root, ".extract-"+id(es)+"-")
+	unlock, err := lock(filepath.Join(root, lockName(id)), o.lockWait)
+	if err != nil {
+		return "", fmt.Errorf("defaultmodel: %w", err)
+	}
+	defer unlock()
+	// Another process may have published a copy while this one waited.
+	if damage, err = check(dir, es); err != nil {
+		return "", fmt.Errorf("defaultmodel: %w", err)
+	}
+	removeLeftovers(root, id, true)
+	if damage == "" {
+		return dir, nil
+	}
+
+	tmp, err := os.MkdirTemp(root, tempPrefix(id))
 	if err != nil {
 		return "", fmt.Errorf("defaultmodel: %w", err)
 	}
@@ -122,33 +177,116 @@ func ExtractTo(root string) (string, error) {
 	if err := os.Chmod(tmp, 0o755); err != nil {
 		return "", fmt.Errorf("defaultmodel: %w", err)
 	}
-	if _, err := os.Stat(dir); err == nil {
-		// An incomplete copy (a file removed by hand, say): replace it.
-		if err := os.RemoveAll(dir); err != nil {
-			return "", fmt.Errorf("defaultmodel: removing the incomplete %s: %w", dir, err)
+	if o.beforePublish != nil {
+		o.beforePublish(tmp)
+	}
+	if _, err := os.Lstat(dir); err == nil && locking {
+		// A damaged copy: move it out of the way, then remove it. No process
+		// opens files under the new name, and those that hold the old files
+		// open or mapped keep reading them. (Without a lock, the copy may be
+		// another process's, published since the check: it is left alone.)
+		aside := filepath.Join(root, fmt.Sprintf("%s%d-%d", asidePrefix(id), os.Getpid(), time.Now().UnixNano()))
+		if err := os.Rename(dir, aside); err != nil {
+			return "", fmt.Errorf("defaultmodel: moving aside the damaged %s (%s): %w", dir, damage, err)
 		}
+		defer os.RemoveAll(aside)
 	}
 	if err := os.Rename(tmp, dir); err != nil {
-		// Another process may have extracted the same files first.
-		if complete(dir, es) {
+		// Without a lock, another process may have published first.
+		if d, cerr := check(dir, es); cerr == nil && d == "" {
 			return dir, nil
+		}
+		if _, lerr := os.Lstat(dir); lerr == nil {
+			return "", fmt.Errorf("defaultmodel: %w (the copy there is damaged: %s; remove it)", err, damage)
 		}
 		return "", fmt.Errorf("defaultmodel: %w", err)
 	}
 	return dir, nil
 }
 
-// complete reports whether dir holds every file with its embedded size.
-// Contents are not reread: the folder is only ever created by a rename of
-// a fully written one, and its name is the contents' hash.
-func complete(dir string, es []entry) bool {
-	for _, e := range es {
-		fi, err := os.Stat(filepath.Join(dir, e.name))
-		if err != nil || !fi.Mode().IsRegular() || fi.Size() != int64(len(e.data)) {
-			return false
+// removeLeftovers removes the temporary and set-aside folders of
+// extractions of id that were killed before they finished. Only a process
+// holding the lock may remove them (every live extraction holds it while
+// its temporary folder exists): with locked false, removeLeftovers takes it
+// if it is free and does nothing otherwise. Errors are ignored: a leftover
+// is only wasted space.
+func removeLeftovers(root, id string, locked bool) {
+	if !locking {
+		return
+	}
+	des, err := os.ReadDir(root)
+	if err != nil {
+		return
+	}
+	var left []string
+	for _, de := range des {
+		if n := de.Name(); strings.HasPrefix(n, tempPrefix(id)) || strings.HasPrefix(n, asidePrefix(id)) {
+			left = append(left, filepath.Join(root, n))
 		}
 	}
-	return true
+	if len(left) == 0 {
+		return
+	}
+	if !locked {
+		unlock, ok := tryLock(filepath.Join(root, lockName(id)))
+		if !ok {
+			return
+		}
+		defer unlock()
+	}
+	for _, p := range left {
+		os.RemoveAll(p)
+	}
+}
+
+// check compares dir with the embedded files, byte for byte. It returns ""
+// for a complete copy, else what is wrong with it (the folder or a file
+// missing, a size or content differing); err reports a failure to read
+// that says nothing about the copy (permissions, say), which must not be
+// taken for damage.
+func check(dir string, es []entry) (damage string, err error) {
+	buf := make([]byte, 1<<16)
+	for _, e := range es {
+		name := filepath.Join(dir, e.name)
+		f, err := os.Open(name)
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+			return name + " is missing", nil
+		} else if err != nil {
+			return "", err
+		}
+		d, err := sameContent(f, e.data, buf)
+		f.Close()
+		if d != "" || err != nil {
+			return name + " " + d, err
+		}
+	}
+	return "", nil
+}
+
+// sameContent compares the open file f with want.
+func sameContent(f *os.File, want, buf []byte) (damage string, err error) {
+	fi, err := f.Stat()
+	switch {
+	case err != nil:
+		return "", err
+	case !fi.Mode().IsRegular():
+		return "is not a regular file", nil
+	case fi.Size() != int64(len(want)):
+		return fmt.Sprintf("holds %d bytes, not %d", fi.Size(), len(want)), nil
+	}
+	for off := 0; off < len(want); {
+		n, err := f.Read(buf[:min(len(buf), len(want)-off)])
+		if !bytes.Equal(buf[:n], want[off:off+n]) {
+			return "differs from the embedded file", nil
+		}
+		off += n
+		if err == io.EOF && off < len(want) {
+			return "is shorter than it was", nil
+		} else if err != nil && err != io.EOF {
+			return "", err
+		}
+	}
+	return "", nil
 }
 
 func writeFile(name string, data []byte) error {

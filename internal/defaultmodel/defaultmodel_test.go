@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"go/parser"
 	"go/token"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -73,14 +74,38 @@ func TestExtract(t *testing.T) {
 		t.Error("damaged copy not repaired:", err)
 	}
 
-	// No temporary folders are left behind.
+	// So is one whose file changed in place, size kept; a process that has
+	// the damaged file open keeps reading it.
+	name := filepath.Join(dir, "model.safetensors")
+	b, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 1
+	if err := os.WriteFile(name, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	old, err := os.Open(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	if dir4, err := ExtractTo(root); err != nil || dir4 != dir {
+		t.Fatalf("extraction over a changed copy: %q, %v", dir4, err)
+	}
+	checkFiles(t, dir)
+	if got, err := io.ReadAll(old); err != nil || !bytes.Equal(got, b) {
+		t.Errorf("the replaced file, open before: %d bytes, %v; want the %d it held", len(got), err, len(b))
+	}
+
+	// No temporary folders are left behind: the copy and the lock file only.
 	left, _ := os.ReadDir(root)
-	if len(left) != 1 {
-		var names []string
-		for _, e := range left {
-			names = append(names, e.Name())
-		}
-		t.Errorf("cache root holds %v, want only %s", names, want)
+	var names []string
+	for _, e := range left {
+		names = append(names, e.Name())
+	}
+	if len(names) != 2 || names[0] != lockName(want) || names[1] != want {
+		t.Errorf("cache root holds %v, want only %s and %s", names, lockName(want), want)
 	}
 }
 

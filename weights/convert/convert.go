@@ -93,7 +93,9 @@ func outputInside(in, out string) (string, bool) {
 // Convert converts opts.In to NVFP4 in opts.Out (see the package comment).
 // It writes into a temporary directory beside opts.Out and renames it at the
 // end; on any error, or when ctx is cancelled, it removes the temporary
-// directory and opts.Out does not exist.
+// directory and opts.Out does not exist. Before it starts, it removes the
+// temporary directories of earlier conversions to the same name that were
+// killed (Report.StaleRemoved; see removeStale).
 func Convert(ctx context.Context, opts Options) (rep *Report, err error) {
 	start := time.Now()
 	if opts.ShardBytes <= 0 {
@@ -146,17 +148,19 @@ func Convert(ctx context.Context, opts Options) (rep *Report, err error) {
 	if err := os.MkdirAll(parent, 0o755); err != nil {
 		return nil, fmt.Errorf("convert: %w", err)
 	}
-	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(opts.Out)+".tmp-")
+	removed, left := removeStale(parent, opts.Out, opts.Progress)
+	tmp, unlock, err := makeTemp(parent, opts.Out)
 	if err != nil {
 		return nil, fmt.Errorf("convert: %w", err)
 	}
+	defer unlock()
 	defer func() {
 		if err != nil {
 			os.RemoveAll(tmp)
 		}
 	}()
 
-	rep = &Report{In: opts.In, Out: opts.Out, Workers: workers}
+	rep = &Report{In: opts.In, Out: opts.Out, Workers: workers, StaleRemoved: removed, StaleLeft: left}
 	for _, p := range plans {
 		rep.SourceBytes += p.bytes
 		rep.LargestSource = max(rep.LargestSource, p.bytes)
@@ -240,6 +244,11 @@ func Convert(ctx context.Context, opts Options) (rep *Report, err error) {
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("convert: interrupted: %w", err)
+	}
+	// The lock file goes before the rename (the lock itself is held until
+	// Convert returns): a folder without one is never removed by another run.
+	if err := os.Remove(filepath.Join(tmp, lockName)); err != nil {
+		return nil, fmt.Errorf("convert: %w", err)
 	}
 	if err := publishModes(tmp); err != nil {
 		return nil, fmt.Errorf("convert: %w", err)

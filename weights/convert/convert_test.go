@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -626,11 +627,86 @@ func TestConvertInterrupted(t *testing.T) {
 				t.Errorf("engine.Load accepts the killed run's temporary %s", dir)
 			}
 		}
-		// A new run is not disturbed by the leftovers.
-		if _, err := convert(t, Options{In: in, Out: out}); err != nil {
+		// A new run is not disturbed by the leftovers, and removes them: the
+		// killed process holds no lock.
+		rep, err := convert(t, Options{In: in, Out: out})
+		if err != nil {
 			t.Fatalf("conversion after a killed one: %v", err)
 		}
+		if now, _ := filepath.Glob(filepath.Join(work, ".out.tmp-*")); len(now) != 0 {
+			t.Errorf("the killed run's temporaries are still there: %v", now)
+		}
+		if !slices.Equal(rep.StaleRemoved, left) {
+			t.Errorf("report lists %v as removed, want %v", rep.StaleRemoved, left)
+		}
 	})
+}
+
+// TestConvertStaleTemporaries puts three temporary folders beside the
+// output: one whose lock no process holds (a killed conversion's), one whose
+// lock is held (a conversion running now), one with no lock file (from an
+// earlier version). A conversion removes the first only and reports the
+// third; a conversion to another name touches none.
+func TestConvertStaleTemporaries(t *testing.T) {
+	in := t.TempDir()
+	writeModel(t, in, weights.F32)
+	work := t.TempDir()
+	out := filepath.Join(work, "out")
+	mk := func(name string, lock bool) string {
+		dir := filepath.Join(work, ".out.tmp-"+name)
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "model-00001-of-00002.safetensors"), make([]byte, 1000), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if lock {
+			if err := os.WriteFile(filepath.Join(dir, lockName), nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return dir
+	}
+	dead, live, old := mk("dead", true), mk("live", true), mk("old", false)
+	other := filepath.Join(work, ".other.tmp-dead")
+	if err := os.Rename(mk("other", true), other); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(filepath.Join(live, lockName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := lockFile(f); err != nil {
+		t.Fatal(err)
+	}
+
+	var progress strings.Builder
+	rep, err := convert(t, Options{In: in, Out: out, Progress: &progress})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dead); err == nil {
+		t.Error("a killed conversion's temporary folder was not removed")
+	}
+	for _, d := range []string{live, old, other} {
+		if _, err := os.Stat(filepath.Join(d, "model-00001-of-00002.safetensors")); err != nil {
+			t.Errorf("%s was touched: %v", d, err)
+		}
+	}
+	if !slices.Equal(rep.StaleRemoved, []string{dead}) || !slices.Equal(rep.StaleLeft, []string{old}) {
+		t.Errorf("report: removed %v, left %v; want [%s], [%s]", rep.StaleRemoved, rep.StaleLeft, dead, old)
+	}
+	var report strings.Builder
+	rep.Write(&report, 0)
+	for _, d := range []string{dead, old} {
+		if !strings.Contains(progress.String(), d) || !strings.Contains(report.String(), d) {
+			t.Errorf("%s is not in the progress output or the report:\n%s\n%s", d, progress.String(), report.String())
+		}
+	}
+	if _, err := os.Stat(filepath.Join(out, lockName)); err == nil {
+		t.Errorf("the output holds the lock file %s", lockName)
+	}
 }
 
 // TestHelperKilledConversion is the process TestConvertInterrupted kills:

@@ -23,7 +23,10 @@
 // every quantized tensor; Report.Write lists the worst ones). It writes into
 // a temporary directory beside the output and renames it at the end: the
 // input is never modified, and an interrupted or failed run leaves no
-// output directory.
+// output directory. A run killed outright (SIGKILL) leaves its temporary
+// directory, .NAME.tmp-*, which holds a lock file (flock) for as long as
+// its conversion runs: the next conversion to the same name removes those
+// whose lock is free and reports them (Report.StaleRemoved, StaleLeft).
 //
 // The package owns the conversion only: reading NVFP4 checkpoints and their
 // config belongs to weights/nvfp4ckpt, the number formats to quant, flags and

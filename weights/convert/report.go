@@ -32,6 +32,12 @@ type Report struct {
 	Elapsed         time.Duration
 	PeakHeap        uint64 // peak Go heap during the conversion
 	MaxRSS          int64  // peak resident set of the process (0 if unknown)
+	// StaleRemoved lists the temporary folders of killed conversions to
+	// the same output name that this one removed; StaleLeft those it left
+	// because they hold no lock file to tell whether a conversion is still
+	// writing them (made by an earlier version, say): remove them by hand
+	// once no conversion is running.
+	StaleRemoved, StaleLeft []string
 }
 
 // Overall returns the relative RMS error over all quantized weights together.
@@ -60,6 +66,12 @@ func (r *Report) Write(w io.Writer, worst int) {
 		fmt.Fprintf(w, ", max RSS %s (includes mapped source pages)", human(r.MaxRSS))
 	}
 	fmt.Fprintln(w)
+	for _, d := range r.StaleRemoved {
+		fmt.Fprintf(w, "removed %s, left by a conversion that was killed\n", d)
+	}
+	for _, d := range r.StaleLeft {
+		fmt.Fprintf(w, "left %s: an interrupted conversion's temporary folder, or a running one's; remove it if none is running\n", d)
+	}
 	for _, u := range r.Unquantizable {
 		fmt.Fprintf(w, "kept in BF16: %s\n", u)
 	}
