@@ -13,33 +13,19 @@ import (
 	"sync"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/manifoldlm/manifold/internal/golden"
 )
 
-// goldenDir returns $MANIFOLD_GOLDEN_DIR/tokenizers, or
-// ../shared/golden/tokenizers relative to the module root.
+// goldenDir returns the tokenizers folder of the golden fixtures, found as
+// internal/golden finds them (MANIFOLD_GOLDEN_DIR, relative to the module
+// root when relative, else ../shared/golden), skipping the test without
+// them.
 func goldenDir(t testing.TB) string {
 	t.Helper()
-	base := os.Getenv("MANIFOLD_GOLDEN_DIR")
-	if base == "" {
-		dir, err := os.Getwd()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for {
-			if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-				break
-			}
-			parent := filepath.Dir(dir)
-			if parent == dir {
-				t.Skip("module root not found")
-			}
-			dir = parent
-		}
-		base = filepath.Join(dir, "..", "shared", "golden")
-	}
-	d := filepath.Join(base, "tokenizers")
+	d := filepath.Join(golden.Dir(t), "tokenizers")
 	if _, err := os.Stat(filepath.Join(d, "golden.json")); err != nil {
-		t.Skipf("no tokenizer fixtures: %v", err)
+		t.Skipf("SKIPPED, nothing checked: this fixture set has no tokenizer fixtures: %v", err)
 	}
 	return d
 }
