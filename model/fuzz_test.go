@@ -30,7 +30,8 @@ import (
 // input and reading it back held the fuzzer to 16 executions a minute. The
 // seeds are compact JSON, the DeepSeek-V4 one cut to the fields that change
 // its logits (seedConfig): the fuzzer minimizes each input that finds new
-// coverage, at a cost that grows with the square of its length.
+// coverage, at a cost that grows with the square of its length, so inputs
+// over maxFuzzConfig bytes are skipped.
 func FuzzConfig(f *testing.F) {
 	llama, v4 := fuzzCheckpoints(f)
 	checkpoints := []*weights.Checkpoint{openCheckpoint(f, llama), openCheckpoint(f, v4)}
@@ -53,6 +54,9 @@ func FuzzConfig(f *testing.F) {
 		f.Add(uint8(0), []byte(s))
 	}
 	f.Fuzz(func(t *testing.T, ck uint8, config []byte) {
+		if len(config) > maxFuzzConfig {
+			return
+		}
 		if msg := checkConfig(t, checkpoints[int(ck)%len(checkpoints)], config); msg != "" {
 			t.Fatal(msg)
 		}
@@ -151,8 +155,9 @@ func fuzzCheckpoints(t testing.TB) (llama, v4 string) {
 	return llama, v4
 }
 
-// maxConfigSeed bounds FuzzConfig's seeds.
-const maxConfigSeed = 768
+// maxConfigSeed bounds FuzzConfig's seeds, maxFuzzConfig its inputs: longer
+// ones only cost minimizing time.
+const maxConfigSeed, maxFuzzConfig = 768, 1024
 
 // seedConfig returns the config.json of ck's folder as compact JSON, and,
 // when that is longer than maxConfigSeed, without each top-level field

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -189,6 +190,8 @@ func TestRoundTrip(t *testing.T) {
 	for range 150 {
 		texts = append(texts, randomText(r, 1+r.IntN(30)))
 	}
+	// FuzzRoundTrip's corpus, its inputs longer than the fuzz target takes included.
+	texts = append(texts, corpusStrings(t, "testdata/fuzz/FuzzRoundTrip")...)
 	for _, name := range sortedKeys(g) {
 		tk := fixtureTokenizer(t, dir, name)
 		for _, c := range g[name] {
@@ -200,6 +203,33 @@ func TestRoundTrip(t *testing.T) {
 	}
 }
 
+// corpusStrings reads the string inputs of a fuzz corpus folder (files of
+// "go test fuzz v1" and one string(...) line).
+func corpusStrings(t *testing.T, dir string) []string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(dir, "*"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no corpus in %s: %v", dir, err)
+	}
+	var out []string
+	for _, name := range files {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lit, ok := strings.CutPrefix(strings.TrimSpace(string(b)), "go test fuzz v1\nstring(")
+		lit, ok2 := strings.CutSuffix(lit, ")")
+		s, err := strconv.Unquote(lit)
+		if !ok || !ok2 || err != nil {
+			t.Fatalf("%s: not one string input", name)
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// FuzzRoundTrip holds the fixture tokenizers to roundTrip's rule on texts of
+// up to maxFuzzText bytes (see FuzzScanners for the bound).
 func FuzzRoundTrip(f *testing.F) {
 	for _, s := range []string{"Hello, world!", "  x\n\n\ty", "日本語 😀", "it's", "\xff", "a\xe2\x82", "<|im_start|>user\nhi"} {
 		f.Add(s)
@@ -211,6 +241,9 @@ func FuzzRoundTrip(f *testing.F) {
 		toks[i] = fixtureTokenizer(f, dir, n)
 	}
 	f.Fuzz(func(t *testing.T, x string) {
+		if len(x) > maxFuzzText {
+			return
+		}
 		for i, tk := range toks {
 			roundTrip(t, tk, names[i], x)
 		}
