@@ -9,37 +9,24 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/manifoldlm/manifold/internal/golden"
 )
 
-// goldenDir returns $MANIFOLD_GOLDEN_DIR/tokenizers, or
-// ../shared/golden/tokenizers relative to the module root.
+// goldenDir returns the tokenizers folder of the golden fixtures, found as
+// internal/golden finds them (MANIFOLD_GOLDEN_DIR, relative to the module
+// root when relative, else ../shared/golden), skipping the test without
+// them.
 func goldenDir(t testing.TB) string {
 	t.Helper()
-	base := os.Getenv("MANIFOLD_GOLDEN_DIR")
-	if base == "" {
-		dir, err := os.Getwd()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for {
-			if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-				break
-			}
-			parent := filepath.Dir(dir)
-			if parent == dir {
-				t.Skip("module root not found")
-			}
-			dir = parent
-		}
-		base = filepath.Join(dir, "..", "shared", "golden")
-	}
-	d := filepath.Join(base, "tokenizers")
+	d := filepath.Join(golden.Dir(t), "tokenizers")
 	if _, err := os.Stat(filepath.Join(d, "golden.json")); err != nil {
-		t.Skipf("no tokenizer fixtures: %v", err)
+		t.Skipf("SKIPPED, nothing checked: this fixture set has no tokenizer fixtures: %v", err)
 	}
 	return d
 }
@@ -203,6 +190,8 @@ func TestRoundTrip(t *testing.T) {
 	for range 150 {
 		texts = append(texts, randomText(r, 1+r.IntN(30)))
 	}
+	// FuzzRoundTrip's corpus, its inputs longer than the fuzz target takes included.
+	texts = append(texts, corpusStrings(t, "testdata/fuzz/FuzzRoundTrip")...)
 	for _, name := range sortedKeys(g) {
 		tk := fixtureTokenizer(t, dir, name)
 		for _, c := range g[name] {
@@ -214,6 +203,33 @@ func TestRoundTrip(t *testing.T) {
 	}
 }
 
+// corpusStrings reads the string inputs of a fuzz corpus folder (files of
+// "go test fuzz v1" and one string(...) line).
+func corpusStrings(t *testing.T, dir string) []string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(dir, "*"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no corpus in %s: %v", dir, err)
+	}
+	var out []string
+	for _, name := range files {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lit, ok := strings.CutPrefix(strings.TrimSpace(string(b)), "go test fuzz v1\nstring(")
+		lit, ok2 := strings.CutSuffix(lit, ")")
+		s, err := strconv.Unquote(lit)
+		if !ok || !ok2 || err != nil {
+			t.Fatalf("%s: not one string input", name)
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// FuzzRoundTrip holds the fixture tokenizers to roundTrip's rule on texts of
+// up to maxFuzzText bytes (see FuzzScanners for the bound).
 func FuzzRoundTrip(f *testing.F) {
 	for _, s := range []string{"Hello, world!", "  x\n\n\ty", "日本語 😀", "it's", "\xff", "a\xe2\x82", "<|im_start|>user\nhi"} {
 		f.Add(s)
@@ -225,6 +241,9 @@ func FuzzRoundTrip(f *testing.F) {
 		toks[i] = fixtureTokenizer(f, dir, n)
 	}
 	f.Fuzz(func(t *testing.T, x string) {
+		if len(x) > maxFuzzText {
+			return
+		}
 		for i, tk := range toks {
 			roundTrip(t, tk, names[i], x)
 		}

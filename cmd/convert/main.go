@@ -20,6 +20,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"strings"
@@ -42,13 +43,19 @@ func (l *listFlag) Set(s string) error {
 }
 
 func main() {
-	os.Exit(run(os.Args[1:]))
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-func run(args []string) int {
+const usage = "usage: convert -in DIR -out DIR [-exclude PATTERNS] [-shard-size MB] [-workers N] [-worst N] [-quiet]"
+
+// run converts as the arguments say, writing the report to stdout and the
+// progress and errors to stderr, and returns the exit status: 0 done, 1
+// failed, 2 bad arguments.
+func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("convert", flag.ContinueOnError)
-	in := fs.String("in", "", "input checkpoint directory (Hugging Face layout)")
-	out := fs.String("out", "", "output directory (must not exist; outside -in)")
+	fs.SetOutput(stderr)
+	in := fs.String("in", "", "input checkpoint folder (Hugging Face layout)")
+	out := fs.String("out", "", "output folder (must not exist; outside -in)")
 	var exclude listFlag
 	fs.Var(&exclude, "exclude", "comma-separated modules or path.Match patterns to keep in BF16 (repeatable)")
 	shardMB := fs.Int64("shard-size", 5000, "maximum shard size in MB (10^6 bytes)")
@@ -59,31 +66,39 @@ func run(args []string) int {
 		return 2
 	}
 	if *in == "" || *out == "" || fs.NArg() != 0 {
-		fmt.Fprintln(os.Stderr, "usage: convert -in DIR -out DIR [-exclude PATTERNS] [-shard-size MB] [-workers N] [-worst N] [-quiet]")
+		fmt.Fprintln(stderr, usage)
 		return 2
 	}
 	if *shardMB <= 0 {
-		fmt.Fprintln(os.Stderr, "convert: -shard-size must be positive")
+		fmt.Fprintln(stderr, "convert: -shard-size must be positive")
 		return 2
 	}
 	if *workers < 0 || *worst < 0 {
-		fmt.Fprintln(os.Stderr, "convert: -workers and -worst must not be negative")
+		fmt.Fprintln(stderr, "convert: -workers and -worst must not be negative")
+		return 2
+	}
+	// A file given as -in would otherwise be taken for a file of its
+	// folder, and the error would be about that folder.
+	if fi, err := os.Stat(*in); err == nil && !fi.IsDir() {
+		fmt.Fprintf(stderr, "convert: -in %s is a file: the input must be a checkpoint folder (config.json, *.safetensors)\n", *in)
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	opts := convert.Options{In: *in, Out: *out, Exclude: exclude, ShardBytes: *shardMB * 1e6, Workers: *workers}
 	if !*quiet {
-		opts.Progress = os.Stderr
-		if st, err := os.Stderr.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
-			opts.ProgressTTY = true
+		opts.Progress = stderr
+		if f, ok := stderr.(*os.File); ok {
+			if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+				opts.ProgressTTY = true
+			}
 		}
 	}
 	rep, err := convert.Convert(ctx, opts)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
+		fmt.Fprintln(stderr, err)
 		return 1
 	}
-	rep.Write(os.Stdout, *worst)
+	rep.Write(stdout, *worst)
 	return 0
 }

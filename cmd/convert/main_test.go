@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/manifoldlm/manifold/internal/testmodel"
@@ -21,20 +23,26 @@ func TestRun(t *testing.T) {
 		name string
 		args []string
 		want int
+		msg  string // in stderr
 	}{
-		{"no args", nil, 2},
-		{"no -out", []string{"-in", in}, 2},
-		{"extra arg", []string{"-in", in, "-out", out, "x"}, 2},
-		{"bad shard size", []string{"-in", in, "-out", out, "-shard-size", "0"}, 2},
-		{"negative workers", []string{"-in", in, "-out", out, "-workers", "-1"}, 2},
-		{"unknown flag", []string{"-in", in, "-out", out, "-fast"}, 2},
-		{"missing input", []string{"-in", filepath.Join(in, "nope"), "-out", out, "-quiet"}, 1},
-		{"ok", []string{"-in", in, "-out", out, "-quiet", "-worst", "2", "-exclude", "lm_head"}, 0},
-		{"output exists", []string{"-in", in, "-out", out, "-quiet"}, 1},
+		{"no args", nil, 2, "usage: convert"},
+		{"no -out", []string{"-in", in}, 2, ""},
+		{"extra arg", []string{"-in", in, "-out", out, "x"}, 2, "usage: convert"},
+		{"bad shard size", []string{"-in", in, "-out", out, "-shard-size", "0"}, 2, ""},
+		{"negative workers", []string{"-in", in, "-out", out, "-workers", "-1"}, 2, ""},
+		{"unknown flag", []string{"-in", in, "-out", out, "-fast"}, 2, ""},
+		{"missing input", []string{"-in", filepath.Join(in, "nope"), "-out", out, "-quiet"}, 1, ""},
+		{"input is a file", []string{"-in", filepath.Join(in, "config.json"), "-out", out, "-quiet"}, 2, "is a file: the input must be a checkpoint folder"},
+		{"ok", []string{"-in", in, "-out", out, "-quiet", "-worst", "2", "-exclude", "lm_head"}, 0, ""},
+		{"output exists", []string{"-in", in, "-out", out, "-quiet"}, 1, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := run(tc.args); got != tc.want {
-				t.Errorf("run(%q) = %d, want %d", tc.args, got, tc.want)
+			var stdout, stderr bytes.Buffer
+			if got := run(tc.args, &stdout, &stderr); got != tc.want || !strings.Contains(stderr.String(), tc.msg) {
+				t.Errorf("run(%q) = %d, stderr %q; want %d, stderr with %q", tc.args, got, stderr.String(), tc.want, tc.msg)
+			}
+			if tc.want == 0 && !strings.Contains(stdout.String(), "accuracy (relative RMS error") {
+				t.Errorf("run(%q): stdout %q lacks the accuracy report", tc.args, stdout.String())
 			}
 		})
 	}

@@ -5,21 +5,40 @@
 package golden
 
 import (
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/manifoldlm/manifold/weights"
 )
 
 // Dir returns the fixture directory, skipping the test when it is absent.
+// The skip says what was not checked; the first skip of a test binary also
+// writes one summary line to stderr, which `go test -v` and the output of a
+// failing package show (a passing package's output is hidden by `go test
+// ./...`: .ci/run therefore refuses to run without the fixtures).
 func Dir(t testing.TB) string {
 	t.Helper()
-	dir := os.Getenv("MANIFOLD_GOLDEN_DIR")
+	dir, err := find()
+	if err != nil {
+		missingOnce.Do(func() { fmt.Fprintln(summary, missingSummary(dir, err)) })
+		t.Skip(skipMessage(dir, err))
+	}
+	return dir
+}
+
+// find locates the fixture directory: MANIFOLD_GOLDEN_DIR (relative to the
+// module root when relative), else ../shared/golden from the module root.
+// The error says why it is not there; dir is where it was looked for.
+func find() (dir string, err error) {
+	dir = os.Getenv("MANIFOLD_GOLDEN_DIR")
 	if dir == "" {
 		root, err := moduleRoot()
 		if err != nil {
-			t.Skipf("golden fixtures: %v", err)
+			return "../shared/golden", fmt.Errorf("no go.mod above the working directory: %w", err)
 		}
 		dir = filepath.Join(root, "..", "shared", "golden")
 	} else if !filepath.IsAbs(dir) {
@@ -28,10 +47,25 @@ func Dir(t testing.TB) string {
 			dir = filepath.Join(root, dir)
 		}
 	}
-	if _, err := os.Stat(dir); err != nil {
-		t.Skipf("golden fixtures not found at %s (set MANIFOLD_GOLDEN_DIR)", dir)
+	if fi, err := os.Stat(dir); err != nil {
+		return dir, err
+	} else if !fi.IsDir() {
+		return dir, fmt.Errorf("%s is not a folder", dir)
 	}
-	return dir
+	return dir, nil
+}
+
+var (
+	missingOnce sync.Once
+	summary     io.Writer = os.Stderr // tests replace it
+)
+
+func skipMessage(dir string, err error) string {
+	return fmt.Sprintf("SKIPPED, nothing checked: this test compares with the golden fixtures (HuggingFace transformers' outputs), not found at %s (%v); set MANIFOLD_GOLDEN_DIR", dir, err)
+}
+
+func missingSummary(dir string, err error) string {
+	return fmt.Sprintf("golden: FIXTURES MISSING at %s (%v): every test of this package that compares with transformers' outputs is SKIPPED; set MANIFOLD_GOLDEN_DIR (.ci/run fails without them)", dir, err)
 }
 
 func moduleRoot() (string, error) {
