@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/manifoldlm/manifold/layers"
+	"github.com/manifoldlm/manifold/weights"
 )
 
 // Config holds the fields of config.json that every architecture shares. The
@@ -93,7 +94,7 @@ type rawConfig struct {
 // LoadConfig reads dir/config.json.
 func LoadConfig(dir string) (*Config, error) {
 	path := filepath.Join(dir, "config.json")
-	data, err := os.ReadFile(path)
+	data, err := weights.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("model: reading config: %w", err)
 	}
@@ -286,7 +287,7 @@ type GenerationConfig struct {
 // the zero value and no error.
 func LoadGenerationConfig(dir string) (*GenerationConfig, error) {
 	path := filepath.Join(dir, "generation_config.json")
-	data, err := os.ReadFile(path)
+	data, err := weights.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return &GenerationConfig{}, nil
 	}

@@ -60,7 +60,7 @@ func Load(dir string) (*Tokenizer, error) {
 	}
 	if !t.cfg.hasChatTemplate {
 		jp := filepath.Join(dir, "chat_template.jinja")
-		if b, err := os.ReadFile(jp); err == nil {
+		if b, err := readFile(jp); err == nil {
 			t.cfg.chatTemplate, t.cfg.hasChatTemplate = string(b), true
 		} else if !errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("tokenizer: %w", err)
@@ -72,13 +72,13 @@ func Load(dir string) (*Tokenizer, error) {
 // FromFiles builds a tokenizer from a tokenizer.json path and an optional
 // tokenizer_config.json path ("" for none).
 func FromFiles(tokenizerJSON, configJSON string) (*Tokenizer, error) {
-	tb, err := os.ReadFile(tokenizerJSON)
+	tb, err := readFile(tokenizerJSON)
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
 	var cb []byte
 	if configJSON != "" {
-		if cb, err = os.ReadFile(configJSON); err != nil {
+		if cb, err = readFile(configJSON); err != nil {
 			return nil, fmt.Errorf("tokenizer: %w", err)
 		}
 	}

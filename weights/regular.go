@@ -2,6 +2,7 @@ package weights
 
 import (
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -61,4 +62,21 @@ func checkRegular(path string, st fs.FileInfo) error {
 		what = fmt.Sprintf("a link to %s, %s", target, what)
 	}
 	return errf(path, "", ErrNotRegular, "%s", what)
+}
+
+// ReadFile reads the regular file path whole, as os.ReadFile does, but
+// refuses a named pipe, a device or anything else that is not a regular file
+// (links followed) with ErrNotRegular instead of blocking or reading forever:
+// for the small files beside a checkpoint (config.json and its kin).
+func ReadFile(path string) ([]byte, error) {
+	f, err := openRegular(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(f)
+	if err != nil {
+		return nil, &Error{File: path, Err: err}
+	}
+	return data, nil
 }

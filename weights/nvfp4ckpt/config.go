@@ -6,10 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"path"
 	"path/filepath"
 	"strings"
+
+	"github.com/manifoldlm/manifold/weights"
 )
 
 // File names of the quantization config.
@@ -42,7 +43,7 @@ type Config struct {
 // name the file.
 func ReadConfig(dir string) (*Config, error) {
 	hf := filepath.Join(dir, HFQuantConfigFile)
-	data, err := os.ReadFile(hf)
+	data, err := weights.ReadFile(hf)
 	switch {
 	case err == nil:
 		return ParseConfig(hf, data)
@@ -50,7 +51,7 @@ func ReadConfig(dir string) (*Config, error) {
 		return nil, fmt.Errorf("nvfp4ckpt: %s: %w", hf, err)
 	}
 	cf := filepath.Join(dir, ConfigFile)
-	data, err = os.ReadFile(cf)
+	data, err = weights.ReadFile(cf)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
