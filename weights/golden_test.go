@@ -13,26 +13,29 @@ import (
 // module root, skipping the test when it does not exist.
 func goldenDir(t testing.TB) string {
 	t.Helper()
+	root, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(root, "go.mod")); err == nil {
+			break
+		}
+		parent := filepath.Dir(root)
+		if parent == root {
+			t.Skip("module root not found")
+		}
+		root = parent
+	}
 	dir := os.Getenv("MANIFOLD_GOLDEN_DIR")
-	if dir == "" {
-		root, err := os.Getwd()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for {
-			if _, err := os.Stat(filepath.Join(root, "go.mod")); err == nil {
-				break
-			}
-			parent := filepath.Dir(root)
-			if parent == root {
-				t.Skip("module root not found")
-			}
-			root = parent
-		}
+	switch {
+	case dir == "":
 		dir = filepath.Join(root, "..", "shared", "golden")
+	case !filepath.IsAbs(dir): // relative to the module root, as internal/golden reads it
+		dir = filepath.Join(root, dir)
 	}
 	if _, err := os.Stat(dir); err != nil {
-		t.Skipf("golden fixtures not found at %s", dir)
+		t.Skipf("golden fixtures not found at %s: SKIPPED, nothing checked (set MANIFOLD_GOLDEN_DIR)", dir)
 	}
 	return dir
 }
