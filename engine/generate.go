@@ -85,6 +85,10 @@ func (r *Result) DecodeTokensPerSecond() float64 {
 // returned with the tokens generated so far. Generated tokens are part of the
 // session afterwards, so a later Generate continues the conversation.
 func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptions, stream func(Token) error) (*Result, error) {
+	if err := s.m.acquire(); err != nil {
+		return nil, err
+	}
+	defer s.m.done()
 	if len(prompt) == 0 && len(s.tokens) == 0 {
 		return nil, fmt.Errorf("engine: generate: empty prompt")
 	}
@@ -172,6 +176,9 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptio
 			s.tokens = append(s.tokens, tok)
 			return res, nil
 		}
+		if err := s.m.closing(); err != nil {
+			return res, err
+		}
 		if tok, err = pick(ctx, []int{tok}, more(len(res.Tokens))); err != nil {
 			return res, err
 		}
@@ -201,7 +208,7 @@ func (s *Session) picker(sampler *Sampler) func(ctx context.Context, tokens []in
 	o := sampler.opts
 	if !forwards || !samples || !o.onDevice() {
 		return func(ctx context.Context, tokens []int, _ bool) (int, error) {
-			logits, err := s.Append(ctx, tokens)
+			logits, err := s.appendHost(ctx, tokens)
 			if err != nil {
 				return 0, err
 			}
