@@ -80,10 +80,18 @@ func (r *Result) DecodeTokensPerSecond() float64 {
 
 // Generate appends prompt to the session and generates tokens after it,
 // calling stream (if not nil) with each token as soon as it is chosen. An
-// error from stream, ctx's cancellation, or an error decoding a token's text
-// (a regex of tokenizer.json past its time limit) stops generation and is
-// returned with the tokens generated so far. Generated tokens are part of the
-// session afterwards, so a later Generate continues the conversation.
+// error from stream, ctx's cancellation, Model.Close, or an error decoding a
+// token's text (a regex of tokenizer.json past its time limit) stops
+// generation and is returned with the tokens generated so far.
+//
+// Afterwards the session holds the prompt and every token of the Result,
+// whether generation ended normally or with an error, so that Len grows by
+// exactly len(prompt) + len(Result.Tokens) and a later Generate continues
+// the conversation with every token the caller saw. (Tokens the model has
+// not run yet, such as the prompt of a cancelled prefill or the last token
+// kept, run at the start of the next call.) Only errors about the arguments
+// (an empty prompt, options out of range, a prompt longer than the free
+// context), returned before anything runs, leave the session unchanged.
 func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptions, stream func(Token) error) (*Result, error) {
 	if err := s.m.acquire(); err != nil {
 		return nil, err
@@ -121,9 +129,17 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptio
 	}
 	held := stopText{stops: opts.StopStrings}
 	pick := s.picker(NewSampler(opts.Sampling))
-	// A run of a token that pick queued ahead and that the session does not
-	// keep (an error, a cancelled stream) leaves the cache with it.
+	// However generation ends, the session holds the prompt and every token
+	// of the result, so that a resumed conversation has every token the
+	// caller saw: a token streamed before a cancellation or a stream error
+	// (or a prompt whose prefill was cancelled) is kept unrun, and the next
+	// call runs it first. A run that pick queued ahead of a token the
+	// session does not keep leaves the cache with it.
+	before := len(s.tokens)
 	defer func() {
+		if n := len(s.tokens) - before; n < len(prompt)+len(res.Tokens) {
+			s.tokens = append(s.tokens, slices.Concat(prompt, res.Tokens)[n:]...)
+		}
 		if s.st.Len() > len(s.tokens) {
 			s.st.Truncate(len(s.tokens))
 		}
@@ -171,9 +187,9 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptio
 			}
 		}
 		if res.Reason != "" {
-			// Kept. Unless pick queued its run ahead (the cache then holds
-			// it), it has not run: the next Append runs it first.
-			s.tokens = append(s.tokens, tok)
+			// Kept (by the deferred call). Unless pick queued its run ahead
+			// (the cache then holds it), it has not run: the next Append
+			// runs it first.
 			return res, nil
 		}
 		if err := s.m.closing(); err != nil {

@@ -69,8 +69,8 @@ func checkCloseDuringGenerate(t *testing.T, device string) {
 		if !errors.Is(err, ErrClosed) {
 			t.Fatalf("Generate across Close: %v, want ErrClosed", err)
 		}
-		if len(res.Tokens) != at+1 {
-			t.Errorf("%d tokens generated, want %d", len(res.Tokens), at+1)
+		if len(res.Tokens) != at+1 || s.Len() != len(prompt)+at+1 {
+			t.Errorf("%d tokens generated, session of %d: want %d and %d", len(res.Tokens), s.Len(), at+1, len(prompt)+at+1)
 		}
 		if !m.released() {
 			t.Error("weights not released after the last call returned")
