@@ -3,53 +3,40 @@ package engine_test
 import (
 	"context"
 	"fmt"
-	"os"
+	"log"
 
 	"github.com/manifoldlm/manifold/engine"
-	"github.com/manifoldlm/manifold/internal/testmodel"
-	"github.com/manifoldlm/manifold/weights"
+	"github.com/manifoldlm/manifold/engine/builtin"
 )
 
-// Load a model folder, open a session and stream sampled tokens.
+// Load a model, open a session and stream sampled tokens. The built-in
+// model stands in for a model folder (engine.Load(dir, opts) loads one).
 func Example() {
-	// Any model folder works; a tiny random Llama stands in for one here.
-	dir, err := os.MkdirTemp("", "manifold-example")
+	m, err := builtin.Load(engine.Options{})
 	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	defer os.RemoveAll(dir)
-	spec := testmodel.Llama{Layers: 2, Hidden: 64, FFN: 128, Heads: 4, KVHeads: 2, Vocab: 256, DType: weights.BF16}
-	if err := spec.Write(dir); err != nil {
-		fmt.Println(err)
-		return
-	}
-
-	m, err := engine.Load(dir, engine.Options{Device: "cpu"})
-	if err != nil {
-		fmt.Println(err)
-		return
+		log.Fatal(err)
 	}
 	defer m.Close()
 
+	prompt, err := m.Encode("func main() {", false)
+	if err != nil {
+		log.Fatal(err)
+	}
 	s, err := m.NewSession(256)
 	if err != nil {
-		fmt.Println(err)
-		return
+		log.Fatal(err)
 	}
-	prompt := []int{1, 2, 3, 4}
 	n := 0
 	res, err := s.Generate(context.Background(), prompt, engine.GenerateOptions{
 		MaxTokens:  8,
 		StopTokens: []int{}, // ignore EOS: always 8 tokens
 		Sampling:   engine.SamplingOptions{Temperature: 0.7, TopP: 0.9, Seed: 42},
 	}, func(tok engine.Token) error {
-		n++ // a real program prints tok.ID (or its text) as it arrives
+		n++ // a real program prints tok.Text as it arrives
 		return nil
 	})
 	if err != nil {
-		fmt.Println(err)
-		return
+		log.Fatal(err)
 	}
 	fmt.Println(n, "tokens streamed; stopped on", res.Reason)
 	// Output: 8 tokens streamed; stopped on max tokens
