@@ -72,6 +72,8 @@ type Model struct {
 	// found once from a one-position state when first needed (fits; the
 	// state is dropped).
 	cacheBytesPerToken func() (int64, error)
+	// info holds Info's figures of the checkpoint, taken at Load.
+	info Info
 
 	// mu guards the lifecycle: closed is set by Close, inflight counts the
 	// calls using the weights or the backend, and the last of them to
@@ -135,8 +137,12 @@ func Load(dir string, opts Options) (*Model, error) {
 			ctxLen = DefaultContext
 		}
 	}
+	algo := ""
+	if f.Quant != nil {
+		algo = f.Quant.Algo
+	}
 	return &Model{dir: dir, cfg: cfg, gen: gen, folder: f, backend: b, caps: backend.CapabilitiesOf(b), net: net, tok: tok, ctxLen: ctxLen, deviceNote: note,
-		loadTime: time.Since(start), cacheBytesPerToken: sync.OnceValues(func() (int64, error) {
+		info: checkpointInfo(f.Checkpoint, algo), loadTime: time.Since(start), cacheBytesPerToken: sync.OnceValues(func() (int64, error) {
 			st, err := net.NewState(1)
 			if err != nil {
 				return 0, err

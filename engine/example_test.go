@@ -50,3 +50,16 @@ func ExampleSamplingOptions_Validate() {
 	}
 	// Output: engine: sampling option TopP 1.5: want a number in [0, 1] (0 or 1: off)
 }
+
+// Describe a model: its architecture, size and memory.
+func ExampleModel_Info() {
+	m, err := builtin.Load(engine.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer m.Close()
+	in := m.Info()
+	fmt.Printf("%s, %.1fM parameters in %s, %.1f MB of weights\n",
+		in.Architecture, float64(in.Parameters)/1e6, in.Quantization, float64(in.CheckpointBytes)/1e6)
+	// Output: deepseek_v4, 8.4M parameters in NVFP4, 8.5 MB of weights
+}

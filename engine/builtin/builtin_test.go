@@ -30,6 +30,11 @@ func TestLoad(t *testing.T) {
 	if got := m.Config().ModelType; got != "deepseek_v4" {
 		t.Errorf("model_type %q, want deepseek_v4", got)
 	}
+	// docs/MODEL_CARD.md counts 8,381,825 parameters, as PyTorch does; Info
+	// counts the five MoE layers' router biases too (4 each), buffers there.
+	if in := m.Info(); in.Parameters != 8_381_825+5*4 || in.Quantization != "NVFP4" {
+		t.Errorf("Info: %d parameters, quantization %q", in.Parameters, in.Quantization)
+	}
 	if again, err := Dir(); err != nil || again != dir || filepath.Dir(dir) != filepath.Join(cache, "manifold") {
 		t.Errorf("second Dir: %s, %v; first %s", again, err, dir)
 	}
