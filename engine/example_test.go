@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"math"
 
 	"github.com/manifoldlm/manifold/engine"
 	"github.com/manifoldlm/manifold/engine/builtin"
@@ -40,6 +41,102 @@ func Example() {
 	}
 	fmt.Println(n, "tokens streamed; stopped on", res.Reason)
 	// Output: 8 tokens streamed; stopped on max tokens
+}
+
+// Generate text from a text prompt, printing it as it comes.
+func ExampleSession_GenerateText() {
+	m, err := builtin.Load(engine.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer m.Close()
+	s, err := m.NewSession(0)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	res, err := s.GenerateText(ctx, "// Sum returns the sum of xs.\nfunc Sum(xs []int) int {", engine.GenerateOptions{
+		MaxTokens:   64,
+		StopStrings: []string{"\n}\n"}, // the end of the function
+	}, func(t engine.Token) error {
+		fmt.Print(t.Text)
+		return nil
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("\n[%d tokens, %s]\n", len(res.Tokens), res.Reason)
+
+	// The session goes on from there.
+	if _, err := s.GenerateText(ctx, "\n\nfunc Max(xs []int) int {", engine.GenerateOptions{MaxTokens: 32},
+		func(t engine.Token) error { fmt.Print(t.Text); return nil }); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// Range over the tokens as they are generated, with their
+// log-probabilities; breaking out of the loop (here at the first token the
+// model gave less than even odds) stops generation.
+func ExampleSession_Stream() {
+	m, err := builtin.Load(engine.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer m.Close()
+	prompt, err := m.Encode("package main\n\nimport (", false)
+	if err != nil {
+		log.Fatal(err)
+	}
+	s, err := m.NewSession(0)
+	if err != nil {
+		log.Fatal(err)
+	}
+	opts := engine.GenerateOptions{MaxTokens: 16, LogProbs: true, TopLogProbs: 3}
+	for tok, err := range s.Stream(context.Background(), prompt, opts) {
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Printf("%q p=%.2f, the likeliest %d tokens:", tok.Text, math.Exp(float64(tok.LogProb)), len(tok.TopLogProbs))
+		for _, alt := range tok.TopLogProbs {
+			text, _ := m.Decode([]int{alt.ID})
+			fmt.Printf(" %q %.2f", text, math.Exp(float64(alt.LogProb)))
+		}
+		fmt.Println()
+		if tok.LogProb < float32(math.Log(0.5)) {
+			break
+		}
+	}
+}
+
+// Chat with a model whose folder has a chat template (the built-in model,
+// which completes Go code, has none): a system message, a reply, and a second
+// turn that runs only its new tokens.
+func ExampleSession_Chat() {
+	m, err := engine.Load("path/to/Qwen3-0.6B", engine.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer m.Close()
+	s, err := m.NewSession(0)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	opts := engine.GenerateOptions{MaxTokens: 256, Sampling: engine.SamplingOptions{Temperature: 0.6, TopP: 0.95, Seed: 1}}
+	print := func(t engine.Token) error { fmt.Print(t.Text); return nil }
+	conv := []engine.Message{
+		{Role: "system", Content: "You answer in one sentence."},
+		{Role: "user", Content: "What is a goroutine?"},
+	}
+	res, err := s.Chat(ctx, conv, opts, print)
+	if err != nil {
+		log.Fatal(err)
+	}
+	conv = append(conv, engine.Message{Role: "assistant", Content: res.Text},
+		engine.Message{Role: "user", Content: "And a channel?"})
+	if _, err := s.Chat(ctx, conv, opts, print); err != nil {
+		log.Fatal(err)
+	}
 }
 
 // Check sampling options before use, for example those read from a request.

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"iter"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -76,9 +77,14 @@ func checkCloseDuringGenerate(t *testing.T, device string) {
 			t.Error("weights not released after the last call returned")
 		}
 		for what, err := range map[string]error{
-			"Generate": second(s.Generate(ctx, nil, forever, nil)),
-			"Append":   second(idle.Append(ctx, []int{3})),
-			"Close":    m.Close(), // idempotent
+			"Generate":           second(s.Generate(ctx, nil, forever, nil)),
+			"Append":             second(idle.Append(ctx, []int{3})),
+			"Stream":             streamErr(idle.Stream(ctx, []int{3}, forever)),
+			"Chat":               second(s.Chat(ctx, []Message{{Role: "user", Content: "hi"}}, forever, nil)),
+			"Model.GenerateText": second(m.GenerateText(ctx, "hi", forever)),
+			"Model.Chat":         second(m.Chat(ctx, []Message{{Role: "user", Content: "hi"}}, forever)),
+			"GenerateText":       second(s.GenerateText(ctx, "hi", forever, nil)),
+			"Close":              m.Close(), // idempotent
 		} {
 			if what == "Close" {
 				if err != nil {
@@ -142,3 +148,14 @@ func checkCloseDuringGenerate(t *testing.T, device string) {
 }
 
 func second[T any](_ T, err error) error { return err }
+
+// streamErr drains seq and returns its last error.
+func streamErr(seq iter.Seq2[Token, error]) error {
+	var last error
+	for _, err := range seq {
+		if err != nil {
+			last = err
+		}
+	}
+	return last
+}
