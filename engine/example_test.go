@@ -43,6 +43,64 @@ func Example() {
 	// Output: 8 tokens streamed; stopped on max tokens
 }
 
+// The code of README.md's "Use it as a library", which TestReadmeExample
+// keeps equal to this function's body. It needs a chat model's folder, so it
+// runs only where path/to/Qwen3-0.6B is one.
+func Example_library() {
+	ctx := context.Background()
+	m, err := builtin.Load(engine.Options{}) // the built-in model; engine.Load(dir, opts) loads a model folder
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer m.Close()
+
+	// Text in, text out, streamed as it is generated.
+	s, err := m.NewSession(0) // one conversation: its tokens and KV cache
+	if err != nil {
+		log.Fatal(err)
+	}
+	res, err := s.GenerateText(ctx, "func main() {", engine.GenerateOptions{
+		MaxTokens:   128,
+		StopStrings: []string{"\n}\n"}, // optional: the text ends before this string
+		Sampling:    engine.SamplingOptions{Temperature: 0.7, TopP: 0.9, Seed: 1},
+	}, func(t engine.Token) error { fmt.Print(t.Text); return nil })
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("\n%d tokens (%s); the session goes on from here\n", len(res.Tokens), res.Reason)
+
+	// Or range over the tokens, with the model's log-probability of each.
+	ids, err := m.Encode("package main", false)
+	if err != nil {
+		log.Fatal(err)
+	}
+	s2, err := m.NewSession(0)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for t, err := range s2.Stream(ctx, ids, engine.GenerateOptions{MaxTokens: 16, LogProbs: true}) {
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Printf("%q %.2f\n", t.Text, t.LogProb)
+	}
+
+	// A chat model: a folder whose tokenizer_config.json has a chat template.
+	chat, err := engine.Load("path/to/Qwen3-0.6B", engine.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer chat.Close()
+	reply, err := chat.Chat(ctx, []engine.Message{
+		{Role: "system", Content: "You answer in one sentence."},
+		{Role: "user", Content: "Write a haiku about Go."},
+	}, engine.GenerateOptions{MaxTokens: 256})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(reply.Text)
+}
+
 // Generate text from a text prompt, printing it as it comes.
 func ExampleSession_GenerateText() {
 	m, err := builtin.Load(engine.Options{})
