@@ -129,6 +129,11 @@ func TestChat(t *testing.T) {
 	if _, err := s.Chat(ctx, nil, opts, nil); err == nil {
 		t.Error("chat of no messages accepted")
 	}
+	// Bad options leave the session as it was, though the conversation differs.
+	held := s.Tokens()
+	if _, err := s.Chat(ctx, conv, GenerateOptions{MaxTokens: -1}, nil); err == nil || !slices.Equal(s.Tokens(), held) {
+		t.Errorf("chat with MaxTokens -1: %v; session %d tokens, was %d", err, s.Len(), len(held))
+	}
 
 	dir2, _ := modelWithTokenizer(t, "llama2") // no chat template
 	m2, err := Load(dir2, Options{Device: "cpu", ContextLength: 64})

@@ -1,6 +1,8 @@
-// Package engine is Manifold's public API: load a model folder, open sessions
-// that hold a KV cache, and generate tokens with sampling, stop conditions,
-// streaming and cancellation.
+// Package engine is Manifold's public API: load a model folder (or the
+// built-in model, package engine/builtin), open sessions that hold a KV
+// cache, and generate tokens or text (Session.Generate, GenerateText, Chat,
+// Stream) with sampling, stop conditions, log-probabilities, streaming and
+// cancellation. Model.Info describes what was loaded.
 //
 // A Model is safe for concurrent use: each Session owns its cache and
 // scratch memory, and sessions of one model share the weights. A Session is
@@ -244,10 +246,11 @@ func (m *Model) Close() error {
 	return nil
 }
 
-// release frees the weights and the device; it is called once, by Close or
-// by the last call in flight after it.
+// release frees the device, then the weights' memory maps (work the device
+// still has queued may read them); it is called once, by Close or by the
+// last call in flight after it.
 func (m *Model) release() error {
-	err := errors.Join(m.folder.Close(), m.backend.Close())
+	err := errors.Join(m.backend.Close(), m.folder.Close())
 	m.mu.Lock()
 	m.freed = true
 	m.mu.Unlock()

@@ -136,22 +136,8 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptio
 	if len(prompt) == 0 && len(s.tokens) == 0 {
 		return nil, fmt.Errorf("engine: generate: empty prompt")
 	}
-	if opts.MaxTokens < 0 {
-		return nil, fmt.Errorf("engine: generate: MaxTokens %d: want >= 0 (0: until a stop token or the end of the context)", opts.MaxTokens)
-	}
-	if err := opts.Sampling.Validate(); err != nil {
+	if err := s.m.checkOptions(opts); err != nil {
 		return nil, err
-	}
-	for i, st := range opts.StopStrings {
-		if st == "" {
-			return nil, fmt.Errorf("engine: generate: StopStrings[%d] is empty", i)
-		}
-	}
-	if opts.TopLogProbs < 0 || opts.TopLogProbs > MaxTopLogProbs {
-		return nil, fmt.Errorf("engine: generate: TopLogProbs %d: want a number in [0, %d]", opts.TopLogProbs, MaxTopLogProbs)
-	}
-	if len(opts.StopStrings) > 0 && s.m.tok == nil {
-		return nil, fmt.Errorf("engine: generate: StopStrings need the model's text: %w", ErrNoTokenizer)
 	}
 	if free := s.st.Cap() - len(s.tokens); len(prompt) > free {
 		return nil, fmt.Errorf("engine: prompt of %d tokens is longer than the %d free positions of the context (%d): %w",
@@ -243,6 +229,29 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptio
 		}
 		res.DecodeDuration = time.Since(first)
 	}
+}
+
+// checkOptions reports the first of opts out of its range, or one the
+// model cannot honour.
+func (m *Model) checkOptions(opts GenerateOptions) error {
+	if opts.MaxTokens < 0 {
+		return fmt.Errorf("engine: generate: MaxTokens %d: want >= 0 (0: until a stop token or the end of the context)", opts.MaxTokens)
+	}
+	if err := opts.Sampling.Validate(); err != nil {
+		return err
+	}
+	for i, st := range opts.StopStrings {
+		if st == "" {
+			return fmt.Errorf("engine: generate: StopStrings[%d] is empty", i)
+		}
+	}
+	if opts.TopLogProbs < 0 || opts.TopLogProbs > MaxTopLogProbs {
+		return fmt.Errorf("engine: generate: TopLogProbs %d: want a number in [0, %d]", opts.TopLogProbs, MaxTopLogProbs)
+	}
+	if len(opts.StopStrings) > 0 && m.tok == nil {
+		return fmt.Errorf("engine: generate: StopStrings need the model's text: %w", ErrNoTokenizer)
+	}
+	return nil
 }
 
 // picker returns a function that appends tokens to the session, runs them

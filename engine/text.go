@@ -70,6 +70,10 @@ func (s *Session) Chat(ctx context.Context, msgs []Message, opts GenerateOptions
 	if err != nil {
 		return nil, err
 	}
+	// Errors about the arguments leave the session as it was, as Generate's do.
+	if err := s.m.checkOptions(opts); err != nil {
+		return nil, err
+	}
 	if len(ids) > s.ContextLength() {
 		return nil, fmt.Errorf("engine: chat of %d tokens is longer than the context of %d positions: %w", len(ids), s.ContextLength(), ErrContextFull)
 	}
