@@ -1,10 +1,15 @@
-// Package engine is Manifold's public API: load a model folder, open sessions
-// that hold a KV cache, and generate tokens with sampling, stop conditions,
-// streaming and cancellation.
+// Package engine is Manifold's public API: load a model folder (or the
+// built-in model, package engine/builtin), open sessions that hold a KV
+// cache, and generate tokens or text (Session.Generate, GenerateText, Chat,
+// Stream) with sampling, stop conditions, log-probabilities, streaming and
+// cancellation. Model.Info describes what was loaded.
 //
 // A Model is safe for concurrent use: each Session owns its cache and
 // scratch memory, and sessions of one model share the weights. A Session is
-// not safe for concurrent use.
+// not safe for concurrent use. Model.Close may be called at any time from
+// any goroutine, as database/sql's DB.Close may: later calls fail with
+// ErrClosed, and the weights and the device are released when the last call
+// in flight returns.
 //
 // The engine owns the choice of backend, sessions and sampling; the forward
 // passes belong to package model and the kernels to the backends.
@@ -80,10 +85,26 @@ type Model struct {
 	// found once from a one-position state when first needed (fits; the
 	// state is dropped).
 	cacheBytesPerToken func() (int64, error)
+	// info holds Info's figures of the checkpoint, taken at Load.
+	info Info
+
+	// mu guards the lifecycle: closed is set by Close, inflight counts the
+	// calls using the weights or the backend, and the last of them to
+	// return after Close releases both (release), as does Close when none
+	// is in flight.
+	mu       sync.Mutex
+	closed   bool
+	inflight int
+	freed    bool
 }
 
 // ErrDevice is returned when the requested device cannot be used.
 var ErrDevice = errors.New("device not available")
+
+// ErrClosed is wrapped by the error of every call that needs the weights or
+// the device (NewSession, Session.Append, Session.Generate and the calls
+// built on them) made after Model.Close; test with errors.Is.
+var ErrClosed = errors.New("model closed")
 
 // Load reads the model folder dir (config.json, generation_config.json and a
 // safetensors checkpoint, single or sharded) onto the device opts ask for.
@@ -129,8 +150,12 @@ func Load(dir string, opts Options) (*Model, error) {
 			ctxLen = DefaultContext
 		}
 	}
+	algo := ""
+	if f.Quant != nil {
+		algo = f.Quant.Algo
+	}
 	return &Model{dir: dir, cfg: cfg, gen: gen, folder: f, backend: b, caps: backend.CapabilitiesOf(b), net: net, tok: tok, ctxLen: ctxLen, deviceNote: note,
-		loadTime: time.Since(start), cacheBytesPerToken: sync.OnceValues(func() (int64, error) {
+		info: checkpointInfo(f.Checkpoint, algo), loadTime: time.Since(start), cacheBytesPerToken: sync.OnceValues(func() (int64, error) {
 			st, err := net.NewState(1)
 			if err != nil {
 				return 0, err
@@ -207,9 +232,82 @@ func (m *Model) LoadTime() time.Duration { return m.loadTime }
 // ContextLength is the default number of positions of a new session.
 func (m *Model) ContextLength() int { return m.ctxLen }
 
-// Close releases the weights and the device. Sessions must not be used after.
+// Close closes the model. New sessions, and calls on existing sessions that
+// run the model, fail afterwards with an error wrapping ErrClosed. Calls in
+// flight are not interrupted mid-step: a generation stops at its next token
+// (or prefill chunk) with ErrClosed. Close does not wait for them: when
+// calls are in flight it returns nil at once and the last of them releases
+// the weights' memory maps and the device as it returns (errors of that
+// release are dropped); otherwise Close releases them itself and returns
+// their error. Close may be called from any goroutine, a stream callback
+// included, and more than once: calls after the first do nothing and
+// return nil.
 func (m *Model) Close() error {
-	return errors.Join(m.folder.Close(), m.backend.Close())
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
+	m.closed = true
+	idle := m.inflight == 0
+	m.mu.Unlock()
+	if idle {
+		return m.release()
+	}
+	return nil
+}
+
+// release frees the device, then the weights' memory maps (work the device
+// still has queued may read them); it is called once, by Close or by the
+// last call in flight after it.
+func (m *Model) release() error {
+	err := errors.Join(m.backend.Close(), m.folder.Close())
+	m.mu.Lock()
+	m.freed = true
+	m.mu.Unlock()
+	return err
+}
+
+// released reports whether release has run (tests).
+func (m *Model) released() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.freed
+}
+
+// acquire registers a call that uses the weights or the backend; it fails
+// with ErrClosed after Close. Each successful acquire is paired with done.
+func (m *Model) acquire() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return fmt.Errorf("engine: %w", ErrClosed)
+	}
+	m.inflight++
+	return nil
+}
+
+// done ends a call registered by acquire, releasing the model if it was
+// closed meanwhile and this was the last call in flight.
+func (m *Model) done() {
+	m.mu.Lock()
+	m.inflight--
+	last := m.closed && m.inflight == 0
+	m.mu.Unlock()
+	if last {
+		m.release()
+	}
+}
+
+// closing returns an error wrapping ErrClosed once Close has been called:
+// calls in flight check it between steps.
+func (m *Model) closing() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return fmt.Errorf("engine: %w", ErrClosed)
+	}
+	return nil
 }
 
 // EOSTokens are the model's end-of-sequence ids (generation_config.json,

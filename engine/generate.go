@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/manifoldlm/manifold/backend"
@@ -32,6 +33,29 @@ type GenerateOptions struct {
 	// the next token shows that it does not, so a token's Text may then be
 	// shorter than its text and a later token's longer.
 	StopStrings []string
+	// LogProbs sets each Token's LogProb: the model's log-probability of
+	// the token chosen. TopLogProbs > 0 also sets Token.TopLogProbs to the
+	// TopLogProbs most likely tokens of each step (at most MaxTopLogProbs).
+	// Both are of the model's own distribution, the log-softmax of its
+	// logits, before the sampling options change them (repetition penalty,
+	// temperature, top-k, top-p, min-p): greedy and sampled generation
+	// report the same numbers for the same token.
+	//
+	// On a GPU the token is otherwise picked on the device and only its id
+	// comes back; with log-probabilities asked for, every step's logits come
+	// back to the host and the token is picked there instead, by the same
+	// rule and random stream as on the CPU (slower, never other numbers).
+	LogProbs    bool
+	TopLogProbs int
+}
+
+// MaxTopLogProbs bounds GenerateOptions.TopLogProbs.
+const MaxTopLogProbs = 20
+
+// TokenLogProb is a token and its log-probability.
+type TokenLogProb struct {
+	ID      int
+	LogProb float32
 }
 
 // Token is one generated token, as streamed.
@@ -42,6 +66,14 @@ type Token struct {
 	// tokens give none, and bytes of a character split across tokens wait
 	// for the token that completes it.
 	Text string
+	// LogProb is the model's log-probability of the token (natural log,
+	// before sampling transforms), when GenerateOptions.LogProbs or
+	// TopLogProbs asks for it; otherwise 0.
+	LogProb float32
+	// TopLogProbs are the GenerateOptions.TopLogProbs most likely tokens of
+	// this step, most likely first (ties: lower id first); they may or may
+	// not include the token chosen.
+	TopLogProbs []TokenLogProb
 }
 
 // StopReason says why generation ended.
@@ -57,7 +89,11 @@ const (
 
 // Result summarizes a Generate call.
 type Result struct {
-	Tokens         []int
+	Tokens []int
+	// Text is the generated text when the model has a tokenizer: every
+	// Token.Text streamed, joined (so without a stop string, and without
+	// the bytes of a character the last token left unfinished).
+	Text           string
 	Reason         StopReason
 	PromptTokens   int
 	PromptDuration time.Duration // the prefill
@@ -80,27 +116,28 @@ func (r *Result) DecodeTokensPerSecond() float64 {
 
 // Generate appends prompt to the session and generates tokens after it,
 // calling stream (if not nil) with each token as soon as it is chosen. An
-// error from stream, ctx's cancellation, or an error decoding a token's text
-// (a regex of tokenizer.json past its time limit) stops generation and is
-// returned with the tokens generated so far. Generated tokens are part of the
-// session afterwards, so a later Generate continues the conversation.
+// error from stream, ctx's cancellation, Model.Close, or an error decoding a
+// token's text (a regex of tokenizer.json past its time limit) stops
+// generation and is returned with the tokens generated so far.
+//
+// Afterwards the session holds the prompt and every token of the Result,
+// whether generation ended normally or with an error, so that Len grows by
+// exactly len(prompt) + len(Result.Tokens) and a later Generate continues
+// the conversation with every token the caller saw. (Tokens the model has
+// not run yet, such as the prompt of a cancelled prefill or the last token
+// kept, run at the start of the next call.) Only errors about the arguments
+// (an empty prompt, options out of range, a prompt longer than the free
+// context), returned before anything runs, leave the session unchanged.
 func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptions, stream func(Token) error) (*Result, error) {
+	if err := s.m.acquire(); err != nil {
+		return nil, err
+	}
+	defer s.m.done()
 	if len(prompt) == 0 && len(s.tokens) == 0 {
 		return nil, fmt.Errorf("engine: generate: empty prompt")
 	}
-	if opts.MaxTokens < 0 {
-		return nil, fmt.Errorf("engine: generate: MaxTokens %d: want >= 0 (0: until a stop token or the end of the context)", opts.MaxTokens)
-	}
-	if err := opts.Sampling.Validate(); err != nil {
+	if err := s.m.checkOptions(opts); err != nil {
 		return nil, err
-	}
-	for i, st := range opts.StopStrings {
-		if st == "" {
-			return nil, fmt.Errorf("engine: generate: StopStrings[%d] is empty", i)
-		}
-	}
-	if len(opts.StopStrings) > 0 && s.m.tok == nil {
-		return nil, fmt.Errorf("engine: generate: StopStrings need the model's text: %w", ErrNoTokenizer)
 	}
 	if free := s.st.Cap() - len(s.tokens); len(prompt) > free {
 		return nil, fmt.Errorf("engine: prompt of %d tokens is longer than the %d free positions of the context (%d): %w",
@@ -116,10 +153,20 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptio
 		text = s.m.tok.NewStreamDecoderSkipSpecial()
 	}
 	held := stopText{stops: opts.StopStrings}
-	pick := s.picker(NewSampler(opts.Sampling))
-	// A run of a token that pick queued ahead and that the session does not
-	// keep (an error, a cancelled stream) leaves the cache with it.
+	var streamed strings.Builder
+	pick := s.picker(NewSampler(opts.Sampling), logProbOptions{opts.LogProbs || opts.TopLogProbs > 0, opts.TopLogProbs})
+	// However generation ends, the session holds the prompt and every token
+	// of the result, so that a resumed conversation has every token the
+	// caller saw: a token streamed before a cancellation or a stream error
+	// (or a prompt whose prefill was cancelled) is kept unrun, and the next
+	// call runs it first. A run that pick queued ahead of a token the
+	// session does not keep leaves the cache with it.
+	before := len(s.tokens)
 	defer func() {
+		res.Text = streamed.String()
+		if n := len(s.tokens) - before; n < len(prompt)+len(res.Tokens) {
+			s.tokens = append(s.tokens, slices.Concat(prompt, res.Tokens)[n:]...)
+		}
 		if s.st.Len() > len(s.tokens) {
 			s.st.Truncate(len(s.tokens))
 		}
@@ -128,7 +175,7 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptio
 	// queue its run ahead.
 	more := func(n int) bool { return opts.MaxTokens <= 0 || n+1 < opts.MaxTokens }
 	start := time.Now()
-	tok, err := pick(ctx, prompt, more(0))
+	t, err := pick(ctx, prompt, more(0))
 	if err != nil {
 		return res, err
 	}
@@ -139,9 +186,10 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptio
 			res.Reason = StopContext // no position left for the token
 			return res, nil
 		}
+		tok := t.ID
 		res.Tokens = append(res.Tokens, tok)
 		res.DecodeDuration = time.Since(first)
-		t := Token{ID: tok, Index: len(res.Tokens) - 1}
+		t.Index = len(res.Tokens) - 1
 		switch {
 		case slices.Contains(stops, tok):
 			res.Reason = StopToken
@@ -161,22 +209,49 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptio
 				}
 			}
 		}
+		streamed.WriteString(t.Text)
 		if stream != nil {
 			if err := stream(t); err != nil {
 				return res, err
 			}
 		}
 		if res.Reason != "" {
-			// Kept. Unless pick queued its run ahead (the cache then holds
-			// it), it has not run: the next Append runs it first.
-			s.tokens = append(s.tokens, tok)
+			// Kept (by the deferred call). Unless pick queued its run ahead
+			// (the cache then holds it), it has not run: the next Append
+			// runs it first.
 			return res, nil
 		}
-		if tok, err = pick(ctx, []int{tok}, more(len(res.Tokens))); err != nil {
+		if err := s.m.closing(); err != nil {
+			return res, err
+		}
+		if t, err = pick(ctx, []int{tok}, more(len(res.Tokens))); err != nil {
 			return res, err
 		}
 		res.DecodeDuration = time.Since(first)
 	}
+}
+
+// checkOptions reports the first of opts out of its range, or one the
+// model cannot honour.
+func (m *Model) checkOptions(opts GenerateOptions) error {
+	if opts.MaxTokens < 0 {
+		return fmt.Errorf("engine: generate: MaxTokens %d: want >= 0 (0: until a stop token or the end of the context)", opts.MaxTokens)
+	}
+	if err := opts.Sampling.Validate(); err != nil {
+		return err
+	}
+	for i, st := range opts.StopStrings {
+		if st == "" {
+			return fmt.Errorf("engine: generate: StopStrings[%d] is empty", i)
+		}
+	}
+	if opts.TopLogProbs < 0 || opts.TopLogProbs > MaxTopLogProbs {
+		return fmt.Errorf("engine: generate: TopLogProbs %d: want a number in [0, %d]", opts.TopLogProbs, MaxTopLogProbs)
+	}
+	if len(opts.StopStrings) > 0 && m.tok == nil {
+		return fmt.Errorf("engine: generate: StopStrings need the model's text: %w", ErrNoTokenizer)
+	}
+	return nil
 }
 
 // picker returns a function that appends tokens to the session, runs them
@@ -194,22 +269,33 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptio
 // the next call, with that token, then only waits for the pick queued ahead.
 // The session's cache then holds one position more than its tokens until
 // that call: Generate keeps the token or truncates the cache.
-func (s *Session) picker(sampler *Sampler) func(ctx context.Context, tokens []int, more bool) (int, error) {
+//
+// The function returns the token's ID, and its log-probabilities when lp
+// asks for them: those need the logits on the host, so they take the host
+// path whatever the backend offers.
+func (s *Session) picker(sampler *Sampler, lp logProbOptions) func(ctx context.Context, tokens []int, more bool) (Token, error) {
 	df, forwards := s.m.net.(model.DeviceForwarder)
 	ts := s.m.caps.Sampler
 	samples := ts != nil
 	o := sampler.opts
-	if !forwards || !samples || !o.onDevice() {
-		return func(ctx context.Context, tokens []int, _ bool) (int, error) {
-			logits, err := s.Append(ctx, tokens)
+	if !forwards || !samples || !o.onDevice() || lp.want {
+		var raw []float32 // the logits before Sample changes them
+		return func(ctx context.Context, tokens []int, _ bool) (Token, error) {
+			logits, err := s.appendHost(ctx, tokens)
 			if err != nil {
-				return 0, err
+				return Token{}, err
 			}
 			if i := firstNaN(logits); i >= 0 {
-				return 0, fmt.Errorf("engine: logit %d at position %d is NaN (a weight or config value out of range?); no token drawn",
+				return Token{}, fmt.Errorf("engine: logit %d at position %d is NaN (a weight or config value out of range?); no token drawn",
 					i, len(s.tokens)-1)
 			}
-			return sampler.Sample(logits, s.tokens), nil
+			if !lp.want {
+				return Token{ID: sampler.Sample(logits, s.tokens)}, nil
+			}
+			raw = append(raw[:0], logits...)
+			t := Token{ID: sampler.Sample(logits, s.tokens)}
+			t.LogProb, t.TopLogProbs = logProbs(raw, t.ID, lp.top)
+			return t, nil
 		}
 	}
 	draw := func() float64 {
@@ -222,21 +308,22 @@ func (s *Session) picker(sampler *Sampler) func(ctx context.Context, tokens []in
 	tp := s.m.caps.Pipeliner
 	holds := tp != nil
 	if !forwardsHeld || !holds || s.noAhead {
-		return func(ctx context.Context, tokens []int, _ bool) (int, error) {
+		return func(ctx context.Context, tokens []int, _ bool) (Token, error) {
 			logits, err := s.appendDevice(ctx, tokens, df)
 			if err != nil {
-				return 0, err
+				return Token{}, err
 			}
-			return ts.SampleToken(logits, float32(o.Temperature), o.TopK, draw())
+			id, err := ts.SampleToken(logits, float32(o.Temperature), o.TopK, draw())
+			return Token{ID: id}, err
 		}
 	}
 	var (
 		ahead  backend.PendingToken // the pick after a token whose run is queued ahead
 		aheadT = -1                 // that token (known once the call that queued it returned it)
 	)
-	return func(ctx context.Context, tokens []int, more bool) (int, error) {
+	return func(ctx context.Context, tokens []int, more bool) (Token, error) {
 		if err := ctx.Err(); err != nil {
-			return 0, err
+			return Token{}, err
 		}
 		if s.held == nil {
 			s.held = s.m.backend.NewBuffer(1)
@@ -254,10 +341,10 @@ func (s *Session) picker(sampler *Sampler) func(ctx context.Context, tokens []in
 			}
 			logits, err := s.appendDevice(ctx, tokens, df)
 			if err != nil {
-				return 0, err
+				return Token{}, err
 			}
 			if pick, err = tp.SampleTokenTo(held, logits, float32(o.Temperature), o.TopK, draw()); err != nil {
-				return 0, err
+				return Token{}, err
 			}
 		}
 		if more && s.st.Len() < s.st.Cap() {
@@ -269,16 +356,16 @@ func (s *Session) picker(sampler *Sampler) func(ctx context.Context, tokens []in
 			if err != nil {
 				ahead = nil
 				s.st.Truncate(len(s.tokens))
-				return 0, err
+				return Token{}, err
 			}
 		}
 		id, err := pick.Wait()
 		if err != nil {
 			ahead = nil
-			return 0, err
+			return Token{}, err
 		}
 		aheadT = id
-		return id, nil
+		return Token{ID: id}, nil
 	}
 }
 

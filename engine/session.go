@@ -29,6 +29,10 @@ const prefillChunk = 512
 // NewSession opens a session holding up to contextLength positions (0: the
 // model's ContextLength).
 func (m *Model) NewSession(contextLength int) (*Session, error) {
+	if err := m.acquire(); err != nil {
+		return nil, err
+	}
+	defer m.done()
 	if contextLength <= 0 {
 		contextLength = m.ctxLen
 	}
@@ -84,16 +88,29 @@ func (s *Session) CacheBytesPerToken() int64 { return s.st.CacheBytesPerToken() 
 func (s *Session) Reset() { s.Truncate(0) }
 
 // Truncate keeps the first n tokens, so that generation can resume from there.
+// After Model.Close it only forgets tokens.
 func (s *Session) Truncate(n int) {
 	n = max(0, min(n, len(s.tokens)))
-	s.st.Truncate(min(n, s.st.Len()))
+	if s.m.acquire() == nil {
+		s.st.Truncate(min(n, s.st.Len()))
+		s.m.done()
+	}
 	s.tokens = s.tokens[:n]
 }
 
 // Append adds tokens to the session, runs every token not yet run through the
 // model, and returns the logits ([vocab]) that predict the next token. On
-// error (cancellation included) the session is left as it was.
+// error (cancellation and Model.Close included) the session is left as it was.
 func (s *Session) Append(ctx context.Context, tokens []int) ([]float32, error) {
+	if err := s.m.acquire(); err != nil {
+		return nil, err
+	}
+	defer s.m.done()
+	return s.appendHost(ctx, tokens)
+}
+
+// appendHost is Append for a caller that holds the model (Model.acquire).
+func (s *Session) appendHost(ctx context.Context, tokens []int) ([]float32, error) {
 	var logits []float32
 	err := s.run(ctx, tokens, func(ids []int32) (err error) {
 		logits, err = s.m.net.Forward(ctx, s.st, ids, false)
@@ -114,6 +131,8 @@ func (s *Session) appendDevice(ctx context.Context, tokens []int, df model.Devic
 
 // run checks tokens, and passes every token not yet run through forward in
 // chunks of at most prefillChunk; the last call's result is the caller's.
+// Between chunks it stops on ctx's cancellation and on Model.Close. The
+// caller holds the model (Model.acquire).
 func (s *Session) run(ctx context.Context, tokens []int, forward func(ids []int32) error) error {
 	for i, t := range tokens {
 		if t < 0 || t >= s.m.cfg.VocabSize {
@@ -141,6 +160,9 @@ func (s *Session) run(ctx context.Context, tokens []int, forward func(ids []int3
 	}
 	for lo := 0; lo < len(ids); lo += prefillChunk {
 		err := ctx.Err()
+		if err == nil {
+			err = s.m.closing()
+		}
 		if err == nil {
 			err = forward(ids[lo:min(lo+prefillChunk, len(ids))])
 		}

@@ -99,7 +99,7 @@ func (l *Loader) hostLinear(module string, rows, cols int) (*backend.HostWeight,
 		return nil, err
 	}
 	if q.Rows != rows || q.Cols != cols {
-		return nil, fmt.Errorf("model: %s: NVFP4 linear %q is [%d, %d], the config implies [%d, %d]", l.ck.Dir(), module, q.Rows, q.Cols, rows, cols)
+		return nil, fmt.Errorf("%w: %s: NVFP4 linear %q is [%d, %d], the config implies [%d, %d]", ErrConfig, l.ck.Dir(), module, q.Rows, q.Cols, rows, cols)
 	}
 	return &backend.HostWeight{Name: module, Rows: rows, Cols: cols, Format: backend.NVFP4, Q: q}, nil
 }
@@ -122,12 +122,21 @@ func (l *Loader) dense(name string, rows, cols int) (*backend.HostWeight, error)
 	case weights.F16:
 		h.Format = backend.F16
 	default:
-		return nil, fmt.Errorf("model: %s (%s): tensor %q: %w %s; linear weights must be F32, BF16 or F16 (or NVFP4)",
-			l.ck.Dir(), t.File, name, nvfp4ckpt.ErrUnsupportedDType, t.DType)
+		return nil, dtypeErr(t, "F32, BF16 or F16 (or NVFP4)")
 	}
 	return h, nil
 }
 
+// dtypeErr reports a linear weight stored in a dtype the backends cannot
+// multiply by (allowed names those they can): a *weights.Error naming the
+// file and tensor, wrapping nvfp4ckpt.ErrUnsupportedDType.
+func dtypeErr(t *weights.Tensor, allowed string) error {
+	return &weights.Error{File: t.File, Tensor: t.Name,
+		Err: fmt.Errorf("%w %s; linear weights must be %s", nvfp4ckpt.ErrUnsupportedDType, t.DType, allowed)}
+}
+
+// checkShape reports a tensor whose shape is not want (an entry of -1
+// matches any size) with shapeErr.
 func checkShape(t *weights.Tensor, want []int) error {
 	if want == nil {
 		return nil
@@ -137,9 +146,15 @@ func checkShape(t *weights.Tensor, want []int) error {
 		ok = want[i] < 0 || t.Shape[i] == want[i]
 	}
 	if !ok {
-		return fmt.Errorf("model: %s: tensor %q has shape %v, the config implies %v", t.File, t.Name, t.Shape, want)
+		return shapeErr(t, want)
 	}
 	return nil
+}
+
+// shapeErr reports a tensor whose shape disagrees with the shape want that
+// the config implies, naming the file and tensor; it wraps ErrConfig.
+func shapeErr(t *weights.Tensor, want []int) error {
+	return fmt.Errorf("%w: %s: tensor %q has shape %v, the config implies %v", ErrConfig, t.File, t.Name, t.Shape, want)
 }
 
 // Bind fills the exported fields of the struct *dst from tensors named

@@ -353,7 +353,7 @@ func uploadRows(b backend.Backend, l *Loader, name string, shape []int, r0, rows
 		return nil, err
 	}
 	if !slices.Equal(t.Shape, shape) {
-		return nil, fmt.Errorf("model: %s: tensor %q has shape %v, the config implies %v", t.File, t.Name, t.Shape, shape)
+		return nil, shapeErr(t, shape)
 	}
 	cols := shape[len(shape)-1]
 	h := &backend.HostWeight{Name: fmt.Sprintf("%s[rows %d:%d]", name, r0, r0+rows), Rows: rows, Cols: cols}
@@ -365,7 +365,7 @@ func uploadRows(b backend.Backend, l *Loader, name string, shape []int, r0, rows
 	case weights.F16:
 		h.Format = backend.F16
 	default:
-		return nil, fmt.Errorf("model: %s: tensor %q has dtype %s; linear weights must be F32, BF16 or F16", t.File, t.Name, t.DType)
+		return nil, dtypeErr(t, "F32, BF16 or F16")
 	}
 	size := t.DType.Size()
 	h.Data = t.Data[r0*cols*size : (r0+rows)*cols*size]

@@ -275,7 +275,7 @@ func (m *DeepseekV4) loadBlock(l *Loader, i int, dims map[string]int) error {
 			return err
 		}
 		if len(t.Shape) != 2 || t.Shape[0] != cfg.VocabSize || t.Shape[1] != K {
-			return fmt.Errorf("model: %s: tensor %q has shape %v, the config implies [%d %d]", t.File, name, t.Shape, cfg.VocabSize, K)
+			return shapeErr(t, []int{cfg.VocabSize, K})
 		}
 		ids, err := t.Int64s()
 		if err != nil {
@@ -284,7 +284,7 @@ func (m *DeepseekV4) loadBlock(l *Loader, i int, dims map[string]int) error {
 		blk.hash = make([]int32, len(ids))
 		for j, e := range ids {
 			if e < 0 || e >= int64(E) {
-				return fmt.Errorf("model: %s: tensor %q: token %d maps to expert %d, outside [0, %d)", t.File, name, j/K, e, E)
+				return fmt.Errorf("%w: %s: tensor %q: token %d maps to expert %d, outside the config's [0, %d)", ErrConfig, t.File, name, j/K, e, E)
 			}
 			blk.hash[j] = int32(e)
 		}

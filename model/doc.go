@@ -7,6 +7,15 @@
 // which also check every tensor's shape against the config, so a checkpoint
 // that disagrees with its config fails at load with the tensor's name.
 //
+// Load errors are classified for errors.Is and errors.As, and name the file
+// and, where there is one, the field or tensor: a config field out of range,
+// or a tensor whose shape (or content) disagrees with what the config
+// implies, wraps ErrConfig; a problem of the checkpoint file itself (a
+// missing tensor, a truncated file, a tensor in a dtype the engine cannot
+// use) is a *weights.Error wrapping one of package weights' sentinels, or
+// for a linear weight's dtype nvfp4ckpt.ErrUnsupportedDType. A Qwen3 layer
+// without its q/k norms wraps both ErrConfig and weights.ErrMissingTensor.
+//
 // This package owns no compute kernels (backend/...), no file formats
 // (weights/, quant/) and no sampling or sessions (engine/).
 package model

@@ -6,12 +6,14 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/manifoldlm/manifold/backend/cpu"
 	"github.com/manifoldlm/manifold/internal/testmodel"
 	"github.com/manifoldlm/manifold/weights"
+	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 )
 
 // tinyModel writes a small random Llama and returns its folder.
@@ -140,5 +142,116 @@ func TestGenerationConfig(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "generation_config.json"), []byte(`{"eos_token_id":"x"}`), 0o644)
 	if _, err := LoadGenerationConfig(dir); err == nil || !strings.Contains(err.Error(), "eos_token_id") {
 		t.Errorf("bad eos: %v", err)
+	}
+}
+
+// TestLoadErrorsClassified damages checkpoints and checks that each error can
+// be told apart with errors.Is and errors.As while still naming the file and
+// tensor: a tensor whose shape disagrees with the config wraps ErrConfig; a
+// tensor of a dtype the engine cannot use is a *weights.Error wrapping
+// nvfp4ckpt.ErrUnsupportedDType (a linear weight) or weights.ErrDType (a
+// vector).
+func TestLoadErrorsClassified(t *testing.T) {
+	llama := testmodel.Llama{Layers: 2, Hidden: 32, FFN: 48, Heads: 4, KVHeads: 2, Vocab: 50, DType: weights.F32, Seed: 1}
+	v4 := testmodel.DeepseekV4{
+		Vocab: 64, Hidden: 32, Layers: 3, Heads: 2, HeadDim: 32, QLora: 32, OGroups: 2, OLora: 16, Window: 4,
+		RateCSA: 2, RateHCA: 4, IndexHeads: 2, IndexDim: 16, IndexTopK: 2, HCMult: 2, HCIters: 3,
+		Experts: 4, TopK: 2, MoEFFN: 16, RopeDim: 8, HashLayers: 1,
+		LayerTypes: []string{testmodel.V4HCA, testmodel.V4CSA, testmodel.V4Sliding}, Seed: 2,
+	}
+	type writer interface{ Write(string) error }
+	nvfp4 := llama
+	nvfp4.NVFP4 = true
+	qwen3 := llama
+	qwen3.Qwen3 = true
+	// retype changes a tensor's dtype to one of the same size.
+	retype := func(name string, d weights.DType) func(*weights.Tensor) *weights.Tensor {
+		return func(tn *weights.Tensor) *weights.Tensor {
+			if tn.Name == name {
+				tn.DType = d
+			}
+			return tn
+		}
+	}
+	reshape := func(name string, shape ...int) func(*weights.Tensor) *weights.Tensor {
+		return func(tn *weights.Tensor) *weights.Tensor {
+			if tn.Name == name {
+				tn.Shape = shape
+			}
+			return tn
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		spec   writer
+		config map[string]any                        // config.json fields to set
+		edit   func(*weights.Tensor) *weights.Tensor // nil: no Rewrite
+		is     []error                               // errors.Is targets
+		asW    bool                                  // errors.As *weights.Error
+		wants  []string                              // substrings
+	}{
+		{"linear shape", llama, map[string]any{"intermediate_size": 64}, nil,
+			[]error{ErrConfig}, false, []string{"model.safetensors", "mlp.gate_proj.weight", "[48 32]", "[64 32]"}},
+		{"vector shape", llama, nil, reshape("model.layers.1.input_layernorm.weight", 2, 16),
+			[]error{ErrConfig}, false, []string{"model.safetensors", "model.layers.1.input_layernorm.weight", "[2 16]", "[32]"}},
+		{"NVFP4 linear shape", nvfp4, map[string]any{"intermediate_size": 64}, nil,
+			[]error{ErrConfig}, false, []string{"mlp.gate_proj", "[48, 32]", "[64, 32]"}},
+		{"qwen3 without q_norm", qwen3, nil, func(tn *weights.Tensor) *weights.Tensor {
+			if strings.Contains(tn.Name, "layers.1.self_attn.q_norm") {
+				tn.Name = "unused." + tn.Name
+			}
+			return tn
+		}, []error{ErrConfig, weights.ErrMissingTensor}, false, []string{"layer 1", "q_norm"}},
+		{"V4 hash table shape", v4, nil, reshape("model.layers.0.ffn.gate.tid2eid", 64*2),
+			[]error{ErrConfig}, false, []string{"model.safetensors", "tid2eid", "[128]", "[64 2]"}},
+		{"V4 hash table expert", v4, nil, func(tn *weights.Tensor) *weights.Tensor {
+			if tn.Name == "model.layers.0.ffn.gate.tid2eid" {
+				tn.Data = slices.Clone(tn.Data)
+				tn.Data[0] = 9 // little-endian: the first entry becomes expert 9 of 4
+			}
+			return tn
+		}, []error{ErrConfig}, false, []string{"model.safetensors", "tid2eid", "expert 9"}},
+		{"linear dtype", llama, nil, retype("model.layers.0.self_attn.q_proj.weight", weights.I32),
+			[]error{nvfp4ckpt.ErrUnsupportedDType}, true, []string{"model.safetensors", "q_proj.weight", "I32"}},
+		{"vector dtype", llama, nil, retype("model.norm.weight", weights.I32),
+			[]error{weights.ErrDType}, true, []string{"model.safetensors", "model.norm.weight", "I32"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := tc.spec.Write(dir); err != nil {
+				t.Fatal(err)
+			}
+			if tc.edit != nil {
+				dst := t.TempDir()
+				if err := testmodel.Rewrite(dir, dst, tc.edit); err != nil {
+					t.Fatal(err)
+				}
+				dir = dst
+			}
+			for f, v := range tc.config {
+				editConfig(t, dir, f, v)
+			}
+			_, err := load(dir)
+			if err == nil {
+				t.Fatal("loaded")
+			}
+			for _, target := range tc.is {
+				if !errors.Is(err, target) {
+					t.Errorf("error %q is not %v", err, target)
+				}
+			}
+			var we *weights.Error
+			if errors.As(err, &we) != tc.asW {
+				t.Errorf("error %q: errors.As *weights.Error = %v, want %v", err, !tc.asW, tc.asW)
+			}
+			if !tc.asW && !errors.Is(err, ErrConfig) {
+				t.Errorf("error %q wraps neither ErrConfig nor *weights.Error", err)
+			}
+			for _, w := range tc.wants {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+		})
 	}
 }

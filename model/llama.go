@@ -7,6 +7,7 @@ import (
 
 	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/layers"
+	"github.com/manifoldlm/manifold/weights"
 )
 
 // Llama is the Llama decoder (and, with per-head q/k norms, Qwen3's): token
@@ -69,8 +70,8 @@ func loadLlama(b backend.Backend, cfg *Config, l *Loader, o Options, qkNorm bool
 			return nil, err
 		}
 		if qkNorm && (blk.QNorm == nil || blk.KNorm == nil) {
-			return nil, fmt.Errorf("model: %s: %s: layer %d lacks self_attn.q_norm/k_norm weights (model.layers.%d.self_attn.q_norm.weight)",
-				l.Checkpoint().Dir(), cfg.ModelType, i, i)
+			return nil, fmt.Errorf("%w: %s: %s: layer %d lacks self_attn.q_norm/k_norm weights (model.layers.%d.self_attn.q_norm.weight): %w",
+				ErrConfig, l.Checkpoint().Dir(), cfg.ModelType, i, i, weights.ErrMissingTensor)
 		}
 		s := layers.AttentionShape{Heads: cfg.NumHeads, KVHeads: cfg.NumKVHeads, HeadDim: cfg.HeadDim,
 			Scale: float32(1 / math.Sqrt(float64(cfg.HeadDim)))}
