@@ -61,6 +61,10 @@ func (p *progress) finish() {
 	}
 }
 
+// minRateSeconds is how long a conversion runs before its progress shows a
+// rate and an ETA.
+const minRateSeconds = 0.5
+
 func (p *progress) draw(name string) {
 	p.last = time.Now()
 	el := time.Since(p.start).Seconds()
@@ -71,9 +75,14 @@ func (p *progress) draw(name string) {
 	if fill < width {
 		bar += ">" + strings.Repeat(" ", width-fill-1)
 	}
-	rate := float64(p.done) / max(el, 1e-9)
-	eta := "--:--"
-	if p.done > 0 && p.done < p.total {
+	// A rate over less than half a second (the first tensors come from the
+	// page cache in microseconds) is noise: it shows as "--" until then.
+	rate, speed, eta := 0.0, "--", "--:--"
+	if el >= minRateSeconds && p.done > 0 {
+		rate = float64(p.done) / el
+		speed = human(int64(rate))
+	}
+	if rate > 0 && p.done < p.total {
 		eta = clock(time.Duration(float64(p.total-p.done) / rate * float64(time.Second)))
 	} else if p.done >= p.total {
 		eta = "0:00"
@@ -81,7 +90,7 @@ func (p *progress) draw(name string) {
 	if len(name) > 48 {
 		name = "..." + name[len(name)-45:]
 	}
-	line := fmt.Sprintf("[%s] %5.1f%% %s/%s %7s/s ETA %s %s", bar, 100*frac, human(p.done), human(p.total), human(int64(rate)), eta, name)
+	line := fmt.Sprintf("[%s] %5.1f%% %s/%s %7s/s ETA %s %s", bar, 100*frac, human(p.done), human(p.total), speed, eta, name)
 	if p.tty {
 		fmt.Fprintf(p.w, "\r%-130s", line)
 	} else {
