@@ -23,9 +23,12 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 
+	"github.com/manifoldlm/manifold/backend/cpu"
+	"github.com/manifoldlm/manifold/model"
 	"github.com/manifoldlm/manifold/weights/convert"
 )
 
@@ -85,7 +88,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	opts := convert.Options{In: *in, Out: *out, Exclude: exclude, ShardBytes: *shardMB * 1e6, Workers: *workers}
+	opts := convert.Options{In: *in, Out: *out, Exclude: exclude, ShardBytes: *shardMB * 1e6, Workers: *workers, Check: checkLoads}
 	if !*quiet {
 		opts.Progress = stderr
 		if f, ok := stderr.(*os.File); ok {
@@ -101,4 +104,23 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	rep.Write(stdout, *worst)
 	return 0
+}
+
+// checkLoads builds the converted folder dir on the CPU as engine.Load
+// would, so that a checkpoint whose tensors disagree with its config fails
+// here, naming the tensor and the field, rather than later in generate. The
+// weights stay mapped (the CPU backend uses NVFP4 and bf16 in place), so the
+// check reads little. Architectures the engine does not run are converted
+// unchecked.
+func checkLoads(dir string) error {
+	f, err := model.ReadFolder(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if !slices.Contains(model.Supported(), f.Config.ModelType) {
+		return nil
+	}
+	_, err = model.Build(cpu.New(1), f, model.Options{})
+	return err
 }

@@ -54,3 +54,31 @@ func TestRun(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestShapesDisagreeWithConfig: a checkpoint whose tensors do not match its
+// config.json (intermediate_size edited) fails at conversion, naming the
+// tensor, and publishes nothing, instead of converting and failing later in
+// generate.
+func TestShapesDisagreeWithConfig(t *testing.T) {
+	in := t.TempDir()
+	l := testmodel.Llama{Layers: 1, Hidden: 32, FFN: 48, Heads: 2, KVHeads: 1, Vocab: 40, DType: weights.BF16, Seed: 1}
+	if err := l.Write(in); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(in, "config.json")
+	cfg, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, bytes.Replace(cfg, []byte(`"intermediate_size": 48`), []byte(`"intermediate_size": 64`), 1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "out")
+	var stdout, stderr bytes.Buffer
+	if got := run([]string{"-in", in, "-out", out, "-quiet"}, &stdout, &stderr); got != 1 || !strings.Contains(stderr.String(), "would not load") || !strings.Contains(stderr.String(), "mlp.gate_proj") {
+		t.Errorf("run = %d, stderr %q: want 1 and an error naming the mismatched tensor", got, stderr.String())
+	}
+	if _, err := os.Stat(out); !os.IsNotExist(err) {
+		t.Errorf("output %s published (stat: %v)", out, err)
+	}
+}

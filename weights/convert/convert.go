@@ -31,6 +31,11 @@ type Options struct {
 	Progress    io.Writer
 	ProgressTTY bool // redraw one line (\r) instead of printing a line every 10%
 
+	// Check, when set, runs on the finished output folder before it is
+	// published (cmd/convert loads it as the engine would): an error fails
+	// the conversion, and nothing is published.
+	Check func(dir string) error
+
 	// afterTensor, when set (tests), runs after each output tensor is written;
 	// an error aborts the conversion.
 	afterTensor func(i int, name string) error
@@ -244,6 +249,11 @@ func Convert(ctx context.Context, opts Options) (rep *Report, err error) {
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("convert: interrupted: %w", err)
+	}
+	if opts.Check != nil {
+		if err := opts.Check(tmp); err != nil {
+			return nil, fmt.Errorf("convert: the converted checkpoint would not load: %w", err)
+		}
 	}
 	// The lock file goes before the rename (the lock itself is held until
 	// Convert returns): a folder without one is never removed by another run.
