@@ -37,7 +37,7 @@ func TestGenerateText(t *testing.T) {
 	if !slices.Equal(res.Tokens, want.Tokens) || res.Text != want.Text || res.Text != streamed.String() || res.Text == "" {
 		t.Errorf("GenerateText: %v %q (streamed %q); Generate: %v %q", res.Tokens, res.Text, streamed.String(), want.Tokens, want.Text)
 	}
-	if full, _ := m.Decode(res.Tokens); !strings.HasPrefix(full, res.Text) {
+	if full := newText(t, m, ids, res.Tokens); !strings.HasPrefix(full, res.Text) {
 		t.Errorf("text %q is not the start of the tokens' %q", res.Text, full)
 	}
 	// The continuation: the text's own tokens, no BOS.

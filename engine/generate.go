@@ -150,7 +150,14 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptio
 	res := &Result{PromptTokens: len(prompt)}
 	var text *tokenizer.StreamDecoder
 	if s.m.tok != nil {
+		// The text of the first new token is what it adds after the tokens
+		// before it (SentencePiece drops a leading space at a text's start).
+		// Priming is best effort: a decoder that fails on the context
+		// decodes the new tokens alone, and fails on them if it must.
 		text = s.m.tok.NewStreamDecoderSkipSpecial()
+		if text.Prime(slices.Concat(s.tokens, prompt)) != nil {
+			text = s.m.tok.NewStreamDecoderSkipSpecial()
+		}
 	}
 	held := stopText{stops: opts.StopStrings}
 	var streamed strings.Builder

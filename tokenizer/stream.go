@@ -32,6 +32,21 @@ func (t *Tokenizer) NewStreamDecoderSkipSpecial() *StreamDecoder {
 	return &StreamDecoder{t: t, skipSpecial: true}
 }
 
+// Prime gives the decoder the ids that come before the ones it will be fed
+// (the end of a prompt), as context only: their text is not returned. A
+// decoder that treats the first token of a text specially (SentencePiece's
+// Metaspace or Strip drop its leading space) then decodes the first fed id
+// as it stands after them, as a decode of the whole sequence would. Only
+// the last few ids matter; Prime keeps at most four.
+func (d *StreamDecoder) Prime(ids []int) (err error) {
+	defer d.catchPattern(&err)
+	d.reset()
+	d.ids = append(d.ids, ids[max(0, len(ids)-4):]...)
+	d.prefixIdx = len(d.ids)
+	d.prefix = d.t.decode(d.ids, d.skipSpecial)
+	return nil
+}
+
 // Add feeds one id and returns the new text, or "" while the text so far
 // ends inside a character. It fails only as Decode does; the decoder is
 // then reset, and the text it held back is lost.

@@ -39,7 +39,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -479,17 +478,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	lead := func(_ int, text string) string { return text }
-	if o.echo && asText {
-		lead = boundary(m, prompt)
-	}
 	res, err := s.Generate(ctx, prompt, opts, func(t engine.Token) error {
-		if asText {
-			text := t.Text
-			if t.Index == 0 {
-				text = lead(t.ID, text)
-			}
-			_, err := io.WriteString(stdout, text)
+		if asText { // the engine decodes a token's text after the prompt's (its leading space kept)
+			_, err := io.WriteString(stdout, t.Text)
 			return err
 		}
 		_, err := fmt.Fprintf(stdout, "%s%d", sep, t.ID)
@@ -512,32 +503,6 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return errInterrupted
 	}
 	return err
-}
-
-// boundary returns a function that gives the text the first generated
-// token (id, streamed as text) has after the echoed prompt. The engine decodes
-// the generated tokens without the prompt before them, and decoders that
-// treat the first token of a text specially (Metaspace, Strip: Llama 2's
-// SentencePiece) drop its leading space; decoding the prompt with the token
-// and without it shows what was dropped. Text that already starts with it is
-// left as it is.
-func boundary(m *engine.Model, prompt []int) func(id int, text string) string {
-	before, err := m.Decode(prompt)
-	if err != nil {
-		return func(_ int, text string) string { return text }
-	}
-	return func(id int, text string) string {
-		with, err1 := m.Decode(append(slices.Clone(prompt), id))
-		alone, err2 := m.Decode([]int{id})
-		after, ok := strings.CutPrefix(with, before)
-		if err1 != nil || err2 != nil || !ok {
-			return text
-		}
-		if dropped, ok := strings.CutSuffix(after, alone); ok && dropped != "" && !strings.HasPrefix(text, dropped) {
-			return dropped + text
-		}
-		return text
-	}
 }
 
 // randomSeed is the seed used when -seed is -1.
