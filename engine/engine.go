@@ -334,15 +334,7 @@ func (m *Model) Encode(text string, chat bool) ([]int, error) {
 		return nil, fmt.Errorf("engine: %s: %w (pass token ids instead)", m.dir, ErrNoTokenizer)
 	}
 	if chat {
-		prompt, err := m.tok.ApplyChatTemplate([]tokenizer.Message{{Role: "user", Content: text}}, true)
-		if err != nil {
-			return nil, fmt.Errorf("engine: chat template of %s: %w", m.dir, err)
-		}
-		ids, err := m.tok.Encode(prompt, false)
-		if err != nil {
-			return nil, fmt.Errorf("engine: encode: %w", err)
-		}
-		return ids, nil
+		return m.encodeChat([]Message{{Role: "user", Content: text}})
 	}
 	ids, err := m.tok.Encode(text, true)
 	if err != nil {

@@ -116,28 +116,22 @@ func (m *Model) encodeChat(msgs []Message) ([]int, error) {
 // ContextLength); see Session.GenerateText. Use a Session to stream or to
 // continue the text.
 func (m *Model) GenerateText(ctx context.Context, prompt string, opts GenerateOptions) (*Result, error) {
-	if err := m.closing(); err != nil {
-		return nil, err
-	}
-	ids, err := m.Encode(prompt, false)
-	if err != nil {
-		return nil, err
-	}
-	s, err := m.NewSession(m.oneShotLength(len(ids), opts))
-	if err != nil {
-		return nil, err
-	}
-	return s.Generate(ctx, ids, opts, nil)
+	return m.oneShot(ctx, opts, func() ([]int, error) { return m.Encode(prompt, false) })
 }
 
 // Chat generates the reply to the conversation msgs in a session of its
 // own, as GenerateText does; see Session.Chat. Use a Session to stream the
 // reply or to carry the conversation on without running it again.
 func (m *Model) Chat(ctx context.Context, msgs []Message, opts GenerateOptions) (*Result, error) {
+	return m.oneShot(ctx, opts, func() ([]int, error) { return m.encodeChat(msgs) })
+}
+
+// oneShot generates after the ids encode gives in a session of its own.
+func (m *Model) oneShot(ctx context.Context, opts GenerateOptions, encode func() ([]int, error)) (*Result, error) {
 	if err := m.closing(); err != nil {
 		return nil, err
 	}
-	ids, err := m.encodeChat(msgs)
+	ids, err := encode()
 	if err != nil {
 		return nil, err
 	}
