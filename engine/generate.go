@@ -155,7 +155,11 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptio
 		// Priming is best effort: a decoder that fails on the context
 		// decodes the new tokens alone, and fails on them if it must.
 		text = s.m.tok.NewStreamDecoderSkipSpecial()
-		if text.Prime(slices.Concat(s.tokens, prompt)) != nil {
+		lead := prompt // its last tokens, with the session's before them when it is short
+		if n := tokenizer.PrimeTokens - len(prompt); n > 0 {
+			lead = slices.Concat(s.tokens[max(0, len(s.tokens)-n):], prompt)
+		}
+		if text.Prime(lead) != nil {
 			text = s.m.tok.NewStreamDecoderSkipSpecial()
 		}
 	}

@@ -24,6 +24,9 @@ type StreamDecoder struct {
 	badFrom     int // 1 + index in ids of the token that began a U+FFFD tail; 0 if none
 }
 
+// PrimeTokens is how many ids of context StreamDecoder.Prime keeps.
+const PrimeTokens = 4
+
 // NewStreamDecoder returns a decoder that keeps special tokens.
 func (t *Tokenizer) NewStreamDecoder() *StreamDecoder { return &StreamDecoder{t: t} }
 
@@ -37,11 +40,11 @@ func (t *Tokenizer) NewStreamDecoderSkipSpecial() *StreamDecoder {
 // decoder that treats the first token of a text specially (SentencePiece's
 // Metaspace or Strip drop its leading space) then decodes the first fed id
 // as it stands after them, as a decode of the whole sequence would. Only
-// the last few ids matter; Prime keeps at most four.
+// the last few ids matter; Prime keeps at most PrimeTokens.
 func (d *StreamDecoder) Prime(ids []int) (err error) {
 	defer d.catchPattern(&err)
 	d.reset()
-	d.ids = append(d.ids, ids[max(0, len(ids)-4):]...)
+	d.ids = append(d.ids, ids[max(0, len(ids)-PrimeTokens):]...)
 	d.prefixIdx = len(d.ids)
 	d.prefix = d.t.decode(d.ids, d.skipSpecial)
 	return nil
