@@ -74,6 +74,10 @@ type CompressedAttentionOps interface {
 	CompressedAttention(out, q, local, comp, idx, sinks Buffer, a dsv4.AttnArgs)
 	// Transpose is dsv4.Transpose: src [a, b, w] into dst [b, a, w].
 	Transpose(dst, src Buffer, a, b, w int)
+	// GroupedMatMul is the grouped output projection: x [m, len(ws), cols]
+	// (the groups of each row) into dst [m, len(ws), rows], group j times
+	// ws[j]ᵀ; every weight is [rows, cols].
+	GroupedMatMul(dst, x Buffer, ws []Weight, m int)
 }
 
 // HyperConnectionOps runs manifold-constrained hyper-connections (layers/mhc),

@@ -61,9 +61,11 @@ type Backend struct {
 	graphSeen     map[uint64]int
 	graphLaunches int
 	paramPtrs     []unsafe.Pointer
-	afterLong     bool        // the op last finalized (launched last) is a long m = 1 matmul (fuse.go: paceOf)
-	tkmWS         *allocation // the many-block top-k's workspace (dsv4.go: topK)
-	moeBuf        *allocation // MoE's picks, weights and activations (moe.go)
+	candBuf       []int          // the fusion pass's candidate positions (pass.go)
+	grouped       groupedScratch // GroupedMatMul's (dsv4.go)
+	afterLong     bool           // the op last finalized (launched last) is a long m = 1 matmul (fuse.go: paceOf)
+	tkmWS         *allocation    // the many-block top-k's workspace (dsv4.go: topK)
+	moeBuf        *allocation    // MoE's picks, weights and activations (moe.go)
 	moeBufLen     int
 	tkmCap        int
 	tkc16Once     sync.Once
@@ -661,7 +663,8 @@ func (b *Backend) SwiGLU(dst, gate, up backend.Buffer, limit float32) {
 		return
 	}
 	n := dst.Len()
-	b.launch("swiglu", grid1(n, 256), 256, 0, ptr(dst), ptr(gate), ptr(up), n, limit)
+	fx := fxOf([]*Buffer{dst.(*Buffer)}, gate.(*Buffer), up.(*Buffer))
+	b.enqueueFx(fx, "swiglu", grid1(n, 256), 256, 0, ptr(dst), ptr(gate), ptr(up), n, limit)
 }
 
 // Add computes a + b.
@@ -673,13 +676,14 @@ func (b *Backend) Add(dst, x, y backend.Buffer) {
 		return
 	}
 	n := dst.Len()
-	b.launch("add", grid1(n, 256), 256, 0, ptr(dst), ptr(x), ptr(y), n)
+	fx := fxOf([]*Buffer{dst.(*Buffer)}, x.(*Buffer), y.(*Buffer))
+	b.enqueueFx(fx, "add", grid1(n, 256), 256, 0, ptr(dst), ptr(x), ptr(y), n)
 }
 
 // Scale computes a * s.
 func (b *Backend) Scale(dst, x backend.Buffer, s float32) {
 	n := dst.Len()
-	b.launch("scale", grid1(n, 256), 256, 0, ptr(dst), ptr(x), s, n)
+	b.enqueueFx(fxOf([]*Buffer{dst.(*Buffer)}, x.(*Buffer)), "scale", grid1(n, 256), 256, 0, ptr(dst), ptr(x), s, n)
 }
 
 // Copy copies src into dst on the stream.
@@ -695,7 +699,8 @@ func (b *Backend) copyBytes(dst, src uint64, n int) {
 	if words == 0 {
 		return
 	}
-	b.launch("copy_words", [3]int{min((words+4*256-1)/(4*256), 4*b.sms), 1, 1}, 256, 0, dst, src, uint64(words))
+	fx := &effects{reads: []span{{src, src + uint64(n)}}, writes: []span{{dst, dst + uint64(n)}}}
+	b.enqueueFx(fx, "copy_words", [3]int{min((words+4*256-1)/(4*256), 4*b.sms), 1, 1}, 256, 0, dst, src, uint64(words))
 }
 
 // copyDriver queues the driver's device-to-device copy of n bytes.

@@ -17,6 +17,12 @@
 // exist only in the dev build, -tags manifold_dev (dev.go, dev/README.md),
 // and their kernels only in the dev image (build.sh dev).
 //
-// This package owns GPU memory, streams and kernels; it knows no architecture
-// and reads no files.
+// This package owns GPU memory, streams and kernels. It implements the op
+// groups of the backend contract (backend/ops.go) and knows no model: it
+// reads no config or file, and no choice in it branches on an architecture,
+// only on the shapes and formats of the ops it is given (comments name the
+// model shape a launch choice was measured on). Fusion is its job: the ops
+// of a step are queued, and a pass over the queue joins those that can run
+// as one launch (pass.go, fuse.go), so that model code is written in the
+// order of the math.
 package kernels

@@ -194,7 +194,7 @@ func (b *Backend) CompressedAttention(out, q, local, comp, idx, sinks backend.Bu
 	}
 	shared := 4*(v4Chunk+(a.Dim+3)&^3) + 8*v4Chunk // scores, the accumulator, the keys' row addresses
 	if shared > b.opsShare() {
-		b.setErr(fmt.Errorf("kernels: V4 attention head dim %d exceeds this GPU's shared memory", a.Dim))
+		b.setErr(fmt.Errorf("kernels: compressed attention head dim %d exceeds this GPU's shared memory", a.Dim))
 		return
 	}
 	if b.v4AttentionMMA(out, q, local, comp, idx, sinks, a) {
@@ -247,7 +247,46 @@ func (b *Backend) Transpose(dst, src backend.Buffer, a, bb, w int) {
 	if a*bb*w <= 0 {
 		return
 	}
-	b.launch("v4_transpose", grid1(a*bb*w, 256), 256, 0, ptr(dst), ptr(src), a, bb, w)
+	fx := fxOf([]*Buffer{dst.(*Buffer)}, src.(*Buffer))
+	b.enqueueFx(fx, "v4_transpose", grid1(a*bb*w, 256), 256, 0, ptr(dst), ptr(src), a, bb, w)
+}
+
+// GroupedMatMul computes group j of every row of dst as group j of x times
+// ws[j]ᵀ. One row: a matmul a group on its slice of x, which the fusion
+// pass joins into launches of three strided groups (joinStrided). More
+// rows: the groups are transposed to the front ([m, G, w] -> [G, m, w]),
+// multiplied as m-row matmuls and transposed back.
+func (b *Backend) GroupedMatMul(dst, x backend.Buffer, ws []backend.Weight, m int) {
+	G, rows, cols := len(ws), ws[0].Rows(), ws[0].Cols()
+	if m == 1 {
+		for j, w := range ws {
+			b.MatMul(b.View(dst, j*rows, rows), b.View(x, j*cols, cols), w, 1)
+		}
+		return
+	}
+	gs := &b.grouped
+	if err := b.grow(&gs.x, &gs.xCap, m*G*cols); err != nil {
+		b.setErr(err)
+		return
+	}
+	if err := b.grow(&gs.y, &gs.yCap, m*G*rows); err != nil {
+		b.setErr(err)
+		return
+	}
+	gx := &Buffer{a: gs.x, ptr: gs.x.ptr, n: m * G * cols}
+	gy := &Buffer{a: gs.y, ptr: gs.y.ptr, n: m * G * rows}
+	b.Transpose(gx, x, m, G, cols)
+	for j, w := range ws {
+		b.MatMul(b.View(gy, j*m*rows, m*rows), b.View(gx, j*m*cols, m*cols), w, m)
+	}
+	b.Transpose(dst, gy, G, m, rows)
+}
+
+// groupedScratch holds GroupedMatMul's transposed input and output, kept
+// between calls (one stream: queued work runs in order).
+type groupedScratch struct {
+	x, y       *allocation
+	xCap, yCap int
 }
 
 // GatherRows copies rows of src into dst (MoE dispatch).

@@ -94,25 +94,41 @@ func (b *Backend) queueGemv(dst, x *Buffer, w *Weight, m int) {
 			return
 		}
 	}
-	if n := len(q.ops); n > 0 && q.ops[n-1].gemv != nil && b.joinStrided(q.ops[n-1].gemv, xs, y, w, bias, m) {
-		return
-	}
-	if n := len(q.ops); n > 0 && q.ops[n-1].gemv != nil {
-		g := q.ops[n-1].gemv
-		ok := g.mode == 0 && g.xs == 0 && len(g.groups) < 3 && g.x == xs && g.m == m && g.K == w.cols && !y.overlaps(xs)
-		if g.norm != nil {
-			ok = ok && !y.overlaps(g.norm.x) && !y.overlaps(g.norm.w)
+	// Join a queued matmul of the same input (or, strided, of the next slice
+	// of it) among the last fuseWindow operations, when this one can run
+	// there: nothing queued since reads what it writes or writes what it
+	// reads (pass.go).
+	fx := &effects{reads: []span{xs}, writes: []span{y}}
+	for _, i := range b.candidates() {
+		g := q.ops[i].gemv
+		if g == nil {
+			continue
 		}
-		for _, gg := range g.groups {
-			ok = ok && !y.overlaps(gg.y)
+		if !b.movable(i, fx) {
+			break // nor past the same operations to an older one
 		}
-		if ok {
-			g.groups = append(g.groups, gemvGroup{w: w, y: y, bias: bias})
+		if b.joinStrided(g, xs, y, w, bias, m) || joinGroup(g, xs, y, w, bias, m) {
 			return
 		}
 	}
 	b.push(op{kind: opKernel, gemv: &gemvOp{x: xs, m: m, K: w.cols,
 		groups: []gemvGroup{{w: w, y: y, bias: bias}}}})
+}
+
+// joinGroup adds the matmul x·wᵀ -> y to g when g reads the same x (up to
+// three weights a launch) and nothing of g overlaps y.
+func joinGroup(g *gemvOp, xs, y span, w *Weight, bias uint64, m int) bool {
+	ok := g.mode == 0 && g.xs == 0 && len(g.groups) < 3 && g.x == xs && g.m == m && g.K == w.cols && !y.overlaps(xs)
+	if g.norm != nil {
+		ok = ok && !y.overlaps(g.norm.x) && !y.overlaps(g.norm.w)
+	}
+	for _, gg := range g.groups {
+		ok = ok && !y.overlaps(gg.y)
+	}
+	if ok {
+		g.groups = append(g.groups, gemvGroup{w: w, y: y, bias: bias})
+	}
+	return ok
 }
 
 // joinStrided joins a one-row matmul to the queued one g when each reads its
@@ -200,58 +216,73 @@ func (b *Backend) paceOf(long, afterLong, swiglu bool) int {
 	return 0
 }
 
-// fuseSwiGLU makes the last queued matmul pair's epilogue SwiGLU(dst=gate, gate, up). qmu held.
+// fuseSwiGLU makes SwiGLU(dst=gate, gate, up) the epilogue of the queued
+// matmul pair that writes gate and up, when it can run there (pass.go). qmu held.
 func (b *Backend) fuseSwiGLU(dst, gate, up *Buffer, limit float32) bool {
-	q := &b.q
-	n := len(q.ops)
-	if n == 0 || q.ops[n-1].gemv == nil {
+	if dst.ptr != gate.ptr || dst.n != gate.n || up.n != gate.n {
 		return false
 	}
-	g := q.ops[n-1].gemv
-	if g.mode != 0 || g.xs != 0 || len(g.groups) != 2 || dst.ptr != gate.ptr || dst.n != gate.n || up.n != gate.n {
-		return false
+	fx := &effects{reads: []span{spanOf(gate), spanOf(up)}, writes: []span{spanOf(gate), spanOf(up)}}
+	for _, i := range b.candidates() {
+		g := b.q.ops[i].gemv
+		if g == nil {
+			continue
+		}
+		if !b.movable(i, fx) {
+			return false
+		}
+		if g.mode != 0 || g.xs != 0 || len(g.groups) != 2 {
+			continue
+		}
+		gs, us := g.groups[0], g.groups[1]
+		N := gs.w.rows
+		if gs.y.ptr != gate.ptr || us.y.ptr != up.ptr || us.w.rows != N || gate.n != g.m*N {
+			continue
+		}
+		g.mode, g.limit = 1, limit
+		return true
 	}
-	gs, us := g.groups[0], g.groups[1]
-	N := gs.w.rows
-	if gs.y.ptr != gate.ptr || us.y.ptr != up.ptr || us.w.rows != N || gate.n != g.m*N {
-		return false
-	}
-	g.mode, g.limit = 1, limit
-	return true
+	return false
 }
 
-// fuseAdd makes dst = a + c (dst being a or c, the other the last matmul's
-// output) the last matmul's epilogue. qmu held.
+// fuseAdd makes dst = a + c (dst being a or c, the other a queued matmul's
+// output) that matmul's epilogue, when it can run there (pass.go). qmu held.
 func (b *Backend) fuseAdd(dst, a, c *Buffer) bool {
-	q := &b.q
-	n := len(q.ops)
-	if n == 0 || q.ops[n-1].gemv == nil {
+	if dst.n != a.n || dst.n != c.n {
 		return false
 	}
-	g := q.ops[n-1].gemv
-	if g.mode != 0 || len(g.groups) != 1 || dst.n != a.n || dst.n != c.n {
-		return false
+	fx := &effects{reads: []span{spanOf(a), spanOf(c)}, writes: []span{spanOf(a), spanOf(c)}}
+	for _, i := range b.candidates() {
+		g := b.q.ops[i].gemv
+		if g == nil {
+			continue
+		}
+		if !b.movable(i, fx) {
+			return false
+		}
+		// One weight, plain; the residual must not be the normalized row the matmul reads.
+		if g.mode != 0 || len(g.groups) != 1 || g.norm != nil {
+			continue
+		}
+		y := g.groups[0].y
+		var other *Buffer
+		switch {
+		case y.ptr == c.ptr && dst.ptr == a.ptr:
+			other = a
+		case y.ptr == a.ptr && dst.ptr == c.ptr:
+			other = c
+		default:
+			continue
+		}
+		res := spanOf(other)
+		if res.end-res.ptr != y.end-y.ptr || res.overlaps(g.x) || res.overlaps(y) {
+			continue
+		}
+		g.mode, g.res = 2, res
+		b.q.keep = append(b.q.keep, other)
+		return true
 	}
-	if g.norm != nil { // the residual must not be the normalized row the matmul reads
-		return false
-	}
-	y := g.groups[0].y
-	var other *Buffer
-	switch {
-	case y.ptr == c.ptr && dst.ptr == a.ptr:
-		other = a
-	case y.ptr == a.ptr && dst.ptr == c.ptr:
-		other = c
-	default:
-		return false
-	}
-	res := span{other.ptr, other.ptr + uint64(4*other.n)}
-	if uint64(4*other.n) != y.end-y.ptr || res.overlaps(g.x) || res.overlaps(y) {
-		return false
-	}
-	g.mode, g.res = 2, res
-	q.keep = append(q.keep, other)
-	return true
+	return false
 }
 
 // The bulk-copy kernel's shared memory (gemv.cuh): tmaStage bytes per ring
@@ -560,14 +591,24 @@ func (b *Backend) queueRoPE(x *Buffer, rows, heads, stride, off, pos0 int, r *la
 		ro.inverse = 1
 	}
 	q.keep = append(q.keep, x)
-	if n := len(q.ops); n > 0 && q.ops[n-1].rope != nil {
-		p := q.ops[n-1].rope
-		if p.x2.ptr == 0 && p.rows == ro.rows && p.stride == ro.stride && p.off == ro.off && p.half == ro.half &&
-			p.posRel == ro.posRel && p.freqs == ro.freqs && p.scale == ro.scale && p.inter == ro.inter &&
-			p.inverse == ro.inverse && !p.x1.overlaps(ro.x1) {
-			p.x2, p.heads2 = ro.x1, ro.heads1
-			return
+	// Join a queued RoPE that differs only in the tensor: this one runs
+	// there, or that one here, whichever the operations between allow (pass.go).
+	fx := &effects{reads: []span{ro.x1}, writes: []span{ro.x1}}
+	for _, i := range b.candidates() {
+		p := q.ops[i].rope
+		if p == nil || p.x2.ptr != 0 || p.rows != ro.rows || p.stride != ro.stride || p.off != ro.off || p.half != ro.half ||
+			p.posRel != ro.posRel || p.freqs != ro.freqs || p.scale != ro.scale || p.inter != ro.inter ||
+			p.inverse != ro.inverse || p.x1.overlaps(ro.x1) {
+			continue
 		}
+		if !b.movable(i, fx) {
+			if !b.sinkable(i) {
+				continue
+			}
+			b.sink(i)
+		}
+		p.x2, p.heads2 = ro.x1, ro.heads1
+		return
 	}
 	b.push(op{kind: opKernel, rope: &ro})
 }
@@ -593,6 +634,7 @@ func (b *Backend) queueNorm(dst, x, w *Buffer, eps float32) {
 	o := op{kind: opKernel, name: "rmsnorm", fn: b.fn["rmsnorm"], grid: [3]uint32{uint32(rows), 1, 1},
 		block: uint32(min(1024, max(32, (n+31)/32*32))), pdl: pdlKernel("rmsnorm")}
 	o.setParams(dst.ptr, x.ptr, w.ptr, n, eps)
+	o.fx = fxOf([]*Buffer{dst}, x, w)
 	if rows == 1 && dst.n == n && n%256 == 0 && x.ptr%16 == 0 && w.ptr%16 == 0 && dst.ptr%16 == 0 {
 		o.norm = &normOp{dst: spanOf(dst), x: spanOf(x), w: spanOf(w), eps: eps}
 	}

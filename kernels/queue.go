@@ -23,8 +23,8 @@ import (
 // written before each launch of the queue; the queue refers to it only by
 // offsets relative to the step's first position, so consecutive steps queue
 // identical work. Queued NVFP4 matmuls that read the same input, SwiGLU and
-// residual adds after them, and RoPE of q then k are fused as they are
-// queued (fuse.go).
+// residual adds after them, and RoPEs of q and k are fused as they are
+// queued, over the last fuseWindow operations of the step (pass.go, fuse.go).
 
 type opKind uint8
 
@@ -44,12 +44,13 @@ type op struct {
 	shared   uint32
 	params   []uint64
 	offs     []uint16
-	pdl      bool    // the kernel waits for its predecessor itself (pdl_wait): launch it with programmatic serialization
-	cluster  uint32  // blocks per thread block cluster along y (0: no clusters)
-	clusterX uint32  // blocks per thread block cluster along x (0: no clusters)
-	gemv     *gemvOp // an NVFP4 matmul that later operations may fuse into
-	rope     *ropeOp // a RoPE that the next RoPE may join
-	norm     *normOp // an RMSNorm that the next matmul may take in
+	pdl      bool     // the kernel waits for its predecessor itself (pdl_wait): launch it with programmatic serialization
+	cluster  uint32   // blocks per thread block cluster along y (0: no clusters)
+	clusterX uint32   // blocks per thread block cluster along x (0: no clusters)
+	gemv     *gemvOp  // an NVFP4 matmul that later operations may fuse into
+	rope     *ropeOp  // a RoPE that the next RoPE may join
+	norm     *normOp  // an RMSNorm that the next matmul may take in
+	fx       *effects // what the kernel reads and writes, where known (pass.go); nil: anything
 }
 
 func (o *op) equal(p *op) bool {
@@ -75,8 +76,8 @@ type queue struct {
 // launchAhead: launched op by op, a queue launches its older operations
 // while the step is still being queued once it holds this many, so that the
 // device starts on a step while the host queues the rest of it (DeepSeek-V4
-// queues over a thousand kernels a token). The newest operation stays
-// queued: the fusions (fuse.go, attnDecode) look only at the last one.
+// queues over a thousand kernels a token). The newest fuseWindow operations
+// stay queued for the fusion pass (pass.go).
 const launchAhead = 16
 
 type graphEntry struct {
@@ -129,7 +130,13 @@ func (q *queue) addIDs(ids []int32) int {
 // float64, []int32 (a by-value block of ints, as IdBlock) or []uint64 (a
 // by-value struct, as 8-byte slots).
 func (b *Backend) enqueue(name string, grid [3]int, block, shared int, args ...any) {
-	o := op{kind: opKernel, name: name, fn: b.function(name),
+	b.enqueueFx(nil, name, grid, block, shared, args...)
+}
+
+// enqueueFx is enqueue of a kernel whose memory effects are fx, so that
+// the fusion pass may move operations past it (pass.go).
+func (b *Backend) enqueueFx(fx *effects, name string, grid [3]int, block, shared int, args ...any) {
+	o := op{kind: opKernel, name: name, fn: b.function(name), fx: fx,
 		grid:  [3]uint32{uint32(grid[0]), uint32(max(grid[1], 1)), uint32(max(grid[2], 1))},
 		block: uint32(block), shared: uint32(shared)}
 	if o.fn == 0 {
@@ -157,13 +164,15 @@ func (b *Backend) push(o op) {
 	if q.graph && b.graphs == GraphsAuto && len(q.ops)%autoRecheck == 0 && !b.streamBusy() {
 		q.graph = false // the device ran dry while the queue was held: launch it as it is built
 	}
-	if b.ahead == 0 || len(q.ops) < max(b.ahead, 2) || q.graph || b.profiling {
+	// The newest fuseWindow operations stay queued for the fusion pass.
+	if b.ahead == 0 || len(q.ops) < max(b.ahead, 1)+fuseWindow-1 || q.graph || b.profiling {
 		return
 	}
-	n := len(q.ops) - 1
+	n := len(q.ops) - fuseWindow
 	b.d.onContext(b.ctx, func() { b.launchQueued(q.ops[:n], false) })
-	q.ops[0] = q.ops[n]
-	q.ops = q.ops[:1]
+	k := copy(q.ops, q.ops[n:])
+	clear(q.ops[k:])
+	q.ops = q.ops[:k]
 }
 
 // launchQueued finalizes ops, sends the step values they read and launches

@@ -455,16 +455,27 @@ func (m *DeepseekV4) attention(s *v4State, l int, h backend.Buffer, n, pos0 int)
 	}
 	off := hd - rope.Dim()
 
-	// Every projection of h first, back to back: the GPU backend runs
-	// consecutive matmuls of one input in one launch.
+	// Queries: a low-rank projection, normed, expanded to the heads and
+	// normed per head (unweighted), then rotated on their last rope dims.
 	qres := b.View(sc.qres, 0, n*v.QLoraRank)
 	b.MatMul(qres, h, blk.Attn.WQA, n)
-	// The new keys (= values) go straight after the cached window rows,
-	// which move to the other buffer's front first if they would not fit.
+	b.RMSNorm(qres, qres, blk.Attn.QNorm, eps)
+	q := b.View(sc.q, 0, n*H*hd)
+	b.MatMul(q, qres, blk.Attn.WQB, n)
+	b.RMSNorm(q, q, m.ones, eps)
+	b.RoPE(q, n, H, hd, off, pos0, rope, false)
+
+	// The one key (= value) head of the new rows goes straight after the
+	// cached window rows, which move to the other buffer's front first if
+	// they would not fit; normed and rotated likewise.
 	ls.cur, ls.start = m.slide(ls.cur, ls.start, ls.win, n, hd, &ls.local)
 	local := b.View(ls.local[ls.cur], ls.start*hd, (ls.win+n)*hd)
 	kv := b.View(local, ls.win*hd, n*hd)
 	b.MatMul(kv, h, blk.Attn.WKV, n)
+	b.RMSNorm(kv, kv, blk.Attn.KVNorm, eps)
+	b.RoPE(kv, n, 1, hd, off, pos0, rope, false)
+
+	// The compressors' projections of h, and the indexer's head weights.
 	var iw backend.Buffer
 	switch blk.kind {
 	case v4HCA:
@@ -475,15 +486,6 @@ func (m *DeepseekV4) attention(s *v4State, l int, h backend.Buffer, n, pos0 int)
 		iw = b.View(sc.iw, 0, n*v.IndexNHeads)
 		b.MatMul(iw, h, blk.Indexer.WeightsProj, n)
 	}
-
-	b.RMSNorm(qres, qres, blk.Attn.QNorm, eps)
-	q := b.View(sc.q, 0, n*H*hd)
-	b.MatMul(q, qres, blk.Attn.WQB, n)
-	b.RMSNorm(q, q, m.ones, eps) // unweighted, per head
-	b.RMSNorm(kv, kv, blk.Attn.KVNorm, eps)
-	// q's and the keys' rotations back to back: one launch on the GPU.
-	b.RoPE(q, n, H, hd, off, pos0, rope, false)
-	b.RoPE(kv, n, 1, hd, off, pos0, rope, false)
 
 	args := dsv4.AttnArgs{M: n, Heads: H, Dim: hd, Pos0: pos0, Lo: pos0 - ls.win, Window: s.window(),
 		Scale: float32(1 / math.Sqrt(float64(hd)))}
@@ -510,21 +512,8 @@ func (m *DeepseekV4) attention(s *v4State, l int, h backend.Buffer, n, pos0 int)
 
 	// Undo the rotation on the output, then the grouped low-rank projection.
 	b.RoPE(att, n, H, hd, off, pos0, rope, true)
-	g, o := v.OGroups, v.OLoraRank
-	gw := H * hd / g
-	u := b.View(sc.u, 0, n*g*o)
-	if n == 1 {
-		for j := 0; j < g; j++ {
-			b.MatMul(b.View(u, j*o, o), b.View(att, j*gw, gw), blk.WOA[j], 1)
-		}
-	} else {
-		grp, grp2 := b.View(sc.grp, 0, n*H*hd), b.View(sc.grp2, 0, n*g*o)
-		m.ops.Transpose(grp, att, n, g, gw) // [n, g, gw] -> [g, n, gw]
-		for j := 0; j < g; j++ {
-			b.MatMul(b.View(grp2, j*n*o, n*o), b.View(grp, j*n*gw, n*gw), blk.WOA[j], n)
-		}
-		m.ops.Transpose(u, grp2, g, n, o) // [g, n, o] -> [n, g, o]
-	}
+	u := b.View(sc.u, 0, n*v.OGroups*v.OLoraRank)
+	m.ops.GroupedMatMul(u, att, blk.WOA, n)
 	out := b.View(sc.a, 0, n*cfg.HiddenSize)
 	b.MatMul(out, u, blk.Attn.WOB, n)
 	return out
@@ -598,8 +587,7 @@ func (m *DeepseekV4) moe(s *v4State, blk *v4Block, h backend.Buffer, tokens []in
 	n, D, I := len(tokens), m.cfg.HiddenSize, v.MoEIntermediateSize
 	E, K := v.NRoutedExperts, v.NumExpertsPerTok
 
-	// The shared expert first: queued right after the site's RMSNorm, its
-	// matmuls may take the norm in (one launch fewer on the GPU).
+	// The shared expert, then the routed experts added to it.
 	limit := float32(v.SwigluLimit)
 	out := b.View(sc.moeOut, 0, n*D)
 	sg, su := b.View(sc.sg, 0, n*I), b.View(sc.su, 0, n*I)

@@ -145,7 +145,7 @@ func (s *v4State) reset() {
 type v4Scratch struct {
 	x, emb, c, h, a                backend.Buffer
 	logits, pre, post, res         backend.Buffer
-	qres, q, att, grp, grp2, u     backend.Buffer
+	qres, q, att, u                backend.Buffer
 	iq, iw, idx                    backend.Buffer
 	router, xe, ge, ue, ye, sg, su backend.Buffer
 	out                            backend.Buffer
@@ -298,8 +298,6 @@ func (m *DeepseekV4) growState(s *v4State, n int) {
 	sc.qres = b.NewBuffer(n * v.QLoraRank)
 	sc.q = b.NewBuffer(n * H * hd)
 	sc.att = b.NewBuffer(n * H * hd)
-	sc.grp = b.NewBuffer(n * H * hd)
-	sc.grp2 = b.NewBuffer(n * v.OGroups * v.OLoraRank)
 	sc.u = b.NewBuffer(n * v.OGroups * v.OLoraRank)
 	if slices.Contains(v.LayerTypes, v4CSA) {
 		sc.iq = b.NewBuffer(n * v.IndexNHeads * v.IndexHeadDim)

@@ -197,21 +197,27 @@ func matmul(b backend.Backend, rng *rand.Rand, f backend.Format, m, rows, cols i
 	}
 	x := rnd(rng, m*cols, 1)
 	want := make([]float32, m*rows)
+	refMatMul(want, x, wv, hw.Bias, m, rows, cols, cols, rows)
+	dst := b.NewBuffer(m * rows)
+	b.MatMul(dst, upload(b, x), w, m)
+	return read(b, dst), want
+}
+
+// refMatMul sets out[i*outStride+r] = Σ_k x[i*xStride+k]·w[r*cols+k] (+
+// bias[r]) for m rows, summed in float64.
+func refMatMul(out, x, w, bias []float32, m, rows, cols, xStride, outStride int) {
 	for i := range m {
 		for r := range rows {
 			var s float64
 			for k := range cols {
-				s += float64(x[i*cols+k]) * float64(wv[r*cols+k])
+				s += float64(x[i*xStride+k]) * float64(w[r*cols+k])
 			}
-			if bias {
-				s += float64(hw.Bias[r])
+			if bias != nil {
+				s += float64(bias[r])
 			}
-			want[i*rows+r] = float32(s)
+			out[i*outStride+r] = float32(s)
 		}
 	}
-	dst := b.NewBuffer(m * rows)
-	b.MatMul(dst, upload(b, x), w, m)
-	return read(b, dst), want
 }
 
 // attention fills a cache with pos0 positions, then runs m queries.
@@ -263,7 +269,43 @@ func sparseCases() []Case {
 				return read(b, dst), want
 			}})
 	}
+	// The grouped output projection: one row takes the strided matmuls the
+	// GPU joins three a launch (K = 2048: its bulk-copy kernel), more rows
+	// the transposes.
+	for _, s := range []struct {
+		f                backend.Format
+		m, g, rows, cols int
+	}{{backend.NVFP4, 1, 4, 48, 2048}, {backend.NVFP4, 1, 3, 16, 4096}, {backend.NVFP4, 5, 3, 33, 256}, {backend.BF16, 2, 2, 7, 40}} {
+		cs = append(cs, Case{Op: "CompressedAttentionOps.GroupedMatMul", Shape: fmt.Sprintf("%s/m=%d/g=%d/%dx%d", s.f, s.m, s.g, s.rows, s.cols),
+			Tol: 4e-3, Needs: "CompressedAttentionOps",
+			Run: func(b backend.Backend, caps backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+				return groupedMatMul(b, caps, rng, s.f, s.m, s.g, s.rows, s.cols)
+			}})
+	}
 	return cs
+}
+
+// groupedMatMul runs GroupedMatMul over g random weights against the
+// float64 sums of each group's rows.
+func groupedMatMul(b backend.Backend, caps backend.Capabilities, rng *rand.Rand, f backend.Format, m, g, rows, cols int) ([]float32, []float32) {
+	ws, vals := make([]backend.Weight, g), make([][]float32, g)
+	for j := range g {
+		var hw *backend.HostWeight
+		vals[j], hw = weight(rng, f, rows, cols)
+		w, err := b.Upload(hw)
+		if err != nil {
+			panic(err)
+		}
+		ws[j] = w
+	}
+	x := rnd(rng, m*g*cols, 1)
+	want := make([]float32, m*g*rows)
+	for j := range g { // group j of row i: x[i*g*cols + j*cols:], want[i*g*rows + j*rows:]
+		refMatMul(want[j*rows:], x[j*cols:], vals[j], nil, m, rows, cols, g*cols, g*rows)
+	}
+	dst := b.NewBuffer(len(want))
+	caps.Compressed.GroupedMatMul(dst, upload(b, x), ws, m)
+	return read(b, dst), want
 }
 
 func hyperCases() []Case {

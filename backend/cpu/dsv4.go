@@ -168,3 +168,21 @@ func v4SinkHead(out, q []float32, rows [][]float32, sink float32, scores []float
 func (b *Backend) Transpose(dst, src backend.Buffer, a, bb, w int) {
 	dsv4.Transpose(dst.(Buffer), src.(Buffer), a, bb, w)
 }
+
+// GroupedMatMul multiplies group j of every row of x by ws[j]ᵀ into group j
+// of dst's row: the rows of one group are gathered (a transpose, unless m
+// is 1) so that each weight is read once for all of them.
+func (b *Backend) GroupedMatMul(dst, x backend.Buffer, ws []backend.Weight, m int) {
+	G, rows, cols := len(ws), ws[0].Rows(), ws[0].Cols()
+	gx, gy := x.(Buffer), dst.(Buffer)
+	if m > 1 {
+		gx, gy = make(Buffer, m*G*cols), make(Buffer, m*G*rows)
+		dsv4.Transpose(gx, x.(Buffer), m, G, cols)
+	}
+	for j, w := range ws {
+		b.MatMul(gy[j*m*rows:(j+1)*m*rows], gx[j*m*cols:(j+1)*m*cols], w, m)
+	}
+	if m > 1 {
+		dsv4.Transpose(dst.(Buffer), gy, G, m, rows)
+	}
+}

@@ -188,6 +188,11 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 			r.FloorShare = r.TokS / r.FloorTokS
 		}
 		results = append(results, r)
+		if o.profile {
+			if err := profileDecode(ctx, m, s, base, stderr); err != nil {
+				return err
+			}
+		}
 	}
 	s.Truncate(0)
 
@@ -313,4 +318,24 @@ func cpuCopyBandwidth(size, threads, reps int) float64 {
 	src, dst = nil, nil
 	debug.FreeOSMemory() // the buffers' memory back before the tests
 	return best
+}
+
+// profileDecode prints the device time of each kernel over 8 decode steps
+// after base tokens (GPU only: the CPU has no per-kernel profile). The
+// steps are launched kernel by kernel, as the profile times each launch.
+func profileDecode(ctx context.Context, m *engine.Model, s *engine.Session, base int, stderr io.Writer) error {
+	gb, ok := m.Backend().(*kernels.Backend)
+	if !ok {
+		fmt.Fprintf(stderr, "bench: -profile: no per-kernel profile on %s\n", m.Backend().Name())
+		return nil
+	}
+	s.Truncate(base)
+	gb.StartProfile()
+	_, err := s.Generate(ctx, nil, engine.GenerateOptions{MaxTokens: 9, StopTokens: []int{}}, nil)
+	p := gb.StopProfile()
+	if err != nil {
+		return fmt.Errorf("-profile: %w", err)
+	}
+	fmt.Fprintf(stderr, "bench: kernels of 8 decode steps (and the first token's sampling)\n%s", kernels.FormatProfile(p))
+	return nil
 }

@@ -113,6 +113,7 @@ type options struct {
 	output              string
 	copyBytes           int // -copy-mib in bytes
 	warmup              bool
+	profile             bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -131,6 +132,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.output, "o", "text", "output format: text (a table) or json")
 	fs.IntVar(&copyMiB, "copy-mib", 1024, "MiB of the buffer the copy bandwidth is measured on")
 	fs.BoolVar(&o.warmup, "warmup", true, "run each test once, untimed, before its repetitions")
+	fs.BoolVar(&o.profile, "profile", false, "GPU: after the tests, print the device time of each kernel over 8 decode steps (launched one by one) to stderr")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: bench -model DIR | -random NAME [-keep DIR] [flags]\n\nflags:\n")
 		fs.PrintDefaults()
