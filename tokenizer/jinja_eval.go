@@ -399,33 +399,13 @@ func (e *jeval) evalExpr(x jexpr) jvalue {
 			}
 			jfail("%s is not callable", typeName(fn))
 		}
-		args := make([]jvalue, len(x.args))
-		for i, a := range x.args {
-			args[i] = e.eval(a)
-		}
-		kw := map[string]jvalue{}
-		for _, k := range x.kwargs {
-			kw[k.name] = e.eval(k.v)
-		}
-		return f(e, args, kw)
+		return f(e, e.evalAll(nil, x.args), e.evalKwargs(x.kwargs))
 	case jFilter:
 		f := jFilters[x.name]
-		args := []jvalue{e.eval(x.arg)}
-		for _, a := range x.args {
-			args = append(args, e.eval(a))
-		}
-		kw := map[string]jvalue{}
-		for _, k := range x.kwargs {
-			kw[k.name] = e.eval(k.v)
-		}
-		return f(e, args, kw)
+		return f(e, e.evalAll([]jvalue{e.eval(x.arg)}, x.args), e.evalKwargs(x.kwargs))
 	case jTest:
 		t := jTests[x.name]
-		args := []jvalue{e.eval(x.arg)}
-		for _, a := range x.args {
-			args = append(args, e.eval(a))
-		}
-		r := t(e, args)
+		r := t(e, e.evalAll([]jvalue{e.eval(x.arg)}, x.args))
 		if x.neg {
 			return !r
 		}
@@ -478,6 +458,23 @@ func (e *jeval) evalExpr(x jexpr) jvalue {
 	}
 	jfail("cannot evaluate %T", x)
 	return nil
+}
+
+// evalAll appends the values of xs to dst, in order.
+func (e *jeval) evalAll(dst []jvalue, xs []jexpr) []jvalue {
+	for _, x := range xs {
+		dst = append(dst, e.eval(x))
+	}
+	return dst
+}
+
+// evalKwargs evaluates keyword arguments into a map (empty, never nil).
+func (e *jeval) evalKwargs(kws []jkwarg) map[string]jvalue {
+	kw := make(map[string]jvalue, len(kws))
+	for _, k := range kws {
+		kw[k.name] = e.eval(k.v)
+	}
+	return kw
 }
 
 func (e *jeval) evalOpt(x jexpr) jvalue {
