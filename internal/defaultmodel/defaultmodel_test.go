@@ -34,19 +34,7 @@ func TestExtract(t *testing.T) {
 	if filepath.Base(dir) != want {
 		t.Errorf("extracted to %s, want a folder named %s", dir, want)
 	}
-	es, err := entries()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range es {
-		got, err := os.ReadFile(filepath.Join(dir, e.name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(got, e.data) {
-			t.Errorf("%s differs from the embedded file", e.name)
-		}
-	}
+	checkFiles(t, dir)
 	for _, name := range []string{"config.json", "model.safetensors", "tokenizer.json"} {
 		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
 			t.Errorf("embedded model lacks %s: %v", name, err)

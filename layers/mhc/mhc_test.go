@@ -44,40 +44,36 @@ func seedSinkhorn(z [][]float64, iters int, eps float64) [][]float64 {
 			m[i][j] = math.Exp(z[i][j])
 		}
 	}
-	rowNorm := func(extra float64) {
-		for i := 0; i < n; i++ {
-			s := 0.0
-			for j := 0; j < n; j++ {
-				s += m[i][j]
+	// norm divides each row (byRow) or column of m by its sum plus extra.
+	norm := func(byRow bool, extra float64) {
+		at := func(a, b int) *float64 {
+			if byRow {
+				return &m[a][b]
 			}
-			for j := 0; j < n; j++ {
-				m[i][j] /= s + extra
-			}
+			return &m[b][a]
 		}
-	}
-	colNorm := func() {
-		for j := 0; j < n; j++ {
+		for a := 0; a < n; a++ {
 			s := 0.0
-			for i := 0; i < n; i++ {
-				s += m[i][j]
+			for b := 0; b < n; b++ {
+				s += *at(a, b)
 			}
-			for i := 0; i < n; i++ {
-				m[i][j] /= s + eps
+			for b := 0; b < n; b++ {
+				*at(a, b) /= s + extra
 			}
 		}
 	}
 	for it := 0; it < iters; it++ {
 		if it == 0 {
-			rowNorm(0) // the reference's softmax: no eps in this denominator...
+			norm(true, 0) // the reference's softmax: no eps in this denominator...
 			for i := range m {
 				for j := range m[i] {
 					m[i][j] += eps // ...but eps added after it
 				}
 			}
 		} else {
-			rowNorm(eps)
+			norm(true, eps)
 		}
-		colNorm()
+		norm(false, eps)
 	}
 	return m
 }
