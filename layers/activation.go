@@ -21,6 +21,20 @@ func SwiGLU(dst, gate, up []float32, limit float32) {
 	}
 }
 
+// LogSumExp is log Σ_i exp(z[i]), computed stably in float64; z[t] minus it
+// is log softmax(z)[t].
+func LogSumExp(z []float32) float64 {
+	mx := math.Inf(-1)
+	for _, v := range z {
+		mx = max(mx, float64(v))
+	}
+	var s float64
+	for _, v := range z {
+		s += math.Exp(float64(v) - mx)
+	}
+	return mx + math.Log(s)
+}
+
 // Softmax replaces x by its softmax, computed stably in float64.
 func Softmax(x []float32) {
 	if len(x) == 0 {

@@ -17,6 +17,7 @@ import (
 	"github.com/manifoldlm/manifold/backend/cpu"
 	"github.com/manifoldlm/manifold/engine"
 	"github.com/manifoldlm/manifold/internal/golden"
+	"github.com/manifoldlm/manifold/layers"
 	"github.com/manifoldlm/manifold/model"
 	"github.com/manifoldlm/manifold/weights"
 )
@@ -250,18 +251,7 @@ func TestNVFP4CloseToBF16(t *testing.T) {
 }
 
 func klDiv(zp, zq []float32) float64 {
-	lse := func(z []float32) float64 {
-		mx := math.Inf(-1)
-		for _, v := range z {
-			mx = max(mx, float64(v))
-		}
-		var s float64
-		for _, v := range z {
-			s += math.Exp(float64(v) - mx)
-		}
-		return mx + math.Log(s)
-	}
-	lp, lq := lse(zp), lse(zq)
+	lp, lq := layers.LogSumExp(zp), layers.LogSumExp(zq)
 	var kl float64
 	for i := range zp {
 		a, b := float64(zp[i])-lp, float64(zq[i])-lq
