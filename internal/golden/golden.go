@@ -146,14 +146,20 @@ func Load(t testing.TB, dir string) *Reference {
 	return r
 }
 
-// Int32s reads the integer tensor name of ck as int32, failing the test on error.
-func Int32s(t testing.TB, ck *weights.Checkpoint, name string) []int32 {
+// tensor is the tensor name of ck, failing the test when it is missing.
+func tensor(t testing.TB, ck *weights.Checkpoint, name string) *weights.Tensor {
 	t.Helper()
 	tn, err := ck.Tensor(name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, err := tn.Int64s()
+	return tn
+}
+
+// Int32s reads the integer tensor name of ck as int32, failing the test on error.
+func Int32s(t testing.TB, ck *weights.Checkpoint, name string) []int32 {
+	t.Helper()
+	v, err := tensor(t, ck, name).Int64s()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,10 +173,7 @@ func Int32s(t testing.TB, ck *weights.Checkpoint, name string) []int32 {
 // Float32s reads the float tensor name of ck and its shape, failing the test on error.
 func Float32s(t testing.TB, ck *weights.Checkpoint, name string) ([]float32, []int) {
 	t.Helper()
-	tn, err := ck.Tensor(name)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tn := tensor(t, ck, name)
 	v, err := tn.Float32()
 	if err != nil {
 		t.Fatal(err)
