@@ -30,6 +30,13 @@ func Dir(t testing.TB) string {
 	return dir
 }
 
+// Path joins elem to the fixture directory (a model's folder: Path(t,
+// "llama")), skipping the test as Dir does when the fixtures are absent.
+func Path(t testing.TB, elem ...string) string {
+	t.Helper()
+	return filepath.Join(append([]string{Dir(t)}, elem...)...)
+}
+
 // find locates the fixture directory: MANIFOLD_GOLDEN_DIR (relative to the
 // module root when relative), else ../shared/golden from the module root.
 // The error says why it is not there; dir is where it was looked for.
