@@ -17,7 +17,7 @@ import (
 	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/backend/cpu"
 	"github.com/manifoldlm/manifold/engine"
-	"github.com/manifoldlm/manifold/internal/enginetest"
+	"github.com/manifoldlm/manifold/internal/modeltest"
 	"github.com/manifoldlm/manifold/internal/testmodel"
 	"github.com/manifoldlm/manifold/layers"
 	"github.com/manifoldlm/manifold/quant"
@@ -483,7 +483,7 @@ func BenchmarkToken(b *testing.B) {
 		b.Run(f.name+"/ours", func(b *testing.B) {
 			dt := map[backend.Format]weights.DType{backend.F32: weights.F32, backend.BF16: weights.BF16}[f.ours]
 			spec := testmodel.Llama{Layers: nLayers, Hidden: hidden, FFN: ffn, Heads: heads, KVHeads: kvHeads, Vocab: vocab, DType: dt, Seed: 1}
-			_, s := enginetest.Open(b, enginetest.Write(b, spec), engine.Options{ContextLength: 2048})
+			_, s := modeltest.Open(b, modeltest.Write(b, spec), engine.Options{ContextLength: 2048})
 			prompt := make([]int, cached)
 			for i := range prompt {
 				prompt[i] = i + 2

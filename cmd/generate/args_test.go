@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/manifoldlm/manifold/engine"
-	"github.com/manifoldlm/manifold/internal/enginetest"
+	"github.com/manifoldlm/manifold/internal/modeltest"
 	"github.com/manifoldlm/manifold/internal/testmodel"
 	"github.com/manifoldlm/manifold/weights"
 )
@@ -215,7 +215,7 @@ func TestExitCode(t *testing.T) {
 // goes to stderr and -seed with it repeats the run; stdout holds the prompt's
 // ids, then the generated ones, unless -echo=false.
 func TestSeedAndEcho(t *testing.T) {
-	dir := enginetest.Write(t, tinyLlama)
+	dir := modeltest.Write(t, tinyLlama)
 	base := []string{"-model", dir, "-ids", "5,6,7", "-max-tokens", "6", "-ignore-eos", "-device", "cpu", "-temperature", "1.5", "-top-k", "0", "-min-p", "0"}
 	gen := func(args ...string) (string, string) {
 		t.Helper()
@@ -266,7 +266,7 @@ func TestInterrupt(t *testing.T) {
 	if runtime.GOOS == "windows" {
 		t.Skip("no SIGINT to send on Windows")
 	}
-	dir := enginetest.Write(t, tinyLlama)
+	dir := modeltest.Write(t, tinyLlama)
 	// 40960 positions (the model's context) take far longer than the test
 	// waits: the signal comes after the first generated id.
 	args := []string{"-model", dir, "-ids", "1,2", "-max-tokens", "0", "-ignore-eos", "-ctx", "40960", "-device", "cpu", "-echo=false"}
@@ -319,7 +319,7 @@ func TestInterrupt(t *testing.T) {
 // must read as one decoding of all the ids, not with the first generated
 // word glued to the prompt.
 func TestEchoWordBoundary(t *testing.T) {
-	dir := enginetest.Write(t, tinyLlama)
+	dir := modeltest.Write(t, tinyLlama)
 	vocab := map[string]int{}
 	for i := range tinyLlama.Vocab {
 		vocab[fmt.Sprintf("▁w%d", i)] = i
@@ -337,7 +337,7 @@ func TestEchoWordBoundary(t *testing.T) {
 		t.Fatal(err, errOut.String())
 	}
 	// The same generation through the API, decoded in one piece.
-	m, s := enginetest.Open(t, dir, engine.Options{Device: "cpu"})
+	m, s := modeltest.Open(t, dir, engine.Options{Device: "cpu"})
 	o, _ := parseFlags(args, io.Discard)
 	o.sampling.Seed = 1
 	res, err := s.Generate(context.Background(), []int{3, 4}, engine.GenerateOptions{MaxTokens: 5, StopTokens: []int{}, Sampling: o.sampling}, nil)

@@ -9,7 +9,7 @@
 //	2  backend (the compute contract; backend/cpu), internal/golden, internal/testmodel
 //	3  kernels (the CUDA backend), model (the architectures): neither imports the other
 //	4  engine (the public API)
-//	5  cmd/..., training/..., internal/enginetest (test helpers that open models through the engine)
+//	5  cmd/..., training/..., internal/modeltest (test helpers that write and open model folders)
 //	6  dev/... (the workbench): no production package imports it
 //
 // Files built only with the manifold_dev tag belong to the workbench too.
@@ -34,7 +34,7 @@ var Layers = map[string]int{
 	"engine":                4,
 	"cmd":                   5,
 	"training":              5,
-	"internal/enginetest":   5,
+	"internal/modeltest":    5,
 	"dev":                   6,
 }
 

@@ -1,8 +1,8 @@
-// Package enginetest holds what tests and benchmarks outside the engine do
-// alike to get a model: write a random checkpoint (internal/testmodel's
-// specs) to a temporary folder and open it through the engine. Only tests
-// import it.
-package enginetest
+// Package modeltest holds what tests and benchmarks outside the engine do
+// alike with a model folder: write a random checkpoint (a spec of
+// internal/testmodel) to a temporary folder, load a folder through the
+// engine and open a session. Only tests import it.
+package modeltest
 
 import (
 	"testing"
