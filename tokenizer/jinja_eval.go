@@ -947,31 +947,18 @@ func binary(op string, a, b jvalue) jvalue {
 		ints := isIntLike(a) && isIntLike(b)
 		if ints {
 			x, y := toInt(a, ""), toInt(b, "")
+			if r, ok := ringOp(op, x, y, "integer "); ok {
+				return r
+			}
 			switch op {
-			case "+":
-				return x + y
-			case "-":
-				return x - y
-			case "*":
-				return x * y
 			case "//":
-				if y == 0 {
-					jfail("integer division by zero")
-				}
 				q := x / y
 				if (x%y != 0) && ((x < 0) != (y < 0)) {
 					q--
 				}
 				return q
 			case "%":
-				if y == 0 {
-					jfail("integer modulo by zero")
-				}
-				m := x % y
-				if m != 0 && (m < 0) != (y < 0) {
-					m += y
-				}
-				return m
+				return floorMod(x%y, y)
 			case "**":
 				if y >= 0 {
 					r := 1
@@ -983,32 +970,19 @@ func binary(op string, a, b jvalue) jvalue {
 			}
 		}
 		x, y := toFloat(a), toFloat(b)
+		if r, ok := ringOp(op, x, y, ""); ok {
+			return r
+		}
 		switch op {
-		case "+":
-			return x + y
-		case "-":
-			return x - y
-		case "*":
-			return x * y
 		case "/":
 			if y == 0 {
 				jfail("division by zero")
 			}
 			return x / y
 		case "//":
-			if y == 0 {
-				jfail("division by zero")
-			}
 			return math.Floor(x / y)
 		case "%":
-			if y == 0 {
-				jfail("modulo by zero")
-			}
-			m := math.Mod(x, y)
-			if m != 0 && (m < 0) != (y < 0) {
-				m += y
-			}
-			return m
+			return floorMod(math.Mod(x, y), y)
 		case "**":
 			return math.Pow(x, y)
 		}
@@ -1430,3 +1404,35 @@ func strftime(t time.Time, f string) string {
 }
 
 func runeLen(s string) int { return utf8.RuneCountInString(s) }
+
+// ringOp applies +, - or * to two numbers of one kind, and fails on a zero
+// divisor of // or % (kind, "integer " or "", names ints in the error);
+// ok is false for every other op, which the caller applies.
+func ringOp[T int | float64](op string, x, y T, kind string) (r T, ok bool) {
+	switch op {
+	case "+":
+		return x + y, true
+	case "-":
+		return x - y, true
+	case "*":
+		return x * y, true
+	case "//":
+		if y == 0 {
+			jfail("%sdivision by zero", kind)
+		}
+	case "%":
+		if y == 0 {
+			jfail("%smodulo by zero", kind)
+		}
+	}
+	return 0, false
+}
+
+// floorMod turns the remainder m of a division by y (the sign of the
+// dividend, as Go's % and math.Mod give) into Python's (the sign of y).
+func floorMod[T int | float64](m, y T) T {
+	if m != 0 && (m < 0) != (y < 0) {
+		m += y
+	}
+	return m
+}
