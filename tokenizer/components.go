@@ -243,20 +243,16 @@ func splitPiece(dst []piece, p piece, m matcher, behavior splitBehavior, invert 
 				out = append(out, sp)
 			}
 		}
-	case behContiguous:
+	case behContiguous, behMergedWithPrevious:
+		// Contiguous joins each span to a previous one of its kind; merged
+		// with previous joins a match to the non-match before it.
 		prevMatch := false
 		for _, sp := range spans {
-			if sp.match == prevMatch && len(out) > 0 {
-				out[len(out)-1].end = sp.end
-			} else {
-				out = append(out, span{sp.start, sp.end, false})
+			join := sp.match == prevMatch
+			if behavior == behMergedWithPrevious {
+				join = sp.match && !prevMatch
 			}
-			prevMatch = sp.match
-		}
-	case behMergedWithPrevious:
-		prevMatch := false
-		for _, sp := range spans {
-			if sp.match && !prevMatch && len(out) > 0 {
+			if join && len(out) > 0 {
 				out[len(out)-1].end = sp.end
 			} else {
 				out = append(out, span{sp.start, sp.end, false})

@@ -1373,27 +1373,21 @@ func strftime(t time.Time, f string) string {
 			continue
 		}
 		i++
-		switch f[i] {
+		switch c := f[i]; c {
 		case 'Y':
 			fmt.Fprintf(&sb, "%04d", t.Year())
-		case 'm':
-			fmt.Fprintf(&sb, "%02d", int(t.Month()))
-		case 'd':
-			fmt.Fprintf(&sb, "%02d", t.Day())
-		case 'B':
-			sb.WriteString(t.Month().String())
-		case 'b':
-			sb.WriteString(t.Month().String()[:3])
-		case 'H':
-			fmt.Fprintf(&sb, "%02d", t.Hour())
-		case 'M':
-			fmt.Fprintf(&sb, "%02d", t.Minute())
-		case 'S':
-			fmt.Fprintf(&sb, "%02d", t.Second())
-		case 'A':
-			sb.WriteString(t.Weekday().String())
-		case 'a':
-			sb.WriteString(t.Weekday().String()[:3])
+		case 'm', 'd', 'H', 'M', 'S':
+			n := map[byte]int{'m': int(t.Month()), 'd': t.Day(), 'H': t.Hour(), 'M': t.Minute(), 'S': t.Second()}[c]
+			fmt.Fprintf(&sb, "%02d", n)
+		case 'B', 'b', 'A', 'a':
+			name := t.Month().String()
+			if c == 'A' || c == 'a' {
+				name = t.Weekday().String()
+			}
+			if c == 'b' || c == 'a' {
+				name = name[:3] // the abbreviated name
+			}
+			sb.WriteString(name)
 		case '%':
 			sb.WriteByte('%')
 		default:

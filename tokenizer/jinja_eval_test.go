@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestJinjaArithmetic pins Python's number semantics (floor division and
@@ -43,5 +44,12 @@ func TestJinjaArithmetic(t *testing.T) {
 		if out != c.want {
 			t.Errorf("%s: got %q, want %q", c.expr, out, c.want)
 		}
+	}
+}
+
+func TestStrftime(t *testing.T) {
+	at := time.Date(2026, time.March, 7, 9, 5, 3, 0, time.UTC) // a Saturday
+	if got, want := strftime(at, "%Y-%m-%d %H:%M:%S %B %b %A %a %% %"), "2026-03-07 09:05:03 March Mar Saturday Sat % %"; got != want {
+		t.Errorf("got %q, want %q", got, want)
 	}
 }
