@@ -21,3 +21,20 @@ func TestLogSumExp(t *testing.T) {
 		}
 	}
 }
+
+func TestArgmax(t *testing.T) {
+	for _, c := range []struct {
+		x    []float32
+		want int
+	}{
+		{nil, 0},
+		{[]float32{3}, 0},
+		{[]float32{1, 5, 2}, 1},
+		{[]float32{4, 4, 1}, 0}, // the first of equal maxima
+		{[]float32{-2, -1, float32(math.Inf(-1))}, 1},
+	} {
+		if got := Argmax(c.x); got != c.want {
+			t.Errorf("Argmax(%v) = %d, want %d", c.x, got, c.want)
+		}
+	}
+}

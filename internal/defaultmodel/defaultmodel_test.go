@@ -194,7 +194,7 @@ func TestLogitsMatchPyTorch(t *testing.T) {
 	}
 	match := 0
 	for i, want := range fx.greedy {
-		next := argmax(logits)
+		next := int32(layers.Argmax(logits))
 		if next != want {
 			break
 		}
@@ -207,16 +207,6 @@ func TestLogitsMatchPyTorch(t *testing.T) {
 	if match == 0 {
 		t.Error("the first greedy token differs from PyTorch's")
 	}
-}
-
-func argmax(x []float32) int32 {
-	best := 0
-	for i, v := range x {
-		if v > x[best] {
-			best = i
-		}
-	}
-	return int32(best)
 }
 
 // TestNVFP4CloseToBF16 compares the embedded NVFP4 model with the bf16
@@ -237,7 +227,7 @@ func TestNVFP4CloseToBF16(t *testing.T) {
 		for p := range ids {
 			ref, our := fx.logits[k][p*V:(p+1)*V], got[p*V:(p+1)*V]
 			kl += klDiv(ref, our)
-			if argmax(ref) == argmax(our) {
+			if layers.Argmax(ref) == layers.Argmax(our) {
 				agree++
 			}
 			n++
