@@ -19,6 +19,7 @@ import (
 	"github.com/manifoldlm/manifold/engine"
 	"github.com/manifoldlm/manifold/internal/modeltest"
 	"github.com/manifoldlm/manifold/internal/testmodel"
+	"github.com/manifoldlm/manifold/internal/testproc"
 	"github.com/manifoldlm/manifold/weights"
 )
 
@@ -272,19 +273,9 @@ func TestInterrupt(t *testing.T) {
 	args := []string{"-model", dir, "-ids", "1,2", "-max-tokens", "0", "-ignore-eos", "-ctx", "40960", "-device", "cpu", "-echo=false"}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestInterrupt$")
 	cmd.Env = append(os.Environ(), "GENERATE_TEST_MAIN_ARGS="+mustJSON(t, args))
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var errOut bytes.Buffer
-	cmd.Stderr = &errOut
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	stdout, errOut := testproc.Start(t, cmd)
 	first := make([]byte, 1)
 	if _, err := stdout.Read(first); err != nil {
-		cmd.Process.Kill()
-		cmd.Wait()
 		t.Fatalf("no output: %v; stderr %q", err, errOut.String())
 	}
 	if err := cmd.Process.Signal(os.Interrupt); err != nil {
@@ -295,6 +286,7 @@ func TestInterrupt(t *testing.T) {
 		_, _ = bytes.NewBuffer(nil).ReadFrom(stdout)
 		done <- cmd.Wait()
 	}()
+	var err error
 	select {
 	case err = <-done:
 	case <-time.After(60 * time.Second):

@@ -4,7 +4,8 @@
 //
 //	0  quant (number formats), layers (reference math), tokenizer, internal/defaultmodel,
 //	   internal/testimage (a test-built kernel image, set only by tests),
-//	   internal/testnum (random inputs and error measures for tests)
+//	   internal/testnum (random inputs and error measures for tests),
+//	   internal/testproc (child processes for tests)
 //	1  weights (safetensors; weights/nvfp4ckpt and weights/convert, the quantized layouts)
 //	2  backend (the compute contract; backend/cpu), internal/golden, internal/testmodel
 //	3  kernels (the CUDA backend), model (the architectures): neither imports the other
@@ -24,6 +25,7 @@ var Layers = map[string]int{
 	"internal/defaultmodel": 0,
 	"internal/testimage":    0,
 	"internal/testnum":      0,
+	"internal/testproc":     0,
 	"weights":               1,
 	"backend":               2,
 	"internal/golden":       2,
