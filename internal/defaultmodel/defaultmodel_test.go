@@ -302,16 +302,12 @@ func TestFunctionBodiesParse(t *testing.T) {
 	defer m.Close()
 	parsed := 0
 	for i, sig := range signatures {
-		prompt, err := m.Encode(sig+" {\n", false)
-		if err != nil {
-			t.Fatal(err)
-		}
 		s, err := m.NewSession(512)
 		if err != nil {
 			t.Fatal(err)
 		}
 		var sb strings.Builder
-		_, err = s.Generate(context.Background(), prompt, engine.GenerateOptions{
+		_, err = s.GenerateText(context.Background(), sig+" {\n", engine.GenerateOptions{
 			MaxTokens: 160,
 			Sampling:  engine.SamplingOptions{Temperature: 0.5, TopK: 40, Seed: uint64(i + 1)},
 		}, func(tk engine.Token) error {
