@@ -483,7 +483,7 @@ func BenchmarkToken(b *testing.B) {
 		b.Run(f.name+"/ours", func(b *testing.B) {
 			dt := map[backend.Format]weights.DType{backend.F32: weights.F32, backend.BF16: weights.BF16}[f.ours]
 			spec := testmodel.Llama{Layers: nLayers, Hidden: hidden, FFN: ffn, Heads: heads, KVHeads: kvHeads, Vocab: vocab, DType: dt, Seed: 1}
-			_, s := modeltest.Open(b, modeltest.Write(b, spec), engine.Options{ContextLength: 2048})
+			_, s := modeltest.Open(b, testmodel.WriteTemp(b, spec), engine.Options{ContextLength: 2048})
 			prompt := make([]int, cached)
 			for i := range prompt {
 				prompt[i] = i + 2

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/manifoldlm/manifold/internal/modeltest"
 	"github.com/manifoldlm/manifold/internal/testmodel"
 	"github.com/manifoldlm/manifold/weights"
 	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
@@ -17,7 +16,7 @@ import (
 var tinyLlama = testmodel.Llama{Layers: 1, Hidden: 32, FFN: 48, Heads: 2, KVHeads: 1, Vocab: 40, DType: weights.BF16, Seed: 1}
 
 func TestRun(t *testing.T) {
-	in := modeltest.Write(t, tinyLlama)
+	in := testmodel.WriteTemp(t, tinyLlama)
 	out := filepath.Join(t.TempDir(), "out")
 	for _, tc := range []struct {
 		name string
@@ -60,7 +59,7 @@ func TestRun(t *testing.T) {
 // tensor, and publishes nothing, instead of converting and failing later in
 // generate.
 func TestShapesDisagreeWithConfig(t *testing.T) {
-	in := modeltest.Write(t, tinyLlama)
+	in := testmodel.WriteTemp(t, tinyLlama)
 	path := filepath.Join(in, "config.json")
 	cfg, err := os.ReadFile(path)
 	if err != nil {

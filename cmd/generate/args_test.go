@@ -216,7 +216,7 @@ func TestExitCode(t *testing.T) {
 // goes to stderr and -seed with it repeats the run; stdout holds the prompt's
 // ids, then the generated ones, unless -echo=false.
 func TestSeedAndEcho(t *testing.T) {
-	dir := modeltest.Write(t, tinyLlama)
+	dir := testmodel.WriteTemp(t, tinyLlama)
 	base := []string{"-model", dir, "-ids", "5,6,7", "-max-tokens", "6", "-ignore-eos", "-device", "cpu", "-temperature", "1.5", "-top-k", "0", "-min-p", "0"}
 	gen := func(args ...string) (string, string) {
 		t.Helper()
@@ -267,7 +267,7 @@ func TestInterrupt(t *testing.T) {
 	if runtime.GOOS == "windows" {
 		t.Skip("no SIGINT to send on Windows")
 	}
-	dir := modeltest.Write(t, tinyLlama)
+	dir := testmodel.WriteTemp(t, tinyLlama)
 	// 40960 positions (the model's context) take far longer than the test
 	// waits: the signal comes after the first generated id.
 	args := []string{"-model", dir, "-ids", "1,2", "-max-tokens", "0", "-ignore-eos", "-ctx", "40960", "-device", "cpu", "-echo=false"}
@@ -311,7 +311,7 @@ func TestInterrupt(t *testing.T) {
 // must read as one decoding of all the ids, not with the first generated
 // word glued to the prompt.
 func TestEchoWordBoundary(t *testing.T) {
-	dir := modeltest.Write(t, tinyLlama)
+	dir := testmodel.WriteTemp(t, tinyLlama)
 	vocab := map[string]int{}
 	for i := range tinyLlama.Vocab {
 		vocab[fmt.Sprintf("▁w%d", i)] = i

@@ -10,7 +10,7 @@
 //	2  backend (the compute contract; backend/cpu), internal/golden, internal/testmodel
 //	3  kernels (the CUDA backend), model (the architectures): neither imports the other
 //	4  engine (the public API)
-//	5  cmd/..., training/..., internal/modeltest (test helpers that write and open model folders)
+//	5  cmd/..., training/..., internal/modeltest (test helpers that open model folders through the engine)
 //	6  dev/... (the workbench): no production package imports it
 //
 // Files built only with the manifold_dev tag belong to the workbench too.

@@ -1,7 +1,6 @@
 // Package modeltest holds what tests and benchmarks outside the engine do
-// alike with a model folder: write a random checkpoint (a spec of
-// internal/testmodel) to a temporary folder, load a folder through the
-// engine and open a session. Only tests import it.
+// alike with a model folder (often one testmodel.WriteTemp wrote): load it
+// through the engine and open a session. Only tests import it.
 package modeltest
 
 import (
@@ -9,23 +8,6 @@ import (
 
 	"github.com/manifoldlm/manifold/engine"
 )
-
-// Writer is a checkpoint spec that writes itself to a folder, as
-// testmodel.Llama, testmodel.DeepseekV4 and testmodel.Spec do.
-type Writer interface {
-	Write(dir string) error
-}
-
-// Write writes w to a new temporary folder of tb and returns the folder,
-// failing tb on an error.
-func Write(tb testing.TB, w Writer) string {
-	tb.Helper()
-	dir := tb.TempDir()
-	if err := w.Write(dir); err != nil {
-		tb.Fatal(err)
-	}
-	return dir
-}
 
 // Open loads the model in dir with o and opens a session of the model's
 // context length, failing tb on an error; the model is closed when tb ends.

@@ -28,7 +28,7 @@ var tinyV4 = testmodel.DeepseekV4{
 // TestDeepseekV4Generates writes a tiny random checkpoint, loads it on the
 // CPU through the engine and generates a few tokens.
 func TestDeepseekV4Generates(t *testing.T) {
-	_, s := modeltest.Open(t, modeltest.Write(t, tinyV4), engine.Options{Device: "cpu", ContextLength: 64})
+	_, s := modeltest.Open(t, testmodel.WriteTemp(t, tinyV4), engine.Options{Device: "cpu", ContextLength: 64})
 	prompt := make([]int, 13)
 	for i := range prompt {
 		prompt[i] = (i*389 + 5) % tinyV4.Vocab
@@ -62,7 +62,7 @@ func TestDeepseekV4Generates(t *testing.T) {
 // TestDeepseekV4Bytes checks WeightBytes and CheckpointBytes against the
 // tensors in the written file, and that a second write gives the same bytes.
 func TestDeepseekV4Bytes(t *testing.T) {
-	dirs := []string{modeltest.Write(t, tinyV4), modeltest.Write(t, tinyV4)}
+	dirs := []string{testmodel.WriteTemp(t, tinyV4), testmodel.WriteTemp(t, tinyV4)}
 	ck, err := weights.Open(dirs[0])
 	if err != nil {
 		t.Fatal(err)
