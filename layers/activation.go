@@ -21,6 +21,31 @@ func SwiGLU(dst, gate, up []float32, limit float32) {
 	}
 }
 
+// Argmax is the index of the first largest value of x (0 for an empty x).
+func Argmax(x []float32) int {
+	best := 0
+	for i, v := range x {
+		if v > x[best] {
+			best = i
+		}
+	}
+	return best
+}
+
+// LogSumExp is log Σ_i exp(z[i]), computed stably in float64; z[t] minus it
+// is log softmax(z)[t].
+func LogSumExp(z []float32) float64 {
+	mx := math.Inf(-1)
+	for _, v := range z {
+		mx = max(mx, float64(v))
+	}
+	var s float64
+	for _, v := range z {
+		s += math.Exp(float64(v) - mx)
+	}
+	return mx + math.Log(s)
+}
+
 // Softmax replaces x by its softmax, computed stably in float64.
 func Softmax(x []float32) {
 	if len(x) == 0 {

@@ -75,15 +75,23 @@ func chatTemplateInputs(t testing.TB) []string {
 		t.Fatal(err)
 	}
 	inputs = append(inputs, features...)
-	return append(inputs,
+	inputs = append(inputs,
 		"{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
 		"{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
 		"{{ ('x' * 1000)|replace('x', 'yyyyyyyyyyyyyyyy' * 1000) }}",
 		"{{ [0] * 100000000 }}",
 		"{{ messages|tojson(indent=100000000) }}",
-		"{{ "+strings.Repeat("(", 5000)+"1"+strings.Repeat(")", 5000)+" }}",
-		"{{ 1"+strings.Repeat("+1", 5000)+" }}",
 	)
+	return append(inputs, deepTemplates(5000)...)
+}
+
+// deepTemplates are expressions nested depth deep: in parentheses, and as
+// a chain of additions.
+func deepTemplates(depth int) []string {
+	return []string{
+		"{{ " + strings.Repeat("(", depth) + "1" + strings.Repeat(")", depth) + " }}",
+		"{{ 1" + strings.Repeat("+1", depth) + " }}",
+	}
 }
 
 var chatFuzzMessages = []Message{{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}, {"user", "Bye"}}

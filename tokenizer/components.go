@@ -243,20 +243,16 @@ func splitPiece(dst []piece, p piece, m matcher, behavior splitBehavior, invert 
 				out = append(out, sp)
 			}
 		}
-	case behContiguous:
+	case behContiguous, behMergedWithPrevious:
+		// Contiguous joins each span to a previous one of its kind; merged
+		// with previous joins a match to the non-match before it.
 		prevMatch := false
 		for _, sp := range spans {
-			if sp.match == prevMatch && len(out) > 0 {
-				out[len(out)-1].end = sp.end
-			} else {
-				out = append(out, span{sp.start, sp.end, false})
+			join := sp.match == prevMatch
+			if behavior == behMergedWithPrevious {
+				join = sp.match && !prevMatch
 			}
-			prevMatch = sp.match
-		}
-	case behMergedWithPrevious:
-		prevMatch := false
-		for _, sp := range spans {
-			if sp.match && !prevMatch && len(out) > 0 {
+			if join && len(out) > 0 {
 				out[len(out)-1].end = sp.end
 			} else {
 				out = append(out, span{sp.start, sp.end, false})
@@ -645,6 +641,31 @@ func (c *component) pattern(field string, opts *buildOptions) (matcher, error) {
 	return nil, fmt.Errorf("%s.pattern: neither String nor Regex", field)
 }
 
+// decodeComponent reads one component object; a null or empty one is nil
+// with no error.
+func decodeComponent(raw json.RawMessage, field string) (*component, error) {
+	if isNull(raw) {
+		return nil, nil
+	}
+	c := new(component)
+	if err := json.Unmarshal(raw, c); err != nil {
+		return nil, fmt.Errorf("%s: %w", field, err)
+	}
+	return c, nil
+}
+
+// replace reads the pattern and content of a Replace normalizer or decoder.
+func (c *component) replace(field string, opts *buildOptions) (matcher, string, error) {
+	m, err := c.pattern(field, opts)
+	if err != nil {
+		return nil, "", err
+	}
+	if c.Content == nil {
+		return nil, "", fmt.Errorf("%s.content: missing", field)
+	}
+	return m, *c.Content, nil
+}
+
 func oneRune(field, s string) (rune, error) {
 	r, n := utf8.DecodeRuneInString(s)
 	if n == 0 || n != len(s) {
@@ -654,12 +675,9 @@ func oneRune(field, s string) (rune, error) {
 }
 
 func parseNormalizer(raw json.RawMessage, field string, opts *buildOptions) (normalizer, error) {
-	if isNull(raw) {
-		return nil, nil
-	}
-	var c component
-	if err := json.Unmarshal(raw, &c); err != nil {
-		return nil, fmt.Errorf("%s: %w", field, err)
+	c, err := decodeComponent(raw, field)
+	if c == nil {
+		return nil, err
 	}
 	switch c.Type {
 	case "Sequence":
@@ -679,14 +697,11 @@ func parseNormalizer(raw json.RawMessage, field string, opts *buildOptions) (nor
 		}
 		return normPrepend(*c.Prepend), nil
 	case "Replace":
-		m, err := c.pattern(field, opts)
+		m, content, err := c.replace(field, opts)
 		if err != nil {
 			return nil, err
 		}
-		if c.Content == nil {
-			return nil, fmt.Errorf("%s.content: missing", field)
-		}
-		return normReplace{m, *c.Content}, nil
+		return normReplace{m, content}, nil
 	case "Strip":
 		return normStrip{c.StripLeft, c.StripRight}, nil
 	case "StripAccents":
@@ -700,12 +715,9 @@ func parseNormalizer(raw json.RawMessage, field string, opts *buildOptions) (nor
 }
 
 func parsePreTokenizer(raw json.RawMessage, field string, opts *buildOptions) (preTokenizer, error) {
-	if isNull(raw) {
-		return nil, nil
-	}
-	var c component
-	if err := json.Unmarshal(raw, &c); err != nil {
-		return nil, fmt.Errorf("%s: %w", field, err)
+	c, err := decodeComponent(raw, field)
+	if c == nil {
+		return nil, err
 	}
 	switch c.Type {
 	case "Sequence":
@@ -786,12 +798,9 @@ func parsePreTokenizer(raw json.RawMessage, field string, opts *buildOptions) (p
 }
 
 func parseDecoder(raw json.RawMessage, field string, opts *buildOptions) (decoder, error) {
-	if isNull(raw) {
-		return nil, nil
-	}
-	var c component
-	if err := json.Unmarshal(raw, &c); err != nil {
-		return nil, fmt.Errorf("%s: %w", field, err)
+	c, err := decodeComponent(raw, field)
+	if c == nil {
+		return nil, err
 	}
 	switch c.Type {
 	case "Sequence":
@@ -807,14 +816,11 @@ func parseDecoder(raw json.RawMessage, field string, opts *buildOptions) (decode
 		mt := p.(preMetaspace)
 		return decMetaspace{mt.repl, mt.scheme}, nil
 	case "Replace":
-		m, err := c.pattern(field, opts)
+		m, content, err := c.replace(field, opts)
 		if err != nil {
 			return nil, err
 		}
-		if c.Content == nil {
-			return nil, fmt.Errorf("%s.content: missing", field)
-		}
-		return decReplace{m, *c.Content}, nil
+		return decReplace{m, content}, nil
 	case "ByteFallback":
 		return decByteFallback{}, nil
 	case "Fuse":
@@ -839,12 +845,12 @@ func parseDecoder(raw json.RawMessage, field string, opts *buildOptions) (decode
 }
 
 func parsePostProcessor(raw json.RawMessage, field string, tokenID func(string) (int, bool)) (postProcessor, error) {
-	if isNull(raw) {
-		return postNone{}, nil
+	c, err := decodeComponent(raw, field)
+	if err != nil {
+		return nil, err
 	}
-	var c component
-	if err := json.Unmarshal(raw, &c); err != nil {
-		return nil, fmt.Errorf("%s: %w", field, err)
+	if c == nil {
+		return postNone{}, nil
 	}
 	switch c.Type {
 	case "Sequence":
@@ -860,7 +866,7 @@ func parsePostProcessor(raw json.RawMessage, field string, tokenID func(string) 
 	case "ByteLevel":
 		return postNone{}, nil
 	case "TemplateProcessing":
-		return parseTemplateProcessing(&c, field)
+		return parseTemplateProcessing(c, field)
 	case "BertProcessing", "RobertaProcessing":
 		cls, err := tokenPair(c.Cls, field+".cls")
 		if err != nil {

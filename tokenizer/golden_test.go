@@ -24,7 +24,7 @@ import (
 // them.
 func goldenDir(t testing.TB) string {
 	t.Helper()
-	d := filepath.Join(golden.Dir(t), "tokenizers")
+	d := golden.Path(t, "tokenizers")
 	if _, err := os.Stat(filepath.Join(d, "golden.json")); err != nil {
 		t.Skipf("SKIPPED, nothing checked: this fixture set has no tokenizer fixtures: %v", err)
 	}

@@ -399,33 +399,13 @@ func (e *jeval) evalExpr(x jexpr) jvalue {
 			}
 			jfail("%s is not callable", typeName(fn))
 		}
-		args := make([]jvalue, len(x.args))
-		for i, a := range x.args {
-			args[i] = e.eval(a)
-		}
-		kw := map[string]jvalue{}
-		for _, k := range x.kwargs {
-			kw[k.name] = e.eval(k.v)
-		}
-		return f(e, args, kw)
+		return f(e, e.evalAll(nil, x.args), e.evalKwargs(x.kwargs))
 	case jFilter:
 		f := jFilters[x.name]
-		args := []jvalue{e.eval(x.arg)}
-		for _, a := range x.args {
-			args = append(args, e.eval(a))
-		}
-		kw := map[string]jvalue{}
-		for _, k := range x.kwargs {
-			kw[k.name] = e.eval(k.v)
-		}
-		return f(e, args, kw)
+		return f(e, e.evalAll([]jvalue{e.eval(x.arg)}, x.args), e.evalKwargs(x.kwargs))
 	case jTest:
 		t := jTests[x.name]
-		args := []jvalue{e.eval(x.arg)}
-		for _, a := range x.args {
-			args = append(args, e.eval(a))
-		}
-		r := t(e, args)
+		r := t(e, e.evalAll([]jvalue{e.eval(x.arg)}, x.args))
 		if x.neg {
 			return !r
 		}
@@ -478,6 +458,23 @@ func (e *jeval) evalExpr(x jexpr) jvalue {
 	}
 	jfail("cannot evaluate %T", x)
 	return nil
+}
+
+// evalAll appends the values of xs to dst, in order.
+func (e *jeval) evalAll(dst []jvalue, xs []jexpr) []jvalue {
+	for _, x := range xs {
+		dst = append(dst, e.eval(x))
+	}
+	return dst
+}
+
+// evalKwargs evaluates keyword arguments into a map (empty, never nil).
+func (e *jeval) evalKwargs(kws []jkwarg) map[string]jvalue {
+	kw := make(map[string]jvalue, len(kws))
+	for _, k := range kws {
+		kw[k.name] = e.eval(k.v)
+	}
+	return kw
 }
 
 func (e *jeval) evalOpt(x jexpr) jvalue {
@@ -950,31 +947,18 @@ func binary(op string, a, b jvalue) jvalue {
 		ints := isIntLike(a) && isIntLike(b)
 		if ints {
 			x, y := toInt(a, ""), toInt(b, "")
+			if r, ok := ringOp(op, x, y, "integer "); ok {
+				return r
+			}
 			switch op {
-			case "+":
-				return x + y
-			case "-":
-				return x - y
-			case "*":
-				return x * y
 			case "//":
-				if y == 0 {
-					jfail("integer division by zero")
-				}
 				q := x / y
 				if (x%y != 0) && ((x < 0) != (y < 0)) {
 					q--
 				}
 				return q
 			case "%":
-				if y == 0 {
-					jfail("integer modulo by zero")
-				}
-				m := x % y
-				if m != 0 && (m < 0) != (y < 0) {
-					m += y
-				}
-				return m
+				return floorMod(x%y, y)
 			case "**":
 				if y >= 0 {
 					r := 1
@@ -986,32 +970,19 @@ func binary(op string, a, b jvalue) jvalue {
 			}
 		}
 		x, y := toFloat(a), toFloat(b)
+		if r, ok := ringOp(op, x, y, ""); ok {
+			return r
+		}
 		switch op {
-		case "+":
-			return x + y
-		case "-":
-			return x - y
-		case "*":
-			return x * y
 		case "/":
 			if y == 0 {
 				jfail("division by zero")
 			}
 			return x / y
 		case "//":
-			if y == 0 {
-				jfail("division by zero")
-			}
 			return math.Floor(x / y)
 		case "%":
-			if y == 0 {
-				jfail("modulo by zero")
-			}
-			m := math.Mod(x, y)
-			if m != 0 && (m < 0) != (y < 0) {
-				m += y
-			}
-			return m
+			return floorMod(math.Mod(x, y), y)
 		case "**":
 			return math.Pow(x, y)
 		}
@@ -1402,27 +1373,21 @@ func strftime(t time.Time, f string) string {
 			continue
 		}
 		i++
-		switch f[i] {
+		switch c := f[i]; c {
 		case 'Y':
 			fmt.Fprintf(&sb, "%04d", t.Year())
-		case 'm':
-			fmt.Fprintf(&sb, "%02d", int(t.Month()))
-		case 'd':
-			fmt.Fprintf(&sb, "%02d", t.Day())
-		case 'B':
-			sb.WriteString(t.Month().String())
-		case 'b':
-			sb.WriteString(t.Month().String()[:3])
-		case 'H':
-			fmt.Fprintf(&sb, "%02d", t.Hour())
-		case 'M':
-			fmt.Fprintf(&sb, "%02d", t.Minute())
-		case 'S':
-			fmt.Fprintf(&sb, "%02d", t.Second())
-		case 'A':
-			sb.WriteString(t.Weekday().String())
-		case 'a':
-			sb.WriteString(t.Weekday().String()[:3])
+		case 'm', 'd', 'H', 'M', 'S':
+			n := map[byte]int{'m': int(t.Month()), 'd': t.Day(), 'H': t.Hour(), 'M': t.Minute(), 'S': t.Second()}[c]
+			fmt.Fprintf(&sb, "%02d", n)
+		case 'B', 'b', 'A', 'a':
+			name := t.Month().String()
+			if c == 'A' || c == 'a' {
+				name = t.Weekday().String()
+			}
+			if c == 'b' || c == 'a' {
+				name = name[:3] // the abbreviated name
+			}
+			sb.WriteString(name)
 		case '%':
 			sb.WriteByte('%')
 		default:
@@ -1433,3 +1398,35 @@ func strftime(t time.Time, f string) string {
 }
 
 func runeLen(s string) int { return utf8.RuneCountInString(s) }
+
+// ringOp applies +, - or * to two numbers of one kind, and fails on a zero
+// divisor of // or % (kind, "integer " or "", names ints in the error);
+// ok is false for every other op, which the caller applies.
+func ringOp[T int | float64](op string, x, y T, kind string) (r T, ok bool) {
+	switch op {
+	case "+":
+		return x + y, true
+	case "-":
+		return x - y, true
+	case "*":
+		return x * y, true
+	case "//":
+		if y == 0 {
+			jfail("%sdivision by zero", kind)
+		}
+	case "%":
+		if y == 0 {
+			jfail("%smodulo by zero", kind)
+		}
+	}
+	return 0, false
+}
+
+// floorMod turns the remainder m of a division by y (the sign of the
+// dividend, as Go's % and math.Mod give) into Python's (the sign of y).
+func floorMod[T int | float64](m, y T) T {
+	if m != 0 && (m < 0) != (y < 0) {
+		m += y
+	}
+	return m
+}

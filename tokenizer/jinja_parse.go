@@ -366,22 +366,33 @@ func (p *jparser) parseExpr() jexpr {
 // "for x in y if cond").
 func (p *jparser) parseCondless() jexpr { return p.parseOr() }
 
-func (p *jparser) parseOr() jexpr {
-	e := p.parseAnd()
-	for p.isName("or") {
-		pos := p.next().pos
-		e = jBinary{"or", e, p.parseAnd(), pos}
+// parseLeft parses a left-associative chain operand (op operand)*, where
+// at reports whether the next token is one of the level's operators.
+func (p *jparser) parseLeft(operand func() jexpr, at func() bool) jexpr {
+	e := operand()
+	for at() {
+		t := p.next()
+		e = jBinary{t.val, e, operand(), t.pos}
 	}
 	return e
 }
 
-func (p *jparser) parseAnd() jexpr {
-	e := p.parseNot()
-	for p.isName("and") {
-		pos := p.next().pos
-		e = jBinary{"and", e, p.parseNot(), pos}
+// atOp reports whether the next token is one of the operators ops.
+func (p *jparser) atOp(ops ...string) bool {
+	for _, op := range ops {
+		if p.isOp(op) {
+			return true
+		}
 	}
-	return e
+	return false
+}
+
+func (p *jparser) parseOr() jexpr {
+	return p.parseLeft(p.parseAnd, func() bool { return p.isName("or") })
+}
+
+func (p *jparser) parseAnd() jexpr {
+	return p.parseLeft(p.parseNot, func() bool { return p.isName("and") })
 }
 
 func (p *jparser) parseNot() jexpr {
@@ -428,39 +439,19 @@ func (p *jparser) parseCompare() jexpr {
 }
 
 func (p *jparser) parseMath1() jexpr {
-	e := p.parseConcat()
-	for p.isOp("+") || p.isOp("-") {
-		t := p.next()
-		e = jBinary{t.val, e, p.parseConcat(), t.pos}
-	}
-	return e
+	return p.parseLeft(p.parseConcat, func() bool { return p.atOp("+", "-") })
 }
 
 func (p *jparser) parseConcat() jexpr {
-	e := p.parseMath2()
-	for p.isOp("~") {
-		t := p.next()
-		e = jBinary{"~", e, p.parseMath2(), t.pos}
-	}
-	return e
+	return p.parseLeft(p.parseMath2, func() bool { return p.atOp("~") })
 }
 
 func (p *jparser) parseMath2() jexpr {
-	e := p.parsePow()
-	for p.isOp("*") || p.isOp("/") || p.isOp("//") || p.isOp("%") {
-		t := p.next()
-		e = jBinary{t.val, e, p.parsePow(), t.pos}
-	}
-	return e
+	return p.parseLeft(p.parsePow, func() bool { return p.atOp("*", "/", "//", "%") })
 }
 
 func (p *jparser) parsePow() jexpr {
-	e := p.parseUnary(true)
-	for p.isOp("**") {
-		t := p.next()
-		e = jBinary{"**", e, p.parseUnary(true), t.pos}
-	}
-	return e
+	return p.parseLeft(func() jexpr { return p.parseUnary(true) }, func() bool { return p.atOp("**") })
 }
 
 // parseUnary parses unary +/- and a primary with its postfixes; as in

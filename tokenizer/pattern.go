@@ -362,6 +362,18 @@ func crlfTail(s string, i int) int {
 	return end
 }
 
+// spaceAlts implements \s*[\r\n]+|\s+(?!\S)|\s+ at i, or -1 where s[i]
+// (of class c0) is not white space.
+func spaceAlts(s string, i int, c0 uint8) int {
+	if c0&cSpace == 0 {
+		return -1
+	}
+	if e := crlfTail(s, i); e >= 0 {
+		return e
+	}
+	return spaceTail(s, i)
+}
+
 func scanGPT2(s string, i int) int {
 	if s[i] == '\'' {
 		if e := contraction(s, i, false); e >= 0 {
@@ -441,14 +453,7 @@ func scanCL100k(s string, i int, digits int) int {
 		e := runOther(s, j)
 		return run(s, e, cCRLF)
 	}
-	// \s*[\r\n]+ | \s+(?!\S) | \s+
-	if c0&cSpace != 0 {
-		if e := crlfTail(s, i); e >= 0 {
-			return e
-		}
-		return spaceTail(s, i)
-	}
-	return -1
+	return spaceAlts(s, i, c0)
 }
 
 func scanDSDigits(s string, i int) int {
@@ -515,11 +520,5 @@ func scanDSMain(s string, i int) int {
 		e := run(s, j, cP|cS)
 		return run(s, e, cCRLF)
 	}
-	if c0&cSpace != 0 {
-		if e := crlfTail(s, i); e >= 0 {
-			return e
-		}
-		return spaceTail(s, i)
-	}
-	return -1
+	return spaceAlts(s, i, c0)
 }

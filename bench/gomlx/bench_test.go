@@ -17,6 +17,7 @@ import (
 	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/backend/cpu"
 	"github.com/manifoldlm/manifold/engine"
+	"github.com/manifoldlm/manifold/internal/modeltest"
 	"github.com/manifoldlm/manifold/internal/testmodel"
 	"github.com/manifoldlm/manifold/layers"
 	"github.com/manifoldlm/manifold/quant"
@@ -482,19 +483,7 @@ func BenchmarkToken(b *testing.B) {
 		b.Run(f.name+"/ours", func(b *testing.B) {
 			dt := map[backend.Format]weights.DType{backend.F32: weights.F32, backend.BF16: weights.BF16}[f.ours]
 			spec := testmodel.Llama{Layers: nLayers, Hidden: hidden, FFN: ffn, Heads: heads, KVHeads: kvHeads, Vocab: vocab, DType: dt, Seed: 1}
-			dir := b.TempDir()
-			if err := spec.Write(dir); err != nil {
-				b.Fatal(err)
-			}
-			m, err := engine.Load(dir, engine.Options{ContextLength: 2048})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer m.Close()
-			s, err := m.NewSession(0)
-			if err != nil {
-				b.Fatal(err)
-			}
+			_, s := modeltest.Open(b, testmodel.WriteTemp(b, spec), engine.Options{ContextLength: 2048})
 			prompt := make([]int, cached)
 			for i := range prompt {
 				prompt[i] = i + 2

@@ -21,11 +21,7 @@ import (
 func BenchmarkConvert(b *testing.B) {
 	for _, dt := range []weights.DType{weights.BF16, weights.F32} {
 		b.Run(dt.String(), func(b *testing.B) {
-			in := b.TempDir()
-			l := testmodel.Llama{Layers: 2, Hidden: 1024, FFN: 2816, Heads: 16, KVHeads: 4, Vocab: 8192, DType: dt, Seed: 1}
-			if err := l.Write(in); err != nil {
-				b.Fatal(err)
-			}
+			in := testmodel.WriteTemp(b, testmodel.Llama{Layers: 2, Hidden: 1024, FFN: 2816, Heads: 16, KVHeads: 4, Vocab: 8192, DType: dt, Seed: 1})
 			st, err := os.Stat(filepath.Join(in, "model.safetensors"))
 			if err != nil {
 				b.Fatal(err)

@@ -12,12 +12,11 @@ import (
 	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 )
 
+// tinyLlama is the checkpoint the tests convert.
+var tinyLlama = testmodel.Llama{Layers: 1, Hidden: 32, FFN: 48, Heads: 2, KVHeads: 1, Vocab: 40, DType: weights.BF16, Seed: 1}
+
 func TestRun(t *testing.T) {
-	in := t.TempDir()
-	l := testmodel.Llama{Layers: 1, Hidden: 32, FFN: 48, Heads: 2, KVHeads: 1, Vocab: 40, DType: weights.BF16, Seed: 1}
-	if err := l.Write(in); err != nil {
-		t.Fatal(err)
-	}
+	in := testmodel.WriteTemp(t, tinyLlama)
 	out := filepath.Join(t.TempDir(), "out")
 	for _, tc := range []struct {
 		name string
@@ -60,11 +59,7 @@ func TestRun(t *testing.T) {
 // tensor, and publishes nothing, instead of converting and failing later in
 // generate.
 func TestShapesDisagreeWithConfig(t *testing.T) {
-	in := t.TempDir()
-	l := testmodel.Llama{Layers: 1, Hidden: 32, FFN: 48, Heads: 2, KVHeads: 1, Vocab: 40, DType: weights.BF16, Seed: 1}
-	if err := l.Write(in); err != nil {
-		t.Fatal(err)
-	}
+	in := testmodel.WriteTemp(t, tinyLlama)
 	path := filepath.Join(in, "config.json")
 	cfg, err := os.ReadFile(path)
 	if err != nil {

@@ -17,7 +17,9 @@ import (
 	"time"
 
 	"github.com/manifoldlm/manifold/engine"
+	"github.com/manifoldlm/manifold/internal/modeltest"
 	"github.com/manifoldlm/manifold/internal/testmodel"
+	"github.com/manifoldlm/manifold/internal/testproc"
 	"github.com/manifoldlm/manifold/weights"
 )
 
@@ -214,10 +216,7 @@ func TestExitCode(t *testing.T) {
 // goes to stderr and -seed with it repeats the run; stdout holds the prompt's
 // ids, then the generated ones, unless -echo=false.
 func TestSeedAndEcho(t *testing.T) {
-	dir := t.TempDir()
-	if err := tinyLlama.Write(dir); err != nil {
-		t.Fatal(err)
-	}
+	dir := testmodel.WriteTemp(t, tinyLlama)
 	base := []string{"-model", dir, "-ids", "5,6,7", "-max-tokens", "6", "-ignore-eos", "-device", "cpu", "-temperature", "1.5", "-top-k", "0", "-min-p", "0"}
 	gen := func(args ...string) (string, string) {
 		t.Helper()
@@ -268,28 +267,15 @@ func TestInterrupt(t *testing.T) {
 	if runtime.GOOS == "windows" {
 		t.Skip("no SIGINT to send on Windows")
 	}
-	dir := t.TempDir()
-	if err := tinyLlama.Write(dir); err != nil {
-		t.Fatal(err)
-	}
+	dir := testmodel.WriteTemp(t, tinyLlama)
 	// 40960 positions (the model's context) take far longer than the test
 	// waits: the signal comes after the first generated id.
 	args := []string{"-model", dir, "-ids", "1,2", "-max-tokens", "0", "-ignore-eos", "-ctx", "40960", "-device", "cpu", "-echo=false"}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestInterrupt$")
 	cmd.Env = append(os.Environ(), "GENERATE_TEST_MAIN_ARGS="+mustJSON(t, args))
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var errOut bytes.Buffer
-	cmd.Stderr = &errOut
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	stdout, errOut := testproc.Start(t, cmd)
 	first := make([]byte, 1)
 	if _, err := stdout.Read(first); err != nil {
-		cmd.Process.Kill()
-		cmd.Wait()
 		t.Fatalf("no output: %v; stderr %q", err, errOut.String())
 	}
 	if err := cmd.Process.Signal(os.Interrupt); err != nil {
@@ -300,6 +286,7 @@ func TestInterrupt(t *testing.T) {
 		_, _ = bytes.NewBuffer(nil).ReadFrom(stdout)
 		done <- cmd.Wait()
 	}()
+	var err error
 	select {
 	case err = <-done:
 	case <-time.After(60 * time.Second):
@@ -324,10 +311,7 @@ func TestInterrupt(t *testing.T) {
 // must read as one decoding of all the ids, not with the first generated
 // word glued to the prompt.
 func TestEchoWordBoundary(t *testing.T) {
-	dir := t.TempDir()
-	if err := tinyLlama.Write(dir); err != nil {
-		t.Fatal(err)
-	}
+	dir := testmodel.WriteTemp(t, tinyLlama)
 	vocab := map[string]int{}
 	for i := range tinyLlama.Vocab {
 		vocab[fmt.Sprintf("▁w%d", i)] = i
@@ -345,15 +329,7 @@ func TestEchoWordBoundary(t *testing.T) {
 		t.Fatal(err, errOut.String())
 	}
 	// The same generation through the API, decoded in one piece.
-	m, err := engine.Load(dir, engine.Options{Device: "cpu"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	s, err := m.NewSession(0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, s := modeltest.Open(t, dir, engine.Options{Device: "cpu"})
 	o, _ := parseFlags(args, io.Discard)
 	o.sampling.Seed = 1
 	res, err := s.Generate(context.Background(), []int{3, 4}, engine.GenerateOptions{MaxTokens: 5, StopTokens: []int{}, Sampling: o.sampling}, nil)

@@ -288,6 +288,7 @@ func parseAttention(s string) (model.AttentionOptions, error) {
 		return a, nil
 	}
 	seen := map[string]bool{}
+	fields := map[string]*int{"rate": &a.HTree.Rate, "topk": &a.HTree.TopK, "dense": &a.HTree.TopCandidates, "first-layer": &a.FirstLayer}
 	for _, kv := range strings.Split(params, ",") {
 		k, v, ok := strings.Cut(kv, "=")
 		k = strings.TrimSpace(k)
@@ -299,18 +300,11 @@ func parseAttention(s string) (model.AttentionOptions, error) {
 			return a, fmt.Errorf("htree parameter %s given twice", k)
 		}
 		seen[k] = true
-		switch k {
-		case "rate":
-			a.HTree.Rate = n
-		case "topk":
-			a.HTree.TopK = n
-		case "dense":
-			a.HTree.TopCandidates = n
-		case "first-layer":
-			a.FirstLayer = n
-		default:
+		f := fields[k]
+		if f == nil {
 			return a, fmt.Errorf("htree parameter %q: the parameters are rate, topk, dense and first-layer", k)
 		}
+		*f = n
 	}
 	if err := a.HTree.WithDefaults().Validate(); err != nil {
 		return a, err

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -10,7 +9,7 @@ import (
 )
 
 func TestGenerateIDs(t *testing.T) {
-	dir := filepath.Join(golden.Dir(t), "llama")
+	dir := golden.Path(t, "llama")
 	var out, errOut bytes.Buffer
 	err := run([]string{"-model", dir, "-ids", "1,2,3", "-max-tokens", "5", "-ignore-eos", "-seed", "1", "-device", "cpu"}, &out, &errOut)
 	if err != nil {

@@ -5,8 +5,8 @@
 //
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a dev/probe/lmhead.cu -o /tmp/lmhead && /tmp/lmhead
 //
-// Reads: 16-byte ld.global.nc over the whole matrix, grid-stride (the stream
-// probe's k_ldg). Matmuls (y = W x, W bf16 row-major, x fp32):
+// Reads: 16-byte ld.global.nc over the whole matrix, grid-stride (probe.cuh's
+// k_ldg, which the stream probe times too). Matmuls (y = W x, W bf16 row-major, x fp32):
 //   u4      gemv_bf16_u4 as committed (gemv.cuh): a warp a row, four 16-byte
 //           loads a lane in flight, 8 warps a block, a block per 8 rows
 //   rowsR   persistent warps (B blocks a multiprocessor), each taking rows
@@ -25,27 +25,6 @@ __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffff, v, m);
     return v;
-}
-__device__ __forceinline__ uint4 ldg_stream(const void* p) {
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
-
-template <int U>
-__global__ void k_ldg(const uint4* __restrict__ p, size_t n, float* out) {
-    uint32_t acc = 0;
-    size_t stride = (size_t)gridDim.x * blockDim.x;
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    for (; i + (U - 1) * stride < n; i += U * stride) {
-        uint4 v[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) v[u] = ldg_stream(p + i + u * stride);
-#pragma unroll
-        for (int u = 0; u < U; u++) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-    }
-    for (; i < n; i += stride) { uint4 v = p[i]; acc ^= v.x ^ v.y ^ v.z ^ v.w; }
-    if (acc == 0x12345678u) out[0] = 1.f;
 }
 
 // gemv.cuh's gemv_bf16_u4 at m = 1 (no bias).

@@ -17,6 +17,7 @@ import (
 	"github.com/manifoldlm/manifold/backend/cpu"
 	"github.com/manifoldlm/manifold/engine"
 	"github.com/manifoldlm/manifold/internal/golden"
+	"github.com/manifoldlm/manifold/layers"
 	"github.com/manifoldlm/manifold/model"
 	"github.com/manifoldlm/manifold/weights"
 )
@@ -34,19 +35,7 @@ func TestExtract(t *testing.T) {
 	if filepath.Base(dir) != want {
 		t.Errorf("extracted to %s, want a folder named %s", dir, want)
 	}
-	es, err := entries()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range es {
-		got, err := os.ReadFile(filepath.Join(dir, e.name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(got, e.data) {
-			t.Errorf("%s differs from the embedded file", e.name)
-		}
-	}
+	checkFiles(t, dir)
 	for _, name := range []string{"config.json", "model.safetensors", "tokenizer.json"} {
 		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
 			t.Errorf("embedded model lacks %s: %v", name, err)
@@ -205,7 +194,7 @@ func TestLogitsMatchPyTorch(t *testing.T) {
 	}
 	match := 0
 	for i, want := range fx.greedy {
-		next := argmax(logits)
+		next := int32(layers.Argmax(logits))
 		if next != want {
 			break
 		}
@@ -218,16 +207,6 @@ func TestLogitsMatchPyTorch(t *testing.T) {
 	if match == 0 {
 		t.Error("the first greedy token differs from PyTorch's")
 	}
-}
-
-func argmax(x []float32) int32 {
-	best := 0
-	for i, v := range x {
-		if v > x[best] {
-			best = i
-		}
-	}
-	return int32(best)
 }
 
 // TestNVFP4CloseToBF16 compares the embedded NVFP4 model with the bf16
@@ -248,7 +227,7 @@ func TestNVFP4CloseToBF16(t *testing.T) {
 		for p := range ids {
 			ref, our := fx.logits[k][p*V:(p+1)*V], got[p*V:(p+1)*V]
 			kl += klDiv(ref, our)
-			if argmax(ref) == argmax(our) {
+			if layers.Argmax(ref) == layers.Argmax(our) {
 				agree++
 			}
 			n++
@@ -262,18 +241,7 @@ func TestNVFP4CloseToBF16(t *testing.T) {
 }
 
 func klDiv(zp, zq []float32) float64 {
-	lse := func(z []float32) float64 {
-		mx := math.Inf(-1)
-		for _, v := range z {
-			mx = max(mx, float64(v))
-		}
-		var s float64
-		for _, v := range z {
-			s += math.Exp(float64(v) - mx)
-		}
-		return mx + math.Log(s)
-	}
-	lp, lq := lse(zp), lse(zq)
+	lp, lq := layers.LogSumExp(zp), layers.LogSumExp(zq)
 	var kl float64
 	for i := range zp {
 		a, b := float64(zp[i])-lp, float64(zq[i])-lq
@@ -334,16 +302,12 @@ func TestFunctionBodiesParse(t *testing.T) {
 	defer m.Close()
 	parsed := 0
 	for i, sig := range signatures {
-		prompt, err := m.Encode(sig+" {\n", false)
-		if err != nil {
-			t.Fatal(err)
-		}
 		s, err := m.NewSession(512)
 		if err != nil {
 			t.Fatal(err)
 		}
 		var sb strings.Builder
-		_, err = s.Generate(context.Background(), prompt, engine.GenerateOptions{
+		_, err = s.GenerateText(context.Background(), sig+" {\n", engine.GenerateOptions{
 			MaxTokens: 160,
 			Sampling:  engine.SamplingOptions{Temperature: 0.5, TopK: 40, Seed: uint64(i + 1)},
 		}, func(tk engine.Token) error {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/manifoldlm/manifold/internal/testproc"
 	"github.com/manifoldlm/manifold/weights"
 )
 
@@ -138,22 +139,7 @@ func mustID(t *testing.T) string {
 func TestExtractKilled(t *testing.T) {
 	root := filepath.Join(t.TempDir(), "cache")
 	cmd := child(t, "hang", root)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	killed := false
-	defer func() {
-		if !killed {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-	}()
+	stdout, stderr := testproc.Start(t, cmd)
 	line, err := bufio.NewReader(stdout).ReadString('\n')
 	if err != nil {
 		t.Fatalf("child: %v\n%s", err, stderr.String())
@@ -179,7 +165,6 @@ func TestExtractKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd.Wait()
-	killed = true
 	dir, err := ExtractTo(root)
 	if err != nil {
 		t.Fatal("extraction after a killed one:", err)

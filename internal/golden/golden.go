@@ -30,6 +30,13 @@ func Dir(t testing.TB) string {
 	return dir
 }
 
+// Path joins elem to the fixture directory (a model's folder: Path(t,
+// "llama")), skipping the test as Dir does when the fixtures are absent.
+func Path(t testing.TB, elem ...string) string {
+	t.Helper()
+	return filepath.Join(append([]string{Dir(t)}, elem...)...)
+}
+
 // find locates the fixture directory: MANIFOLD_GOLDEN_DIR (relative to the
 // module root when relative), else ../shared/golden from the module root.
 // The error says why it is not there; dir is where it was looked for.
@@ -146,14 +153,20 @@ func Load(t testing.TB, dir string) *Reference {
 	return r
 }
 
-// Int32s reads the integer tensor name of ck as int32, failing the test on error.
-func Int32s(t testing.TB, ck *weights.Checkpoint, name string) []int32 {
+// tensor is the tensor name of ck, failing the test when it is missing.
+func tensor(t testing.TB, ck *weights.Checkpoint, name string) *weights.Tensor {
 	t.Helper()
 	tn, err := ck.Tensor(name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, err := tn.Int64s()
+	return tn
+}
+
+// Int32s reads the integer tensor name of ck as int32, failing the test on error.
+func Int32s(t testing.TB, ck *weights.Checkpoint, name string) []int32 {
+	t.Helper()
+	v, err := tensor(t, ck, name).Int64s()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,10 +180,7 @@ func Int32s(t testing.TB, ck *weights.Checkpoint, name string) []int32 {
 // Float32s reads the float tensor name of ck and its shape, failing the test on error.
 func Float32s(t testing.TB, ck *weights.Checkpoint, name string) ([]float32, []int) {
 	t.Helper()
-	tn, err := ck.Tensor(name)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tn := tensor(t, ck, name)
 	v, err := tn.Float32()
 	if err != nil {
 		t.Fatal(err)

@@ -3,12 +3,14 @@
 // packages of lower layers or of its own folder tree. From the bottom:
 //
 //	0  quant (number formats), layers (reference math), tokenizer, internal/defaultmodel,
-//	   internal/testimage (a test-built kernel image, set only by tests)
+//	   internal/testimage (a test-built kernel image, set only by tests),
+//	   internal/testnum (random inputs and error measures for tests),
+//	   internal/testproc (child processes for tests)
 //	1  weights (safetensors; weights/nvfp4ckpt and weights/convert, the quantized layouts)
 //	2  backend (the compute contract; backend/cpu), internal/golden, internal/testmodel
 //	3  kernels (the CUDA backend), model (the architectures): neither imports the other
 //	4  engine (the public API)
-//	5  cmd/..., training/...
+//	5  cmd/..., training/..., internal/modeltest (test helpers that open model folders through the engine)
 //	6  dev/... (the workbench): no production package imports it
 //
 // Files built only with the manifold_dev tag belong to the workbench too.
@@ -22,6 +24,8 @@ var Layers = map[string]int{
 	"tokenizer":             0,
 	"internal/defaultmodel": 0,
 	"internal/testimage":    0,
+	"internal/testnum":      0,
+	"internal/testproc":     0,
 	"weights":               1,
 	"backend":               2,
 	"internal/golden":       2,
@@ -32,6 +36,7 @@ var Layers = map[string]int{
 	"engine":                4,
 	"cmd":                   5,
 	"training":              5,
+	"internal/modeltest":    5,
 	"dev":                   6,
 }
 

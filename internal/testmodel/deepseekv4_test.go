@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/manifoldlm/manifold/engine"
+	"github.com/manifoldlm/manifold/internal/modeltest"
 	"github.com/manifoldlm/manifold/internal/testmodel"
 	"github.com/manifoldlm/manifold/weights"
 )
@@ -27,19 +28,7 @@ var tinyV4 = testmodel.DeepseekV4{
 // TestDeepseekV4Generates writes a tiny random checkpoint, loads it on the
 // CPU through the engine and generates a few tokens.
 func TestDeepseekV4Generates(t *testing.T) {
-	dir := t.TempDir()
-	if err := tinyV4.Write(dir); err != nil {
-		t.Fatal(err)
-	}
-	m, err := engine.Load(dir, engine.Options{Device: "cpu", ContextLength: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	s, err := m.NewSession(0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, s := modeltest.Open(t, testmodel.WriteTemp(t, tinyV4), engine.Options{Device: "cpu", ContextLength: 64})
 	prompt := make([]int, 13)
 	for i := range prompt {
 		prompt[i] = (i*389 + 5) % tinyV4.Vocab
@@ -73,12 +62,7 @@ func TestDeepseekV4Generates(t *testing.T) {
 // TestDeepseekV4Bytes checks WeightBytes and CheckpointBytes against the
 // tensors in the written file, and that a second write gives the same bytes.
 func TestDeepseekV4Bytes(t *testing.T) {
-	dirs := []string{t.TempDir(), t.TempDir()}
-	for _, dir := range dirs {
-		if err := tinyV4.Write(dir); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dirs := []string{testmodel.WriteTemp(t, tinyV4), testmodel.WriteTemp(t, tinyV4)}
 	ck, err := weights.Open(dirs[0])
 	if err != nil {
 		t.Fatal(err)

@@ -52,10 +52,7 @@ func TestLlamaBytes(t *testing.T) {
 		tiny.Model.(testmodel.Llama),
 		{Layers: 2, Hidden: 32, FFN: 48, Heads: 2, KVHeads: 1, HeadDim: 32, Vocab: 40, Qwen3: true, DType: weights.F32, Seed: 2},
 	} {
-		dir := t.TempDir()
-		if err := l.Write(dir); err != nil {
-			t.Fatal(err)
-		}
+		dir := testmodel.WriteTemp(t, l)
 		ck, err := weights.Open(dir)
 		if err != nil {
 			t.Fatal(err)

@@ -17,6 +17,29 @@ import (
 	"github.com/manifoldlm/manifold/weights"
 )
 
+// Writer is a spec that writes a checkpoint folder: Llama, DeepseekV4, Spec.
+type Writer interface {
+	Write(dir string) error
+}
+
+// TB is what WriteTemp needs of a test or benchmark; testing.TB has it.
+type TB interface {
+	Helper()
+	TempDir() string
+	Fatal(args ...any)
+}
+
+// WriteTemp writes w to a new temporary folder of tb and returns the
+// folder, failing tb on an error.
+func WriteTemp(tb TB, w Writer) string {
+	tb.Helper()
+	dir := tb.TempDir()
+	if err := w.Write(dir); err != nil {
+		tb.Fatal(err)
+	}
+	return dir
+}
+
 // Llama describes a Llama-shape model, or with Qwen3 set a Qwen3-shape one
 // (per-head RMSNorm of q and k).
 type Llama struct {

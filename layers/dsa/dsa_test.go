@@ -6,24 +6,9 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/manifoldlm/manifold/internal/testnum"
 	"github.com/manifoldlm/manifold/layers"
 )
-
-func randSlice(rng *rand.Rand, n int, scale float32) []float32 {
-	x := make([]float32, n)
-	for i := range x {
-		x[i] = (rng.Float32()*2 - 1) * scale
-	}
-	return x
-}
-
-func maxDiff(a, b []float32) float64 {
-	var d float64
-	for i := range a {
-		d = max(d, math.Abs(float64(a[i])-float64(b[i])))
-	}
-	return d
-}
 
 func TestIndexerShapeValidate(t *testing.T) {
 	good := IndexerShape{Heads: 4, HeadDim: 32, RopeDim: 16, TopK: 8}
@@ -46,15 +31,21 @@ func TestIndexerShapeValidate(t *testing.T) {
 	}
 }
 
+// indexerInputs draws an indexer's queries and head weights for rows query
+// tokens and its keys for nKeys tokens, uniform in [-1, 1).
+func indexerInputs(rng *rand.Rand, s IndexerShape, rows, nKeys int) (q, w, keys []float32) {
+	q = testnum.Uniform(rng, rows*s.Heads*s.HeadDim, 1)
+	w = testnum.Uniform(rng, rows*s.Heads, 1)
+	return q, w, testnum.Uniform(rng, nKeys*s.HeadDim, 1)
+}
+
 // TestScore checks the index score against the reference formula
 // Σ_h w_h·ReLU(q_h·k·D^-1/2) with w already scaled by H^-1/2, in float64.
 func TestScore(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 1))
 	s := IndexerShape{Heads: 8, HeadDim: 16, RopeDim: 8, TopK: 4}
 	const n = 37
-	q := randSlice(rng, s.Heads*s.HeadDim, 1)
-	w := randSlice(rng, s.Heads, 1)
-	keys := randSlice(rng, n*s.HeadDim, 1)
+	q, w, keys := indexerInputs(rng, s, 1, n)
 	ws := slices.Clone(w)
 	PrepareWeights(ws, s)
 	got := make([]float32, n)
@@ -72,7 +63,7 @@ func TestScore(t *testing.T) {
 		}
 		want[tk] = float32(acc)
 	}
-	if d := maxDiff(got, want); d > 1e-5 {
+	if d := testnum.MaxAbsDiff(got, want); d > 1e-5 {
 		t.Fatalf("max diff %g", d)
 	}
 }
@@ -94,30 +85,30 @@ func TestPrepare(t *testing.T) {
 		layers.RoPEAngles(cos[r*half:(r+1)*half], sin[r*half:(r+1)*half], pos0+r, rope, false)
 	}
 
-	q := randSlice(rng, rows*s.Heads*s.HeadDim, 1)
+	q := testnum.Uniform(rng, rows*s.Heads*s.HeadDim, 1)
 	want := slices.Clone(q)
 	layers.ApplyRoPE(want, rows, s.Heads, s.HeadDim, 0, pos0, rope, false)
 	PrepareQueries(q, rows, s, cos, sin)
-	if d := maxDiff(q, want); d > 1e-6 {
+	if d := testnum.MaxAbsDiff(q, want); d > 1e-6 {
 		t.Fatalf("queries: max diff %g", d)
 	}
 
-	k := randSlice(rng, rows*s.HeadDim, 3)
-	nw := randSlice(rng, s.HeadDim, 1)
-	nb := randSlice(rng, s.HeadDim, 1)
+	k := testnum.Uniform(rng, rows*s.HeadDim, 3)
+	nw := testnum.Uniform(rng, s.HeadDim, 1)
+	nb := testnum.Uniform(rng, s.HeadDim, 1)
 	wantK := make([]float32, len(k))
 	layers.LayerNorm(wantK, k, nw, nb, 1e-6)
 	layers.ApplyRoPE(wantK, rows, 1, s.HeadDim, 0, pos0, rope, false)
 	PrepareKeys(k, rows, s, nw, nb, 1e-6, cos, sin)
-	if d := maxDiff(k, wantK); d > 1e-6 {
+	if d := testnum.MaxAbsDiff(k, wantK); d > 1e-6 {
 		t.Fatalf("keys: max diff %g", d)
 	}
 	// Channels past RopeDim are only normalized.
-	k2 := randSlice(rng, s.HeadDim, 1)
+	k2 := testnum.Uniform(rng, s.HeadDim, 1)
 	n2 := make([]float32, s.HeadDim)
 	layers.LayerNorm(n2, k2, nw, nb, 1e-6)
 	PrepareKeys(k2, 1, s, nw, nb, 1e-6, cos, sin)
-	if d := maxDiff(k2[s.RopeDim:], n2[s.RopeDim:]); d != 0 {
+	if d := testnum.MaxAbsDiff(k2[s.RopeDim:], n2[s.RopeDim:]); d != 0 {
 		t.Fatalf("pass-through channels changed by %g", d)
 	}
 }
@@ -153,9 +144,7 @@ func TestIndexerSelect(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 3))
 	s := IndexerShape{Heads: 4, HeadDim: 8, RopeDim: 4, TopK: 5}
 	const rows, nKeys, pos0 = 12, 20, 8
-	q := randSlice(rng, rows*s.Heads*s.HeadDim, 1)
-	w := randSlice(rng, rows*s.Heads, 1)
-	keys := randSlice(rng, nKeys*s.HeadDim, 1)
+	q, w, keys := indexerInputs(rng, s, rows, nKeys)
 	ix, err := NewIndexer(s, 3)
 	if err != nil {
 		t.Fatal(err)
@@ -222,9 +211,9 @@ func denseMasked(q, keys, values []float32, idx []int32, n, heads, dk, dv int, s
 func TestAttend(t *testing.T) {
 	rng := rand.New(rand.NewPCG(4, 4))
 	const n, heads, dk, dv = 30, 3, 12, 8
-	q := randSlice(rng, heads*dk, 1)
-	keys := randSlice(rng, n*heads*dk, 1)
-	values := randSlice(rng, n*heads*dv, 1)
+	q := testnum.Uniform(rng, heads*dk, 1)
+	keys := testnum.Uniform(rng, n*heads*dk, 1)
+	values := testnum.Uniform(rng, n*heads*dv, 1)
 	all := make([]int32, n)
 	for i := range all {
 		all[i] = int32(i)
@@ -233,7 +222,7 @@ func TestAttend(t *testing.T) {
 		out := make([]float32, heads*dv)
 		Attend(out, q, keys, values, idx, heads, dk, dv, heads*dk, heads*dv, 0.3, make([]float32, len(idx)))
 		want := denseMasked(q, keys, values, idx, n, heads, dk, dv, 0.3)
-		if d := maxDiff(out, want); d > 1e-5 {
+		if d := testnum.MaxAbsDiff(out, want); d > 1e-5 {
 			t.Errorf("idx %v: max diff %g", idx, d)
 		}
 	}
@@ -246,10 +235,10 @@ func TestAttendLatent(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 5))
 	s := layers.MLAShape{Heads: 4, QLoraRank: 8, KVLoraRank: 16, NopeDim: 8, RopeDim: 4, VDim: 6}
 	const n = 25
-	latent := randSlice(rng, n*s.KVLoraRank, 1)
-	rope := randSlice(rng, n*s.RopeDim, 1)
-	kvB := randSlice(rng, s.Heads*(s.NopeDim+s.VDim)*s.KVLoraRank, 0.5)
-	q := randSlice(rng, s.Heads*s.QKDim(), 1) // per head: nope then rope
+	latent := testnum.Uniform(rng, n*s.KVLoraRank, 1)
+	rope := testnum.Uniform(rng, n*s.RopeDim, 1)
+	kvB := testnum.Uniform(rng, s.Heads*(s.NopeDim+s.VDim)*s.KVLoraRank, 0.5)
+	q := testnum.Uniform(rng, s.Heads*s.QKDim(), 1) // per head: nope then rope
 	scale := float32(0.2)
 
 	// Naive: expand keys [n, H, nope+rope] and values [n, H, v].
@@ -287,12 +276,12 @@ func TestAttendLatent(t *testing.T) {
 		AttendLatent(outLat, qLat, qRope, latent, rope, idx, s.Heads, s.KVLoraRank, s.RopeDim, s.KVLoraRank, s.RopeDim, scale, make([]float32, s.Heads*len(idx)))
 		got := make([]float32, s.Heads*s.VDim)
 		layers.MLAExpandOutput(got, outLat, kvB, s)
-		if d := maxDiff(got, want); d > 1e-5 {
+		if d := testnum.MaxAbsDiff(got, want); d > 1e-5 {
 			t.Errorf("idx %v: absorbed vs naive max diff %g", idx, d)
 		}
 		mla := make([]float32, s.Heads*s.VDim)
 		AttendMLA(mla, q, kv, rope, idx, s, scale, make([]float32, len(idx)))
-		if d := maxDiff(mla, want); d > 1e-5 {
+		if d := testnum.MaxAbsDiff(mla, want); d > 1e-5 {
 			t.Errorf("idx %v: AttendMLA vs expanded max diff %g", idx, d)
 		}
 	}
@@ -330,9 +319,7 @@ func BenchmarkIndexerSelectDecode(b *testing.B) {
 	rng := rand.New(rand.NewPCG(6, 6))
 	s := IndexerShape{Heads: 64, HeadDim: 128, RopeDim: 64, TopK: 2048}
 	const nKeys = 8192
-	q := randSlice(rng, s.Heads*s.HeadDim, 1)
-	w := randSlice(rng, s.Heads, 1)
-	keys := randSlice(rng, nKeys*s.HeadDim, 1)
+	q, w, keys := indexerInputs(rng, s, 1, nKeys)
 	ix, _ := NewIndexer(s, 1)
 	var sel Selection
 	for b.Loop() {

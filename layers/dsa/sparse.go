@@ -21,25 +21,14 @@ func Attend(out, q, keys, values []float32, idx []int32, heads, dk, dv, kStride,
 		qh := q[h*dk : (h+1)*dk]
 		m := float32(math.Inf(-1))
 		for j, t := range idx {
-			k := keys[int(t)*kStride+h*dk:]
-			k = k[:dk]
-			var dot float32
-			for i, kv := range k {
-				dot += qh[i] * kv
-			}
-			p[j] = dot * scale
+			p[j] = seqDot(qh, keys[int(t)*kStride+h*dk:][:dk]) * scale
 			m = max(m, p[j])
 		}
 		normalize(p, m)
 		o := out[h*dv : (h+1)*dv]
 		clear(o)
 		for j, t := range idx {
-			v := values[int(t)*vStride+h*dv:]
-			v = v[:dv]
-			pj := p[j]
-			for i, vv := range v {
-				o[i] += pj * vv
-			}
+			addScaled(o, p[j], values[int(t)*vStride+h*dv:][:dv])
 		}
 	}
 }
@@ -74,15 +63,7 @@ func AttendLatentHeads(out, qLat, qRope, latent, rope []float32, idx []int32, h0
 		for h := h0; h < h1; h++ {
 			ql := qLat[h*rank : (h+1)*rank]
 			qr := qRope[h*ropeDim : (h+1)*ropeDim]
-			var dot float32
-			for i, cv := range c {
-				dot += ql[i] * cv
-			}
-			var dr float32
-			for i, rv := range r {
-				dr += qr[i] * rv
-			}
-			p[(h-h0)*n+j] = (dot + dr) * scale
+			p[(h-h0)*n+j] = (seqDot(ql, c) + seqDot(qr, r)) * scale
 		}
 	}
 	for h := h0; h < h1; h++ {
@@ -98,12 +79,25 @@ func AttendLatentHeads(out, qLat, qRope, latent, rope []float32, idx []int32, h0
 		c := latent[int(t)*lStride:]
 		c = c[:rank]
 		for h := h0; h < h1; h++ {
-			o := out[h*rank : (h+1)*rank]
-			pj := p[(h-h0)*n+j]
-			for i, cv := range c {
-				o[i] += pj * cv
-			}
+			addScaled(out[h*rank:(h+1)*rank], p[(h-h0)*n+j], c)
 		}
+	}
+}
+
+// seqDot is Σ b[i]·a[i] over len(b) values, accumulated in order in one
+// float32 sum.
+func seqDot(a, b []float32) float32 {
+	var dot float32
+	for i, v := range b {
+		dot += a[i] * v
+	}
+	return dot
+}
+
+// addScaled adds a·x to o[:len(x)].
+func addScaled(o []float32, a float32, x []float32) {
+	for i, v := range x {
+		o[i] += a * v
 	}
 }
 
@@ -148,31 +142,15 @@ func AttendMLAHeads(out, q, kv, kRope []float32, idx []int32, s layers.MLAShape,
 		qr := q[h*qk+nd : (h+1)*qk]
 		m := float32(math.Inf(-1))
 		for j, t := range idx {
-			k := kv[int(t)*row+h*per:]
-			k = k[:nd]
-			var dot float32
-			for i, kvv := range k {
-				dot += qn[i] * kvv
-			}
-			r := kRope[int(t)*rd:]
-			r = r[:rd]
-			var dr float32
-			for i, rv := range r {
-				dr += qr[i] * rv
-			}
-			p[j] = (dot + dr) * scale
+			dot := seqDot(qn, kv[int(t)*row+h*per:][:nd])
+			p[j] = (dot + seqDot(qr, kRope[int(t)*rd:][:rd])) * scale
 			m = max(m, p[j])
 		}
 		normalize(p, m)
 		o := out[h*vd : (h+1)*vd]
 		clear(o)
 		for j, t := range idx {
-			v := kv[int(t)*row+h*per+nd:]
-			v = v[:vd]
-			pj := p[j]
-			for i, vv := range v {
-				o[i] += pj * vv
-			}
+			addScaled(o, p[j], kv[int(t)*row+h*per+nd:][:vd])
 		}
 	}
 }

@@ -6,24 +6,9 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/manifoldlm/manifold/internal/testnum"
 	"github.com/manifoldlm/manifold/layers"
 )
-
-func randSlice(rng *rand.Rand, n int, std float64) []float32 {
-	s := make([]float32, n)
-	for i := range s {
-		s[i] = float32(std * rng.NormFloat64())
-	}
-	return s
-}
-
-func maxDiff(a, b []float32) float64 {
-	d := 0.0
-	for i := range a {
-		d = max(d, math.Abs(float64(a[i])-float64(b[i])))
-	}
-	return d
-}
 
 // naiveEntry pools one CSA or HCA window in float64 from explicit slot lists.
 func naiveEntry(kv, gate, ape []float32, rows []int, slotsApe []int, cols []int, norm []float32) []float64 {
@@ -84,10 +69,10 @@ func TestCompress(t *testing.T) {
 				a.RoPE = rope
 			}
 			rw := a.RowWidth()
-			kv := randSlice(rng, a.SourceRows()*rw, 1)
-			gate := randSlice(rng, a.SourceRows()*rw, 1)
-			ape := randSlice(rng, tc.rate*rw, 0.5)
-			norm := randSlice(rng, tc.width, 0.1)
+			kv := testnum.Normal(rng, a.SourceRows()*rw, 0, 1)
+			gate := testnum.Normal(rng, a.SourceRows()*rw, 0, 1)
+			ape := testnum.Normal(rng, tc.rate*rw, 0, 0.5)
+			norm := testnum.Normal(rng, tc.width, 0, 0.1)
 			for i := range norm {
 				norm[i]++
 			}
@@ -121,7 +106,7 @@ func TestCompress(t *testing.T) {
 				if rope != nil {
 					layers.ApplyRoPE(w32, 1, 1, tc.width, tc.width-rope.Dim(), tc.pos0+e*tc.rate, rope, false)
 				}
-				if d := maxDiff(got[e*tc.width:(e+1)*tc.width], w32); d > 1e-5 {
+				if d := testnum.MaxAbsDiff(got[e*tc.width:(e+1)*tc.width], w32); d > 1e-5 {
 					t.Errorf("entry %d: max diff %.3g", e, d)
 				}
 			}
@@ -132,9 +117,9 @@ func TestCompress(t *testing.T) {
 func TestIndexTopK(t *testing.T) {
 	rng := rand.New(rand.NewPCG(2, 2))
 	a := IndexArgs{M: 6, Heads: 3, Dim: 8, Entries: 5, TopK: 3, Pos0: 9, Rate: 3, Scale: float32(1 / math.Sqrt(8))}
-	q := randSlice(rng, a.M*a.Heads*a.Dim, 1)
-	keys := randSlice(rng, a.Entries*a.Dim, 1)
-	w := randSlice(rng, a.M*a.Heads, 1)
+	q := testnum.Normal(rng, a.M*a.Heads*a.Dim, 0, 1)
+	keys := testnum.Normal(rng, a.Entries*a.Dim, 0, 1)
+	w := testnum.Normal(rng, a.M*a.Heads, 0, 1)
 	idx := make([]float32, a.M*a.TopK)
 	IndexTopK(idx, q, keys, w, make([]float32, a.Entries), a)
 	for i := 0; i < a.M; i++ {
@@ -193,10 +178,10 @@ func TestAttention(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			a := tc.a
 			a.Scale = float32(1 / math.Sqrt(float64(a.Dim)))
-			q := randSlice(rng, a.M*a.Heads*a.Dim, 1)
-			local := randSlice(rng, (a.Pos0+a.M-a.Lo)*a.Dim, 1)
-			comp := randSlice(rng, max(a.Entries, 1)*a.Dim, 1)
-			sinks := randSlice(rng, a.Heads, 1)
+			q := testnum.Normal(rng, a.M*a.Heads*a.Dim, 0, 1)
+			local := testnum.Normal(rng, (a.Pos0+a.M-a.Lo)*a.Dim, 0, 1)
+			comp := testnum.Normal(rng, max(a.Entries, 1)*a.Dim, 0, 1)
+			sinks := testnum.Normal(rng, a.Heads, 0, 1)
 			var idx []float32
 			if a.TopK > 0 {
 				idx = []float32{1, -1, 0, 3, 4, 2}

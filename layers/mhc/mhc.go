@@ -311,18 +311,9 @@ func SinkhornKnopp(m []float32, n, iters int, eps float32) {
 	m = m[:n*n]
 	for i := 0; i < n; i++ {
 		row := m[i*n : (i+1)*n]
-		mx := row[0]
-		for _, v := range row[1:] {
-			mx = max(mx, v)
-		}
-		var s float32
-		for j, v := range row {
-			e := float32(math.Exp(float64(v - mx)))
-			row[j] = e
-			s += e
-		}
+		softmax(row)
 		for j := range row {
-			row[j] = row[j]/s + eps
+			row[j] += eps
 		}
 	}
 	normCols(m, n, eps)

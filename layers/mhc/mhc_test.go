@@ -5,6 +5,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/manifoldlm/manifold/internal/testnum"
 )
 
 // ---------------------------------------------------------------------------
@@ -44,40 +46,36 @@ func seedSinkhorn(z [][]float64, iters int, eps float64) [][]float64 {
 			m[i][j] = math.Exp(z[i][j])
 		}
 	}
-	rowNorm := func(extra float64) {
-		for i := 0; i < n; i++ {
-			s := 0.0
-			for j := 0; j < n; j++ {
-				s += m[i][j]
+	// norm divides each row (byRow) or column of m by its sum plus extra.
+	norm := func(byRow bool, extra float64) {
+		at := func(a, b int) *float64 {
+			if byRow {
+				return &m[a][b]
 			}
-			for j := 0; j < n; j++ {
-				m[i][j] /= s + extra
-			}
+			return &m[b][a]
 		}
-	}
-	colNorm := func() {
-		for j := 0; j < n; j++ {
+		for a := 0; a < n; a++ {
 			s := 0.0
-			for i := 0; i < n; i++ {
-				s += m[i][j]
+			for b := 0; b < n; b++ {
+				s += *at(a, b)
 			}
-			for i := 0; i < n; i++ {
-				m[i][j] /= s + eps
+			for b := 0; b < n; b++ {
+				*at(a, b) /= s + extra
 			}
 		}
 	}
 	for it := 0; it < iters; it++ {
 		if it == 0 {
-			rowNorm(0) // the reference's softmax: no eps in this denominator...
+			norm(true, 0) // the reference's softmax: no eps in this denominator...
 			for i := range m {
 				for j := range m[i] {
 					m[i][j] += eps // ...but eps added after it
 				}
 			}
 		} else {
-			rowNorm(eps)
+			norm(true, eps)
 		}
-		colNorm()
+		norm(false, eps)
 	}
 	return m
 }
@@ -139,14 +137,6 @@ func seedPost(x, fout, post []float64, res [][]float64, n, c int) []float64 {
 
 // ---------------------------------------------------------------------------
 
-func randSlice(rng *rand.Rand, n int, std, mean float64) []float32 {
-	s := make([]float32, n)
-	for i := range s {
-		s[i] = float32(mean + std*rng.NormFloat64())
-	}
-	return s
-}
-
 func f64(s []float32) []float64 {
 	d := make([]float64, len(s))
 	for i, v := range s {
@@ -188,19 +178,19 @@ func TestCoefficientsMatchSeed(t *testing.T) {
 			}
 			const rows = 3
 			w := Weights{
-				Fn:    randSlice(rng, cfg.MixDim()*cfg.Width(), tc.fnStd, 0),
-				Base:  randSlice(rng, cfg.MixDim(), 0.3, 0),
-				Scale: randSlice(rng, 3, 0.2, tc.scaleMu),
+				Fn:    testnum.Normal(rng, cfg.MixDim()*cfg.Width(), 0, tc.fnStd),
+				Base:  testnum.Normal(rng, cfg.MixDim(), 0, 0.3),
+				Scale: testnum.Normal(rng, 3, tc.scaleMu, 0.2),
 			}
 			if err := cfg.Check(w); err != nil {
 				t.Fatal(err)
 			}
-			x := randSlice(rng, rows*cfg.Width(), 1, 0.1)
+			x := testnum.Normal(rng, rows*cfg.Width(), 0.1, 1)
 			co := cfg.NewCoeffs(rows)
 			logits := make([]float32, rows*cfg.MixDim())
 			m.Coefficients(co, logits, x, w, rows)
 
-			fout := randSlice(rng, rows*tc.c, 1, 0)
+			fout := testnum.Normal(rng, rows*tc.c, 0, 1)
 			pre := make([]float32, rows*tc.c)
 			Pre(pre, x, co.Pre, rows, tc.n, tc.c)
 			post := make([]float32, rows*cfg.Width())
@@ -258,7 +248,7 @@ func TestSinkhornDoublyStochastic(t *testing.T) {
 			t.Run(fmt.Sprintf("n%d_std%g_iters%d", n, tc.std, tc.iters), func(t *testing.T) {
 				rng := rand.New(rand.NewPCG(uint64(n), uint64(tc.std*10)))
 				for trial := 0; trial < 50; trial++ {
-					m := randSlice(rng, n*n, tc.std, 0)
+					m := testnum.Normal(rng, n*n, 0, tc.std)
 					SinkhornKnopp(m, n, tc.iters, 1e-6)
 					for i := 0; i < n; i++ {
 						var rs, cs float64
@@ -281,7 +271,7 @@ func TestSinkhornDoublyStochastic(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 11))
 	for trial := 0; trial < 200; trial++ {
 		const n = 4
-		m := randSlice(rng, n*n, 4, 0)
+		m := testnum.Normal(rng, n*n, 0, 4)
 		SinkhornKnopp(m, n, 20, 1e-6)
 		for j := 0; j < n; j++ {
 			var cs float64
@@ -300,7 +290,7 @@ func TestSinkhornDoublyStochastic(t *testing.T) {
 func TestSinkhornEqualsSeedWithoutEps(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
 	for _, n := range []int{2, 4, 5} {
-		z := randSlice(rng, n*n, 1.5, 0)
+		z := testnum.Normal(rng, n*n, 0, 1.5)
 		zz := make([][]float64, n)
 		for i := range zz {
 			zz[i] = f64(z[i*n : (i+1)*n])
@@ -376,11 +366,11 @@ func TestLiteConvexCombination(t *testing.T) {
 			}
 			const rows = 4
 			w := Weights{
-				Fn:    randSlice(rng, cfg.MixDim()*cfg.Width(), 0.3, 0),
-				Base:  randSlice(rng, cfg.MixDim(), 0.5, 0),
-				Scale: randSlice(rng, 3, 0.2, 1),
+				Fn:    testnum.Normal(rng, cfg.MixDim()*cfg.Width(), 0, 0.3),
+				Base:  testnum.Normal(rng, cfg.MixDim(), 0, 0.5),
+				Scale: testnum.Normal(rng, 3, 1, 0.2),
 			}
-			x := randSlice(rng, rows*cfg.Width(), 1, 0)
+			x := testnum.Normal(rng, rows*cfg.Width(), 0, 1)
 			co := cfg.NewCoeffs(rows)
 			logits := make([]float32, rows*cfg.MixDim())
 			m.Coefficients(co, logits, x, w, rows)
@@ -439,11 +429,11 @@ func TestHeadCollapse(t *testing.T) {
 			t.Fatal(err)
 		}
 		const rows = 3
-		h := HeadWeights{Fn: randSlice(rng, n*cfg.Width(), 0.1, 0), Base: randSlice(rng, n, 0.3, 0), Scale: 0.9}
+		h := HeadWeights{Fn: testnum.Normal(rng, n*cfg.Width(), 0, 0.1), Base: testnum.Normal(rng, n, 0, 0.3), Scale: 0.9}
 		if err := cfg.CheckHead(h); err != nil {
 			t.Fatal(err)
 		}
-		x := randSlice(rng, rows*cfg.Width(), 1, 0)
+		x := testnum.Normal(rng, rows*cfg.Width(), 0, 1)
 		dst := make([]float32, rows*cfg.Hidden)
 		pre := make([]float32, rows*n)
 		m.HeadCollapse(dst, x, pre, h, rows)
@@ -473,10 +463,10 @@ func TestHeadCollapse(t *testing.T) {
 func TestPostInPlace(t *testing.T) {
 	rng := rand.New(rand.NewPCG(9, 9))
 	const rows, n, c = 2, 4, 10
-	x := randSlice(rng, rows*n*c, 1, 0)
-	out := randSlice(rng, rows*c, 1, 0)
-	post := randSlice(rng, rows*n, 0.5, 1)
-	res := randSlice(rng, rows*n*n, 0.2, 0.25)
+	x := testnum.Normal(rng, rows*n*c, 0, 1)
+	out := testnum.Normal(rng, rows*c, 0, 1)
+	post := testnum.Normal(rng, rows*n, 1, 0.5)
+	res := testnum.Normal(rng, rows*n*n, 0.25, 0.2)
 	want := make([]float32, len(x))
 	Post(want, x, out, post, res, make([]float32, n), rows, n, c)
 	Post(x, x, out, post, res, make([]float32, n), rows, n, c)
@@ -548,12 +538,12 @@ func benchSite(b *testing.B, n, c int, mode Residual) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	w := Weights{Fn: randSlice(rng, cfg.MixDim()*cfg.Width(), 0.02, 0), Base: make([]float32, cfg.MixDim()), Scale: []float32{1, 1, 1}}
-	x := randSlice(rng, cfg.Width(), 1, 0)
+	w := Weights{Fn: testnum.Normal(rng, cfg.MixDim()*cfg.Width(), 0, 0.02), Base: make([]float32, cfg.MixDim()), Scale: []float32{1, 1, 1}}
+	x := testnum.Normal(rng, cfg.Width(), 0, 1)
 	co := cfg.NewCoeffs(1)
 	logits := make([]float32, cfg.MixDim())
 	in := make([]float32, c)
-	out := randSlice(rng, c, 1, 0)
+	out := testnum.Normal(rng, c, 0, 1)
 	tmp := make([]float32, n)
 	b.SetBytes(int64(4 * (cfg.MixDim()*cfg.Width() + 3*cfg.Width())))
 	b.ResetTimer()
@@ -573,7 +563,7 @@ func BenchmarkSite(b *testing.B) {
 
 func BenchmarkSinkhorn(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	z := randSlice(rng, 16, 1, 0)
+	z := testnum.Normal(rng, 16, 0, 1)
 	m := make([]float32, 16)
 	for i := 0; i < b.N; i++ {
 		copy(m, z)

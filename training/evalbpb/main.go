@@ -36,6 +36,7 @@ import (
 
 	"github.com/manifoldlm/manifold/backend/cpu"
 	"github.com/manifoldlm/manifold/internal/defaultmodel"
+	"github.com/manifoldlm/manifold/layers"
 	"github.com/manifoldlm/manifold/model"
 	"github.com/manifoldlm/manifold/tokenizer"
 	"github.com/manifoldlm/manifold/weights"
@@ -156,7 +157,8 @@ func evalModel(o options, dir, text string, textBytes int) error {
 			return err
 		}
 		for p := 0; p+1 < len(win); p++ {
-			nats -= logProb(logits[p*V:(p+1)*V], win[p+1])
+			z := logits[p*V : (p+1)*V]
+			nats += layers.LogSumExp(z) - float64(z[win[p+1]]) // -log softmax(z)[next]
 			nbytes += blen[win[p+1]]
 		}
 		windows++
@@ -169,19 +171,6 @@ func evalModel(o options, dir, text string, textBytes int) error {
 	fmt.Printf("%s: %.4f bits per byte over %d windows of %d tokens (%d tokens, %.0f predicted bytes, %.0f nats) in %.1fs (%.0f tokens/s)\n",
 		dir, nats/nbytes/math.Ln2, windows, o.seq, tokens, nbytes, nats, el.Seconds(), float64(tokens)/el.Seconds())
 	return nil
-}
-
-// logProb is log softmax(z)[t] in float64.
-func logProb(z []float32, t int) float64 {
-	mx := math.Inf(-1)
-	for _, v := range z {
-		mx = max(mx, float64(v))
-	}
-	var s float64
-	for _, v := range z {
-		s += math.Exp(float64(v) - mx)
-	}
-	return float64(z[t]) - mx - math.Log(s)
 }
 
 func checkIDs(path string, ids []int) error {

@@ -8,24 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/manifoldlm/manifold/internal/testnum"
 	"github.com/manifoldlm/manifold/layers"
 )
-
-func randSlice(rng *rand.Rand, n int, scale float32) []float32 {
-	x := make([]float32, n)
-	for i := range x {
-		x[i] = float32(rng.NormFloat64()) * scale
-	}
-	return x
-}
-
-func maxAbs(a, b []float32) float64 {
-	var d float64
-	for i := range a {
-		d = max(d, math.Abs(float64(a[i])-float64(b[i])))
-	}
-	return d
-}
 
 func newRoPE(t testing.TB, kind string, hd int) *layers.RoPE {
 	t.Helper()
@@ -93,7 +78,7 @@ func run(t testing.TB, q, k, v []float32, n, chunk int, sh shape, o Options) []f
 
 func inputs(seed uint64, n int, sh shape) (q, k, v []float32) {
 	rng := rand.New(rand.NewPCG(seed, 7))
-	return randSlice(rng, n*sh.heads*sh.hd, 1.5), randSlice(rng, n*sh.kvHeads*sh.hd, 1.5), randSlice(rng, n*sh.kvHeads*sh.hd, 1)
+	return testnum.Normal(rng, n*sh.heads*sh.hd, 0, 1.5), testnum.Normal(rng, n*sh.kvHeads*sh.hd, 0, 1.5), testnum.Normal(rng, n*sh.kvHeads*sh.hd, 0, 1)
 }
 
 // TestExactness: when every level's candidates fit in top-K, htree (engine
@@ -132,7 +117,7 @@ func TestExactness(t *testing.T) {
 					{"chunks of 7", run(t, q, k, v, n, 7, sh, oc.o)},
 					{"decode", run(t, q, k, v, n, 1, sh, oc.o)},
 				} {
-					d := maxAbs(c.got, want)
+					d := testnum.MaxAbsDiff(c.got, want)
 					t.Logf("%s: max |htree - dense| = %.3g", c.name, d)
 					if d > 1e-5 {
 						t.Errorf("%s: max |htree - dense| = %.3g", c.name, d)
@@ -170,12 +155,12 @@ func TestEngineVsReference(t *testing.T) {
 				t.Fatal(err)
 			}
 			denseOut := dense(q, k, v, c.n, 0, c.n, c.sh.attn(), newRoPE(t, c.sh.rope, c.sh.hd))
-			t.Logf("max |reference - dense| = %.3g", maxAbs(ref, denseOut))
-			if d := maxAbs(ref, denseOut); d < 1e-3 {
+			t.Logf("max |reference - dense| = %.3g", testnum.MaxAbsDiff(ref, denseOut))
+			if d := testnum.MaxAbsDiff(ref, denseOut); d < 1e-3 {
 				t.Errorf("reference within %.3g of dense: the case does not approximate", d)
 			}
 			for _, chunk := range []int{c.n, 13, 1} {
-				d := maxAbs(run(t, q, k, v, c.n, chunk, c.sh, c.o), ref)
+				d := testnum.MaxAbsDiff(run(t, q, k, v, c.n, chunk, c.sh, c.o), ref)
 				t.Logf("chunks of %d: max |engine - reference| = %.3g", chunk, d)
 				if d > 1e-5 {
 					t.Errorf("chunks of %d: max |engine - reference| = %.3g", chunk, d)
@@ -186,7 +171,7 @@ func TestEngineVsReference(t *testing.T) {
 			if err := Reference(ref2, q, k, v, c.n, 0, c.n-c.o.Rate-1, c.sh.attn(), newRoPE(t, c.sh.rope, c.sh.hd), c.o); err != nil {
 				t.Fatal(err)
 			}
-			if d := maxAbs(ref2[:(c.n-c.o.Rate-1)*c.sh.heads*c.sh.hd], ref); d > 1e-6 {
+			if d := testnum.MaxAbsDiff(ref2[:(c.n-c.o.Rate-1)*c.sh.heads*c.sh.hd], ref); d > 1e-6 {
 				t.Errorf("reference depends on later positions: %.3g", d)
 			}
 		})
@@ -199,7 +184,7 @@ func TestTreeAppend(t *testing.T) {
 	const kvHeads, hd, n = 2, 3, 150
 	o := Options{Rate: 3, TopK: 2, TopCandidates: 4}
 	rng := rand.New(rand.NewPCG(3, 3))
-	k, v := randSlice(rng, n*kvHeads*hd, 1), randSlice(rng, n*kvHeads*hd, 1)
+	k, v := testnum.Normal(rng, n*kvHeads*hd, 0, 1), testnum.Normal(rng, n*kvHeads*hd, 0, 1)
 	row := kvHeads * hd
 	check := func(t *testing.T, tr *Tree, n int) {
 		t.Helper()
