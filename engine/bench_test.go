@@ -17,10 +17,7 @@ func BenchmarkDecode(b *testing.B) {
 	for _, dt := range []weights.DType{weights.F32, weights.BF16} {
 		b.Run(dt.String(), func(b *testing.B) {
 			spec := testmodel.Llama{Layers: 12, Hidden: 1024, FFN: 2816, Heads: 16, KVHeads: 4, Vocab: 32000, DType: dt, Seed: 1}
-			dir := b.TempDir()
-			if err := spec.Write(dir); err != nil {
-				b.Fatal(err)
-			}
+			dir := testmodel.WriteTemp(b, spec)
 			m, err := Load(dir, Options{ContextLength: 2048})
 			if err != nil {
 				b.Fatal(err)

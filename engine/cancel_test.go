@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"testing"
 
@@ -21,7 +20,7 @@ import (
 // earlier tokens, the prompt and exactly the result's tokens, and a
 // continuation generates what a fresh session given those tokens does.
 func TestCancelKeepsStreamedTokens(t *testing.T) {
-	dir := filepath.Join(golden.Dir(t), "llama")
+	dir := golden.Path(t, "llama")
 	ref := golden.Load(t, dir)
 	first, prompt := ints(ref.InputIDs[:5]), ints(ref.InputIDs[5:13])
 	ctx := context.Background()

@@ -15,11 +15,8 @@ import (
 // mapped one does, and goes on doing so after its weight file is truncated
 // (which would kill a process that maps it with SIGBUS).
 func TestCopyWeights(t *testing.T) {
-	dir := t.TempDir()
 	spec := testmodel.Llama{Layers: 2, Hidden: 64, FFN: 96, Heads: 4, KVHeads: 2, Vocab: 100, DType: weights.BF16, Seed: 5}
-	if err := spec.Write(dir); err != nil {
-		t.Fatal(err)
-	}
+	dir := testmodel.WriteTemp(t, spec)
 	gen := func(o Options) []int {
 		m, err := Load(dir, o)
 		if err != nil {
@@ -53,11 +50,8 @@ func TestCopyWeights(t *testing.T) {
 // mapped and with CopyWeights on the CPU: Load alone, and Load followed by
 // the first token of an 8-token prompt, where a mapping pays its page faults.
 func BenchmarkCopyWeights(b *testing.B) {
-	dir := b.TempDir()
 	spec := testmodel.Llama{Layers: 2, Hidden: 2048, FFN: 8192, Heads: 32, KVHeads: 8, Vocab: 32000, DType: weights.BF16, Seed: 1}
-	if err := spec.Write(dir); err != nil {
-		b.Fatal(err)
-	}
+	dir := testmodel.WriteTemp(b, spec)
 	st, err := os.Stat(filepath.Join(dir, weights.SingleFileName))
 	if err != nil {
 		b.Fatal(err)

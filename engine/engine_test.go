@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"math"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -18,7 +17,7 @@ import (
 
 func loadGolden(t testing.TB, arch string) (*Model, *golden.Reference) {
 	t.Helper()
-	dir := filepath.Join(golden.Dir(t), arch)
+	dir := golden.Path(t, arch)
 	m, err := Load(dir, Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -171,11 +170,11 @@ func TestBadInput(t *testing.T) {
 		t.Error("empty folder loaded")
 	}
 	for _, o := range []Options{{Threads: -1}, {ContextLength: -5}} {
-		if _, err := Load(filepath.Join(golden.Dir(t), "llama"), o); err == nil {
+		if _, err := Load(golden.Path(t, "llama"), o); err == nil {
 			t.Errorf("%+v: loaded", o)
 		}
 	}
-	if _, err := Load(filepath.Join(golden.Dir(t), "llama"), Options{Device: "tpu"}); !errors.Is(err, ErrDevice) {
+	if _, err := Load(golden.Path(t, "llama"), Options{Device: "tpu"}); !errors.Is(err, ErrDevice) {
 		t.Errorf("unknown device: %v", err)
 	}
 }
@@ -253,11 +252,8 @@ func TestSampler(t *testing.T) {
 }
 
 func TestRandomModelLoads(t *testing.T) {
-	dir := t.TempDir()
 	spec := testmodel.Llama{Layers: 2, Hidden: 64, FFN: 96, Heads: 4, KVHeads: 2, Vocab: 100, DType: weights.BF16, Seed: 3}
-	if err := spec.Write(dir); err != nil {
-		t.Fatal(err)
-	}
+	dir := testmodel.WriteTemp(t, spec)
 	m, err := Load(dir, Options{ContextLength: 32})
 	if err != nil {
 		t.Fatal(err)
@@ -273,11 +269,8 @@ func TestRandomModelLoads(t *testing.T) {
 }
 
 func TestRandomNVFP4ModelLoads(t *testing.T) {
-	dir := t.TempDir()
 	spec := testmodel.Llama{Layers: 2, Hidden: 64, FFN: 96, Heads: 4, KVHeads: 2, Vocab: 100, DType: weights.BF16, NVFP4: true, Seed: 3}
-	if err := spec.Write(dir); err != nil {
-		t.Fatal(err)
-	}
+	dir := testmodel.WriteTemp(t, spec)
 	m, err := Load(dir, Options{ContextLength: 32, Device: "cpu"})
 	if err != nil {
 		t.Fatal(err)

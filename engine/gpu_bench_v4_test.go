@@ -12,6 +12,7 @@ import (
 
 	"github.com/manifoldlm/manifold/internal/testmodel"
 	"github.com/manifoldlm/manifold/kernels"
+	"github.com/manifoldlm/manifold/layers"
 	"github.com/manifoldlm/manifold/model"
 )
 
@@ -91,7 +92,7 @@ func BenchmarkDecodeDeepseekV4(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	first := argmax(logits)
+	first := layers.Argmax(logits)
 	gb := m.Backend().(*kernels.Backend)
 	df, onDevice := m.net.(model.DeviceForwarder)
 	path := "host"
@@ -116,7 +117,7 @@ func BenchmarkDecodeDeepseekV4(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		next = argmax(logits)
+		next = layers.Argmax(logits)
 	}
 	measure := func() time.Duration { // from the same prompt each time (the first warm-up step replays it)
 		s.Truncate(prompt)

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"path/filepath"
 	"slices"
 	"testing"
 
@@ -35,7 +34,7 @@ func TestDeviceSamplingMatchesHost(t *testing.T) {
 		{"llama", 24, []SamplingOptions{{}, {Temperature: 0.8, TopK: 40, Seed: 7}, {Temperature: 1.5, TopK: 5, Seed: 9}}},
 		{"deepseek_v4", 8, []SamplingOptions{{}}},
 	} {
-		dir := filepath.Join(golden.Dir(t), tc.arch)
+		dir := golden.Path(t, tc.arch)
 		ref := golden.Load(t, dir)
 		for _, o := range tc.opts {
 			var runs [][]int
@@ -69,7 +68,7 @@ func TestPipelinedGenerate(t *testing.T) {
 	}
 	for _, arch := range []string{"llama", "qwen3"} {
 		for _, att := range []model.AttentionOptions{{}, {Kind: "htree", HTree: htree.Options{Rate: 2, TopK: 1, TopCandidates: 2}}} {
-			m, err := Load(filepath.Join(golden.Dir(t), arch), Options{Device: "cuda", Attention: att})
+			m, err := Load(golden.Path(t, arch), Options{Device: "cuda", Attention: att})
 			if err != nil {
 				t.Fatal(err)
 			}

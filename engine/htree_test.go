@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -16,7 +15,7 @@ import (
 // so the golden greedy tokens come out; a small top-K changes them; a bad
 // option fails Load with an error naming it.
 func TestHTreeAttention(t *testing.T) {
-	dir := filepath.Join(golden.Dir(t), "llama")
+	dir := golden.Path(t, "llama")
 	ref := golden.Load(t, dir)
 	greedy := func(o model.AttentionOptions) []int {
 		_, s := openSession(t, dir, Options{Device: "cpu", Attention: o})

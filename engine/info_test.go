@@ -25,10 +25,7 @@ func TestInfo(t *testing.T) {
 		{true, map[string]int64{"BF16": 2 * (params - linear), "U8": linear / 2, "F8_E4M3": linear / 16, "F32": 4 * L * 7}, "NVFP4"},
 	} {
 		spec := testmodel.Llama{Layers: L, Hidden: H, FFN: F, Heads: heads, KVHeads: kv, Vocab: V, DType: weights.BF16, NVFP4: tc.nvfp4, Seed: 3}
-		dir := t.TempDir()
-		if err := spec.Write(dir); err != nil {
-			t.Fatal(err)
-		}
+		dir := testmodel.WriteTemp(t, spec)
 		m, err := Load(dir, Options{Device: "cpu", ContextLength: 32})
 		if err != nil {
 			t.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"iter"
-	"path/filepath"
 	"sync"
 	"testing"
 
@@ -27,7 +26,7 @@ func TestCloseDuringGenerateGPU(t *testing.T) {
 }
 
 func checkCloseDuringGenerate(t *testing.T, device string) {
-	dir := filepath.Join(golden.Dir(t), "llama")
+	dir := golden.Path(t, "llama")
 	ref := golden.Load(t, dir)
 	prompt := ints(ref.InputIDs[:8])
 	ctx := context.Background()

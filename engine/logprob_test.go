@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"math"
-	"path/filepath"
 	"slices"
 	"testing"
 
@@ -11,6 +10,7 @@ import (
 	"github.com/manifoldlm/manifold/backend/cpu"
 	"github.com/manifoldlm/manifold/internal/golden"
 	"github.com/manifoldlm/manifold/kernels"
+	"github.com/manifoldlm/manifold/layers"
 	"github.com/manifoldlm/manifold/model"
 )
 
@@ -20,7 +20,7 @@ import (
 // for them changes no token, also where the picks otherwise stay on the
 // device (heldCPU's pipelined path, which must fall back to the host).
 func TestLogProbs(t *testing.T) {
-	dir := filepath.Join(golden.Dir(t), "llama")
+	dir := golden.Path(t, "llama")
 	ref := golden.Load(t, dir)
 	prompt := ints(ref.InputIDs[:8])
 	ctx := context.Background()
@@ -107,17 +107,10 @@ func TestLogProbs(t *testing.T) {
 
 // refLogSoftmax is the log-softmax of logits in float64.
 func refLogSoftmax(logits []float32) []float64 {
-	best := math.Inf(-1)
-	for _, l := range logits {
-		best = max(best, float64(l))
-	}
-	var sum float64
-	for _, l := range logits {
-		sum += math.Exp(float64(l) - best)
-	}
+	lse := layers.LogSumExp(logits)
 	out := make([]float64, len(logits))
 	for i, l := range logits {
-		out[i] = float64(l) - best - math.Log(sum)
+		out[i] = float64(l) - lse
 	}
 	return out
 }
@@ -143,7 +136,7 @@ func TestLogProbsGPU(t *testing.T) {
 	if !kernels.Available() {
 		t.Skip("no CUDA driver or GPU")
 	}
-	dir := filepath.Join(golden.Dir(t), "llama")
+	dir := golden.Path(t, "llama")
 	ref := golden.Load(t, dir)
 	var runs [2][]Token
 	for i, device := range []string{"cuda", "cpu"} {

@@ -43,10 +43,7 @@ func TestLongRoPE(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	if err := spec.Write(dir); err != nil {
-		t.Fatal(err)
-	}
+	dir := testmodel.WriteTemp(t, spec)
 	devices := []string{"cpu"}
 	if kernels.Available() {
 		devices = append(devices, "cuda")

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"math"
-	"path/filepath"
 	"slices"
 	"testing"
 
@@ -51,7 +50,7 @@ func (h heldCPU) EmbedToken(dst backend.Buffer, table backend.Weight, src backen
 func TestPipelinedGenerateCPU(t *testing.T) {
 	for _, arch := range []string{"llama", "qwen3"} {
 		for _, att := range []model.AttentionOptions{{}, {Kind: "htree", HTree: htree.Options{Rate: 2, TopK: 1, TopCandidates: 2}}} {
-			m, err := Load(filepath.Join(golden.Dir(t), arch), Options{Device: "cpu"})
+			m, err := Load(golden.Path(t, arch), Options{Device: "cpu"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -82,7 +81,7 @@ func checkPipelined(t *testing.T, m *Model, arch string) {
 		t.Fatalf("%s: backend %s keeps no picks", arch, m.backend.Name())
 	}
 	ctx := context.Background()
-	ref := golden.Load(t, filepath.Join(golden.Dir(t), arch))
+	ref := golden.Load(t, golden.Path(t, arch))
 	prompt := ints(ref.InputIDs[:min(12, len(ref.InputIDs))])
 	for _, o := range []SamplingOptions{{}, {Temperature: 0.9, TopK: 50, Seed: 3}} {
 		var sess [2]*Session

@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/layers"
 )
 
 // SamplingOptions choose the next token from the logits, in transformers'
@@ -96,11 +97,11 @@ func (s *Sampler) Sample(logits []float32, history []int) int {
 		}
 	}
 	if o.Temperature <= 0 {
-		return argmax(logits)
+		return layers.Argmax(logits)
 	}
 	// Tokens more than e^40 less likely than the best carry no probability a
 	// float64 sum can see; dropping them before the sort keeps it short.
-	best := float64(logits[argmax(logits)]) / o.Temperature
+	best := float64(logits[layers.Argmax(logits)]) / o.Temperature
 	c := s.cand[:0]
 	for id, l := range logits {
 		if x := float64(l) / o.Temperature; x > best-40 {
@@ -160,16 +161,6 @@ func softmaxSorted(c []candidate) []float64 {
 		p[i] /= sum
 	}
 	return p
-}
-
-func argmax(x []float32) int {
-	best := 0
-	for i, v := range x {
-		if v > x[best] {
-			best = i
-		}
-	}
-	return best
 }
 
 // onDevice reports whether a backend.TokenSampler can apply these options:

@@ -19,16 +19,13 @@ import (
 // modelWithTokenizer writes a tiny random Llama whose vocabulary fits the
 // fixture tokenizer name, with that tokenizer's files beside it.
 func modelWithTokenizer(t *testing.T, name string) (string, *tokenizer.Tokenizer) {
-	src := filepath.Join(golden.Dir(t), "tokenizers", name)
+	src := golden.Path(t, "tokenizers", name)
 	tok, err := tokenizer.Load(src)
 	if err != nil {
 		t.Skipf("tokenizer %s: %v", name, err)
 	}
-	dir := t.TempDir()
 	spec := testmodel.Llama{Layers: 1, Hidden: 32, FFN: 32, Heads: 2, KVHeads: 1, Vocab: tok.VocabSize(), DType: weights.BF16, Seed: 5}
-	if err := spec.Write(dir); err != nil {
-		t.Fatal(err)
-	}
+	dir := testmodel.WriteTemp(t, spec)
 	for _, f := range []string{"tokenizer.json", "tokenizer_config.json"} {
 		if data, err := os.ReadFile(filepath.Join(src, f)); err == nil {
 			os.WriteFile(filepath.Join(dir, f), data, 0o644)

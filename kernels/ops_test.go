@@ -884,7 +884,7 @@ func requireClose(t *testing.T, d float64, same bool) {
 // tree, so that selection happens) on the GPU against the CPU backend.
 func TestHTreeGoldenOnGPU(t *testing.T) {
 	g := newGPU(t)
-	dir := filepath.Join(golden.Dir(t), "llama")
+	dir := golden.Path(t, "llama")
 	ref := golden.Load(t, dir)
 	d, same := compareModels(t, g, dir, ref.InputIDs, model.Options{Attention: model.AttentionOptions{Kind: "htree", HTree: htree.Options{Rate: 4, TopK: 4, TopCandidates: 8}}})
 	requireClose(t, d, same)

@@ -2,7 +2,6 @@ package model
 
 import (
 	"context"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -110,7 +109,7 @@ func benchV4Decode(b *testing.B, dir string, prompt int) {
 //	go test ./model -run '^$' -bench DeepseekV4Decode -benchtime 64x
 func BenchmarkDeepseekV4Decode(b *testing.B) {
 	b.Run("golden", func(b *testing.B) {
-		dir := filepath.Join(golden.Dir(b), "deepseek_v4")
+		dir := golden.Path(b, "deepseek_v4")
 		benchV4Decode(b, dir, 64)
 	})
 	large, written := b.TempDir(), false // the parent's: kept across the sub-benchmark's runs

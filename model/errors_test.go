@@ -18,11 +18,8 @@ import (
 
 // tinyModel writes a small random Llama and returns its folder.
 func tinyModel(t *testing.T) string {
-	dir := t.TempDir()
 	spec := testmodel.Llama{Layers: 2, Hidden: 32, FFN: 48, Heads: 4, KVHeads: 2, Vocab: 50, DType: weights.F32, Seed: 1}
-	if err := spec.Write(dir); err != nil {
-		t.Fatal(err)
-	}
+	dir := testmodel.WriteTemp(t, spec)
 	return dir
 }
 

@@ -3,7 +3,6 @@ package model
 import (
 	"context"
 	"encoding/json"
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,6 +10,8 @@ import (
 
 	"github.com/manifoldlm/manifold/backend/cpu"
 	"github.com/manifoldlm/manifold/internal/golden"
+	"github.com/manifoldlm/manifold/internal/testnum"
+	"github.com/manifoldlm/manifold/layers"
 )
 
 const goldenTol = 1e-3 // the fixtures' README: max |logit - golden| on the float32 CPU path
@@ -62,23 +63,9 @@ func loadTestModel(t testing.TB, dir string) Model {
 	return m
 }
 
-func maxAbsDiff(a, b []float32) float64 {
-	var d float64
-	for i := range a {
-		d = max(d, math.Abs(float64(a[i])-float64(b[i])))
-	}
-	return d
-}
+func maxAbsDiff(a, b []float32) float64 { return testnum.MaxAbsDiff(a, b) }
 
-func argmax(x []float32) int32 {
-	best := 0
-	for i, v := range x {
-		if v > x[best] {
-			best = i
-		}
-	}
-	return int32(best)
-}
+func argmax(x []float32) int32 { return int32(layers.Argmax(x)) }
 
 func testGoldenModel(t *testing.T, dir string) {
 	ref := golden.Load(t, dir)

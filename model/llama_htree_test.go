@@ -139,7 +139,7 @@ func openWith(t testing.TB, dir string, o AttentionOptions) (Model, error) {
 }
 
 func TestAttentionOptionErrors(t *testing.T) {
-	dir := filepath.Join(golden.Dir(t), "llama")
+	dir := golden.Path(t, "llama")
 	if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
 		t.Skip("no llama fixture")
 	}

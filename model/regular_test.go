@@ -18,11 +18,8 @@ import (
 func TestFolderFilesNotRegular(t *testing.T) {
 	for _, name := range []string{"config.json", "generation_config.json", "hf_quant_config.json"} {
 		t.Run(name, func(t *testing.T) {
-			dir := t.TempDir()
 			spec := testmodel.Llama{Layers: 1, Hidden: 32, FFN: 48, Heads: 2, KVHeads: 1, Vocab: 40, DType: weights.F32, Seed: 1}
-			if err := spec.Write(dir); err != nil {
-				t.Fatal(err)
-			}
+			dir := testmodel.WriteTemp(t, spec)
 			os.Remove(filepath.Join(dir, name))
 			if err := syscall.Mkfifo(filepath.Join(dir, name), 0o644); err != nil {
 				t.Skip(err)

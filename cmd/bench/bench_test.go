@@ -231,10 +231,7 @@ func TestCountWeightsExperts(t *testing.T) {
 	v4 := testmodel.DeepseekV4{Vocab: 256, Hidden: 64, Layers: 2, Heads: 4, HeadDim: 32, QLora: 32, OGroups: 2, OLora: 16,
 		Window: 6, RateCSA: 2, RateHCA: 5, IndexHeads: 2, IndexDim: 16, IndexTopK: 3, HCMult: 4, HCIters: 5,
 		Experts: 8, TopK: 2, MoEFFN: 32, RopeDim: 8, HashLayers: 1, Seed: 1}
-	dir := t.TempDir()
-	if err := v4.Write(dir); err != nil {
-		t.Fatal(err)
-	}
+	dir := testmodel.WriteTemp(t, v4)
 	cfg, err := model.LoadConfig(dir)
 	if err != nil {
 		t.Fatal(err)

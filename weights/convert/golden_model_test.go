@@ -13,6 +13,8 @@ import (
 
 	"github.com/manifoldlm/manifold/backend/cpu"
 	"github.com/manifoldlm/manifold/internal/golden"
+	"github.com/manifoldlm/manifold/internal/testnum"
+	"github.com/manifoldlm/manifold/layers"
 	"github.com/manifoldlm/manifold/model"
 	"github.com/manifoldlm/manifold/weights"
 	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
@@ -73,15 +75,7 @@ func varP(z []float32) float64 {
 	return m2 - m*m
 }
 
-func argmax(x []float32) int32 {
-	best := 0
-	for i, v := range x {
-		if v > x[best] {
-			best = i
-		}
-	}
-	return int32(best)
-}
+func argmax(x []float32) int32 { return int32(layers.Argmax(x)) }
 
 func loadModel(t *testing.T, dir string) model.Model {
 	t.Helper()
@@ -316,13 +310,7 @@ func TestConvertedGoldenModels(t *testing.T) {
 	t.Logf("converted models vs the unquantized golden logits (KL per position in nats; bound = %g x control KL; rel err = RMS logit error / RMS centred golden logit; ½r²VarP: the second-order KL estimate):\n%s", klMargin, b.String())
 }
 
-func maxAbsDiff(a, b []float32) float64 {
-	var d float64
-	for i := range a {
-		d = max(d, math.Abs(float64(a[i])-float64(b[i])))
-	}
-	return d
-}
+func maxAbsDiff(a, b []float32) float64 { return testnum.MaxAbsDiff(a, b) }
 
 // fp8Source writes a DeepSeek-style FP8 checkpoint made from the float
 // model in src: every linear weight the converter would quantize becomes

@@ -27,11 +27,8 @@ func loadsInEngine(dir string) error {
 // issue 8 names and checks that engine.Load (through model.Build) rejects it
 // with a named error (errors.Is) that mentions the tensor or field at fault.
 func TestConvertedBadInputEngine(t *testing.T) {
-	src := t.TempDir()
 	l := testmodel.Llama{Layers: 2, Hidden: 64, FFN: 160, Heads: 4, KVHeads: 2, Vocab: 96, DType: weights.F32, Seed: 3}
-	if err := l.Write(src); err != nil {
-		t.Fatal(err)
-	}
+	src := testmodel.WriteTemp(t, l)
 	good := filepath.Join(t.TempDir(), "nvfp4")
 	if _, err := convert(t, Options{In: src, Out: good}); err != nil {
 		t.Fatal(err)
