@@ -379,6 +379,15 @@ def mtp_entries(cfg, fmt):
     return entries
 
 
+def brief(v):
+    """A loading-info entry, shortened."""
+    try:
+        items = sorted(str(x) for x in v)
+    except TypeError:
+        return v
+    return items if len(items) < 12 else f"{len(items)} entries, e.g. {items[:6]}"
+
+
 def logits_and_greedy(model, ids):
     with torch.no_grad():
         full = model(input_ids=ids[None], use_cache=False).logits[0].float()
@@ -445,14 +454,14 @@ def main():
         shutil.copy(os.path.join(tmp, "saved", "config.json"), db)
         save_file({k: v.contiguous() for k, v in deq.items()}, os.path.join(db, "model.safetensors"), {"format": "pt"})
         mb, infob = load(db)
-        assert not infob["missing_keys"], f"B missing {infob['missing_keys']}"
+        assert not infob.get("missing_keys"), f"B missing {infob.get('missing_keys')}"
         full_b, greedy_b = logits_and_greedy(mb, ids)
 
         # A: transformers reads the released folder itself.
         full, greedy, src = full_b, greedy_b, "B (this script's dequantization)"
         try:
             ma, infoa = load(d)
-            log("  A loading info:", {k: (v if len(v) < 12 else f"{len(v)} keys, e.g. {sorted(v)[:6]}") for k, v in infoa.items()})
+            log("  A loading info:", {k: brief(v) for k, v in infoa.items()})
             sa, sb = ma.state_dict(), mb.state_dict()
             bad = [(k, (sa[k].float() - sb[k].float()).abs().max().item()) for k in sb
                    if k in sa and sa[k].shape == sb[k].shape and sa[k].dtype.is_floating_point and not torch.equal(sa[k].float(), sb[k].float())]
@@ -461,7 +470,7 @@ def main():
             full_a, greedy_a = logits_and_greedy(ma, ids)
             diff = (full_a - full_b).abs().max().item()
             log(f"  A vs B: max |logit diff| {diff:.3g}, greedy equal {torch.equal(greedy_a, greedy_b)}")
-            if infoa["missing_keys"] or infoa.get("mismatched_keys"):
+            if infoa.get("missing_keys") or infoa.get("mismatched_keys"):
                 log("  A left parameters unloaded: not used")
             elif fmt != "fp8-nvfp4":
                 full, greedy, src = full_a, greedy_a, "A (transformers' loader of the released layout)"
