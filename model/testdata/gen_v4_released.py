@@ -41,7 +41,8 @@ the released layout, to be read before trusting the fixture.
 
 Usage (device machine, transformers 5.17; a few seconds on CPU):
   python3 model/testdata/gen_v4_released.py --out $OUT/deepseek_v4_released
-then copy the folder to model/testdata/deepseek_v4_released (about 4 MB).
+then copy the folder to model/testdata/deepseek_v4_released (about 5 MB for
+the three formats; the script prints each folder's size).
 """
 
 import os
@@ -76,7 +77,8 @@ BLOCK = 128  # FP8 tile
 # The released config.json's fields (legacy names, as DeepSeek ships them),
 # at a tiny size: 128x128 tiles with partial edges (q_lora 192, indexer
 # wq_b [128, 192]), the grouped wo_a split inside a tile (o_lora 96), MXFP4
-# experts of 3 and 4 blocks, every layer kind and a hash-routed layer. The
+# experts of 3 and 4 blocks, one layer of each kind (HCA, CSA, sliding) and a
+# hash-routed layer. The
 # HCA rate is 8 (not 128) so that a 40-token prompt closes HCA windows;
 # compress_rates carries it (compress_ratios only names the kinds).
 CONFIG = {
@@ -84,7 +86,7 @@ CONFIG = {
     "model_type": "deepseek_v4",
     "vocab_size": 256,
     "hidden_size": 128,
-    "num_hidden_layers": 4,
+    "num_hidden_layers": 3,
     "num_attention_heads": 4,
     "num_key_value_heads": 1,
     "head_dim": 64,
@@ -109,7 +111,7 @@ CONFIG = {
     "index_n_heads": 4,
     "index_head_dim": 32,
     "index_topk": 4,
-    "compress_ratios": [128, 4, 0, 4, 0],  # 4 layers + the MTP slot
+    "compress_ratios": [128, 4, 0, 0],  # 3 layers + the MTP slot
     "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
     "rope_theta": 10000.0,
     "compress_rope_theta": 160000.0,
