@@ -78,9 +78,9 @@ BLOCK = 128  # FP8 tile
 # at a tiny size: 128x128 tiles with partial edges (q_lora 192, indexer
 # wq_b [128, 192]), the grouped wo_a split inside a tile (o_lora 96), MXFP4
 # experts of 3 and 4 blocks, one layer of each kind (HCA, CSA, sliding) and a
-# hash-routed layer. The
-# HCA rate is 8 (not 128) so that a 40-token prompt closes HCA windows;
-# compress_rates carries it (compress_ratios only names the kinds).
+# hash-routed layer. The HCA rate is 8 (not 128) so that a 40-token prompt
+# closes HCA windows; compress_rates carries it (compress_ratios only names
+# the kinds).
 CONFIG = {
     "architectures": ["DeepseekV4ForCausalLM"],
     "model_type": "deepseek_v4",
