@@ -246,8 +246,8 @@ func (l Llama) WeightBytes() int64 {
 
 // Rewrite copies the checkpoint folder src (its config.json and single
 // model.safetensors) to dst, passing each tensor through edit, which returns
-// the tensor to write in its place: tests of what the engine does with a
-// damaged or mislabelled weight.
+// the tensor to write in its place (nil: none): tests of what the engine
+// does with a damaged or mislabelled weight.
 func Rewrite(src, dst string, edit func(t *weights.Tensor) *weights.Tensor) error {
 	cfg, err := os.ReadFile(filepath.Join(src, "config.json"))
 	if err != nil {
@@ -270,7 +270,9 @@ func Rewrite(src, dst string, edit func(t *weights.Tensor) *weights.Tensor) erro
 		if err != nil {
 			return err
 		}
-		t = edit(t)
+		if t = edit(t); t == nil {
+			continue
+		}
 		if err := w.Add(t.Name, t.DType, t.Shape, t.Data); err != nil {
 			return err
 		}
