@@ -222,27 +222,18 @@ func (b *Backend) fuseSwiGLU(dst, gate, up *Buffer, limit float32) bool {
 	if dst.ptr != gate.ptr || dst.n != gate.n || up.n != gate.n {
 		return false
 	}
-	fx := &effects{reads: []span{spanOf(gate), spanOf(up)}, writes: []span{spanOf(gate), spanOf(up)}}
-	for _, i := range b.candidates() {
-		g := b.q.ops[i].gemv
-		if g == nil {
-			continue
-		}
-		if !b.movable(i, fx) {
-			return false
-		}
+	return b.epilogue(fxOf([]*Buffer{gate, up}, gate, up), func(g *gemvOp) bool {
 		if g.mode != 0 || g.xs != 0 || len(g.groups) != 2 {
-			continue
+			return false
 		}
 		gs, us := g.groups[0], g.groups[1]
 		N := gs.w.rows
 		if gs.y.ptr != gate.ptr || us.y.ptr != up.ptr || us.w.rows != N || gate.n != g.m*N {
-			continue
+			return false
 		}
 		g.mode, g.limit = 1, limit
 		return true
-	}
-	return false
+	})
 }
 
 // fuseAdd makes dst = a + c (dst being a or c, the other a queued matmul's
@@ -251,18 +242,10 @@ func (b *Backend) fuseAdd(dst, a, c *Buffer) bool {
 	if dst.n != a.n || dst.n != c.n {
 		return false
 	}
-	fx := &effects{reads: []span{spanOf(a), spanOf(c)}, writes: []span{spanOf(a), spanOf(c)}}
-	for _, i := range b.candidates() {
-		g := b.q.ops[i].gemv
-		if g == nil {
-			continue
-		}
-		if !b.movable(i, fx) {
-			return false
-		}
+	return b.epilogue(fxOf([]*Buffer{a, c}, a, c), func(g *gemvOp) bool {
 		// One weight, plain; the residual must not be the normalized row the matmul reads.
 		if g.mode != 0 || len(g.groups) != 1 || g.norm != nil {
-			continue
+			return false
 		}
 		y := g.groups[0].y
 		var other *Buffer
@@ -272,15 +255,33 @@ func (b *Backend) fuseAdd(dst, a, c *Buffer) bool {
 		case y.ptr == a.ptr && dst.ptr == c.ptr:
 			other = c
 		default:
-			continue
+			return false
 		}
 		res := spanOf(other)
 		if res.end-res.ptr != y.end-y.ptr || res.overlaps(g.x) || res.overlaps(y) {
-			continue
+			return false
 		}
 		g.mode, g.res = 2, res
 		b.q.keep = append(b.q.keep, other)
 		return true
+	})
+}
+
+// epilogue offers an elementwise op with effects fx to the queued matmuls,
+// newest first, while it can run at their place: take reports whether a
+// matmul took it in (and makes it so). qmu held.
+func (b *Backend) epilogue(fx *effects, take func(g *gemvOp) bool) bool {
+	for _, i := range b.candidates() {
+		g := b.q.ops[i].gemv
+		if g == nil {
+			continue
+		}
+		if !b.movable(i, fx) {
+			return false
+		}
+		if take(g) {
+			return true
+		}
 	}
 	return false
 }
