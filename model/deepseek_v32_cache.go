@@ -21,16 +21,13 @@ type v32State struct {
 	idx             backend.Indices
 	perToken        int64 // cache bytes per position, all layers
 
-	rows                                     int // rows the scratch holds
-	x, h, y, cq, q, lat1, kr1, qI, wI, att   backend.Buffer
-	qLat, oLat, gate, up, rl, xe, ge, ue, ye backend.Buffer
-	dk, dv, datt, logits                     backend.Buffer
-	kvTmp                                    backend.Buffer
-	kvTmpRows                                int
-	hostLogits, routeW                       []float32
-	routeIdx                                 []int32
-	expertRows                               [][]int32
-	expertScale                              [][]float32
+	rows                                   int // rows the scratch holds
+	x, h, y, cq, q, lat1, kr1, qI, wI, att backend.Buffer
+	qLat, oLat, gate, up                   backend.Buffer
+	dk, dv, datt, logits                   backend.Buffer
+	kvTmp                                  backend.Buffer
+	kvTmpRows                              int
+	moeScratch
 }
 
 func (s *v32State) Len() int { return s.n }
@@ -47,14 +44,23 @@ func (s *v32State) CacheBytesPerToken() int64 { return s.perToken }
 // Path is the MLA path the state runs.
 func (s *v32State) Path() MLAPath { return s.path }
 
-// NewState allocates an MLAAuto state for capacity positions.
-func (m *DeepseekV32) NewState(capacity int) (State, error) { return m.NewStateWith(capacity, MLAAuto) }
+// NewState allocates an MLAAuto state for capacity positions, or for
+// DeepSeek-V3 (no indexer) an MLADense one.
+func (m *DeepseekV32) NewState(capacity int) (State, error) {
+	if !m.indexer {
+		return m.NewStateWith(capacity, MLADense)
+	}
+	return m.NewStateWith(capacity, MLAAuto)
+}
 
 // NewStateWith allocates a state for capacity positions that runs the given
 // MLA path.
 func (m *DeepseekV32) NewStateWith(capacity int, path MLAPath) (State, error) {
 	if capacity <= 0 {
 		return nil, fmt.Errorf("model: deepseek_v32 state capacity %d, want > 0", capacity)
+	}
+	if !m.indexer && path != MLADense {
+		return nil, fmt.Errorf("model: %s has no indexer: MLA path %v is not available, only %v", m.cfg.ModelType, path, MLADense)
 	}
 	b, c, s := m.b, m.cfg, m.mla
 	st := &v32State{path: path, cap: capacity}
@@ -115,19 +121,17 @@ func (m *DeepseekV32) grow(s *v32State, n int) {
 	s.q = b.NewBuffer(n * a.Heads * a.QKDim())
 	s.lat1 = b.NewBuffer(n * a.KVLoraRank)
 	s.kr1 = b.NewBuffer(n * a.RopeDim)
-	s.qI = b.NewBuffer(n * ix.Heads * ix.HeadDim)
-	s.wI = b.NewBuffer(n * ix.Heads)
+	if m.indexer {
+		s.qI = b.NewBuffer(n * ix.Heads * ix.HeadDim)
+		s.wI = b.NewBuffer(n * ix.Heads)
+	}
 	s.att = b.NewBuffer(n * a.Heads * a.VDim)
 	s.qLat = b.NewBuffer(n * a.Heads * a.KVLoraRank)
 	s.oLat = b.NewBuffer(n * a.Heads * a.KVLoraRank)
 	ffn := max(c.IntermediateSize, v.MoEIntermediateSize*max(v.NSharedExperts, 1))
 	s.gate = b.NewBuffer(n * ffn)
 	s.up = b.NewBuffer(n * ffn)
-	s.rl = b.NewBuffer(n * max(v.NRoutedExperts, 1))
-	s.xe = b.NewBuffer(n * c.HiddenSize)
-	s.ye = b.NewBuffer(n * c.HiddenSize)
-	s.ge = b.NewBuffer(n * max(v.MoEIntermediateSize, 1))
-	s.ue = b.NewBuffer(n * max(v.MoEIntermediateSize, 1))
+	s.growMoE(b, n, v.NRoutedExperts, v.MoEIntermediateSize, c.HiddenSize)
 	if s.path == MLADense {
 		s.dk = b.NewBuffer(n * a.Heads * a.QKDim())
 		s.dv = b.NewBuffer(n * a.Heads * a.QKDim())

@@ -128,14 +128,14 @@ func (m *DeepseekV32) attention(s *v32State, l int, blk *v32Block, out, h backen
 
 	// Lightning indexer: keys into the cache, then score and select.
 	qI := b.View(s.qI, 0, n*ix.Heads*ix.HeadDim)
-	b.MatMul(qI, cq, blk.IQB, n)
+	b.MatMul(qI, cq, blk.Ix.IQB, n)
 	b.RoPE(qI, n, ix.Heads, ix.HeadDim, 0, pos0, m.irope, false)
 	kI := b.View(s.ik[l], pos0*ix.HeadDim, n*ix.HeadDim)
-	b.MatMul(kI, h, blk.IK, n)
-	ops.LayerNorm(kI, kI, blk.IKNormW, blk.IKNormB, v32IndexerEps)
+	b.MatMul(kI, h, blk.Ix.IK, n)
+	ops.LayerNorm(kI, kI, blk.Ix.IKNormW, blk.Ix.IKNormB, v32IndexerEps)
 	b.RoPE(kI, n, 1, ix.HeadDim, 0, pos0, m.irope, false)
 	wI := b.View(s.wI, 0, n*ix.Heads)
-	b.MatMul(wI, h, blk.IW, n)
+	b.MatMul(wI, h, blk.Ix.IW, n)
 	// The selection is queued right before the attention that reads it, so
 	// that a backend can overlap the two (the GPU stages the attention's
 	// queries while the top-k runs).
@@ -210,65 +210,20 @@ func (m *DeepseekV32) mlp(s *v32State, f *v32MLP, out, h backend.Buffer, n int) 
 // on the host from the router logits.
 func (m *DeepseekV32) moe(s *v32State, f *v32MoE, out, h backend.Buffer, n int) {
 	b, H := m.b, m.cfg.HiddenSize
-	E, K := f.route.Experts, f.route.K
-	rl := b.View(s.rl, 0, n*E)
-	b.MatMul(rl, h, f.Router, n)
-	if f.dev != nil && n <= m.gmoe.MaxDeviceMoETokens() {
-		if f.Shared != nil {
-			m.mlp(s, f.Shared, out, h, n)
-		} else {
-			b.Scale(out, out, 0)
-		}
-		a := f.route
-		a.M = n
-		m.gmoe.GroupMoE(out, h, rl, f.dev, a)
-		return
-	}
-	if cap(s.hostLogits) < n*E {
-		s.hostLogits = make([]float32, n*E)
-		s.routeIdx = make([]int32, n*K)
-		s.routeW = make([]float32, n*K)
-	}
-	logits, idx, w := s.hostLogits[:n*E], s.routeIdx[:n*K], s.routeW[:n*K]
-	b.Read(logits, rl, 0)
 	a := f.route
 	a.M = n
-	layers.GroupRoute(idx, w, logits, f.Bias, a)
-
 	if f.Shared != nil {
 		m.mlp(s, f.Shared, out, h, n)
 	} else {
 		b.Scale(out, out, 0)
 	}
-	if len(s.expertRows) < E {
-		s.expertRows = make([][]int32, E)
-		s.expertScale = make([][]float32, E)
+	if f.dev != nil && n <= m.gmoe.MaxDeviceMoETokens() {
+		rl := b.View(s.rl, 0, n*a.Experts)
+		b.MatMul(rl, h, f.Router, n)
+		m.gmoe.GroupMoE(out, h, rl, f.dev, a)
+		return
 	}
-	for e := range E {
-		s.expertRows[e] = s.expertRows[e][:0]
-		s.expertScale[e] = s.expertScale[e][:0]
-	}
-	for i := range n {
-		for j := range K {
-			e := idx[i*K+j]
-			s.expertRows[e] = append(s.expertRows[e], int32(i))
-			s.expertScale[e] = append(s.expertScale[e], w[i*K+j])
-		}
-	}
-	for e := range E {
-		rows := s.expertRows[e]
-		cnt := len(rows)
-		if cnt == 0 {
-			continue
-		}
-		x := &f.Experts[e]
-		xe, ye := b.View(s.xe, 0, cnt*H), b.View(s.ye, 0, cnt*H)
-		ge, ue := b.View(s.ge, 0, cnt*x.Width), b.View(s.ue, 0, cnt*x.Width)
-		m.b.GatherRows(xe, h, rows, H)
-		b.MatMul(ge, xe, x.Gate, cnt)
-		b.MatMul(ue, xe, x.Up, cnt)
-		b.SwiGLU(ge, ge, ue, 0)
-		b.MatMul(ye, ge, x.Down, cnt)
-		m.b.ScatterAddRows(out, ye, rows, s.expertScale[e], H)
-	}
+	logits, idx, w := s.routerLogits(b, f.Router, h, n, a.Experts, a.K)
+	layers.GroupRoute(idx, w, logits, f.Bias, a)
+	s.runExperts(b, f.Experts, out, h, idx, w, n, a.K, H)
 }

@@ -72,6 +72,7 @@ type constructor func(b backend.Backend, cfg *Config, l *Loader, o Options) (Mod
 // architectures maps model_type to its constructor. It is fixed at compile
 // time and never modified.
 var architectures = map[string]constructor{
+	"deepseek_v3":  newDeepseekV3,
 	"deepseek_v32": newDeepseekV32,
 	"deepseek_v4":  newDeepseekV4,
 	"llama":        newLlama,
