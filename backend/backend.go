@@ -47,6 +47,13 @@ const (
 	F16
 	BF16
 	NVFP4
+	// FP8Block is FP8 E4M3 with one scale per BlockRows x BlockCols tile
+	// (HostWeight.FP8: DeepSeek V3/V4's fine-grained FP8; the scale type,
+	// E8M0 or f32, is data in quant.FP8Block.ScaleDType).
+	FP8Block
+	// MXFP4 is E2M1 with one E8M0 scale per 32 inputs (HostWeight.MX:
+	// DeepSeek-V4's routed experts).
+	MXFP4
 )
 
 func (f Format) String() string {
@@ -59,6 +66,10 @@ func (f Format) String() string {
 		return "bf16"
 	case NVFP4:
 		return "nvfp4"
+	case FP8Block:
+		return "fp8block"
+	case MXFP4:
+		return "mxfp4"
 	}
 	return fmt.Sprintf("Format(%d)", uint8(f))
 }
@@ -72,6 +83,10 @@ func (f Format) BytesPerValue() float64 {
 		return 2
 	case NVFP4:
 		return 0.5 + 1.0/16
+	case FP8Block:
+		return 1 // plus one scale per tile, under 0.1% at 128x128
+	case MXFP4:
+		return 0.5 + 1.0/32
 	}
 	return 0
 }
@@ -79,13 +94,16 @@ func (f Format) BytesPerValue() float64 {
 // HostWeight describes a weight on the host before upload. For F32, F16 and
 // BF16, Data holds Rows*Cols little-endian values, row-major (the layout of a
 // safetensors tensor, which may be a slice of a memory map: it is never
-// written). For NVFP4, Q holds the quantized matrix.
+// written). For NVFP4, Q holds the quantized matrix; for FP8Block, FP8; for
+// MXFP4, MX (each sharing the checkpoint's memory, never written).
 type HostWeight struct {
 	Name       string
 	Rows, Cols int
 	Format     Format
 	Data       []byte
 	Q          *quant.NVFP4
+	FP8        *quant.FP8Block
+	MX         *quant.MXFP4
 	Bias       []float32 // len Rows, or nil
 }
 
@@ -103,6 +121,20 @@ func (w *HostWeight) Validate() error {
 	case NVFP4:
 		if w.Q == nil || w.Q.Rows != w.Rows || w.Q.Cols != w.Cols {
 			return fmt.Errorf("weight %s: nvfp4 matrix missing or not [%d, %d]", w.Name, w.Rows, w.Cols)
+		}
+	case FP8Block:
+		if w.FP8 == nil || w.FP8.Rows != w.Rows || w.FP8.Cols != w.Cols {
+			return fmt.Errorf("weight %s: fp8 block matrix missing or not [%d, %d]", w.Name, w.Rows, w.Cols)
+		}
+		if err := w.FP8.Validate(); err != nil {
+			return fmt.Errorf("weight %s: %w", w.Name, err)
+		}
+	case MXFP4:
+		if w.MX == nil || w.MX.Rows != w.Rows || w.MX.Cols != w.Cols {
+			return fmt.Errorf("weight %s: mxfp4 matrix missing or not [%d, %d]", w.Name, w.Rows, w.Cols)
+		}
+		if err := w.MX.Validate(); err != nil {
+			return fmt.Errorf("weight %s: %w", w.Name, err)
 		}
 	default:
 		return fmt.Errorf("weight %s: unknown format %s", w.Name, w.Format)

@@ -22,6 +22,7 @@ const (
 	U64                     // "U64"
 	Bool                    // "BOOL": one byte per element
 	F8E5M2                  // "F8_E5M2"
+	F8E8M0                  // "F8_E8M0": unsigned power of two 2^(e-127) (UE8M0 block scales)
 )
 
 var dtypeInfo = [...]struct {
@@ -31,7 +32,7 @@ var dtypeInfo = [...]struct {
 	F32: {"F32", 4}, F16: {"F16", 2}, BF16: {"BF16", 2}, F8E4M3: {"F8_E4M3", 1},
 	U8: {"U8", 1}, I8: {"I8", 1}, I32: {"I32", 4}, I64: {"I64", 8},
 	F64: {"F64", 8}, I16: {"I16", 2}, U16: {"U16", 2}, U32: {"U32", 4}, U64: {"U64", 8},
-	Bool: {"BOOL", 1}, F8E5M2: {"F8_E5M2", 1},
+	Bool: {"BOOL", 1}, F8E5M2: {"F8_E5M2", 1}, F8E8M0: {"F8_E8M0", 1},
 }
 
 // ParseDType returns the DType with the safetensors name s ("F32", "BF16",

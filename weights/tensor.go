@@ -43,7 +43,7 @@ func (t *Tensor) check() (int, error) {
 var littleEndianHost = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 
 // Float32 returns the tensor's values as a new float32 slice. F32, F16, BF16,
-// F8_E4M3, F8_E5M2 and F64 convert; other dtypes give an error wrapping
+// F8_E4M3, F8_E5M2, F8_E8M0 and F64 convert; other dtypes give an error wrapping
 // ErrDType.
 func (t *Tensor) Float32() ([]float32, error) {
 	n, err := t.check()
@@ -70,6 +70,10 @@ func (t *Tensor) Float32() ([]float32, error) {
 	case F8E5M2: // the top byte of a float16
 		for i, b := range src {
 			out[i] = quant.F16ToFloat32(uint16(b) << 8)
+		}
+	case F8E8M0:
+		for i, b := range src {
+			out[i] = quant.E8M0ToFloat32(b)
 		}
 	case F64:
 		for i := range out {

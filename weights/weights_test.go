@@ -553,6 +553,10 @@ func TestTensorConversionErrors(t *testing.T) {
 			t.Errorf("%s: Int64s error %v, want %v", tt.name, err, tt.want)
 		}
 	}
+	e8 := Tensor{Name: "e", DType: F8E8M0, Shape: []int{3}, Data: []byte{127, 130, 120}}
+	if v, err := e8.Float32(); err != nil || v[0] != 1 || v[1] != 8 || v[2] != 1.0/128 {
+		t.Errorf("Float32 of F8_E8M0 = %v, %v; want [1 8 0.0078125]", v, err)
+	}
 	u8 := Tensor{Name: "u", DType: U8, Shape: []int{1}, Data: []byte{1}}
 	if _, err := u8.Float32(); !errors.Is(err, ErrDType) || !strings.Contains(err.Error(), "U8") {
 		t.Errorf("Float32 of U8: %v, want ErrDType naming U8", err)
@@ -560,7 +564,7 @@ func TestTensorConversionErrors(t *testing.T) {
 }
 
 func TestDType(t *testing.T) {
-	for _, d := range []DType{F32, F16, BF16, F8E4M3, U8, I8, I32, I64, F64, I16, U16, U32, U64, Bool, F8E5M2} {
+	for _, d := range []DType{F32, F16, BF16, F8E4M3, U8, I8, I32, I64, F64, I16, U16, U32, U64, Bool, F8E5M2, F8E8M0} {
 		got, err := ParseDType(d.String())
 		if err != nil || got != d {
 			t.Errorf("ParseDType(%q) = %v, %v", d.String(), got, err)

@@ -34,6 +34,21 @@ func Cases() []Case {
 				}})
 		}
 	}
+	// The block-scaled formats DeepSeek ships (FP8 with 128x128 tile scales
+	// in E8M0 or f32; MXFP4), at sizes off the tiles; MXFP4 needs K % 32.
+	for _, f := range []backend.Format{backend.FP8Block, backend.MXFP4} {
+		for _, s := range [][3]int{{1, 7, 64}, {1, 257, 2048}, {3, 130, 320}, {17, 64, 96}, {70, 200, 4096}} {
+			m, rows, cols := s[0], s[1], s[2]
+			cs = append(cs, Case{Op: "MatMul", Shape: fmt.Sprintf("%s/m=%d/%dx%d", f, m, rows, cols), Tol: 4e-3,
+				Run: func(b backend.Backend, _ backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+					return matmul(b, rng, f, m, rows, cols, false)
+				}})
+		}
+	}
+	cs = append(cs, Case{Op: "MatMul", Shape: "fp8block-f32scale+bias/m=2/130x200", Tol: 4e-3,
+		Run: func(b backend.Backend, _ backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+			return matmul(b, rng, fp8BlockF32, 2, 130, 200, true)
+		}})
 	cs = append(cs, Case{Op: "MatMul", Shape: "f32+bias/m=5/9x40", Tol: 2e-5,
 		Run: func(b backend.Backend, _ backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
 			return matmul(b, rng, backend.F32, 5, 9, 40, true)
@@ -157,12 +172,31 @@ func Cases() []Case {
 	return cs
 }
 
+// fp8BlockF32 asks weight for FP8Block with float32 tile scales (the
+// default is E8M0), as DeepSeek-V3 and V4's -Base checkpoints store them.
+const fp8BlockF32 = backend.Format(255)
+
 // weight makes a random rows x cols weight of format f and returns the
 // values it holds (after rounding to f) with its host description.
 func weight(rng *rand.Rand, f backend.Format, rows, cols int) ([]float32, *backend.HostWeight) {
 	v := rnd(rng, rows*cols, 1/math.Sqrt(float64(cols)))
 	hw := &backend.HostWeight{Name: "w", Rows: rows, Cols: cols, Format: f}
+	var err error
 	switch f {
+	case backend.FP8Block, fp8BlockF32:
+		sd := quant.ScaleE8M0
+		if f == fp8BlockF32 {
+			sd, hw.Format = quant.ScaleF32, backend.FP8Block
+		}
+		if hw.FP8, err = quant.QuantizeFP8Block(v, rows, cols, 128, 128, sd); err != nil {
+			panic(err)
+		}
+		v = hw.FP8.Dequantize()
+	case backend.MXFP4:
+		if hw.MX, err = quant.QuantizeMXFP4(v, rows, cols); err != nil {
+			panic(err)
+		}
+		v = hw.MX.Dequantize()
 	case backend.F32:
 		for _, x := range v {
 			hw.Data = binary.LittleEndian.AppendUint32(hw.Data, math.Float32bits(x))

@@ -97,6 +97,7 @@ type Weight struct {
 	f32        []float32 // F32 (and F16, widened at upload)
 	bf16       []uint16  // BF16
 	q          *quant.NVFP4
+	dq         quant.RowDecoder // FP8Block, MXFP4 (fp8.go)
 	bias       []float32
 }
 
@@ -142,6 +143,8 @@ func (b *Backend) Upload(h *backend.HostWeight) (backend.Weight, error) {
 		}
 	case backend.NVFP4:
 		w.q = h.Q
+	default:
+		w.dq = decodedWeight(h)
 	}
 	return w, nil
 }
@@ -156,6 +159,8 @@ func (b *Backend) Embed(dst backend.Buffer, table backend.Weight, ids []int32) {
 		switch {
 		case t.f32 != nil:
 			copy(row, t.f32[int(id)*n:])
+		case t.dq != nil:
+			t.dq.DequantizeRow(row, int(id))
 		case t.bf16 != nil:
 			src := t.bf16[int(id)*n : (int(id)+1)*n]
 			for j, v := range src {
@@ -180,6 +185,8 @@ func (b *Backend) MatMul(dst, x backend.Buffer, wt backend.Weight, m int) {
 			matmulF32(out, in, w.f32, m, K, N, lo, hi)
 		case w.bf16 != nil:
 			matmulBF16(out, in, w.bf16, m, K, N, lo, hi)
+		case w.dq != nil:
+			matmulDecoded(out, in, w.dq, m, K, N, lo, hi)
 		default:
 			if m == 1 {
 				w.q.MatVecRows(out[:N], in[:K], lo, hi)

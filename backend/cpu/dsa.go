@@ -206,6 +206,8 @@ func weightRow(dst []float32, w *Weight, r int) {
 		for j, v := range w.bf16[r*n : (r+1)*n] {
 			dst[j] = quant.BF16ToFloat32(v)
 		}
+	case w.dq != nil:
+		w.dq.DequantizeRow(dst[:n], r)
 	default:
 		dequantizeRow(dst, w.q, r)
 	}
