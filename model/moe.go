@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/layers"
 )
 
 // What the mixture-of-experts architectures share (DeepSeek-V3 and V3.2,
@@ -79,6 +80,7 @@ type moeScratch struct {
 	routeIdx           []int32
 	expertRows         [][]int32
 	expertScale        [][]float32
+	topk               layers.TopKScratch
 }
 
 // growMoE makes the scratch hold n rows of E experts of width I over hidden
