@@ -141,7 +141,7 @@ func loadDeepseekV32(b backend.Backend, cfg *Config, l *Loader, indexer bool) (*
 	if err := json.Unmarshal(cfg.Raw, &v); err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", ErrConfig, cfg.Path, err)
 	}
-	if err := checkV32Config(cfg, &v); err != nil {
+	if err := checkV32Config(cfg, &v, indexer); err != nil {
 		return nil, err
 	}
 	m := &DeepseekV32{b: b, ops: ops, gmoe: l.caps.GroupMoE, cfg: cfg, v: v, indexer: indexer, Blocks: make([]v32Block, cfg.NumLayers)}
@@ -219,8 +219,8 @@ func loadDeepseekV32(b backend.Backend, cfg *Config, l *Loader, indexer bool) (*
 }
 
 // checkV32Config validates the fields the forward pass relies on, naming
-// the field at fault.
-func checkV32Config(cfg *Config, v *v32Config) error {
+// the field at fault; indexer tells DeepSeek-V3.2 from V3.
+func checkV32Config(cfg *Config, v *v32Config, indexer bool) error {
 	path := cfg.Path
 	if v.QLoraRank == nil {
 		return configErr(path, "q_lora_rank", "null is not supported: the attention reads the q low-rank path (DeepSeek-V3.2's indexer too)")
@@ -246,9 +246,13 @@ func checkV32Config(cfg *Config, v *v32Config) error {
 	if cfg.NumKVHeads != cfg.NumHeads {
 		return configErr(path, "num_key_value_heads", "%d; MLA expands one latent into num_attention_heads = %d key heads, so they must be equal", cfg.NumKVHeads, cfg.NumHeads)
 	}
+	kind := "deepseek_sparse_attention"
+	if !indexer {
+		kind = "full_attention"
+	}
 	for i, t := range cfg.LayerTypes {
-		if t != "deepseek_sparse_attention" {
-			return configErr(path, "layer_types", "entry %d is %q; deepseek_v32 layers are all \"deepseek_sparse_attention\"", i, t)
+		if t != kind {
+			return configErr(path, "layer_types", "entry %d is %q; %s layers are all %q", i, t, cfg.ModelType, kind)
 		}
 	}
 	if v.MLPLayerTypes != nil {

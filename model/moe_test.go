@@ -406,7 +406,7 @@ func TestDeepseekV3IsV32WithoutIndexer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		v3, err := loadV32(t, dir, func(c map[string]any) { c["model_type"] = "deepseek_v3" })
+		v3, err := loadV32(t, dir, func(c map[string]any) { c["model_type"], c["layer_types"] = "deepseek_v3", nil })
 		if err != nil {
 			t.Fatal(err)
 		}
