@@ -420,3 +420,13 @@ func TestDeepseekV3IsV32WithoutIndexer(t *testing.T) {
 		}
 	}
 }
+
+// TestMoEConfigFieldEdges sets every config.json field of the released MoE
+// layouts to edge values: each must give an error or finite logits, never
+// a panic.
+func TestMoEConfigFieldEdges(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short")
+	}
+	checkFieldEdges(t, writeTiny(t, tinyV3), writeTiny(t, tinyQwen3MoE))
+}
