@@ -1,12 +1,10 @@
 package model
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"math"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -49,51 +47,18 @@ func writeTiny(t *testing.T, m testmodel.Model) string {
 	return dir
 }
 
-// rewrite copies the checkpoint src into a new folder: config.json through
-// cfg (may be nil), each tensor through edit, which returns the tensors to
-// write in its place (none drops it).
-func rewrite(t *testing.T, src string, cfg func(map[string]any), edit func(ck *weights.Checkpoint, tn *weights.Tensor) []*weights.Tensor) string {
+// rewrite copies the checkpoint src into a new folder: config.json with
+// the fields of cfg set (a nil value deletes the field), each tensor
+// through edit, which returns the tensors to write in its place (none drops
+// it).
+func rewrite(t *testing.T, src string, cfg map[string]any, edit func(ck *weights.Checkpoint, tn *weights.Tensor) []*weights.Tensor) string {
 	t.Helper()
 	dst := t.TempDir()
-	data, err := os.ReadFile(filepath.Join(src, "config.json"))
-	if err != nil {
+	if err := testmodel.RewriteTensors(src, dst, edit); err != nil {
 		t.Fatal(err)
 	}
-	var raw map[string]any
-	if err := json.Unmarshal(data, &raw); err != nil {
-		t.Fatal(err)
-	}
-	if cfg != nil {
-		cfg(raw)
-	}
-	if data, err = json.Marshal(raw); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dst, "config.json"), data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ck, err := weights.Open(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ck.Close()
-	w, err := weights.Create(filepath.Join(dst, "model.safetensors"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, name := range ck.Names() {
-		tn, err := ck.Tensor(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, o := range edit(ck, tn) {
-			if err := w.Add(o.Name, o.DType, o.Shape, o.Data); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
+	for _, field := range slices.Sorted(maps.Keys(cfg)) {
+		editConfig(t, dst, field, cfg[field])
 	}
 	return dst
 }
@@ -122,32 +87,10 @@ func dequantized(t *testing.T) func(ck *weights.Checkpoint, tn *weights.Tensor) 
 	}
 }
 
-// logitsOf returns the full-sequence logits of ids and the incremental
-// ones (ids[:P] then one token at a time) of the model in dir.
+// logitsOf is runLogits of the model in dir.
 func logitsOf(t *testing.T, dir string, ids []int32, P int) (full, inc []float32) {
-	t.Helper()
 	m := loadTestModel(t, dir)
-	ctx := context.Background()
-	st, err := m.NewState(len(ids))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if full, err = m.Forward(ctx, st, ids, true); err != nil {
-		t.Fatal(err)
-	}
-	st, _ = m.NewState(len(ids))
-	last, err := m.Forward(ctx, st, ids[:P], false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	inc = append(inc, last...)
-	for p := P; p < len(ids); p++ {
-		if last, err = m.Forward(ctx, st, ids[p:p+1], false); err != nil {
-			t.Fatal(err)
-		}
-		inc = append(inc, last...)
-	}
-	return full, inc
+	return runLogits(t, m, m.NewState, ids, P)
 }
 
 func testIDs(vocab, n int) []int32 {
@@ -175,10 +118,10 @@ func TestMoEEquivalents(t *testing.T) {
 		tol  float64
 	}{
 		{"deepseek_v3 fp8 = dequantized f32", tinyV3, tinyV3.Vocab, func(t *testing.T, dir string) (string, string) {
-			return dir, rewrite(t, dir, func(c map[string]any) { delete(c, "quantization_config") }, dequantized(t))
+			return dir, rewrite(t, dir, map[string]any{"quantization_config": nil}, dequantized(t))
 		}, 1e-5},
 		{"deepseek_v3 fp8 with kv_a_proj split at a block edge", tinyV3Aligned, tinyV3.Vocab, func(t *testing.T, dir string) (string, string) {
-			return dir, rewrite(t, dir, func(c map[string]any) { delete(c, "quantization_config") }, dequantized(t))
+			return dir, rewrite(t, dir, map[string]any{"quantization_config": nil}, dequantized(t))
 		}, 1e-5},
 		{"qwen3_moe of identical experts = qwen3", tinyQwen3MoE, tinyQwen3MoE.Vocab, func(t *testing.T, dir string) (string, string) {
 			moe := identicalExperts(t, dir)
@@ -225,9 +168,7 @@ func identicalExperts(t *testing.T, dir string) string {
 
 // denseOf is the Qwen3 whose MLP is expert 0 of the Qwen3-MoE in dir.
 func denseOf(t *testing.T, dir string) string {
-	return rewrite(t, dir, func(c map[string]any) {
-		c["model_type"], c["intermediate_size"] = "qwen3", c["moe_intermediate_size"]
-	}, func(ck *weights.Checkpoint, tn *weights.Tensor) []*weights.Tensor {
+	return rewrite(t, dir, map[string]any{"model_type": "qwen3", "intermediate_size": tinyQwen3MoE.MoEFFN}, func(ck *weights.Checkpoint, tn *weights.Tensor) []*weights.Tensor {
 		switch e, ok := expertOf(tn.Name); {
 		case ok && e == "0":
 			name := strings.Replace(tn.Name, ".experts.0.", ".", 1)
@@ -310,13 +251,13 @@ func TestMoEConfigErrors(t *testing.T) {
 		{v3, "moe_layer_freq", 2},
 		{v3, "topk_method", "greedy"},
 		{v3, "scoring_func", "softmax"},
-		{v3, "q_lora_rank", nil},
+		{v3, "q_lora_rank", json.RawMessage("null")},
 		{qw, "decoder_sparse_step", 0},
 		{qw, "mlp_only_layers", []int{7}},
 		{qw, "num_experts_per_tok", 9},
 	} {
 		t.Run(tc.field, func(t *testing.T) {
-			dir := rewrite(t, tc.dir, func(c map[string]any) { c[tc.field] = tc.value }, keep)
+			dir := rewrite(t, tc.dir, map[string]any{tc.field: tc.value}, keep)
 			_, err := load(dir)
 			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), `"`+tc.field+`"`) {
 				t.Errorf("error %v, want ErrConfig naming %q", err, tc.field)
@@ -334,7 +275,7 @@ func TestQwen3MoEDenseLayers(t *testing.T) {
 		field string
 		value any
 	}{{"mlp_only_layers", []int{1}}, {"decoder_sparse_step", 2}} {
-		dir := rewrite(t, qw, func(c map[string]any) { c[tc.field] = tc.value }, keep)
+		dir := rewrite(t, qw, map[string]any{tc.field: tc.value}, keep)
 		_, err := load(dir)
 		if !errors.Is(err, weights.ErrMissingTensor) || !strings.Contains(err.Error(), "model.layers.0.mlp.gate_proj.weight") &&
 			!strings.Contains(err.Error(), "model.layers.1.mlp.gate_proj.weight") {

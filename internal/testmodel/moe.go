@@ -2,11 +2,8 @@ package testmodel
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 
 	"github.com/manifoldlm/manifold/quant"
 	"github.com/manifoldlm/manifold/weights"
@@ -47,30 +44,23 @@ type DeepseekV3 struct {
 }
 
 func (d DeepseekV3) withDefaults() DeepseekV3 {
-	def := func(v *int, x int) {
-		if *v == 0 {
-			*v = x
-		}
-	}
-	def(&d.Layers, 61)
-	def(&d.DenseLayers, 3)
-	def(&d.Hidden, 7168)
-	def(&d.FFN, 18432)
-	def(&d.Heads, 128)
-	def(&d.Vocab, 129280)
-	def(&d.QLora, 1536)
-	def(&d.KVLora, 512)
-	def(&d.Nope, 128)
-	def(&d.Rope, 64)
-	def(&d.VDim, 128)
-	def(&d.Experts, 256)
-	def(&d.Shared, 1)
-	def(&d.TopK, 8)
-	def(&d.MoEFFN, 2048)
-	def(&d.Groups, 8)
-	def(&d.TopKGroups, 4)
+	fillInts([]*int{&d.Layers, &d.DenseLayers, &d.Hidden, &d.FFN, &d.Heads, &d.Vocab, &d.QLora, &d.KVLora, &d.Nope,
+		&d.Rope, &d.VDim, &d.Experts, &d.Shared, &d.TopK, &d.MoEFFN, &d.Groups, &d.TopKGroups},
+		61, 3, 7168, 18432, 128, 129280, 1536, 512, 128, 64, 128, 256, 1, 8, 2048, 8, 4)
 	return d
 }
+
+// fillInts sets each zero *ptrs[i] to vals[i].
+func fillInts(ptrs []*int, vals ...int) {
+	for i, p := range ptrs {
+		if *p == 0 {
+			*p = vals[i]
+		}
+	}
+}
+
+// routed is the number of routed experts and of those a token picks.
+func (d DeepseekV3) routed() (experts, k int) { d = d.withDefaults(); return d.Experts, d.TopK }
 
 // fp8Block is the released block of DeepSeek-V3's weight_scale_inv.
 const fp8Block = 128
@@ -155,23 +145,37 @@ func (m *moeTensors) swiglu(prefix string, dtype weights.DType, fp8 bool, count 
 	m.linear(prefix+"down_proj", dtype, fp8, count, hidden, ffn)
 }
 
-// head adds the embedding table, the final norm and the LM head.
-func (m *moeTensors) head(vocab, hidden int) {
+// decoderTensors lists a HuggingFace-layout decoder's tensors: the
+// embedding table, the final norm and the LM head (bf16), then for each
+// layer its two norms (in dtype) and what layer adds (p is the layer's
+// prefix, a its attention's).
+func decoderTensors(seed uint64, vocab, hidden, layers int, dtype weights.DType, layer func(m *moeTensors, l int, p, a string)) []v4Tensor {
+	m := &moeTensors{g: v4Gen{seed: seed}}
 	m.dense("model.embed_tokens.weight", weights.BF16, 0, 1, countNever, vocab, hidden)
 	m.dense("model.norm.weight", weights.BF16, 1, 0.05, countAlways, hidden)
 	m.dense("lm_head.weight", weights.BF16, 0, 1/math.Sqrt(float64(hidden)), countAlways, vocab, hidden)
+	for l := range layers {
+		p := fmt.Sprintf("model.layers.%d.", l)
+		m.dense(p+"input_layernorm.weight", dtype, 1, 0.05, countAlways, hidden)
+		m.dense(p+"post_attention_layernorm.weight", dtype, 1, 0.05, countAlways, hidden)
+		layer(m, l, p, p+"self_attn.")
+	}
+	return m.out
+}
+
+// experts adds a layer's router (mlp.gate, in dtype) and its routed
+// experts.
+func (m *moeTensors) experts(p string, dtype weights.DType, fp8 bool, experts, ffn, hidden int) {
+	m.dense(p+"mlp.gate.weight", dtype, 0, 1/math.Sqrt(float64(hidden)), countAlways, experts, hidden)
+	for e := range experts {
+		m.swiglu(fmt.Sprintf("%smlp.experts.%d.", p, e), dtype, fp8, countExpert, ffn, hidden)
+	}
 }
 
 func (d DeepseekV3) tensors() []v4Tensor {
 	d = d.withDefaults()
-	m := &moeTensors{g: v4Gen{seed: d.Seed}}
 	H, bf := d.Hidden, weights.BF16
-	m.head(d.Vocab, H)
-	for l := range d.Layers {
-		p := fmt.Sprintf("model.layers.%d.", l)
-		m.dense(p+"input_layernorm.weight", bf, 1, 0.05, countAlways, H)
-		m.dense(p+"post_attention_layernorm.weight", bf, 1, 0.05, countAlways, H)
-		a := p + "self_attn."
+	return decoderTensors(d.Seed, d.Vocab, H, d.Layers, bf, func(m *moeTensors, l int, p, a string) {
 		m.linear(a+"q_a_proj", bf, d.FP8, countAlways, d.QLora, H)
 		m.dense(a+"q_a_layernorm.weight", bf, 1, 0.05, countAlways, d.QLora)
 		m.linear(a+"q_b_proj", bf, d.FP8, countAlways, d.Heads*(d.Nope+d.Rope), d.QLora)
@@ -181,35 +185,22 @@ func (d DeepseekV3) tensors() []v4Tensor {
 		m.linear(a+"o_proj", bf, d.FP8, countAlways, H, d.Heads*d.VDim)
 		if l < d.DenseLayers {
 			m.swiglu(p+"mlp.", bf, d.FP8, countAlways, d.FFN, H)
-			continue
+			return
 		}
-		m.dense(p+"mlp.gate.weight", bf, 0, 1/math.Sqrt(float64(H)), countAlways, d.Experts, H)
 		m.dense(p+"mlp.gate.e_score_correction_bias", weights.F32, 0, 0.05, countNever, d.Experts)
-		for e := range d.Experts {
-			m.swiglu(fmt.Sprintf("%smlp.experts.%d.", p, e), bf, d.FP8, countExpert, d.MoEFFN, H)
-		}
+		m.experts(p, bf, d.FP8, d.Experts, d.MoEFFN, H)
 		m.swiglu(p+"mlp.shared_experts.", bf, d.FP8, countAlways, d.MoEFFN*d.Shared, H)
-	}
-	return m.out
+	})
 }
 
-// Write creates the checkpoint in dir (see WriteProgress).
-func (d DeepseekV3) Write(dir string) error { return d.WriteProgress(dir, nil) }
-
-// WriteProgress writes dir/config.json and the weights (model.safetensors,
-// or shards of at most 4 GiB and their index), config.json last.
-func (d DeepseekV3) WriteProgress(dir string, progress func(done, total int64) error) error {
-	return writeTensors(d, d.tensors(), dir, progress)
+// The Model methods (see Model): the tensors are written one after the
+// other (writeTensors), and a decode step reads all but the embedding table,
+// the host-side router bias and the unselected routed experts (stepBytes).
+func (d DeepseekV3) Write(dir string) error { return writeTensors(d, d.tensors(), dir, nil) }
+func (d DeepseekV3) WriteProgress(dir string, p func(done, total int64) error) error {
+	return writeTensors(d, d.tensors(), dir, p)
 }
-
-// WeightBytes is the bytes of weights a decode step reads: all but the
-// embedding table, the router bias and the unselected routed experts.
-func (d DeepseekV3) WeightBytes() int64 {
-	d = d.withDefaults()
-	return stepBytes(d.tensors(), d.Experts, d.TopK)
-}
-
-// CheckpointBytes is the size of the tensor data Write writes.
+func (d DeepseekV3) WeightBytes() int64     { return stepBytes(d) }
 func (d DeepseekV3) CheckpointBytes() int64 { return tensorBytes(d.tensors()) }
 
 // Qwen3MoE describes a Qwen3-MoE-shape model (model_type qwen3_moe): Qwen3
@@ -225,21 +216,8 @@ type Qwen3MoE struct {
 }
 
 func (q Qwen3MoE) withDefaults() Qwen3MoE {
-	def := func(v *int, x int) {
-		if *v == 0 {
-			*v = x
-		}
-	}
-	def(&q.Layers, 48)
-	def(&q.Hidden, 2048)
-	def(&q.Heads, 32)
-	def(&q.KVHeads, 4)
-	def(&q.HeadDim, 128)
-	def(&q.Vocab, 151936)
-	def(&q.FFN, 6144)
-	def(&q.Experts, 128)
-	def(&q.TopK, 8)
-	def(&q.MoEFFN, 768)
+	fillInts([]*int{&q.Layers, &q.Hidden, &q.Heads, &q.KVHeads, &q.HeadDim, &q.Vocab, &q.FFN, &q.Experts, &q.TopK, &q.MoEFFN},
+		48, 2048, 32, 4, 128, 151936, 6144, 128, 8, 768)
 	if q.Theta == 0 {
 		q.Theta = 1e6
 	}
@@ -248,6 +226,8 @@ func (q Qwen3MoE) withDefaults() Qwen3MoE {
 	}
 	return q
 }
+
+func (q Qwen3MoE) routed() (experts, k int) { q = q.withDefaults(); return q.Experts, q.TopK }
 
 // Config is the config.json Write writes: Qwen3-30B-A3B's released fields.
 func (q Qwen3MoE) Config() ([]byte, error) {
@@ -270,101 +250,22 @@ func (q Qwen3MoE) Config() ([]byte, error) {
 
 func (q Qwen3MoE) tensors() []v4Tensor {
 	q = q.withDefaults()
-	m := &moeTensors{g: v4Gen{seed: q.Seed}}
 	H, dt := q.Hidden, q.DType
-	m.head(q.Vocab, H)
-	for l := range q.Layers {
-		p := fmt.Sprintf("model.layers.%d.", l)
-		m.dense(p+"input_layernorm.weight", dt, 1, 0.05, countAlways, H)
-		m.dense(p+"post_attention_layernorm.weight", dt, 1, 0.05, countAlways, H)
-		a := p + "self_attn."
+	return decoderTensors(q.Seed, q.Vocab, H, q.Layers, dt, func(m *moeTensors, _ int, p, a string) {
 		m.linear(a+"q_proj", dt, false, countAlways, q.Heads*q.HeadDim, H)
 		m.linear(a+"k_proj", dt, false, countAlways, q.KVHeads*q.HeadDim, H)
 		m.linear(a+"v_proj", dt, false, countAlways, q.KVHeads*q.HeadDim, H)
 		m.linear(a+"o_proj", dt, false, countAlways, H, q.Heads*q.HeadDim)
 		m.dense(a+"q_norm.weight", dt, 1, 0.05, countAlways, q.HeadDim)
 		m.dense(a+"k_norm.weight", dt, 1, 0.05, countAlways, q.HeadDim)
-		m.dense(p+"mlp.gate.weight", dt, 0, 1/math.Sqrt(float64(H)), countAlways, q.Experts, H)
-		for e := range q.Experts {
-			m.swiglu(fmt.Sprintf("%smlp.experts.%d.", p, e), dt, false, countExpert, q.MoEFFN, H)
-		}
-	}
-	return m.out
+		m.experts(p, dt, false, q.Experts, q.MoEFFN, H)
+	})
 }
 
-// Write creates the checkpoint in dir (see WriteProgress).
-func (q Qwen3MoE) Write(dir string) error { return q.WriteProgress(dir, nil) }
-
-// WriteProgress writes dir/config.json and the weights (model.safetensors,
-// or shards of at most 4 GiB and their index), config.json last.
-func (q Qwen3MoE) WriteProgress(dir string, progress func(done, total int64) error) error {
-	return writeTensors(q, q.tensors(), dir, progress)
-}
-
-// WeightBytes is the bytes of weights a decode step reads: all but the
-// embedding table and the unselected routed experts.
-func (q Qwen3MoE) WeightBytes() int64 {
-	q = q.withDefaults()
-	return stepBytes(q.tensors(), q.Experts, q.TopK)
-}
-
-// CheckpointBytes is the size of the tensor data Write writes.
+// Qwen3MoE's Model methods, as DeepseekV3's.
 func (q Qwen3MoE) CheckpointBytes() int64 { return tensorBytes(q.tensors()) }
-
-func tensorBytes(ts []v4Tensor) int64 {
-	var n int64
-	for _, t := range ts {
-		n += t.bytes()
-	}
-	return n
-}
-
-// stepBytes counts the tensors a decode step reads: every countAlways one
-// and k of experts routed experts a layer.
-func stepBytes(ts []v4Tensor, experts, k int) int64 {
-	var always, expert int64
-	for _, t := range ts {
-		switch t.count {
-		case countAlways:
-			always += t.bytes()
-		case countExpert:
-			expert += t.bytes()
-		}
-	}
-	return always + expert/int64(experts)*int64(k)
-}
-
-// writeTensors writes the tensors one after the other into dir (sharded at
-// v4ShardBytes), calling progress after each, then m's config.json; a
-// config.json and hf_quant_config.json left from an earlier checkpoint are
-// removed first, so the folder does not look whole (or quantized) while
-// being rewritten.
-func writeTensors(m Model, ts []v4Tensor, dir string, progress func(done, total int64) error) error {
-	cfg, err := m.Config()
-	if err != nil {
-		return err
-	}
-	for _, f := range []string{"config.json", "hf_quant_config.json"} {
-		if err := os.Remove(filepath.Join(dir, f)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return err
-		}
-	}
-	w := weights.NewShardedWriter(dir, v4ShardBytes, map[string]string{"format": "pt"})
-	total, done := tensorBytes(ts), int64(0)
-	for _, t := range ts {
-		data := t.make()
-		if err := w.Add(t.name, t.dtype, t.shape, data); err != nil {
-			return errors.Join(err, w.Close())
-		}
-		done += int64(len(data))
-		if progress != nil {
-			if err := progress(done, total); err != nil {
-				return errors.Join(err, w.Close())
-			}
-		}
-	}
-	if err := w.Close(); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644)
+func (q Qwen3MoE) WeightBytes() int64     { return stepBytes(q) }
+func (q Qwen3MoE) Write(dir string) error { return q.WriteProgress(dir, nil) }
+func (q Qwen3MoE) WriteProgress(dir string, p func(done, total int64) error) error {
+	return writeTensors(q, q.tensors(), dir, p)
 }
