@@ -65,44 +65,49 @@ BLOCK = 128  # DeepSeek-V3's weight_block_size
 FP8_MAX = 448.0
 GREEDY_PROMPT, GREEDY_NEW = 20, 24  # the fixtures' README
 
-TINY = {
-    "deepseek_v3": dict(
-        vocab_size=384, hidden_size=160, intermediate_size=192, moe_intermediate_size=48, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=8,
-        routed_scaling_factor=2.5, kv_lora_rank=48, q_lora_rank=64, qk_rope_head_dim=16, v_head_dim=32,
-        qk_nope_head_dim=32, n_group=4, topk_group=2, num_experts_per_tok=2, first_k_dense_replace=1,
-        norm_topk_prob=True, hidden_act="silu", max_position_embeddings=4096, rms_norm_eps=1e-6,
-        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=8.0, original_max_position_embeddings=512,
-                             beta_fast=32, beta_slow=1, mscale=1.0, mscale_all_dim=1.0),
-        rope_interleave=True, tie_word_embeddings=False, attention_bias=False, bos_token_id=0, eos_token_id=1),
-    "qwen3_moe": dict(
-        vocab_size=384, hidden_size=128, intermediate_size=192, moe_intermediate_size=48, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2,
-        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[2], hidden_act="silu",
-        max_position_embeddings=4096, rms_norm_eps=1e-6, rope_parameters=dict(rope_type="default", rope_theta=1e6),
-        use_sliding_window=False, tie_word_embeddings=False, attention_bias=False, bos_token_id=0, eos_token_id=1),
+# The sizes of each architecture: the tiny fixture's and the released
+# model's (two layers of it), field by field.
+SIZES = {
+    "deepseek_v3": (
+        "vocab_size hidden_size intermediate_size moe_intermediate_size num_attention_heads n_routed_experts "
+        "kv_lora_rank q_lora_rank qk_rope_head_dim v_head_dim qk_nope_head_dim n_group topk_group "
+        "num_experts_per_tok num_hidden_layers first_k_dense_replace max_position_embeddings",
+        (384, 160, 192, 48, 4, 8, 48, 64, 16, 32, 32, 4, 2, 2, 3, 1, 4096),
+        (129280, 7168, 18432, 2048, 128, 256, 512, 1536, 64, 128, 128, 8, 4, 8, 2, 1, 163840)),
+    "qwen3_moe": (
+        "vocab_size hidden_size intermediate_size moe_intermediate_size num_attention_heads num_experts "
+        "num_key_value_heads head_dim num_experts_per_tok num_hidden_layers max_position_embeddings",
+        (384, 128, 192, 48, 4, 8, 2, 32, 2, 3, 4096),
+        (151936, 2048, 6144, 768, 32, 128, 4, 128, 8, 2, 40960)),
 }
 
-REAL = {
-    # DeepSeek-V3's released config.json, two layers (the first dense).
-    "deepseek_v3": dict(
-        vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048, num_hidden_layers=2,
-        num_attention_heads=128, num_key_value_heads=128, n_shared_experts=1, n_routed_experts=256,
-        routed_scaling_factor=2.5, kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128,
-        qk_nope_head_dim=128, n_group=8, topk_group=4, num_experts_per_tok=8, first_k_dense_replace=1,
-        norm_topk_prob=True, hidden_act="silu", max_position_embeddings=163840, rms_norm_eps=1e-6,
-        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=40.0, original_max_position_embeddings=4096,
-                             beta_fast=32, beta_slow=1, mscale=1.0, mscale_all_dim=1.0),
-        rope_interleave=True, tie_word_embeddings=False, attention_bias=False, bos_token_id=0, eos_token_id=1),
-    # Qwen3-30B-A3B's released config.json, two layers.
-    "qwen3_moe": dict(
-        vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=2,
-        num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
-        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], hidden_act="silu",
-        max_position_embeddings=40960, rms_norm_eps=1e-6, rope_parameters=dict(rope_type="default", rope_theta=1e6),
-        use_sliding_window=False, tie_word_embeddings=False, attention_bias=False, bos_token_id=151643,
-        eos_token_id=151645),
+# The other fields, as the released config.json has them (DeepSeek-V3's
+# yarn original length 4096 and factor 40; the tiny one 512 and 8, so that
+# a short fixture reaches the scaled frequencies).
+FIXED = {
+    "deepseek_v3": dict(n_shared_experts=1, routed_scaling_factor=2.5, norm_topk_prob=True, rope_interleave=True),
+    "qwen3_moe": dict(norm_topk_prob=True, decoder_sparse_step=1, use_sliding_window=False),
 }
+
+
+def config_kwargs(arch, real):
+    names, tiny, full = SIZES[arch]
+    kw = dict(zip(names.split(), full if real else tiny), **FIXED[arch])
+    kw.update(hidden_act="silu", rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=False)
+    if arch == "deepseek_v3":
+        kw["num_key_value_heads"] = kw["num_attention_heads"]
+        kw["rope_parameters"] = dict(rope_type="yarn", rope_theta=10000.0, factor=40.0 if real else 8.0,
+                                     original_max_position_embeddings=4096 if real else 512, beta_fast=32,
+                                     beta_slow=1, mscale=1.0, mscale_all_dim=1.0)
+        kw.update(bos_token_id=0, eos_token_id=1)
+    else:
+        # The tiny model keeps its last layer dense (mlp_only_layers), as
+        # none of Qwen3-30B-A3B's is.
+        kw["mlp_only_layers"] = [] if real else [kw["num_hidden_layers"] - 1]
+        kw["rope_parameters"] = dict(rope_type="default", rope_theta=1e6)
+        kw.update(bos_token_id=151643 if real else 0, eos_token_id=151645 if real else 1)
+    return kw
+
 
 FP8_LINEAR = re.compile(r"^model\.layers\.\d+\..*\.(q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj|"
                         r"gate_proj|up_proj|down_proj)\.weight$")
@@ -412,7 +417,7 @@ def real_shape(arch, a, cfg, root):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=os.environ.get("OUT", "."))
-    p.add_argument("--arch", choices=sorted(TINY), action="append", help="default: both")
+    p.add_argument("--arch", choices=sorted(SIZES), action="append", help="default: both")
     p.add_argument("--seed", type=int, default=58)
     p.add_argument("--tokens", type=int, default=None, help="T (default 40, real shape 16)")
     p.add_argument("--prefill", type=int, default=17, help="P of logits_incremental")
@@ -424,10 +429,10 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
-    archs = a.arch or sorted(TINY)
+    archs = a.arch or sorted(SIZES)
     summary = {}
     for arch in archs:
-        cfg = make_config(arch, (REAL if a.real_shape else TINY)[arch])
+        cfg = make_config(arch, config_kwargs(arch, a.real_shape))
         if a.real_shape:
             real_shape(arch, a, cfg, a.out)
         else:
