@@ -89,24 +89,20 @@ type v32Block struct {
 	KVANorm  backend.Buffer `w:"self_attn.kv_a_layernorm.weight" shape:"kv_lora"`
 	KVB      backend.Weight `w:"self_attn.kv_b_proj" shape:"kv_heads,kv_lora"`
 	O        backend.Weight `w:"self_attn.o_proj" shape:"hidden,v_heads"`
-	MLPNorm  backend.Buffer `w:"post_attention_layernorm.weight" shape:"hidden"`
-
-	Ix v32Indexer // the lightning indexer (deepseek_v32 only)
+	// The lightning indexer: required by deepseek_v32 (checkIndexer);
+	// deepseek_v3 has none and never runs one.
+	IQB     backend.Weight `w:"self_attn.indexer.wq_b,optional" shape:"index_q,q_lora"`
+	IK      backend.Weight `w:"self_attn.indexer.wk,optional" shape:"index_dim,hidden"`
+	IKNormW backend.Buffer `w:"self_attn.indexer.k_norm.weight,optional" shape:"index_dim"`
+	IKNormB backend.Buffer `w:"self_attn.indexer.k_norm.bias,optional" shape:"index_dim"`
+	IW      backend.Weight `w:"self_attn.indexer.weights_proj,optional" shape:"index_heads,hidden"`
+	MLPNorm backend.Buffer `w:"post_attention_layernorm.weight" shape:"hidden"`
 
 	KVALatent backend.Weight // kv_a_proj_with_mqa rows [0, kv_lora_rank)
 	KVARope   backend.Weight // kv_a_proj_with_mqa rows [kv_lora_rank, +qk_rope_head_dim)
 
 	Dense *v32MLP // mlp_layer_types "dense"
 	MoE   *v32MoE // mlp_layer_types "sparse"
-}
-
-// v32Indexer is a layer's lightning indexer (DeepSeek Sparse Attention).
-type v32Indexer struct {
-	IQB     backend.Weight `w:"self_attn.indexer.wq_b" shape:"index_q,q_lora"`
-	IK      backend.Weight `w:"self_attn.indexer.wk" shape:"index_dim,hidden"`
-	IKNormW backend.Buffer `w:"self_attn.indexer.k_norm.weight" shape:"index_dim"`
-	IKNormB backend.Buffer `w:"self_attn.indexer.k_norm.bias" shape:"index_dim"`
-	IW      backend.Weight `w:"self_attn.indexer.weights_proj" shape:"index_heads,hidden"`
 }
 
 // v32MoE is the mixture of experts of a sparse layer.
@@ -182,9 +178,9 @@ func loadDeepseekV32(b backend.Backend, cfg *Config, l *Loader, indexer bool) (*
 		"q_heads":     mla.Heads * mla.QKDim(),
 		"kv_heads":    mla.Heads * (mla.NopeDim + mla.VDim),
 		"v_heads":     mla.Heads * mla.VDim,
-		"index_q":     m.ixs.Heads * m.ixs.HeadDim,
-		"index_dim":   m.ixs.HeadDim,
-		"index_heads": m.ixs.Heads,
+		"index_q":     v.IndexNHeads * v.IndexHeadDim,
+		"index_dim":   v.IndexHeadDim,
+		"index_heads": v.IndexNHeads,
 	}
 	if m.head, err = loadHead(l, cfg); err != nil {
 		return nil, err
@@ -196,7 +192,7 @@ func loadDeepseekV32(b backend.Backend, cfg *Config, l *Loader, indexer bool) (*
 			return nil, err
 		}
 		if indexer {
-			if err := l.Bind(p, &blk.Ix, dims); err != nil {
+			if err := blk.checkIndexer(l.Checkpoint(), p); err != nil {
 				return nil, err
 			}
 		}
@@ -216,6 +212,24 @@ func loadDeepseekV32(b backend.Backend, cfg *Config, l *Loader, indexer bool) (*
 		}
 	}
 	return m, nil
+}
+
+// checkIndexer reports the first indexer tensor that layer prefix p lacks,
+// naming it.
+func (blk *v32Block) checkIndexer(ck *weights.Checkpoint, p string) error {
+	for _, w := range []struct {
+		name    string
+		present bool
+	}{
+		{"wq_b.weight", blk.IQB != nil}, {"wk.weight", blk.IK != nil}, {"k_norm.weight", blk.IKNormW != nil},
+		{"k_norm.bias", blk.IKNormB != nil}, {"weights_proj.weight", blk.IW != nil},
+	} {
+		if !w.present {
+			return &weights.Error{File: ck.Dir(), Tensor: p + "self_attn.indexer." + w.name,
+				Err: fmt.Errorf("%w (deepseek_v32's lightning indexer)", weights.ErrMissingTensor)}
+		}
+	}
+	return nil
 }
 
 // checkV32Config validates the fields the forward pass relies on, naming

@@ -128,14 +128,14 @@ func (m *DeepseekV32) attention(s *v32State, l int, blk *v32Block, out, h backen
 
 	// Lightning indexer: keys into the cache, then score and select.
 	qI := b.View(s.qI, 0, n*ix.Heads*ix.HeadDim)
-	b.MatMul(qI, cq, blk.Ix.IQB, n)
+	b.MatMul(qI, cq, blk.IQB, n)
 	b.RoPE(qI, n, ix.Heads, ix.HeadDim, 0, pos0, m.irope, false)
 	kI := b.View(s.ik[l], pos0*ix.HeadDim, n*ix.HeadDim)
-	b.MatMul(kI, h, blk.Ix.IK, n)
-	ops.LayerNorm(kI, kI, blk.Ix.IKNormW, blk.Ix.IKNormB, v32IndexerEps)
+	b.MatMul(kI, h, blk.IK, n)
+	ops.LayerNorm(kI, kI, blk.IKNormW, blk.IKNormB, v32IndexerEps)
 	b.RoPE(kI, n, 1, ix.HeadDim, 0, pos0, m.irope, false)
 	wI := b.View(s.wI, 0, n*ix.Heads)
-	b.MatMul(wI, h, blk.Ix.IW, n)
+	b.MatMul(wI, h, blk.IW, n)
 	// The selection is queued right before the attention that reads it, so
 	// that a backend can overlap the two (the GPU stages the attention's
 	// queries while the top-k runs).

@@ -351,6 +351,10 @@ func TestDeepseekV3IsV32WithoutIndexer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		const ik = "model.layers.0.self_attn.indexer.wk.weight"
+		if _, err := load(rewrite(t, dir, nil, dropTensor(ik))); !errors.Is(err, weights.ErrMissingTensor) || !strings.Contains(err.Error(), ik) {
+			t.Errorf("%s without %s: error %v, want the missing tensor named", dir, ik, err)
+		}
 		if _, err := v3.NewStateWith(4, MLAAbsorbed); err == nil {
 			t.Errorf("%s: deepseek_v3 gave an absorbed (indexer) state", dir)
 		}
