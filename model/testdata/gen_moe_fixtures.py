@@ -45,7 +45,7 @@ model.TestRealShape on them (see model/realshape_test.go).
 
 Usage (device machine, transformers 5.17, no network):
   python3 model/testdata/gen_moe_fixtures.py --out "$OUT"
-  python3 model/testdata/gen_moe_fixtures.py --real-shape --out /tmp/realshape [--arch deepseek_v3]
+  python3 model/testdata/gen_moe_fixtures.py --real-shape --out /tmp/realshape [--arch qwen3_moe] [--no-fp8-loader]
 """
 
 import argparse
@@ -378,6 +378,8 @@ def real_shape(arch, a, cfg, root):
     ids = torch.randint(0, cfg.vocab_size, (a.tokens,), generator=torch.Generator().manual_seed(a.seed + 1))
     loader, model = "from_pretrained(dtype=float32)", None
     try:
+        if arch == "deepseek_v3" and a.no_fp8_loader:
+            raise RuntimeError("--no-fp8-loader")
         kw = fp8_loader_kwargs() if arch == "deepseek_v3" else {}
         model, bad = load(d, a.device, **kw)
         diff, problems = check_params(model, cfg, rel)
@@ -423,6 +425,8 @@ def main():
     p.add_argument("--prefill", type=int, default=17, help="P of logits_incremental")
     p.add_argument("--real-shape", action="store_true")
     p.add_argument("--device", default=None, help="default cpu (fixtures), cuda when present (real shape)")
+    p.add_argument("--no-fp8-loader", action="store_true",
+                   help="real shape: skip transformers' FP8 loader, use the float32 dequantization at once")
     a = p.parse_args()
     a.tokens = a.tokens or (16 if a.real_shape else 40)
     a.device = a.device or ("cuda" if a.real_shape and torch.cuda.is_available() else "cpu")
