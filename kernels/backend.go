@@ -472,8 +472,6 @@ func (b *Backend) Upload(h *backend.HostWeight) (backend.Weight, error) {
 		if w.data, err = b.upload(h.Q.Packed); err == nil {
 			w.scales, err = b.upload(h.Q.Scales)
 		}
-	default:
-		return nil, fmt.Errorf("kernels: uploading %s: weight format %s is not supported on the GPU", h.Name, h.Format)
 	}
 	if err == nil && h.Bias != nil {
 		w.bias, err = b.upload(f32Bytes(h.Bias))

@@ -13,10 +13,9 @@ import (
 
 // Loader moves checkpoint tensors onto a backend.
 type Loader struct {
-	b     backend.Backend
-	ck    *weights.Checkpoint
-	caps  backend.Capabilities // b's optional op groups, asked once (Build)
-	quant *nvfp4ckpt.Config    // the folder's quantization config (FP8 block size), or nil
+	b    backend.Backend
+	ck   *weights.Checkpoint
+	caps backend.Capabilities // b's optional op groups, asked once (Build)
 }
 
 // NewLoader returns a loader reading ck onto b.
@@ -86,15 +85,11 @@ func (l *Loader) matrix(module, name string, rows, cols int) (backend.Weight, er
 
 // hostLinear describes the weight of module (no bias) in its stored format,
 // checking its shape against [rows, cols]. A packed (U8 or I8) weight is
-// NVFP4: nvfp4ckpt.Load reads it, or names the scale tensor it lacks; an
-// F8_E4M3 weight is block-scaled FP8 (fp8Linear).
+// NVFP4: nvfp4ckpt.Load reads it, or names the scale tensor it lacks.
 func (l *Loader) hostLinear(module string, rows, cols int) (*backend.HostWeight, error) {
 	w, err := l.ck.Tensor(module + ".weight")
 	if err != nil {
 		return nil, err
-	}
-	if w.DType == weights.F8E4M3 {
-		return l.fp8Linear(module, w, rows, cols) // DeepSeek-V3's weight_scale_inv layout
 	}
 	if w.DType != weights.U8 && w.DType != weights.I8 {
 		return l.dense(module+".weight", rows, cols)

@@ -38,8 +38,6 @@ func (l *Loader) LinearSplit(module string, cols int, parts ...int) ([]backend.W
 		s := &backend.HostWeight{Name: fmt.Sprintf("%s[rows %d:%d]", h.Name, r0, r0+n), Rows: n, Cols: cols, Format: h.Format}
 		if h.Q != nil {
 			s.Q = nvfp4Rows(h.Q, r0, n)
-		} else if h.FP8 != nil {
-			s = fp8Rows(h, r0, n)
 		} else {
 			size := len(h.Data) / (rows * cols)
 			s.Data = h.Data[r0*cols*size : (r0+n)*cols*size]

@@ -83,7 +83,7 @@ func dequantized(t *testing.T) func(ck *weights.Checkpoint, tn *weights.Tensor) 
 		if err != nil {
 			t.Fatal(err)
 		}
-		return []*weights.Tensor{{Name: tn.Name, DType: weights.F32, Shape: tn.Shape, Data: float32Bytes(q.Dequantize())}}
+		return []*weights.Tensor{{Name: tn.Name, DType: weights.F32, Shape: tn.Shape, Data: f32Bytes(q.Dequantize())}}
 	}
 }
 

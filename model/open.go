@@ -73,7 +73,7 @@ func Build(b backend.Backend, f *Folder, o Options) (Model, error) {
 	if err := checkSizes(cfg, f.Checkpoint); err != nil {
 		return nil, err
 	}
-	return ctor(b, cfg, &Loader{b: b, ck: f.Checkpoint, caps: backend.CapabilitiesOf(b), quant: f.Quant}, o)
+	return ctor(b, cfg, &Loader{b: b, ck: f.Checkpoint, caps: backend.CapabilitiesOf(b)}, o)
 }
 
 // Open reads the folder dir and builds its architecture on b: ReadFolder
