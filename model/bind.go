@@ -16,6 +16,12 @@ type Loader struct {
 	b    backend.Backend
 	ck   *weights.Checkpoint
 	caps backend.Capabilities // b's optional op groups, asked once (Build)
+	// rename maps the names the architecture asks for to the checkpoint's
+	// (DeepSeek-V4 as released: deepseek_v4_released.go); nil keeps them.
+	rename func(string) string
+	// fp8Block is the tile of FP8 block-scaled weights (the config's
+	// weight_block_size); zero means nvfp4ckpt.DefaultFP8Block.
+	fp8Block [2]int
 }
 
 // NewLoader returns a loader reading ck onto b.
@@ -27,12 +33,24 @@ func NewLoader(b backend.Backend, ck *weights.Checkpoint) *Loader {
 func (l *Loader) Checkpoint() *weights.Checkpoint { return l.ck }
 
 // Has reports whether the checkpoint holds a tensor.
-func (l *Loader) Has(name string) bool { return l.ck.Has(name) }
+func (l *Loader) Has(name string) bool { return l.ck.Has(l.name(name)) }
+
+// Tensor reads a tensor by the name the architecture uses.
+func (l *Loader) Tensor(name string) (*weights.Tensor, error) { return l.ck.Tensor(l.name(name)) }
+
+// name is the checkpoint's name of the tensor or module the architecture
+// calls n.
+func (l *Loader) name(n string) string {
+	if l.rename == nil {
+		return n
+	}
+	return l.rename(n)
+}
 
 // Float32 reads a tensor of any float dtype as float32, checking its shape.
 // A shape entry of -1 matches any size.
 func (l *Loader) Float32(name string, shape ...int) ([]float32, error) {
-	t, err := l.ck.Tensor(name)
+	t, err := l.Tensor(name)
 	if err != nil {
 		return nil, err
 	}
@@ -75,7 +93,7 @@ func (l *Loader) matrix(module, name string, rows, cols int) (backend.Weight, er
 	if err != nil {
 		return nil, err
 	}
-	if module != "" && l.ck.Has(module+".bias") {
+	if module != "" && l.Has(module+".bias") {
 		if h.Bias, err = l.Float32(module+".bias", rows); err != nil {
 			return nil, err
 		}
@@ -85,28 +103,56 @@ func (l *Loader) matrix(module, name string, rows, cols int) (backend.Weight, er
 
 // hostLinear describes the weight of module (no bias) in its stored format,
 // checking its shape against [rows, cols]. A packed (U8 or I8) weight is
-// NVFP4: nvfp4ckpt.Load reads it, or names the scale tensor it lacks.
+// NVFP4 (with a weight_scale) or MXFP4 (with a scale); an F8_E4M3 weight is
+// FP8 block-scaled (with a scale or weight_scale_inv). nvfp4ckpt reads them,
+// or names the scale tensor they lack.
 func (l *Loader) hostLinear(module string, rows, cols int) (*backend.HostWeight, error) {
+	module = l.name(module)
 	w, err := l.ck.Tensor(module + ".weight")
 	if err != nil {
 		return nil, err
 	}
-	if w.DType != weights.U8 && w.DType != weights.I8 {
+	h := &backend.HostWeight{Name: module, Rows: rows, Cols: cols}
+	switch {
+	case w.DType == weights.F8E4M3:
+		block := l.fp8Block
+		if block == [2]int{} {
+			block = nvfp4ckpt.DefaultFP8Block
+		}
+		h.Format = backend.FP8Block
+		if h.FP8, err = nvfp4ckpt.LoadFP8Block(l.ck, module, block); err == nil {
+			err = linearShape(l, "FP8", module, h.FP8.Rows, h.FP8.Cols, rows, cols)
+		}
+	case (w.DType == weights.U8 || w.DType == weights.I8) && nvfp4ckpt.IsMXFP4(l.ck, module):
+		h.Format = backend.MXFP4
+		if h.MX, err = nvfp4ckpt.LoadMXFP4(l.ck, module); err == nil {
+			err = linearShape(l, "MXFP4", module, h.MX.Rows, h.MX.Cols, rows, cols)
+		}
+	case w.DType == weights.U8 || w.DType == weights.I8:
+		h.Format = backend.NVFP4
+		if h.Q, err = nvfp4ckpt.Load(l.ck, module); err == nil {
+			err = linearShape(l, "NVFP4", module, h.Q.Rows, h.Q.Cols, rows, cols)
+		}
+	default:
 		return l.dense(module+".weight", rows, cols)
 	}
-	q, err := nvfp4ckpt.Load(l.ck, module)
 	if err != nil {
 		return nil, err
 	}
-	if q.Rows != rows || q.Cols != cols {
-		return nil, fmt.Errorf("%w: %s: NVFP4 linear %q is [%d, %d], the config implies [%d, %d]", ErrConfig, l.ck.Dir(), module, q.Rows, q.Cols, rows, cols)
+	return h, nil
+}
+
+// linearShape reports a quantized linear whose shape is not the config's.
+func linearShape(l *Loader, format, module string, r, c, rows, cols int) error {
+	if r != rows || c != cols {
+		return fmt.Errorf("%w: %s: %s linear %q is [%d, %d], the config implies [%d, %d]", ErrConfig, l.ck.Dir(), format, module, r, c, rows, cols)
 	}
-	return &backend.HostWeight{Name: module, Rows: rows, Cols: cols, Format: backend.NVFP4, Q: q}, nil
+	return nil
 }
 
 // dense describes a stored f32, bf16 or f16 matrix.
 func (l *Loader) dense(name string, rows, cols int) (*backend.HostWeight, error) {
-	t, err := l.ck.Tensor(name)
+	t, err := l.Tensor(name)
 	if err != nil {
 		return nil, err
 	}
@@ -188,7 +234,7 @@ func (l *Loader) Bind(prefix string, dst any, dims map[string]int) error {
 		}
 		switch f.Type {
 		case weightT:
-			if optional && !l.ck.Has(name+".weight") {
+			if optional && !l.Has(name+".weight") {
 				continue
 			}
 			if len(shape) != 2 {
@@ -200,7 +246,7 @@ func (l *Loader) Bind(prefix string, dst any, dims map[string]int) error {
 			}
 			v.Field(i).Set(reflect.ValueOf(w))
 		case bufferT:
-			if optional && !l.ck.Has(name) {
+			if optional && !l.Has(name) {
 				continue
 			}
 			b, err := l.Vector(name, shape...)

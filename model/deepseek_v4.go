@@ -144,6 +144,7 @@ func loadDeepseekV4(b backend.Backend, cfg *Config, l *Loader) (*DeepseekV4, err
 	if err != nil {
 		return nil, configErr(cfg.Path, "hc_mult", "%v", err)
 	}
+	l.rename = v4ReleasedNames(l.ck) // DeepSeek's layout as released (deepseek_v4_released.go)
 	m := &DeepseekV4{b: b, hc: hc, ops: ops, cfg: cfg, v: v, mixer: mixer}
 	m.moeOps, m.fused = l.caps.RoutedMoE, l.caps.FusedHyper
 	if m.mainRoPE, err = cfg.NewRoPE(v.mainRoPE, v.HeadDim); err != nil {
@@ -270,7 +271,7 @@ func (m *DeepseekV4) loadBlock(l *Loader, i int, dims map[string]int) error {
 	}
 	if v.MLPLayerTypes[i] == v4HashMoE {
 		name := prefix + "ffn.gate.tid2eid"
-		t, err := l.Checkpoint().Tensor(name)
+		t, err := l.Tensor(name)
 		if err != nil {
 			return err
 		}
@@ -284,7 +285,7 @@ func (m *DeepseekV4) loadBlock(l *Loader, i int, dims map[string]int) error {
 		blk.hash = make([]int32, len(ids))
 		for j, e := range ids {
 			if e < 0 || e >= int64(E) {
-				return fmt.Errorf("%w: %s: tensor %q: token %d maps to expert %d, outside the config's [0, %d)", ErrConfig, t.File, name, j/K, e, E)
+				return fmt.Errorf("%w: %s: tensor %q: token %d maps to expert %d, outside the config's [0, %d)", ErrConfig, t.File, t.Name, j/K, e, E)
 			}
 			blk.hash[j] = int32(e)
 		}
@@ -296,6 +297,9 @@ func (m *DeepseekV4) loadBlock(l *Loader, i int, dims map[string]int) error {
 	blk.Experts = make([]v4Expert, E)
 	for e := range blk.Experts {
 		if err := l.Bind(fmt.Sprintf("%sffn.experts.%d.", prefix, e), &blk.Experts[e], dims); err != nil {
+			return err
+		}
+		if err := v.checkExpertFormat(l, fmt.Sprintf("%sffn.experts.%d.", prefix, e), &blk.Experts[e]); err != nil {
 			return err
 		}
 	}

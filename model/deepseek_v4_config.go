@@ -57,6 +57,13 @@ type v4Config struct {
 	RopeTheta           float64                    `json:"rope_theta"`
 	PartialRotaryFactor *float64                   `json:"partial_rotary_factor"`
 	RopeParameters      map[string]json.RawMessage `json:"rope_parameters"`
+	RopeScaling         map[string]json.RawMessage `json:"rope_scaling"` // legacy rope_parameters (the released config.json)
+
+	// How the released checkpoints store the routed experts
+	// (deepseek_v4_released.go): expert_dtype "fp4" (MXFP4) or "fp8" (FP8
+	// block), absent in some revisions; NVIDIA's adds moe_quant_algo NVFP4.
+	ExpertDType  string `json:"expert_dtype"`
+	MoEQuantAlgo string `json:"moe_quant_algo"`
 
 	// Legacy fields folded in as __post_init__ does.
 	CompressRatios  []int `json:"compress_ratios"`
@@ -223,6 +230,9 @@ func parseV4Config(cfg *Config) (*v4Config, error) {
 		partial = *v.PartialRotaryFactor
 	} else if v.QKRopeHeadDim != nil {
 		partial = float64(*v.QKRopeHeadDim) / float64(v.HeadDim)
+	}
+	if v.RopeParameters == nil {
+		v.RopeParameters = v.RopeScaling // transformers folds the legacy name in
 	}
 	rawMain, okMain := v.RopeParameters["main"]
 	rawComp, okComp := v.RopeParameters["compress"]

@@ -73,7 +73,11 @@ func Build(b backend.Backend, f *Folder, o Options) (Model, error) {
 	if err := checkSizes(cfg, f.Checkpoint); err != nil {
 		return nil, err
 	}
-	return ctor(b, cfg, &Loader{b: b, ck: f.Checkpoint, caps: backend.CapabilitiesOf(b)}, o)
+	l := &Loader{b: b, ck: f.Checkpoint, caps: backend.CapabilitiesOf(b)}
+	if f.Quant != nil {
+		l.fp8Block = f.Quant.BlockSize // FP8 tiles: weight_block_size (zero: the default)
+	}
+	return ctor(b, cfg, l, o)
 }
 
 // Open reads the folder dir and builds its architecture on b: ReadFolder

@@ -59,6 +59,10 @@ type DeepseekV4 struct {
 	// default, HCA for layers 0 and 1, then HCA and CSA alternating).
 	LayerTypes []string
 	Seed       uint64
+	// Released writes the checkpoint in one of the formats DeepSeek-V4 ships
+	// in (V4FP8MXFP4, V4FP8NVFP4, V4FP8Base: deepseekv4_released.go), with
+	// DeepSeek's names and config; "" is the NVFP4 layout above.
+	Released string
 }
 
 // withDefaults returns d with every zero field set to its default.
@@ -112,6 +116,15 @@ func (d DeepseekV4) check() error {
 	if d.TopK > d.Experts {
 		return fmt.Errorf("testmodel: top-k %d exceeds %d experts", d.TopK, d.Experts)
 	}
+	switch d.Released {
+	case "", V4FP8NVFP4, V4FP8Base:
+	case V4FP8MXFP4:
+		if d.Hidden%quant.MXFP4BlockSize != 0 || d.MoEFFN%quant.MXFP4BlockSize != 0 {
+			return fmt.Errorf("testmodel: hidden %d and moe_intermediate_size %d must be multiples of the MXFP4 block of %d", d.Hidden, d.MoEFFN, quant.MXFP4BlockSize)
+		}
+	default:
+		return fmt.Errorf("testmodel: unknown released format %q (%s, %s, %s)", d.Released, V4FP8MXFP4, V4FP8NVFP4, V4FP8Base)
+	}
 	return nil
 }
 
@@ -148,6 +161,9 @@ func (d DeepseekV4) Config() ([]byte, error) {
 			"compress": map[string]any{"rope_type": "default", "rope_theta": 160000.0, "partial_rotary_factor": partial},
 		},
 		"dtype": "bfloat16", "bos_token_id": 0, "eos_token_id": 1,
+	}
+	if d.Released != "" {
+		d.releasedConfig(cfg, mlp)
 	}
 	return json.MarshalIndent(cfg, "", "  ")
 }
@@ -190,7 +206,8 @@ func (d DeepseekV4) tensors() []v4Tensor {
 		out = append(out, v4Tensor{name: name, dtype: dtype, shape: shape, count: count,
 			make: func() []byte { return g.normal(name, dtype, n, mean, std) }})
 	}
-	lin := func(module string, count v4Count, rows, cols int) {
+	var lin linFunc
+	nvfp4 := func(module string, count v4Count, rows, cols int) {
 		name := module + ".weight"
 		out = append(out,
 			v4Tensor{name: name, dtype: weights.U8, shape: []int{rows, cols / 2}, count: count,
@@ -201,6 +218,10 @@ func (d DeepseekV4) tensors() []v4Tensor {
 				make: func() []byte { // codes up to 6, block scales near 1: rows of norm about 1
 					return binary.LittleEndian.AppendUint32(nil, math.Float32bits(float32(1/(6*math.Sqrt(float64(cols))))))
 				}})
+	}
+	lin = nvfp4
+	if d.Released != "" {
+		lin = d.releasedLinear(g, &out, nvfp4, dense)
 	}
 	D, n, V := d.Hidden, d.HCMult, d.Vocab
 	mix := (2 + n) * n
@@ -266,6 +287,12 @@ func (d DeepseekV4) tensors() []v4Tensor {
 		lin(p+"ffn.shared_experts.w3", countAlways, d.MoEFFN, D)
 		lin(p+"ffn.shared_experts.w2", countAlways, D, d.MoEFFN)
 	}
+	if d.Released != "" {
+		d.mtpTensors(lin, dense)
+		for i := range out {
+			out[i].name = v4ReleasedName(out[i].name)
+		}
+	}
 	return out
 }
 
@@ -297,8 +324,18 @@ func (d DeepseekV4) WriteProgress(dir string, progress func(done, total int64) e
 	}
 	q := `{"producer": {"name": "manifold-testmodel"}, "quantization": {"quant_algo": "NVFP4", "group_size": 16, ` +
 		`"exclude_modules": ["head", "model.embed_tokens", "model.layers.*.ffn.gate"]}}`
-	if err := os.WriteFile(filepath.Join(dir, "hf_quant_config.json"), []byte(q), 0o644); err != nil {
-		return err
+	switch d.Released {
+	case "":
+	case V4FP8NVFP4: // ModelOpt's mixed recipe: NVFP4 routed experts, the rest as released
+		q = `{"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "MIXED_PRECISION", "moe_quant_algo": "NVFP4", ` +
+			`"quant_method": "fp8", "weight_block_size": [128, 128], "group_size": 16, "ignore": ["*.attn.*", "*.ffn.shared_experts.*", "head", "mtp.*"]}}`
+	default:
+		q = "" // quantization_config in config.json only
+	}
+	if q != "" {
+		if err := os.WriteFile(filepath.Join(dir, "hf_quant_config.json"), []byte(q), 0o644); err != nil {
+			return err
+		}
 	}
 	type made struct {
 		t    v4Tensor

@@ -23,11 +23,15 @@ const (
 const (
 	AlgoNVFP4    = "NVFP4"     // ModelOpt NVFP4: E2M1 weights, E4M3 block scales of 16, F32 global scale
 	AlgoFP8Block = "FP8_BLOCK" // DeepSeek FP8: E4M3 weights, F32 weight_scale_inv per weight_block_size block
+	// AlgoMixed is ModelOpt's MIXED_PRECISION (nvidia/DeepSeek-V4-Flash-NVFP4:
+	// NVFP4 routed experts, the rest FP8 blocks as released): each linear's
+	// format is read from its tensors.
+	AlgoMixed = "MIXED_PRECISION"
 )
 
 // Config is a checkpoint's quantization config.
 type Config struct {
-	Algo      string   // AlgoNVFP4 or AlgoFP8Block
+	Algo      string   // AlgoNVFP4, AlgoFP8Block or AlgoMixed
 	GroupSize int      // NVFP4: elements per block scale (always 16)
 	BlockSize [2]int   // FP8 block: rows, columns per weight_scale_inv entry
 	Exclude   []string // modules left unquantized: names or path.Match patterns
@@ -130,6 +134,12 @@ func ParseConfig(file string, data []byte) (*Config, error) {
 			return nil, fmt.Errorf("nvfp4ckpt: %s: %w: NVFP4 group_size %d (only 16 is defined)", file, ErrBadConfig, gs)
 		}
 		cfg.GroupSize = gs
+	case algo == AlgoMixed:
+		cfg.Algo = AlgoMixed
+		cfg.BlockSize = DefaultFP8Block
+		if len(q.WeightBlockSize) == 2 && q.WeightBlockSize[0] > 0 && q.WeightBlockSize[1] > 0 {
+			cfg.BlockSize = [2]int{q.WeightBlockSize[0], q.WeightBlockSize[1]}
+		}
 	case algo == "" && strings.EqualFold(q.QuantMethod, "fp8") && q.WeightBlockSize != nil:
 		if len(q.WeightBlockSize) != 2 || q.WeightBlockSize[0] <= 0 || q.WeightBlockSize[1] <= 0 {
 			return nil, fmt.Errorf("nvfp4ckpt: %s: %w: weight_block_size %v (want two positive sizes)", file, ErrBadConfig, q.WeightBlockSize)
@@ -137,7 +147,7 @@ func ParseConfig(file string, data []byte) (*Config, error) {
 		cfg.Algo = AlgoFP8Block
 		cfg.BlockSize = [2]int{q.WeightBlockSize[0], q.WeightBlockSize[1]}
 	case algo != "":
-		return nil, fmt.Errorf("nvfp4ckpt: %s: %w %q (supported: %s)", file, ErrUnknownQuantAlgo, *q.QuantAlgo, AlgoNVFP4)
+		return nil, fmt.Errorf("nvfp4ckpt: %s: %w %q (supported: %s, %s)", file, ErrUnknownQuantAlgo, *q.QuantAlgo, AlgoNVFP4, AlgoMixed)
 	default:
 		return nil, fmt.Errorf("nvfp4ckpt: %s: %w: quant_method %q without a quant_algo (supported: quant_algo %s, or quant_method fp8 with weight_block_size)",
 			file, ErrUnknownQuantAlgo, q.QuantMethod, AlgoNVFP4)
