@@ -283,3 +283,28 @@ func openErr(dir string) error {
 	}
 	return err
 }
+
+// TestV4ReleasedGolden runs the released-layout fixtures that
+// testdata/gen_v4_released.py makes with transformers 5.17 (one folder per
+// format, every size read from the files): full-sequence logits within
+// 1e-3 of transformers' float32 compute on the dequantized weights, and
+// greedy tokens equal.
+func TestV4ReleasedGolden(t *testing.T) {
+	root := filepath.Join("testdata", "deepseek_v4_released")
+	found := false
+	for _, format := range []string{testmodel.V4FP8MXFP4, testmodel.V4FP8NVFP4, testmodel.V4FP8Base} {
+		dir := filepath.Join(root, format)
+		if _, err := os.Stat(filepath.Join(dir, "golden.safetensors")); err != nil {
+			continue
+		}
+		found = true
+		t.Run(format, func(t *testing.T) {
+			t.Parallel()
+			testGoldenModel(t, dir)
+		})
+	}
+	if !found {
+		t.Skipf("no fixture in %s: make it on the device machine with "+
+			"`python3 model/testdata/gen_v4_released.py --out $OUT/deepseek_v4_released` (transformers 5.17) and copy the folder there", root)
+	}
+}

@@ -1,0 +1,491 @@
+#!/usr/bin/env python3
+"""Tiny DeepSeek-V4 checkpoints in the layouts DeepSeek and NVIDIA release,
+with transformers 5.17's reference logits (issue 58).
+
+For each format it writes <out>/<format>/ holding config.json, the weights
+(sharded with model.safetensors.index.json for fp8-mxfp4, one file for the
+others) and golden.safetensors (input_ids I64 [T], logits_full F32 [T, V],
+greedy_tokens I64 [24]: greedy from input_ids[:20], no EOS, each step a full
+forward pass without cache), the layout model/golden_test.go reads:
+
+  fp8-mxfp4  deepseek-ai/DeepSeek-V4-Flash: DeepSeek's names (embed.weight,
+             layers.N.attn.wq_a.weight, hc_head_fn, mtp.0.*), FP8 E4M3 linears
+             with F8_E8M0 128x128-tile `.scale`, routed experts MXFP4 (I8
+             [out, in/2], low nibble first, F8_E8M0 `.scale` [out, in/32]),
+             tid2eid I64, expert_dtype fp4, the released config's legacy
+             fields (compress_ratios, num_hash_layers, qk_rope_head_dim,
+             rope_scaling).
+  fp8-nvfp4  nvidia/DeepSeek-V4-Flash-NVFP4: as fp8-mxfp4, but the routed
+             experts (not the MTP's) ModelOpt NVFP4 (U8 weight, F8_E4M3
+             weight_scale [out, in/16], F32 weight_scale_2 and input_scale),
+             moe_quant_algo NVFP4, hf_quant_config.json MIXED_PRECISION. Its
+             experts are fp8-mxfp4's re-blocked without rounding (each MX
+             block's 2^e as an E4M3 power of two times a power-of-two global
+             scale), so its weights dequantize to exactly fp8-mxfp4's and its
+             reference logits are fp8-mxfp4's.
+  fp8-base   the -Base checkpoints: float32 power-of-two `.scale`, routed
+             experts FP8 128x128 blocks, expert_dtype fp8.
+
+How the reference is made. A seeded random DeepseekV4ForCausalLM (float32,
+every parameter non-trivial) is saved with save_pretrained; its tensors are
+renamed to DeepSeek's names and quantized. Then:
+  A. transformers loads the released folder itself (from_pretrained, with
+     CUDA hidden so the fine-grained FP8 quantizer dequantizes: its own
+     FP8/MXFP4 loader of the official layout), and runs float32 eager.
+  B. the dequantized values this script computes, written back in
+     transformers' own float32 layout and loaded from it.
+A's and B's parameters and logits are compared and printed; the golden is
+A's when A loads with no missing key, else B's (printed as such). A
+mismatch between A and B names the parameter: that is a disagreement about
+the released layout, to be read before trusting the fixture.
+
+Usage (device machine, transformers 5.17; a few seconds on CPU):
+  python3 model/testdata/gen_v4_released.py --out $OUT/deepseek_v4_released
+then copy the folder to model/testdata/deepseek_v4_released (about 4 MB).
+"""
+
+import os
+
+# The fine-grained FP8 quantizer dequantizes pre-quantized checkpoints when
+# no GPU is visible: that is the reference path (exact: E4M3 x 2^k and
+# E2M1 x 2^k are bf16 values). Set before torch is imported.
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+import argparse
+import json
+import math
+import re
+import shutil
+import struct
+import sys
+import tempfile
+
+import torch
+import transformers
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, DeepseekV4Config, DeepseekV4ForCausalLM
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SEED = 58
+T = 40  # input_ids length
+PROMPT = 20  # greedy from input_ids[:PROMPT]
+GREEDY = 24
+BLOCK = 128  # FP8 tile
+
+# The released config.json's fields (legacy names, as DeepSeek ships them),
+# at a tiny size: 128x128 tiles with partial edges (q_lora 192, indexer
+# wq_b [128, 192]), the grouped wo_a split inside a tile (o_lora 96), MXFP4
+# experts of 3 and 4 blocks, every layer kind and a hash-routed layer. The
+# HCA rate is 8 (not 128) so that a 40-token prompt closes HCA windows;
+# compress_rates carries it (compress_ratios only names the kinds).
+CONFIG = {
+    "architectures": ["DeepseekV4ForCausalLM"],
+    "model_type": "deepseek_v4",
+    "vocab_size": 256,
+    "hidden_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+    "q_lora_rank": 192,
+    "o_groups": 2,
+    "o_lora_rank": 96,
+    "qk_rope_head_dim": 16,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "moe_intermediate_size": 96,
+    "scoring_func": "sqrtsoftplus",
+    "topk_method": "noaux_tc",
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 1.5,
+    "swiglu_limit": 10.0,
+    "num_hash_layers": 1,
+    "hc_mult": 4,
+    "hc_sinkhorn_iters": 20,
+    "hc_eps": 1e-6,
+    "sliding_window": 16,
+    "index_n_heads": 4,
+    "index_head_dim": 32,
+    "index_topk": 4,
+    "compress_ratios": [128, 4, 0, 4, 0],  # 4 layers + the MTP slot
+    "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+    "rope_theta": 10000.0,
+    "compress_rope_theta": 160000.0,
+    "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 256, "beta_fast": 32, "beta_slow": 1},
+    "max_position_embeddings": 4096,
+    "num_nextn_predict_layers": 1,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+}
+QUANT = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "scale_fmt": "ue8m0", "weight_block_size": [BLOCK, BLOCK]}
+
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+# ---------------------------------------------------------------- names
+
+def released_name(n):
+    """DeepSeek's name of a tensor as transformers 5.17's save_pretrained
+    names it (model.layers.N.attn.wq_a.weight, model.embed_tokens.weight,
+    model.hc_head.hc_fn, model.layers.N.attn.norm.weight, head.weight)."""
+    top = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "norm.weight"}
+    if n in top:
+        return top[n]
+    m = re.fullmatch(r"model\.hc_head\.hc_(fn|base|scale)", n)
+    if m:
+        return "hc_head_" + m.group(1)
+    n = n.removeprefix("model.")
+    return re.sub(r"^(layers\.\d+)\.attn\.norm\.weight$", r"\1.attn.kv_norm.weight", n)
+
+
+FP8_RE = re.compile(r"(layers\.\d+\.attn\.(wq_a|wq_b|wkv|wo_a|wo_b|indexer\.wq_b)|layers\.\d+\.ffn\.shared_experts\.w[123]|mtp\.0\.[eh]_proj)\.weight$")
+EXPERT_RE = re.compile(r"(layers|mtp)\.\d+\.ffn\.experts\.\d+\.w[123]\.weight$")
+BF16_RE = re.compile(r"(embed|head)\.weight$|norm\.weight$|compressor\.(wkv|wgate)\.weight$|indexer\.weights_proj\.weight$|ffn\.gate\.weight$")
+F32_RE = re.compile(r"hc_|attn_sink$|\.ape$|ffn\.gate\.bias$")
+
+
+def tensor_class(name):
+    for cls, rx in (("expert", EXPERT_RE), ("fp8", FP8_RE), ("bf16", BF16_RE), ("f32", F32_RE)):
+        if rx.search(name):
+            return cls
+    if name.endswith("tid2eid"):
+        return "i64"
+    raise SystemExit(f"gen_v4_released: no class for tensor {name}: the released layout's table needs it")
+
+
+# ---------------------------------------------------------------- formats
+
+def e8m0_of_pow2(s):
+    """E8M0 codes (uint8) of power-of-two float32 values."""
+    e = torch.log2(s).round().to(torch.int32) + 127
+    assert (e >= 1).all() and (e <= 254).all(), "scale out of E8M0 range"
+    return e.to(torch.uint8)
+
+
+def pow2_ceil(x):
+    """Smallest power of two >= x (x > 0), 1 where x == 0."""
+    x = torch.where(x > 0, x, torch.ones_like(x))
+    return torch.exp2(torch.ceil(torch.log2(x)))
+
+
+def quant_fp8_block(w, f32_scales):
+    """DeepSeek FP8: E4M3 codes and one power-of-two scale per 128x128
+    tile (amax/448 rounded up). Returns (codes uint8 [N, K], scale tensor
+    (F8_E8M0 codes or F32), dequantized float32)."""
+    n, k = w.shape
+    sr, sc = -(-n // BLOCK), -(-k // BLOCK)
+    pad = torch.zeros(sr * BLOCK, sc * BLOCK)
+    pad[:n, :k] = w
+    amax = pad.abs().reshape(sr, BLOCK, sc, BLOCK).amax(dim=(1, 3))
+    s = pow2_ceil(amax / 448)
+    full = s.repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)[:n, :k]
+    codes = (w / full).to(torch.float8_e4m3fn)
+    deq = codes.float() * full
+    assert torch.isfinite(deq).all()
+    scale = ("F32", s.float()) if f32_scales else ("F8_E8M0", e8m0_of_pow2(s))
+    return codes.view(torch.uint8), scale, deq
+
+
+def quant_mxfp4(w):
+    """OCP MXFP4: E2M1 codes (nearest), even element in the low nibble, and
+    one E8M0 scale 2^ceil(log2(amax/6)) per 32 inputs. Returns (packed
+    uint8 [N, K/2], E8M0 codes [N, K/32], dequantized float32)."""
+    n, k = w.shape
+    assert k % 32 == 0
+    blocks = w.reshape(n, k // 32, 32)
+    s = pow2_ceil(blocks.abs().amax(dim=2) / 6)
+    x = blocks / s[..., None]
+    codes = (x[..., None] - E2M1[None, None, None, :]).abs().argmin(dim=-1)  # ties: the lower code
+    codes = codes.reshape(n, k).to(torch.uint8)
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    deq = (E2M1[codes.long()].reshape(n, k // 32, 32) * s[..., None]).reshape(n, k)
+    return packed, e8m0_of_pow2(s), deq
+
+
+def mxfp4_to_nvfp4(packed, e8m0):
+    """Re-block MXFP4 as ModelOpt NVFP4 without rounding: same codes; each
+    32-block's 2^(e-127) = E4M3(2^(e-emax+8)) * 2^(emax-135) on both of its
+    16-blocks; all-zero blocks get scale 0. Returns (weight_scale uint8
+    [N, K/16], weight_scale_2 float32)."""
+    n = packed.shape[0]
+    zero = (packed.reshape(n, -1, 16) & 0x77).amax(dim=2) == 0
+    e = e8m0.to(torch.int32)
+    emax = int(e[~zero].max())
+    k = e - emax + 17  # 2^(k-9) in E4M3: 2^-9 .. 2^8
+    assert (k[~zero] >= 0).all(), "MX scales span more than 17 octaves: not exact in NVFP4"
+    vals = torch.where(zero, torch.zeros_like(k, dtype=torch.float32), torch.exp2((k - 9).float()))
+    codes = vals.to(torch.float8_e4m3fn)
+    assert torch.equal(codes.float(), vals), "E4M3 power of two not exact"
+    codes = codes.view(torch.uint8).repeat_interleave(2, dim=1)
+    return codes, torch.tensor(2.0 ** (emax - 135), dtype=torch.float32)
+
+
+def nvfp4_dequant(packed, scale_codes, g):
+    n = packed.shape[0]
+    lo, hi = packed & 0xF, packed >> 4
+    codes = torch.stack([lo, hi], dim=-1).reshape(n, -1)
+    s = scale_codes.view(torch.float8_e4m3fn).float().repeat_interleave(16, dim=1)
+    return E2M1[codes.long()] * s * g
+
+
+# ---------------------------------------------------------------- files
+
+def raw(t):
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def write_safetensors(path, entries, metadata=None):
+    """entries: [(name, dtype string, shape, bytes)]; dtype strings written
+    as given (F8_E8M0, I8, F8_E4M3 need no library support)."""
+    header, off = {}, 0
+    for name, dt, shape, data in entries:
+        header[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + len(data)]}
+        off += len(data)
+    if metadata:
+        header["__metadata__"] = metadata
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for e in entries:
+            f.write(e[3])
+
+
+def write_checkpoint(d, entries, shards):
+    if shards == 1:
+        write_safetensors(os.path.join(d, "model.safetensors"), entries, {"format": "pt"})
+        return
+    per = -(-len(entries) // shards)
+    index, total = {}, 0
+    for i in range(shards):
+        part = entries[i * per:(i + 1) * per]
+        fn = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        write_safetensors(os.path.join(d, fn), part, {"format": "pt"})
+        for e in part:
+            index[e[0]] = fn
+            total += len(e[3])
+    with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": index}, f, indent=2)
+
+
+def read_saved(d):
+    out = {}
+    for fn in sorted(os.listdir(d)):
+        if fn.endswith(".safetensors"):
+            with safe_open(os.path.join(d, fn), "pt") as f:
+                for k in f.keys():
+                    out[k] = f.get_tensor(k)
+    return out
+
+
+# ---------------------------------------------------------------- model
+
+def init_model(cfg):
+    torch.manual_seed(SEED)
+    model = DeepseekV4ForCausalLM(cfg).float().eval()
+    g = torch.Generator().manual_seed(SEED)
+    with torch.no_grad():
+        for name, p in list(model.named_parameters()) + list(model.named_buffers()):
+            if "inv_freq" in name:
+                continue
+            if not p.dtype.is_floating_point:
+                if name.endswith("tid2eid"):  # distinct experts per token
+                    v, k = p.shape
+                    p.copy_(torch.stack([torch.randperm(cfg.n_routed_experts, generator=g)[:k] for _ in range(v)]))
+                continue
+            r = torch.randn(p.shape, generator=g)
+            if "norm" in name and p.dim() == 1:
+                p.copy_(1 + 0.1 * r)
+            elif name.endswith("scale") and p.dim() == 1:  # mHC scales
+                p.copy_(1 + 0.2 * r)
+            elif p.dim() == 1:  # biases, sinks, mHC base
+                p.copy_(0.3 * r)
+            elif "position_bias" in name:
+                p.copy_(0.5 * r)
+            elif "embed" in name:
+                p.copy_(r)
+            else:
+                p.copy_(r / math.sqrt(p.shape[-1]))
+    return model
+
+
+def released_tensors(saved, fmt):
+    """The released checkpoint's entries and the dequantized float32 value
+    of every tensor transformers reads (by save_pretrained name)."""
+    entries, deq, summary = [], {}, {}
+    for sname, t in saved.items():
+        name = released_name(sname)
+        cls = tensor_class(name)
+        t = t.float() if t.dtype.is_floating_point else t
+        if cls == "expert" and fmt != "fp8-base":
+            packed, e8, d = quant_mxfp4(t)
+            if fmt == "fp8-nvfp4" and name.startswith("layers."):
+                ws, g = mxfp4_to_nvfp4(packed, e8)
+                d2 = nvfp4_dequant(packed, ws, g)
+                assert torch.equal(d2, d), f"{name}: NVFP4 re-blocking is not exact"
+                base = name.removesuffix(".weight")
+                entries += [(name, "U8", packed.shape, raw(packed)),
+                            (base + ".weight_scale", "F8_E4M3", ws.shape, raw(ws)),
+                            (base + ".weight_scale_2", "F32", [], raw(g)),
+                            (base + ".input_scale", "F32", [], raw(torch.tensor(1 / 448, dtype=torch.float32)))]
+                cls = "expert-nvfp4"
+            else:
+                entries += [(name, "I8", packed.shape, raw(packed)),
+                            (name.removesuffix(".weight") + ".scale", "F8_E8M0", e8.shape, raw(e8))]
+                cls = "expert-mxfp4"
+        elif cls in ("fp8", "expert"):
+            codes, (sdt, s), d = quant_fp8_block(t, f32_scales=fmt == "fp8-base")
+            entries += [(name, "F8_E4M3", codes.shape, raw(codes)),
+                        (name.removesuffix(".weight") + ".scale", sdt, s.shape, raw(s))]
+            cls = f"{cls}-fp8/{sdt}"
+        elif cls == "bf16":
+            b = t.to(torch.bfloat16)
+            entries.append((name, "BF16", b.shape, raw(b)))
+            d = b.float()
+        elif cls == "f32":
+            entries.append((name, "F32", t.shape, raw(t)))
+            d = t
+        else:
+            entries.append((name, "I64", t.shape, raw(t.to(torch.int64))))
+            d = t
+        deq[sname] = d
+        summary[cls] = summary.get(cls, 0) + 1
+    return entries, deq, summary
+
+
+def mtp_entries(cfg, fmt):
+    """A stand-in MTP block (mtp.0.*), which transformers and the engine skip;
+    its experts stay MXFP4 in NVIDIA's checkpoint."""
+    g = torch.Generator().manual_seed(SEED + 1)
+    D, I = cfg["hidden_size"], cfg["moe_intermediate_size"]
+    out = {}
+    for n in ("e_proj", "h_proj"):
+        out[f"mtp.0.{n}.weight"] = torch.randn(D, D, generator=g) / math.sqrt(D)
+    for n in ("enorm", "hnorm", "norm"):
+        out[f"mtp.0.{n}.weight"] = 1 + 0.1 * torch.randn(D, generator=g)
+    out["mtp.0.ffn.experts.0.w1.weight"] = torch.randn(I, D, generator=g) / math.sqrt(D)
+    entries, _, _ = released_tensors(out, fmt)
+    return entries
+
+
+def logits_and_greedy(model, ids):
+    with torch.no_grad():
+        full = model(input_ids=ids[None], use_cache=False).logits[0].float()
+        seq = ids[:PROMPT].clone()
+        for _ in range(GREEDY):
+            nxt = model(input_ids=seq[None], use_cache=False).logits[0, -1].argmax()
+            seq = torch.cat([seq, nxt[None]])
+    return full, seq[PROMPT:]
+
+
+def load(path):
+    m, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager",
+                                                   output_loading_info=True)
+    m = m.float().eval()
+    try:
+        m.set_experts_implementation("eager")
+    except Exception as e:
+        log("  set_experts_implementation:", repr(e))
+    return m, info
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.path.join(HERE, "deepseek_v4_released"))
+    a = ap.parse_args()
+    torch.set_float32_matmul_precision("highest")
+    log(f"transformers {transformers.__version__}, torch {torch.__version__}, CUDA visible: {torch.cuda.is_available()}")
+
+    hf_cfg = DeepseekV4Config.from_dict(dict(CONFIG))
+    log("config: layer_types", hf_cfg.layer_types, "mlp_layer_types", hf_cfg.mlp_layer_types,
+        "compress_rates", hf_cfg.compress_rates, "rope_parameters", hf_cfg.rope_parameters)
+    model = init_model(hf_cfg)
+    tmp = tempfile.mkdtemp()
+    model.save_pretrained(os.path.join(tmp, "saved"))
+    saved = read_saved(os.path.join(tmp, "saved"))
+    log(f"save_pretrained wrote {len(saved)} tensors, e.g. {sorted(saved)[:4]}")
+
+    g = torch.Generator().manual_seed(SEED + 2)
+    ids = torch.randint(2, CONFIG["vocab_size"], (T,), generator=g)
+    goldens, fallback, disagree = {}, [], []
+    for fmt in ("fp8-mxfp4", "fp8-nvfp4", "fp8-base"):
+        log(f"\n== {fmt}")
+        d = os.path.join(a.out, fmt)
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        entries, deq, summary = released_tensors(saved, fmt)
+        entries += mtp_entries(CONFIG, fmt)
+        log("  tensors by class:", summary, "+ mtp.0.*")
+        cfg = dict(CONFIG, quantization_config=QUANT, expert_dtype="fp8" if fmt == "fp8-base" else "fp4")
+        if fmt == "fp8-nvfp4":
+            cfg["moe_quant_algo"] = "NVFP4"
+            with open(os.path.join(d, "hf_quant_config.json"), "w") as f:
+                json.dump({"producer": {"name": "modelopt"}, "quantization": {
+                    "quant_algo": "MIXED_PRECISION", "moe_quant_algo": "NVFP4", "quant_method": "fp8",
+                    "weight_block_size": [BLOCK, BLOCK], "group_size": 16,
+                    "ignore": ["*.attn.*", "*.ffn.shared_experts.*", "head", "mtp.*"]}}, f, indent=2)
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(cfg, f, indent=2)
+        write_checkpoint(d, entries, 3 if fmt == "fp8-mxfp4" else 1)
+
+        # B: the dequantized values in transformers' own float32 layout.
+        db = os.path.join(tmp, "deq-" + fmt)
+        os.makedirs(db)
+        shutil.copy(os.path.join(tmp, "saved", "config.json"), db)
+        save_file({k: v.contiguous() for k, v in deq.items()}, os.path.join(db, "model.safetensors"), {"format": "pt"})
+        mb, infob = load(db)
+        assert not infob["missing_keys"], f"B missing {infob['missing_keys']}"
+        full_b, greedy_b = logits_and_greedy(mb, ids)
+
+        # A: transformers reads the released folder itself.
+        full, greedy, src = full_b, greedy_b, "B (this script's dequantization)"
+        try:
+            ma, infoa = load(d)
+            log("  A loading info:", {k: (v if len(v) < 12 else f"{len(v)} keys, e.g. {sorted(v)[:6]}") for k, v in infoa.items()})
+            sa, sb = ma.state_dict(), mb.state_dict()
+            bad = [(k, (sa[k].float() - sb[k].float()).abs().max().item()) for k in sb
+                   if k in sa and sa[k].shape == sb[k].shape and sa[k].dtype.is_floating_point and not torch.equal(sa[k].float(), sb[k].float())]
+            shape = [k for k in sb if k in sa and sa[k].shape != sb[k].shape]
+            log(f"  A vs B parameters: {len(bad)} differ, {len(shape)} differ in shape", bad[:8], shape[:8])
+            full_a, greedy_a = logits_and_greedy(ma, ids)
+            diff = (full_a - full_b).abs().max().item()
+            log(f"  A vs B: max |logit diff| {diff:.3g}, greedy equal {torch.equal(greedy_a, greedy_b)}")
+            if infoa["missing_keys"] or infoa.get("mismatched_keys"):
+                log("  A left parameters unloaded: not used")
+            elif fmt != "fp8-nvfp4":
+                full, greedy, src = full_a, greedy_a, "A (transformers' loader of the released layout)"
+            if diff > 1e-4 or bad or shape:
+                disagree.append(fmt)
+        except Exception as e:  # transformers cannot read this layout
+            log(f"  A failed: {type(e).__name__}: {e}")
+            if fmt != "fp8-nvfp4":
+                fallback.append(fmt)
+        if fmt == "fp8-nvfp4":
+            # NVIDIA's experts are fp8-mxfp4's re-blocked exactly (asserted per
+            # expert above): the same dequantized weights, the same golden.
+            full2, greedy2 = goldens["fp8-mxfp4"]
+            log(f"  B vs fp8-mxfp4's golden: max |logit diff| {(full_b - full2).abs().max().item():.3g}")
+            full, greedy, src = full2, greedy2, "fp8-mxfp4's golden (identical dequantized weights)"
+        goldens[fmt] = (full, greedy)
+        save_file({"input_ids": ids.to(torch.int64), "logits_full": full.contiguous(),
+                   "greedy_tokens": greedy.to(torch.int64)}, os.path.join(d, "golden.safetensors"))
+        size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
+        log(f"  golden from {src}; greedy {greedy.tolist()}; |logit| max {full.abs().max().item():.3g}; folder {size / 1e6:.2f} MB")
+    shutil.rmtree(tmp)
+    log("\nDONE.", f"transformers could not load: {fallback} (golden from B)" if fallback else "transformers loaded every layout it was asked to",
+        f"| A and B DISAGREE for {disagree}: read the log above" if disagree else "| A and B agree")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
