@@ -15,6 +15,7 @@ import (
 	"github.com/manifoldlm/manifold/internal/testmodel"
 	"github.com/manifoldlm/manifold/quant"
 	"github.com/manifoldlm/manifold/weights"
+	"github.com/manifoldlm/manifold/weights/convert"
 	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 )
 
@@ -306,5 +307,41 @@ func TestV4ReleasedGolden(t *testing.T) {
 	if !found {
 		t.Skipf("no fixture in %s: make it on the device machine with "+
 			"`python3 model/testdata/gen_v4_released.py --out $OUT/deepseek_v4_released` (transformers 5.17) and copy the folder there", root)
+	}
+}
+
+// TestV4ReleasedConverted converts a released checkpoint (FP8 + MXFP4) to
+// NVFP4 and loads the result: DeepSeek's names and legacy config carry
+// over, and its logits point the released model's way (the FP8 linears
+// are requantized; the experts are exact).
+func TestV4ReleasedConverted(t *testing.T) {
+	src := writeReleased(t, testmodel.V4FP8MXFP4)
+	out := filepath.Join(t.TempDir(), "nvfp4")
+	if _, err := convert.Convert(context.Background(), convert.Options{In: src, Out: out, Workers: 2}); err != nil {
+		t.Fatal(err)
+	}
+	tokens := []int32{5, 77, 120, 3, 250, 9, 64}
+	var logits [2][]float32
+	for i, dir := range []string{src, out} {
+		m := loadTestModel(t, dir)
+		st, err := m.NewState(len(tokens))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if logits[i], err = m.Forward(context.Background(), st, tokens, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Random tiny weights compound NVFP4's ~10% per-tensor error through
+	// the layers: hold the logits to the same direction, not to a tolerance.
+	var ab, aa, bb float64
+	for i, a := range logits[0] {
+		b := float64(logits[1][i])
+		ab, aa, bb = ab+float64(a)*b, aa+float64(a)*float64(a), bb+b*b
+	}
+	if cos := ab / math.Sqrt(aa*bb); !(cos > 0.8) {
+		t.Errorf("converted vs released last-token logits: cosine %.3f", cos)
+	} else {
+		t.Logf("converted vs released last-token logits: cosine %.3f", cos)
 	}
 }

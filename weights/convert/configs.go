@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/manifoldlm/manifold/weights"
@@ -101,6 +102,10 @@ func writeConfigs(in, out string, exclude []string) error {
 		{"quantization_config", qraw},
 		{"dtype", json.RawMessage(`"bfloat16"`)},
 		{"torch_dtype", json.RawMessage(`"bfloat16"`)},
+		// DeepSeek-V4's released configs describe their experts (MXFP4, or
+		// NVIDIA's NVFP4); the output's are NVFP4 like every linear.
+		{"expert_dtype", nil},
+		{"moe_quant_algo", nil},
 	})
 	if err != nil {
 		return fmt.Errorf("%s: %w", cfgPath, err)
@@ -115,7 +120,8 @@ type kv struct {
 
 // setJSONKeys rewrites the top-level object raw: quantization_config is set
 // (added at the end if missing); the other keys are replaced only if
-// present. Key order and other values are kept.
+// present, and deleted where the new value is nil. Key order and other
+// values are kept.
 func setJSONKeys(raw []byte, set []kv) ([]byte, error) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
@@ -148,6 +154,13 @@ func setJSONKeys(raw []byte, set []kv) ([]byte, error) {
 		return nil, err
 	}
 	for _, s := range set {
+		if s.val == nil { // delete
+			if _, ok := vals[s.key]; ok {
+				delete(vals, s.key)
+				keys = slices.DeleteFunc(keys, func(k string) bool { return k == s.key })
+			}
+			continue
+		}
 		if _, ok := vals[s.key]; !ok {
 			if s.key != "quantization_config" {
 				continue

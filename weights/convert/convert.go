@@ -143,7 +143,7 @@ func Convert(ctx context.Context, opts Options) (rep *Report, err error) {
 	}
 	defer c.Close()
 
-	plans, sources, err := makePlans(c, excl, blk)
+	plans, sources, err := makePlans(c, excl, blk, srcCfg != nil)
 	if err != nil {
 		return nil, fmt.Errorf("convert: %w", err)
 	}
@@ -212,6 +212,13 @@ func Convert(ctx context.Context, opts Options) (rep *Report, err error) {
 					rep.Unquantizable = append(rep.Unquantizable, p.t.Name+": "+p.note)
 				}
 			}
+			out = n
+		case kindReblock:
+			n, err := reblockMXFP4(w, c, p, workers, mem, rep)
+			if err != nil {
+				return nil, err
+			}
+			quantizedModules = append(quantizedModules, p.module)
 			out = n
 		case kindCopy:
 			if err := w.Add(p.t.Name, p.t.DType, p.t.Shape, p.t.Data); err != nil {
@@ -289,13 +296,16 @@ func publishModes(dir string) error {
 	return os.Chmod(dir, 0o755)
 }
 
-// makePlans classifies every tensor of c and checks dtypes and FP8 scales
-// before anything is written.
-func makePlans(c *weights.Checkpoint, excl *nvfp4ckpt.Config, blk [2]int) ([]plan, []*source, error) {
+// makePlans classifies every tensor of c and checks dtypes and FP8 and
+// MXFP4 scales before anything is written. In a quantized source
+// (quantized: DeepSeek's FP8 releases) float32 tensors other than linears
+// are kept in float32, as their authors stored them (V4's mHC parameters,
+// sinks and router bias).
+func makePlans(c *weights.Checkpoint, excl *nvfp4ckpt.Config, blk [2]int, quantized bool) ([]plan, []*source, error) {
 	names := c.Names()
 	plans := make([]plan, len(names))
 	sources := make([]*source, len(names))
-	consumed := make(map[string]bool)
+	consumed, unclaimed := make(map[string]bool), make(map[string]bool)
 	for i, name := range names {
 		t, err := c.Tensor(name)
 		if err != nil {
@@ -303,15 +313,27 @@ func makePlans(c *weights.Checkpoint, excl *nvfp4ckpt.Config, blk [2]int) ([]pla
 		}
 		s := newSource(t)
 		p := plan{t: t, bytes: int64(len(t.Data))}
+		module, mx := strings.CutSuffix(name, nvfp4ckpt.SuffixWeight)
+		mx = mx && nvfp4ckpt.IsMXFP4(c, module)
 		switch {
+		case mx:
+			if _, err := nvfp4ckpt.LoadMXFP4(c, module); err != nil {
+				return nil, nil, err
+			}
+			sc, _ := c.Tensor(module + nvfp4ckpt.SuffixScale)
+			p.kind, p.module = kindReblock, module
+			p.bytes += int64(len(sc.Data))
+			consumed[module+nvfp4ckpt.SuffixScale] = true
 		case isInteger(t.DType):
+			p.kind = kindCopy
+		case quantized && t.DType == weights.F32 && keepF32.MatchString(name):
 			p.kind = kindCopy
 		case isFloat(t.DType):
 			if t.DType == weights.F8E4M3 {
 				if err := s.attachFP8Scales(c, blk); err != nil {
 					return nil, nil, err
 				}
-				consumed[name+scaleInvSuffix] = true
+				consumed[fp8ScaleName(c, name)] = true
 				p.bytes += s.extraBytes
 			}
 			p.kind = kindBF16
@@ -328,16 +350,25 @@ func makePlans(c *weights.Checkpoint, excl *nvfp4ckpt.Config, blk [2]int) ([]pla
 				p.module = strings.TrimSuffix(name, ".weight") // embeddings, heads, gates: listed as excluded
 			}
 		default:
-			return nil, nil, &weights.Error{File: t.File, Tensor: name, Err: fmt.Errorf("%w %s (the converter reads F32, BF16, F16, F64, F8_E4M3 with weight_scale_inv, and integer tensors)",
+			if t.DType == weights.F8E8M0 && strings.HasSuffix(name, nvfp4ckpt.SuffixScale) {
+				plans[i], sources[i] = plan{t: t, kind: kindConsumed}, s // its weight claims it, or it is reported below
+				unclaimed[name] = true
+				continue
+			}
+			return nil, nil, &weights.Error{File: t.File, Tensor: name, Err: fmt.Errorf("%w %s (the converter reads F32, BF16, F16, F64, F8_E4M3 with weight_scale_inv or scale, MXFP4 (I8 with an F8_E8M0 scale), and integer tensors)",
 				nvfp4ckpt.ErrUnsupportedDType, t.DType)}
 		}
 		plans[i], sources[i] = p, s
 	}
-	// The block scales of FP8 weights are folded into them, not written; a
-	// *_scale_inv that no FP8 weight claims is an ordinary tensor.
+	// The block scales of FP8 and MXFP4 weights are folded into them, not
+	// written; a *_scale_inv that no FP8 weight claims is an ordinary tensor,
+	// an F8_E8M0 scale that none claims an error.
 	for i, p := range plans {
-		if consumed[p.t.Name] {
+		switch {
+		case consumed[p.t.Name]:
 			plans[i].kind, plans[i].bytes = kindConsumed, 0
+		case unclaimed[p.t.Name]:
+			return nil, nil, &weights.Error{File: p.t.File, Tensor: p.t.Name, Err: fmt.Errorf("%w: an F8_E8M0 scale that no FP8 or MXFP4 weight claims", nvfp4ckpt.ErrBadTensor)}
 		}
 	}
 	return plans, sources, nil
@@ -386,24 +417,20 @@ func quantizeTensor(w adder, s *source, module string, workers int, mem *memSamp
 		mu.Unlock()
 	})
 	mem.sample() // the output is complete: the heap is at its peak for this tensor
-	name := module + nvfp4ckpt.SuffixWeight
-	if err := w.Add(name, weights.U8, []int{rows, cols / 2}, m.Packed); err != nil {
+	n, err := writeNVFP4(w, module, m)
+	if err != nil {
 		return TensorStat{}, 0, err
 	}
-	if err := w.Add(module+nvfp4ckpt.SuffixWeightScale, weights.F8E4M3, []int{rows, nb}, m.Scales); err != nil {
-		return TensorStat{}, 0, err
-	}
-	gs := make([]byte, 4)
-	putF32(gs, m.GlobalScale)
-	if err := w.Add(module+nvfp4ckpt.SuffixWeightScale2, weights.F32, []int{}, gs); err != nil {
-		return TensorStat{}, 0, err
-	}
+	return statOf(module, rows, cols, errSq, refSq), n, nil
+}
+
+// statOf is the accuracy of module's quantized [rows, cols] weight.
+func statOf(module string, rows, cols int, errSq, refSq float64) TensorStat {
 	rel := 0.0
 	if refSq > 0 {
 		rel = math.Sqrt(errSq / refSq)
 	}
-	st := TensorStat{Name: name, Shape: []int{rows, cols}, RelRMS: rel, ErrSq: errSq, RefSq: refSq}
-	return st, int64(m.Bytes() + 4), nil
+	return TensorStat{Name: module + nvfp4ckpt.SuffixWeight, Shape: []int{rows, cols}, RelRMS: rel, ErrSq: errSq, RefSq: refSq}
 }
 
 // bf16Tensor writes a float tensor as BF16 (BF16 sources are copied as is).

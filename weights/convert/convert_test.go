@@ -789,3 +789,106 @@ func TestIsLinearWeight(t *testing.T) {
 		t.Error("3-D tensor taken for a linear")
 	}
 }
+
+// TestConvertV4Released converts DeepSeek-V4 as released (FP8 linears with
+// E8M0 128x128 scales, MXFP4 experts, DeepSeek's names) to NVFP4: the
+// experts are re-blocked without changing one weight, the FP8 linears
+// quantized within the usual error, the float32 mHC parameters kept, and
+// the config no longer describes the experts as MXFP4.
+func TestConvertV4Released(t *testing.T) {
+	spec := testmodel.DeepseekV4{Vocab: 96, Hidden: 64, Layers: 2, Heads: 2, HeadDim: 32, QLora: 48, OGroups: 2, OLora: 32,
+		Window: 4, RateCSA: 2, RateHCA: 4, IndexHeads: 2, IndexDim: 16, IndexTopK: 2, HCIters: 3, Experts: 4, TopK: 2,
+		MoEFFN: 64, RopeDim: 8, HashLayers: 1, LayerTypes: []string{testmodel.V4CSA, testmodel.V4HCA},
+		Seed: 5, Released: testmodel.V4FP8MXFP4}
+	in := t.TempDir()
+	if err := spec.Write(in); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "nvfp4")
+	rep, err := convert(t, Options{In: in, Out: out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	rep.Write(&buf, 3)
+	t.Log(buf.String())
+	if want := spec.Layers * spec.Experts * 3; rep.Reblocked != want {
+		t.Errorf("%d linears re-blocked, want the %d routed experts'", rep.Reblocked, want)
+	}
+	src, err := weights.Open(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	dst, err := weights.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Close()
+	for _, name := range src.Names() {
+		module, _ := strings.CutSuffix(name, ".weight")
+		tn, _ := src.Tensor(name)
+		switch {
+		case nvfp4ckpt.IsMXFP4(src, module):
+			mx, err := nvfp4ckpt.LoadMXFP4(src, module)
+			if err != nil {
+				t.Fatal(err)
+			}
+			q, err := nvfp4ckpt.Load(dst, module)
+			if err != nil {
+				t.Fatalf("%s: %v", module, err)
+			}
+			if !slices.Equal(q.Dequantize(), mx.Dequantize()) {
+				t.Errorf("%s: NVFP4 output differs from the MXFP4 source", module)
+			}
+		case tn.DType == weights.F8E4M3:
+			fp, err := nvfp4ckpt.LoadFP8Block(src, module, nvfp4ckpt.DefaultFP8Block)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ref := fp.Dequantize()
+			if dst.Has(name + "_scale") {
+				q, err := nvfp4ckpt.Load(dst, module)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r := relRMS(q.Dequantize(), ref); r > maxRelRMS {
+					t.Errorf("%s: relative RMS error %.3f", module, r)
+				}
+			} else if got := readF32(t, dst, name); relRMS(got, ref) > 1e-2 {
+				t.Errorf("%s kept: relative RMS error %.3f", name, relRMS(got, ref))
+			}
+		case strings.HasSuffix(name, ".scale"):
+			if dst.Has(name) {
+				t.Errorf("%s: block scale copied", name)
+			}
+		default:
+			o, err := dst.Tensor(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := tn.DType
+			if want == weights.F32 && !strings.Contains(name, "hc_") && !strings.HasSuffix(name, "attn_sink") &&
+				!strings.HasSuffix(name, ".ape") && !strings.HasSuffix(name, "gate.bias") {
+				want = weights.BF16
+			}
+			if o.DType != want && !(o.DType == weights.U8 && dst.Has(name+"_scale")) {
+				t.Errorf("%s: %s in, %s out, want %s", name, tn.DType, o.DType, want)
+			}
+		}
+	}
+	raw, err := os.ReadFile(filepath.Join(out, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := cfg["expert_dtype"]; ok {
+		t.Errorf("config.json keeps expert_dtype %v: the experts are NVFP4 now", cfg["expert_dtype"])
+	}
+	if q, _ := cfg["quantization_config"].(map[string]any); q["quant_algo"] != nvfp4ckpt.AlgoNVFP4 {
+		t.Errorf("quantization_config %v, want NVFP4", cfg["quantization_config"])
+	}
+}

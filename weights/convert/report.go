@@ -22,6 +22,7 @@ type Report struct {
 	Workers         int
 	Stats           []TensorStat // quantized tensors, in checkpoint order
 	QuantizedParams int64
+	Reblocked       int      // MXFP4 linears (DeepSeek-V4's experts) re-blocked to NVFP4 exactly: no error
 	KeptBF16        int      // float tensors written as BF16
 	Copied          int      // integer tensors copied as is
 	Unquantizable   []string // linear weights kept in BF16 and why
@@ -59,7 +60,10 @@ func (r *Report) Write(w io.Writer, worst int) {
 		r.In, r.Out, secs, human(r.SourceBytes), float64(r.SourceBytes)/1e9/max(secs, 1e-9),
 		human(r.OutputBytes), float64(r.SourceBytes)/max(float64(r.OutputBytes), 1), r.Workers)
 	fmt.Fprintf(w, "tensors: %d linear weights quantized to NVFP4 (%d parameters), %d kept in BF16, %d copied\n",
-		len(r.Stats), r.QuantizedParams, r.KeptBF16, r.Copied)
+		len(r.Stats)+r.Reblocked, r.QuantizedParams, r.KeptBF16, r.Copied)
+	if r.Reblocked > 0 {
+		fmt.Fprintf(w, "of those, %d MXFP4 linears re-blocked to NVFP4 exactly (same E2M1 codes, power-of-two scales: no error); the accuracy below is the others'\n", r.Reblocked)
+	}
 	fmt.Fprintf(w, "memory: peak Go heap %s (%.2fx the largest source tensor, %s)", human(int64(r.PeakHeap)),
 		float64(r.PeakHeap)/max(float64(r.LargestSource), 1), human(r.LargestSource))
 	if r.MaxRSS > 0 {

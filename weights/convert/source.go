@@ -40,7 +40,8 @@ const (
 	kindQuantize kind = iota // linear weight -> NVFP4 (weight, weight_scale, weight_scale_2)
 	kindBF16                 // float tensor -> BF16
 	kindCopy                 // integer/bool tensor, copied as is
-	kindConsumed             // FP8 weight_scale_inv, folded into its weight
+	kindConsumed             // FP8 weight_scale_inv (or V4's scale), folded into its weight
+	kindReblock              // MXFP4 linear (DeepSeek-V4's routed experts) -> NVFP4 without rounding (mxfp4.go)
 )
 
 // isLinearWeight reports whether name/shape is a linear layer's weight by
@@ -79,9 +80,20 @@ func newSource(t *weights.Tensor) *source {
 	return s
 }
 
-// attachFP8Scales loads the weight_scale_inv of an FP8 weight.
+// fp8ScaleName is the block-scale tensor of the FP8 weight name:
+// DeepSeek-V3's <module>.weight_scale_inv, or V4's <module>.scale when the
+// checkpoint has it.
+func fp8ScaleName(c *weights.Checkpoint, name string) string {
+	if module, ok := strings.CutSuffix(name, nvfp4ckpt.SuffixWeight); ok && c.Has(module+nvfp4ckpt.SuffixScale) {
+		return module + nvfp4ckpt.SuffixScale
+	}
+	return name + scaleInvSuffix
+}
+
+// attachFP8Scales loads the block scales (weight_scale_inv, or V4's scale)
+// of an FP8 weight.
 func (s *source) attachFP8Scales(c *weights.Checkpoint, blk [2]int) error {
-	name := s.t.Name + scaleInvSuffix
+	name := fp8ScaleName(c, s.t.Name)
 	if !c.Has(name) {
 		return &weights.Error{File: s.t.File, Tensor: s.t.Name, Err: fmt.Errorf("%w %s (FP8 weights need their block scales)", nvfp4ckpt.ErrMissingScale, name)}
 	}
@@ -98,9 +110,9 @@ func (s *source) attachFP8Scales(c *weights.Checkpoint, blk [2]int) error {
 			nvfp4ckpt.ErrBadTensor, st.Shape, wantR, wantC, s.t.Shape, blk[0], blk[1])}
 	}
 	switch st.DType {
-	case weights.F32, weights.BF16, weights.F16:
+	case weights.F32, weights.BF16, weights.F16, weights.F8E8M0:
 	default:
-		return &weights.Error{File: st.File, Tensor: st.Name, Err: fmt.Errorf("%w: block scales must be F32, BF16 or F16, got %s", nvfp4ckpt.ErrUnsupportedDType, st.DType)}
+		return &weights.Error{File: st.File, Tensor: st.Name, Err: fmt.Errorf("%w: block scales must be F32, BF16, F16 or F8_E8M0, got %s", nvfp4ckpt.ErrUnsupportedDType, st.DType)}
 	}
 	v, err := st.Float32()
 	if err != nil {
