@@ -12,6 +12,14 @@
 // BF16; integer tensors are copied. No input_scale is written: there is no
 // activation calibration, and the CPU backend keeps activations in float32.
 //
+// DeepSeek-V4 as released converts as it ships: its FP8 linears carry their
+// block scales in <m>.scale (F8_E8M0, or F32 in -Base); its MXFP4 routed
+// experts (I8 codes, F8_E8M0 <m>.scale per 32 inputs) are re-blocked to
+// NVFP4 without changing a weight (Report.Reblocked; a tensor whose scales
+// span more than NVFP4 holds is requantized and reported instead); the
+// float32 tensors it computes in float32 (mHC, sinks, ape, router bias) stay
+// float32; expert_dtype and moe_quant_algo leave config.json.
+//
 // Options.Exclude takes module names or path.Match patterns
 // ("lm_head", "model.layers.*.self_attn.*") to keep in BF16.
 //
