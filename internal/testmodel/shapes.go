@@ -62,6 +62,12 @@ var shapes = map[string]Spec{
 			Qwen3: true, DType: weights.BF16, Seed: 54}},
 	"deepseek-v4-bench": {Description: "DeepSeek-V4-Flash's shape (43 layers, hidden 4096, CSA/HCA, mHC, top-6 MoE) with 32 routed experts instead of 256: engine's BenchmarkDecodeDeepseekV4 model",
 		Model: DeepseekV4{Experts: 32, Seed: 1}},
+	"deepseek-v4-flash": {Description: "DeepSeek-V4-Flash as released (deepseek-ai/DeepSeek-V4-Flash): 43 layers, hidden 4096, 256 routed experts in MXFP4, FP8 128x128-tile linears, DeepSeek's names, an MTP stand-in; 156 GB (145 GiB) on disk, as the release without its MTP block",
+		Model: DeepseekV4{LayerTypes: v4FlashLayers(), Seed: 1, Released: V4FP8MXFP4}},
+	"deepseek-v4-flash-32e": {Description: "deepseek-v4-flash with 32 routed experts instead of 256 (27 GB): the released format where the disk cannot hold all 256",
+		Model: DeepseekV4{Experts: 32, LayerTypes: v4FlashLayers(), Seed: 1, Released: V4FP8MXFP4}},
+	"deepseek-v4-flash-nvfp4": {Description: "nvidia/DeepSeek-V4-Flash-NVFP4's format: deepseek-v4-flash with the 256 routed experts in ModelOpt NVFP4; 165 GB (153 GiB) on disk",
+		Model: DeepseekV4{LayerTypes: v4FlashLayers(), Seed: 1, Released: V4FP8NVFP4}},
 	"tiny-llama": {Description: "a 2-layer Llama, hidden 64, FFN 128, 4 heads (2 KV) of 16, vocab 256; NVFP4 linears, bf16 the rest: for tests",
 		Model: Llama{Layers: 2, Hidden: 64, FFN: 128, Heads: 4, KVHeads: 2, Vocab: 256, DType: weights.BF16, NVFP4: true, Seed: 1}},
 }
@@ -148,4 +154,19 @@ func (s Spec) stamp(complete bool) ([]byte, error) {
 	return json.MarshalIndent(map[string]any{
 		"shape": s.Name, "writer": fmt.Sprintf("%T", s.Model), "fields": json.RawMessage(fields), "complete": complete,
 	}, "", "  ")
+}
+
+// v4FlashLayers is DeepSeek-V4-Flash's attention schedule (compress_ratios
+// [0, 0] + [4, 128] x 20 + [4]): sliding layers 0 and 1, then CSA on even
+// and HCA on odd layers.
+func v4FlashLayers() []string {
+	out := []string{V4Sliding, V4Sliding}
+	for i := 2; i < 43; i++ {
+		if i%2 == 0 {
+			out = append(out, V4CSA)
+		} else {
+			out = append(out, V4HCA)
+		}
+	}
+	return out
 }

@@ -16,7 +16,7 @@ import (
 // with a valid config; an unknown name lists the known ones.
 func TestShapes(t *testing.T) {
 	names := testmodel.ShapeNames()
-	for _, want := range []string{"deepseek-v4-bench", "llama3-8b", "llama3.2-1b", "qwen3-8b", "qwen3-8b-2l-bf16", "tiny-llama"} {
+	for _, want := range []string{"deepseek-v4-bench", "deepseek-v4-flash", "deepseek-v4-flash-32e", "deepseek-v4-flash-nvfp4", "llama3-8b", "llama3.2-1b", "qwen3-8b", "qwen3-8b-2l-bf16", "tiny-llama"} {
 		s, err := testmodel.Shape(want)
 		if err != nil {
 			t.Errorf("Shape(%q): %v", want, err)
