@@ -6,6 +6,7 @@ import (
 
 	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/weights"
+	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 )
 
 // DeepSeek-V4 as released (deepseek-ai/DeepSeek-V4-Flash, -Pro and their
@@ -36,22 +37,11 @@ func v4ReleasedNames(ck *weights.Checkpoint) func(string) string {
 		return nil
 	}
 	return func(n string) string {
-		switch n {
-		case "model.embed_tokens.weight":
-			return "embed.weight"
-		case "model.norm.weight":
-			return "norm.weight"
+		r := nvfp4ckpt.V4ReleasedName(n)
+		if strings.HasSuffix(r, ".attn.kv_norm.weight") && !ck.Has(r) && ck.Has(strings.TrimPrefix(n, "model.")) {
+			return strings.TrimPrefix(n, "model.") // a checkpoint that kept transformers' attn.norm
 		}
-		if rest, ok := strings.CutPrefix(n, "model.hc_head.hc_"); ok {
-			return "hc_head_" + rest
-		}
-		n = strings.TrimPrefix(n, "model.")
-		if layer, ok := strings.CutSuffix(n, ".attn.norm.weight"); ok && strings.HasPrefix(layer, "layers.") {
-			if kv := layer + ".attn.kv_norm.weight"; ck.Has(kv) || !ck.Has(n) {
-				return kv
-			}
-		}
-		return n
+		return r
 	}
 }
 

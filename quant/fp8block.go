@@ -19,25 +19,25 @@ const (
 	ScaleF32                        // four bytes, little-endian float32
 )
 
+// scaleDTypes names and sizes the scale types, by value.
+var scaleDTypes = [...]struct {
+	name string
+	size int
+}{ScaleE8M0: {"e8m0", 1}, ScaleF32: {"f32", 4}}
+
 func (s ScaleDType) String() string {
-	switch s {
-	case ScaleE8M0:
-		return "e8m0"
-	case ScaleF32:
-		return "f32"
+	if s.Size() == 0 {
+		return fmt.Sprintf("ScaleDType(%d)", uint8(s))
 	}
-	return fmt.Sprintf("ScaleDType(%d)", uint8(s))
+	return scaleDTypes[s].name
 }
 
 // Size is the number of bytes of one scale, 0 for an unknown ScaleDType.
 func (s ScaleDType) Size() int {
-	switch s {
-	case ScaleE8M0:
-		return 1
-	case ScaleF32:
-		return 4
+	if int(s) >= len(scaleDTypes) {
+		return 0
 	}
-	return 0
+	return scaleDTypes[s].size
 }
 
 // ErrScale: a scale tensor has the wrong element type or count for its

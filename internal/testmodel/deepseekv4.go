@@ -16,6 +16,7 @@ import (
 
 	"github.com/manifoldlm/manifold/quant"
 	"github.com/manifoldlm/manifold/weights"
+	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 )
 
 // DeepSeek-V4 layer kinds (config.json layer_types and mlp_layer_types).
@@ -290,7 +291,7 @@ func (d DeepseekV4) tensors() []v4Tensor {
 	if d.Released != "" {
 		d.mtpTensors(lin, dense)
 		for i := range out {
-			out[i].name = v4ReleasedName(out[i].name)
+			out[i].name = nvfp4ckpt.V4ReleasedName(out[i].name)
 		}
 	}
 	return out

@@ -31,25 +31,6 @@ const (
 	V4FP8Base = "fp8-base"
 )
 
-// v4ReleasedName is the released checkpoint's name of a tensor named as
-// transformers saves it.
-func v4ReleasedName(n string) string {
-	switch n {
-	case "model.embed_tokens.weight":
-		return "embed.weight"
-	case "model.norm.weight":
-		return "norm.weight"
-	}
-	if rest, ok := strings.CutPrefix(n, "model.hc_head.hc_"); ok {
-		return "hc_head_" + rest
-	}
-	n = strings.TrimPrefix(n, "model.")
-	if l, ok := strings.CutSuffix(n, ".attn.norm.weight"); ok {
-		return l + ".attn.kv_norm.weight"
-	}
-	return n
-}
-
 type denseFunc func(name string, dtype weights.DType, mean, std float64, count v4Count, shape ...int)
 type linFunc func(module string, count v4Count, rows, cols int)
 

@@ -223,10 +223,13 @@ func (l Llama) WeightBytes() int64 {
 
 // Rewrite copies the checkpoint folder src (its config.json and single
 // model.safetensors) to dst, passing each tensor through edit, which returns
-// the tensor to write in its place: tests of what the engine does with a
-// damaged or mislabelled weight.
+// the tensor to write in its place (nil: none): tests of what the engine
+// does with a damaged or mislabelled weight.
 func Rewrite(src, dst string, edit func(t *weights.Tensor) *weights.Tensor) error {
 	return RewriteTensors(src, dst, func(_ *weights.Checkpoint, t *weights.Tensor) []*weights.Tensor {
-		return []*weights.Tensor{edit(t)}
+		if t = edit(t); t == nil {
+			return nil
+		}
+		return []*weights.Tensor{t}
 	})
 }

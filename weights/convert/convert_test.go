@@ -67,16 +67,7 @@ func relRMS(got, want []float32) float64 {
 // with the source in, whose values (FP8 dequantized) are ref(name).
 func checkConverted(t *testing.T, in, out string, rep *Report, ref func(name string) []float32, maxRel float64) {
 	t.Helper()
-	src, err := weights.Open(in)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
-	dst, err := weights.Open(out)
-	if err != nil {
-		t.Fatalf("output does not load: %v", err)
-	}
-	defer dst.Close()
+	src, dst := openPair(t, in, out)
 	cfg, err := nvfp4ckpt.ReadConfig(out)
 	if err != nil || cfg == nil || cfg.Algo != nvfp4ckpt.AlgoNVFP4 {
 		t.Fatalf("output quantization config = %+v, %v", cfg, err)
@@ -815,16 +806,7 @@ func TestConvertV4Released(t *testing.T) {
 	if want := spec.Layers * spec.Experts * 3; rep.Reblocked != want {
 		t.Errorf("%d linears re-blocked, want the %d routed experts'", rep.Reblocked, want)
 	}
-	src, err := weights.Open(in)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
-	dst, err := weights.Open(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dst.Close()
+	src, dst := openPair(t, in, out)
 	for _, name := range src.Names() {
 		module, _ := strings.CutSuffix(name, ".weight")
 		tn, _ := src.Tensor(name)
@@ -877,18 +859,26 @@ func TestConvertV4Released(t *testing.T) {
 			}
 		}
 	}
-	raw, err := os.ReadFile(filepath.Join(out, "config.json"))
+	if raw, _ := os.ReadFile(filepath.Join(out, "config.json")); bytes.Contains(raw, []byte(`"expert_dtype"`)) {
+		t.Errorf("config.json keeps expert_dtype: the experts are NVFP4 now")
+	}
+	if q, err := nvfp4ckpt.ReadConfig(out); err != nil || q.Algo != nvfp4ckpt.AlgoNVFP4 {
+		t.Errorf("quantization config %+v, %v; want NVFP4", q, err)
+	}
+}
+
+// openPair opens the checkpoints in and out (the converted one), closed at
+// the end of the test.
+func openPair(t *testing.T, in, out string) (src, dst *weights.Checkpoint) {
+	t.Helper()
+	src, err := weights.Open(in)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var cfg map[string]any
-	if err := json.Unmarshal(raw, &cfg); err != nil {
-		t.Fatal(err)
+	t.Cleanup(func() { src.Close() })
+	if dst, err = weights.Open(out); err != nil {
+		t.Fatalf("output does not load: %v", err)
 	}
-	if _, ok := cfg["expert_dtype"]; ok {
-		t.Errorf("config.json keeps expert_dtype %v: the experts are NVFP4 now", cfg["expert_dtype"])
-	}
-	if q, _ := cfg["quantization_config"].(map[string]any); q["quant_algo"] != nvfp4ckpt.AlgoNVFP4 {
-		t.Errorf("quantization_config %v, want NVFP4", cfg["quantization_config"])
-	}
+	t.Cleanup(func() { dst.Close() })
+	return src, dst
 }

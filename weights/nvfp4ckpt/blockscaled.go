@@ -1,6 +1,8 @@
 package nvfp4ckpt
 
 import (
+	"strings"
+
 	"github.com/manifoldlm/manifold/quant"
 	"github.com/manifoldlm/manifold/weights"
 )
@@ -86,24 +88,7 @@ func LoadFP8Block(c *weights.Checkpoint, prefix string, block [2]int) (*quant.FP
 // ErrUnsupportedDType, ErrMissingScale, ErrBadTensor, quant.ErrShape or
 // quant.ErrNonFinite.
 func LoadMXFP4(c *weights.Checkpoint, prefix string) (*quant.MXFP4, error) {
-	w, err := c.Tensor(prefix + SuffixWeight)
-	if err != nil {
-		return nil, err
-	}
-	if w.DType != weights.I8 && w.DType != weights.U8 {
-		return nil, tensorErr(w, ErrUnsupportedDType, "packed MXFP4 weight must be I8 or U8 (two E2M1 codes a byte), got %s", w.DType)
-	}
-	if len(w.Shape) != 2 || w.Shape[0] <= 0 || w.Shape[1] <= 0 {
-		return nil, tensorErr(w, ErrBadTensor, "packed weight shape %v, want [N, K/2]", w.Shape)
-	}
-	n, k := w.Shape[0], 2*w.Shape[1]
-	if k%quant.MXFP4BlockSize != 0 {
-		return nil, tensorErr(w, quant.ErrShape, "packed weight %v holds K = %d, not a multiple of %d", w.Shape, k, quant.MXFP4BlockSize)
-	}
-	if !c.Has(prefix + SuffixScale) {
-		return nil, missing(w, prefix+SuffixScale)
-	}
-	s, err := c.Tensor(prefix + SuffixScale)
+	w, s, n, k, err := packedWeight(c, prefix, "MXFP4", quant.MXFP4BlockSize, quant.ErrShape, SuffixScale)
 	if err != nil {
 		return nil, err
 	}
@@ -118,4 +103,25 @@ func LoadMXFP4(c *weights.Checkpoint, prefix string) (*quant.MXFP4, error) {
 		return nil, tensorErr(s, err, "")
 	}
 	return m, nil
+}
+
+// V4ReleasedName is DeepSeek-V4's released name of the tensor that
+// transformers' save_pretrained calls n: no "model." prefix, embed.weight,
+// norm.weight, hc_head_{fn,base,scale}, layers.N.attn.kv_norm.weight; the
+// names below the layer are DeepSeek's in both.
+func V4ReleasedName(n string) string {
+	switch n {
+	case "model.embed_tokens.weight":
+		return "embed.weight"
+	case "model.norm.weight":
+		return "norm.weight"
+	}
+	if rest, ok := strings.CutPrefix(n, "model.hc_head.hc_"); ok {
+		return "hc_head_" + rest
+	}
+	n = strings.TrimPrefix(n, "model.")
+	if layer, ok := strings.CutSuffix(n, ".attn.norm.weight"); ok && strings.HasPrefix(layer, "layers.") {
+		return layer + ".attn.kv_norm.weight"
+	}
+	return n
 }

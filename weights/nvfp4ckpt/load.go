@@ -86,24 +86,7 @@ func Has(c *weights.Checkpoint, prefix string) bool { return DetectLayout(c, pre
 // ErrMissingScale, ErrBadTensor, quant.ErrBlockAlign, quant.ErrShape or
 // quant.ErrNonFinite.
 func Load(c *weights.Checkpoint, prefix string) (*quant.NVFP4, error) {
-	w, err := c.Tensor(prefix + SuffixWeight)
-	if err != nil {
-		return nil, err
-	}
-	if w.DType != weights.U8 && w.DType != weights.I8 {
-		return nil, tensorErr(w, ErrUnsupportedDType, "packed NVFP4 weight must be U8 (two E2M1 codes a byte), got %s", w.DType)
-	}
-	if len(w.Shape) != 2 || w.Shape[0] <= 0 || w.Shape[1] <= 0 {
-		return nil, tensorErr(w, ErrBadTensor, "packed weight shape %v, want [N, K/2]", w.Shape)
-	}
-	n, k := w.Shape[0], 2*w.Shape[1]
-	if k%quant.NVFP4BlockSize != 0 {
-		return nil, tensorErr(w, quant.ErrBlockAlign, "packed weight %v holds K = %d", w.Shape, k)
-	}
-	if !c.Has(prefix + SuffixWeightScale) {
-		return nil, missing(w, prefix+SuffixWeightScale)
-	}
-	s, err := c.Tensor(prefix + SuffixWeightScale)
+	w, s, n, k, err := packedWeight(c, prefix, "NVFP4", quant.NVFP4BlockSize, quant.ErrBlockAlign, SuffixWeightScale)
 	if err != nil {
 		return nil, err
 	}
@@ -211,6 +194,29 @@ func loadLightX2V(c *weights.Checkpoint, prefix string, w, s *weights.Tensor, n,
 	return m, nil
 }
 
+// packedWeight reads the packed E2M1 weight (U8 or I8 [N, K/2]) of module
+// prefix and its scale tensor prefix+scale, checking that K is a multiple
+// of block (else the error wraps align), and returns them with N and K.
+func packedWeight(c *weights.Checkpoint, prefix, format string, block int, align error, scale string) (w, s *weights.Tensor, n, k int, err error) {
+	if w, err = c.Tensor(prefix + SuffixWeight); err != nil {
+		return nil, nil, 0, 0, err
+	}
+	if w.DType != weights.U8 && w.DType != weights.I8 {
+		return nil, nil, 0, 0, tensorErr(w, ErrUnsupportedDType, "packed %s weight must be U8 or I8 (two E2M1 codes a byte), got %s", format, w.DType)
+	}
+	if len(w.Shape) != 2 || w.Shape[0] <= 0 || w.Shape[1] <= 0 {
+		return nil, nil, 0, 0, tensorErr(w, ErrBadTensor, "packed weight shape %v, want [N, K/2]", w.Shape)
+	}
+	n, k = w.Shape[0], 2*w.Shape[1]
+	if k%block != 0 {
+		return nil, nil, 0, 0, tensorErr(w, align, "packed %s weight %v holds K = %d, not a multiple of %d", format, w.Shape, k, block)
+	}
+	if s, err = scaleOf(c, w, prefix+scale); err != nil {
+		return nil, nil, 0, 0, err
+	}
+	return w, s, n, k, nil
+}
+
 // scalar reads a one-element float tensor.
 func scalar(c *weights.Checkpoint, name string) (float32, error) {
 	t, err := c.Tensor(name)
@@ -241,6 +247,14 @@ func tensorErr(t *weights.Tensor, sentinel error, format string, args ...any) er
 		err = fmt.Errorf("%w: %s", sentinel, fmt.Sprintf(format, args...))
 	}
 	return &weights.Error{File: t.File, Tensor: t.Name, Err: err}
+}
+
+// scaleOf reads the scale tensor name of weight w, or reports it missing.
+func scaleOf(c *weights.Checkpoint, w *weights.Tensor, name string) (*weights.Tensor, error) {
+	if !c.Has(name) {
+		return nil, missing(w, name)
+	}
+	return c.Tensor(name)
 }
 
 func missing(w *weights.Tensor, name string) error {
