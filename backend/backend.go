@@ -18,6 +18,7 @@
 package backend
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/manifoldlm/manifold/layers"
@@ -40,6 +41,11 @@ type Weight interface {
 
 // Format is how a weight's values are stored.
 type Format uint8
+
+// ErrUnsupportedFormat is wrapped by Upload's error for a weight format the
+// backend cannot hold yet (the block-scaled formats on a backend without
+// their kernels, say).
+var ErrUnsupportedFormat = errors.New("weight format not supported by this backend")
 
 // The weight formats a backend accepts.
 const (

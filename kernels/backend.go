@@ -472,6 +472,8 @@ func (b *Backend) Upload(h *backend.HostWeight) (backend.Weight, error) {
 		if w.data, err = b.upload(h.Q.Packed); err == nil {
 			w.scales, err = b.upload(h.Q.Scales)
 		}
+	default:
+		err = fmt.Errorf("%s: %w", h.Format, backend.ErrUnsupportedFormat)
 	}
 	if err == nil && h.Bias != nil {
 		w.bias, err = b.upload(f32Bytes(h.Bias))

@@ -39,13 +39,13 @@ func Cases() []Case {
 	for _, f := range []backend.Format{backend.FP8Block, backend.MXFP4} {
 		for _, s := range [][3]int{{1, 7, 64}, {1, 257, 2048}, {3, 130, 320}, {17, 64, 96}, {70, 200, 4096}} {
 			m, rows, cols := s[0], s[1], s[2]
-			cs = append(cs, Case{Op: "MatMul", Shape: fmt.Sprintf("%s/m=%d/%dx%d", f, m, rows, cols), Tol: 4e-3,
+			cs = append(cs, Case{Op: "MatMul", Shape: fmt.Sprintf("%s/m=%d/%dx%d", f, m, rows, cols), Tol: 4e-3, Needs: "format:" + f.String(),
 				Run: func(b backend.Backend, _ backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
 					return matmul(b, rng, f, m, rows, cols, false)
 				}})
 		}
 	}
-	cs = append(cs, Case{Op: "MatMul", Shape: "fp8block-f32scale+bias/m=2/130x200", Tol: 4e-3,
+	cs = append(cs, Case{Op: "MatMul", Shape: "fp8block-f32scale+bias/m=2/130x200", Tol: 4e-3, Needs: "format:fp8block",
 		Run: func(b backend.Backend, _ backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
 			return matmul(b, rng, fp8BlockF32, 2, 130, 200, true)
 		}})
