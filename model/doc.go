@@ -3,8 +3,8 @@
 // qwen3_moe.go, deepseek_v3.go, deepseek_v32.go, deepseek_v4.go; moe.go holds
 // what the MoE families share), whose forward pass reads top to bottom like
 // the paper and calls only the backend.Backend interface. Linear weights keep
-// their stored format: f32, bf16, f16, NVFP4, or DeepSeek-V3's FP8 E4M3 with a
-// float32 weight_scale_inv per block (bind_fp8.go).
+// their stored format: f32, bf16, f16, NVFP4, MXFP4, or FP8 E4M3 with a scale
+// per block (DeepSeek-V3's float32 weight_scale_inv, V4's scale).
 //
 // Weights are bound to an architecture's structs by struct tags (see Bind),
 // which also check every tensor's shape against the config, so a checkpoint

@@ -14,6 +14,7 @@ import (
 	"github.com/manifoldlm/manifold/layers"
 	"github.com/manifoldlm/manifold/quant"
 	"github.com/manifoldlm/manifold/weights"
+	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
 )
 
 // Tests of DeepSeek-V3 (deepseek_v3.go) and Qwen3-MoE (qwen3_moe.go) that
@@ -206,14 +207,14 @@ func TestMoEBadInput(t *testing.T) {
 				return []*weights.Tensor{{Name: tn.Name, DType: tn.DType, Shape: []int{tn.Shape[0] * tn.Shape[1]}, Data: tn.Data}}
 			}
 			return []*weights.Tensor{tn}
-		}, ErrConfig},
+		}, nvfp4ckpt.ErrBadTensor},
 		{"scale of the wrong dtype", v3, scale, func(ck *weights.Checkpoint, tn *weights.Tensor) []*weights.Tensor {
 			if tn.Name == scale {
 				return []*weights.Tensor{{Name: tn.Name, DType: weights.BF16, Shape: tn.Shape, Data: tn.Data[:len(tn.Data)/2]}}
 			}
 			return []*weights.Tensor{tn}
-		}, quant.ErrScale},
-		{"scale missing", v3, scale, dropTensor(scale), weights.ErrMissingTensor},
+		}, nvfp4ckpt.ErrUnsupportedDType},
+		{"scale missing", v3, "q_b_proj.scale (or .weight_scale_inv)", dropTensor(scale), nvfp4ckpt.ErrMissingScale},
 		{"deepseek_v3 expert missing", v3, "model.layers.2.mlp.experts.5.up_proj.weight",
 			dropTensor("model.layers.2.mlp.experts.5.up_proj.weight"), weights.ErrMissingTensor},
 		{"qwen3_moe expert missing", qw, "model.layers.1.mlp.experts.3.down_proj.weight",
