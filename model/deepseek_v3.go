@@ -13,10 +13,14 @@ import (
 // e_score_correction_bias for the choice only, group-limited top-k with
 // n_group and topk_group, weights normalized and scaled by
 // routed_scaling_factor, shared experts). They run as a DeepseekV32 built
-// without its indexer, whose states are MLADense: attention through
-// Backend.Attention on the expanded per-head keys and values, so every
-// backend runs them with its core ops (and the routed experts on the device
-// where backend.GroupMoEOps takes them). The released checkpoints store
+// without its indexer, whose states attend through Backend.Attention: in
+// the latent space by default (one shared key head [latent, k_rope] a
+// token, the query heads absorbed with W_UK, the outputs expanded with W_UV:
+// KVLoraRank+RopeDim cached values a token and layer), or with MLADense on
+// the expanded per-head keys and values. Every backend runs them with its
+// core ops and the absorption ops of backend.SparseMLAOps (MLADense needs
+// only the core ops), the routed experts on the device where
+// backend.GroupMoEOps takes them. The released checkpoints store
 // their linears as FP8 E4M3 with a float32 weight_scale_inv per 128x128
 // block; bf16 and float32 checkpoints load as well.
 func newDeepseekV3(b backend.Backend, cfg *Config, l *Loader, o Options) (Model, error) {

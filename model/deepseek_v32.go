@@ -27,8 +27,8 @@ import (
 // NewStateWith picks a path explicitly.
 type DeepseekV32 struct {
 	b       backend.Backend
-	indexer bool                 // false: DeepSeek-V3, dense MLA (MLADense only)
-	ops     backend.SparseMLAOps // nil without the indexer
+	indexer bool                 // false: DeepSeek-V3, MLA over every token (latent or MLADense)
+	ops     backend.SparseMLAOps // may be nil without the indexer (then MLADense only)
 	gmoe    backend.GroupMoEOps  // nil: routed experts on the host
 	cfg     *Config
 	v       v32Config

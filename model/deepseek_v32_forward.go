@@ -120,8 +120,13 @@ func (m *DeepseekV32) attention(s *v32State, l int, blk *v32Block, out, h backen
 	b.RoPE(kr, n, 1, dr, 0, pos0, m.rope, false)
 
 	att := b.View(s.att, 0, n*a.Heads*a.VDim)
-	if s.path == MLADense {
+	switch {
+	case s.path == MLADense:
 		m.denseAttention(s, l, blk, att, q, lat, kr, n, pos0)
+		b.MatMul(out, att, blk.O, n)
+		return
+	case !m.indexer:
+		m.v3LatentAttention(s, l, blk, att, q, lat, kr, n, pos0)
 		b.MatMul(out, att, blk.O, n)
 		return
 	}
@@ -192,6 +197,39 @@ func (m *DeepseekV32) denseAttention(s *v32State, l int, blk *v32Block, att, q, 
 			b.Copy(b.View(att, (i*a.Heads+h)*vd, vd), b.View(datt, (i*a.Heads+h)*qk, vd))
 		}
 	}
+}
+
+// v3LatentAttention is DeepSeek-V3's MLA over every earlier token in the
+// latent space, through Backend.Attention: each query head
+// [W_UK^T q_nope, q_rope] against one shared key head [latent, k_rope] a
+// token, whose value is the latent (zero-padded to the key width); the
+// heads' latent outputs are expanded with W_UV. It computes what the naive
+// attention (denseAttention) does, caching KVLoraRank+RopeDim values a
+// token and layer instead of Heads*QKDim.
+func (m *DeepseekV32) v3LatentAttention(s *v32State, l int, blk *v32Block, att, q, lat, kr backend.Buffer, n, pos0 int) {
+	b, a := m.b, m.mla
+	r, dr, qk := a.KVLoraRank, a.RopeDim, a.QKDim()
+	w := r + dr
+	qLat := b.View(s.qLat, 0, n*a.Heads*r)
+	m.ops.MLAAbsorbQuery(qLat, q, blk.KVB, n, a)
+	qc, k, v := b.View(s.dq, 0, n*a.Heads*w), b.View(s.dk, 0, n*w), b.View(s.dv, 0, n*w)
+	for i := range n {
+		b.Copy(b.View(k, i*w, r), b.View(lat, i*r, r))
+		b.Copy(b.View(k, i*w+r, dr), b.View(kr, i*dr, dr))
+		b.Copy(b.View(v, i*w, r), b.View(lat, i*r, r)) // the rope part stays zero
+		for h := range a.Heads {
+			o := (i*a.Heads + h) * w
+			b.Copy(b.View(qc, o, r), b.View(qLat, (i*a.Heads+h)*r, r))
+			b.Copy(b.View(qc, o+r, dr), b.View(q, (i*a.Heads+h)*qk+a.NopeDim, dr))
+		}
+	}
+	oc := b.View(s.datt, 0, n*a.Heads*w)
+	b.Attention(oc, qc, k, v, s.dense, l, pos0, n, layers.AttentionShape{Heads: a.Heads, KVHeads: 1, HeadDim: w, Scale: m.scale})
+	oLat := b.View(s.oLat, 0, n*a.Heads*r)
+	for i := range n * a.Heads {
+		b.Copy(b.View(oLat, i*r, r), b.View(oc, i*w, r))
+	}
+	m.ops.MLAExpandOutput(att, oLat, blk.KVB, n, a)
 }
 
 // mlp writes down(silu(gate h) * up h) of n rows into out.

@@ -356,13 +356,48 @@ func TestDeepseekV3IsV32WithoutIndexer(t *testing.T) {
 		if _, err := load(rewrite(t, dir, nil, dropTensor(ik))); !errors.Is(err, weights.ErrMissingTensor) || !strings.Contains(err.Error(), ik) {
 			t.Errorf("%s without %s: error %v, want the missing tensor named", dir, ik, err)
 		}
-		if _, err := v3.NewStateWith(4, MLAAbsorbed); err == nil {
-			t.Errorf("%s: deepseek_v3 gave an absorbed (indexer) state", dir)
+		if _, err := v3.NewStateWith(4, MLANaive); err == nil {
+			t.Errorf("%s: deepseek_v3 gave a naive (indexer) state", dir)
 		}
 		wantFull, wantInc := runV32(t, v32, MLADense, ids, P)
 		full, inc := runV32(t, v3, MLADense, ids, P)
 		if d := max(maxAbsDiff(full, wantFull), maxAbsDiff(inc, wantInc)); d != 0 {
 			t.Errorf("%s: deepseek_v3 against deepseek_v32's dense path: max |diff| %g", dir, d)
+		}
+		full, inc = runV32(t, v3, MLAAbsorbed, ids, P)
+		if d := max(maxAbsDiff(full, wantFull), maxAbsDiff(inc, wantInc)); d > 1e-4 {
+			t.Errorf("%s: deepseek_v3's latent attention against the dense path: max |diff| %g", dir, d)
+		} else {
+			t.Logf("%s: deepseek_v3's latent attention against the dense path: max |diff| %.3g", dir, d)
+		}
+	}
+}
+
+// TestDeepseekV3Paths checks DeepSeek-V3's two attention paths on the
+// released FP8 layout: the latent one (NewState's) against the expanded
+// keys and values, and what each caches a token.
+func TestDeepseekV3Paths(t *testing.T) {
+	m := loadTestModel(t, writeTiny(t, tinyV3)).(*DeepseekV32)
+	ids := testIDs(tinyV3.Vocab, 12)
+	wantFull, wantInc := runV32(t, m, MLADense, ids, 5)
+	full, inc := runV32(t, m, MLAAbsorbed, ids, 5)
+	if d := max(maxAbsDiff(full, wantFull), maxAbsDiff(inc, wantInc)); d > 1e-4 {
+		t.Errorf("latent against dense attention: max |diff| %g", d)
+	}
+	a, L := m.MLAShape(), int64(tinyV3.Layers)
+	for _, tc := range []struct {
+		path MLAPath
+		want int64
+	}{
+		{MLAAuto, L * 2 * int64(a.KVLoraRank+a.RopeDim) * 4},
+		{MLADense, L * 2 * int64(a.Heads*a.QKDim()) * 4},
+	} {
+		st, err := m.NewStateWith(8, tc.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := st.CacheBytesPerToken(); got != tc.want {
+			t.Errorf("%v: %d cache bytes a token, want %d", tc.path, got, tc.want)
 		}
 	}
 }
