@@ -26,16 +26,17 @@ import (
 // the absorbed path and prefilling with whichever costs fewer operations;
 // NewStateWith picks a path explicitly.
 type DeepseekV32 struct {
-	b     backend.Backend
-	ops   backend.SparseMLAOps
-	gmoe  backend.GroupMoEOps // nil: routed experts on the host
-	cfg   *Config
-	v     v32Config
-	mla   layers.MLAShape
-	ixs   dsa.IndexerShape
-	scale float32      // MLA softmax scale (yarn mscale included)
-	rope  *layers.RoPE // MLA: interleaved pairs
-	irope *layers.RoPE // indexer: half split, same frequencies
+	b       backend.Backend
+	indexer bool                 // false: DeepSeek-V3, MLA over every token (latent or MLADense)
+	ops     backend.SparseMLAOps // may be nil without the indexer (then MLADense only)
+	gmoe    backend.GroupMoEOps  // nil: routed experts on the host
+	cfg     *Config
+	v       v32Config
+	mla     layers.MLAShape
+	ixs     dsa.IndexerShape
+	scale   float32      // MLA softmax scale (yarn mscale included)
+	rope    *layers.RoPE // MLA: interleaved pairs
+	irope   *layers.RoPE // indexer: half split, same frequencies
 	head
 	Blocks []v32Block
 }
@@ -61,6 +62,12 @@ type v32Config struct {
 	RoutedScalingFactor float64  `json:"routed_scaling_factor"`
 	FirstKDenseReplace  int      `json:"first_k_dense_replace"`
 	MLPLayerTypes       []string `json:"mlp_layer_types"`
+	RopeInterleave      bool     `json:"rope_interleave"`
+	// Fields of DeepSeek's own configs that transformers does not read:
+	// refused unless they mean what transformers computes.
+	MoELayerFreq int    `json:"moe_layer_freq"`
+	TopKMethod   string `json:"topk_method"`
+	ScoringFunc  string `json:"scoring_func"`
 }
 
 func defaultV32Config() v32Config {
@@ -68,7 +75,7 @@ func defaultV32Config() v32Config {
 	return v32Config{QLoraRank: &q, KVLoraRank: 512, QKNopeHeadDim: 128, QKRopeHeadDim: 64, VHeadDim: 128,
 		IndexNHeads: 64, IndexHeadDim: 128, IndexTopK: 2048, NRoutedExperts: 256, NSharedExperts: 1,
 		NumExpertsPerTok: 8, MoEIntermediateSize: 2048, NGroup: 8, TopKGroup: 4, NormTopKProb: true,
-		RoutedScalingFactor: 2.5, FirstKDenseReplace: 3}
+		RoutedScalingFactor: 2.5, FirstKDenseReplace: 3, RopeInterleave: true, MoELayerFreq: 1}
 }
 
 // v32Block is one decoder layer. The tagged fields are bound by name; the
@@ -82,24 +89,20 @@ type v32Block struct {
 	KVANorm  backend.Buffer `w:"self_attn.kv_a_layernorm.weight" shape:"kv_lora"`
 	KVB      backend.Weight `w:"self_attn.kv_b_proj" shape:"kv_heads,kv_lora"`
 	O        backend.Weight `w:"self_attn.o_proj" shape:"hidden,v_heads"`
-	IQB      backend.Weight `w:"self_attn.indexer.wq_b" shape:"index_q,q_lora"`
-	IK       backend.Weight `w:"self_attn.indexer.wk" shape:"index_dim,hidden"`
-	IKNormW  backend.Buffer `w:"self_attn.indexer.k_norm.weight" shape:"index_dim"`
-	IKNormB  backend.Buffer `w:"self_attn.indexer.k_norm.bias" shape:"index_dim"`
-	IW       backend.Weight `w:"self_attn.indexer.weights_proj" shape:"index_heads,hidden"`
-	MLPNorm  backend.Buffer `w:"post_attention_layernorm.weight" shape:"hidden"`
+	// The lightning indexer: required by deepseek_v32 (checkIndexer);
+	// deepseek_v3 has none and never runs one.
+	IQB     backend.Weight `w:"self_attn.indexer.wq_b,optional" shape:"index_q,q_lora"`
+	IK      backend.Weight `w:"self_attn.indexer.wk,optional" shape:"index_dim,hidden"`
+	IKNormW backend.Buffer `w:"self_attn.indexer.k_norm.weight,optional" shape:"index_dim"`
+	IKNormB backend.Buffer `w:"self_attn.indexer.k_norm.bias,optional" shape:"index_dim"`
+	IW      backend.Weight `w:"self_attn.indexer.weights_proj,optional" shape:"index_heads,hidden"`
+	MLPNorm backend.Buffer `w:"post_attention_layernorm.weight" shape:"hidden"`
 
 	KVALatent backend.Weight // kv_a_proj_with_mqa rows [0, kv_lora_rank)
 	KVARope   backend.Weight // kv_a_proj_with_mqa rows [kv_lora_rank, +qk_rope_head_dim)
 
 	Dense *v32MLP // mlp_layer_types "dense"
 	MoE   *v32MoE // mlp_layer_types "sparse"
-}
-
-// v32MLP is a SwiGLU MLP: down(silu(gate x) * up x).
-type v32MLP struct {
-	Gate, Up, Down backend.Weight
-	Width          int // intermediate size
 }
 
 // v32MoE is the mixture of experts of a sparse layer.
@@ -120,38 +123,43 @@ func newDeepseekV32(b backend.Backend, cfg *Config, l *Loader, o Options) (Model
 	if o.Attention.Kind == "htree" {
 		return nil, fmt.Errorf("model: %s does not support htree attention (llama and qwen3 do)", cfg.ModelType)
 	}
-	return loadDeepseekV32(b, cfg, l)
+	return loadDeepseekV32(b, cfg, l, true)
 }
 
-func loadDeepseekV32(b backend.Backend, cfg *Config, l *Loader) (*DeepseekV32, error) {
+// loadDeepseekV32 builds DeepSeek-V3.2 with its indexer, or without it
+// (indexer false) DeepSeek-V3, whose MLA attends to every earlier token.
+func loadDeepseekV32(b backend.Backend, cfg *Config, l *Loader, indexer bool) (*DeepseekV32, error) {
 	ops := l.caps.SparseMLA
-	if ops == nil {
+	if ops == nil && indexer {
 		return nil, fmt.Errorf("model: deepseek_v32 needs sparse MLA ops (backend.SparseMLAOps); backend %s lacks them", b.Name())
 	}
 	v := defaultV32Config()
 	if err := json.Unmarshal(cfg.Raw, &v); err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", ErrConfig, cfg.Path, err)
 	}
-	if err := checkV32Config(cfg, &v); err != nil {
+	if err := checkV32Config(cfg, &v, indexer); err != nil {
 		return nil, err
 	}
-	m := &DeepseekV32{b: b, ops: ops, gmoe: l.caps.GroupMoE, cfg: cfg, v: v, Blocks: make([]v32Block, cfg.NumLayers)}
+	m := &DeepseekV32{b: b, ops: ops, gmoe: l.caps.GroupMoE, cfg: cfg, v: v, indexer: indexer, Blocks: make([]v32Block, cfg.NumLayers)}
 	m.mla = layers.MLAShape{Heads: cfg.NumHeads, QLoraRank: *v.QLoraRank, KVLoraRank: v.KVLoraRank,
 		NopeDim: v.QKNopeHeadDim, RopeDim: v.QKRopeHeadDim, VDim: v.VHeadDim}
 	if err := m.mla.Validate(); err != nil {
 		return nil, configErr(cfg.Path, "attention dims", "%v", err)
 	}
-	m.ixs = dsa.IndexerShape{Heads: v.IndexNHeads, HeadDim: v.IndexHeadDim, RopeDim: v.QKRopeHeadDim, TopK: v.IndexTopK}
-	if err := m.ixs.Validate(); err != nil {
-		return nil, configErr(cfg.Path, "index_*", "%v", err)
+	if indexer {
+		m.ixs = dsa.IndexerShape{Heads: v.IndexNHeads, HeadDim: v.IndexHeadDim, RopeDim: v.QKRopeHeadDim, TopK: v.IndexTopK}
+		if err := m.ixs.Validate(); err != nil {
+			return nil, configErr(cfg.Path, "index_*", "%v", err)
+		}
 	}
 	var err error
 	if m.scale, err = layers.MLASoftmaxScale(m.mla.QKDim(), cfg.RoPE); err != nil {
 		return nil, configErr(cfg.Path, "rope_parameters", "%v", err)
 	}
 	// transformers points head_dim at qk_rope_head_dim: RoPE covers the rope
-	// channels only. MLA rotates interleaved pairs, the indexer half-split
-	// halves, with the same frequencies and cos/sin scaling.
+	// channels only. MLA rotates interleaved pairs (rope_interleave, true in
+	// every released config; false rotates half-split halves), the indexer
+	// half-split halves, with the same frequencies and cos/sin scaling.
 	if m.irope, err = cfg.NewRoPE(cfg.RoPE, v.QKRopeHeadDim); err != nil {
 		return nil, err
 	}
@@ -159,7 +167,7 @@ func loadDeepseekV32(b backend.Backend, cfg *Config, l *Loader) (*DeepseekV32, e
 		return nil, configErr(cfg.Path, "partial_rotary_factor", "RoPE covers %d channels, deepseek_v32 rotates all %d rope channels", m.irope.Dim(), v.QKRopeHeadDim)
 	}
 	r := *m.irope
-	r.Interleaved = true
+	r.Interleaved = v.RopeInterleave
 	m.rope = &r
 
 	mla := m.mla
@@ -170,9 +178,9 @@ func loadDeepseekV32(b backend.Backend, cfg *Config, l *Loader) (*DeepseekV32, e
 		"q_heads":     mla.Heads * mla.QKDim(),
 		"kv_heads":    mla.Heads * (mla.NopeDim + mla.VDim),
 		"v_heads":     mla.Heads * mla.VDim,
-		"index_q":     m.ixs.Heads * m.ixs.HeadDim,
-		"index_dim":   m.ixs.HeadDim,
-		"index_heads": m.ixs.Heads,
+		"index_q":     v.IndexNHeads * v.IndexHeadDim,
+		"index_dim":   v.IndexHeadDim,
+		"index_heads": v.IndexNHeads,
 	}
 	if m.head, err = loadHead(l, cfg); err != nil {
 		return nil, err
@@ -182,6 +190,11 @@ func loadDeepseekV32(b backend.Backend, cfg *Config, l *Loader) (*DeepseekV32, e
 		p := fmt.Sprintf("model.layers.%d.", i)
 		if err := l.Bind(p, blk, dims); err != nil {
 			return nil, err
+		}
+		if indexer {
+			if err := blk.checkIndexer(l.Checkpoint(), p); err != nil {
+				return nil, err
+			}
 		}
 		kva, err := l.LinearSplit(p+"self_attn.kv_a_proj_with_mqa", cfg.HiddenSize, mla.KVLoraRank, mla.RopeDim)
 		if err != nil {
@@ -201,15 +214,45 @@ func loadDeepseekV32(b backend.Backend, cfg *Config, l *Loader) (*DeepseekV32, e
 	return m, nil
 }
 
+// checkIndexer reports the first indexer tensor that layer prefix p lacks,
+// naming it.
+func (blk *v32Block) checkIndexer(ck *weights.Checkpoint, p string) error {
+	for _, w := range []struct {
+		name    string
+		present bool
+	}{
+		{"wq_b.weight", blk.IQB != nil}, {"wk.weight", blk.IK != nil}, {"k_norm.weight", blk.IKNormW != nil},
+		{"k_norm.bias", blk.IKNormB != nil}, {"weights_proj.weight", blk.IW != nil},
+	} {
+		if !w.present {
+			return &weights.Error{File: ck.Dir(), Tensor: p + "self_attn.indexer." + w.name,
+				Err: fmt.Errorf("%w (deepseek_v32's lightning indexer)", weights.ErrMissingTensor)}
+		}
+	}
+	return nil
+}
+
 // checkV32Config validates the fields the forward pass relies on, naming
-// the field at fault.
-func checkV32Config(cfg *Config, v *v32Config) error {
+// the field at fault; indexer tells DeepSeek-V3.2 from V3.
+func checkV32Config(cfg *Config, v *v32Config, indexer bool) error {
 	path := cfg.Path
 	if v.QLoraRank == nil {
-		return configErr(path, "q_lora_rank", "null is not supported: DeepSeek-V3.2's indexer reads the q low-rank path")
+		return configErr(path, "q_lora_rank", "null is not supported: the attention reads the q low-rank path (DeepSeek-V3.2's indexer too)")
 	}
 	if cfg.HiddenAct != "" && cfg.HiddenAct != "silu" {
 		return configErr(path, "hidden_act", "%q is not supported (silu only)", cfg.HiddenAct)
+	}
+	// DeepSeek's reference puts the MoE on layers i >= first_k_dense_replace
+	// with i % moe_layer_freq == 0, transformers on all of them: they agree
+	// at moe_layer_freq 1, as every released config has it.
+	if v.MoELayerFreq != 1 {
+		return configErr(path, "moe_layer_freq", "%d is not supported (1 only: every layer from first_k_dense_replace on is MoE)", v.MoELayerFreq)
+	}
+	if v.TopKMethod != "" && v.TopKMethod != "noaux_tc" {
+		return configErr(path, "topk_method", "%q is not supported (noaux_tc only: group-limited top-k with the correction bias)", v.TopKMethod)
+	}
+	if v.ScoringFunc != "" && v.ScoringFunc != "sigmoid" {
+		return configErr(path, "scoring_func", "%q is not supported (sigmoid only)", v.ScoringFunc)
 	}
 	if !finiteFloat32(v.RoutedScalingFactor) {
 		return configErr(path, "routed_scaling_factor", "must be a finite number, got %g", v.RoutedScalingFactor)
@@ -217,9 +260,13 @@ func checkV32Config(cfg *Config, v *v32Config) error {
 	if cfg.NumKVHeads != cfg.NumHeads {
 		return configErr(path, "num_key_value_heads", "%d; MLA expands one latent into num_attention_heads = %d key heads, so they must be equal", cfg.NumKVHeads, cfg.NumHeads)
 	}
+	kind := "deepseek_sparse_attention"
+	if !indexer {
+		kind = "full_attention"
+	}
 	for i, t := range cfg.LayerTypes {
-		if t != "deepseek_sparse_attention" {
-			return configErr(path, "layer_types", "entry %d is %q; deepseek_v32 layers are all \"deepseek_sparse_attention\"", i, t)
+		if t != kind {
+			return configErr(path, "layer_types", "entry %d is %q; %s layers are all %q", i, t, cfg.ModelType, kind)
 		}
 	}
 	if v.MLPLayerTypes != nil {
@@ -269,25 +316,8 @@ func sparseLayer(v *v32Config, layers, i int) bool {
 
 func (m *DeepseekV32) sparseMLP(i int) bool { return sparseLayer(&m.v, m.cfg.NumLayers, i) }
 
-func loadMLP(b backend.Backend, l *Loader, prefix string, width, hidden int) (*v32MLP, error) {
-	mlp := &v32MLP{Width: width}
-	var err error
-	if mlp.Gate, err = l.Linear(prefix+"gate_proj", width, hidden); err != nil {
-		return nil, err
-	}
-	if mlp.Up, err = l.Linear(prefix+"up_proj", width, hidden); err != nil {
-		return nil, err
-	}
-	if mlp.Down, err = l.Linear(prefix+"down_proj", hidden, width); err != nil {
-		return nil, err
-	}
-	return mlp, nil
-}
-
-// loadMoE reads a sparse layer's router, experts and shared experts. The
-// experts are stored one module per expert (experts.N.gate_proj, as
-// save_pretrained writes them) or fused (experts.gate_up_proj [E, 2I, H] and
-// experts.down_proj [E, H, I], transformers' in-memory layout).
+// loadMoE reads a sparse layer's router, experts (loadExperts) and shared
+// experts.
 func (m *DeepseekV32) loadMoE(l *Loader, prefix string) (*v32MoE, error) {
 	v, H := &m.v, m.cfg.HiddenSize
 	E, I := v.NRoutedExperts, v.MoEIntermediateSize
@@ -301,30 +331,8 @@ func (m *DeepseekV32) loadMoE(l *Loader, prefix string) (*v32MoE, error) {
 	if moe.Bias, err = l.Float32(prefix+"gate.e_score_correction_bias", E); err != nil {
 		return nil, err
 	}
-	moe.Experts = make([]v32MLP, E) // E is the router's row count now
-	if l.Has(prefix + "experts.gate_up_proj") {
-		gu, down := prefix+"experts.gate_up_proj", prefix+"experts.down_proj"
-		for e := range moe.Experts {
-			x := &moe.Experts[e]
-			x.Width = I
-			if x.Gate, err = uploadRows(m.b, l, gu, []int{E, 2 * I, H}, 2*e*I, I); err != nil {
-				return nil, err
-			}
-			if x.Up, err = uploadRows(m.b, l, gu, []int{E, 2 * I, H}, (2*e+1)*I, I); err != nil {
-				return nil, err
-			}
-			if x.Down, err = uploadRows(m.b, l, down, []int{E, H, I}, e*H, H); err != nil {
-				return nil, err
-			}
-		}
-	} else {
-		for e := range moe.Experts {
-			x, err := loadMLP(m.b, l, fmt.Sprintf("%sexperts.%d.", prefix, e), I, H)
-			if err != nil {
-				return nil, err
-			}
-			moe.Experts[e] = *x
-		}
+	if moe.Experts, err = loadExperts(m.b, l, prefix, E, I, H); err != nil {
+		return nil, err
 	}
 	if v.NSharedExperts > 0 {
 		if moe.Shared, err = loadMLP(m.b, l, prefix+"shared_experts.", I*v.NSharedExperts, H); err != nil {

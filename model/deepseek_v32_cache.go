@@ -21,16 +21,13 @@ type v32State struct {
 	idx             backend.Indices
 	perToken        int64 // cache bytes per position, all layers
 
-	rows                                     int // rows the scratch holds
-	x, h, y, cq, q, lat1, kr1, qI, wI, att   backend.Buffer
-	qLat, oLat, gate, up, rl, xe, ge, ue, ye backend.Buffer
-	dk, dv, datt, logits                     backend.Buffer
-	kvTmp                                    backend.Buffer
-	kvTmpRows                                int
-	hostLogits, routeW                       []float32
-	routeIdx                                 []int32
-	expertRows                               [][]int32
-	expertScale                              [][]float32
+	rows                                   int // rows the scratch holds
+	x, h, y, cq, q, lat1, kr1, qI, wI, att backend.Buffer
+	qLat, oLat, gate, up                   backend.Buffer
+	dk, dv, dq, datt, logits               backend.Buffer
+	kvTmp                                  backend.Buffer
+	kvTmpRows                              int
+	moeScratch
 }
 
 func (s *v32State) Len() int { return s.n }
@@ -47,14 +44,27 @@ func (s *v32State) CacheBytesPerToken() int64 { return s.perToken }
 // Path is the MLA path the state runs.
 func (s *v32State) Path() MLAPath { return s.path }
 
-// NewState allocates an MLAAuto state for capacity positions.
-func (m *DeepseekV32) NewState(capacity int) (State, error) { return m.NewStateWith(capacity, MLAAuto) }
+// NewState allocates an MLAAuto state for capacity positions. DeepSeek-V3
+// (no indexer) then attends in the latent space when the backend has the
+// absorption ops (backend.SparseMLAOps), else runs MLADense.
+func (m *DeepseekV32) NewState(capacity int) (State, error) {
+	if !m.indexer && m.ops == nil {
+		return m.NewStateWith(capacity, MLADense)
+	}
+	return m.NewStateWith(capacity, MLAAuto)
+}
 
 // NewStateWith allocates a state for capacity positions that runs the given
-// MLA path.
+// MLA path. DeepSeek-V3's states are MLADense, or (MLAAuto, MLAAbsorbed)
+// latent: Backend.Attention of one shared key head [latent, k_rope] per
+// token, its value the latent, each query head absorbed into the latent
+// space (v3LatentAttention).
 func (m *DeepseekV32) NewStateWith(capacity int, path MLAPath) (State, error) {
 	if capacity <= 0 {
 		return nil, fmt.Errorf("model: deepseek_v32 state capacity %d, want > 0", capacity)
+	}
+	if !m.indexer {
+		return m.newV3State(capacity, path)
 	}
 	b, c, s := m.b, m.cfg, m.mla
 	st := &v32State{path: path, cap: capacity}
@@ -101,6 +111,30 @@ func (m *DeepseekV32) NewStateWith(capacity int, path MLAPath) (State, error) {
 	return st, nil
 }
 
+// newV3State allocates a DeepSeek-V3 state: the expanded per-head keys and
+// values (MLADense), or one latent key head of KVLoraRank+RopeDim values a
+// token and layer, whose value is the latent (MLAAuto, MLAAbsorbed).
+func (m *DeepseekV32) newV3State(capacity int, path MLAPath) (State, error) {
+	s := m.mla
+	shape := backend.KVShape{Layers: m.cfg.NumLayers, KVHeads: s.Heads, HeadDim: s.QKDim(), Capacity: capacity}
+	switch path {
+	case MLADense:
+	case MLAAuto, MLAAbsorbed:
+		if m.ops == nil {
+			return nil, fmt.Errorf("model: %s: MLA path %v needs the absorption ops (backend.SparseMLAOps); backend %s lacks them (%v runs without)",
+				m.cfg.ModelType, path, m.b.Name(), MLADense)
+		}
+		path, shape.KVHeads, shape.HeadDim = MLAAbsorbed, 1, s.KVLoraRank+s.RopeDim
+	default:
+		return nil, fmt.Errorf("model: %s has no indexer: MLA path %v is not available (%v, %v or %v)", m.cfg.ModelType, path, MLAAuto, MLAAbsorbed, MLADense)
+	}
+	cache, err := m.b.NewKVCache(shape)
+	if err != nil {
+		return nil, err
+	}
+	return &v32State{path: path, cap: capacity, dense: cache, perToken: cache.Bytes() / int64(capacity)}, nil
+}
+
 // grow makes the scratch buffers hold n rows.
 func (m *DeepseekV32) grow(s *v32State, n int) {
 	if s.rows >= n {
@@ -115,23 +149,28 @@ func (m *DeepseekV32) grow(s *v32State, n int) {
 	s.q = b.NewBuffer(n * a.Heads * a.QKDim())
 	s.lat1 = b.NewBuffer(n * a.KVLoraRank)
 	s.kr1 = b.NewBuffer(n * a.RopeDim)
-	s.qI = b.NewBuffer(n * ix.Heads * ix.HeadDim)
-	s.wI = b.NewBuffer(n * ix.Heads)
+	if m.indexer {
+		s.qI = b.NewBuffer(n * ix.Heads * ix.HeadDim)
+		s.wI = b.NewBuffer(n * ix.Heads)
+	}
 	s.att = b.NewBuffer(n * a.Heads * a.VDim)
 	s.qLat = b.NewBuffer(n * a.Heads * a.KVLoraRank)
 	s.oLat = b.NewBuffer(n * a.Heads * a.KVLoraRank)
 	ffn := max(c.IntermediateSize, v.MoEIntermediateSize*max(v.NSharedExperts, 1))
 	s.gate = b.NewBuffer(n * ffn)
 	s.up = b.NewBuffer(n * ffn)
-	s.rl = b.NewBuffer(n * max(v.NRoutedExperts, 1))
-	s.xe = b.NewBuffer(n * c.HiddenSize)
-	s.ye = b.NewBuffer(n * c.HiddenSize)
-	s.ge = b.NewBuffer(n * max(v.MoEIntermediateSize, 1))
-	s.ue = b.NewBuffer(n * max(v.MoEIntermediateSize, 1))
-	if s.path == MLADense {
+	s.growMoE(b, n, v.NRoutedExperts, v.MoEIntermediateSize, c.HiddenSize)
+	switch {
+	case s.path == MLADense:
 		s.dk = b.NewBuffer(n * a.Heads * a.QKDim())
 		s.dv = b.NewBuffer(n * a.Heads * a.QKDim())
 		s.datt = b.NewBuffer(n * a.Heads * a.QKDim())
+	case !m.indexer: // latent attention: queries and outputs of Heads heads, keys and values of one
+		w := a.KVLoraRank + a.RopeDim
+		s.dk = b.NewBuffer(n * w)
+		s.dv = b.NewBuffer(n * w)
+		s.dq = b.NewBuffer(n * a.Heads * w)
+		s.datt = b.NewBuffer(n * a.Heads * w)
 	}
 	s.logits = b.NewBuffer(n * c.VocabSize)
 }

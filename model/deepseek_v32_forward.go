@@ -120,8 +120,13 @@ func (m *DeepseekV32) attention(s *v32State, l int, blk *v32Block, out, h backen
 	b.RoPE(kr, n, 1, dr, 0, pos0, m.rope, false)
 
 	att := b.View(s.att, 0, n*a.Heads*a.VDim)
-	if s.path == MLADense {
+	switch {
+	case s.path == MLADense:
 		m.denseAttention(s, l, blk, att, q, lat, kr, n, pos0)
+		b.MatMul(out, att, blk.O, n)
+		return
+	case !m.indexer:
+		m.v3LatentAttention(s, l, blk, att, q, lat, kr, n, pos0)
 		b.MatMul(out, att, blk.O, n)
 		return
 	}
@@ -194,6 +199,39 @@ func (m *DeepseekV32) denseAttention(s *v32State, l int, blk *v32Block, att, q, 
 	}
 }
 
+// v3LatentAttention is DeepSeek-V3's MLA over every earlier token in the
+// latent space, through Backend.Attention: each query head
+// [W_UK^T q_nope, q_rope] against one shared key head [latent, k_rope] a
+// token, whose value is the latent (zero-padded to the key width); the
+// heads' latent outputs are expanded with W_UV. It computes what the naive
+// attention (denseAttention) does, caching KVLoraRank+RopeDim values a
+// token and layer instead of Heads*QKDim.
+func (m *DeepseekV32) v3LatentAttention(s *v32State, l int, blk *v32Block, att, q, lat, kr backend.Buffer, n, pos0 int) {
+	b, a := m.b, m.mla
+	r, dr, qk := a.KVLoraRank, a.RopeDim, a.QKDim()
+	w := r + dr
+	qLat := b.View(s.qLat, 0, n*a.Heads*r)
+	m.ops.MLAAbsorbQuery(qLat, q, blk.KVB, n, a)
+	qc, k, v := b.View(s.dq, 0, n*a.Heads*w), b.View(s.dk, 0, n*w), b.View(s.dv, 0, n*w)
+	for i := range n {
+		b.Copy(b.View(k, i*w, r), b.View(lat, i*r, r))
+		b.Copy(b.View(k, i*w+r, dr), b.View(kr, i*dr, dr))
+		b.Copy(b.View(v, i*w, r), b.View(lat, i*r, r)) // the rope part stays zero
+		for h := range a.Heads {
+			o := (i*a.Heads + h) * w
+			b.Copy(b.View(qc, o, r), b.View(qLat, (i*a.Heads+h)*r, r))
+			b.Copy(b.View(qc, o+r, dr), b.View(q, (i*a.Heads+h)*qk+a.NopeDim, dr))
+		}
+	}
+	oc := b.View(s.datt, 0, n*a.Heads*w)
+	b.Attention(oc, qc, k, v, s.dense, l, pos0, n, layers.AttentionShape{Heads: a.Heads, KVHeads: 1, HeadDim: w, Scale: m.scale})
+	oLat := b.View(s.oLat, 0, n*a.Heads*r)
+	for i := range n * a.Heads {
+		b.Copy(b.View(oLat, i*r, r), b.View(oc, i*w, r))
+	}
+	m.ops.MLAExpandOutput(att, oLat, blk.KVB, n, a)
+}
+
 // mlp writes down(silu(gate h) * up h) of n rows into out.
 func (m *DeepseekV32) mlp(s *v32State, f *v32MLP, out, h backend.Buffer, n int) {
 	b := m.b
@@ -210,65 +248,20 @@ func (m *DeepseekV32) mlp(s *v32State, f *v32MLP, out, h backend.Buffer, n int) 
 // on the host from the router logits.
 func (m *DeepseekV32) moe(s *v32State, f *v32MoE, out, h backend.Buffer, n int) {
 	b, H := m.b, m.cfg.HiddenSize
-	E, K := f.route.Experts, f.route.K
-	rl := b.View(s.rl, 0, n*E)
-	b.MatMul(rl, h, f.Router, n)
-	if f.dev != nil && n <= m.gmoe.MaxDeviceMoETokens() {
-		if f.Shared != nil {
-			m.mlp(s, f.Shared, out, h, n)
-		} else {
-			b.Scale(out, out, 0)
-		}
-		a := f.route
-		a.M = n
-		m.gmoe.GroupMoE(out, h, rl, f.dev, a)
-		return
-	}
-	if cap(s.hostLogits) < n*E {
-		s.hostLogits = make([]float32, n*E)
-		s.routeIdx = make([]int32, n*K)
-		s.routeW = make([]float32, n*K)
-	}
-	logits, idx, w := s.hostLogits[:n*E], s.routeIdx[:n*K], s.routeW[:n*K]
-	b.Read(logits, rl, 0)
 	a := f.route
 	a.M = n
-	layers.GroupRoute(idx, w, logits, f.Bias, a)
-
 	if f.Shared != nil {
 		m.mlp(s, f.Shared, out, h, n)
 	} else {
 		b.Scale(out, out, 0)
 	}
-	if len(s.expertRows) < E {
-		s.expertRows = make([][]int32, E)
-		s.expertScale = make([][]float32, E)
+	if f.dev != nil && n <= m.gmoe.MaxDeviceMoETokens() {
+		rl := b.View(s.rl, 0, n*a.Experts)
+		b.MatMul(rl, h, f.Router, n)
+		m.gmoe.GroupMoE(out, h, rl, f.dev, a)
+		return
 	}
-	for e := range E {
-		s.expertRows[e] = s.expertRows[e][:0]
-		s.expertScale[e] = s.expertScale[e][:0]
-	}
-	for i := range n {
-		for j := range K {
-			e := idx[i*K+j]
-			s.expertRows[e] = append(s.expertRows[e], int32(i))
-			s.expertScale[e] = append(s.expertScale[e], w[i*K+j])
-		}
-	}
-	for e := range E {
-		rows := s.expertRows[e]
-		cnt := len(rows)
-		if cnt == 0 {
-			continue
-		}
-		x := &f.Experts[e]
-		xe, ye := b.View(s.xe, 0, cnt*H), b.View(s.ye, 0, cnt*H)
-		ge, ue := b.View(s.ge, 0, cnt*x.Width), b.View(s.ue, 0, cnt*x.Width)
-		m.b.GatherRows(xe, h, rows, H)
-		b.MatMul(ge, xe, x.Gate, cnt)
-		b.MatMul(ue, xe, x.Up, cnt)
-		b.SwiGLU(ge, ge, ue, 0)
-		b.MatMul(ye, ge, x.Down, cnt)
-		m.b.ScatterAddRows(out, ye, rows, s.expertScale[e], H)
-	}
+	logits, idx, w := s.routerLogits(b, f.Router, h, n, a.Experts, a.K)
+	layers.GroupRoute(idx, w, logits, f.Bias, a)
+	s.runExperts(b, f.Experts, out, h, idx, w, n, a.K, H)
 }

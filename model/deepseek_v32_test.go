@@ -73,16 +73,21 @@ func loadV32(t testing.TB, dir string, edit func(map[string]any)) (*DeepseekV32,
 // runV32 returns the full-sequence logits of ids and the incremental ones
 // (prefill ids[:P], then one token at a time: rows for positions P-1..T-1).
 func runV32(t *testing.T, m *DeepseekV32, path MLAPath, ids []int32, P int) (full, inc []float32) {
+	return runLogits(t, m, func(n int) (State, error) { return m.NewStateWith(n, path) }, ids, P)
+}
+
+// runLogits is runV32 for any model, its states made by newState.
+func runLogits(t *testing.T, m Model, newState func(capacity int) (State, error), ids []int32, P int) (full, inc []float32) {
 	t.Helper()
 	ctx := context.Background()
-	st, err := m.NewStateWith(len(ids), path)
+	st, err := newState(len(ids))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if full, err = m.Forward(ctx, st, ids, true); err != nil {
 		t.Fatal(err)
 	}
-	st, _ = m.NewStateWith(len(ids), path)
+	st, _ = newState(len(ids))
 	last, err := m.Forward(ctx, st, ids[:P], false)
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,10 @@
 // Package model parses a checkpoint's config.json and generation_config.json
 // and defines the architectures: one small file each (llama.go, qwen3.go,
-// deepseek_v32.go, deepseek_v4.go), whose forward pass reads top to bottom like
-// the paper and calls only the backend.Backend interface.
+// qwen3_moe.go, deepseek_v3.go, deepseek_v32.go, deepseek_v4.go; moe.go holds
+// what the MoE families share), whose forward pass reads top to bottom like
+// the paper and calls only the backend.Backend interface. Linear weights keep
+// their stored format: f32, bf16, f16, NVFP4, MXFP4, or FP8 E4M3 with a scale
+// per block (DeepSeek-V3's float32 weight_scale_inv, V4's scale).
 //
 // Weights are bound to an architecture's structs by struct tags (see Bind),
 // which also check every tensor's shape against the config, so a checkpoint

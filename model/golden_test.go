@@ -17,12 +17,13 @@ import (
 const goldenTol = 1e-3 // the fixtures' README: max |logit - golden| on the float32 CPU path
 
 // TestGolden runs every fixture model whose architecture this package
-// supports, in f32 and bf16: full-sequence logits, incremental logits through
-// the KV cache, and greedy generation, against HuggingFace transformers.
+// supports, in f32, bf16 and (DeepSeek-V3's released layout) fp8:
+// full-sequence logits, incremental logits through the KV cache, and greedy
+// generation, against HuggingFace transformers.
 func TestGolden(t *testing.T) {
 	root := golden.Dir(t)
 	for _, arch := range golden.Models(t) {
-		for _, variant := range []string{"", "bf16"} {
+		for _, variant := range []string{"", "bf16", "fp8"} {
 			dir := filepath.Join(root, arch, variant)
 			if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
 				continue

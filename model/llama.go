@@ -19,6 +19,7 @@ type Llama struct {
 	rope  *layers.RoPE
 	attn  []layers.AttentionShape // per layer (sliding windows differ)
 	htree *llamaHTree             // non-nil: htree attention (Options.Attention, llama_htree.go)
+	moe   *qwen3MoEConfig         // non-nil: Qwen3-MoE (qwen3_moe.go)
 	pipe  backend.TokenPipeliner  // nil: the backend cannot run a token it holds
 	head
 	Blocks []llamaBlock
@@ -33,16 +34,21 @@ type llamaBlock struct {
 	QNorm    backend.Buffer `w:"self_attn.q_norm.weight,optional" shape:"head_dim"` // Qwen3
 	KNorm    backend.Buffer `w:"self_attn.k_norm.weight,optional" shape:"head_dim"` // Qwen3
 	MLPNorm  backend.Buffer `w:"post_attention_layernorm.weight" shape:"hidden"`
-	Gate     backend.Weight `w:"mlp.gate_proj" shape:"ffn,hidden"`
-	Up       backend.Weight `w:"mlp.up_proj" shape:"ffn,hidden"`
-	Down     backend.Weight `w:"mlp.down_proj" shape:"hidden,ffn"`
+	// The dense MLP, required unless the layer is a mixture of experts.
+	Gate backend.Weight `w:"mlp.gate_proj,optional" shape:"ffn,hidden"`
+	Up   backend.Weight `w:"mlp.up_proj,optional" shape:"ffn,hidden"`
+	Down backend.Weight `w:"mlp.down_proj,optional" shape:"hidden,ffn"`
+
+	MoE *qwen3MoE // Qwen3-MoE's sparse layers (qwen3_moe.go), nil for a dense MLP
 }
 
 func newLlama(b backend.Backend, cfg *Config, l *Loader, o Options) (Model, error) {
-	return loadLlama(b, cfg, l, o, false)
+	return loadLlama(b, cfg, l, o, false, nil)
 }
 
-func loadLlama(b backend.Backend, cfg *Config, l *Loader, o Options, qkNorm bool) (*Llama, error) {
+// loadLlama builds the Llama decoder, with q/k norms when qkNorm is set
+// (Qwen3) and Qwen3-MoE's sparse layers when moe is not nil.
+func loadLlama(b backend.Backend, cfg *Config, l *Loader, o Options, qkNorm bool, moe *qwen3MoEConfig) (*Llama, error) {
 	if cfg.HiddenAct != "" && cfg.HiddenAct != "silu" {
 		return nil, configErr(cfg.Path, "hidden_act", "%q is not supported (silu only)", cfg.HiddenAct)
 	}
@@ -53,7 +59,7 @@ func loadLlama(b backend.Backend, cfg *Config, l *Loader, o Options, qkNorm bool
 	if err != nil {
 		return nil, err
 	}
-	m := &Llama{b: b, cfg: cfg, rope: rope, pipe: l.caps.Pipeliner, Blocks: make([]llamaBlock, cfg.NumLayers)}
+	m := &Llama{b: b, cfg: cfg, rope: rope, pipe: l.caps.Pipeliner, moe: moe, Blocks: make([]llamaBlock, cfg.NumLayers)}
 	dims := map[string]int{
 		"hidden":   cfg.HiddenSize,
 		"q":        cfg.NumHeads * cfg.HeadDim,
@@ -66,7 +72,16 @@ func loadLlama(b backend.Backend, cfg *Config, l *Loader, o Options, qkNorm bool
 	}
 	for i := range m.Blocks {
 		blk := &m.Blocks[i]
-		if err := l.Bind(fmt.Sprintf("model.layers.%d.", i), blk, dims); err != nil {
+		p := fmt.Sprintf("model.layers.%d.", i)
+		if err := l.Bind(p, blk, dims); err != nil {
+			return nil, err
+		}
+		if moe != nil && moe.sparse(i) {
+			if blk.MoE, err = moe.load(b, l, p+"mlp.", cfg.HiddenSize); err != nil {
+				return nil, err
+			}
+		} else if blk.Gate == nil || blk.Up == nil || blk.Down == nil {
+			_, err := loadMLP(b, l, p+"mlp.", cfg.IntermediateSize, cfg.HiddenSize) // the error naming the missing tensor
 			return nil, err
 		}
 		if qkNorm && (blk.QNorm == nil || blk.KNorm == nil) {
@@ -97,6 +112,7 @@ type llamaState struct {
 	rows                         int // rows the scratch buffers hold
 	x, h, q, k, v, att, gate, up backend.Buffer
 	logits                       backend.Buffer
+	moeScratch                   // Qwen3-MoE's host routing
 }
 
 func (s *llamaState) Len() int          { return s.cache.Len() }
@@ -136,6 +152,9 @@ func (m *Llama) grow(s *llamaState, n int) {
 	s.gate = b.NewBuffer(n * c.IntermediateSize)
 	s.up = b.NewBuffer(n * c.IntermediateSize)
 	s.logits = b.NewBuffer(n * c.VocabSize)
+	if m.moe != nil {
+		s.growMoE(b, n, m.moe.NumExperts, m.moe.MoEIntermediateSize, c.HiddenSize)
+	}
 }
 
 // forward runs the decoder over tokens and returns the logits on the backend:
@@ -187,8 +206,13 @@ func (m *Llama) forward(ctx context.Context, st State, tokens []int32, embed fun
 		}
 		b.MatMul(h, att, blk.O, n)
 		b.Add(x, x, h)
-		// MLP: x += Down · (silu(Gate·norm(x)) * Up·norm(x)).
 		b.RMSNorm(h, x, blk.MLPNorm, c.RMSNormEps)
+		if blk.MoE != nil {
+			// MoE: x += sum over norm(x)'s top-k experts e of p_e · Expert_e(norm(x)).
+			m.moeMLP(s, blk.MoE, x, h, n)
+			continue
+		}
+		// MLP: x += Down · (silu(Gate·norm(x)) * Up·norm(x)).
 		b.MatMul(gate, h, blk.Gate, n)
 		b.MatMul(up, h, blk.Up, n)
 		b.SwiGLU(gate, gate, up, 0)

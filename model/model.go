@@ -72,10 +72,12 @@ type constructor func(b backend.Backend, cfg *Config, l *Loader, o Options) (Mod
 // architectures maps model_type to its constructor. It is fixed at compile
 // time and never modified.
 var architectures = map[string]constructor{
+	"deepseek_v3":  newDeepseekV3,
 	"deepseek_v32": newDeepseekV32,
 	"deepseek_v4":  newDeepseekV4,
 	"llama":        newLlama,
 	"qwen3":        newQwen3,
+	"qwen3_moe":    newQwen3MoE,
 }
 
 // widthFields are the config.json fields of every architecture that give a
@@ -85,7 +87,7 @@ var widthFields = []string{
 	"hidden_size", "intermediate_size", "moe_intermediate_size", "vocab_size", "head_dim",
 	"num_attention_heads", "num_key_value_heads", "q_lora_rank", "kv_lora_rank", "o_lora_rank", "o_groups",
 	"qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "index_head_dim", "index_n_heads", "hc_mult",
-	"n_routed_experts", "n_shared_experts",
+	"n_routed_experts", "n_shared_experts", "num_experts",
 }
 
 // checkSizes refuses sizes that the checkpoint cannot back before anything

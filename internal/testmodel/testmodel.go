@@ -249,33 +249,10 @@ func (l Llama) WeightBytes() int64 {
 // the tensor to write in its place (nil: none): tests of what the engine
 // does with a damaged or mislabelled weight.
 func Rewrite(src, dst string, edit func(t *weights.Tensor) *weights.Tensor) error {
-	cfg, err := os.ReadFile(filepath.Join(src, "config.json"))
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dst, "config.json"), cfg, 0o644); err != nil {
-		return err
-	}
-	ck, err := weights.Open(src)
-	if err != nil {
-		return err
-	}
-	defer ck.Close()
-	w, err := weights.Create(filepath.Join(dst, "model.safetensors"), nil)
-	if err != nil {
-		return err
-	}
-	for _, name := range ck.Names() {
-		t, err := ck.Tensor(name)
-		if err != nil {
-			return err
-		}
+	return RewriteTensors(src, dst, func(_ *weights.Checkpoint, t *weights.Tensor) []*weights.Tensor {
 		if t = edit(t); t == nil {
-			continue
+			return nil
 		}
-		if err := w.Add(t.Name, t.DType, t.Shape, t.Data); err != nil {
-			return err
-		}
-	}
-	return w.Close()
+		return []*weights.Tensor{t}
+	})
 }
