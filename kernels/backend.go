@@ -459,8 +459,11 @@ func (b *Backend) Upload(h *backend.HostWeight) (backend.Weight, error) {
 	if err := h.Validate(); err != nil {
 		return nil, err
 	}
+	h, err := widen(h) // the block-scaled formats, in one the kernels run (widen.go)
+	if err != nil {
+		return nil, err
+	}
 	w := &Weight{rows: h.Rows, cols: h.Cols, format: h.Format}
-	var err error
 	switch h.Format {
 	case backend.F32, backend.BF16:
 		w.data, err = b.upload(h.Data)
