@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -531,5 +532,33 @@ func TestGemmPick(t *testing.T) {
 		if got := gemmPick(tc.m, tc.n, tc.k, 132, false, false).name(); got != tc.want {
 			t.Errorf("m %d, %d x %d: %s, want %s", tc.m, tc.n, tc.k, got, tc.want)
 		}
+	}
+}
+
+// TestReleasedOnGPU runs the repository's own fixtures (the released
+// layouts of model/testdata: DeepSeek-V3 FP8, Qwen3-MoE, DeepSeek-V4 FP8 +
+// MXFP4 and NVIDIA's NVFP4 experts) on the GPU and the CPU: logits within
+// 2e-2, greedy tokens equal, as TestGoldenOnGPU.
+func TestReleasedOnGPU(t *testing.T) {
+	g := newGPU(t)
+	var dirs []string
+	for _, pattern := range []string{"golden/*", "golden/*/*", "deepseek_v4_released/*"} {
+		m, _ := filepath.Glob(filepath.Join("..", "model", "testdata", pattern, "config.json"))
+		for _, c := range m {
+			dirs = append(dirs, filepath.Dir(c))
+		}
+	}
+	if len(dirs) == 0 {
+		t.Skip("no fixtures in model/testdata (gen_moe_fixtures.py, gen_v4_released.py)")
+	}
+	for _, dir := range dirs {
+		ref := dir // golden.safetensors: the folder's own, or its parent's for a bf16/fp8 variant
+		if _, err := os.Stat(filepath.Join(ref, "golden.safetensors")); err != nil {
+			ref = filepath.Dir(dir)
+		}
+		t.Run(dir, func(t *testing.T) {
+			d, same := compareModels(t, g, dir, golden.Load(t, ref).InputIDs, model.Options{})
+			requireClose(t, d, same)
+		})
 	}
 }

@@ -19,10 +19,29 @@ const goldenTol = 1e-3 // the fixtures' README: max |logit - golden| on the floa
 // TestGolden runs every fixture model whose architecture this package
 // supports, in f32, bf16 and (DeepSeek-V3's released layout) fp8:
 // full-sequence logits, incremental logits through the KV cache, and greedy
-// generation, against HuggingFace transformers.
+// generation, against HuggingFace transformers. The fixture set
+// (../shared/golden) and the repository's own fixtures of the same layout
+// (testdata/golden, written by testdata/gen_moe_fixtures.py) are both run.
 func TestGolden(t *testing.T) {
-	root := golden.Dir(t)
-	for _, arch := range golden.Models(t) {
+	t.Run("fixtures", func(t *testing.T) { testGoldenRoot(t, golden.Dir(t), golden.Models(t)) })
+	t.Run("testdata", func(t *testing.T) {
+		root := filepath.Join("testdata", "golden")
+		entries, _ := os.ReadDir(root)
+		var archs []string
+		for _, e := range entries {
+			if e.IsDir() {
+				archs = append(archs, e.Name())
+			}
+		}
+		if len(archs) == 0 {
+			t.Skipf("no fixtures in %s (python3 model/testdata/gen_moe_fixtures.py --out %s, on a machine with transformers 5.17)", root, root)
+		}
+		testGoldenRoot(t, root, archs)
+	})
+}
+
+func testGoldenRoot(t *testing.T, root string, archs []string) {
+	for _, arch := range archs {
 		for _, variant := range []string{"", "bf16", "fp8"} {
 			dir := filepath.Join(root, arch, variant)
 			if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
