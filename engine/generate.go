@@ -139,6 +139,10 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptio
 	if err := s.m.checkOptions(opts); err != nil {
 		return nil, err
 	}
+	if s.m.sched != nil {
+		s.m.sched.enter()
+		defer s.m.sched.leave()
+	}
 	if free := s.st.Cap() - len(s.tokens); len(prompt) > free {
 		return nil, fmt.Errorf("engine: prompt of %d tokens is longer than the %d free positions of the context (%d): %w",
 			len(prompt), free, s.st.Cap(), ErrContextFull)
@@ -289,26 +293,45 @@ func (s *Session) picker(sampler *Sampler, lp logProbOptions) func(ctx context.C
 	ts := s.m.caps.Sampler
 	samples := ts != nil
 	o := sampler.opts
-	if !forwards || !samples || !o.onDevice() || lp.want {
-		var raw []float32 // the logits before Sample changes them
-		return func(ctx context.Context, tokens []int, _ bool) (Token, error) {
-			logits, err := s.appendHost(ctx, tokens)
-			if err != nil {
-				return Token{}, err
-			}
-			if i := firstNaN(logits); i >= 0 {
-				return Token{}, fmt.Errorf("engine: logit %d at position %d is NaN (a weight or config value out of range?); no token drawn",
-					i, len(s.tokens)-1)
-			}
-			if !lp.want {
-				return Token{ID: sampler.Sample(logits, s.tokens)}, nil
-			}
-			raw = append(raw[:0], logits...)
-			t := Token{ID: sampler.Sample(logits, s.tokens)}
-			t.LogProb, t.TopLogProbs = logProbs(raw, t.ID, lp.top)
-			return t, nil
+	var raw []float32 // the logits before Sample changes them
+	host := func(ctx context.Context, tokens []int, _ bool) (Token, error) {
+		logits, err := s.appendHost(ctx, tokens)
+		if err != nil {
+			return Token{}, err
 		}
+		if i := firstNaN(logits); i >= 0 {
+			return Token{}, fmt.Errorf("engine: logit %d at position %d is NaN (a weight or config value out of range?); no token drawn",
+				i, len(s.tokens)-1)
+		}
+		if !lp.want {
+			return Token{ID: sampler.Sample(logits, s.tokens)}, nil
+		}
+		raw = append(raw[:0], logits...)
+		t := Token{ID: sampler.Sample(logits, s.tokens)}
+		t.LogProb, t.TopLogProbs = logProbs(raw, t.ID, lp.top)
+		return t, nil
 	}
+	if !forwards || !samples || !o.onDevice() || lp.want {
+		return host
+	}
+	device := s.devicePicker(sampler, df, ts)
+	if s.m.sched == nil {
+		return device
+	}
+	// While other sessions generate, the step is batched with theirs and
+	// the token picked on the host; alone, it is picked on the device.
+	return func(ctx context.Context, tokens []int, more bool) (Token, error) {
+		if s.m.sched.crowded() {
+			return host(ctx, tokens, more)
+		}
+		return device(ctx, tokens, more)
+	}
+}
+
+// devicePicker is picker's function for a backend that picks the token
+// where the logits are.
+func (s *Session) devicePicker(sampler *Sampler, df model.DeviceForwarder, ts backend.TokenSampler) func(ctx context.Context, tokens []int, more bool) (Token, error) {
+	o := sampler.opts
 	draw := func() float64 {
 		if o.Temperature > 0 {
 			return sampler.rng.Float64()

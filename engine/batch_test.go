@@ -1,0 +1,211 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/manifoldlm/manifold/internal/testmodel"
+	"github.com/manifoldlm/manifold/weights"
+)
+
+// batchModel loads a small random Llama (or Qwen3) twice: batched (the
+// default) and with the scheduler off.
+func batchModel(t testing.TB, qwen3 bool) (batched, alone *Model) {
+	t.Helper()
+	dir := t.TempDir()
+	spec := testmodel.Llama{Layers: 2, Hidden: 64, FFN: 96, Heads: 4, KVHeads: 2, Vocab: 128, DType: weights.BF16, Qwen3: qwen3, Seed: 11}
+	if err := spec.Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	if batched, err = Load(dir, Options{Device: "cpu", Threads: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if alone, err = Load(dir, Options{Device: "cpu", Threads: 2, Batch: BatchOptions{Off: true}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { batched.Close(); alone.Close() })
+	return batched, alone
+}
+
+// testPrompt is n tokens of seed in [2, vocab).
+func testPrompt(seed, n, vocab int) []int {
+	p := make([]int, n)
+	for i := range p {
+		p[i] = 2 + (seed*37+i*13)%(vocab-2)
+	}
+	return p
+}
+
+// TestBatchedGenerateMatchesAlone: sessions generating at once, joining at
+// different times with prompts of different lengths (one longer than a
+// step's token budget, so its prefill is chunked between the others'
+// decode steps; two sharing a prefix), each give the tokens they give
+// alone, and their steps were batched.
+func TestBatchedGenerateMatchesAlone(t *testing.T) {
+	for _, qwen3 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("qwen3=%v", qwen3), func(t *testing.T) {
+			batched, alone := batchModel(t, qwen3)
+			vocab := batched.Config().VocabSize
+			lengths := []int{1, 7, 300, 20, 20, 3, 60, 9}
+			prompts := make([][]int, len(lengths))
+			for i, n := range lengths {
+				prompts[i] = testPrompt(i, n, vocab)
+			}
+			prompts[4] = append(slices.Clone(prompts[3][:15]), prompts[4][:5]...) // shares 15 tokens with 3
+			opts := GenerateOptions{MaxTokens: 24, StopTokens: []int{}}
+			want := make([][]int, len(prompts))
+			for i, p := range prompts {
+				s, err := alone.NewSession(512)
+				if err != nil {
+					t.Fatal(err)
+				}
+				res, err := s.Generate(context.Background(), p, opts, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want[i] = res.Tokens
+			}
+			got := make([][]int, len(prompts))
+			var wg sync.WaitGroup
+			for i, p := range prompts {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					time.Sleep(time.Duration(i%3) * 3 * time.Millisecond) // join mid-run
+					s, err := batched.NewSession(512)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					res, err := s.Generate(context.Background(), p, opts, nil)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					got[i] = res.Tokens
+				}()
+			}
+			wg.Wait()
+			for i := range prompts {
+				if !slices.Equal(got[i], want[i]) {
+					t.Errorf("session %d (%d prompt tokens): batched %v, alone %v", i, len(prompts[i]), got[i], want[i])
+				}
+			}
+			st := batched.BatchStats()
+			if st.Steps == 0 || st.Sequences <= st.Steps {
+				t.Errorf("no step was batched: %+v", st)
+			}
+			if st.Active != 0 || st.Queued != 0 {
+				t.Errorf("sessions left behind: %+v", st)
+			}
+			t.Logf("%+v: mean batch %.1f", st, float64(st.Sequences)/float64(st.Steps))
+		})
+	}
+}
+
+// TestBatchedCancel: a session cancelled mid-generation stops with ctx's
+// error and keeps its tokens; the others finish with their own tokens.
+func TestBatchedCancel(t *testing.T) {
+	batched, alone := batchModel(t, false)
+	vocab := batched.Config().VocabSize
+	opts := GenerateOptions{MaxTokens: 40, StopTokens: []int{}}
+	want := func(p []int) []int {
+		s, _ := alone.NewSession(256)
+		res, err := s.Generate(context.Background(), p, opts, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Tokens
+	}
+	var wg sync.WaitGroup
+	for i := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p := testPrompt(i, 5+i, vocab)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			s, err := batched.NewSession(256)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			res, err := s.Generate(ctx, p, opts, func(tok Token) error {
+				if i%2 == 1 && tok.Index == 5 {
+					cancel()
+				}
+				return nil
+			})
+			if i%2 == 1 {
+				if !errors.Is(err, context.Canceled) || len(res.Tokens) != 6 || s.Len() != len(p)+6 {
+					t.Errorf("cancelled session %d: %v, %d tokens, session holds %d", i, err, len(res.Tokens), s.Len())
+				}
+				return
+			}
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if w := want(p); !slices.Equal(res.Tokens, w) {
+				t.Errorf("session %d: %v, alone %v", i, res.Tokens, w)
+			}
+		}()
+	}
+	wg.Wait()
+	if st := batched.BatchStats(); st.Active != 0 || st.Queued != 0 {
+		t.Errorf("sessions left behind: %+v", st)
+	}
+}
+
+func TestBatchOptionsValidate(t *testing.T) {
+	for _, o := range []BatchOptions{{MaxSequences: -1}, {StepTokens: -2}} {
+		if err := o.validate(); err == nil {
+			t.Errorf("%+v: no error", o)
+		}
+	}
+}
+
+// BenchmarkBatchedDecode is the output tokens/s of c sessions decoding at
+// once, batched and alone (Options.Batch.Off), on a small model.
+func BenchmarkBatchedDecode(b *testing.B) {
+	spec := testmodel.Llama{Layers: 4, Hidden: 512, FFN: 1536, Heads: 8, KVHeads: 2, Vocab: 8192, DType: weights.BF16, Seed: 1}
+	dir := b.TempDir()
+	if err := spec.Write(dir); err != nil {
+		b.Fatal(err)
+	}
+	for _, c := range []int{1, 8, 32} {
+		for _, off := range []bool{false, true} {
+			b.Run(fmt.Sprintf("c=%d/batched=%v", c, !off), func(b *testing.B) {
+				m, err := Load(dir, Options{Device: "cpu", Batch: BatchOptions{Off: off}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer m.Close()
+				const tokens = 32
+				b.ResetTimer()
+				start := time.Now()
+				for range b.N {
+					var wg sync.WaitGroup
+					for i := range c {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							s, _ := m.NewSession(256)
+							if _, err := s.Generate(context.Background(), testPrompt(i, 8, spec.Vocab), GenerateOptions{MaxTokens: tokens, StopTokens: []int{}}, nil); err != nil {
+								b.Error(err)
+							}
+						}()
+					}
+					wg.Wait()
+				}
+				b.ReportMetric(float64(b.N*c*tokens)/time.Since(start).Seconds(), "tok/s")
+			})
+		}
+	}
+}
