@@ -1,0 +1,203 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// TestRequestValidation: bad requests get a 4xx with an OpenAI error body
+// naming the field at fault.
+func TestRequestValidation(t *testing.T) {
+	ts := newTestServer(t, 2, 4)
+	chat := `"model":"tiny","messages":[{"role":"user","content":"hi"}]`
+	for _, tc := range []struct {
+		path, body string
+		status     int
+		param      string
+	}{
+		{"/v1/chat/completions", `{`, 400, ""},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`, 400, "model"},
+		{"/v1/chat/completions", `{"model":"other","messages":[{"role":"user","content":"hi"}]}`, 404, "model"},
+		{"/v1/chat/completions", `{"model":"tiny","messages":[]}`, 400, "messages"},
+		{"/v1/chat/completions", `{"model":"tiny","messages":[{"role":"robot","content":"hi"}]}`, 400, "messages[0].role"},
+		{"/v1/chat/completions", `{` + chat + `,"max_tokens":0}`, 400, "max_tokens"},
+		{"/v1/chat/completions", `{` + chat + `,"temperature":3}`, 400, "temperature"},
+		{"/v1/chat/completions", `{` + chat + `,"top_p":0}`, 400, "top_p"},
+		{"/v1/chat/completions", `{` + chat + `,"n":2}`, 400, "n"},
+		{"/v1/chat/completions", `{` + chat + `,"stop":["a","b","c","d","e"]}`, 400, "stop"},
+		{"/v1/chat/completions", `{` + chat + `,"stop":[""]}`, 400, "stop"},
+		{"/v1/chat/completions", `{` + chat + `,"top_logprobs":3}`, 400, "top_logprobs"},
+		{"/v1/chat/completions", `{` + chat + `,"logprobs":true,"top_logprobs":21}`, 400, "top_logprobs"},
+		{"/v1/chat/completions", `{` + chat + `,"response_format":{"type":"json_schema"}}`, 400, "response_format"},
+		{"/v1/chat/completions", `{` + chat + `,"max_tokens":"many"}`, 400, "max_tokens"},
+		{"/v1/completions", `{"model":"tiny"}`, 400, "prompt"},
+		{"/v1/completions", `{"model":"tiny","prompt":["a","b"]}`, 400, "prompt"},
+		{"/v1/completions", `{"model":"tiny","prompt":[1,2,9999]}`, 400, "prompt"},
+		{"/v1/completions", `{"model":"tiny","prompt":""}`, 400, "prompt"},
+		{"/v1/completions", `{"model":"tiny","prompt":"a","logprobs":6}`, 400, "logprobs"},
+		{"/v1/completions", `{"model":"tiny","prompt":"a","echo":true}`, 400, "echo"},
+		{"/v1/completions", `{"model":"tiny","prompt":"` + strings.Repeat("a", 600) + `"}`, 400, "messages"},
+		{"/v1/embeddings", `{}`, 404, ""},
+	} {
+		status, body := ts.post(t, tc.path, tc.body)
+		var e apiError
+		if err := json.Unmarshal(body, &e); err != nil || e.Error.Message == "" {
+			t.Errorf("%s %s: body %s is not an error object", tc.path, tc.body, body)
+			continue
+		}
+		param := ""
+		if e.Error.Param != nil {
+			param = *e.Error.Param
+		}
+		if status != tc.status || param != tc.param {
+			t.Errorf("%s %.60s: %d param %q (%s), want %d param %q", tc.path, tc.body, status, param, e.Error.Message, tc.status, tc.param)
+		}
+	}
+	resp, err := http.Post(ts.url+"/v1/completions", "text/plain", bytes.NewReader([]byte(`{}`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 400 {
+		t.Errorf("text/plain body: %d, want 400", resp.StatusCode)
+	}
+}
+
+// TestStreamMatchesWhole: a greedy request gives the same text, finish
+// reason and usage streamed and not, over both endpoints; stop strings and
+// max_tokens end it; logprobs come for every token.
+func TestStreamMatchesWhole(t *testing.T) {
+	ts := newTestServer(t, 2, 4)
+	for _, tc := range []struct {
+		name, path string
+		body       map[string]any
+		finish     string
+	}{
+		{"chat", "/v1/chat/completions", map[string]any{"messages": []map[string]string{{"role": "user", "content": "Say hi"}}, "max_tokens": 12}, "length"},
+		{"chat-logprobs", "/v1/chat/completions", map[string]any{"messages": []map[string]string{{"role": "user", "content": "Say hi"}}, "max_tokens": 7, "logprobs": true, "top_logprobs": 3}, "length"},
+		{"completion", "/v1/completions", map[string]any{"prompt": "Once upon", "max_tokens": 10}, "length"},
+		{"completion-ids", "/v1/completions", map[string]any{"prompt": []int{40, 41, 42}, "max_tokens": 5, "logprobs": 2}, "length"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.body["model"], tc.body["temperature"] = "tiny", 0
+			status, whole := ts.post(t, tc.path, tc.body)
+			if status != 200 {
+				t.Fatalf("%d %s", status, whole)
+			}
+			var w struct {
+				Choices []struct {
+					Text         string
+					FinishReason string `json:"finish_reason"`
+					Message            struct{ Content string }
+					LogProbs           json.RawMessage
+				}
+				Usage usage
+			}
+			if err := json.Unmarshal(whole, &w); err != nil {
+				t.Fatal(err)
+			}
+			text := w.Choices[0].Text + w.Choices[0].Message.Content
+			if w.Choices[0].FinishReason != tc.finish || w.Usage.CompletionTokens != tc.body["max_tokens"] || w.Usage.PromptTokens == 0 {
+				t.Errorf("whole: finish %q, usage %+v", w.Choices[0].FinishReason, w.Usage)
+			}
+			if _, lp := tc.body["logprobs"]; lp == (string(w.Choices[0].LogProbs) == "null") {
+				t.Errorf("logprobs %s", w.Choices[0].LogProbs)
+			}
+			tc.body["stream"], tc.body["stream_options"] = true, map[string]bool{"include_usage": true}
+			data, _ := json.Marshal(tc.body)
+			resp, err := http.Post(ts.url+tc.path, "application/json", bytes.NewReader(data))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+				t.Errorf("Content-Type %q", ct)
+			}
+			var streamed, finish string
+			var u *usage
+			logprobEvents := 0
+			done, err := events(resp.Body, func(data string) {
+				var c struct {
+					Choices []struct {
+						Text         string
+						Delta        struct{ Content string }
+						FinishReason *string `json:"finish_reason"`
+						LogProbs     json.RawMessage
+					}
+					Usage *usage
+				}
+				if err := json.Unmarshal([]byte(data), &c); err != nil {
+					t.Errorf("event %s: %v", data, err)
+				}
+				for _, ch := range c.Choices {
+					streamed += ch.Text + ch.Delta.Content
+					if ch.FinishReason != nil {
+						finish = *ch.FinishReason
+					}
+					if len(ch.LogProbs) > 0 && string(ch.LogProbs) != "null" {
+						logprobEvents++
+					}
+				}
+				if c.Usage != nil {
+					u = c.Usage
+				}
+			})
+			if err != nil || !done {
+				t.Fatalf("stream ended without [DONE]: %v", err)
+			}
+			if streamed != text || finish != tc.finish || u == nil || *u != w.Usage {
+				t.Errorf("streamed %q finish %q usage %+v; whole %q usage %+v", streamed, finish, u, text, w.Usage)
+			}
+			if _, lp := tc.body["logprobs"]; lp && logprobEvents != w.Usage.CompletionTokens {
+				t.Errorf("%d events with logprobs for %d tokens", logprobEvents, w.Usage.CompletionTokens)
+			}
+			// A stop string taken from the text ends it before the string.
+			if len(text) > 4 {
+				stop := text[2:4]
+				tc.body["stream"] = false
+				tc.body["stop"] = stop
+				_, body := ts.post(t, tc.path, tc.body)
+				json.Unmarshal(body, &w)
+				got := w.Choices[0].Text + w.Choices[0].Message.Content
+				if want := text[:strings.Index(text, stop)]; got != want || w.Choices[0].FinishReason != "stop" {
+					t.Errorf("stop %q: %q finish %q, want %q", stop, got, w.Choices[0].FinishReason, want)
+				}
+			}
+		})
+	}
+}
+
+// TestModelsHealthMetrics: the read-only endpoints.
+func TestModelsHealthMetrics(t *testing.T) {
+	ts := newTestServer(t, 2, 4)
+	if status, body := ts.get(t, "/v1/models"); status != 200 || !strings.Contains(body, `"id":"tiny"`) || !strings.Contains(body, `"object":"list"`) {
+		t.Errorf("/v1/models: %d %s", status, body)
+	}
+	if status, _ := ts.get(t, "/v1/models/tiny"); status != 200 {
+		t.Errorf("/v1/models/tiny: %d", status)
+	}
+	if status, _ := ts.get(t, "/v1/models/other"); status != 404 {
+		t.Errorf("/v1/models/other: %d", status)
+	}
+	if status, body := ts.get(t, "/health"); status != 200 || !strings.Contains(body, "ok") {
+		t.Errorf("/health: %d %s", status, body)
+	}
+	ts.post(t, "/v1/completions", map[string]any{"model": "tiny", "prompt": "abc", "max_tokens": 3, "temperature": 0})
+	status, body := ts.get(t, "/metrics")
+	for _, want := range []string{"manifold_queue_length 0", "manifold_batch_size ", "manifold_tokens_per_second ", "manifold_cache_bytes ",
+		`manifold_requests_total{outcome="ok"} 1`, "manifold_generated_tokens_total 3", "# TYPE manifold_batch_steps_total counter"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics (%d) lacks %q:\n%s", status, want, body)
+		}
+	}
+	ts.draining.Store(true)
+	if status, _ := ts.get(t, "/health"); status != 503 {
+		t.Errorf("/health while draining: %d", status)
+	}
+	if status, _ := ts.post(t, "/v1/completions", map[string]any{"model": "tiny", "prompt": "abc"}); status != 503 {
+		t.Errorf("a request while draining: %d", status)
+	}
+}
