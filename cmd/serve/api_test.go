@@ -91,8 +91,8 @@ func TestStreamMatchesWhole(t *testing.T) {
 				Choices []struct {
 					Text         string
 					FinishReason string `json:"finish_reason"`
-					Message            struct{ Content string }
-					LogProbs           json.RawMessage
+					Message      struct{ Content string }
+					LogProbs     json.RawMessage
 				}
 				Usage usage
 			}
