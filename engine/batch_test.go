@@ -10,12 +10,17 @@ import (
 	"time"
 
 	"github.com/manifoldlm/manifold/internal/testmodel"
+	"github.com/manifoldlm/manifold/kernels"
 	"github.com/manifoldlm/manifold/weights"
 )
 
-// batchModel loads a small random Llama (or Qwen3) twice: batched (the
-// default) and with the scheduler off.
+// batchModel loads a small random Llama (or Qwen3) on the CPU twice:
+// batched (the default) and with the scheduler off.
 func batchModel(t testing.TB, qwen3 bool) (batched, alone *Model) {
+	return batchModelOn(t, qwen3, "cpu")
+}
+
+func batchModelOn(t testing.TB, qwen3 bool, device string) (batched, alone *Model) {
 	t.Helper()
 	dir := t.TempDir()
 	spec := testmodel.Llama{Layers: 2, Hidden: 64, FFN: 96, Heads: 4, KVHeads: 2, Vocab: 128, DType: weights.BF16, Qwen3: qwen3, Seed: 11}
@@ -23,10 +28,10 @@ func batchModel(t testing.TB, qwen3 bool) (batched, alone *Model) {
 		t.Fatal(err)
 	}
 	var err error
-	if batched, err = Load(dir, Options{Device: "cpu", Threads: 2}); err != nil {
+	if batched, err = Load(dir, Options{Device: device, Threads: 2}); err != nil {
 		t.Fatal(err)
 	}
-	if alone, err = Load(dir, Options{Device: "cpu", Threads: 2, Batch: BatchOptions{Off: true}}); err != nil {
+	if alone, err = Load(dir, Options{Device: device, Threads: 2, Batch: BatchOptions{Off: true}}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { batched.Close(); alone.Close() })
@@ -46,11 +51,18 @@ func testPrompt(seed, n, vocab int) []int {
 // different times with prompts of different lengths (one longer than a
 // step's token budget, so its prefill is chunked between the others'
 // decode steps; two sharing a prefix), each give the tokens they give
-// alone, and their steps were batched.
+// alone, and their steps were batched. On the GPU (skipped without one)
+// "alone" picks each token on the device, the batched steps on the host.
 func TestBatchedGenerateMatchesAlone(t *testing.T) {
-	for _, qwen3 := range []bool{false, true} {
-		t.Run(fmt.Sprintf("qwen3=%v", qwen3), func(t *testing.T) {
-			batched, alone := batchModel(t, qwen3)
+	for _, tc := range []struct {
+		device string
+		qwen3  bool
+	}{{"cpu", false}, {"cpu", true}, {"cuda", false}, {"cuda", true}} {
+		t.Run(fmt.Sprintf("%s/qwen3=%v", tc.device, tc.qwen3), func(t *testing.T) {
+			if tc.device == "cuda" && !kernels.Available() {
+				t.Skip("no CUDA driver or GPU")
+			}
+			batched, alone := batchModelOn(t, tc.qwen3, tc.device)
 			vocab := batched.Config().VocabSize
 			lengths := []int{1, 7, 300, 20, 20, 3, 60, 9}
 			prompts := make([][]int, len(lengths))

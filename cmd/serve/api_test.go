@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"github.com/manifoldlm/manifold/internal/serveload"
 	"net/http"
 	"strings"
 	"testing"
@@ -119,7 +120,7 @@ func TestStreamMatchesWhole(t *testing.T) {
 			var streamed, finish string
 			var u *usage
 			logprobEvents := 0
-			done, err := events(resp.Body, func(data string) {
+			done, err := serveload.Events(resp.Body, func(data string) {
 				var c struct {
 					Choices []struct {
 						Text         string

@@ -1,17 +1,14 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/manifoldlm/manifold/engine"
@@ -118,25 +115,4 @@ func (ts *testServer) get(t testing.TB, path string) (int, string) {
 	defer resp.Body.Close()
 	out, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(out)
-}
-
-// events reads a stream's server-sent events' data until [DONE] (done
-// true) or the body's end; each is passed to each as it arrives.
-func events(r io.Reader, each func(data string)) (done bool, err error) {
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		line := sc.Text()
-		data, ok := strings.CutPrefix(line, "data: ")
-		if !ok {
-			if line != "" {
-				return false, fmt.Errorf("not an event line: %q", line)
-			}
-			continue
-		}
-		if data == "[DONE]" {
-			return true, nil
-		}
-		each(data)
-	}
-	return false, sc.Err()
 }

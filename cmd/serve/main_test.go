@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"github.com/manifoldlm/manifold/internal/serveload"
 	"io"
 	"net/http"
 	"path/filepath"
@@ -44,7 +45,7 @@ func TestShutdown(t *testing.T) {
 			}
 			defer resp.Body.Close()
 			first := true
-			done, _ := events(resp.Body, func(string) {
+			done, _ := serveload.Events(resp.Body, func(string) {
 				if first { // in flight: shut down
 					first = false
 					stop()

@@ -5,7 +5,8 @@
 //	0  quant (number formats), layers (reference math), tokenizer, internal/defaultmodel,
 //	   internal/testimage (a test-built kernel image, set only by tests)
 //	1  weights (safetensors; weights/nvfp4ckpt and weights/convert, the quantized layouts)
-//	2  backend (the compute contract; backend/cpu), internal/golden, internal/testmodel
+//	2  backend (the compute contract; backend/cpu), internal/golden, internal/testmodel,
+//	   internal/serveload (a load-test client of cmd/serve)
 //	3  kernels (the CUDA backend), model (the architectures): neither imports the other
 //	4  engine (the public API)
 //	5  cmd/..., training/...
@@ -26,6 +27,7 @@ var Layers = map[string]int{
 	"backend":               2,
 	"internal/golden":       2,
 	"internal/testmodel":    2,
+	"internal/serveload":    2,
 	"internal/layering":     2,
 	"kernels":               3,
 	"model":                 3,
