@@ -184,17 +184,33 @@ func TestBatchOptionsValidate(t *testing.T) {
 }
 
 // BenchmarkBatchedDecode is the output tokens/s of c sessions decoding at
-// once, batched and alone (Options.Batch.Off), on a small model.
+// once, batched and alone (Options.Batch.Off), on a small model on the CPU.
 func BenchmarkBatchedDecode(b *testing.B) {
-	spec := testmodel.Llama{Layers: 4, Hidden: 512, FFN: 1536, Heads: 8, KVHeads: 2, Vocab: 8192, DType: weights.BF16, Seed: 1}
+	benchBatched(b, "cpu", testmodel.Llama{Layers: 4, Hidden: 512, FFN: 1536, Heads: 8, KVHeads: 2, Vocab: 8192, DType: weights.BF16, Seed: 1}, []int{1, 8, 32})
+}
+
+// BenchmarkBatchedDecodeGPU is BenchmarkBatchedDecode on the GPU at the
+// Llama-3.2-1B shape (NVFP4), up to 64 sessions.
+func BenchmarkBatchedDecodeGPU(b *testing.B) {
+	if !kernels.Available() {
+		b.Skip("no CUDA driver or GPU")
+	}
+	spec, err := testmodel.Shape("llama3.2-1b")
+	if err != nil {
+		b.Fatal(err)
+	}
+	benchBatched(b, "cuda", spec.Model.(testmodel.Llama), []int{1, 8, 32, 64})
+}
+
+func benchBatched(b *testing.B, device string, spec testmodel.Llama, levels []int) {
 	dir := b.TempDir()
 	if err := spec.Write(dir); err != nil {
 		b.Fatal(err)
 	}
-	for _, c := range []int{1, 8, 32} {
+	for _, c := range levels {
 		for _, off := range []bool{false, true} {
 			b.Run(fmt.Sprintf("c=%d/batched=%v", c, !off), func(b *testing.B) {
-				m, err := Load(dir, Options{Device: "cpu", Batch: BatchOptions{Off: off}})
+				m, err := Load(dir, Options{Device: device, ContextLength: 256, Batch: BatchOptions{Off: off}})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -208,8 +224,11 @@ func BenchmarkBatchedDecode(b *testing.B) {
 						wg.Add(1)
 						go func() {
 							defer wg.Done()
-							s, _ := m.NewSession(256)
-							if _, err := s.Generate(context.Background(), testPrompt(i, 8, spec.Vocab), GenerateOptions{MaxTokens: tokens, StopTokens: []int{}}, nil); err != nil {
+							s, err := m.NewSession(0)
+							if err == nil {
+								_, err = s.Generate(context.Background(), testPrompt(i, 8, spec.Vocab), GenerateOptions{MaxTokens: tokens, StopTokens: []int{}}, nil)
+							}
+							if err != nil {
 								b.Error(err)
 							}
 						}()

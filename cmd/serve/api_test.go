@@ -40,7 +40,7 @@ func TestRequestValidation(t *testing.T) {
 		{"/v1/completions", `{"model":"tiny","prompt":""}`, 400, "prompt"},
 		{"/v1/completions", `{"model":"tiny","prompt":"a","logprobs":6}`, 400, "logprobs"},
 		{"/v1/completions", `{"model":"tiny","prompt":"a","echo":true}`, 400, "echo"},
-		{"/v1/completions", `{"model":"tiny","prompt":"` + strings.Repeat("a", 600) + `"}`, 400, "messages"},
+		{"/v1/completions", `{"model":"tiny","prompt":"` + strings.Repeat("a", 600) + `"}`, 400, "prompt"},
 		{"/v1/embeddings", `{}`, 404, ""},
 	} {
 		status, body := ts.post(t, tc.path, tc.body)

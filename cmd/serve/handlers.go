@@ -112,7 +112,7 @@ func (s *server) chat(w http.ResponseWriter, r *http.Request) error {
 		return badRequest("messages", "%v", err)
 	}
 	sh := &chatShape{s: s, id: s.id("chatcmpl"), created: time.Now().Unix(), logprobs: req.LogProbs}
-	return s.respond(w, r, job{ids, opts}, req.Stream, req.StreamOptions != nil && req.StreamOptions.IncludeUsage, sh)
+	return s.respond(w, r, job{ids, opts, "messages"}, req.Stream, req.StreamOptions != nil && req.StreamOptions.IncludeUsage, sh)
 }
 
 func (s *server) completions(w http.ResponseWriter, r *http.Request) error {
@@ -157,7 +157,7 @@ func (s *server) completions(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	sh := &completionShape{s: s, id: s.id("cmpl"), created: time.Now().Unix(), logprobs: req.LogProbs != nil}
-	return s.respond(w, r, job{ids, opts}, req.Stream, req.StreamOptions != nil && req.StreamOptions.IncludeUsage, sh)
+	return s.respond(w, r, job{ids, opts, "prompt"}, req.Stream, req.StreamOptions != nil && req.StreamOptions.IncludeUsage, sh)
 }
 
 // chatShape makes chat.completion and chat.completion.chunk objects.

@@ -175,6 +175,7 @@ func (s *server) health(w http.ResponseWriter, r *http.Request) {
 type job struct {
 	prompt []int
 	opts   engine.GenerateOptions
+	param  string // the request's field that holds the prompt
 }
 
 // run generates j in a session of the pool, calling each with every token;
@@ -186,7 +187,7 @@ func (s *server) run(ctx context.Context, j job, each func(engine.Token) error) 
 	stop := context.AfterFunc(s.base, cancel)
 	defer stop()
 	if free := s.pool.Options().ContextLength - len(j.prompt); free < 1 {
-		return nil, &requestError{status: 400, typ: "invalid_request_error", code: "context_length_exceeded", param: "messages",
+		return nil, &requestError{status: 400, typ: "invalid_request_error", code: "context_length_exceeded", param: j.param,
 			message: fmt.Sprintf("the prompt has %d tokens: the context holds %d positions, and one is needed for the reply", len(j.prompt), s.pool.Options().ContextLength)}
 	}
 	start := time.Now()
