@@ -63,15 +63,20 @@ func (s *server) respond(w http.ResponseWriter, r *http.Request, j job, stream, 
 	return nil
 }
 
+// parse decodes a generation request's body into req and checks its model.
+func (s *server) parse(r *http.Request, req interface{ model() string }) error {
+	if err := decode(r, req); err != nil {
+		return err
+	}
+	return s.checkModel(req.model())
+}
+
 // chatRoles are the roles a chat message may have.
 var chatRoles = map[string]bool{"system": true, "developer": true, "user": true, "assistant": true, "tool": true}
 
 func (s *server) chat(w http.ResponseWriter, r *http.Request) error {
 	var req chatRequest
-	if err := decode(r, &req); err != nil {
-		return err
-	}
-	if err := s.checkModel(req.Model); err != nil {
+	if err := s.parse(r, &req); err != nil {
 		return err
 	}
 	if len(req.Messages) == 0 {
@@ -117,10 +122,7 @@ func (s *server) chat(w http.ResponseWriter, r *http.Request) error {
 
 func (s *server) completions(w http.ResponseWriter, r *http.Request) error {
 	var req completionRequest
-	if err := decode(r, &req); err != nil {
-		return err
-	}
-	if err := s.checkModel(req.Model); err != nil {
+	if err := s.parse(r, &req); err != nil {
 		return err
 	}
 	if req.Prompt == nil {

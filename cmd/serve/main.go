@@ -50,18 +50,35 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.model, "model", "", "model folder (default: the built-in model)")
-	fs.StringVar(&o.name, "name", "", "the model's id in the API (default: the folder's name)")
-	fs.StringVar(&o.addr, "addr", "127.0.0.1:8080", "address to listen on")
-	fs.StringVar(&o.device, "device", "auto", "auto, cpu or cuda")
-	fs.IntVar(&o.threads, "threads", 0, "CPU threads (0: one per core)")
-	fs.IntVar(&o.ctx, "ctx", 0, "positions of each session (0: the model's context, at most 4096)")
-	fs.IntVar(&o.sessions, "sessions", 16, "the most requests generating at once (lowered to fit the CPU's memory)")
-	fs.IntVar(&o.queue, "queue", 0, "the most requests waiting for a session (0: 4 x sessions; -1: none)")
-	fs.IntVar(&o.maxBatch, "max-batch", 0, "the most sequences of one batched step (0: 64)")
-	fs.IntVar(&o.stepTokens, "step-tokens", 0, "the most tokens of one batched step, prompt chunks included (0: 256)")
+	for _, f := range []struct {
+		p         *string
+		name, def string
+		usage     string
+	}{
+		{&o.model, "model", "", "model folder (default: the built-in model)"},
+		{&o.name, "name", "", "the model's id in the API (default: the folder's name)"},
+		{&o.addr, "addr", "127.0.0.1:8080", "address to listen on"},
+		{&o.device, "device", "auto", "auto, cpu or cuda"},
+	} {
+		fs.StringVar(f.p, f.name, f.def, f.usage)
+	}
+	for _, f := range []struct {
+		p     *int
+		name  string
+		def   int
+		usage string
+	}{
+		{&o.threads, "threads", 0, "CPU threads (0: one per core)"},
+		{&o.ctx, "ctx", 0, "positions of each session (0: the model's context, at most 4096)"},
+		{&o.sessions, "sessions", 16, "the most requests generating at once (lowered to fit the CPU's memory)"},
+		{&o.queue, "queue", 0, "the most requests waiting for a session (0: 4 x sessions; -1: none)"},
+		{&o.maxBatch, "max-batch", 0, "the most sequences of one batched step (0: 64)"},
+		{&o.stepTokens, "step-tokens", 0, "the most tokens of one batched step, prompt chunks included (0: 256)"},
+		{&o.maxTokens, "max-tokens", 0, "max_tokens of a chat request that gives none (0: until a stop or the context's end)"},
+	} {
+		fs.IntVar(f.p, f.name, f.def, f.usage)
+	}
 	fs.BoolVar(&o.noBatch, "no-batch", false, "run each request alone (no batching)")
-	fs.IntVar(&o.maxTokens, "max-tokens", 0, "max_tokens of a chat request that gives none (0: until a stop or the context's end)")
 	fs.DurationVar(&o.grace, "shutdown-grace", 30*time.Second, "how long a shutdown waits for requests in flight before cancelling them")
 	if err := fs.Parse(args); err != nil {
 		return nil, err

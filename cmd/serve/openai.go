@@ -138,16 +138,25 @@ type streamOptions struct {
 
 // samplingFields are the fields chat and completion requests share.
 type samplingFields struct {
-	Model         string         `json:"model"`
-	MaxTokens     *int           `json:"max_tokens"`
-	Temperature   *float64       `json:"temperature"`
-	TopP          *float64       `json:"top_p"`
-	Seed          *int64         `json:"seed"`
-	Stop          stringList     `json:"stop"`
+	Model string `json:"model"`
+	// How much: max_tokens, the stop strings, the number of choices (1).
+	MaxTokens *int       `json:"max_tokens"`
+	Stop      stringList `json:"stop"`
+	N         *int       `json:"n"`
+	drawFields
+	// Server-sent events instead of one body.
 	Stream        bool           `json:"stream"`
 	StreamOptions *streamOptions `json:"stream_options"`
-	N             *int           `json:"n"`
 }
+
+// drawFields are how each token is drawn.
+type drawFields struct {
+	Temperature *float64 `json:"temperature"`
+	TopP        *float64 `json:"top_p"`
+	Seed        *int64   `json:"seed"`
+}
+
+func (f *samplingFields) model() string { return f.Model }
 
 type chatRequest struct {
 	samplingFields
@@ -253,14 +262,17 @@ type chatMessageO struct {
 	Content *string `json:"content,omitempty"`
 }
 
-type chatResponse struct {
-	ID      string       `json:"id"`
-	Object  string       `json:"object"`
-	Created int64        `json:"created"`
-	Model   string       `json:"model"`
-	Choices []chatChoice `json:"choices"`
-	Usage   *usage       `json:"usage,omitempty"`
+// response is a chat or completion response, or a chunk of its stream.
+type response[C any] struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	Model   string `json:"model"`
+	Choices []C    `json:"choices"`
+	Usage   *usage `json:"usage,omitempty"`
 }
+
+type chatResponse = response[chatChoice]
 
 // Completion responses.
 
@@ -278,14 +290,7 @@ type completionChoice struct {
 	FinishReason *string             `json:"finish_reason"`
 }
 
-type completionResponse struct {
-	ID      string             `json:"id"`
-	Object  string             `json:"object"`
-	Created int64              `json:"created"`
-	Model   string             `json:"model"`
-	Choices []completionChoice `json:"choices"`
-	Usage   *usage             `json:"usage,omitempty"`
-}
+type completionResponse = response[completionChoice]
 
 type modelObject struct {
 	ID      string `json:"id"`

@@ -22,8 +22,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
-	"time"
 
 	"github.com/manifoldlm/manifold/internal/serveload"
 )
@@ -49,28 +47,25 @@ func main() {
 			os.Exit(2)
 		}
 		steps0, seqs0 := scrape(*url)
-		results := make([]serveload.Result, c**requests)
-		var wg sync.WaitGroup
-		start := time.Now()
-		for i := range c {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for j := range *requests {
-					prompt := fmt.Sprintf("Client %d request %d: %s", i, j, strings.Repeat("tell me more ", *words/3))
-					r := serveload.Request{URL: *url, Model: *model, Prompt: prompt, MaxTokens: *maxTokens}
-					if *ids {
-						r.IDs = make([]int, *words)
-						for k := range r.IDs {
-							r.IDs[k] = 1 + (i*7919+j*104729+k*31)%1000
-						}
+		perClient, elapsed := serveload.Run(c, func(i int) []serveload.Result {
+			var rs []serveload.Result
+			for j := range *requests {
+				prompt := fmt.Sprintf("Client %d request %d: %s", i, j, strings.Repeat("tell me more ", *words/3))
+				r := serveload.Request{URL: *url, Model: *model, Prompt: prompt, MaxTokens: *maxTokens}
+				if *ids {
+					r.IDs = make([]int, *words)
+					for k := range r.IDs {
+						r.IDs[k] = 1 + (i*7919+j*104729+k*31)%1000
 					}
-					results[i**requests+j] = serveload.StreamChat(context.Background(), client, r)
 				}
-			}()
+				rs = append(rs, serveload.StreamChat(context.Background(), client, r))
+			}
+			return rs
+		})
+		var results []serveload.Result
+		for _, rs := range perClient {
+			results = append(results, rs...)
 		}
-		wg.Wait()
-		elapsed := time.Since(start)
 		steps1, seqs1 := scrape(*url)
 		sum := serveload.Summarize(results)
 		batch := 0.0

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -148,6 +149,23 @@ func StreamChat(ctx context.Context, client *http.Client, r Request) Result {
 		res.Err = nil // the cancel asked for
 	}
 	return res
+}
+
+// Run calls client(i) for i in [0, n) from n goroutines at once and
+// returns their results in order of i, and the wall time.
+func Run[T any](n int, client func(i int) T) ([]T, time.Duration) {
+	results := make([]T, n)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = client(i)
+		}()
+	}
+	wg.Wait()
+	return results, time.Since(start)
 }
 
 // Events reads server-sent events' data until [DONE] (done true) or the
