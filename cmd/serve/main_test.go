@@ -91,3 +91,29 @@ func TestFlags(t *testing.T) {
 		t.Errorf("%+v, %v", o, err)
 	}
 }
+
+// TestServeBuiltin serves the built-in model (a DeepSeek-V4, which does not
+// batch: its sessions run alone, concurrently) to concurrent requests.
+func TestServeBuiltin(t *testing.T) {
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	addr := make(chan string, 1)
+	ended := make(chan error, 1)
+	go func() {
+		ended <- run(ctx, []string{"-addr", "127.0.0.1:0", "-device", "cpu", "-ctx", "256", "-sessions", "2"}, io.Discard, func(a string) { addr <- a })
+	}()
+	url := "http://" + <-addr
+	results, _ := serveload.Run(3, func(i int) serveload.Result {
+		return serveload.StreamChat(context.Background(), http.DefaultClient,
+			serveload.Request{URL: url, Model: "manifold-builtin", IDs: []int{10 + i, 20, 30}, MaxTokens: 6})
+	})
+	for i, r := range results {
+		if err := r.Complete(); err != nil || r.Tokens != 6 && r.Finish != "stop" {
+			t.Errorf("request %d: %v, %d tokens, finish %q", i, err, r.Tokens, r.Finish)
+		}
+	}
+	stop()
+	if err := <-ended; err != nil {
+		t.Error(err)
+	}
+}
