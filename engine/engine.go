@@ -90,6 +90,8 @@ type Model struct {
 	cacheBytesPerToken func() (int64, error)
 	// info holds Info's figures of the checkpoint, taken at Load.
 	info Info
+	// tokenBytesState holds each token's text for constraints (constrain.go).
+	tokenBytesState
 	// sched batches the steps of concurrent sessions (nil: the model does
 	// not batch, or Options.Batch.Off).
 	sched *scheduler

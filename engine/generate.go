@@ -47,6 +47,11 @@ type GenerateOptions struct {
 	// rule and random stream as on the CPU (slower, never other numbers).
 	LogProbs    bool
 	TopLogProbs int
+	// Constraint, when not nil, restricts the tokens picked (constrained
+	// output, e.g. Model.NewJSONConstraint); the token is then picked on
+	// the host. Log-probabilities stay the model's own, before the mask.
+	// A Constraint serves one call.
+	Constraint Constraint
 }
 
 // MaxTopLogProbs bounds GenerateOptions.TopLogProbs.
@@ -169,7 +174,7 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptio
 	}
 	held := stopText{stops: opts.StopStrings}
 	var streamed strings.Builder
-	pick := s.picker(NewSampler(opts.Sampling), logProbOptions{opts.LogProbs || opts.TopLogProbs > 0, opts.TopLogProbs})
+	pick := s.picker(NewSampler(opts.Sampling), logProbOptions{opts.LogProbs || opts.TopLogProbs > 0, opts.TopLogProbs}, opts.Constraint)
 	// However generation ends, the session holds the prompt and every token
 	// of the result, so that a resumed conversation has every token the
 	// caller saw: a token streamed before a cancellation or a stream error
@@ -288,7 +293,7 @@ func (m *Model) checkOptions(opts GenerateOptions) error {
 // The function returns the token's ID, and its log-probabilities when lp
 // asks for them: those need the logits on the host, so they take the host
 // path whatever the backend offers.
-func (s *Session) picker(sampler *Sampler, lp logProbOptions) func(ctx context.Context, tokens []int, more bool) (Token, error) {
+func (s *Session) picker(sampler *Sampler, lp logProbOptions, con Constraint) func(ctx context.Context, tokens []int, more bool) (Token, error) {
 	df, forwards := s.m.net.(model.DeviceForwarder)
 	ts := s.m.caps.Sampler
 	samples := ts != nil
@@ -303,15 +308,22 @@ func (s *Session) picker(sampler *Sampler, lp logProbOptions) func(ctx context.C
 			return Token{}, fmt.Errorf("engine: logit %d at position %d is NaN (a weight or config value out of range?); no token drawn",
 				i, len(s.tokens)-1)
 		}
-		if !lp.want {
-			return Token{ID: sampler.Sample(logits, s.tokens)}, nil
+		if lp.want {
+			raw = append(raw[:0], logits...)
 		}
-		raw = append(raw[:0], logits...)
+		if con != nil {
+			con.Mask(logits)
+		}
 		t := Token{ID: sampler.Sample(logits, s.tokens)}
-		t.LogProb, t.TopLogProbs = logProbs(raw, t.ID, lp.top)
+		if con != nil {
+			con.Accept(t.ID)
+		}
+		if lp.want {
+			t.LogProb, t.TopLogProbs = logProbs(raw, t.ID, lp.top)
+		}
 		return t, nil
 	}
-	if !forwards || !samples || !o.onDevice() || lp.want {
+	if !forwards || !samples || !o.onDevice() || lp.want || con != nil {
 		return host
 	}
 	device := s.devicePicker(sampler, df, ts)

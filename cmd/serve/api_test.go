@@ -175,6 +175,29 @@ func TestStreamMatchesWhole(t *testing.T) {
 	}
 }
 
+// TestJSONObject: response_format json_object gives a JSON object, or a
+// prefix of one when max_tokens cuts it.
+func TestJSONObject(t *testing.T) {
+	ts := newTestServer(t, 2, 4)
+	for seed := range 4 {
+		status, body := ts.post(t, "/v1/chat/completions", map[string]any{"model": "tiny", "seed": seed, "max_tokens": 300,
+			"messages": []map[string]string{{"role": "user", "content": "JSON please"}}, "response_format": map[string]string{"type": "json_object"}})
+		var r struct {
+			Choices []struct {
+				Message      struct{ Content string }
+				FinishReason string `json:"finish_reason"`
+			}
+		}
+		if status != 200 || json.Unmarshal(body, &r) != nil {
+			t.Fatalf("%d %s", status, body)
+		}
+		text := r.Choices[0].Message.Content
+		if r.Choices[0].FinishReason == "stop" && !json.Valid([]byte(text)) || !strings.HasPrefix(strings.TrimSpace(text), "{") {
+			t.Errorf("seed %d: %q, finish %q", seed, text, r.Choices[0].FinishReason)
+		}
+	}
+}
+
 // TestModelsHealthMetrics: the read-only endpoints.
 func TestModelsHealthMetrics(t *testing.T) {
 	ts := newTestServer(t, 2, 4)

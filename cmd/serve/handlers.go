@@ -89,8 +89,15 @@ func (s *server) chat(w http.ResponseWriter, r *http.Request) error {
 		}
 		msgs[i] = engine.Message{Role: m.Role, Content: string(m.Content)}
 	}
-	if rf := req.ResponseFormat; rf != nil && rf.Type != "text" {
-		return badRequest("response_format", "response_format %q is not supported (text only)", rf.Type)
+	jsonObject := false
+	if rf := req.ResponseFormat; rf != nil {
+		switch rf.Type {
+		case "text":
+		case "json_object":
+			jsonObject = true
+		default:
+			return badRequest("response_format", "response_format %q is not supported (text or json_object)", rf.Type)
+		}
 	}
 	if req.MaxCompletionTokens != nil {
 		req.MaxTokens = req.MaxCompletionTokens
@@ -109,6 +116,11 @@ func (s *server) chat(w http.ResponseWriter, r *http.Request) error {
 		opts.TopLogProbs = *req.TopLogProbs
 	}
 	opts.LogProbs = req.LogProbs
+	if jsonObject {
+		if opts.Constraint, err = s.m.NewJSONConstraint(nil); err != nil {
+			return badRequest("response_format", "%v", err)
+		}
+	}
 	ids, err := s.m.EncodeChat(msgs)
 	if err != nil {
 		if errors.Is(err, engine.ErrNoChatTemplate) || errors.Is(err, engine.ErrNoTokenizer) {
