@@ -129,18 +129,22 @@ func (s *scheduler) signal() {
 
 // forward runs ids on st in the scheduler's steps and returns the logits of
 // the last one. ctx's cancellation is honoured between steps; on error the
-// state may hold part of ids (the caller truncates it).
+// state may hold part of ids (the caller truncates it). When no step is
+// running the caller runs them itself until its own tokens have run (a
+// session alone never waits on another goroutine); steps left then go on
+// in a goroutine of their own.
 func (s *scheduler) forward(ctx context.Context, st model.State, ids []int32) ([]float32, error) {
 	r := &batchRequest{ctx: ctx, st: st, ids: ids, done: make(chan struct{})}
 	s.mu.Lock()
 	s.queue = append(s.queue, r)
-	start := !s.running
+	lead := !s.running
 	s.running = true
 	s.mu.Unlock()
-	if start {
-		go s.loop()
+	if lead {
+		s.loop(r)
+	} else {
+		s.signal()
 	}
-	s.signal()
 	<-r.done
 	return r.logits, r.err
 }
@@ -154,8 +158,9 @@ func (s *scheduler) Stats() BatchStats {
 	return st
 }
 
-// loop runs steps while requests are queued, then ends.
-func (s *scheduler) loop() {
+// loop runs steps while requests are queued, then ends; with mine set, it
+// ends once mine is done too, passing the steps left to a new goroutine.
+func (s *scheduler) loop(mine *batchRequest) {
 	for {
 		s.gather()
 		s.mu.Lock()
@@ -164,11 +169,25 @@ func (s *scheduler) loop() {
 			s.mu.Unlock()
 			return
 		}
+		if mine != nil && closed(mine.done) {
+			s.mu.Unlock()
+			go s.loop(nil)
+			return
+		}
 		reqs, toks := s.pick()
 		s.mu.Unlock()
 		if len(reqs) > 0 {
 			s.step(reqs, toks)
 		}
+	}
+}
+
+func closed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }
 
