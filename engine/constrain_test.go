@@ -11,39 +11,43 @@ import (
 	"github.com/manifoldlm/manifold/tokenizer"
 )
 
+// jsonCases are texts, whether the recognizer takes each whole as a prefix
+// of a JSON object, and whether it is then done.
+var jsonCases = []struct {
+	text         string
+	prefix, done bool
+}{
+	{`{}`, true, true},
+	{` { "a" : [1, -2.5e+3, 0, true, false, null, "x\"\\\u00e9"], "b": {"c": []} }`, true, true},
+	{`{"a": 1`, true, false},
+	{`{"a": -`, true, false},
+	{`{"a": 0.`, true, false},
+	{`{"a": "\u00`, true, false},
+	{`{"a": tr`, true, false},
+	{`[1]`, false, false},
+	{`"a"`, false, false},
+	{`{"a" 1}`, false, false},
+	{`{"a": 01}`, false, false},
+	{`{"a": 1.}`, false, false},
+	{`{"a": -}`, false, false},
+	{`{"a": tru}`, false, false},
+	{`{"a": "\x"}`, false, false},
+	{`{"a": 1,}`, false, false},
+	{`{,}`, false, false},
+	{`{"a": [1,]}`, false, false},
+	{`{"a": [}`, false, false},
+	{`{}}`, false, true},
+	{`{} `, false, true}, // nothing after the object
+	{"{\"a\": \"\n\"}", false, false},
+	{`{"a":` + strings.Repeat(" ", maxJSONSpaces+1) + `1}`, false, false},
+	{strings.Repeat(`{"a":`, maxJSONDepth+1), false, false},
+}
+
 // TestJSONState holds the recognizer to encoding/json: a text is accepted
 // whole when it is a prefix of a JSON object (and only then), and done when
 // it is one.
 func TestJSONState(t *testing.T) {
-	for _, tc := range []struct {
-		text         string
-		prefix, done bool
-	}{
-		{`{}`, true, true},
-		{` { "a" : [1, -2.5e+3, 0, true, false, null, "x\"\\\u00e9"], "b": {"c": []} }`, true, true},
-		{`{"a": 1`, true, false},
-		{`{"a": -`, true, false},
-		{`{"a": 0.`, true, false},
-		{`{"a": "\u00`, true, false},
-		{`{"a": tr`, true, false},
-		{`[1]`, false, false},
-		{`"a"`, false, false},
-		{`{"a" 1}`, false, false},
-		{`{"a": 01}`, false, false},
-		{`{"a": 1.}`, false, false},
-		{`{"a": -}`, false, false},
-		{`{"a": tru}`, false, false},
-		{`{"a": "\x"}`, false, false},
-		{`{"a": 1,}`, false, false},
-		{`{,}`, false, false},
-		{`{"a": [1,]}`, false, false},
-		{`{"a": [}`, false, false},
-		{`{}}`, false, true},
-		{`{} `, false, true}, // nothing after the object
-		{"{\"a\": \"\n\"}", false, false},
-		{`{"a":` + strings.Repeat(" ", maxJSONSpaces+1) + `1}`, false, false},
-		{strings.Repeat(`{"a":`, maxJSONDepth+1), false, false},
-	} {
+	for _, tc := range jsonCases {
 		var s jsonState
 		ok := true
 		for i := range len(tc.text) {
