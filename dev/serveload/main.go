@@ -55,7 +55,7 @@ func main() {
 				if *ids {
 					r.IDs = make([]int, *words)
 					for k := range r.IDs {
-						r.IDs[k] = 1 + (i*7919+j*104729+k*31)%1000
+						r.IDs[k] = 2 + (i*7919+j*104729+k*31)%200 // within any vocabulary of 256 or more
 					}
 				}
 				rs = append(rs, serveload.StreamChat(context.Background(), client, r))
