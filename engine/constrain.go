@@ -56,6 +56,28 @@ type jsonMasks struct {
 	toks    [][]byte // each token's text alone (special tokens: none)
 	mu      sync.Mutex
 	byState map[string][]uint64
+	schemas map[string]*jsonSchema // compiled, by their text (so that their masks are shared)
+}
+
+// schema returns raw compiled, once per text (at most maxJSONMasks kept).
+func (j *jsonMasks) schema(raw []byte) (*jsonSchema, error) {
+	j.mu.Lock()
+	sch, ok := j.schemas[string(raw)]
+	j.mu.Unlock()
+	if ok {
+		return sch, nil
+	}
+	sch, err := compileSchema(raw)
+	if err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	j.mu.Lock()
+	if j.schemas == nil || len(j.schemas) >= maxJSONMasks {
+		j.schemas = map[string]*jsonSchema{}
+	}
+	j.schemas[string(raw)] = sch
+	j.mu.Unlock()
+	return sch, nil
 }
 
 const maxJSONMasks = 1024
@@ -192,21 +214,36 @@ const (
 // jsonState is a byte-level recognizer of JSON prefixes; a value (copied
 // by assignment) so that a token can be tried on a copy.
 type jsonState struct {
-	mode   jsonMode
-	key    bool // the string is an object key
-	hex    uint8
-	num    uint8
-	lit    string
-	spaces uint8
-	depth  uint8
-	stack  [maxJSONDepth]byte // '{' or '['
+	mode    jsonMode
+	key     bool // the string is an object key
+	hex     uint8
+	num     uint8
+	lit     string
+	litThen jsonMode // the mode after the literal
+	spaces  uint8
+	depth   uint8
+	stack   [maxJSONDepth]byte // '{' or '['
+	// With a schema: each container's node and its next property (or
+	// element count), the node of the scalar being written, and for an
+	// enum the options still possible and the bytes of it written.
+	sch     *jsonSchema
+	frames  [maxJSONDepth]schemaFrame
+	scalar  uint16
+	enum    uint64
+	enumPos uint8
 }
+
+type schemaFrame struct{ node, idx uint16 }
 
 func (s *jsonState) done() bool { return s.mode == jDone }
 
 // cacheKey identifies s in the mask cache.
 func (s *jsonState) cacheKey() string {
-	return string(append([]byte{byte(s.mode), b2i(s.key), s.hex, s.num, s.spaces, s.depth}, s.stack[:s.depth]...)) + s.lit
+	k := append([]byte{byte(s.mode), b2i(s.key), s.hex, s.num, s.spaces, s.depth, byte(s.litThen)}, s.stack[:s.depth]...)
+	if s.sch != nil {
+		k = fmt.Appendf(k, "|%d|%d|%d|%d|%v", s.sch.id, s.scalar, s.enum, s.enumPos, s.frames[:s.depth])
+	}
+	return string(k) + s.lit
 }
 
 func b2i(b bool) byte {
@@ -222,6 +259,9 @@ func isSpace(c byte) bool { return c == ' ' || c == '\n' || c == '\t' || c == '\
 func (s *jsonState) feed(c byte) bool {
 	switch s.mode {
 	case jString:
+		if s.enum != 0 {
+			return s.enumByte(c)
+		}
 		switch {
 		case c == '"':
 			s.endString()
@@ -254,7 +294,7 @@ func (s *jsonState) feed(c byte) bool {
 			return false
 		}
 		if s.lit = s.lit[1:]; s.lit == "" {
-			s.mode = jAfter
+			s.mode = s.litThen
 		}
 		return true
 	case jNumber:
@@ -287,6 +327,15 @@ func (s *jsonState) feed(c byte) bool {
 		if c != '"' {
 			return false
 		}
+		if s.sch != nil { // the next property's name, in the schema's order
+			f := s.frames[s.depth-1]
+			props := s.sch.nodes[f.node].props
+			if int(f.idx) >= len(props) {
+				return false
+			}
+			s.mode, s.lit, s.litThen = jLiteral, props[f.idx].key+`"`, jColon
+			return true
+		}
 		s.mode, s.key = jString, true
 		return true
 	case jColon:
@@ -300,8 +349,18 @@ func (s *jsonState) feed(c byte) bool {
 		switch {
 		case c == ',' && top == '{':
 			s.mode = jKey
+			if s.sch != nil {
+				f := &s.frames[s.depth-1]
+				if int(f.idx)+1 >= len(s.sch.nodes[f.node].props) {
+					return false // no property left
+				}
+				f.idx++
+			}
 		case c == ',' && top == '[':
 			s.mode = jValue
+			if s.sch != nil {
+				s.frames[s.depth-1].idx++
+			}
 		case c == '}' || c == ']':
 			return s.close(map[byte]byte{'}': '{', ']': '['}[c])
 		default:
@@ -317,12 +376,25 @@ func (s *jsonState) value(c byte) bool {
 	if s.depth == 0 && c != '{' {
 		return false // the top-level value is an object
 	}
+	var node uint16
+	if s.sch != nil {
+		node = s.sch.child(s.depth, s.frames[:s.depth])
+		if !s.sch.nodes[node].starts(c) {
+			return false
+		}
+		s.scalar = node
+		if c == '"' && len(s.sch.nodes[node].enum) > 0 {
+			s.mode, s.key, s.enum, s.enumPos = jString, false, 1<<len(s.sch.nodes[node].enum)-1, 0
+			return true
+		}
+	}
 	switch {
 	case c == '{' || c == '[':
 		if int(s.depth) == maxJSONDepth {
 			return false
 		}
 		s.stack[s.depth] = c
+		s.frames[s.depth] = schemaFrame{node: node}
 		s.depth++
 		s.mode = jKeyOrClose
 		if c == '[' {
@@ -337,11 +409,11 @@ func (s *jsonState) value(c byte) bool {
 	case c >= '1' && c <= '9':
 		s.mode, s.num = jNumber, nInt
 	case c == 't':
-		s.mode, s.lit = jLiteral, "rue"
+		s.mode, s.lit, s.litThen = jLiteral, "rue", jAfter
 	case c == 'f':
-		s.mode, s.lit = jLiteral, "alse"
+		s.mode, s.lit, s.litThen = jLiteral, "alse", jAfter
 	case c == 'n':
-		s.mode, s.lit = jLiteral, "ull"
+		s.mode, s.lit, s.litThen = jLiteral, "ull", jAfter
 	default:
 		return false
 	}
@@ -351,6 +423,9 @@ func (s *jsonState) value(c byte) bool {
 // number advances a number by c, reporting false when c does not continue it.
 func (s *jsonState) number(c byte) bool {
 	digit := c >= '0' && c <= '9'
+	if s.sch != nil && s.sch.nodes[s.scalar].kind == "integer" && (c == '.' || c == 'e' || c == 'E') {
+		return false
+	}
 	switch {
 	case digit && s.num == nSign && c == '0':
 		s.num = nZero
@@ -385,10 +460,41 @@ func (s *jsonState) close(open byte) bool {
 	if s.depth == 0 || s.stack[s.depth-1] != open {
 		return false
 	}
+	if s.sch != nil && open == '{' {
+		f := s.frames[s.depth-1]
+		n := len(s.sch.nodes[f.node].props)
+		if n > 0 && (s.mode == jKeyOrClose || int(f.idx) != n-1) {
+			return false // every property, in order (strict)
+		}
+	}
 	s.depth--
 	s.mode = jAfter
 	if s.depth == 0 {
 		s.mode = jDone
 	}
+	return true
+}
+
+// enumByte advances a string value that must be one of its node's enum
+// options (none holds '"' or '\\').
+func (s *jsonState) enumByte(c byte) bool {
+	opts := s.sch.nodes[s.scalar].enum
+	var left uint64
+	for i, o := range opts {
+		if s.enum&(1<<i) == 0 {
+			continue
+		}
+		if int(s.enumPos) < len(o) && o[s.enumPos] == c || int(s.enumPos) == len(o) && c == '"' {
+			left |= 1 << i
+		}
+	}
+	if left == 0 {
+		return false
+	}
+	if c == '"' {
+		s.enum, s.mode = 0, jAfter
+		return true
+	}
+	s.enum, s.enumPos = left, s.enumPos+1
 	return true
 }

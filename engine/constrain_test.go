@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -43,18 +44,24 @@ var jsonCases = []struct {
 	{strings.Repeat(`{"a":`, maxJSONDepth+1), false, false},
 }
 
+// feedAll feeds text to s and returns the index of the first byte refused,
+// or -1.
+func feedAll(s *jsonState, text string) int {
+	for i := range len(text) {
+		if !s.feed(text[i]) {
+			return i
+		}
+	}
+	return -1
+}
+
 // TestJSONState holds the recognizer to encoding/json: a text is accepted
 // whole when it is a prefix of a JSON object (and only then), and done when
 // it is one.
 func TestJSONState(t *testing.T) {
 	for _, tc := range jsonCases {
 		var s jsonState
-		ok := true
-		for i := range len(tc.text) {
-			if ok = s.feed(tc.text[i]); !ok {
-				break
-			}
-		}
+		ok := feedAll(&s, tc.text) < 0
 		if ok != tc.prefix || s.done() != tc.done {
 			t.Errorf("%q: prefix %v done %v, want %v %v", tc.text, ok, s.done(), tc.prefix, tc.done)
 		}
@@ -102,10 +109,8 @@ func TestJSONConstraint(t *testing.T) {
 			t.Fatal(err)
 		}
 		var st jsonState
-		for i := range len(text) {
-			if !st.feed(text[i]) {
-				t.Fatalf("seed %d: %q is not a JSON-object prefix at byte %d", seed, text, i)
-			}
+		if i := feedAll(&st, text); i >= 0 {
+			t.Fatalf("seed %d: %q is not a JSON-object prefix at byte %d", seed, text, i)
 		}
 		if res.Reason == StopToken {
 			done++
@@ -151,5 +156,92 @@ func BenchmarkJSONMask(b *testing.B) {
 				}
 			})
 		})
+	}
+}
+
+const testSchema = `{"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+	"tags": {"type": "array", "items": {"type": "string", "enum": ["x", "yz"]}}, "ok": {"type": "boolean"}, "n": {"type": "null"}}}`
+
+// TestJSONSchemaState: with a schema, the recognizer takes exactly the
+// objects that follow it, properties in order.
+func TestJSONSchemaState(t *testing.T) {
+	sch, err := compileSchema([]byte(testSchema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		text         string
+		prefix, done bool
+	}{
+		{`{"name": "Jo", "age": -3, "tags": ["x", "yz"], "ok": true, "n": null}`, true, true},
+		{`{"name":"","age":0,"tags":[],"ok":false,"n":null}`, true, true},
+		{`{"name": "Jo", "ag`, true, false},
+		{`{"name": "Jo", "age": 3, "tags": ["y`, true, false},
+		{`{"age": 3`, false, false},
+		{`{"name": 1`, false, false},
+		{`{"name": "a", "age": 3.5`, false, false},
+		{`{"name": "a", "age": 3e2`, false, false},
+		{`{"name": "a", "age": 3, "tags": ["z"`, false, false},
+		{`{"name": "a", "age": 3, "tags": ["y"`, false, false},
+		{`{"name": "a", "age": 3}`, false, false},
+		{`{}`, false, false},
+		{`{"name": "a", "age": 3, "tags": [], "ok": false, "n": null, "x": 1}`, false, false},
+		{`{"name": "a", "age": 3, "tags": [], "ok": false, "n": null,`, false, false},
+	} {
+		s := jsonState{sch: sch}
+		ok := feedAll(&s, tc.text) < 0
+		if ok != tc.prefix || s.done() != tc.done {
+			t.Errorf("%q: prefix %v done %v, want %v %v", tc.text, ok, s.done(), tc.prefix, tc.done)
+		}
+	}
+	for _, bad := range []string{`{"type": "array", "items": {"type": "string"}}`, `{"anyOf": []}`, `{"type": "object", "properties": {"a": {"type": "string", "enum": ["\""]}}}`,
+		`{"type": "object", "properties": {"a": {"type": "array"}}}`, `{"type": "object", "properties": []}`, `nope`} {
+		if _, err := compileSchema([]byte(bad)); !errors.Is(err, ErrSchema) {
+			t.Errorf("%s: %v, want ErrSchema", bad, err)
+		}
+	}
+}
+
+// TestJSONSchemaConstraint: generations under a schema constraint follow it.
+func TestJSONSchemaConstraint(t *testing.T) {
+	m := tinyTextModel(t, 17, func(i int) string { return jsonVocab[i] }, `{"type":"Fuse"}`)
+	schema := `{"type": "object", "properties": {"ab": {"type": "integer"}, "key": {"type": "string", "enum": ["x", "yz"]},
+		"c": {"type": "array", "items": {"type": "boolean"}}}}`
+	sch, _ := compileSchema([]byte(schema))
+	done := 0
+	for seed := range uint64(6) {
+		s, _ := m.NewSession(0)
+		con, err := m.NewJSONSchemaConstraint([]byte(schema), []int{1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := s.Generate(context.Background(), []int{2}, GenerateOptions{MaxTokens: 1500, StopTokens: []int{1},
+			Sampling: SamplingOptions{Temperature: 1, Seed: seed}, Constraint: con}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gen := res.Tokens
+		if res.Reason == StopToken {
+			gen = gen[:len(gen)-1]
+		}
+		text, _ := m.Decode(gen)
+		st := jsonState{sch: sch}
+		if i := feedAll(&st, text); i >= 0 {
+			t.Fatalf("seed %d: %q does not follow the schema at byte %d", seed, text, i)
+		}
+		if res.Reason == StopToken {
+			done++
+			var v struct {
+				AB  *int   `json:"ab"`
+				Key string `json:"key"`
+				C   []bool `json:"c"`
+			}
+			if err := json.Unmarshal([]byte(text), &v); err != nil || v.AB == nil || (v.Key != "x" && v.Key != "yz") {
+				t.Errorf("seed %d: %q: %v", seed, text, err)
+			}
+		}
+	}
+	if done == 0 {
+		t.Error("no generation closed its object")
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -313,6 +314,9 @@ func (s *Session) picker(sampler *Sampler, lp logProbOptions, con Constraint) fu
 		}
 		if con != nil {
 			con.Mask(logits)
+			if !slices.ContainsFunc(logits, func(v float32) bool { return !math.IsInf(float64(v), -1) }) {
+				return Token{}, fmt.Errorf("engine: the constraint allows no token at position %d", len(s.tokens))
+			}
 		}
 		t := Token{ID: sampler.Sample(logits, s.tokens)}
 		if con != nil {

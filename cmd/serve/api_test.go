@@ -36,7 +36,9 @@ func TestRequestValidation(t *testing.T) {
 		{"/v1/chat/completions", `{` + chat + `,"stop":[""]}`, 400, "stop"},
 		{"/v1/chat/completions", `{` + chat + `,"top_logprobs":3}`, 400, "top_logprobs"},
 		{"/v1/chat/completions", `{` + chat + `,"logprobs":true,"top_logprobs":21}`, 400, "top_logprobs"},
-		{"/v1/chat/completions", `{` + chat + `,"response_format":{"type":"json_schema"}}`, 400, "response_format"},
+		{"/v1/chat/completions", `{` + chat + `,"response_format":{"type":"json_schema"}}`, 400, "response_format.json_schema.schema"},
+		{"/v1/chat/completions", `{` + chat + `,"response_format":{"type":"yaml"}}`, 400, "response_format"},
+		{"/v1/chat/completions", `{` + chat + `,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"array"}}}}`, 400, "response_format"},
 		{"/v1/chat/completions", `{` + chat + `,"max_tokens":"many"}`, 400, "max_tokens"},
 		{"/v1/completions", `{"model":"tiny"}`, 400, "prompt"},
 		{"/v1/completions", `{"model":"tiny","prompt":["a","b"]}`, 400, "prompt"},
@@ -175,13 +177,15 @@ func TestStreamMatchesWhole(t *testing.T) {
 	}
 }
 
-// TestJSONObject: response_format json_object gives a JSON object, or a
-// prefix of one when max_tokens cuts it.
+// TestJSONObject: response_format json_object (and json_schema) gives a
+// JSON object, or a prefix of one when max_tokens cuts it.
 func TestJSONObject(t *testing.T) {
 	ts := newTestServer(t, 2, 4)
+	formats := []any{map[string]string{"type": "json_object"}, map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "p",
+		"schema": map[string]any{"type": "object", "properties": map[string]any{"n": map[string]string{"type": "integer"}}}}}}
 	for seed := range 4 {
 		status, body := ts.post(t, "/v1/chat/completions", map[string]any{"model": "tiny", "seed": seed, "max_tokens": 300,
-			"messages": []map[string]string{{"role": "user", "content": "JSON please"}}, "response_format": map[string]string{"type": "json_object"}})
+			"messages": []map[string]string{{"role": "user", "content": "JSON please"}}, "response_format": formats[seed%2]})
 		var r struct {
 			Choices []struct {
 				Message      struct{ Content string }

@@ -89,14 +89,19 @@ func (s *server) chat(w http.ResponseWriter, r *http.Request) error {
 		}
 		msgs[i] = engine.Message{Role: m.Role, Content: string(m.Content)}
 	}
-	jsonObject := false
+	var format func() (engine.Constraint, error) // the constraint of response_format
 	if rf := req.ResponseFormat; rf != nil {
 		switch rf.Type {
 		case "text":
 		case "json_object":
-			jsonObject = true
+			format = func() (engine.Constraint, error) { return s.m.NewJSONConstraint(nil) }
+		case "json_schema":
+			if rf.JSONSchema == nil || len(rf.JSONSchema.Schema) == 0 {
+				return badRequest("response_format.json_schema.schema", "response_format json_schema needs json_schema.schema")
+			}
+			format = func() (engine.Constraint, error) { return s.m.NewJSONSchemaConstraint(rf.JSONSchema.Schema, nil) }
 		default:
-			return badRequest("response_format", "response_format %q is not supported (text or json_object)", rf.Type)
+			return badRequest("response_format", "response_format %q is not supported (text, json_object or json_schema)", rf.Type)
 		}
 	}
 	if req.MaxCompletionTokens != nil {
@@ -116,8 +121,8 @@ func (s *server) chat(w http.ResponseWriter, r *http.Request) error {
 		opts.TopLogProbs = *req.TopLogProbs
 	}
 	opts.LogProbs = req.LogProbs
-	if jsonObject {
-		if opts.Constraint, err = s.m.NewJSONConstraint(nil); err != nil {
+	if format != nil {
+		if opts.Constraint, err = format(); err != nil {
 			return badRequest("response_format", "%v", err)
 		}
 	}

@@ -165,7 +165,11 @@ type chatRequest struct {
 	LogProbs            bool          `json:"logprobs"`
 	TopLogProbs         *int          `json:"top_logprobs"`
 	ResponseFormat      *struct {
-		Type string `json:"type"`
+		Type       string `json:"type"`
+		JSONSchema *struct {
+			Name   string          `json:"name"`
+			Schema json.RawMessage `json:"schema"`
+		} `json:"json_schema"`
 	} `json:"response_format"`
 }
 
