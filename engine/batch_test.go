@@ -202,41 +202,59 @@ func BenchmarkBatchedDecodeGPU(b *testing.B) {
 	benchBatched(b, "cuda", spec.Model.(testmodel.Llama), []int{1, 8, 32, 64})
 }
 
+// benchBatched is, for each count c of sessions decoding 32 greedy tokens at
+// once, the output tokens/s batched and alone (Options.Batch.Off), in
+// rounds that alternate the two (7 a benchmark iteration), so that a
+// shared machine's load falls on both: best and median of each, and their
+// ratios.
 func benchBatched(b *testing.B, device string, spec testmodel.Llama, levels []int) {
 	dir := b.TempDir()
 	if err := spec.Write(dir); err != nil {
 		b.Fatal(err)
 	}
-	for _, c := range levels {
-		for _, off := range []bool{false, true} {
-			b.Run(fmt.Sprintf("c=%d/batched=%v", c, !off), func(b *testing.B) {
-				m, err := Load(dir, Options{Device: device, ContextLength: 256, Batch: BatchOptions{Off: off}})
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer m.Close()
-				const tokens = 32
-				b.ResetTimer()
-				start := time.Now()
-				for range b.N {
-					var wg sync.WaitGroup
-					for i := range c {
-						wg.Add(1)
-						go func() {
-							defer wg.Done()
-							s, err := m.NewSession(0)
-							if err == nil {
-								_, err = s.Generate(context.Background(), testPrompt(i, 8, spec.Vocab), GenerateOptions{MaxTokens: tokens, StopTokens: []int{}}, nil)
-							}
-							if err != nil {
-								b.Error(err)
-							}
-						}()
-					}
-					wg.Wait()
-				}
-				b.ReportMetric(float64(b.N*c*tokens)/time.Since(start).Seconds(), "tok/s")
-			})
+	var models [2]*Model // batched, alone
+	for i, off := range []bool{false, true} {
+		m, err := Load(dir, Options{Device: device, ContextLength: 256, Batch: BatchOptions{Off: off}})
+		if err != nil {
+			b.Fatal(err)
 		}
+		defer m.Close()
+		models[i] = m
+	}
+	const tokens, rounds = 32, 7
+	for _, c := range levels {
+		b.Run(fmt.Sprintf("c=%d", c), func(b *testing.B) {
+			var rates [2][]float64
+			for b.Loop() {
+				for range rounds {
+					for i, m := range models {
+						start := time.Now()
+						var wg sync.WaitGroup
+						for j := range c {
+							wg.Add(1)
+							go func() {
+								defer wg.Done()
+								s, err := m.NewSession(0)
+								if err == nil {
+									_, err = s.Generate(context.Background(), testPrompt(j, 8, spec.Vocab), GenerateOptions{MaxTokens: tokens, StopTokens: []int{}}, nil)
+								}
+								if err != nil {
+									b.Error(err)
+								}
+							}()
+						}
+						wg.Wait()
+						rates[i] = append(rates[i], float64(c*tokens)/time.Since(start).Seconds())
+					}
+				}
+			}
+			for i, name := range []string{"batched", "alone"} {
+				slices.Sort(rates[i])
+				b.ReportMetric(rates[i][len(rates[i])-1], name+"-best-tok/s")
+				b.ReportMetric(rates[i][len(rates[i])/2], name+"-median-tok/s")
+			}
+			b.ReportMetric(rates[0][len(rates[0])-1]/rates[1][len(rates[1])-1], "ratio-best")
+			b.ReportMetric(rates[0][len(rates[0])/2]/rates[1][len(rates[1])/2], "ratio-median")
+		})
 	}
 }
