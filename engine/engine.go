@@ -61,6 +61,9 @@ type Options struct {
 	// private memory (not shared page cache) until Close. For long-running
 	// programs whose model folder may be rewritten.
 	CopyWeights bool
+	// Batch tunes the scheduler that runs the sessions generating at once
+	// as one batched step (continuous batching); see BatchOptions.
+	Batch BatchOptions
 }
 
 // DefaultContext caps the default session length, so that a model with a
@@ -87,6 +90,11 @@ type Model struct {
 	cacheBytesPerToken func() (int64, error)
 	// info holds Info's figures of the checkpoint, taken at Load.
 	info Info
+	// tokenBytesState holds each token's text for constraints (constrain.go).
+	tokenBytesState
+	// sched batches the steps of concurrent sessions (nil: the model does
+	// not batch, or Options.Batch.Off).
+	sched *scheduler
 
 	// mu guards the lifecycle: closed is set by Close, inflight counts the
 	// calls using the weights or the backend, and the last of them to
@@ -112,6 +120,9 @@ func Load(dir string, opts Options) (*Model, error) {
 	start := time.Now()
 	if opts.Threads < 0 || opts.ContextLength < 0 {
 		return nil, fmt.Errorf("engine: Options.Threads %d, ContextLength %d: want >= 0 (0: the default)", opts.Threads, opts.ContextLength)
+	}
+	if err := opts.Batch.validate(); err != nil {
+		return nil, err
 	}
 	if err := opts.GPU.Validate(); err != nil {
 		return nil, fmt.Errorf("engine: Options.GPU: %w", err)
@@ -154,7 +165,7 @@ func Load(dir string, opts Options) (*Model, error) {
 	if f.Quant != nil {
 		algo = f.Quant.Algo
 	}
-	return &Model{dir: dir, cfg: cfg, gen: gen, folder: f, backend: b, caps: backend.CapabilitiesOf(b), net: net, tok: tok, ctxLen: ctxLen, deviceNote: note,
+	return &Model{dir: dir, cfg: cfg, gen: gen, folder: f, backend: b, caps: backend.CapabilitiesOf(b), net: net, tok: tok, ctxLen: ctxLen, deviceNote: note, sched: newScheduler(net, opts.Batch),
 		info: checkpointInfo(f.Checkpoint, algo), loadTime: time.Since(start), cacheBytesPerToken: sync.OnceValues(func() (int64, error) {
 			st, err := net.NewState(1)
 			if err != nil {
@@ -225,6 +236,15 @@ func (m *Model) Device() string {
 // Backend is the compute backend the model runs on (a *cpu.Backend or a
 // *kernels.Backend), for profiling and tools; most programs never need it.
 func (m *Model) Backend() backend.Backend { return m.backend }
+
+// BatchStats are the counts of the scheduler that batches concurrent
+// sessions' steps (zero for a model that runs each session alone).
+func (m *Model) BatchStats() BatchStats {
+	if m.sched == nil {
+		return BatchStats{}
+	}
+	return m.sched.Stats()
+}
 
 // LoadTime is how long Load took.
 func (m *Model) LoadTime() time.Duration { return m.loadTime }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -47,6 +48,11 @@ type GenerateOptions struct {
 	// rule and random stream as on the CPU (slower, never other numbers).
 	LogProbs    bool
 	TopLogProbs int
+	// Constraint, when not nil, restricts the tokens picked (constrained
+	// output, e.g. Model.NewJSONConstraint); the token is then picked on
+	// the host. Log-probabilities stay the model's own, before the mask.
+	// A Constraint serves one call.
+	Constraint Constraint
 }
 
 // MaxTopLogProbs bounds GenerateOptions.TopLogProbs.
@@ -139,6 +145,10 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptio
 	if err := s.m.checkOptions(opts); err != nil {
 		return nil, err
 	}
+	if s.m.sched != nil {
+		s.m.sched.enter()
+		defer s.m.sched.leave()
+	}
 	if free := s.st.Cap() - len(s.tokens); len(prompt) > free {
 		return nil, fmt.Errorf("engine: prompt of %d tokens is longer than the %d free positions of the context (%d): %w",
 			len(prompt), free, s.st.Cap(), ErrContextFull)
@@ -165,7 +175,7 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opts GenerateOptio
 	}
 	held := stopText{stops: opts.StopStrings}
 	var streamed strings.Builder
-	pick := s.picker(NewSampler(opts.Sampling), logProbOptions{opts.LogProbs || opts.TopLogProbs > 0, opts.TopLogProbs})
+	pick := s.picker(NewSampler(opts.Sampling), logProbOptions{opts.LogProbs || opts.TopLogProbs > 0, opts.TopLogProbs}, opts.Constraint)
 	// However generation ends, the session holds the prompt and every token
 	// of the result, so that a resumed conversation has every token the
 	// caller saw: a token streamed before a cancellation or a stream error
@@ -284,31 +294,60 @@ func (m *Model) checkOptions(opts GenerateOptions) error {
 // The function returns the token's ID, and its log-probabilities when lp
 // asks for them: those need the logits on the host, so they take the host
 // path whatever the backend offers.
-func (s *Session) picker(sampler *Sampler, lp logProbOptions) func(ctx context.Context, tokens []int, more bool) (Token, error) {
+func (s *Session) picker(sampler *Sampler, lp logProbOptions, con Constraint) func(ctx context.Context, tokens []int, more bool) (Token, error) {
 	df, forwards := s.m.net.(model.DeviceForwarder)
 	ts := s.m.caps.Sampler
 	samples := ts != nil
 	o := sampler.opts
-	if !forwards || !samples || !o.onDevice() || lp.want {
-		var raw []float32 // the logits before Sample changes them
-		return func(ctx context.Context, tokens []int, _ bool) (Token, error) {
-			logits, err := s.appendHost(ctx, tokens)
-			if err != nil {
-				return Token{}, err
-			}
-			if i := firstNaN(logits); i >= 0 {
-				return Token{}, fmt.Errorf("engine: logit %d at position %d is NaN (a weight or config value out of range?); no token drawn",
-					i, len(s.tokens)-1)
-			}
-			if !lp.want {
-				return Token{ID: sampler.Sample(logits, s.tokens)}, nil
-			}
-			raw = append(raw[:0], logits...)
-			t := Token{ID: sampler.Sample(logits, s.tokens)}
-			t.LogProb, t.TopLogProbs = logProbs(raw, t.ID, lp.top)
-			return t, nil
+	var raw []float32 // the logits before Sample changes them
+	host := func(ctx context.Context, tokens []int, _ bool) (Token, error) {
+		logits, err := s.appendHost(ctx, tokens)
+		if err != nil {
+			return Token{}, err
 		}
+		if i := firstNaN(logits); i >= 0 {
+			return Token{}, fmt.Errorf("engine: logit %d at position %d is NaN (a weight or config value out of range?); no token drawn",
+				i, len(s.tokens)-1)
+		}
+		if lp.want {
+			raw = append(raw[:0], logits...)
+		}
+		if con != nil {
+			con.Mask(logits)
+			if !slices.ContainsFunc(logits, func(v float32) bool { return !math.IsInf(float64(v), -1) }) {
+				return Token{}, fmt.Errorf("engine: the constraint allows no token at position %d", len(s.tokens))
+			}
+		}
+		t := Token{ID: sampler.Sample(logits, s.tokens)}
+		if con != nil {
+			con.Accept(t.ID)
+		}
+		if lp.want {
+			t.LogProb, t.TopLogProbs = logProbs(raw, t.ID, lp.top)
+		}
+		return t, nil
 	}
+	if !forwards || !samples || !o.onDevice() || lp.want || con != nil {
+		return host
+	}
+	device := s.devicePicker(sampler, df, ts)
+	if s.m.sched == nil {
+		return device
+	}
+	// While other sessions generate, the step is batched with theirs and
+	// the token picked on the host; alone, it is picked on the device.
+	return func(ctx context.Context, tokens []int, more bool) (Token, error) {
+		if s.m.sched.crowded() {
+			return host(ctx, tokens, more)
+		}
+		return device(ctx, tokens, more)
+	}
+}
+
+// devicePicker is picker's function for a backend that picks the token
+// where the logits are.
+func (s *Session) devicePicker(sampler *Sampler, df model.DeviceForwarder, ts backend.TokenSampler) func(ctx context.Context, tokens []int, more bool) (Token, error) {
+	o := sampler.opts
 	draw := func() float64 {
 		if o.Temperature > 0 {
 			return sampler.rng.Float64()

@@ -112,8 +112,15 @@ func (s *Session) Append(ctx context.Context, tokens []int) ([]float32, error) {
 // appendHost is Append for a caller that holds the model (Model.acquire).
 func (s *Session) appendHost(ctx context.Context, tokens []int) ([]float32, error) {
 	var logits []float32
+	if s.st.Len() > len(s.tokens) { // a run queued ahead (picker) that is not kept
+		s.st.Truncate(len(s.tokens))
+	}
 	err := s.run(ctx, tokens, func(ids []int32) (err error) {
-		logits, err = s.m.net.Forward(ctx, s.st, ids, false)
+		if s.m.sched != nil {
+			logits, err = s.m.sched.forward(ctx, s.st, ids)
+		} else {
+			logits, err = s.m.net.Forward(ctx, s.st, ids, false)
+		}
 		return err
 	})
 	return logits, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"sync"
 
 	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/layers"
@@ -21,6 +22,9 @@ type Llama struct {
 	htree *llamaHTree             // non-nil: htree attention (Options.Attention, llama_htree.go)
 	moe   *qwen3MoEConfig         // non-nil: Qwen3-MoE (qwen3_moe.go)
 	pipe  backend.TokenPipeliner  // nil: the backend cannot run a token it holds
+	// batchMu guards batch, the scratch of ForwardBatch (llama_batch.go).
+	batchMu sync.Mutex
+	batch   llamaBatch
 	head
 	Blocks []llamaBlock
 }
@@ -108,10 +112,15 @@ func (m *Llama) Config() *Config { return m.cfg }
 
 // llamaState is one sequence: the KV cache and activation scratch.
 type llamaState struct {
-	cache                        backend.KVCache
-	rows                         int // rows the scratch buffers hold
+	cache backend.KVCache
+	llamaBuffers
+	logits backend.Buffer // [rows, vocab]: Forward may return every row's
+}
+
+// llamaBuffers is activation scratch for up to rows rows.
+type llamaBuffers struct {
+	rows                         int
 	x, h, q, k, v, att, gate, up backend.Buffer
-	logits                       backend.Buffer
 	moeScratch                   // Qwen3-MoE's host routing
 }
 
@@ -137,9 +146,9 @@ func (m *Llama) NewState(capacity int) (State, error) {
 }
 
 // grow makes the scratch buffers hold n rows.
-func (m *Llama) grow(s *llamaState, n int) {
+func (m *Llama) grow(s *llamaBuffers, n int) bool {
 	if s.rows >= n {
-		return
+		return false
 	}
 	c, b := m.cfg, m.b
 	s.rows = n
@@ -151,10 +160,20 @@ func (m *Llama) grow(s *llamaState, n int) {
 	s.v = b.NewBuffer(n * c.NumKVHeads * c.HeadDim)
 	s.gate = b.NewBuffer(n * c.IntermediateSize)
 	s.up = b.NewBuffer(n * c.IntermediateSize)
-	s.logits = b.NewBuffer(n * c.VocabSize)
 	if m.moe != nil {
 		s.growMoE(b, n, m.moe.NumExperts, m.moe.MoEIntermediateSize, c.HiddenSize)
 	}
+	return true
+}
+
+// views are the first n rows of s's buffers.
+func (m *Llama) views(s *llamaBuffers, n int) llamaScratch {
+	c, b := m.cfg, m.b
+	view := func(buf backend.Buffer, width int) backend.Buffer { return b.View(buf, 0, n*width) }
+	qw, kw := c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim
+	return llamaScratch{x: view(s.x, c.HiddenSize), h: view(s.h, c.HiddenSize), q: view(s.q, qw), att: view(s.att, qw),
+		k: view(s.k, kw), v: view(s.v, kw), gate: view(s.gate, c.IntermediateSize), up: view(s.up, c.IntermediateSize),
+		moe: &s.moeScratch}
 }
 
 // forward runs the decoder over tokens and returns the logits on the backend:
@@ -169,23 +188,45 @@ func (m *Llama) forward(ctx context.Context, st State, tokens []int32, embed fun
 		return nil, err
 	}
 	c, b := m.cfg, m.b
-	n, pos0, H := len(tokens), s.cache.Len(), c.HiddenSize
-	m.grow(s, n)
-	view := func(buf backend.Buffer, width int) backend.Buffer { return b.View(buf, 0, n*width) }
-	x, h := view(s.x, H), view(s.h, H)
-	q, att := view(s.q, c.NumHeads*c.HeadDim), view(s.att, c.NumHeads*c.HeadDim)
-	k, v := view(s.k, c.NumKVHeads*c.HeadDim), view(s.v, c.NumKVHeads*c.HeadDim)
-	gate, up := view(s.gate, c.IntermediateSize), view(s.up, c.IntermediateSize)
-
-	if embed != nil {
-		embed(x)
-	} else {
-		b.Embed(x, m.Embed, tokens)
+	n, pos0 := len(tokens), s.cache.Len()
+	if m.grow(&s.llamaBuffers, n) {
+		s.logits = b.NewBuffer(n * c.VocabSize)
 	}
+	sc := m.views(&s.llamaBuffers, n)
+	if embed != nil {
+		embed(sc.x)
+	} else {
+		b.Embed(sc.x, m.Embed, tokens)
+	}
+	err := m.blocks(ctx, sc, n, func(l int, att, q, k, v backend.Buffer) {
+		m.attend(s, l, att, q, k, v, pos0, n)
+	})
+	if err != nil {
+		s.cache.Truncate(pos0)
+		return nil, err
+	}
+	return m.head.logits(b, c, sc.x, sc.h, s.logits, n, all), nil
+}
+
+// llamaScratch is the activations of one pass over n rows: x and h
+// [n, hidden], q and att [n, heads*head_dim], k and v [n, kv_heads*head_dim],
+// gate and up [n, ffn].
+type llamaScratch struct {
+	x, h, q, k, v, att, gate, up backend.Buffer
+	moe                          *moeScratch // Qwen3-MoE's host routing
+}
+
+// blocks runs the decoder blocks over the n rows of sc.x (embedded), leaving
+// the last block's output in sc.x. attend runs layer l's attention of the
+// rows' q, k and v (q and k normed, not rotated) into att: the rows may
+// belong to one sequence or to several (ForwardBatch), every other op
+// covers all n rows at once. ctx is checked before each layer.
+func (m *Llama) blocks(ctx context.Context, sc llamaScratch, n int, attend func(l int, att, q, k, v backend.Buffer)) error {
+	c, b := m.cfg, m.b
+	x, h, q, k, v, att, gate, up := sc.x, sc.h, sc.q, sc.k, sc.v, sc.att, sc.gate, sc.up
 	for l := range m.Blocks {
 		if err := ctx.Err(); err != nil {
-			s.cache.Truncate(pos0)
-			return nil, err
+			return err
 		}
 		blk := &m.Blocks[l]
 		// Attention: x += O · attn(RoPE(Q·norm(x)), RoPE(K·norm(x)), V·norm(x)).
@@ -197,19 +238,13 @@ func (m *Llama) forward(ctx context.Context, st State, tokens []int32, embed fun
 			b.RMSNorm(q, q, blk.QNorm, c.RMSNormEps)
 			b.RMSNorm(k, k, blk.KNorm, c.RMSNormEps)
 		}
-		if m.htree != nil { // q and k before RoPE: htree rotates by candidate index
-			m.htree.attention(m, att, q, k, v, s.cache, l, pos0, n)
-		} else {
-			b.RoPE(q, n, c.NumHeads, c.HeadDim, 0, pos0, m.rope, false)
-			b.RoPE(k, n, c.NumKVHeads, c.HeadDim, 0, pos0, m.rope, false)
-			b.Attention(att, q, k, v, s.cache, l, pos0, n, m.attn[l])
-		}
+		attend(l, att, q, k, v)
 		b.MatMul(h, att, blk.O, n)
 		b.Add(x, x, h)
 		b.RMSNorm(h, x, blk.MLPNorm, c.RMSNormEps)
 		if blk.MoE != nil {
 			// MoE: x += sum over norm(x)'s top-k experts e of p_e · Expert_e(norm(x)).
-			m.moeMLP(s, blk.MoE, x, h, n)
+			m.moeMLP(sc.moe, blk.MoE, x, h, n)
 			continue
 		}
 		// MLP: x += Down · (silu(Gate·norm(x)) * Up·norm(x)).
@@ -219,7 +254,20 @@ func (m *Llama) forward(ctx context.Context, st State, tokens []int32, embed fun
 		b.MatMul(h, gate, blk.Down, n)
 		b.Add(x, x, h)
 	}
-	return m.head.logits(b, c, x, h, s.logits, n, all), nil
+	return nil
+}
+
+// attend runs layer l's attention of n rows of one sequence, at positions
+// pos0.., appending their keys and values to its cache.
+func (m *Llama) attend(s *llamaState, l int, att, q, k, v backend.Buffer, pos0, n int) {
+	c, b := m.cfg, m.b
+	if m.htree != nil { // q and k before RoPE: htree rotates by candidate index
+		m.htree.attention(m, att, q, k, v, s.cache, l, pos0, n)
+		return
+	}
+	b.RoPE(q, n, c.NumHeads, c.HeadDim, 0, pos0, m.rope, false)
+	b.RoPE(k, n, c.NumKVHeads, c.HeadDim, 0, pos0, m.rope, false)
+	b.Attention(att, q, k, v, s.cache, l, pos0, n, m.attn[l])
 }
 
 // Forward runs the decoder over tokens and reads the logits back.

@@ -41,6 +41,20 @@ type SampledForwarder interface {
 	ForwardSampled(ctx context.Context, st State, src backend.Buffer) (backend.Buffer, error)
 }
 
+// BatchForwarder is implemented by models that run one step over several
+// sequences at once (continuous batching, engine's scheduler): the matmuls
+// cover the stacked rows of every sequence, so each weight is read once a
+// step, and attention runs per sequence over its own cache.
+type BatchForwarder interface {
+	// ForwardBatch runs tokens[i] on sts[i] (appended at sts[i].Len()...)
+	// for every i and returns the logits of each sequence's last token,
+	// [len(sts), vocab], row i for sts[i]. Each row is the one Forward of
+	// that sequence alone returns (bit for bit where the backend's matmul
+	// rows are independent of each other, as on the CPU). The states must
+	// be distinct. On error (ctx's included) every state is left as it was.
+	ForwardBatch(ctx context.Context, sts []State, tokens [][]int32) ([]float32, error)
+}
+
 // hostLogits is the end of a model's Forward: the pass's logits, read back
 // to the host, or the pass's error.
 func hostLogits(b backend.Backend, logits backend.Buffer, err error) ([]float32, error) {

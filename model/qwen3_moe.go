@@ -101,7 +101,7 @@ func (c *qwen3MoEConfig) load(b backend.Backend, l *Loader, prefix string, hidde
 
 // moeMLP adds the mixture of experts of the n rows of h (normalized) to x.
 // The experts' outputs are added to the residual stream directly.
-func (m *Llama) moeMLP(s *llamaState, f *qwen3MoE, x, h backend.Buffer, n int) {
+func (m *Llama) moeMLP(s *moeScratch, f *qwen3MoE, x, h backend.Buffer, n int) {
 	b, H, E := m.b, m.cfg.HiddenSize, len(f.Experts)
 	logits, idx, w := s.routerLogits(b, f.Router, h, n, E, f.K)
 	softmaxRoute(idx, w, logits, n, E, f.K, f.Normalize, &s.topk)

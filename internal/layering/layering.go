@@ -7,7 +7,8 @@
 //	   internal/testnum (random inputs and error measures for tests),
 //	   internal/testproc (child processes for tests)
 //	1  weights (safetensors; weights/nvfp4ckpt and weights/convert, the quantized layouts)
-//	2  backend (the compute contract; backend/cpu), internal/golden, internal/testmodel
+//	2  backend (the compute contract; backend/cpu), internal/golden, internal/testmodel,
+//	   internal/serveload (a load-test client of cmd/serve)
 //	3  kernels (the CUDA backend), model (the architectures): neither imports the other
 //	4  engine (the public API)
 //	5  cmd/..., training/..., internal/modeltest (test helpers that open model folders through the engine)
@@ -30,6 +31,7 @@ var Layers = map[string]int{
 	"backend":               2,
 	"internal/golden":       2,
 	"internal/testmodel":    2,
+	"internal/serveload":    2,
 	"internal/layering":     2,
 	"kernels":               3,
 	"model":                 3,

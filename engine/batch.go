@@ -1,0 +1,290 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/manifoldlm/manifold/model"
+)
+
+// BatchOptions tune the scheduler that runs the steps of the sessions of a
+// model that generate at once as one batched forward pass (continuous
+// batching: sessions join and leave between steps). Architectures that
+// cannot batch (model.BatchForwarder: Llama and Qwen3 can, DeepSeek cannot
+// yet) run each session alone as before. The zero value is the default of
+// each; no value changes what a session computes, only when its rows run.
+type BatchOptions struct {
+	// Off runs every session alone (no scheduler).
+	Off bool
+	// MaxSequences bounds the sequences of one step (0: 64). Sessions past
+	// it wait for the next step, oldest first.
+	MaxSequences int
+	// StepTokens bounds the tokens of one step (0: 256): every decoding
+	// session's token first, then prompt chunks (chunked prefill), oldest
+	// first, so that a long prompt does not stall the streams decoding
+	// beside it.
+	StepTokens int
+	// Gather is the longest a step waits, once a session has queued its
+	// tokens, for the other sessions generating to queue theirs (0: 2ms;
+	// negative: no wait). A session whose stream callback is slow holds
+	// the others back by at most this much a step.
+	Gather time.Duration
+}
+
+func (o BatchOptions) withDefaults() BatchOptions {
+	if o.MaxSequences <= 0 {
+		o.MaxSequences = 64
+	}
+	if o.StepTokens <= 0 {
+		o.StepTokens = 256
+	}
+	if o.Gather == 0 {
+		o.Gather = 2 * time.Millisecond
+	}
+	return o
+}
+
+func (o BatchOptions) validate() error {
+	if o.MaxSequences < 0 || o.StepTokens < 0 {
+		return fmt.Errorf("engine: Options.Batch.MaxSequences %d, StepTokens %d: want >= 0 (0: the default)", o.MaxSequences, o.StepTokens)
+	}
+	return nil
+}
+
+// BatchStats are the scheduler's counts since Load (all zero for a model
+// that does not batch).
+type BatchStats struct {
+	Steps     int64 // batched forward passes run
+	Rows      int64 // tokens run by them
+	Sequences int64 // sequences summed over the steps (Sequences/Steps: the mean batch)
+	Active    int   // sessions generating now
+	Queued    int   // sessions waiting for a step now
+	LastBatch int   // sequences of the last step
+}
+
+// batchRequest is a session's tokens waiting for the scheduler.
+type batchRequest struct {
+	ctx    context.Context
+	st     model.State
+	ids    []int32 // tokens to run
+	ran    int     // of ids, run so far
+	logits []float32
+	err    error
+	done   chan struct{}
+}
+
+// scheduler runs the queued tokens of a model's sessions as batched steps.
+// Its loop runs in a goroutine while anything is queued.
+type scheduler struct {
+	bf    model.BatchForwarder
+	vocab int
+	opts  BatchOptions
+
+	mu      sync.Mutex
+	queue   []*batchRequest // arrival order
+	active  int             // sessions between enter and leave
+	running bool            // the loop's goroutine is up
+	arrived chan struct{}   // a request was queued (capacity 1)
+	stats   BatchStats
+}
+
+func newScheduler(net model.Model, o BatchOptions) *scheduler {
+	bf, ok := net.(model.BatchForwarder)
+	if !ok || o.Off {
+		return nil
+	}
+	return &scheduler{bf: bf, vocab: net.Config().VocabSize, opts: o.withDefaults(), arrived: make(chan struct{}, 1)}
+}
+
+// enter and leave bracket a session's generation: while it generates, a
+// step waits (up to Gather) for its tokens.
+func (s *scheduler) enter() {
+	s.mu.Lock()
+	s.active++
+	s.mu.Unlock()
+}
+
+func (s *scheduler) leave() {
+	s.mu.Lock()
+	s.active--
+	s.mu.Unlock()
+	s.signal()
+}
+
+// crowded reports whether another session than the caller's generates.
+func (s *scheduler) crowded() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.active > 1
+}
+
+func (s *scheduler) signal() {
+	select {
+	case s.arrived <- struct{}{}:
+	default:
+	}
+}
+
+// forward runs ids on st in the scheduler's steps and returns the logits of
+// the last one. ctx's cancellation is honoured between steps; on error the
+// state may hold part of ids (the caller truncates it). When no step is
+// running the caller runs them itself until its own tokens have run (a
+// session alone never waits on another goroutine); steps left then go on
+// in a goroutine of their own.
+func (s *scheduler) forward(ctx context.Context, st model.State, ids []int32) ([]float32, error) {
+	r := &batchRequest{ctx: ctx, st: st, ids: ids, done: make(chan struct{})}
+	s.mu.Lock()
+	s.queue = append(s.queue, r)
+	lead := !s.running
+	s.running = true
+	s.mu.Unlock()
+	if lead {
+		s.loop(r)
+	} else {
+		s.signal()
+	}
+	<-r.done
+	return r.logits, r.err
+}
+
+// Stats returns the counts.
+func (s *scheduler) Stats() BatchStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.stats
+	st.Active, st.Queued = s.active, len(s.queue)
+	return st
+}
+
+// loop runs steps while requests are queued, then ends; with mine set, it
+// ends once mine is done too, passing the steps left to a new goroutine.
+func (s *scheduler) loop(mine *batchRequest) {
+	for {
+		s.gather()
+		s.mu.Lock()
+		if len(s.queue) == 0 {
+			s.running = false
+			s.mu.Unlock()
+			return
+		}
+		if mine != nil && closed(mine.done) {
+			s.mu.Unlock()
+			go s.loop(nil)
+			return
+		}
+		reqs, toks := s.pick()
+		s.mu.Unlock()
+		if len(reqs) > 0 {
+			s.step(reqs, toks)
+		}
+	}
+}
+
+func closed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// gather waits until every active session has queued its tokens, or
+// Gather has passed since the wait began.
+func (s *scheduler) gather() {
+	var deadline <-chan time.Time
+	for {
+		s.mu.Lock()
+		ready := len(s.queue) > 0 && len(s.queue) >= min(s.active, s.opts.MaxSequences)
+		empty := len(s.queue) == 0
+		s.mu.Unlock()
+		if ready || empty || s.opts.Gather < 0 {
+			return
+		}
+		if deadline == nil {
+			t := time.NewTimer(s.opts.Gather)
+			defer t.Stop()
+			deadline = t.C
+		}
+		select {
+		case <-s.arrived:
+		case <-deadline:
+			return
+		}
+	}
+}
+
+// pick takes the requests of the next step and the tokens each runs in it:
+// cancelled requests end; decode tokens (requests with one token left) go
+// first, then prompt chunks, oldest first, within StepTokens and
+// MaxSequences. s.mu is held.
+func (s *scheduler) pick() ([]*batchRequest, [][]int32) {
+	var reqs []*batchRequest
+	var toks [][]int32
+	budget := s.opts.StepTokens
+	live := s.queue[:0]
+	for _, r := range s.queue {
+		if err := r.ctx.Err(); err != nil {
+			r.err = err
+			close(r.done)
+			continue
+		}
+		live = append(live, r)
+	}
+	clear(s.queue[len(live):])
+	s.queue = live
+	for pass := 0; pass < 2; pass++ {
+		for _, r := range s.queue {
+			left := len(r.ids) - r.ran
+			if (pass == 0) != (left == 1) || budget == 0 || len(reqs) == s.opts.MaxSequences {
+				continue
+			}
+			n := min(left, budget)
+			budget -= n
+			reqs = append(reqs, r)
+			toks = append(toks, r.ids[r.ran:r.ran+n])
+		}
+	}
+	return reqs, toks
+}
+
+// step runs one batched forward pass and ends the requests it completes.
+func (s *scheduler) step(reqs []*batchRequest, toks [][]int32) {
+	sts := make([]model.State, len(reqs))
+	rows := 0
+	for i, r := range reqs {
+		sts[i] = r.st
+		rows += len(toks[i])
+	}
+	logits, err := s.bf.ForwardBatch(context.Background(), sts, toks)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stats.Steps++
+	s.stats.Rows += int64(rows)
+	s.stats.Sequences += int64(len(reqs))
+	s.stats.LastBatch = len(reqs)
+	finished := make(map[*batchRequest]bool, len(reqs))
+	for i, r := range reqs {
+		r.ran += len(toks[i])
+		switch {
+		case err != nil:
+			r.err = err
+		case r.ran == len(r.ids):
+			r.logits = logits[i*s.vocab : (i+1)*s.vocab : (i+1)*s.vocab]
+		default:
+			continue
+		}
+		finished[r] = true
+		close(r.done)
+	}
+	live := s.queue[:0]
+	for _, r := range s.queue {
+		if !finished[r] {
+			live = append(live, r)
+		}
+	}
+	clear(s.queue[len(live):])
+	s.queue = live
+}

@@ -1,0 +1,260 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/manifoldlm/manifold/internal/testmodel"
+	"github.com/manifoldlm/manifold/kernels"
+	"github.com/manifoldlm/manifold/weights"
+)
+
+// batchModel loads a small random Llama (or Qwen3) on the CPU twice:
+// batched (the default) and with the scheduler off.
+func batchModel(t testing.TB, qwen3 bool) (batched, alone *Model) {
+	return batchModelOn(t, qwen3, "cpu")
+}
+
+func batchModelOn(t testing.TB, qwen3 bool, device string) (batched, alone *Model) {
+	t.Helper()
+	dir := t.TempDir()
+	spec := testmodel.Llama{Layers: 2, Hidden: 64, FFN: 96, Heads: 4, KVHeads: 2, Vocab: 128, DType: weights.BF16, Qwen3: qwen3, Seed: 11}
+	if err := spec.Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	if batched, err = Load(dir, Options{Device: device, Threads: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if alone, err = Load(dir, Options{Device: device, Threads: 2, Batch: BatchOptions{Off: true}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { batched.Close(); alone.Close() })
+	return batched, alone
+}
+
+// testPrompt is n tokens of seed in [2, vocab).
+func testPrompt(seed, n, vocab int) []int {
+	p := make([]int, n)
+	for i := range p {
+		p[i] = 2 + (seed*37+i*13)%(vocab-2)
+	}
+	return p
+}
+
+// TestBatchedGenerateMatchesAlone: sessions generating at once, joining at
+// different times with prompts of different lengths (one longer than a
+// step's token budget, so its prefill is chunked between the others'
+// decode steps; two sharing a prefix), each give the tokens they give
+// alone, and their steps were batched. On the GPU (skipped without one)
+// "alone" picks each token on the device, the batched steps on the host.
+func TestBatchedGenerateMatchesAlone(t *testing.T) {
+	for _, tc := range []struct {
+		device string
+		qwen3  bool
+	}{{"cpu", false}, {"cpu", true}, {"cuda", false}, {"cuda", true}} {
+		t.Run(fmt.Sprintf("%s/qwen3=%v", tc.device, tc.qwen3), func(t *testing.T) {
+			if tc.device == "cuda" && !kernels.Available() {
+				t.Skip("no CUDA driver or GPU")
+			}
+			batched, alone := batchModelOn(t, tc.qwen3, tc.device)
+			vocab := batched.Config().VocabSize
+			lengths := []int{1, 7, 300, 20, 20, 3, 60, 9}
+			prompts := make([][]int, len(lengths))
+			for i, n := range lengths {
+				prompts[i] = testPrompt(i, n, vocab)
+			}
+			prompts[4] = append(slices.Clone(prompts[3][:15]), prompts[4][:5]...) // shares 15 tokens with 3
+			opts := GenerateOptions{MaxTokens: 24, StopTokens: []int{}}
+			want := make([][]int, len(prompts))
+			for i, p := range prompts {
+				s, err := alone.NewSession(512)
+				if err != nil {
+					t.Fatal(err)
+				}
+				res, err := s.Generate(context.Background(), p, opts, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want[i] = res.Tokens
+			}
+			got := make([][]int, len(prompts))
+			var wg sync.WaitGroup
+			for i, p := range prompts {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					time.Sleep(time.Duration(i%3) * 3 * time.Millisecond) // join mid-run
+					s, err := batched.NewSession(512)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					res, err := s.Generate(context.Background(), p, opts, nil)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					got[i] = res.Tokens
+				}()
+			}
+			wg.Wait()
+			for i := range prompts {
+				if !slices.Equal(got[i], want[i]) {
+					t.Errorf("session %d (%d prompt tokens): batched %v, alone %v", i, len(prompts[i]), got[i], want[i])
+				}
+			}
+			st := batched.BatchStats()
+			if st.Steps == 0 || st.Sequences <= st.Steps {
+				t.Errorf("no step was batched: %+v", st)
+			}
+			if st.Active != 0 || st.Queued != 0 {
+				t.Errorf("sessions left behind: %+v", st)
+			}
+			t.Logf("%+v: mean batch %.1f", st, float64(st.Sequences)/float64(st.Steps))
+		})
+	}
+}
+
+// TestBatchedCancel: a session cancelled mid-generation stops with ctx's
+// error and keeps its tokens; the others finish with their own tokens.
+func TestBatchedCancel(t *testing.T) {
+	batched, alone := batchModel(t, false)
+	vocab := batched.Config().VocabSize
+	opts := GenerateOptions{MaxTokens: 40, StopTokens: []int{}}
+	want := func(p []int) []int {
+		s, _ := alone.NewSession(256)
+		res, err := s.Generate(context.Background(), p, opts, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Tokens
+	}
+	var wg sync.WaitGroup
+	for i := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p := testPrompt(i, 5+i, vocab)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			s, err := batched.NewSession(256)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			res, err := s.Generate(ctx, p, opts, func(tok Token) error {
+				if i%2 == 1 && tok.Index == 5 {
+					cancel()
+				}
+				return nil
+			})
+			if i%2 == 1 {
+				if !errors.Is(err, context.Canceled) || len(res.Tokens) != 6 || s.Len() != len(p)+6 {
+					t.Errorf("cancelled session %d: %v, %d tokens, session holds %d", i, err, len(res.Tokens), s.Len())
+				}
+				return
+			}
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if w := want(p); !slices.Equal(res.Tokens, w) {
+				t.Errorf("session %d: %v, alone %v", i, res.Tokens, w)
+			}
+		}()
+	}
+	wg.Wait()
+	if st := batched.BatchStats(); st.Active != 0 || st.Queued != 0 {
+		t.Errorf("sessions left behind: %+v", st)
+	}
+}
+
+func TestBatchOptionsValidate(t *testing.T) {
+	for _, o := range []BatchOptions{{MaxSequences: -1}, {StepTokens: -2}} {
+		if err := o.validate(); err == nil {
+			t.Errorf("%+v: no error", o)
+		}
+	}
+}
+
+// BenchmarkBatchedDecode is the output tokens/s of c sessions decoding at
+// once, batched and alone (Options.Batch.Off), on a small model on the CPU.
+func BenchmarkBatchedDecode(b *testing.B) {
+	benchBatched(b, "cpu", testmodel.Llama{Layers: 4, Hidden: 512, FFN: 1536, Heads: 8, KVHeads: 2, Vocab: 8192, DType: weights.BF16, Seed: 1}, []int{1, 8, 32})
+}
+
+// BenchmarkBatchedDecodeGPU is BenchmarkBatchedDecode on the GPU at the
+// Llama-3.2-1B shape (NVFP4), up to 64 sessions.
+func BenchmarkBatchedDecodeGPU(b *testing.B) {
+	if !kernels.Available() {
+		b.Skip("no CUDA driver or GPU")
+	}
+	spec, err := testmodel.Shape("llama3.2-1b")
+	if err != nil {
+		b.Fatal(err)
+	}
+	benchBatched(b, "cuda", spec.Model.(testmodel.Llama), []int{1, 8, 32, 64})
+}
+
+// benchBatched is, for each count c of sessions decoding 32 greedy tokens at
+// once, the output tokens/s batched and alone (Options.Batch.Off), in
+// rounds that alternate the two (7 a benchmark iteration), so that a
+// shared machine's load falls on both: best and median of each, and their
+// ratios.
+func benchBatched(b *testing.B, device string, spec testmodel.Llama, levels []int) {
+	dir := b.TempDir()
+	if err := spec.Write(dir); err != nil {
+		b.Fatal(err)
+	}
+	var models [2]*Model // batched, alone
+	for i, off := range []bool{false, true} {
+		m, err := Load(dir, Options{Device: device, ContextLength: 256, Batch: BatchOptions{Off: off}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer m.Close()
+		models[i] = m
+	}
+	const tokens, rounds = 32, 7
+	for _, c := range levels {
+		b.Run(fmt.Sprintf("c=%d", c), func(b *testing.B) {
+			var rates [2][]float64
+			for b.Loop() {
+				for range rounds {
+					for i, m := range models {
+						start := time.Now()
+						var wg sync.WaitGroup
+						for j := range c {
+							wg.Add(1)
+							go func() {
+								defer wg.Done()
+								s, err := m.NewSession(0)
+								if err == nil {
+									_, err = s.Generate(context.Background(), testPrompt(j, 8, spec.Vocab), GenerateOptions{MaxTokens: tokens, StopTokens: []int{}}, nil)
+								}
+								if err != nil {
+									b.Error(err)
+								}
+							}()
+						}
+						wg.Wait()
+						rates[i] = append(rates[i], float64(c*tokens)/time.Since(start).Seconds())
+					}
+				}
+			}
+			for i, name := range []string{"batched", "alone"} {
+				slices.Sort(rates[i])
+				b.ReportMetric(rates[i][len(rates[i])-1], name+"-best-tok/s")
+				b.ReportMetric(rates[i][len(rates[i])/2], name+"-median-tok/s")
+			}
+			b.ReportMetric(rates[0][len(rates[0])-1]/rates[1][len(rates[1])-1], "ratio-best")
+			b.ReportMetric(rates[0][len(rates[0])/2]/rates[1][len(rates[1])/2], "ratio-median")
+		})
+	}
+}

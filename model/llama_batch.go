@@ -1,0 +1,84 @@
+package model
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/manifoldlm/manifold/backend"
+)
+
+// llamaBatch is the scratch of ForwardBatch, shared by the sequences of a
+// step: rows for every token of the step, and the last row of each sequence.
+type llamaBatch struct {
+	llamaBuffers
+	seqs         int
+	last, logits backend.Buffer // [seqs, hidden], [seqs, vocab]
+}
+
+// ForwardBatch runs one step over several sequences (BatchForwarder): the
+// embedding, norms, matmuls and the LM head over the stacked rows of all of
+// them, RoPE and attention over each sequence's rows, at its own positions
+// and in its own cache.
+func (m *Llama) ForwardBatch(ctx context.Context, sts []State, tokens [][]int32) ([]float32, error) {
+	if len(sts) == 0 || len(sts) != len(tokens) {
+		return nil, fmt.Errorf("model: forward batch of %d states and %d token lists", len(sts), len(tokens))
+	}
+	c, b := m.cfg, m.b
+	ss := make([]*llamaState, len(sts))
+	pos0 := make([]int, len(sts))
+	last := make([]int32, len(sts))
+	var ids []int32
+	seen := make(map[*llamaState]bool, len(sts))
+	for i, st := range sts {
+		s, ok := st.(*llamaState)
+		if !ok {
+			return nil, fmt.Errorf("model: state %d of type %T is not a %s state", i, st, c.ModelType)
+		}
+		if seen[s] {
+			return nil, fmt.Errorf("model: forward batch: state %d appears twice", i)
+		}
+		seen[s] = true
+		if err := checkForward(c, st, tokens[i]); err != nil {
+			return nil, fmt.Errorf("model: forward batch: sequence %d: %w", i, err)
+		}
+		ss[i], pos0[i] = s, s.cache.Len()
+		ids = append(ids, tokens[i]...)
+		last[i] = int32(len(ids) - 1)
+	}
+	n, seqs := len(ids), len(sts)
+
+	m.batchMu.Lock()
+	defer m.batchMu.Unlock()
+	bt := &m.batch
+	m.grow(&bt.llamaBuffers, n)
+	if bt.seqs < seqs {
+		bt.seqs = seqs
+		bt.last = b.NewBuffer(seqs * c.HiddenSize)
+		bt.logits = b.NewBuffer(seqs * c.VocabSize)
+	}
+	sc := m.views(&bt.llamaBuffers, n)
+	b.Embed(sc.x, m.Embed, ids)
+	qw, kw := c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim
+	err := m.blocks(ctx, sc, n, func(l int, att, q, k, v backend.Buffer) {
+		row := 0
+		for i, s := range ss {
+			r := len(tokens[i])
+			rows := func(buf backend.Buffer, width int) backend.Buffer { return b.View(buf, row*width, r*width) }
+			m.attend(s, l, rows(att, qw), rows(q, qw), rows(k, kw), rows(v, kw), pos0[i], r)
+			row += r
+		}
+	})
+	if err != nil {
+		for i, s := range ss {
+			s.cache.Truncate(pos0[i])
+		}
+		return nil, err
+	}
+	x := sc.x
+	if n != seqs { // some sequence ran several rows: take each one's last
+		x = b.View(bt.last, 0, seqs*c.HiddenSize)
+		b.GatherRows(x, sc.x, last, c.HiddenSize)
+	}
+	logits := m.head.logits(b, c, x, b.View(sc.h, 0, seqs*c.HiddenSize), bt.logits, seqs, true)
+	return hostLogits(b, logits, nil)
+}
