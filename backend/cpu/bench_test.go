@@ -36,6 +36,19 @@ func BenchmarkCopy(b *testing.B) {
 	b.ReportMetric(copyBandwidth()/1e9, "GB/s")
 }
 
+// benchFormats are the weight formats and kernels the benchmarks compare:
+// nvfp4 is the int8-activation kernel, nvfp4-ref the float32 reference.
+var benchFormats = []struct {
+	name   string
+	format backend.Format
+	opt    Options
+}{
+	{"f32", backend.F32, Options{}},
+	{"bf16", backend.BF16, Options{}},
+	{"nvfp4", backend.NVFP4, Options{}},
+	{"nvfp4-ref", backend.NVFP4, Options{ReferenceNVFP4: true}},
+}
+
 // BenchmarkMatVec times decode-step matvecs (m = 1) of 4096x4096 weights,
 // cycling through enough distinct matrices to fill 1 GiB so that every call
 // streams its weights from main memory, and reports the weight bytes read per
@@ -45,9 +58,10 @@ func BenchmarkMatVec(b *testing.B) {
 	const N, K = 4096, 4096
 	rng := rand.New(rand.NewPCG(1, 1))
 	x := randn(rng, K)
-	for _, format := range []backend.Format{backend.F32, backend.BF16, backend.NVFP4} {
-		b.Run(format.String(), func(b *testing.B) {
-			be := New(0)
+	for _, c := range benchFormats {
+		format := c.format
+		b.Run(c.name, func(b *testing.B) {
+			be := NewWithOptions(c.opt)
 			bytes := float64(N*K) * format.BytesPerValue()
 			var ws []backend.Weight
 			for range int(benchBytes / bytes) {

@@ -23,15 +23,29 @@ import (
 // Backend is the CPU backend. The zero value is not usable: call New.
 type Backend struct {
 	threads int
+	opt     Options
+}
+
+// Options are the CPU backend's settings; the zero value is the default.
+type Options struct {
+	// Threads is the number of goroutines per operation (0: one per core).
+	Threads int
+	// ReferenceNVFP4 keeps NVFP4 matmuls on the float32 reference kernels
+	// (quant.NVFP4.MatMulRows) instead of the int8-activation ones; for
+	// tests and accuracy comparisons.
+	ReferenceNVFP4 bool
 }
 
 // New returns a CPU backend that uses threads goroutines per operation
-// (0: one per core).
-func New(threads int) *Backend {
-	if threads <= 0 {
-		threads = runtime.GOMAXPROCS(0)
+// (0: one per core) and the default options otherwise.
+func New(threads int) *Backend { return NewWithOptions(Options{Threads: threads}) }
+
+// NewWithOptions returns a CPU backend with the given options.
+func NewWithOptions(o Options) *Backend {
+	if o.Threads <= 0 {
+		o.Threads = runtime.GOMAXPROCS(0)
 	}
-	return &Backend{threads: threads}
+	return &Backend{threads: o.Threads, opt: o}
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -97,6 +111,7 @@ type Weight struct {
 	f32        []float32 // F32 (and F16, widened at upload)
 	bf16       []uint16  // BF16
 	q          *quant.NVFP4
+	q8         *q8Weight // q repacked for the int8 kernels (nil: reference kernels)
 	bias       []float32
 }
 
@@ -142,6 +157,9 @@ func (b *Backend) Upload(h *backend.HostWeight) (backend.Weight, error) {
 		}
 	case backend.NVFP4:
 		w.q = h.Q
+		if !b.opt.ReferenceNVFP4 {
+			w.q8 = newQ8Weight(h.Q)
+		}
 	}
 	return w, nil
 }
@@ -173,6 +191,10 @@ func (b *Backend) MatMul(dst, x backend.Buffer, wt backend.Weight, m int) {
 	w := wt.(*Weight)
 	out, in := dst.(Buffer), x.(Buffer)
 	K, N := w.cols, w.rows
+	if w.q8 != nil {
+		b.matmulQ8(out, in, w, m)
+		return
+	}
 	grain := max(1, (1<<16)/K) // at least ~64k weights per goroutine
 	b.parallel(N, grain, func(lo, hi int) {
 		switch {

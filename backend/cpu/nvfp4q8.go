@@ -1,0 +1,252 @@
+package cpu
+
+import (
+	"math"
+
+	"github.com/manifoldlm/manifold/quant"
+)
+
+// The fast NVFP4 path multiplies the weights' E2M1 codes with activations
+// quantized to int8, in integers, as llama.cpp's Q4_0 x Q8_0 kernels do:
+//
+//   - at upload the matrix is repacked (q8Weight): rows in quads, each quad
+//     one contiguous stream of 128-element groups (row 0's group, row 1's,
+//     row 2's, row 3's, then the next group), 64 bytes of codes per row and
+//     group (byte e: element e in the low nibble, element 32+e in the high
+//     nibble, for e < 32; then elements 64..127 alike), and 8 bytes of block
+//     scales per row and group in the order the kernel's horizontal adds
+//     leave the block sums in (blocks 0 2 4 6 1 3 5 7);
+//   - each block scale is re-encoded as an unsigned 8-bit float with a 5-bit
+//     exponent (q8Scale) that turns into float32 with a shift and an add: no
+//     E4M3 subnormals left (they are renormalized), a negative scale folded
+//     into the codes' signs, a zero scale into zero codes, all exact;
+//   - per token the activations are quantized once (q8Act): int8 with one
+//     float32 scale per block of 16 (amax/127, round to nearest), zero
+//     padded to whole groups;
+//   - the kernel computes, per block, the integer sum of 2*e2m1 * int8 and
+//     adds it times (weight scale * activation scale) to a float32
+//     accumulator; the row's sum times GlobalScale/2 is the result.
+//
+// The float32 reference (quant.NVFP4.MatVecRows / MatMulRows) stays for
+// tests and for Embed; the error of this path against it is the activation
+// rounding, about 0.3% of the dot product's scale (see nvfp4q8_test.go).
+
+const (
+	q8Group     = 128 // elements per group
+	q8GroupB    = q8Group / 2
+	q8Blocks    = q8Group / quant.NVFP4BlockSize // 8 blocks per group
+	q8ScaleBias = 117 << 23                      // q8Scale code<<20 + bias = float32 bits
+)
+
+// q8Order is the position of each block of a group in the kernel's scale
+// vector (the order VPHADDD leaves the block sums in).
+var q8Order = [q8Blocks]int{0, 4, 1, 5, 2, 6, 3, 7}
+
+// q8Weight is an NVFP4 matrix repacked for the int8 kernels.
+type q8Weight struct {
+	rows, cols int
+	groups     int     // ceil(cols/128)
+	codes      []byte  // quads x groups x 4 rows x 64 bytes
+	scales     []byte  // quads x groups x 4 rows x 8 bytes
+	mul        float32 // GlobalScale/2 (the codes are 2*e2m1)
+}
+
+// q8Scale re-encodes an E4M3 block scale code: the magnitude as
+// (e<<3 | m) with value (1+m/8)*2^(e-10), e in 1..18, so that the float32
+// bits are code<<20 + q8ScaleBias; neg says the scale was negative, zero
+// that it was zero (the block's codes must then be negated or zeroed).
+func q8Scale(c byte) (code byte, neg, zero bool) {
+	v := quant.E4M3ToFloat32(c)
+	if v == 0 {
+		return 1 << 3, false, true
+	}
+	if v < 0 {
+		neg, v = true, -v
+	}
+	bits := math.Float32bits(v)
+	e := int(bits>>23) - 127 + 10
+	return byte(e<<3) | byte(bits>>20&7), neg, false
+}
+
+// q8ScaleValue is the float32 a q8Scale code stands for.
+func q8ScaleValue(code byte) float32 { return math.Float32frombits(uint32(code)<<20 + q8ScaleBias) }
+
+// newQ8Weight repacks q (see q8Weight).
+func newQ8Weight(q *quant.NVFP4) *q8Weight {
+	K := q.Cols
+	G := (K + q8Group - 1) / q8Group
+	quads := (q.Rows + 3) / 4
+	w := &q8Weight{rows: q.Rows, cols: K, groups: G, mul: q.GlobalScale / 2,
+		codes: make([]byte, quads*G*4*q8GroupB), scales: make([]byte, quads*G*4*q8Blocks)}
+	nb := K / quant.NVFP4BlockSize
+	var blk [q8Group]byte // one row's codes of one group, element order
+	for r := 0; r < q.Rows; r++ {
+		quad, j := r/4, r%4
+		packed := q.Packed[r*K/2 : (r+1)*K/2]
+		sc := q.Scales[r*nb : (r+1)*nb]
+		for g := range G {
+			clear(blk[:])
+			at := (quad*G+g)*4 + j
+			for b := range q8Blocks {
+				kb := g*q8Blocks + b // block of the row
+				code, flip := byte(1<<3), byte(0)
+				zero := true
+				if kb < nb {
+					var neg bool
+					code, neg, zero = q8Scale(sc[kb])
+					if neg {
+						flip = 8
+					}
+				}
+				w.scales[at*q8Blocks+q8Order[b]] = code
+				if zero {
+					continue
+				}
+				for i := range quant.NVFP4BlockSize {
+					e := kb*quant.NVFP4BlockSize + i
+					blk[b*16+i] = (packed[e/2]>>(4*(e&1)))&0xf ^ flip
+				}
+			}
+			out := w.codes[at*q8GroupB : (at+1)*q8GroupB]
+			for h := range 2 {
+				for e := range 32 {
+					out[h*32+e] = blk[h*64+e] | blk[h*64+32+e]<<4
+				}
+			}
+		}
+	}
+	return w
+}
+
+// q8Act is a row of activations quantized for the int8 kernels: groups*128
+// int8 values, groups*8 float32 block scales in q8Order and, in the same
+// order, 12 times each block's sum of the int8 values (the AVX2 kernel's
+// codes carry an offset of +12, see nvfp4q8_amd64.s).
+type q8Act struct {
+	q   []int8
+	sc  []float32
+	sum []int32
+}
+
+// quantizeQ8 quantizes x (len <= groups*128) into a (sized for groups).
+func quantizeQ8(a q8Act, x []float32, groups int) {
+	for g := range groups {
+		for b := range q8Blocks {
+			lo := g*q8Group + b*quant.NVFP4BlockSize
+			q := a.q[lo : lo+quant.NVFP4BlockSize]
+			var amax float32
+			var blk []float32
+			if lo < len(x) {
+				blk = x[lo:min(len(x), lo+quant.NVFP4BlockSize)]
+			}
+			for _, v := range blk {
+				amax = max(amax, float32(math.Abs(float64(v))))
+			}
+			s := amax / 127
+			a.sc[g*q8Blocks+q8Order[b]] = s
+			clear(q)
+			if s == 0 {
+				a.sum[g*q8Blocks+q8Order[b]] = 0
+				continue
+			}
+			inv := 1 / s
+			var sum int32
+			for i, v := range blk {
+				q[i] = int8(math.RoundToEven(float64(v * inv)))
+				sum += int32(q[i])
+			}
+			a.sum[g*q8Blocks+q8Order[b]] = 12 * sum
+		}
+	}
+}
+
+func newQ8Act(groups, m int) []q8Act {
+	q := make([]int8, m*groups*q8Group)
+	sc := make([]float32, m*groups*q8Blocks)
+	sum := make([]int32, m*groups*q8Blocks)
+	a := make([]q8Act, m)
+	for i := range a {
+		lo, hi := i*groups*q8Blocks, (i+1)*groups*q8Blocks
+		a[i] = q8Act{q[i*groups*q8Group : (i+1)*groups*q8Group], sc[lo:hi], sum[lo:hi]}
+	}
+	return a
+}
+
+// e2m1x2 is 2*e2m1 of each 4-bit code.
+var e2m1x2 = [16]int32{0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12}
+
+// dot4Q8Go is the portable kernel: the dot products of the quad's 4 rows
+// (codes and scales starting at the quad) with a, before the global scale.
+func dot4Q8Go(codes, scales []byte, a q8Act, groups int, out *[4]float32) {
+	var acc [4]float32
+	for g := range groups {
+		for j := range 4 {
+			at := g*4 + j
+			c := codes[at*q8GroupB : (at+1)*q8GroupB]
+			var sums [q8Blocks]int32
+			for h := range 2 {
+				for e := range 32 {
+					lo, hi := h*64+e, h*64+32+e
+					x := a.q[g*q8Group:]
+					sums[lo/16] += e2m1x2[c[h*32+e]&0xf] * int32(x[lo])
+					sums[hi/16] += e2m1x2[c[h*32+e]>>4] * int32(x[hi])
+				}
+			}
+			for b := range q8Blocks {
+				p := q8Order[b]
+				acc[j] += float32(sums[b]) * (q8ScaleValue(scales[at*q8Blocks+p]) * a.sc[g*q8Blocks+p])
+			}
+		}
+	}
+	*out = acc
+}
+
+// matmulQ8 computes out[i*N + r] for the m rows of x and rows r in quads
+// [qlo, qhi) of w: a tile of quads is read once and kept in cache while
+// every token runs over it.
+func matmulQ8(out []float32, acts []q8Act, w *q8Weight, qlo, qhi int) {
+	const tile = 4 // quads a tile: 16 rows, 16*K/2 bytes of codes
+	G, N := w.groups, w.rows
+	qstrideC, qstrideS := G*4*q8GroupB, G*4*q8Blocks
+	var o [4]float32
+	for t0 := qlo; t0 < qhi; t0 += tile {
+		t1 := min(t0+tile, qhi)
+		for i, a := range acts {
+			row := out[i*N : (i+1)*N]
+			for quad := t0; quad < t1; quad++ {
+				dot4Q8(w.codes[quad*qstrideC:(quad+1)*qstrideC], w.scales[quad*qstrideS:(quad+1)*qstrideS], a, G, &o)
+				r := quad * 4
+				for j := range min(4, N-r) {
+					row[r+j] = o[j] * w.mul
+				}
+			}
+		}
+	}
+}
+
+// matmulQ8 is MatMul for an NVFP4 weight with its repacked copy: the m
+// rows of x are quantized (in parallel over rows), then the quads of
+// weight rows are split over the threads.
+func (b *Backend) matmulQ8(out, x []float32, w *Weight, m int) {
+	q, K, N := w.q8, w.cols, w.rows
+	acts := newQ8Act(q.groups, m)
+	b.parallel(m, 1, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			quantizeQ8(acts[i], x[i*K:(i+1)*K], q.groups)
+		}
+	})
+	quads := (N + 3) / 4
+	grain := max(1, (1<<14)/(K*max(m, 1))) // at least ~64k products per goroutine
+	b.parallel(quads, grain, func(lo, hi int) {
+		matmulQ8(out, acts, q, lo, hi)
+		if w.bias != nil {
+			r0, r1 := lo*4, min(hi*4, N)
+			for i := range m {
+				o := out[i*N : (i+1)*N]
+				for r := r0; r < r1; r++ {
+					o[r] += w.bias[r]
+				}
+			}
+		}
+	})
+}
