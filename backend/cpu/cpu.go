@@ -191,8 +191,12 @@ func (b *Backend) MatMul(dst, x backend.Buffer, wt backend.Weight, m int) {
 	w := wt.(*Weight)
 	out, in := dst.(Buffer), x.(Buffer)
 	K, N := w.cols, w.rows
-	if w.q8 != nil {
+	switch {
+	case w.q8 != nil:
 		b.matmulQ8(out, in, w, m)
+		return
+	case m >= gemmMinRows && (w.f32 != nil || w.bf16 != nil):
+		b.matmulGEMM(out, in, w, m)
 		return
 	}
 	grain := max(1, (1<<16)/K) // at least ~64k weights per goroutine
@@ -209,15 +213,21 @@ func (b *Backend) MatMul(dst, x backend.Buffer, wt backend.Weight, m int) {
 				w.q.MatMulRows(out, in, m, lo, hi)
 			}
 		}
-		if w.bias != nil {
-			for i := 0; i < m; i++ {
-				o := out[i*N : (i+1)*N]
-				for r := lo; r < hi; r++ {
-					o[r] += w.bias[r]
-				}
-			}
-		}
+		w.addBias(out, m, lo, hi)
 	})
+}
+
+// addBias adds the bias (if any) to features [r0, r1) of the m rows of out.
+func (w *Weight) addBias(out []float32, m, r0, r1 int) {
+	if w.bias == nil {
+		return
+	}
+	for i := range m {
+		o := out[i*w.rows : (i+1)*w.rows]
+		for r := r0; r < r1; r++ {
+			o[r] += w.bias[r]
+		}
+	}
 }
 
 // RMSNorm normalizes rows of weight.Len() values.

@@ -178,43 +178,69 @@ var e2m1x2 = [16]int32{0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12}
 // dot4Q8Go is the portable kernel: the dot products of the quad's 4 rows
 // (codes and scales starting at the quad) with a, before the global scale.
 func dot4Q8Go(codes, scales []byte, a q8Act, groups int, out *[4]float32) {
-	var acc [4]float32
+	for j := range 4 {
+		out[j] = rowQ8Go(codes[j*q8GroupB:], scales[j*q8Blocks:], a, groups)
+	}
+}
+
+// row4Q8Go is the portable row4Q8: one row (codes and scales at its place
+// in its quad) with the 4 tokens of a.
+func row4Q8Go(codes, scales []byte, a []q8Act, groups int, out *[4]float32) {
+	for t := range 4 {
+		out[t] = rowQ8Go(codes, scales, a[t], groups)
+	}
+}
+
+// rowQ8Go is one row's dot product with a, before the global scale; the
+// row's groups are 4*64 bytes of codes and 4*8 of scales apart.
+func rowQ8Go(codes, scales []byte, a q8Act, groups int) float32 {
+	var acc float32
 	for g := range groups {
-		for j := range 4 {
-			at := g*4 + j
-			c := codes[at*q8GroupB : (at+1)*q8GroupB]
-			var sums [q8Blocks]int32
-			for h := range 2 {
-				for e := range 32 {
-					lo, hi := h*64+e, h*64+32+e
-					x := a.q[g*q8Group:]
-					sums[lo/16] += e2m1x2[c[h*32+e]&0xf] * int32(x[lo])
-					sums[hi/16] += e2m1x2[c[h*32+e]>>4] * int32(x[hi])
-				}
-			}
-			for b := range q8Blocks {
-				p := q8Order[b]
-				acc[j] += float32(sums[b]) * (q8ScaleValue(scales[at*q8Blocks+p]) * a.sc[g*q8Blocks+p])
+		c := codes[g*4*q8GroupB : g*4*q8GroupB+q8GroupB]
+		x := a.q[g*q8Group : (g+1)*q8Group]
+		var sums [q8Blocks]int32
+		for h := range 2 {
+			for e := range 32 {
+				lo, hi := h*64+e, h*64+32+e
+				sums[lo/16] += e2m1x2[c[h*32+e]&0xf] * int32(x[lo])
+				sums[hi/16] += e2m1x2[c[h*32+e]>>4] * int32(x[hi])
 			}
 		}
+		for b := range q8Blocks {
+			p := q8Order[b]
+			acc += float32(sums[b]) * (q8ScaleValue(scales[g*4*q8Blocks+p]) * a.sc[g*q8Blocks+p])
+		}
 	}
-	*out = acc
+	return acc
 }
 
 // matmulQ8 computes out[i*N + r] for the m rows of x and rows r in quads
-// [qlo, qhi) of w: a tile of quads is read once and kept in cache while
-// every token runs over it.
+// [qlo, qhi) of w. Tiles of quads are kept in cache while the tokens run
+// over them, 4 tokens at a time (row4Q8: each weight group decoded once
+// for the 4), the last m%4 one at a time (dot4Q8, the decode kernel).
 func matmulQ8(out []float32, acts []q8Act, w *q8Weight, qlo, qhi int) {
-	const tile = 4 // quads a tile: 16 rows, 16*K/2 bytes of codes
+	const tile = 8 // quads a tile: 32 rows, 16*K bytes of codes
 	G, N := w.groups, w.rows
 	qstrideC, qstrideS := G*4*q8GroupB, G*4*q8Blocks
+	m4 := len(acts) &^ 3
 	var o [4]float32
 	for t0 := qlo; t0 < qhi; t0 += tile {
 		t1 := min(t0+tile, qhi)
-		for i, a := range acts {
+		for i := 0; i < m4; i += 4 {
+			for quad := t0; quad < t1; quad++ {
+				for j := range min(4, N-quad*4) {
+					row4Q8(w.codes[quad*qstrideC+j*q8GroupB:(quad+1)*qstrideC], w.scales[quad*qstrideS+j*q8Blocks:(quad+1)*qstrideS], acts[i:i+4], G, &o)
+					r := quad*4 + j
+					for t := range 4 {
+						out[(i+t)*N+r] = o[t] * w.mul
+					}
+				}
+			}
+		}
+		for i := m4; i < len(acts); i++ {
 			row := out[i*N : (i+1)*N]
 			for quad := t0; quad < t1; quad++ {
-				dot4Q8(w.codes[quad*qstrideC:(quad+1)*qstrideC], w.scales[quad*qstrideS:(quad+1)*qstrideS], a, G, &o)
+				dot4Q8(w.codes[quad*qstrideC:(quad+1)*qstrideC], w.scales[quad*qstrideS:(quad+1)*qstrideS], acts[i], G, &o)
 				r := quad * 4
 				for j := range min(4, N-r) {
 					row[r+j] = o[j] * w.mul
@@ -239,14 +265,6 @@ func (b *Backend) matmulQ8(out, x []float32, w *Weight, m int) {
 	grain := max(1, (1<<14)/(K*max(m, 1))) // at least ~64k products per goroutine
 	b.parallel(quads, grain, func(lo, hi int) {
 		matmulQ8(out, acts, q, lo, hi)
-		if w.bias != nil {
-			r0, r1 := lo*4, min(hi*4, N)
-			for i := range m {
-				o := out[i*N : (i+1)*N]
-				for r := r0; r < r1; r++ {
-					o[r] += w.bias[r]
-				}
-			}
-		}
+		w.addBias(out, m, lo*4, min(hi*4, N))
 	})
 }

@@ -91,7 +91,7 @@ func TestQ8MatMul(t *testing.T) {
 		if rel := math.Sqrt(errSq / wantSq); rel > 5e-3 {
 			t.Errorf("%v: RMS error %.3g of the output's RMS, want <= 5e-3", s, rel)
 		}
-		// The Go kernel against the one MatMul dispatches to (float sums in
+		// The Go kernels against the ones MatMul dispatches to (float sums in
 		// another order: within 1e-5 of the outputs' RMS).
 		rms := math.Sqrt(wantSq / float64(len(want)))
 		G := qw.groups
@@ -101,9 +101,19 @@ func TestQ8MatMul(t *testing.T) {
 			sc := qw.scales[quad*G*4*q8Blocks : (quad+1)*G*4*q8Blocks]
 			dot4Q8(c, sc, acts[m-1], G, &o)
 			dot4Q8Go(c, sc, acts[m-1], G, &og)
-			for j := range 4 {
+			check := func(what string, j int) {
 				if d := math.Abs(float64(o[j] - og[j])); d > 1e-5*rms/float64(qw.mul) { // o, og: before the global scale
-					t.Errorf("%v quad %d row %d: kernel %v, Go %v", s, quad, j, o[j], og[j])
+					t.Errorf("%v quad %d %s %d: kernel %v, Go %v", s, quad, what, j, o[j], og[j])
+				}
+			}
+			for j := range 4 {
+				check("row", j)
+			}
+			if m >= 4 { // the prefill kernel: row 1 of the quad, tokens 0..3
+				row4Q8(c[q8GroupB:], sc[q8Blocks:], acts[:4], G, &o)
+				row4Q8Go(c[q8GroupB:], sc[q8Blocks:], acts[:4], G, &og)
+				for j := range 4 {
+					check("token", j)
 				}
 			}
 		}
