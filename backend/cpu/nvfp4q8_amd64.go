@@ -31,4 +31,3 @@ func row4Q8(codes, scales []byte, a []q8Act, groups int, out *[4]float32) {
 	}
 	row4Q8AVX2(&codes[0], &scales[0], &a[0].q[0], &a[0].sc[0], &a[0].sum[0], groups, out)
 }
-

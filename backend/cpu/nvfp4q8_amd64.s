@@ -104,3 +104,95 @@ q8done:
 	VMOVUPS X12, (AX)
 	VZEROUPPER
 	RET
+
+// DECODE(coff, D0, D1): the 64 codes in the 32 bytes at coff(DI) as
+// unsigned 2*e2m1+12: D0 elements 0..31, D1 elements 32..63.
+#define DECODE(coff, D0, D1) \
+	VMOVDQU coff(DI), D0; \
+	VPSRLW $4, D0, D1; \
+	VPAND Y6, D0, D0; \
+	VPAND Y6, D1, D1; \
+	VPSHUFB D0, Y5, D0; \
+	VPSHUFB D1, Y5, D1
+
+// TOK(XP, XSC, XSM, ACC): one token of the row's group: the products of the
+// decoded Y0..Y3 with the 128 int8 at XP, summed per block in int16 (at
+// most 4*6096 each, no overflow) and widened in the q8Order of the block
+// sums, less the offset's share (XSM), times the weight scales (Y8) times
+// the activation scales (XSC), into ACC. Uses Y9, Y10, Y11.
+#define TOK(XP, XSC, XSM, ACC) \
+	VPMADDUBSW 0(XP), Y0, Y9; \
+	VPMADDUBSW 32(XP), Y1, Y10; \
+	VPHADDW Y10, Y9, Y9; \
+	VPMADDUBSW 64(XP), Y2, Y10; \
+	VPMADDUBSW 96(XP), Y3, Y11; \
+	VPHADDW Y11, Y10, Y10; \
+	VPHADDW Y10, Y9, Y9; \
+	VPMADDWD Y7, Y9, Y9; \
+	VPSUBD XSM, Y9, Y9; \
+	VCVTDQ2PS Y9, Y9; \
+	VMULPS XSC, Y8, Y10; \
+	VFMADD231PS Y10, Y9, ACC
+
+// func row4Q8AVX2(codes, scales *byte, x *int8, xs *float32, xsum *int32, groups int, out *[4]float32)
+// out[t] = the dot product of one weight row (codes and scales at the row's
+// place in its quad: groups 256 and 32 bytes apart) with 4 tokens' quantized
+// activations (x, xs and xsum of token t at t times their row stride),
+// before the global scale. Each group of the row is decoded once for the 4.
+TEXT ·row4Q8AVX2(SB), NOSPLIT, $0-56
+	MOVQ codes+0(FP), DI
+	MOVQ scales+8(FP), DX
+	MOVQ x+16(FP), SI
+	MOVQ xs+24(FP), R8
+	MOVQ xsum+32(FP), R9
+	MOVQ groups+40(FP), CX
+	MOVQ out+48(FP), AX
+	MOVQ CX, BX
+	SHLQ $7, BX              // x row stride: groups*128 bytes
+	LEAQ (SI)(BX*1), R11     // token 1
+	LEAQ (SI)(BX*2), R12     // token 2
+	ADDQ R12, BX             // token 3
+	MOVQ CX, R13
+	SHLQ $5, R13             // scale row stride: groups*32 bytes
+	LEAQ (R13)(R13*2), R10
+	VMOVDQU q8lut<>(SB), Y5
+	VMOVDQU q8nib<>(SB), Y6
+	VMOVDQU q8ones<>(SB), Y7
+	VMOVDQU q8bias<>(SB), Y4
+	VXORPS Y12, Y12, Y12
+	VXORPS Y13, Y13, Y13
+	VXORPS Y14, Y14, Y14
+	VXORPS Y15, Y15, Y15
+
+r4loop:
+	TESTQ CX, CX
+	JE    r4done
+	DECODE(0, Y0, Y1)
+	DECODE(32, Y2, Y3)
+	VPMOVZXBD (DX), Y8
+	VPSLLD $20, Y8, Y8
+	VPADDD Y4, Y8, Y8
+	TOK(SI, (R8), (R9), Y12)
+	TOK(R11, (R8)(R13*1), (R9)(R13*1), Y13)
+	TOK(R12, (R8)(R13*2), (R9)(R13*2), Y14)
+	TOK(BX, (R8)(R10*1), (R9)(R10*1), Y15)
+	ADDQ $256, DI
+	ADDQ $32, DX
+	ADDQ $128, SI
+	ADDQ $128, R11
+	ADDQ $128, R12
+	ADDQ $128, BX
+	ADDQ $32, R8
+	ADDQ $32, R9
+	DECQ CX
+	JMP  r4loop
+
+r4done:
+	VHADDPS Y13, Y12, Y12
+	VHADDPS Y15, Y14, Y14
+	VHADDPS Y14, Y12, Y12
+	VEXTRACTF128 $1, Y12, X13
+	VADDPS X13, X12, X12
+	VMOVUPS X12, (AX)
+	VZEROUPPER
+	RET
