@@ -204,6 +204,8 @@ func (b *Backend) MatMul(dst, x backend.Buffer, wt backend.Weight, m int) {
 		switch {
 		case w.f32 != nil:
 			matmulF32(out, in, w.f32, m, K, N, lo, hi)
+		case w.bf16 != nil && m == 1:
+			matvecBF16(out[:N], in[:K], w.bf16, K, lo, hi)
 		case w.bf16 != nil:
 			matmulBF16(out, in, w.bf16, m, K, N, lo, hi)
 		default:

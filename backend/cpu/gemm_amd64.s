@@ -111,3 +111,67 @@ f43loop:
 
 f43done:
 	EPILOGUE
+
+// WIDEN(addr, Y): 8 bf16 at addr as float32 in Y.
+#define WIDEN(addr, Y) \
+	VPMOVZXWD addr, Y; \
+	VPSLLD $16, Y, Y
+
+// func dot4BF16AVX2(w *uint16, ldw int, x *float32, k int, out *[32]float32)
+// The decode matvec's tile: the 8-lane partial sums of 4 bf16 weight rows
+// (ldw apart) with one x, 16 values of k a step (two accumulators a row);
+// k is a multiple of 16. out[8r:] holds row r's partial sums.
+TEXT ·dot4BF16AVX2(SB), NOSPLIT, $0-40
+	MOVQ w+0(FP), DI
+	MOVQ ldw+8(FP), R8
+	SHLQ $1, R8
+	LEAQ (R8)(R8*2), R9
+	MOVQ x+16(FP), SI
+	MOVQ k+24(FP), CX
+	MOVQ out+32(FP), AX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+
+b41loop:
+	TESTQ CX, CX
+	JE    b41done
+	VMOVUPS (SI), Y12
+	VMOVUPS 32(SI), Y13
+	WIDEN((DI), Y8)
+	WIDEN(16(DI), Y9)
+	WIDEN((DI)(R8*1), Y10)
+	WIDEN(16(DI)(R8*1), Y11)
+	VFMADD231PS Y12, Y8, Y0
+	VFMADD231PS Y13, Y9, Y4
+	VFMADD231PS Y12, Y10, Y1
+	VFMADD231PS Y13, Y11, Y5
+	WIDEN((DI)(R8*2), Y8)
+	WIDEN(16(DI)(R8*2), Y9)
+	WIDEN((DI)(R9*1), Y10)
+	WIDEN(16(DI)(R9*1), Y11)
+	VFMADD231PS Y12, Y8, Y2
+	VFMADD231PS Y13, Y9, Y6
+	VFMADD231PS Y12, Y10, Y3
+	VFMADD231PS Y13, Y11, Y7
+	ADDQ $32, DI
+	ADDQ $64, SI
+	SUBQ $16, CX
+	JMP  b41loop
+
+b41done:
+	VADDPS Y4, Y0, Y0
+	VADDPS Y5, Y1, Y1
+	VADDPS Y6, Y2, Y2
+	VADDPS Y7, Y3, Y3
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, 64(AX)
+	VMOVUPS Y3, 96(AX)
+	VZEROUPPER
+	RET
