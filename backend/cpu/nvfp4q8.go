@@ -128,34 +128,40 @@ type q8Act struct {
 	sum []int32
 }
 
-// quantizeQ8 quantizes x (len <= groups*128) into a (sized for groups).
+// quantizeQ8 quantizes x (len <= groups*128) into a (sized for groups):
+// per block of 16, scale amax/127 and each value rounded to the nearest
+// integer (halves away from zero).
 func quantizeQ8(a q8Act, x []float32, groups int) {
+	clear(a.q)
 	for g := range groups {
 		for b := range q8Blocks {
 			lo := g*q8Group + b*quant.NVFP4BlockSize
-			q := a.q[lo : lo+quant.NVFP4BlockSize]
-			var amax float32
-			var blk []float32
-			if lo < len(x) {
-				blk = x[lo:min(len(x), lo+quant.NVFP4BlockSize)]
-			}
-			for _, v := range blk {
-				amax = max(amax, float32(math.Abs(float64(v))))
-			}
-			s := amax / 127
-			a.sc[g*q8Blocks+q8Order[b]] = s
-			clear(q)
-			if s == 0 {
-				a.sum[g*q8Blocks+q8Order[b]] = 0
+			at := g*q8Blocks + q8Order[b]
+			a.sc[at], a.sum[at] = 0, 0
+			if lo >= len(x) {
 				continue
 			}
+			blk := x[lo:min(len(x), lo+quant.NVFP4BlockSize)]
+			var amax uint32 // bits of |v|: they order like the values
+			for _, v := range blk {
+				amax = max(amax, math.Float32bits(v)&0x7fffffff)
+			}
+			s := math.Float32frombits(amax) / 127
+			if s == 0 {
+				continue
+			}
+			a.sc[at] = s
 			inv := 1 / s
+			q := a.q[lo : lo+len(blk)]
 			var sum int32
 			for i, v := range blk {
-				q[i] = int8(math.RoundToEven(float64(v * inv)))
-				sum += int32(q[i])
+				r := v * inv
+				h := math.Float32frombits(math.Float32bits(r)&0x80000000 | 0x3f000000) // ±0.5
+				c := int32(r + h)
+				q[i] = int8(c)
+				sum += c
 			}
-			a.sum[g*q8Blocks+q8Order[b]] = 12 * sum
+			a.sum[at] = 12 * sum
 		}
 	}
 }
