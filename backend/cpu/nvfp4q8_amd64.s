@@ -29,12 +29,12 @@ DATA q8bias<>+16(SB)/8, $0x3a8000003a800000
 DATA q8bias<>+24(SB)/8, $0x3a8000003a800000
 GLOBL q8bias<>(SB), RODATA|NOPTR, $32
 
-// HALF(coff, xoff, D) leaves in D the 8 int32 sums of 4 products each of
-// the 64 codes packed in the 32 bytes at coff(DI) (low nibbles: elements
-// 0..31, high: 32..63) with the int8 activations at xoff(SI): lanes 0-3 of
-// D sum the first block of 16, lanes 4-7 the second, of each half.
-// Returns phadd(lowHalf, highHalf) as block sums [b0 b0 b2 b2 | b1 b1 b3 b3].
-// (The sums carry the +12 offset of the codes.) Uses Y9.
+// HALF(coff, xoff, D) leaves in D, as int16, the block sums of the
+// products of the 64 codes packed in the 32 bytes at coff(DI) (low
+// nibbles: elements 0..31, high: 32..63) with the int8 activations at
+// xoff(SI): VPMADDUBSW's pair sums of each half, added pairwise across the
+// two by VPHADDW into [b0 x4, b2 x4 | b1 x4, b3 x4] (the sums carry the +12
+// offset of the codes; at most 4*6096, no overflow). Uses Y9.
 #define HALF(coff, xoff, D) \
 	VMOVDQU coff(DI), D; \
 	VPSRLW $4, D, Y9; \
@@ -44,16 +44,16 @@ GLOBL q8bias<>(SB), RODATA|NOPTR, $32
 	VPSHUFB Y9, Y5, Y9; \
 	VPMADDUBSW xoff(SI), D, D; \
 	VPMADDUBSW xoff+32(SI), Y9, Y9; \
-	VPMADDWD Y7, D, D; \
-	VPMADDWD Y7, Y9, Y9; \
-	VPHADDD Y9, D, D
+	VPHADDW Y9, D, D
 
-// ROW(j, ACC): one row of the quad, one group: ACC += block sums times
+// ROW(j, ACC): one row of the quad, one group: ACC += block sums (int16
+// pairs added once more, then widened by VPMADDWD into q8Order) times
 // weight scales times activation scales. Uses Y0, Y1, Y8, Y9.
 #define ROW(j, ACC) \
 	HALF(j*64, 0, Y8); \
 	HALF(j*64+32, 64, Y0); \
-	VPHADDD Y0, Y8, Y8; \
+	VPHADDW Y0, Y8, Y8; \
+	VPMADDWD Y7, Y8, Y8; \
 	VPSUBD (R9), Y8, Y8; \
 	VCVTDQ2PS Y8, Y8; \
 	VPMOVZXBD j*8(DX), Y1; \
