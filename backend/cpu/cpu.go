@@ -158,7 +158,7 @@ func (b *Backend) Upload(h *backend.HostWeight) (backend.Weight, error) {
 	case backend.NVFP4:
 		w.q = h.Q
 		if !b.opt.ReferenceNVFP4 {
-			w.q8 = newQ8Weight(h.Q)
+			w.q8 = newQ8Weight(h.Q, func(n int, fn func(lo, hi int)) { b.parallel(n, 64, fn) })
 		}
 	}
 	return w, nil

@@ -68,54 +68,87 @@ func q8Scale(c byte) (code byte, neg, zero bool) {
 	return byte(e<<3) | byte(bits>>20&7), neg, false
 }
 
+// q8ScaleTable is q8Scale of every E4M3 code, computed once at package
+// initialization and only read afterwards.
+var q8ScaleTable = func() (t [256]struct {
+	code      byte
+	neg, zero bool
+}) {
+	for c := range t {
+		t[c].code, t[c].neg, t[c].zero = q8Scale(byte(c))
+	}
+	return t
+}()
+
 // q8ScaleValue is the float32 a q8Scale code stands for.
 func q8ScaleValue(code byte) float32 { return math.Float32frombits(uint32(code)<<20 + q8ScaleBias) }
 
-// newQ8Weight repacks q (see q8Weight).
-func newQ8Weight(q *quant.NVFP4) *q8Weight {
+// newQ8Weight repacks q (see q8Weight), rows split over par (which runs
+// fn over [0, n) in parallel ranges).
+func newQ8Weight(q *quant.NVFP4, par func(n int, fn func(lo, hi int))) *q8Weight {
 	K := q.Cols
 	G := (K + q8Group - 1) / q8Group
 	quads := (q.Rows + 3) / 4
 	w := &q8Weight{rows: q.Rows, cols: K, groups: G, mul: q.GlobalScale / 2,
 		codes: make([]byte, quads*G*4*q8GroupB), scales: make([]byte, quads*G*4*q8Blocks)}
+	par(q.Rows, func(lo, hi int) {
+		row := make([]byte, G*q8GroupB) // one row's packed codes, zero padded to whole groups
+		for r := lo; r < hi; r++ {
+			w.repackRow(q, r, row)
+		}
+	})
+	return w
+}
+
+// repackRow writes row r of q into w; row is scratch of groups*64 bytes.
+func (w *q8Weight) repackRow(q *quant.NVFP4, r int, row []byte) {
+	K, G := w.cols, w.groups
 	nb := K / quant.NVFP4BlockSize
-	var blk [q8Group]byte // one row's codes of one group, element order
-	for r := 0; r < q.Rows; r++ {
-		quad, j := r/4, r%4
-		packed := q.Packed[r*K/2 : (r+1)*K/2]
-		sc := q.Scales[r*nb : (r+1)*nb]
-		for g := range G {
-			clear(blk[:])
-			at := (quad*G+g)*4 + j
-			for b := range q8Blocks {
-				kb := g*q8Blocks + b // block of the row
-				code, flip := byte(1<<3), byte(0)
-				zero := true
-				if kb < nb {
-					var neg bool
-					code, neg, zero = q8Scale(sc[kb])
-					if neg {
-						flip = 8
-					}
-				}
-				w.scales[at*q8Blocks+q8Order[b]] = code
-				if zero {
-					continue
-				}
-				for i := range quant.NVFP4BlockSize {
-					e := kb*quant.NVFP4BlockSize + i
-					blk[b*16+i] = (packed[e/2]>>(4*(e&1)))&0xf ^ flip
-				}
+	clear(row[copy(row, q.Packed[r*K/2:(r+1)*K/2]):])
+	sc := q.Scales[r*nb : (r+1)*nb]
+	quad, j := r/4, r%4
+	for g := range G {
+		at := (quad*G+g)*4 + j
+		// Per block of the group: its scale code, and masks that negate
+		// (flip the sign bit of) or zero its codes.
+		var flip, keep [q8Blocks]byte
+		plain := true // no negative or zero scale in the group
+		for b := range q8Blocks {
+			code, neg, zero := byte(1<<3), false, true
+			if kb := g*q8Blocks + b; kb < nb {
+				t := q8ScaleTable[sc[kb]]
+				code, neg, zero = t.code, t.neg, t.zero
 			}
-			out := w.codes[at*q8GroupB : (at+1)*q8GroupB]
-			for h := range 2 {
-				for e := range 32 {
-					out[h*32+e] = blk[h*64+e] | blk[h*64+32+e]<<4
+			w.scales[at*q8Blocks+q8Order[b]] = code
+			if neg {
+				flip[b] = 8
+			}
+			if !zero {
+				keep[b] = 0xf
+			}
+			plain = plain && !neg && !zero
+		}
+		src := row[g*q8GroupB : (g+1)*q8GroupB]
+		out := w.codes[at*q8GroupB : (at+1)*q8GroupB]
+		for h := range 2 {
+			// Byte e of the half: element 64h+e low, 64h+32+e high; the
+			// source bytes hold elements 2i, 2i+1.
+			lo, hi := src[h*32:h*32+16], src[h*32+16:h*32+32]
+			o := out[h*32 : h*32+32]
+			for i := range 16 {
+				a, c := lo[i], hi[i]
+				o[2*i] = a&0xf | c<<4
+				o[2*i+1] = a>>4 | c&0xf0
+			}
+			for e := range 32 {
+				if plain {
+					break
 				}
+				bl, bh := 4*h+e/16, 4*h+2+e/16 // blocks of the low and high nibble
+				o[e] = (o[e] ^ (flip[bl] | flip[bh]<<4)) & (keep[bl] | keep[bh]<<4)
 			}
 		}
 	}
-	return w
 }
 
 // q8Act is a row of activations quantized for the int8 kernels: groups*128

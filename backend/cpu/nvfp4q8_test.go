@@ -76,7 +76,7 @@ func TestQ8MatMul(t *testing.T) {
 				wantSq += d * d
 			}
 		}
-		qw := newQ8Weight(q)
+		qw := newQ8Weight(q, func(n int, fn func(lo, hi int)) { fn(0, n) })
 		acts := newQ8Act(qw.groups, m)
 		for i := range m {
 			quantizeQ8(acts[i], x[i*cols:(i+1)*cols], qw.groups)
@@ -130,7 +130,7 @@ func BenchmarkQ8Kernel(b *testing.B) {
 		w[i] = float32(rng.NormFloat64())
 	}
 	q, _ := quant.QuantizeNVFP4(w, rows, cols)
-	qw := newQ8Weight(q)
+	qw := newQ8Weight(q, func(n int, fn func(lo, hi int)) { fn(0, n) })
 	a := newQ8Act(qw.groups, 1)[0]
 	quantizeQ8(a, w[:cols], qw.groups)
 	var o [4]float32
