@@ -29,6 +29,34 @@ DATA q8bias<>+16(SB)/8, $0x3a8000003a800000
 DATA q8bias<>+24(SB)/8, $0x3a8000003a800000
 GLOBL q8bias<>(SB), RODATA|NOPTR, $32
 
+// Q8ARGS loads the arguments both kernels share: DI codes, DX scales, SI
+// x, R8 xs, R9 xsum, CX groups, AX out.
+#define Q8ARGS \
+	MOVQ codes+0(FP), DI; MOVQ scales+8(FP), DX; MOVQ x+16(FP), SI; MOVQ xs+24(FP), R8; \
+	MOVQ xsum+32(FP), R9; MOVQ groups+40(FP), CX; MOVQ out+48(FP), AX
+
+// Q8CONSTS loads the constants (Y4 bias, Y5 table, Y6 nibble mask, Y7
+// int16 ones) and zeroes the accumulators Y12-Y15.
+#define Q8CONSTS \
+	VMOVDQU q8lut<>(SB), Y5; VMOVDQU q8nib<>(SB), Y6; VMOVDQU q8ones<>(SB), Y7; VMOVDQU q8bias<>(SB), Y4; \
+	VXORPS Y12, Y12, Y12; VXORPS Y13, Y13, Y13; VXORPS Y14, Y14, Y14; VXORPS Y15, Y15, Y15
+
+// Q8STORE stores the horizontal sums of Y12..Y15 to out[0..3] and returns.
+#define Q8STORE \
+	VHADDPS Y13, Y12, Y12; VHADDPS Y15, Y14, Y14; VHADDPS Y14, Y12, Y12; \
+	VEXTRACTF128 $1, Y12, X13; VADDPS X13, X12, X12; VMOVUPS X12, (AX); \
+	VZEROUPPER; RET
+
+// DECODE(coff, D0, D1): the 64 codes in the 32 bytes at coff(DI) as
+// unsigned 2*e2m1+12: D0 elements 0..31, D1 elements 32..63.
+#define DECODE(coff, D0, D1) \
+	VMOVDQU coff(DI), D0; \
+	VPSRLW $4, D0, D1; \
+	VPAND Y6, D0, D0; \
+	VPAND Y6, D1, D1; \
+	VPSHUFB D0, Y5, D0; \
+	VPSHUFB D1, Y5, D1
+
 // HALF(coff, xoff, D) leaves in D, as int16, the block sums of the
 // products of the 64 codes packed in the 32 bytes at coff(DI) (low
 // nibbles: elements 0..31, high: 32..63) with the int8 activations at
@@ -36,12 +64,7 @@ GLOBL q8bias<>(SB), RODATA|NOPTR, $32
 // two by VPHADDW into [b0 x4, b2 x4 | b1 x4, b3 x4] (the sums carry the +12
 // offset of the codes; at most 4*6096, no overflow). Uses Y9.
 #define HALF(coff, xoff, D) \
-	VMOVDQU coff(DI), D; \
-	VPSRLW $4, D, Y9; \
-	VPAND Y6, D, D; \
-	VPAND Y6, Y9, Y9; \
-	VPSHUFB D, Y5, D; \
-	VPSHUFB Y9, Y5, Y9; \
+	DECODE(coff, D, Y9); \
 	VPMADDUBSW xoff(SI), D, D; \
 	VPMADDUBSW xoff+32(SI), Y9, Y9; \
 	VPHADDW Y9, D, D
@@ -64,21 +87,8 @@ GLOBL q8bias<>(SB), RODATA|NOPTR, $32
 
 // func dot4Q8AVX2(codes, scales *byte, x *int8, xs *float32, xsum *int32, groups int, out *[4]float32)
 TEXT ·dot4Q8AVX2(SB), NOSPLIT, $0-56
-	MOVQ codes+0(FP), DI
-	MOVQ scales+8(FP), DX
-	MOVQ x+16(FP), SI
-	MOVQ xs+24(FP), R8
-	MOVQ xsum+32(FP), R9
-	MOVQ groups+40(FP), CX
-	MOVQ out+48(FP), AX
-	VMOVDQU q8lut<>(SB), Y5
-	VMOVDQU q8nib<>(SB), Y6
-	VMOVDQU q8ones<>(SB), Y7
-	VMOVDQU q8bias<>(SB), Y4
-	VXORPS Y12, Y12, Y12
-	VXORPS Y13, Y13, Y13
-	VXORPS Y14, Y14, Y14
-	VXORPS Y15, Y15, Y15
+	Q8ARGS
+	Q8CONSTS
 
 q8loop:
 	TESTQ CX, CX
@@ -96,24 +106,7 @@ q8loop:
 	JMP  q8loop
 
 q8done:
-	VHADDPS Y13, Y12, Y12
-	VHADDPS Y15, Y14, Y14
-	VHADDPS Y14, Y12, Y12
-	VEXTRACTF128 $1, Y12, X13
-	VADDPS X13, X12, X12
-	VMOVUPS X12, (AX)
-	VZEROUPPER
-	RET
-
-// DECODE(coff, D0, D1): the 64 codes in the 32 bytes at coff(DI) as
-// unsigned 2*e2m1+12: D0 elements 0..31, D1 elements 32..63.
-#define DECODE(coff, D0, D1) \
-	VMOVDQU coff(DI), D0; \
-	VPSRLW $4, D0, D1; \
-	VPAND Y6, D0, D0; \
-	VPAND Y6, D1, D1; \
-	VPSHUFB D0, Y5, D0; \
-	VPSHUFB D1, Y5, D1
+	Q8STORE
 
 // TOK(XP, XSC, XSM, ACC): one token of the row's group: the products of the
 // decoded Y0..Y3 with the 128 int8 at XP, summed per block in int16 (at
@@ -140,13 +133,7 @@ q8done:
 // activations (x, xs and xsum of token t at t times their row stride),
 // before the global scale. Each group of the row is decoded once for the 4.
 TEXT ·row4Q8AVX2(SB), NOSPLIT, $0-56
-	MOVQ codes+0(FP), DI
-	MOVQ scales+8(FP), DX
-	MOVQ x+16(FP), SI
-	MOVQ xs+24(FP), R8
-	MOVQ xsum+32(FP), R9
-	MOVQ groups+40(FP), CX
-	MOVQ out+48(FP), AX
+	Q8ARGS
 	MOVQ CX, BX
 	SHLQ $7, BX              // x row stride: groups*128 bytes
 	LEAQ (SI)(BX*1), R11     // token 1
@@ -155,14 +142,7 @@ TEXT ·row4Q8AVX2(SB), NOSPLIT, $0-56
 	MOVQ CX, R13
 	SHLQ $5, R13             // scale row stride: groups*32 bytes
 	LEAQ (R13)(R13*2), R10
-	VMOVDQU q8lut<>(SB), Y5
-	VMOVDQU q8nib<>(SB), Y6
-	VMOVDQU q8ones<>(SB), Y7
-	VMOVDQU q8bias<>(SB), Y4
-	VXORPS Y12, Y12, Y12
-	VXORPS Y13, Y13, Y13
-	VXORPS Y14, Y14, Y14
-	VXORPS Y15, Y15, Y15
+	Q8CONSTS
 
 r4loop:
 	TESTQ CX, CX
@@ -188,11 +168,4 @@ r4loop:
 	JMP  r4loop
 
 r4done:
-	VHADDPS Y13, Y12, Y12
-	VHADDPS Y15, Y14, Y14
-	VHADDPS Y14, Y12, Y12
-	VEXTRACTF128 $1, Y12, X13
-	VADDPS X13, X12, X12
-	VMOVUPS X12, (AX)
-	VZEROUPPER
-	RET
+	Q8STORE

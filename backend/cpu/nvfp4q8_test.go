@@ -119,23 +119,3 @@ func TestQ8MatMul(t *testing.T) {
 		}
 	}
 }
-
-// BenchmarkQ8Kernel times the int8 kernel on one quad of a 4096-column
-// matrix held in cache (the compute rate, no memory traffic).
-func BenchmarkQ8Kernel(b *testing.B) {
-	const rows, cols = 4, 4096
-	rng := rand.New(rand.NewPCG(1, 2))
-	w := make([]float32, rows*cols)
-	for i := range w {
-		w[i] = float32(rng.NormFloat64())
-	}
-	q, _ := quant.QuantizeNVFP4(w, rows, cols)
-	qw := newQ8Weight(q, func(n int, fn func(lo, hi int)) { fn(0, n) })
-	a := newQ8Act(qw.groups, 1)[0]
-	quantizeQ8(a, w[:cols], qw.groups)
-	var o [4]float32
-	b.SetBytes(int64(q.Bytes()))
-	for b.Loop() {
-		dot4Q8(qw.codes, qw.scales, a, qw.groups, &o)
-	}
-}
