@@ -39,7 +39,7 @@ func TestQ8Scale(t *testing.T) {
 // negated, zeroed or subnormal to take every re-encoding path.
 func TestQ8MatMul(t *testing.T) {
 	rng := rand.New(rand.NewPCG(61, 1))
-	for _, s := range [][3]int{{1, 7, 48}, {1, 257, 2048}, {3, 33, 80}, {17, 64, 400}, {5, 10, 4096}} {
+	for _, s := range [][3]int{{1, 7, 48}, {1, 257, 2048}, {3, 33, 80}, {17, 64, 400}, {5, 10, 4096}, {150, 9, 4096}} {
 		m, rows, cols := s[0], s[1], s[2]
 		w := make([]float32, rows*cols)
 		for i := range w {
