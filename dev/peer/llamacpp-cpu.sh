@@ -68,8 +68,10 @@ if [ -z "$bin" ]; then
 fi
 mb=$bin/bench
 f16=$models/l1b32k-f16.gguf q40=$models/l1b32k-q4_0-bf16head.gguf
-[ -f "$f16" ] || "$bin/mkgguf" -o "$f16"
-[ -f "$q40" ] || "$lc/build/bin/llama-quantize" --output-tensor-type bf16 "$f16" "$q40" Q4_0 >/dev/null 2>&1
+# Written under a temporary name and renamed, so that a run cut short leaves no partial model behind.
+[ -f "$f16" ] || { "$bin/mkgguf" -o "$f16.tmp" && mv "$f16.tmp" "$f16"; }
+[ -f "$q40" ] || { "$lc/build/bin/llama-quantize" --output-tensor-type bf16 "$f16" "$q40.tmp" Q4_0 >/dev/null 2>&1 &&
+	mv "$q40.tmp" "$q40"; }
 # Write the checkpoints once (-p 0 -n 1 -r 1: a minimal run).
 for s in llama-1b-32k llama-1b-32k-bf16; do
 	"$mb" -random $s -keep "$models/$s" -p 0 -n 1 -r 1 -warmup=false -copy-mib 64 >/dev/null 2>&1
