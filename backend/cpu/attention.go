@@ -82,10 +82,7 @@ func (b *Backend) Attention(out, q, k, v backend.Buffer, cache backend.KVCache, 
 			clear(acc)
 			for t := start; t <= p; t++ {
 				wt := scores[t]
-				vv := values[(t*s.KVHeads+kh)*hd : (t*s.KVHeads+kh+1)*hd]
-				for j, x := range vv {
-					acc[j] += wt * x
-				}
+				axpyF32(acc, values[(t*s.KVHeads+kh)*hd:(t*s.KVHeads+kh+1)*hd], wt)
 			}
 			inv := 1 / sum
 			ov := o[job*hd : (job+1)*hd]

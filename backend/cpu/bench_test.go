@@ -36,6 +36,19 @@ func BenchmarkCopy(b *testing.B) {
 	b.ReportMetric(copyBandwidth()/1e9, "GB/s")
 }
 
+// benchFormats are the weight formats and kernels the benchmarks compare:
+// nvfp4 is the int8-activation kernel, nvfp4-ref the float32 reference.
+var benchFormats = []struct {
+	name   string
+	format backend.Format
+	opt    Options
+}{
+	{"f32", backend.F32, Options{}},
+	{"bf16", backend.BF16, Options{}},
+	{"nvfp4", backend.NVFP4, Options{}},
+	{"nvfp4-ref", backend.NVFP4, Options{ReferenceNVFP4: true}},
+}
+
 // BenchmarkMatVec times decode-step matvecs (m = 1) of 4096x4096 weights,
 // cycling through enough distinct matrices to fill 1 GiB so that every call
 // streams its weights from main memory, and reports the weight bytes read per
@@ -45,27 +58,14 @@ func BenchmarkMatVec(b *testing.B) {
 	const N, K = 4096, 4096
 	rng := rand.New(rand.NewPCG(1, 1))
 	x := randn(rng, K)
-	for _, format := range []backend.Format{backend.F32, backend.BF16, backend.NVFP4} {
-		b.Run(format.String(), func(b *testing.B) {
-			be := New(0)
+	for _, c := range benchFormats {
+		format := c.format
+		b.Run(c.name, func(b *testing.B) {
+			be := NewWithOptions(c.opt)
 			bytes := float64(N*K) * format.BytesPerValue()
 			var ws []backend.Weight
 			for range int(benchBytes / bytes) {
-				h := &backend.HostWeight{Name: format.String(), Rows: N, Cols: K, Format: format}
-				switch format {
-				case backend.F32:
-					h.Data = f32Bytes(randn(rng, N*K))
-				case backend.BF16:
-					h.Data, _ = bf16Bytes(randn(rng, N*K))
-				case backend.NVFP4:
-					h.Q = &quant.NVFP4{Rows: N, Cols: K, Packed: make([]byte, N*K/2), Scales: make([]byte, N*K/16), GlobalScale: 1e-3}
-					for i := range h.Q.Packed {
-						h.Q.Packed[i] = byte(rng.Uint32())
-					}
-					for i := range h.Q.Scales {
-						h.Q.Scales[i] = quant.Float32ToE4M3(float32(0.5 + rng.Float64()))
-					}
-				}
+				h := benchWeight(rng, format, N, K)
 				w, err := be.Upload(h)
 				if err != nil {
 					b.Fatal(err)
@@ -82,6 +82,54 @@ func BenchmarkMatVec(b *testing.B) {
 			}
 			bw := bytes * float64(b.N) / b.Elapsed().Seconds()
 			b.ReportMetric(bw/copyBandwidth(), "of-copy-bw")
+		})
+	}
+}
+
+// benchWeight is a random N x K host weight in format.
+func benchWeight(rng *rand.Rand, format backend.Format, N, K int) *backend.HostWeight {
+	h := &backend.HostWeight{Name: format.String(), Rows: N, Cols: K, Format: format}
+	switch format {
+	case backend.F32:
+		h.Data = f32Bytes(randn(rng, N*K))
+	case backend.BF16:
+		h.Data, _ = bf16Bytes(randn(rng, N*K))
+	case backend.NVFP4:
+		h.Q = &quant.NVFP4{Rows: N, Cols: K, Packed: make([]byte, N*K/2), Scales: make([]byte, N*K/16), GlobalScale: 1e-3}
+		for i := range h.Q.Packed {
+			h.Q.Packed[i] = byte(rng.Uint32())
+		}
+		for i := range h.Q.Scales {
+			h.Q.Scales[i] = quant.Float32ToE4M3(float32(0.5 + rng.Float64()))
+		}
+	}
+	return h
+}
+
+// BenchmarkMatMulPrefill times prompt-sized matmuls: m = 64 tokens through
+// an FFN up projection's shape of issue 61's model (8192 x 2048), and
+// reports GFLOP/s (2 per weight per token) and GFLOP per CPU-second.
+func BenchmarkMatMulPrefill(b *testing.B) {
+	const N, K, m = 8192, 2048, 64
+	rng := rand.New(rand.NewPCG(1, 3))
+	x := randn(rng, m*K)
+	for _, c := range benchFormats {
+		b.Run(c.name, func(b *testing.B) {
+			be := NewWithOptions(c.opt)
+			w, err := be.Upload(benchWeight(rng, c.format, N, K))
+			if err != nil {
+				b.Fatal(err)
+			}
+			out := be.NewBuffer(m * N)
+			c0 := processCPU()
+			for b.Loop() {
+				be.MatMul(out, Buffer(x), w, m)
+			}
+			flop := 2 * N * K * m * float64(b.N) / 1e9
+			b.ReportMetric(flop/b.Elapsed().Seconds(), "GFLOP/s")
+			if c := processCPU() - c0; c > 0 {
+				b.ReportMetric(flop/c, "GFLOP/cpu-s")
+			}
 		})
 	}
 }

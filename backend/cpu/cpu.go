@@ -23,15 +23,29 @@ import (
 // Backend is the CPU backend. The zero value is not usable: call New.
 type Backend struct {
 	threads int
+	opt     Options
+}
+
+// Options are the CPU backend's settings; the zero value is the default.
+type Options struct {
+	// Threads is the number of goroutines per operation (0: one per core).
+	Threads int
+	// ReferenceNVFP4 keeps NVFP4 matmuls on the float32 reference kernels
+	// (quant.NVFP4.MatMulRows) instead of the int8-activation ones; for
+	// tests and accuracy comparisons.
+	ReferenceNVFP4 bool
 }
 
 // New returns a CPU backend that uses threads goroutines per operation
-// (0: one per core).
-func New(threads int) *Backend {
-	if threads <= 0 {
-		threads = runtime.GOMAXPROCS(0)
+// (0: one per core) and the default options otherwise.
+func New(threads int) *Backend { return NewWithOptions(Options{Threads: threads}) }
+
+// NewWithOptions returns a CPU backend with the given options.
+func NewWithOptions(o Options) *Backend {
+	if o.Threads <= 0 {
+		o.Threads = runtime.GOMAXPROCS(0)
 	}
-	return &Backend{threads: threads}
+	return &Backend{threads: o.Threads, opt: o}
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -98,6 +112,7 @@ type Weight struct {
 	bf16       []uint16  // BF16
 	q          *quant.NVFP4
 	dq         quant.RowDecoder // FP8Block, MXFP4 (fp8.go)
+	q8         *q8Weight        // q repacked for the int8 kernels (nil: reference kernels)
 	bias       []float32
 }
 
@@ -143,6 +158,9 @@ func (b *Backend) Upload(h *backend.HostWeight) (backend.Weight, error) {
 		}
 	case backend.NVFP4:
 		w.q = h.Q
+		if !b.opt.ReferenceNVFP4 {
+			w.q8 = newQ8Weight(h.Q, func(n int, fn func(lo, hi int)) { b.parallel(n, 64, fn) })
+		}
 	default:
 		w.dq = decodedWeight(h)
 	}
@@ -178,11 +196,21 @@ func (b *Backend) MatMul(dst, x backend.Buffer, wt backend.Weight, m int) {
 	w := wt.(*Weight)
 	out, in := dst.(Buffer), x.(Buffer)
 	K, N := w.cols, w.rows
+	switch {
+	case w.q8 != nil:
+		b.matmulQ8(out, in, w, m)
+		return
+	case m >= gemmMinRows && (w.f32 != nil || w.bf16 != nil):
+		b.matmulGEMM(out, in, w, m)
+		return
+	}
 	grain := max(1, (1<<16)/K) // at least ~64k weights per goroutine
 	b.parallel(N, grain, func(lo, hi int) {
 		switch {
 		case w.f32 != nil:
 			matmulF32(out, in, w.f32, m, K, N, lo, hi)
+		case w.bf16 != nil && m == 1:
+			matvecBF16(out[:N], in[:K], w.bf16, K, lo, hi)
 		case w.bf16 != nil:
 			matmulBF16(out, in, w.bf16, m, K, N, lo, hi)
 		case w.dq != nil:
@@ -194,15 +222,21 @@ func (b *Backend) MatMul(dst, x backend.Buffer, wt backend.Weight, m int) {
 				w.q.MatMulRows(out, in, m, lo, hi)
 			}
 		}
-		if w.bias != nil {
-			for i := 0; i < m; i++ {
-				o := out[i*N : (i+1)*N]
-				for r := lo; r < hi; r++ {
-					o[r] += w.bias[r]
-				}
-			}
-		}
+		w.addBias(out, m, lo, hi)
 	})
+}
+
+// addBias adds the bias (if any) to features [r0, r1) of the m rows of out.
+func (w *Weight) addBias(out []float32, m, r0, r1 int) {
+	if w.bias == nil {
+		return
+	}
+	for i := range m {
+		o := out[i*w.rows : (i+1)*w.rows]
+		for r := r0; r < r1; r++ {
+			o[r] += w.bias[r]
+		}
+	}
 }
 
 // RMSNorm normalizes rows of weight.Len() values.

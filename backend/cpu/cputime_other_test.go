@@ -1,0 +1,5 @@
+//go:build !unix
+
+package cpu
+
+func processCPU() float64 { return 0 }

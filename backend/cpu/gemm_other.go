@@ -1,0 +1,11 @@
+//go:build !amd64
+
+package cpu
+
+func dot4x3[T float32 | uint16](w []T, ldw int, x []float32, ldx, k int, out *[96]float32) {
+	dot4x3Go(w, ldw, x, ldx, k, out)
+}
+
+func matvecBF16(out, x []float32, w []uint16, K, lo, hi int) {
+	matmulBF16(out, x, w, 1, K, len(out), lo, hi)
+}

@@ -1,0 +1,309 @@
+package cpu
+
+import (
+	"math"
+
+	"github.com/manifoldlm/manifold/quant"
+)
+
+// The fast NVFP4 path multiplies the weights' E2M1 codes with activations
+// quantized to int8, in integers, as llama.cpp's Q4_0 x Q8_0 kernels do:
+//
+//   - at upload the matrix is repacked (q8Weight): rows in quads, each quad
+//     one contiguous stream of 128-element groups (row 0's group, row 1's,
+//     row 2's, row 3's, then the next group), 64 bytes of codes per row and
+//     group (byte e: element e in the low nibble, element 32+e in the high
+//     nibble, for e < 32; then elements 64..127 alike), and 8 bytes of block
+//     scales per row and group in the order the kernel's horizontal adds
+//     leave the block sums in (blocks 0 2 4 6 1 3 5 7);
+//   - each block scale is re-encoded as an unsigned 8-bit float with a 5-bit
+//     exponent (q8Scale) that turns into float32 with a shift and an add: no
+//     E4M3 subnormals left (they are renormalized), a negative scale folded
+//     into the codes' signs, a zero scale into zero codes, all exact;
+//   - per token the activations are quantized once (q8Act): int8 with one
+//     float32 scale per block of 16 (amax/127, round to nearest), zero
+//     padded to whole groups;
+//   - the kernel computes, per block, the integer sum of 2*e2m1 * int8 and
+//     adds it times (weight scale * activation scale) to a float32
+//     accumulator; the row's sum times GlobalScale/2 is the result.
+//
+// The float32 reference (quant.NVFP4.MatVecRows / MatMulRows) stays for
+// tests and for Embed; the error of this path against it is the activation
+// rounding, about 0.3% of the dot product's scale (see nvfp4q8_test.go).
+
+const (
+	q8Group     = 128 // elements per group
+	q8GroupB    = q8Group / 2
+	q8Blocks    = q8Group / quant.NVFP4BlockSize // 8 blocks per group
+	q8ScaleBias = 117 << 23                      // q8Scale code<<20 + bias = float32 bits
+)
+
+// q8Order is the position of each block of a group in the kernel's scale
+// vector (the order VPHADDD leaves the block sums in).
+var q8Order = [q8Blocks]int{0, 4, 1, 5, 2, 6, 3, 7}
+
+// q8Weight is an NVFP4 matrix repacked for the int8 kernels.
+type q8Weight struct {
+	rows, cols int
+	groups     int     // ceil(cols/128)
+	codes      []byte  // quads x groups x 4 rows x 64 bytes
+	scales     []byte  // quads x groups x 4 rows x 8 bytes
+	mul        float32 // GlobalScale/2 (the codes are 2*e2m1)
+}
+
+// q8Scale re-encodes an E4M3 block scale code: the magnitude as
+// (e<<3 | m) with value (1+m/8)*2^(e-10), e in 1..18, so that the float32
+// bits are code<<20 + q8ScaleBias; neg says the scale was negative, zero
+// that it was zero (the block's codes must then be negated or zeroed).
+func q8Scale(c byte) (code byte, neg, zero bool) {
+	v := quant.E4M3ToFloat32(c)
+	if v == 0 {
+		return 1 << 3, false, true
+	}
+	if v < 0 {
+		neg, v = true, -v
+	}
+	bits := math.Float32bits(v)
+	e := int(bits>>23) - 127 + 10
+	return byte(e<<3) | byte(bits>>20&7), neg, false
+}
+
+// q8ScaleTable is q8Scale of every E4M3 code, computed once at package
+// initialization and only read afterwards.
+var q8ScaleTable = func() (t [256]struct {
+	code      byte
+	neg, zero bool
+}) {
+	for c := range t {
+		t[c].code, t[c].neg, t[c].zero = q8Scale(byte(c))
+	}
+	return t
+}()
+
+// q8ScaleValue is the float32 a q8Scale code stands for.
+func q8ScaleValue(code byte) float32 { return math.Float32frombits(uint32(code)<<20 + q8ScaleBias) }
+
+// newQ8Weight repacks q (see q8Weight), rows split over par (which runs
+// fn over [0, n) in parallel ranges).
+func newQ8Weight(q *quant.NVFP4, par func(n int, fn func(lo, hi int))) *q8Weight {
+	K := q.Cols
+	G := (K + q8Group - 1) / q8Group
+	quads := (q.Rows + 3) / 4
+	w := &q8Weight{rows: q.Rows, cols: K, groups: G, mul: q.GlobalScale / 2,
+		codes: make([]byte, quads*G*4*q8GroupB), scales: make([]byte, quads*G*4*q8Blocks)}
+	par(q.Rows, func(lo, hi int) {
+		row := make([]byte, G*q8GroupB) // one row's packed codes, zero padded to whole groups
+		for r := lo; r < hi; r++ {
+			w.repackRow(q, r, row)
+		}
+	})
+	return w
+}
+
+// repackRow writes row r of q into w; row is scratch of groups*64 bytes.
+func (w *q8Weight) repackRow(q *quant.NVFP4, r int, row []byte) {
+	K, G := w.cols, w.groups
+	nb := K / quant.NVFP4BlockSize
+	clear(row[copy(row, q.Packed[r*K/2:(r+1)*K/2]):])
+	sc := q.Scales[r*nb : (r+1)*nb]
+	quad, j := r/4, r%4
+	for g := range G {
+		at := (quad*G+g)*4 + j
+		// Per block of the group: its scale code, and masks that negate
+		// (flip the sign bit of) or zero its codes.
+		var flip, keep [q8Blocks]byte
+		plain := true // no negative or zero scale in the group
+		for b := range q8Blocks {
+			code, neg, zero := byte(1<<3), false, true
+			if kb := g*q8Blocks + b; kb < nb {
+				t := q8ScaleTable[sc[kb]]
+				code, neg, zero = t.code, t.neg, t.zero
+			}
+			w.scales[at*q8Blocks+q8Order[b]] = code
+			if neg {
+				flip[b] = 8
+			}
+			if !zero {
+				keep[b] = 0xf
+			}
+			plain = plain && !neg && !zero
+		}
+		src := row[g*q8GroupB : (g+1)*q8GroupB]
+		out := w.codes[at*q8GroupB : (at+1)*q8GroupB]
+		for h := range 2 {
+			// Byte e of the half: element 64h+e low, 64h+32+e high; the
+			// source bytes hold elements 2i, 2i+1.
+			lo, hi := src[h*32:h*32+16], src[h*32+16:h*32+32]
+			o := out[h*32 : h*32+32]
+			for i := range 16 {
+				a, c := lo[i], hi[i]
+				o[2*i] = a&0xf | c<<4
+				o[2*i+1] = a>>4 | c&0xf0
+			}
+			for e := range 32 {
+				if plain {
+					break
+				}
+				bl, bh := 4*h+e/16, 4*h+2+e/16 // blocks of the low and high nibble
+				o[e] = (o[e] ^ (flip[bl] | flip[bh]<<4)) & (keep[bl] | keep[bh]<<4)
+			}
+		}
+	}
+}
+
+// q8Act is a row of activations quantized for the int8 kernels: groups*128
+// int8 values, groups*8 float32 block scales in q8Order and, in the same
+// order, 12 times each block's sum of the int8 values (the AVX2 kernel's
+// codes carry an offset of +12, see nvfp4q8_amd64.s).
+type q8Act struct {
+	q   []int8
+	sc  []float32
+	sum []int32
+}
+
+// quantizeQ8 quantizes x (len <= groups*128) into a (sized for groups):
+// per block of 16, scale amax/127 and each value rounded to the nearest
+// integer (halves away from zero).
+func quantizeQ8(a q8Act, x []float32, groups int) {
+	clear(a.q)
+	for g := range groups {
+		for b := range q8Blocks {
+			lo := g*q8Group + b*quant.NVFP4BlockSize
+			at := g*q8Blocks + q8Order[b]
+			a.sc[at], a.sum[at] = 0, 0
+			if lo >= len(x) {
+				continue
+			}
+			blk := x[lo:min(len(x), lo+quant.NVFP4BlockSize)]
+			var amax uint32 // bits of |v|: they order like the values
+			for _, v := range blk {
+				amax = max(amax, math.Float32bits(v)&0x7fffffff)
+			}
+			s := math.Float32frombits(amax) / 127
+			if s == 0 {
+				continue
+			}
+			a.sc[at] = s
+			inv := 1 / s
+			q := a.q[lo : lo+len(blk)]
+			var sum int32
+			for i, v := range blk {
+				r := v * inv
+				h := math.Float32frombits(math.Float32bits(r)&0x80000000 | 0x3f000000) // ±0.5
+				c := int32(r + h)
+				q[i] = int8(c)
+				sum += c
+			}
+			a.sum[at] = 12 * sum
+		}
+	}
+}
+
+func newQ8Act(groups, m int) []q8Act {
+	q := make([]int8, m*groups*q8Group)
+	sc := make([]float32, m*groups*q8Blocks)
+	sum := make([]int32, m*groups*q8Blocks)
+	a := make([]q8Act, m)
+	for i := range a {
+		lo, hi := i*groups*q8Blocks, (i+1)*groups*q8Blocks
+		a[i] = q8Act{q[i*groups*q8Group : (i+1)*groups*q8Group], sc[lo:hi], sum[lo:hi]}
+	}
+	return a
+}
+
+// e2m1x2 is 2*e2m1 of each 4-bit code.
+var e2m1x2 = [16]int32{0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12}
+
+// dot4Q8Go is the portable kernel: the dot products of the quad's 4 rows
+// (codes and scales starting at the quad) with a, before the global scale.
+func dot4Q8Go(codes, scales []byte, a q8Act, groups int, out *[4]float32) {
+	for j := range 4 {
+		out[j] = rowQ8Go(codes[j*q8GroupB:], scales[j*q8Blocks:], a, groups)
+	}
+}
+
+// row4Q8Go is the portable row4Q8: one row (codes and scales at its place
+// in its quad) with the 4 tokens of a.
+func row4Q8Go(codes, scales []byte, a []q8Act, groups int, out *[4]float32) {
+	for t := range 4 {
+		out[t] = rowQ8Go(codes, scales, a[t], groups)
+	}
+}
+
+// rowQ8Go is one row's dot product with a, before the global scale; the
+// row's groups are 4*64 bytes of codes and 4*8 of scales apart.
+func rowQ8Go(codes, scales []byte, a q8Act, groups int) float32 {
+	var acc float32
+	for g := range groups {
+		c := codes[g*4*q8GroupB : g*4*q8GroupB+q8GroupB]
+		x := a.q[g*q8Group : (g+1)*q8Group]
+		var sums [q8Blocks]int32
+		for h := range 2 {
+			for e := range 32 {
+				lo, hi := h*64+e, h*64+32+e
+				sums[lo/16] += e2m1x2[c[h*32+e]&0xf] * int32(x[lo])
+				sums[hi/16] += e2m1x2[c[h*32+e]>>4] * int32(x[hi])
+			}
+		}
+		for b := range q8Blocks {
+			p := q8Order[b]
+			acc += float32(sums[b]) * (q8ScaleValue(scales[g*4*q8Blocks+p]) * a.sc[g*q8Blocks+p])
+		}
+	}
+	return acc
+}
+
+// matmulQ8 computes out[i*N + r] for the m rows of x and rows r in quads
+// [qlo, qhi) of w. Tiles of quads are kept in cache while the tokens run
+// over them, 4 tokens at a time (row4Q8: each weight group decoded once
+// for the 4), the last m%4 one at a time (dot4Q8, the decode kernel).
+func matmulQ8(out []float32, acts []q8Act, w *q8Weight, qlo, qhi int) {
+	const tile = 8 // quads a tile: 32 rows, 16*K bytes of codes
+	G, N := w.groups, w.rows
+	qstrideC, qstrideS := G*4*q8GroupB, G*4*q8Blocks
+	m4 := len(acts) &^ 3
+	var o [4]float32
+	for t0 := qlo; t0 < qhi; t0 += tile {
+		t1 := min(t0+tile, qhi)
+		for i := 0; i < m4; i += 4 {
+			for quad := t0; quad < t1; quad++ {
+				for j := range min(4, N-quad*4) {
+					row4Q8(w.codes[quad*qstrideC+j*q8GroupB:(quad+1)*qstrideC], w.scales[quad*qstrideS+j*q8Blocks:(quad+1)*qstrideS], acts[i:i+4], G, &o)
+					r := quad*4 + j
+					for t := range 4 {
+						out[(i+t)*N+r] = o[t] * w.mul
+					}
+				}
+			}
+		}
+		for i := m4; i < len(acts); i++ {
+			row := out[i*N : (i+1)*N]
+			for quad := t0; quad < t1; quad++ {
+				dot4Q8(w.codes[quad*qstrideC:(quad+1)*qstrideC], w.scales[quad*qstrideS:(quad+1)*qstrideS], acts[i], G, &o)
+				r := quad * 4
+				for j := range min(4, N-r) {
+					row[r+j] = o[j] * w.mul
+				}
+			}
+		}
+	}
+}
+
+// matmulQ8 is MatMul for an NVFP4 weight with its repacked copy: the m
+// rows of x are quantized (in parallel over rows), then the quads of
+// weight rows are split over the threads.
+func (b *Backend) matmulQ8(out, x []float32, w *Weight, m int) {
+	q, K, N := w.q8, w.cols, w.rows
+	acts := newQ8Act(q.groups, m)
+	b.parallel(m, 1, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			quantizeQ8(acts[i], x[i*K:(i+1)*K], q.groups)
+		}
+	})
+	quads := (N + 3) / 4
+	grain := max(1, (1<<14)/(K*max(m, 1))) // at least ~64k products per goroutine
+	b.parallel(quads, grain, func(lo, hi int) {
+		matmulQ8(out, acts, q, lo, hi)
+		w.addBias(out, m, lo*4, min(hi*4, N))
+	})
+}

@@ -1,0 +1,171 @@
+#include "textflag.h"
+
+// 2*e2m1(code) + 12 as uint8 by 4-bit code (VPSHUFB table, both lanes):
+// 12 13 14 15 16 18 20 24, then 12 11 10 9 8 6 4 0. The offset makes the
+// weights unsigned for VPMADDUBSW; its product with the activations,
+// 12 * the block's sum of them, is subtracted once per block.
+DATA q8lut<>+0(SB)/8, $0x181412100f0e0d0c
+DATA q8lut<>+8(SB)/8, $0x00040608090a0b0c
+DATA q8lut<>+16(SB)/8, $0x181412100f0e0d0c
+DATA q8lut<>+24(SB)/8, $0x00040608090a0b0c
+GLOBL q8lut<>(SB), RODATA|NOPTR, $32
+
+DATA q8nib<>+0(SB)/8, $0x0f0f0f0f0f0f0f0f
+DATA q8nib<>+8(SB)/8, $0x0f0f0f0f0f0f0f0f
+DATA q8nib<>+16(SB)/8, $0x0f0f0f0f0f0f0f0f
+DATA q8nib<>+24(SB)/8, $0x0f0f0f0f0f0f0f0f
+GLOBL q8nib<>(SB), RODATA|NOPTR, $32
+
+DATA q8ones<>+0(SB)/8, $0x0001000100010001
+DATA q8ones<>+8(SB)/8, $0x0001000100010001
+DATA q8ones<>+16(SB)/8, $0x0001000100010001
+DATA q8ones<>+24(SB)/8, $0x0001000100010001
+GLOBL q8ones<>(SB), RODATA|NOPTR, $32
+
+// 117<<23: a q8Scale code shifted left by 20 plus this is its float32.
+DATA q8bias<>+0(SB)/8, $0x3a8000003a800000
+DATA q8bias<>+8(SB)/8, $0x3a8000003a800000
+DATA q8bias<>+16(SB)/8, $0x3a8000003a800000
+DATA q8bias<>+24(SB)/8, $0x3a8000003a800000
+GLOBL q8bias<>(SB), RODATA|NOPTR, $32
+
+// Q8ARGS loads the arguments both kernels share: DI codes, DX scales, SI
+// x, R8 xs, R9 xsum, CX groups, AX out.
+#define Q8ARGS \
+	MOVQ codes+0(FP), DI; MOVQ scales+8(FP), DX; MOVQ x+16(FP), SI; MOVQ xs+24(FP), R8; \
+	MOVQ xsum+32(FP), R9; MOVQ groups+40(FP), CX; MOVQ out+48(FP), AX
+
+// Q8CONSTS loads the constants (Y4 bias, Y5 table, Y6 nibble mask, Y7
+// int16 ones) and zeroes the accumulators Y12-Y15.
+#define Q8CONSTS \
+	VMOVDQU q8lut<>(SB), Y5; VMOVDQU q8nib<>(SB), Y6; VMOVDQU q8ones<>(SB), Y7; VMOVDQU q8bias<>(SB), Y4; \
+	VXORPS Y12, Y12, Y12; VXORPS Y13, Y13, Y13; VXORPS Y14, Y14, Y14; VXORPS Y15, Y15, Y15
+
+// Q8STORE stores the horizontal sums of Y12..Y15 to out[0..3] and returns.
+#define Q8STORE \
+	VHADDPS Y13, Y12, Y12; VHADDPS Y15, Y14, Y14; VHADDPS Y14, Y12, Y12; \
+	VEXTRACTF128 $1, Y12, X13; VADDPS X13, X12, X12; VMOVUPS X12, (AX); \
+	VZEROUPPER; RET
+
+// DECODE(coff, D0, D1): the 64 codes in the 32 bytes at coff(DI) as
+// unsigned 2*e2m1+12: D0 elements 0..31, D1 elements 32..63.
+#define DECODE(coff, D0, D1) \
+	VMOVDQU coff(DI), D0; \
+	VPSRLW $4, D0, D1; \
+	VPAND Y6, D0, D0; \
+	VPAND Y6, D1, D1; \
+	VPSHUFB D0, Y5, D0; \
+	VPSHUFB D1, Y5, D1
+
+// HALF(coff, xoff, D) leaves in D, as int16, the block sums of the
+// products of the 64 codes packed in the 32 bytes at coff(DI) (low
+// nibbles: elements 0..31, high: 32..63) with the int8 activations at
+// xoff(SI): VPMADDUBSW's pair sums of each half, added pairwise across the
+// two by VPHADDW into [b0 x4, b2 x4 | b1 x4, b3 x4] (the sums carry the +12
+// offset of the codes; at most 4*6096, no overflow). Uses Y9.
+#define HALF(coff, xoff, D) \
+	DECODE(coff, D, Y9); \
+	VPMADDUBSW xoff(SI), D, D; \
+	VPMADDUBSW xoff+32(SI), Y9, Y9; \
+	VPHADDW Y9, D, D
+
+// ROW(j, ACC): one row of the quad, one group: ACC += block sums (int16
+// pairs added once more, then widened by VPMADDWD into q8Order) times
+// weight scales times activation scales. Uses Y0, Y1, Y8, Y9.
+#define ROW(j, ACC) \
+	HALF(j*64, 0, Y8); \
+	HALF(j*64+32, 64, Y0); \
+	VPHADDW Y0, Y8, Y8; \
+	VPMADDWD Y7, Y8, Y8; \
+	VPSUBD (R9), Y8, Y8; \
+	VCVTDQ2PS Y8, Y8; \
+	VPMOVZXBD j*8(DX), Y1; \
+	VPSLLD $20, Y1, Y1; \
+	VPADDD Y4, Y1, Y1; \
+	VMULPS (R8), Y1, Y1; \
+	VFMADD231PS Y1, Y8, ACC
+
+// func dot4Q8AVX2(codes, scales *byte, x *int8, xs *float32, xsum *int32, groups int, out *[4]float32)
+TEXT ·dot4Q8AVX2(SB), NOSPLIT, $0-56
+	Q8ARGS
+	Q8CONSTS
+
+q8loop:
+	TESTQ CX, CX
+	JE    q8done
+	ROW(0, Y12)
+	ROW(1, Y13)
+	ROW(2, Y14)
+	ROW(3, Y15)
+	ADDQ $256, DI
+	ADDQ $32, DX
+	ADDQ $128, SI
+	ADDQ $32, R8
+	ADDQ $32, R9
+	DECQ CX
+	JMP  q8loop
+
+q8done:
+	Q8STORE
+
+// TOK(XP, XSC, XSM, ACC): one token of the row's group: the products of the
+// decoded Y0..Y3 with the 128 int8 at XP, summed per block in int16 (at
+// most 4*6096 each, no overflow) and widened in the q8Order of the block
+// sums, less the offset's share (XSM), times the weight scales (Y8) times
+// the activation scales (XSC), into ACC. Uses Y9, Y10, Y11.
+#define TOK(XP, XSC, XSM, ACC) \
+	VPMADDUBSW 0(XP), Y0, Y9; \
+	VPMADDUBSW 32(XP), Y1, Y10; \
+	VPHADDW Y10, Y9, Y9; \
+	VPMADDUBSW 64(XP), Y2, Y10; \
+	VPMADDUBSW 96(XP), Y3, Y11; \
+	VPHADDW Y11, Y10, Y10; \
+	VPHADDW Y10, Y9, Y9; \
+	VPMADDWD Y7, Y9, Y9; \
+	VPSUBD XSM, Y9, Y9; \
+	VCVTDQ2PS Y9, Y9; \
+	VMULPS XSC, Y8, Y10; \
+	VFMADD231PS Y10, Y9, ACC
+
+// func row4Q8AVX2(codes, scales *byte, x *int8, xs *float32, xsum *int32, groups int, out *[4]float32)
+// out[t] = the dot product of one weight row (codes and scales at the row's
+// place in its quad: groups 256 and 32 bytes apart) with 4 tokens' quantized
+// activations (x, xs and xsum of token t at t times their row stride),
+// before the global scale. Each group of the row is decoded once for the 4.
+TEXT ·row4Q8AVX2(SB), NOSPLIT, $0-56
+	Q8ARGS
+	MOVQ CX, BX
+	SHLQ $7, BX              // x row stride: groups*128 bytes
+	LEAQ (SI)(BX*1), R11     // token 1
+	LEAQ (SI)(BX*2), R12     // token 2
+	ADDQ R12, BX             // token 3
+	MOVQ CX, R13
+	SHLQ $5, R13             // scale row stride: groups*32 bytes
+	LEAQ (R13)(R13*2), R10
+	Q8CONSTS
+
+r4loop:
+	TESTQ CX, CX
+	JE    r4done
+	DECODE(0, Y0, Y1)
+	DECODE(32, Y2, Y3)
+	VPMOVZXBD (DX), Y8
+	VPSLLD $20, Y8, Y8
+	VPADDD Y4, Y8, Y8
+	TOK(SI, (R8), (R9), Y12)
+	TOK(R11, (R8)(R13*1), (R9)(R13*1), Y13)
+	TOK(R12, (R8)(R13*2), (R9)(R13*2), Y14)
+	TOK(BX, (R8)(R10*1), (R9)(R10*1), Y15)
+	ADDQ $256, DI
+	ADDQ $32, DX
+	ADDQ $128, SI
+	ADDQ $128, R11
+	ADDQ $128, R12
+	ADDQ $128, BX
+	ADDQ $32, R8
+	ADDQ $32, R9
+	DECQ CX
+	JMP  r4loop
+
+r4done:
+	Q8STORE

@@ -1,0 +1,121 @@
+package cpu
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/manifoldlm/manifold/quant"
+)
+
+// TestQ8Scale: every finite E4M3 scale code re-encodes exactly (sign and
+// zero split off).
+func TestQ8Scale(t *testing.T) {
+	for c := range 256 {
+		v := quant.E4M3ToFloat32(byte(c))
+		if math.IsNaN(float64(v)) {
+			continue
+		}
+		code, neg, zero := q8Scale(byte(c))
+		got := q8ScaleValue(code)
+		switch {
+		case zero:
+			got = 0
+		case neg:
+			got = -got
+		}
+		if got != v {
+			t.Errorf("code %#02x: %v, want %v", c, got, v)
+		}
+	}
+}
+
+// TestQ8MatMul holds the int8-activation NVFP4 kernels (AVX2 where present,
+// and the portable Go kernel) to the float64 product of the dequantized
+// weights and the unquantized x. The error is the activations' rounding to
+// int8: its RMS over the outputs must stay under 0.5% of the RMS of the
+// outputs, the AVX2 and Go kernels within 1e-5 of that RMS of each other. Shapes are
+// off the 128-column group and the 4-row quad; some block scales are
+// negated, zeroed or subnormal to take every re-encoding path.
+func TestQ8MatMul(t *testing.T) {
+	rng := rand.New(rand.NewPCG(61, 1))
+	for _, s := range [][3]int{{1, 7, 48}, {1, 257, 2048}, {3, 33, 80}, {17, 64, 400}, {5, 10, 4096}, {150, 9, 4096}} {
+		m, rows, cols := s[0], s[1], s[2]
+		w := make([]float32, rows*cols)
+		for i := range w {
+			w[i] = float32(rng.NormFloat64())
+		}
+		q, err := quant.QuantizeNVFP4(w, rows, cols)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range q.Scales {
+			switch i % 13 {
+			case 3:
+				q.Scales[i] |= 0x80 // negative
+			case 7:
+				q.Scales[i] = 0
+			case 11:
+				q.Scales[i] = byte(1 + i%7) // subnormal
+			}
+		}
+		x := make([]float32, m*cols)
+		for i := range x {
+			x[i] = float32(rng.NormFloat64())
+		}
+		deq := q.Dequantize()
+		want := make([]float64, m*rows)
+		var wantSq float64
+		for i := range m {
+			for r := range rows {
+				var d float64
+				for k := range cols {
+					d += float64(x[i*cols+k]) * float64(deq[r*cols+k])
+				}
+				want[i*rows+r] = d
+				wantSq += d * d
+			}
+		}
+		qw := newQ8Weight(q, func(n int, fn func(lo, hi int)) { fn(0, n) })
+		acts := newQ8Act(qw.groups, m)
+		for i := range m {
+			quantizeQ8(acts[i], x[i*cols:(i+1)*cols], qw.groups)
+		}
+		got := make([]float32, m*rows)
+		matmulQ8(got, acts, qw, 0, (rows+3)/4)
+		var errSq float64
+		for i, g := range got {
+			d := float64(g) - want[i]
+			errSq += d * d
+		}
+		if rel := math.Sqrt(errSq / wantSq); rel > 5e-3 {
+			t.Errorf("%v: RMS error %.3g of the output's RMS, want <= 5e-3", s, rel)
+		}
+		// The Go kernels against the ones MatMul dispatches to (float sums in
+		// another order: within 1e-5 of the outputs' RMS).
+		rms := math.Sqrt(wantSq / float64(len(want)))
+		G := qw.groups
+		var o, og [4]float32
+		for quad := range (rows + 3) / 4 {
+			c := qw.codes[quad*G*4*q8GroupB : (quad+1)*G*4*q8GroupB]
+			sc := qw.scales[quad*G*4*q8Blocks : (quad+1)*G*4*q8Blocks]
+			dot4Q8(c, sc, acts[m-1], G, &o)
+			dot4Q8Go(c, sc, acts[m-1], G, &og)
+			check := func(what string, j int) {
+				if d := math.Abs(float64(o[j] - og[j])); d > 1e-5*rms/float64(qw.mul) { // o, og: before the global scale
+					t.Errorf("%v quad %d %s %d: kernel %v, Go %v", s, quad, what, j, o[j], og[j])
+				}
+			}
+			for j := range 4 {
+				check("row", j)
+			}
+			if m >= 4 { // the prefill kernel: row 1 of the quad, tokens 0..3
+				row4Q8(c[q8GroupB:], sc[q8Blocks:], acts[:4], G, &o)
+				row4Q8Go(c[q8GroupB:], sc[q8Blocks:], acts[:4], G, &og)
+				for j := range 4 {
+					check("token", j)
+				}
+			}
+		}
+	}
+}
