@@ -107,7 +107,7 @@ func hostWeight(rng *rand.Rand, f backend.Format, n, k int) *backend.HostWeight 
 const matmulTol = 1e-4
 
 func TestMatMul(t *testing.T) {
-	g, c := newGPU(t), cpu.New(0)
+	g, c := newGPU(t), refCPU()
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, sh := range []struct{ m, n, k int }{{1, 7, 16}, {1, 300, 64}, {3, 129, 96}, {5, 64, 40}, {1, 513, 1024}, {16, 256, 4096}, {64, 130, 512},
 		{1, 13, 128}, {17, 77, 384}, {70, 40, 256}, {130, 24, 128}, {5, 100, 512}, {1, 24, 256}, {9, 40, 768}, {8, 1000, 256},
@@ -152,7 +152,7 @@ func TestMatMul(t *testing.T) {
 }
 
 func TestElementwiseAndNorms(t *testing.T) {
-	g, c := newGPU(t), cpu.New(0)
+	g, c := newGPU(t), refCPU()
 	rng := rand.New(rand.NewPCG(3, 4))
 	n := 1000
 	a, bb, w := randn(rng, 3*n), randn(rng, 3*n), randn(rng, n)
@@ -185,7 +185,7 @@ func TestElementwiseAndNorms(t *testing.T) {
 }
 
 func TestRoPE(t *testing.T) {
-	g, c := newGPU(t), cpu.New(0)
+	g, c := newGPU(t), refCPU()
 	rng := rand.New(rand.NewPCG(5, 6))
 	for _, tc := range []struct {
 		p                              layers.RoPEParams
@@ -212,7 +212,7 @@ func TestRoPE(t *testing.T) {
 }
 
 func TestEmbedAndAttention(t *testing.T) {
-	g, c := newGPU(t), cpu.New(0)
+	g, c := newGPU(t), refCPU()
 	rng := rand.New(rand.NewPCG(7, 8))
 	for _, f := range []backend.Format{backend.F32, backend.BF16, backend.NVFP4} {
 		h := hostWeight(rng, f, 50, 64)
@@ -238,7 +238,7 @@ func TestEmbedAndAttention(t *testing.T) {
 // its 64-row tiles, after earlier chunks (keys from the cache and from the
 // chunk), a sliding window shorter and longer than a tile, then decode rows.
 func TestAttentionPrefill(t *testing.T) {
-	g, c := newGPU(t), cpu.New(0)
+	g, c := newGPU(t), refCPU()
 	rng := rand.New(rand.NewPCG(17, 18))
 	for _, s := range []layers.AttentionShape{{Heads: 8, KVHeads: 2, HeadDim: 64}, {Heads: 4, KVHeads: 4, HeadDim: 128, Window: 50},
 		{Heads: 6, KVHeads: 1, HeadDim: 128}, {Heads: 4, KVHeads: 2, HeadDim: 64, Window: 100}} {
@@ -395,7 +395,7 @@ func TestSampleTokenNaN(t *testing.T) {
 // and the row of each pick gathered from that word by EmbedToken (queued
 // after the pick, before the next one overwrites it) equal to Embed's.
 func TestSampleTokenTo(t *testing.T) {
-	g, c := newGPU(t), cpu.New(0)
+	g, c := newGPU(t), refCPU()
 	rng := rand.New(rand.NewPCG(21, 22))
 	const vocab, width = 1000, 64
 	h := hostWeight(rng, backend.BF16, vocab, width)
@@ -562,3 +562,8 @@ func TestReleasedOnGPU(t *testing.T) {
 		})
 	}
 }
+
+// refCPU is the CPU backend the GPU is held to: NVFP4 on its float32
+// reference kernels (its default int8-activation kernels round x to 8
+// bits, the GPU's to 16).
+func refCPU() *cpu.Backend { return cpu.NewWithOptions(cpu.Options{ReferenceNVFP4: true}) }

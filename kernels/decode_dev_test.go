@@ -56,7 +56,7 @@ func TestDecodeStepDev(t *testing.T) {
 // kernels (MANIFOLD_NORM_FUSION=1), which production leaves apart, and into
 // gemv_nvfp4_tma8 as production does.
 func TestNormFusedStaged(t *testing.T) {
-	g, c := newGPU(t), cpu.New(0)
+	g, c := newGPU(t), refCPU()
 	g.exp.stagedNorm = true
 	rng := rand.New(rand.NewPCG(13, 14))
 	// {40, 4096} and {300, 6144} on gemv_nvfp4_tma8, then on the staged kernel.
@@ -91,7 +91,7 @@ func TestPaceOfDev(t *testing.T) {
 // 16 (benchmarked against the GEMM, which production uses there) to
 // the CPU backend; tolerance as TestMatMul's for NVFP4.
 func TestSmallMDecodeKernels(t *testing.T) {
-	g, c := newGPU(t), cpu.New(0)
+	g, c := newGPU(t), refCPU()
 	needDevKernels(t, g, "gemv_nvfp4_m8_d1", "gemv_nvfp4_m16_d1")
 	g.exp.smallM = true
 	rng := rand.New(rand.NewPCG(15, 16))
@@ -120,7 +120,7 @@ func TestSmallMDecodeKernels(t *testing.T) {
 // tensor copies, evict-first or not, paces of 0 to 3 (in every launch
 // too).
 func TestGemvTMADev(t *testing.T) {
-	g, c := newGPU(t), cpu.New(0)
+	g, c := newGPU(t), refCPU()
 	needDevKernels(t, g, "gemv_nvfp4_tma", "gemv_nvfp4_tma8_3")
 	rng := rand.New(rand.NewPCG(17, 18))
 	// pace: the first ring fill's (paceAll: in every launch, the small too).

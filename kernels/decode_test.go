@@ -50,7 +50,7 @@ func TestDecodeStepFusedAndGraphed(t *testing.T) {
 // values; set, when not nil, changes g before the steps (the dev build's
 // variants).
 func testDecodeStep(t *testing.T, seed uint64, graphs GraphMode, tiles int, set func(g *Backend)) {
-	g, c := newGPU(t), cpu.New(0)
+	g, c := newGPU(t), refCPU()
 	g.force.gemvTiles = max(tiles, 0)
 	g.force.noGemvTMA = tiles >= 0
 	g.force.tmaRows, g.force.tmaMapsAll = tiles == -1, tiles == -3
@@ -208,7 +208,7 @@ func scaledWeight(rng *rand.Rand, f backend.Format, n, k int) *backend.HostWeigh
 // TestAttentionSplits covers flash-decoding: decode rows over a context long
 // enough to split the keys over blocks, after a long prefill.
 func TestAttentionSplits(t *testing.T) {
-	g, c := newGPU(t), cpu.New(0)
+	g, c := newGPU(t), refCPU()
 	rng := rand.New(rand.NewPCG(9, 10))
 	s := layers.AttentionShape{Heads: 4, KVHeads: 2, HeadDim: 32}
 	compareAttention(t, g, c, rng, s, 1, 0, [][2]int{{0, 1040}, {1040, 1041}, {1041, 1044}, {1044, 1045}})
@@ -218,7 +218,7 @@ func TestAttentionSplits(t *testing.T) {
 // as one kernel (gemv_nvfp4_tma8*, where K % 2048 == 0), which also writes
 // the normalized row; and apart where the matmul does not take it.
 func TestNormFusedIntoMatMul(t *testing.T) {
-	g, c := newGPU(t), cpu.New(0)
+	g, c := newGPU(t), refCPU()
 	rng := rand.New(rand.NewPCG(13, 14))
 	for _, sh := range [][2]int{{300, 512}, {40, 4096}, {300, 6144}} {
 		normThenMatMul(t, g, c, rng, sh[0], sh[1])
@@ -252,7 +252,7 @@ func normThenMatMul(t *testing.T, g *Backend, c *cpu.Backend, rng *rand.Rand, n,
 // the launch to choose it) to the CPU backend, tile counts that T does not
 // divide included; tolerance as TestMatMul's for NVFP4.
 func TestGemvTilesPerBlock(t *testing.T) {
-	g, c := newGPU(t), cpu.New(0)
+	g, c := newGPU(t), refCPU()
 	rng := rand.New(rand.NewPCG(17, 18))
 	for _, tiles := range []int{2, 3, 4, 8} {
 		for _, sh := range []struct{ n, k int }{{300, 1024}, {513, 1024}, {24, 256}, {1000, 4096}, {64, 2048}} {
@@ -279,7 +279,7 @@ func TestGemvTilesPerBlock(t *testing.T) {
 // TestDecodeStepFusedAndGraphed, the dev build's variants (16 consumer
 // warps, three blocks a multiprocessor, other paces) by TestGemvTMADev.
 func TestGemvTMA(t *testing.T) {
-	g, c := newGPU(t), cpu.New(0)
+	g, c := newGPU(t), refCPU()
 	rng := rand.New(rand.NewPCG(17, 18))
 	for _, v := range []struct {
 		slots, tpb int
@@ -316,7 +316,7 @@ func checkGemvTMA(t *testing.T, g *Backend, c *cpu.Backend, rng *rand.Rand, n, k
 // output projection) to the CPU, and checks how they were joined: up to
 // three a launch where each block takes one tile, one a launch otherwise.
 func TestGemvStridedRows(t *testing.T) {
-	g, c := newGPU(t), cpu.New(0)
+	g, c := newGPU(t), refCPU()
 	rng := rand.New(rand.NewPCG(41, 42))
 	for _, tc := range []struct {
 		rows, k, groups, stride int
@@ -378,7 +378,7 @@ func TestGemvStridedRows(t *testing.T) {
 // 1e-5, as compareAttention: float32 on both sides, different summation
 // orders.
 func TestAttnDecode(t *testing.T) {
-	g, c := newGPU(t), cpu.New(0)
+	g, c := newGPU(t), refCPU()
 	defer func(f variants) { g.force = f }(g.force)
 	rng := rand.New(rand.NewPCG(31, 32))
 	spans := [][2]int{{0, 1}, {1, 2}, {2, 33}, {33, 34}, {34, 35}, {35, 100}, {100, 101}, {101, 200}, {200, 201},
@@ -404,7 +404,7 @@ func TestAttnDecode(t *testing.T) {
 // Before that rule, a launch could read the row before its own stale (seen
 // as TestAttnTrace's untraced output off by 2.4%, once in six runs).
 func TestAttnBackToBack(t *testing.T) {
-	g, c := newGPU(t), cpu.New(0)
+	g, c := newGPU(t), refCPU()
 	defer func(f variants) { g.force = f }(g.force)
 	rng := rand.New(rand.NewPCG(37, 38))
 	const T = 160
@@ -474,7 +474,7 @@ func TestLateRows(t *testing.T) {
 // (half and interleaved pairs, every channel rotated or the first half
 // only), tolerance as TestAttnDecode's.
 func TestAttnDecodeRoPE(t *testing.T) {
-	g, c := newGPU(t), cpu.New(0)
+	g, c := newGPU(t), refCPU()
 	rng := rand.New(rand.NewPCG(33, 34))
 	const heads, kvHeads, hd, T = 8, 2, 128, 300
 	s := layers.AttentionShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: float32(1 / math.Sqrt(hd))}

@@ -35,7 +35,7 @@ func opsBackends(b *testing.B) []opsBackend {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { g.Close() })
-	return []opsBackend{g, cpu.New(0)}
+	return []opsBackend{g, refCPU()}
 }
 
 func upload(be backend.Backend, v []float32) backend.Buffer {

@@ -56,7 +56,7 @@ func poisoned(g *Backend, n int) backend.Buffer {
 }
 
 func TestMHCOps(t *testing.T) {
-	g, c := newGPU(t), cpu.New(0)
+	g, c := newGPU(t), refCPU()
 	rng := rand.New(rand.NewPCG(11, 12))
 	for _, tc := range []struct {
 		n, hidden, rows int
@@ -134,7 +134,7 @@ func TestMHCOps(t *testing.T) {
 // the four-column kernels stride over. Same operations in the same order as
 // the CPU: the tolerance is float32 rounding only.
 func TestMHCPrePost(t *testing.T) {
-	g, c := newGPU(t), cpu.New(0)
+	g, c := newGPU(t), refCPU()
 	rng := rand.New(rand.NewPCG(21, 22))
 	for _, tc := range []struct{ n, hidden, rows int }{
 		{1, 8, 3}, {2, 1028, 2}, {3, 300, 5}, {4, 7168, 3}, {4, 258, 4}, {5, 16, 7}, {6, 40, 2}, {4, 4, 70000},
@@ -168,7 +168,7 @@ func TestMHCPrePost(t *testing.T) {
 // w = hi + lo for f32 weights), so each product is within about 2^-21 of
 // float32's, and the sums are float32 (promoted every 32 columns).
 func TestMHCProjectFused(t *testing.T) {
-	g, c := newGPU(t), cpu.New(0)
+	g, c := newGPU(t), refCPU()
 	rng := rand.New(rand.NewPCG(21, 22))
 	type tcase struct {
 		n, hidden int
@@ -303,7 +303,7 @@ func TestMHCProjectPlan(t *testing.T) {
 }
 
 func TestV4Ops(t *testing.T) {
-	g, c := newGPU(t), cpu.New(0)
+	g, c := newGPU(t), refCPU()
 	rng := rand.New(rand.NewPCG(13, 14))
 	rope, err := layers.NewRoPE(layers.RoPEParams{Type: "yarn", Theta: 160000, Factor: 16, OriginalMaxPositions: 256, PartialRotaryFactor: 0.25}, 64)
 	if err != nil {
@@ -526,7 +526,7 @@ func testTopKCase(t *testing.T, g *Backend, rng *rand.Rand, tc topKCase) {
 }
 
 func TestDSAOps(t *testing.T) {
-	g, c := newGPU(t), cpu.New(0)
+	g, c := newGPU(t), refCPU()
 	rng := rand.New(rand.NewPCG(17, 18))
 	// LayerNorm in place, rows not a multiple of anything.
 	x, w, bias := randn(rng, 7*33), randn(rng, 33), randn(rng, 33)
@@ -657,7 +657,7 @@ func TestDSASelectShapes(t *testing.T) {
 // short rows, kv_lora up to 512 and not a multiple of 256, and shapes that
 // fall back to dsa_attend (rank or rope dim not a multiple of 4).
 func TestDSAAttendLatentShapes(t *testing.T) {
-	g, c := newGPU(t), cpu.New(0)
+	g, c := newGPU(t), refCPU()
 	rng := rand.New(rand.NewPCG(19, 20))
 	for _, tc := range []struct {
 		heads, la, lb, nKeys, topk, m int
@@ -717,7 +717,7 @@ func TestDSAAttendLatentShapes(t *testing.T) {
 // only, far from deciding a selection on random inputs, so the outputs
 // agree to rounding.
 func TestHTreeOps(t *testing.T) {
-	g, c := newGPU(t), cpu.New(0)
+	g, c := newGPU(t), refCPU()
 	rng := rand.New(rand.NewPCG(19, 20))
 	for _, tc := range []struct {
 		opts                htree.Options
@@ -814,7 +814,7 @@ func compareModels(t *testing.T, g backend.Backend, dir string, ids []int32, o m
 	if err != nil {
 		t.Fatal(err)
 	}
-	mc, err := model.Build(cpu.New(0), f, o)
+	mc, err := model.Build(refCPU(), f, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1011,7 +1011,7 @@ func moeHostAdd(c *cpu.Backend, cw [3][]backend.Weight, out, x []float32, idx []
 // are multiples of 32 but not of the 1024-column staging span. Tolerance
 // 1e-5 relative, as the other float32 dot products.
 func TestV4MoE(t *testing.T) {
-	g, c := newGPU(t), cpu.New(0)
+	g, c := newGPU(t), refCPU()
 	rng := rand.New(rand.NewPCG(41, 42))
 	for _, tc := range []struct {
 		m, experts, k, dim, ffn int
@@ -1062,7 +1062,7 @@ func TestV4MoE(t *testing.T) {
 // normalization, one token and several, one kept group and several.
 // Tolerance as TestV4MoE.
 func TestGroupMoE(t *testing.T) {
-	g, c := newGPU(t), cpu.New(0)
+	g, c := newGPU(t), refCPU()
 	rng := rand.New(rand.NewPCG(43, 44))
 	for _, a := range []layers.GroupRouteArgs{
 		{M: 1, Experts: 32, K: 6, Groups: 8, TopKGroups: 4, Normalize: true, Scale: 2.5},
