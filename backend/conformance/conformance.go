@@ -25,6 +25,9 @@ type Case struct {
 	Op    string  // the backend method (or op group and method)
 	Shape string  // the shape, for the subtest's name
 	Tol   float64 // max |got - want| / max(1, max |want|)
+	// Q8Tol, where not 0, is Tol for a backend whose NVFP4 kernels round x
+	// to 8 bits (RunQ8: backend/cpu's default kernels).
+	Q8Tol float64
 	// Run computes the op on b and by the reference from the same seeded
 	// inputs and returns both. Needs names the op group it requires (""
 	// for the core Backend); backends without it skip the case.
@@ -36,7 +39,13 @@ type Case struct {
 func (c Case) Name() string { return c.Op + "/" + c.Shape }
 
 // Run runs every case of Cases on b as a subtest of t.
-func Run(t *testing.T, b backend.Backend) {
+func Run(t *testing.T, b backend.Backend) { run(t, b, false) }
+
+// RunQ8 is Run for a backend whose NVFP4 kernels take x in 8 bits (int8
+// per block, as llama.cpp's Q8 activations): the cases' Q8Tol apply.
+func RunQ8(t *testing.T, b backend.Backend) { run(t, b, true) }
+
+func run(t *testing.T, b backend.Backend, q8 bool) {
 	caps := backend.CapabilitiesOf(b)
 	for _, c := range Cases() {
 		t.Run(c.Name(), func(t *testing.T) {
@@ -48,7 +57,11 @@ func Run(t *testing.T, b backend.Backend) {
 			if err := b.Sync(); err != nil {
 				t.Fatal(err)
 			}
-			if err := Compare(got, want, c.Tol); err != nil {
+			tol := c.Tol
+			if q8 && c.Q8Tol != 0 {
+				tol = c.Q8Tol
+			}
+			if err := Compare(got, want, tol); err != nil {
 				t.Error(err)
 			}
 		})
