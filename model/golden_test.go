@@ -73,9 +73,12 @@ func modelType(t *testing.T, dir string) string {
 	return c.ModelType
 }
 
+// loadTestModel opens dir on the CPU with its float32 reference kernels
+// (NVFP4 without the default kernels' int8 activations), the path the
+// fixtures' 1e-3 bound is for.
 func loadTestModel(t testing.TB, dir string) Model {
 	t.Helper()
-	f, m, err := Open(dir, cpu.New(0), Options{})
+	f, m, err := Open(dir, cpu.NewWithOptions(cpu.Options{ReferenceNVFP4: true}), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
