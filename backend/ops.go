@@ -146,6 +146,45 @@ type RoutedMoEOps interface {
 	RoutedMoE(out, x, logits Buffer, hash []int32, ex Experts, a dsv4.RouteArgs, limit float32)
 }
 
+// PagedShape sizes a block pool: Blocks blocks of BlockSize positions, each
+// position KVHeads*HeadDim keys and as many values, for each of Layers
+// layers.
+type PagedShape struct {
+	Layers, KVHeads, HeadDim int
+	BlockSize, Blocks        int
+}
+
+// BlockPool is a paged KV cache on a backend's device: fixed-size blocks of
+// key and value rows per layer, shared by the sequences of a model through
+// block tables (layers.PagedSeq). Which sequence owns which block is the
+// caller's (a block allocator's): the pool only stores rows.
+type BlockPool interface {
+	Shape() PagedShape
+	// Bytes is the device memory the pool holds.
+	Bytes() int64
+}
+
+// PagedAttentionOps runs attention over a paged KV cache (layers/paged.go):
+// sequences of different lengths in one call, each reading its keys through
+// its own block table, so that sequences sharing a prompt prefix share its
+// blocks.
+type PagedAttentionOps interface {
+	// NewBlockPool allocates a pool of s.Blocks blocks.
+	NewBlockPool(s PagedShape) (BlockPool, error)
+	// PagedAppend is layers.PagedWrite of k and v ([m, KVHeads, HeadDim])
+	// into layer's key and value blocks at positions pos0..pos0+m-1 of the
+	// sequence whose block table is table.
+	PagedAppend(p BlockPool, layer int, k, v Buffer, table []int32, pos0, m int)
+	// PagedAttention is layers.PagedAttention: q [sum Rows, Heads, HeadDim]
+	// (the rows of seqs[0], then seqs[1], ...) into out of the same shape,
+	// row i of a sequence at position Pos0+i seeing its keys [0, Pos0+i]
+	// (within s.Window) of layer, already appended.
+	PagedAttention(out, q Buffer, p BlockPool, layer int, seqs []layers.PagedSeq, s layers.AttentionShape)
+	// CopyBlock copies block src to block dst in every layer (copy-on-write
+	// of a shared block).
+	CopyBlock(p BlockPool, dst, src int)
+}
+
 // Capabilities holds the optional op groups a backend implements, asked
 // once (CapabilitiesOf) and kept by whoever runs on the backend. A nil
 // field is a group the backend lacks.
@@ -159,6 +198,7 @@ type Capabilities struct {
 	TreeAttention   TreeAttentionOps
 	RoutedMoE       RoutedMoEOps
 	GroupMoE        GroupMoEOps
+	Paged           PagedAttentionOps
 	Memory          MemoryReporter
 }
 
@@ -182,6 +222,7 @@ func CapabilitiesOf(b Backend) Capabilities {
 	c.TreeAttention, _ = b.(TreeAttentionOps)
 	c.RoutedMoE, _ = b.(RoutedMoEOps)
 	c.GroupMoE, _ = b.(GroupMoEOps)
+	c.Paged, _ = b.(PagedAttentionOps)
 	c.Memory, _ = b.(MemoryReporter)
 	return c
 }

@@ -191,6 +191,7 @@ func Cases() []Case {
 	cs = append(cs, hyperCases()...)
 	cs = append(cs, moreHyperCases()...)
 	cs = append(cs, compressedCases()...)
+	cs = append(cs, pagedCases()...)
 	return cs
 }
 

@@ -103,6 +103,8 @@ func has(c backend.Capabilities, group string) bool {
 		return c.Compressed != nil
 	case "HyperConnectionOps":
 		return c.HyperConnection != nil
+	case "PagedAttentionOps":
+		return c.Paged != nil
 	}
 	return false
 }

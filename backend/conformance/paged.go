@@ -1,0 +1,100 @@
+package conformance
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+
+	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/layers"
+)
+
+// pagedSeq is a sequence of a paged row: rows queries at pos0..; with share
+// > 0 its first share positions are sequence 0's, its full blocks shared
+// and a partial last one copied (copy-on-write).
+type pagedSeq struct{ pos0, rows, share int }
+
+func pagedCases() []Case {
+	var cs []Case
+	for _, c := range []struct {
+		bs, heads, kv, hd, window int
+		seqs                      []pagedSeq
+	}{
+		{16, 4, 2, 64, 0, []pagedSeq{{0, 7, 0}}},                                    // one prefill, inside a block
+		{1, 2, 1, 8, 0, []pagedSeq{{4, 2, 0}}},                                      // blocks of one position
+		{5, 8, 2, 100, 0, []pagedSeq{{13, 1, 0}, {0, 9, 0}, {40, 1, 0}, {6, 3, 0}}}, // decode and prefill, lengths off every multiple
+		{3, 4, 4, 33, 7, []pagedSeq{{20, 2, 0}, {1, 1, 0}}},                         // sliding window
+		{4, 4, 2, 16, 0, []pagedSeq{{10, 3, 0}, {12, 2, 10}, {9, 1, 8}}},            // a shared prefix: full blocks shared, a partial one copied
+	} {
+		var sh []string
+		for _, s := range c.seqs {
+			sh = append(sh, fmt.Sprintf("%d+%d~%d", s.pos0, s.rows, s.share))
+		}
+		as := layers.AttentionShape{Heads: c.heads, KVHeads: c.kv, HeadDim: c.hd, Scale: float32(1 / math.Sqrt(float64(c.hd))), Window: c.window}
+		cs = append(cs, Case{Op: "PagedAttentionOps.PagedAttention", Tol: 2e-5, Needs: "PagedAttentionOps",
+			Shape: fmt.Sprintf("bs=%d/h=%d/kv=%d/d=%d/win=%d/seqs=%s", c.bs, c.heads, c.kv, c.hd, c.window, strings.Join(sh, ",")),
+			Run: func(b backend.Backend, caps backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+				return pagedAttention(b, caps.Paged, rng, c.bs, as, c.seqs)
+			}})
+	}
+	return cs
+}
+
+// pagedAttention fills a pool of two layers (layer 1 runs) through shuffled
+// block tables, then attends every sequence's rows in one call.
+func pagedAttention(b backend.Backend, ops backend.PagedAttentionOps, rng *rand.Rand, bs int, s layers.AttentionShape, seqs []pagedSeq) ([]float32, []float32) {
+	w := s.KVHeads * s.HeadDim
+	blocks := 0
+	for _, sq := range seqs {
+		blocks += (sq.pos0 + sq.rows + bs - 1) / bs
+	}
+	blocks += 2 // unused blocks between
+	pool, err := ops.NewBlockPool(backend.PagedShape{Layers: 2, KVHeads: s.KVHeads, HeadDim: s.HeadDim, BlockSize: bs, Blocks: blocks})
+	if err != nil {
+		panic(err)
+	}
+	kRef, vRef := make([]float32, blocks*bs*w), make([]float32, blocks*bs*w)
+	free := rng.Perm(blocks)
+	var calls []layers.PagedSeq
+	var q []float32
+	for _, sq := range seqs {
+		n := sq.pos0 + sq.rows
+		var table []int32
+		from := 0
+		if sq.share > 0 {
+			table = append(table, calls[0].Table[:sq.share/bs]...)
+			from = sq.share / bs * bs
+			if sq.share%bs != 0 {
+				src, dst := int(calls[0].Table[sq.share/bs]), free[0]
+				ops.CopyBlock(pool, dst, src)
+				copy(kRef[dst*bs*w:(dst+1)*bs*w], kRef[src*bs*w:(src+1)*bs*w])
+				copy(vRef[dst*bs*w:(dst+1)*bs*w], vRef[src*bs*w:(src+1)*bs*w])
+				table = append(table, int32(dst))
+				free = free[1:]
+				from = sq.share
+			}
+		}
+		for len(table)*bs < n {
+			table, free = append(table, int32(free[0])), free[1:]
+		}
+		// The sequence's own positions, in two appends (context, then the
+		// rows that query).
+		for _, span := range [][2]int{{from, sq.pos0}, {max(from, sq.pos0), n}} {
+			if span[1] <= span[0] {
+				continue
+			}
+			k, v := rnd(rng, (span[1]-span[0])*w, 1), rnd(rng, (span[1]-span[0])*w, 1)
+			layers.PagedWrite(kRef, k, table, bs, w, span[0], span[1]-span[0])
+			layers.PagedWrite(vRef, v, table, bs, w, span[0], span[1]-span[0])
+			ops.PagedAppend(pool, 1, upload(b, k), upload(b, v), table, span[0], span[1]-span[0])
+		}
+		calls = append(calls, layers.PagedSeq{Table: table, Pos0: sq.pos0, Rows: sq.rows})
+		q = append(q, rnd(rng, sq.rows*s.Heads*s.HeadDim, 1)...)
+	}
+	want := make([]float32, len(q))
+	layers.PagedAttention(want, q, kRef, vRef, calls, bs, s)
+	out := b.NewBuffer(len(q))
+	ops.PagedAttention(out, upload(b, q), pool, 1, calls, s)
+	return read(b, out), want
+}

@@ -1,0 +1,124 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/layers"
+)
+
+var _ backend.PagedAttentionOps = (*Backend)(nil)
+
+// blockPool stores, per layer, key and value rows as [block, row, kvHead,
+// headDim].
+type blockPool struct {
+	shape backend.PagedShape
+	k, v  [][]float32
+}
+
+func (p *blockPool) Shape() backend.PagedShape { return p.shape }
+func (p *blockPool) Bytes() int64 {
+	s := p.shape
+	return int64(2*s.Layers*s.Blocks*s.BlockSize*s.KVHeads*s.HeadDim) * 4
+}
+
+// NewBlockPool allocates the whole pool up front.
+func (b *Backend) NewBlockPool(s backend.PagedShape) (backend.BlockPool, error) {
+	if s.Layers <= 0 || s.KVHeads <= 0 || s.HeadDim <= 0 || s.BlockSize <= 0 || s.Blocks <= 0 {
+		return nil, fmt.Errorf("cpu: bad block pool shape %+v", s)
+	}
+	p := &blockPool{shape: s, k: make([][]float32, s.Layers), v: make([][]float32, s.Layers)}
+	per := s.Blocks * s.BlockSize * s.KVHeads * s.HeadDim
+	for l := range p.k {
+		p.k[l], p.v[l] = make([]float32, per), make([]float32, per)
+	}
+	return p, nil
+}
+
+// PagedAppend writes k and v through the block table.
+func (b *Backend) PagedAppend(pool backend.BlockPool, layer int, k, v backend.Buffer, table []int32, pos0, m int) {
+	p := pool.(*blockPool)
+	s := p.shape
+	if need := (pos0 + m + s.BlockSize - 1) / s.BlockSize; need > len(table) {
+		panic(fmt.Sprintf("cpu: paged append at positions [%d, %d) past a table of %d blocks of %d", pos0, pos0+m, len(table), s.BlockSize))
+	}
+	w := s.KVHeads * s.HeadDim
+	layers.PagedWrite(p.k[layer], k.(Buffer), table, s.BlockSize, w, pos0, m)
+	layers.PagedWrite(p.v[layer], v.(Buffer), table, s.BlockSize, w, pos0, m)
+}
+
+// CopyBlock copies block src to dst in every layer.
+func (b *Backend) CopyBlock(pool backend.BlockPool, dst, src int) {
+	p := pool.(*blockPool)
+	n := p.shape.BlockSize * p.shape.KVHeads * p.shape.HeadDim
+	for l := range p.k {
+		copy(p.k[l][dst*n:(dst+1)*n], p.k[l][src*n:(src+1)*n])
+		copy(p.v[l][dst*n:(dst+1)*n], p.v[l][src*n:(src+1)*n])
+	}
+}
+
+// PagedAttention attends each (query row, head) pair over its sequence's
+// keys, parallel over the pairs of every sequence. Its sums are those of
+// Attention (same order, same kernels), so that a sequence gives the same
+// bits paged as in its own KVCache.
+func (b *Backend) PagedAttention(out, q backend.Buffer, pool backend.BlockPool, layer int, seqs []layers.PagedSeq, s layers.AttentionShape) {
+	p := pool.(*blockPool)
+	bs, hd := p.shape.BlockSize, s.HeadDim
+	keys, values := p.k[layer], p.v[layer]
+	o, qs := out.(Buffer), q.(Buffer)
+	group := s.Heads / s.KVHeads
+	// seqOf[r] is the sequence of query row r.
+	var seqOf []int32
+	longest := 0
+	for i, sq := range seqs {
+		if need := (sq.Pos0 + sq.Rows + bs - 1) / bs; need > len(sq.Table) {
+			panic(fmt.Sprintf("cpu: paged attention of sequence %d at positions [%d, %d) past a table of %d blocks of %d", i, sq.Pos0, sq.Pos0+sq.Rows, len(sq.Table), bs))
+		}
+		for range sq.Rows {
+			seqOf = append(seqOf, int32(i))
+		}
+		longest = max(longest, sq.Pos0+sq.Rows)
+	}
+	first := make([]int, len(seqs)) // first query row of each sequence
+	for i := 1; i < len(seqs); i++ {
+		first[i] = first[i-1] + seqs[i-1].Rows
+	}
+	b.parallel(len(seqOf)*s.Heads, 1, func(lo, hi int) {
+		scores := make([]float32, longest)
+		rows := make([]int, longest) // pool row of each position
+		acc := make([]float32, hd)
+		for job := lo; job < hi; job++ {
+			r, h := job/s.Heads, job%s.Heads
+			sq := seqs[seqOf[r]]
+			pos := sq.Pos0 + r - first[seqOf[r]]
+			start := 0
+			if s.Window > 0 {
+				start = max(0, pos-s.Window+1)
+			}
+			kh := h / group
+			qv := qs[job*hd : (job+1)*hd]
+			mx := float32(math.Inf(-1))
+			for t := start; t <= pos; t++ {
+				rows[t] = (layers.PagedRow(sq.Table, bs, t)*s.KVHeads + kh) * hd
+				d := dotF32(qv, keys[rows[t]:rows[t]+hd]) * s.Scale
+				scores[t] = d
+				mx = max(mx, d)
+			}
+			var sum float32
+			for t := start; t <= pos; t++ {
+				e := float32(math.Exp(float64(scores[t] - mx)))
+				scores[t] = e
+				sum += e
+			}
+			clear(acc)
+			for t := start; t <= pos; t++ {
+				axpyF32(acc, values[rows[t]:rows[t]+hd], scores[t])
+			}
+			inv := 1 / sum
+			for j, a := range acc {
+				o[job*hd+j] = a * inv
+			}
+		}
+	})
+}
