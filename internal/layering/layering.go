@@ -5,7 +5,7 @@
 //	0  quant (number formats), layers (reference math), tokenizer, internal/defaultmodel,
 //	   internal/testimage (a test-built kernel image, set only by tests),
 //	   internal/testnum (random inputs and error measures for tests),
-//	   internal/testproc (child processes for tests)
+//	   internal/testproc (child processes for tests), internal/kvpage (paged KV cache blocks)
 //	1  weights (safetensors; weights/nvfp4ckpt and weights/convert, the quantized layouts)
 //	2  backend (the compute contract; backend/cpu), internal/golden, internal/testmodel,
 //	   internal/serveload (a load-test client of cmd/serve)
@@ -27,6 +27,7 @@ var Layers = map[string]int{
 	"internal/testimage":    0,
 	"internal/testnum":      0,
 	"internal/testproc":     0,
+	"internal/kvpage":       0,
 	"weights":               1,
 	"backend":               2,
 	"internal/golden":       2,
