@@ -18,10 +18,11 @@ type Llama struct {
 	b     backend.Backend
 	cfg   *Config
 	rope  *layers.RoPE
-	attn  []layers.AttentionShape // per layer (sliding windows differ)
-	htree *llamaHTree             // non-nil: htree attention (Options.Attention, llama_htree.go)
-	moe   *qwen3MoEConfig         // non-nil: Qwen3-MoE (qwen3_moe.go)
-	pipe  backend.TokenPipeliner  // nil: the backend cannot run a token it holds
+	attn  []layers.AttentionShape   // per layer (sliding windows differ)
+	htree *llamaHTree               // non-nil: htree attention (Options.Attention, llama_htree.go)
+	moe   *qwen3MoEConfig           // non-nil: Qwen3-MoE (qwen3_moe.go)
+	pipe  backend.TokenPipeliner    // nil: the backend cannot run a token it holds
+	paged backend.PagedAttentionOps // nil: the backend cannot page caches (NewPagedCache fails)
 	// batchMu guards batch, the scratch of ForwardBatch (llama_batch.go).
 	batchMu sync.Mutex
 	batch   llamaBatch
@@ -63,7 +64,7 @@ func loadLlama(b backend.Backend, cfg *Config, l *Loader, o Options, qkNorm bool
 	if err != nil {
 		return nil, err
 	}
-	m := &Llama{b: b, cfg: cfg, rope: rope, pipe: l.caps.Pipeliner, moe: moe, Blocks: make([]llamaBlock, cfg.NumLayers)}
+	m := &Llama{b: b, cfg: cfg, rope: rope, pipe: l.caps.Pipeliner, paged: l.caps.Paged, moe: moe, Blocks: make([]llamaBlock, cfg.NumLayers)}
 	dims := map[string]int{
 		"hidden":   cfg.HiddenSize,
 		"q":        cfg.NumHeads * cfg.HeadDim,
@@ -189,6 +190,16 @@ func (m *Llama) forward(ctx context.Context, st State, tokens []int32, embed fun
 	}
 	c, b := m.cfg, m.b
 	n, pos0 := len(tokens), s.cache.Len()
+	p := pagedOf(s)
+	if p != nil {
+		ids := tokens
+		if embed != nil {
+			ids = []int32{-1} // its id is on the device: its block is never shared
+		}
+		if err := p.reserve(ids); err != nil {
+			return nil, err
+		}
+	}
 	if m.grow(&s.llamaBuffers, n) {
 		s.logits = b.NewBuffer(n * c.VocabSize)
 	}
@@ -204,6 +215,9 @@ func (m *Llama) forward(ctx context.Context, st State, tokens []int32, embed fun
 	if err != nil {
 		s.cache.Truncate(pos0)
 		return nil, err
+	}
+	if p != nil {
+		p.seq.Commit()
 	}
 	return m.head.logits(b, c, sc.x, sc.h, s.logits, n, all), nil
 }
@@ -267,6 +281,10 @@ func (m *Llama) attend(s *llamaState, l int, att, q, k, v backend.Buffer, pos0, 
 	}
 	b.RoPE(q, n, c.NumHeads, c.HeadDim, 0, pos0, m.rope, false)
 	b.RoPE(k, n, c.NumKVHeads, c.HeadDim, 0, pos0, m.rope, false)
+	if p := pagedOf(s); p != nil {
+		m.attendPaged(p.c, l, att, q, k, v, []layers.PagedSeq{{Table: p.seq.Table(), Pos0: pos0, Rows: n}})
+		return
+	}
 	b.Attention(att, q, k, v, s.cache, l, pos0, n, m.attn[l])
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/layers"
 )
 
 // llamaBatch is the scratch of ForwardBatch, shared by the sequences of a
@@ -46,6 +47,10 @@ func (m *Llama) ForwardBatch(ctx context.Context, sts []State, tokens [][]int32)
 		last[i] = int32(len(ids) - 1)
 	}
 	n, seqs := len(ids), len(sts)
+	shared, err := reservePaged(ss, tokens)
+	if err != nil {
+		return nil, err
+	}
 
 	m.batchMu.Lock()
 	defer m.batchMu.Unlock()
@@ -59,7 +64,11 @@ func (m *Llama) ForwardBatch(ctx context.Context, sts []State, tokens [][]int32)
 	sc := m.views(&bt.llamaBuffers, n)
 	b.Embed(sc.x, m.Embed, ids)
 	qw, kw := c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim
-	err := m.blocks(ctx, sc, n, func(l int, att, q, k, v backend.Buffer) {
+	err = m.blocks(ctx, sc, n, func(l int, att, q, k, v backend.Buffer) {
+		if shared != nil { // one call over every sequence's blocks
+			m.attendBatchPaged(shared, ss, l, att, q, k, v, pos0, tokens)
+			return
+		}
 		row := 0
 		for i, s := range ss {
 			r := len(tokens[i])
@@ -74,6 +83,11 @@ func (m *Llama) ForwardBatch(ctx context.Context, sts []State, tokens [][]int32)
 		}
 		return nil, err
 	}
+	for _, s := range ss {
+		if p := pagedOf(s); p != nil {
+			p.seq.Commit()
+		}
+	}
 	x := sc.x
 	if n != seqs { // some sequence ran several rows: take each one's last
 		x = b.View(bt.last, 0, seqs*c.HiddenSize)
@@ -81,4 +95,52 @@ func (m *Llama) ForwardBatch(ctx context.Context, sts []State, tokens [][]int32)
 	}
 	logits := m.head.logits(b, c, x, b.View(sc.h, 0, seqs*c.HiddenSize), bt.logits, seqs, true)
 	return hostLogits(b, logits, nil)
+}
+
+// reservePaged makes room for each paged state's tokens (undoing them all
+// on error) and returns the paged cache every state shares, or nil when
+// some state is not paged or they are paged in several caches.
+func reservePaged(ss []*llamaState, tokens [][]int32) (*PagedCache, error) {
+	var shared *PagedCache
+	for i, s := range ss {
+		p := pagedOf(s)
+		if p == nil {
+			continue
+		}
+		pos0 := p.Len()
+		if err := p.reserve(tokens[i]); err != nil {
+			for j := range i {
+				ss[j].cache.Truncate(ss[j].cache.Len() - len(tokens[j]))
+			}
+			return nil, fmt.Errorf("model: forward batch: sequence %d at %d: %w", i, pos0, err)
+		}
+		if i == 0 || shared == p.c {
+			shared = p.c
+		} else {
+			shared = nil
+		}
+	}
+	for _, s := range ss {
+		if p := pagedOf(s); p == nil || p.c != shared {
+			return nil, nil
+		}
+	}
+	return shared, nil
+}
+
+// attendBatchPaged runs layer l's attention of every sequence's rows
+// through their block tables of c in one call.
+func (m *Llama) attendBatchPaged(c *PagedCache, ss []*llamaState, l int, att, q, k, v backend.Buffer, pos0 []int, tokens [][]int32) {
+	cf, b := m.cfg, m.b
+	qw, kw := cf.NumHeads*cf.HeadDim, cf.NumKVHeads*cf.HeadDim
+	seqs := make([]layers.PagedSeq, len(ss))
+	row := 0
+	for i, s := range ss {
+		r := len(tokens[i])
+		b.RoPE(b.View(q, row*qw, r*qw), r, cf.NumHeads, cf.HeadDim, 0, pos0[i], m.rope, false)
+		b.RoPE(b.View(k, row*kw, r*kw), r, cf.NumKVHeads, cf.HeadDim, 0, pos0[i], m.rope, false)
+		seqs[i] = layers.PagedSeq{Table: pagedOf(s).seq.Table(), Pos0: pos0[i], Rows: r}
+		row += r
+	}
+	m.attendPaged(c, l, att, q, k, v, seqs)
 }

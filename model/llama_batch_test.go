@@ -16,7 +16,9 @@ import (
 // chunks of at most chunk tokens, one chunk a step) and then decodes
 // greedily for steps tokens. It returns each sequence's generated tokens and
 // the logits of every step of each, as single-stream Forward would give them.
-func batchSchedule(t *testing.T, m Model, prompts [][]int32, join []int, chunk, steps int) ([][]int32, [][][]float32) {
+// With pc set, the sequences are paged in it, each sharing the cached
+// blocks of its prompt's prefix as it joins.
+func batchSchedule(t *testing.T, m Model, pc *PagedCache, prompts [][]int32, join []int, chunk, steps int) ([][]int32, [][][]float32) {
 	t.Helper()
 	bf := m.(BatchForwarder)
 	vocab := m.Config().VocabSize
@@ -34,11 +36,19 @@ func batchSchedule(t *testing.T, m Model, prompts [][]int32, join []int, chunk, 
 		done := true
 		for i, p := range prompts {
 			if step == join[i] {
-				st, err := m.NewState(len(p) + steps + 1)
+				newState := m.NewState
+				if pc != nil {
+					newState = pc.NewState
+				}
+				st, err := newState(len(p) + steps + 1)
 				if err != nil {
 					t.Fatal(err)
 				}
-				seqs[i] = &seq{st: st, pending: slices.Clone(p)}
+				n := 0
+				if pc != nil {
+					n = pc.Share(st, p)
+				}
+				seqs[i] = &seq{st: st, pending: slices.Clone(p[n:])}
 			}
 			s := seqs[i]
 			if s == nil || len(s.out) >= steps {
@@ -105,7 +115,11 @@ func alone(t *testing.T, m Model, prompt []int32, steps int) ([]int32, [][]float
 // mixed with the others' decode steps, two of them sharing a prefix, give
 // the same greedy tokens, and (f32 and bf16 on the CPU) the same logits to
 // float32 rounding: the CPU multiplies several rows in tiles whose sums
-// run in another order than one row's (backend/cpu/gemm.go).
+// run in another order than one row's (backend/cpu/gemm.go). The batch runs
+// with a KVCache a sequence, then paged (blocks of 4 and of 3 positions):
+// sequences joining after another with the same prompt prefix share its
+// blocks, and one whose prompt is another's whole copies its last block on
+// write.
 func TestForwardBatchMatchesAlone(t *testing.T) {
 	cases := []struct {
 		name  string
@@ -137,21 +151,39 @@ func TestForwardBatchMatchesAlone(t *testing.T) {
 				return p
 			}
 			shared := prompt(1, 9)
-			prompts := [][]int32{prompt(2, 5), prompt(3, 1), shared, append(slices.Clone(shared), prompt(4, 6)...), prompt(5, 13)}
-			join := []int{0, 0, 1, 3, 4}
+			prompts := [][]int32{prompt(2, 5), prompt(3, 1), shared, append(slices.Clone(shared), prompt(4, 6)...), prompt(5, 13), shared}
+			join := []int{0, 0, 1, 3, 4, 6}
 			const steps = 6
-			got, gotLogits := batchSchedule(t, m, prompts, join, 4, steps)
+			want := make([][]int32, len(prompts))
+			wantLogits := make([][][]float32, len(prompts))
 			for i, p := range prompts {
-				want, wantLogits := alone(t, m, p, steps)
-				if !slices.Equal(got[i], want) {
-					t.Errorf("sequence %d (%d prompt tokens, joins at step %d): batched %v, alone %v", i, len(p), join[i], got[i], want)
+				want[i], wantLogits[i] = alone(t, m, p, steps)
+			}
+			for _, bs := range []int{0, 4, 3} {
+				var pc *PagedCache
+				if bs > 0 {
+					var err error
+					if pc, err = m.(Pager).NewPagedCache(64, bs); err != nil {
+						t.Fatal(err)
+					}
 				}
-				if !tc.exact {
-					continue
+				got, gotLogits := batchSchedule(t, m, pc, prompts, join, 4, steps)
+				if pc != nil {
+					if st := pc.Stats(); st.SharedTokens == 0 || bs == 3 && st.Copies == 0 {
+						t.Errorf("blocks of %d: %d positions shared, %d blocks copied on write", bs, st.SharedTokens, st.Copies)
+					}
 				}
-				for j := range wantLogits {
-					if d := maxAbsDiff(gotLogits[i][j], wantLogits[j]); d > 1e-5 {
-						t.Errorf("sequence %d token %d: logits differ from single-stream by up to %g", i, j, d)
+				for i, p := range prompts {
+					if !slices.Equal(got[i], want[i]) {
+						t.Errorf("blocks of %d: sequence %d (%d prompt tokens, joins at step %d): batched %v, alone %v", bs, i, len(p), join[i], got[i], want[i])
+					}
+					if !tc.exact {
+						continue
+					}
+					for j := range wantLogits[i] {
+						if d := maxAbsDiff(gotLogits[i][j], wantLogits[i][j]); d > 1e-5 {
+							t.Errorf("blocks of %d: sequence %d token %d: logits differ from single-stream by up to %g", bs, i, j, d)
+						}
 					}
 				}
 			}

@@ -237,7 +237,8 @@ func (s *Seq) Append(tokens []int32) (copies [][2]int32, err error) {
 }
 
 // Commit records that the rows of every position have been stored: each
-// block they filled becomes known by its prefix, for Share.
+// block they filled becomes known by its prefix, for Share, unless it holds
+// a negative token (one whose id the caller does not know).
 func (s *Seq) Commit() {
 	a, bs := s.a, s.a.blockSize
 	a.mu.Lock()
@@ -252,7 +253,7 @@ func (s *Seq) Commit() {
 		h := a.chain(prev, blk)
 		s.hashes = append(s.hashes, h)
 		id := s.table[i]
-		if _, ok := a.cached[h]; !ok && a.tokens[id] == nil {
+		if _, ok := a.cached[h]; !ok && a.tokens[id] == nil && !slices.ContainsFunc(blk, func(t int32) bool { return t < 0 }) {
 			a.cached[h], a.hash[id], a.tokens[id] = id, h, slices.Clone(blk)
 		}
 	}
