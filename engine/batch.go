@@ -219,11 +219,31 @@ func (s *scheduler) gather() {
 // pick takes the requests of the next step and the tokens each runs in it:
 // cancelled requests end; decode tokens (requests with one token left) go
 // first, then prompt chunks, oldest first, within StepTokens and
-// MaxSequences. s.mu is held.
+// MaxSequences, and within the free blocks of a paged cache: a request
+// whose tokens need more blocks than are left waits for a later step
+// (unless none other runs: it then fails with model.ErrNoBlocks). s.mu is
+// held.
 func (s *scheduler) pick() ([]*batchRequest, [][]int32) {
 	var reqs []*batchRequest
 	var toks [][]int32
 	budget := s.opts.StepTokens
+	blocks := map[*model.PagedCache]int{} // free blocks left of each cache
+	fits := func(r *batchRequest, n int) bool {
+		pc := model.PagedCacheOf(r.st)
+		if pc == nil {
+			return true
+		}
+		left, ok := blocks[pc]
+		if !ok {
+			left = pc.FreeBlocks()
+		}
+		need := pc.Need(r.st, n)
+		if need > left && len(reqs) > 0 {
+			return false
+		}
+		blocks[pc] = left - need
+		return true
+	}
 	live := s.queue[:0]
 	for _, r := range s.queue {
 		if err := r.ctx.Err(); err != nil {
@@ -242,6 +262,9 @@ func (s *scheduler) pick() ([]*batchRequest, [][]int32) {
 				continue
 			}
 			n := min(left, budget)
+			if !fits(r, n) {
+				continue
+			}
 			budget -= n
 			reqs = append(reqs, r)
 			toks = append(toks, r.ids[r.ran:r.ran+n])

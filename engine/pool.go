@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+
+	"github.com/manifoldlm/manifold/model"
 )
 
 // ErrQueueFull is wrapped by the error of Pool.Acquire when more requests
@@ -27,6 +29,16 @@ type PoolOptions struct {
 	// Sessions; negative: none wait, Acquire fails at once when every
 	// session is taken).
 	MaxQueue int
+	// BlockSize is the positions of a block of the paged KV cache that the
+	// sessions share where the model and the backend can page it
+	// (model.Pager; the CPU can, the CUDA backend not yet) (0: 16).
+	BlockSize int
+	// Blocks is the blocks of that cache (0: as many as Sessions caches of
+	// ContextLength positions take, the memory of unpaged sessions).
+	Blocks int
+	// Unpaged gives each session a KVCache of its own even where the
+	// cache could be paged.
+	Unpaged bool
 }
 
 // Pool admits requests to a fixed set of sessions of a model, so that the
@@ -36,9 +48,19 @@ type PoolOptions struct {
 // session whose tokens share the longest prefix with the request's prompt
 // (a system prompt, a chat's earlier turns), so that prefix is not run
 // again (prefix reuse). A Pool is safe for concurrent use.
+//
+// Where the cache can be paged (PoolOptions.BlockSize), the sessions keep a
+// block table each into one pool of blocks instead: a released session
+// gives its blocks back, its full ones staying cached by their prefix, and
+// a request's prompt takes the cached blocks of its longest prefix of whole
+// blocks, whichever sessions ran them, copy-on-write. A request is admitted
+// when the free blocks hold the rest of its prompt, and waits for a release
+// otherwise; a generation step waits while the blocks it needs are taken
+// (BatchOptions), and fails with model.ErrNoBlocks when no other runs.
 type Pool struct {
-	m    *Model
-	opts PoolOptions
+	m     *Model
+	opts  PoolOptions
+	paged *model.PagedCache // nil: a KVCache a session
 
 	mu      sync.Mutex
 	idle    []*Session // free, most recently released last
@@ -47,6 +69,7 @@ type Pool struct {
 	waiters []chan *Session
 	closed  bool
 	reused  int64
+	freed   chan struct{} // closed by the next Release (paged: blocks given back)
 }
 
 // PoolStats are a Pool's counts now.
@@ -56,6 +79,10 @@ type PoolStats struct {
 	Waiting      int   // requests waiting for one
 	CacheBytes   int64 // cache memory of the sessions made
 	ReusedTokens int64 // prompt tokens not run again thanks to prefix reuse, since NewPool
+	// The paged cache (all zero when the sessions keep a cache each).
+	Paged                            bool
+	BlockSize, Blocks                int
+	FreeBlocks, CachedBlocks, Copies int // Copies: blocks copied on write since NewPool
 }
 
 // NewPool returns a pool of sessions of m.
@@ -85,7 +112,11 @@ func (m *Model) NewPool(o PoolOptions) (*Pool, error) {
 	if o.MaxQueue == 0 {
 		o.MaxQueue = 4 * o.Sessions
 	}
-	return &Pool{m: m, opts: o}, nil
+	p := &Pool{m: m, opts: o}
+	if err := p.page(); err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 // Options are the pool's options, with the defaults and the memory's limit
@@ -99,6 +130,29 @@ func (p *Pool) Options() PoolOptions { return p.opts }
 // so that the last token runs and gives its logits). Every successful
 // Acquire is paired with Release. ctx's cancellation ends the wait.
 func (p *Pool) Acquire(ctx context.Context, prompt []int) (*Session, int, error) {
+	for {
+		s, n, err := p.acquire(ctx, prompt)
+		if err != nil || p.paged == nil {
+			return s, n, err
+		}
+		wait, err := p.admit(s, prompt, n)
+		if err == nil && wait == nil {
+			return s, n, nil
+		}
+		p.Release(s)
+		if err != nil {
+			return nil, 0, err
+		}
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return nil, 0, ctx.Err()
+		}
+	}
+}
+
+// acquire is Acquire before the paged cache's admission.
+func (p *Pool) acquire(ctx context.Context, prompt []int) (*Session, int, error) {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -107,14 +161,14 @@ func (p *Pool) Acquire(ctx context.Context, prompt []int) (*Session, int, error)
 	var s *Session
 	best, shared := p.bestIdle(prompt)
 	switch {
-	case best >= 0 && (shared > 0 || p.made == p.opts.Sessions):
+	case best >= 0 && (shared > 0 || p.made == p.opts.Sessions || p.paged != nil):
 		s = p.idle[best]
 		p.idle = append(p.idle[:best], p.idle[best+1:]...)
 	case p.made < p.opts.Sessions: // a new session keeps the idle ones' prefixes
 		p.made++
 		p.mu.Unlock()
 		var err error
-		if s, err = p.m.NewSession(p.opts.ContextLength); err != nil {
+		if s, err = p.newSession(); err != nil {
 			p.mu.Lock()
 			p.made--
 			p.mu.Unlock()
@@ -167,8 +221,12 @@ func (p *Pool) bestIdle(prompt []int) (best, shared int) {
 }
 
 // keep truncates s to the part of prompt it holds (leaving at least one
-// token of a non-empty prompt to run) and returns its length.
+// token of a non-empty prompt to run) and returns its length. Paged, s
+// (empty) takes the cached blocks of prompt's prefix instead.
 func (p *Pool) keep(s *Session, prompt []int) int {
+	if p.paged != nil {
+		return p.share(s, prompt)
+	}
 	n := commonPrefix(s.tokens, prompt)
 	if n == len(prompt) && n > 0 {
 		n--
@@ -200,8 +258,15 @@ func (p *Pool) Release(s *Session) {
 	if s == nil {
 		return
 	}
+	if p.paged != nil {
+		s.Truncate(0) // its full blocks stay cached by their prefix
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.freed != nil {
+		close(p.freed)
+		p.freed = nil
+	}
 	if len(p.waiters) > 0 {
 		ch := p.waiters[0]
 		p.waiters = p.waiters[1:]
@@ -227,8 +292,14 @@ func (p *Pool) Close() {
 func (p *Pool) Stats() PoolStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return PoolStats{Sessions: p.opts.Sessions, Busy: p.made - len(p.idle), Waiting: len(p.waiters),
+	st := PoolStats{Sessions: p.opts.Sessions, Busy: p.made - len(p.idle), Waiting: len(p.waiters),
 		CacheBytes: p.bytes * int64(p.made), ReusedTokens: p.reused}
+	if p.paged != nil {
+		ps := p.paged.Stats()
+		st.CacheBytes, st.Paged, st.BlockSize, st.Blocks = p.paged.Bytes(), true, ps.BlockSize, ps.Blocks
+		st.FreeBlocks, st.CachedBlocks, st.Copies = ps.Free, ps.Cached, int(ps.Copies)
+	}
+	return st
 }
 
 // EncodeChat renders a conversation through the model's chat template, with

@@ -145,3 +145,25 @@ func (m *Llama) attendPaged(c *PagedCache, l int, att, q, k, v backend.Buffer, s
 // ErrNoBlocks is wrapped by the error of a forward pass on a paged state
 // when the pool has too few free blocks for its tokens.
 var ErrNoBlocks = kvpage.ErrNoBlocks
+
+// PagedCacheOf returns the paged cache st keeps its blocks in, or nil for a
+// state with a cache of its own.
+func PagedCacheOf(st State) *PagedCache {
+	if s, ok := st.(*llamaState); ok {
+		if p := pagedOf(s); p != nil {
+			return p.c
+		}
+	}
+	return nil
+}
+
+// Need is the free blocks a forward pass of n tokens on st (a state of c)
+// takes.
+func (c *PagedCache) Need(st State, n int) int {
+	if s, ok := st.(*llamaState); ok {
+		if p := pagedOf(s); p != nil && p.c == c {
+			return p.seq.Need(n)
+		}
+	}
+	return 0
+}

@@ -198,34 +198,58 @@ func (s *Seq) Share(prompt []int32) int {
 	return len(s.tokens)
 }
 
+// Need is the blocks Append of n tokens would take: new ones, and a copy
+// of the block position Len() falls in when other sequences hold it.
+func (s *Seq) Need(n int) int {
+	s.a.mu.Lock()
+	defer s.a.mu.Unlock()
+	need, _ := s.need(n)
+	return need
+}
+
+// written is the block position Len() falls in when the table holds it
+// already (-1: none). a.mu is held.
+func (s *Seq) written() int32 {
+	if i := len(s.tokens) / s.a.blockSize; i < len(s.table) {
+		return s.table[i]
+	}
+	return -1
+}
+
+// need is Need, and whether that block must be copied. a.mu is held.
+func (s *Seq) need(n int) (need int, copied bool) {
+	a := s.a
+	need = a.Blocks(len(s.tokens)+n) - len(s.table)
+	if id := s.written(); n > 0 && id >= 0 && a.ref[id] > 1 {
+		need, copied = need+1, true
+	}
+	return need, copied
+}
+
 // Append makes room for tokens at positions Len().. and returns the block
 // copies ({dst, src}) the caller must make before it stores their rows: a
-// block the new rows fall in that other sequences hold, or that the cache
-// knows by its prefix, is copied first (copy-on-write). With too few
-// blocks left it fails with ErrNoBlocks and leaves the sequence as it was.
+// block the new rows fall in that other sequences hold is copied first
+// (copy-on-write); one only this sequence holds is forgotten by the cache
+// if it knew it. With too few blocks left it fails with ErrNoBlocks and
+// leaves the sequence as it was.
 func (s *Seq) Append(tokens []int32) (copies [][2]int32, err error) {
-	a, bs := s.a, s.a.blockSize
+	a := s.a
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	n := len(s.tokens)
-	need := a.Blocks(n+len(tokens)) - len(s.table)
-	cow := n/bs < len(s.table) && len(tokens) > 0 && (a.ref[s.table[n/bs]] > 1 || a.tokens[s.table[n/bs]] != nil)
-	if cow {
-		need++
-	}
+	need, copied := s.need(len(tokens))
 	if need > len(a.free)+len(a.idle) {
 		return nil, fmt.Errorf("kvpage: %d positions need %d more blocks, %d left: %w", n+len(tokens), need, len(a.free)+len(a.idle), ErrNoBlocks)
 	}
-	if cow {
-		src := s.table[n/bs]
-		if a.ref[src] == 1 { // only this sequence holds it: forget its prefix instead
-			a.unregister(src)
-		} else {
+	if src := s.written(); len(tokens) > 0 && src >= 0 {
+		if copied {
 			dst, _ := a.take()
 			a.drop(src)
-			s.table[n/bs] = dst
+			s.table[n/a.blockSize] = dst
 			copies = append(copies, [2]int32{dst, src})
 			a.stats.Copies++
+		} else {
+			a.unregister(src)
 		}
 	}
 	for len(s.table) < a.Blocks(n+len(tokens)) {
