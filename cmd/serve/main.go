@@ -42,6 +42,7 @@ type options struct {
 	sessions, queue           int
 	maxBatch, stepTokens      int
 	maxTokens                 int
+	blockSize, blocks         int
 	noBatch                   bool
 	grace                     time.Duration
 }
@@ -75,6 +76,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		{&o.maxBatch, "max-batch", 0, "the most sequences of one batched step (0: 64)"},
 		{&o.stepTokens, "step-tokens", 0, "the most tokens of one batched step, prompt chunks included (0: 256)"},
 		{&o.maxTokens, "max-tokens", 0, "max_tokens of a chat request that gives none (0: until a stop or the context's end)"},
+		{&o.blockSize, "block-size", 0, "positions of a block of the paged KV cache the sessions share, where the backend pages it (0: 16; -1: a cache a session)"},
+		{&o.blocks, "blocks", 0, "blocks of the paged KV cache (0: the memory of -sessions caches of -ctx positions)"},
 	} {
 		fs.IntVar(f.p, f.name, f.def, f.usage)
 	}
@@ -86,8 +89,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("serve: unexpected arguments %q", fs.Args())
 	}
-	if o.threads < 0 || o.ctx < 0 || o.sessions < 1 || o.maxBatch < 0 || o.stepTokens < 0 || o.maxTokens < 0 || o.queue < -1 {
-		return nil, fmt.Errorf("serve: -threads, -ctx, -max-batch, -step-tokens, -max-tokens must be >= 0, -sessions >= 1, -queue >= -1")
+	if o.threads < 0 || o.ctx < 0 || o.sessions < 1 || o.maxBatch < 0 || o.stepTokens < 0 || o.maxTokens < 0 || o.queue < -1 || o.blockSize < -1 || o.blocks < 0 {
+		return nil, fmt.Errorf("serve: -threads, -ctx, -max-batch, -step-tokens, -max-tokens, -blocks must be >= 0, -sessions >= 1, -queue and -block-size >= -1")
 	}
 	return o, nil
 }
@@ -128,7 +131,8 @@ func run(ctx context.Context, args []string, logw io.Writer, ready func(addr str
 		return fmt.Errorf("serve: %w", err)
 	}
 	defer m.Close()
-	pool, err := m.NewPool(engine.PoolOptions{Sessions: o.sessions, ContextLength: o.ctx, MaxQueue: o.queue})
+	pool, err := m.NewPool(engine.PoolOptions{Sessions: o.sessions, ContextLength: o.ctx, MaxQueue: o.queue,
+		BlockSize: max(o.blockSize, 0), Blocks: o.blocks, Unpaged: o.blockSize < 0})
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
