@@ -16,13 +16,7 @@ import (
 // 31 cached blocks of 16 are shared; the question runs). Alternate them
 // (-count) and compare the ratio.
 func BenchmarkPagedPrefix(b *testing.B) {
-	spec := testmodel.Llama{Layers: 4, Hidden: 512, FFN: 1408, Heads: 8, KVHeads: 4, Vocab: 4096, DType: weights.BF16, Seed: 3}
-	dir := testmodel.WriteTemp(b, spec)
-	m, err := Load(dir, Options{ContextLength: 1024})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer m.Close()
+	m := pagedBenchModel(b)
 	vocab := m.Config().VocabSize
 	for _, shared := range []bool{false, true} {
 		b.Run(map[bool]string{false: "cold", true: "shared"}[shared], func(b *testing.B) {
@@ -52,6 +46,47 @@ func BenchmarkPagedPrefix(b *testing.B) {
 				request(i)
 			}
 			b.ReportMetric(float64(ran)/float64(b.N), "prefill-tokens/op")
+		})
+	}
+}
+
+func pagedBenchModel(b *testing.B) *Model {
+	spec := testmodel.Llama{Layers: 4, Hidden: 512, FFN: 1408, Heads: 8, KVHeads: 4, Vocab: 4096, DType: weights.BF16, Seed: 3}
+	m, err := Load(testmodel.WriteTemp(b, spec), Options{ContextLength: 1024})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { m.Close() })
+	return m
+}
+
+// BenchmarkPagedDecode is a decode step after a 768-token prompt on
+// BenchmarkPagedPrefix's model, with a cache a session (unpaged) and in
+// blocks of 16: what reading keys through a block table costs.
+func BenchmarkPagedDecode(b *testing.B) {
+	m := pagedBenchModel(b)
+	prompt := testPrompt(1, 768, m.Config().VocabSize)
+	for _, unpaged := range []bool{true, false} {
+		b.Run(map[bool]string{true: "unpaged", false: "paged"}[unpaged], func(b *testing.B) {
+			p, err := m.NewPool(PoolOptions{Sessions: 1, ContextLength: 1024, Unpaged: unpaged})
+			if err != nil {
+				b.Fatal(err)
+			}
+			s, _, err := p.Acquire(context.Background(), prompt)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := s.Append(context.Background(), prompt); err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				if s.Len() == s.ContextLength() {
+					s.Truncate(len(prompt))
+				}
+				if _, err := s.Append(context.Background(), []int{7}); err != nil {
+					b.Fatal(err)
+				}
+			}
 		})
 	}
 }
