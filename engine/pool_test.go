@@ -113,15 +113,7 @@ func TestPoolPagedSharing(t *testing.T) {
 	}
 	// a holds 8 blocks; a prompt of 40 other tokens needs 10 of the 8
 	// free: it waits for a's release.
-	other := testPrompt(5, 40, vocab)
-	done := make(chan error, 1)
-	go func() {
-		s, _, err := p.Acquire(context.Background(), other)
-		if err == nil {
-			p.Release(s)
-		}
-		done <- err
-	}()
+	done := acquireLater(p, testPrompt(5, 40, vocab))
 	select {
 	case err := <-done:
 		t.Fatalf("admitted past the free blocks: %v", err)
@@ -148,14 +140,7 @@ func TestPoolAdmission(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan error, 1)
-	go func() {
-		s2, _, err := p.Acquire(context.Background(), nil)
-		if err == nil {
-			p.Release(s2)
-		}
-		got <- err
-	}()
+	got := acquireLater(p, nil)
 	for p.Stats().Waiting == 0 {
 		time.Sleep(time.Millisecond)
 	}
@@ -190,4 +175,18 @@ func TestPoolAdmission(t *testing.T) {
 	if _, err := batched.NewPool(PoolOptions{Sessions: -1}); err == nil {
 		t.Error("Sessions -1: no error")
 	}
+}
+
+// acquireLater acquires a session for prompt in a goroutine, releases it,
+// and sends Acquire's error.
+func acquireLater(p *Pool, prompt []int) chan error {
+	done := make(chan error, 1)
+	go func() {
+		s, _, err := p.Acquire(context.Background(), prompt)
+		if err == nil {
+			p.Release(s)
+		}
+		done <- err
+	}()
+	return done
 }

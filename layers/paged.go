@@ -49,3 +49,12 @@ func PagedAttention(out, q, kPool, vPool []float32, seqs []PagedSeq, blockSize i
 		row += sq.Rows
 	}
 }
+
+// WindowStart is the first position a query at p sees under a sliding
+// window of window positions (0: none).
+func WindowStart(p, window int) int {
+	if window > 0 {
+		return max(0, p-window+1)
+	}
+	return 0
+}

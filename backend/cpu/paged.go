@@ -92,28 +92,22 @@ func (b *Backend) PagedAttention(out, q backend.Buffer, pool backend.BlockPool, 
 			r, h := job/s.Heads, job%s.Heads
 			sq := seqs[seqOf[r]]
 			pos := sq.Pos0 + r - first[seqOf[r]]
-			start := 0
-			if s.Window > 0 {
-				start = max(0, pos-s.Window+1)
-			}
-			kh := h / group
+			start, kh := layers.WindowStart(pos, s.Window), h/group
 			qv := qs[job*hd : (job+1)*hd]
 			mx := float32(math.Inf(-1))
 			for t := start; t <= pos; t++ {
 				rows[t] = (layers.PagedRow(sq.Table, bs, t)*s.KVHeads + kh) * hd
-				d := dotF32(qv, keys[rows[t]:rows[t]+hd]) * s.Scale
-				scores[t] = d
-				mx = max(mx, d)
+				scores[t] = dotF32(qv, keys[rows[t]:rows[t]+hd]) * s.Scale
+				mx = max(mx, scores[t])
 			}
+			// The weights' sum and the weighted values in one pass, in
+			// Attention's order and precision.
 			var sum float32
-			for t := start; t <= pos; t++ {
-				e := float32(math.Exp(float64(scores[t] - mx)))
-				scores[t] = e
-				sum += e
-			}
 			clear(acc)
 			for t := start; t <= pos; t++ {
-				axpyF32(acc, values[rows[t]:rows[t]+hd], scores[t])
+				e := float32(math.Exp(float64(scores[t] - mx)))
+				sum += e
+				axpyF32(acc, values[rows[t]:rows[t]+hd], e)
 			}
 			inv := 1 / sum
 			for j, a := range acc {
