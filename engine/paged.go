@@ -71,22 +71,35 @@ func (p *Pool) share(s *Session, prompt []int) int {
 }
 
 // admit reports whether the free blocks hold the rest of prompt (n of its
-// tokens held by s): if not, it returns a channel closed at the next
-// Release to wait on, or an error when no other session holds blocks.
-func (p *Pool) admit(s *Session, prompt []int, n int) (<-chan struct{}, error) {
+// tokens held by s): 0 if so, else the blocks it needs, or an error when no
+// other session holds blocks (none will be given back).
+func (p *Pool) admit(s *Session, prompt []int, n int) (int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	need, free := p.paged.Need(s.st, len(prompt)-n), p.paged.FreeBlocks()
 	if need <= free {
-		return nil, nil
+		return 0, nil
 	}
 	p.reused -= int64(n)
 	if p.made-len(p.idle) <= 1 {
-		return nil, fmt.Errorf("engine: pool: a prompt of %d tokens needs %d more blocks of %d positions, %d of %d are free: %w",
+		return 0, fmt.Errorf("engine: pool: a prompt of %d tokens needs %d more blocks of %d positions, %d of %d are free: %w",
 			len(prompt), need, p.opts.BlockSize, free, p.opts.Blocks, model.ErrNoBlocks)
+	}
+	return need, nil
+}
+
+// freedWhile returns a channel closed at the next Release, or at once when
+// need blocks are free already.
+func (p *Pool) freedWhile(need int) <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if need <= p.paged.FreeBlocks() {
+		ch := make(chan struct{})
+		close(ch)
+		return ch
 	}
 	if p.freed == nil {
 		p.freed = make(chan struct{})
 	}
-	return p.freed, nil
+	return p.freed
 }

@@ -135,8 +135,8 @@ func (p *Pool) Acquire(ctx context.Context, prompt []int) (*Session, int, error)
 		if err != nil || p.paged == nil {
 			return s, n, err
 		}
-		wait, err := p.admit(s, prompt, n)
-		if err == nil && wait == nil {
+		need, err := p.admit(s, prompt, n)
+		if err == nil && need == 0 {
 			return s, n, nil
 		}
 		p.Release(s)
@@ -144,7 +144,7 @@ func (p *Pool) Acquire(ctx context.Context, prompt []int) (*Session, int, error)
 			return nil, 0, err
 		}
 		select {
-		case <-wait:
+		case <-p.freedWhile(need):
 		case <-ctx.Done():
 			return nil, 0, ctx.Err()
 		}
