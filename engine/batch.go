@@ -220,14 +220,16 @@ func (s *scheduler) gather() {
 // cancelled requests end; decode tokens (requests with one token left) go
 // first, then prompt chunks, oldest first, within StepTokens and
 // MaxSequences, and within the free blocks of a paged cache: a request
-// whose tokens need more blocks than are left waits for a later step
-// (unless none other runs: it then fails with model.ErrNoBlocks). s.mu is
-// held.
+// whose tokens need more blocks than are left waits for a later step,
+// unless no request can run: the first held back then runs, and fails with
+// model.ErrNoBlocks (there is no preemption). s.mu is held.
 func (s *scheduler) pick() ([]*batchRequest, [][]int32) {
 	var reqs []*batchRequest
 	var toks [][]int32
 	budget := s.opts.StepTokens
 	blocks := map[*model.PagedCache]int{} // free blocks left of each cache
+	var held *batchRequest                // the first request held back for blocks
+	var heldN int
 	fits := func(r *batchRequest, n int) bool {
 		pc := model.PagedCacheOf(r.st)
 		if pc == nil {
@@ -238,7 +240,10 @@ func (s *scheduler) pick() ([]*batchRequest, [][]int32) {
 			left = pc.FreeBlocks()
 		}
 		need := pc.Need(r.st, n)
-		if need > left && len(reqs) > 0 {
+		if need > left {
+			if held == nil {
+				held, heldN = r, n
+			}
 			return false
 		}
 		blocks[pc] = left - need
@@ -269,6 +274,9 @@ func (s *scheduler) pick() ([]*batchRequest, [][]int32) {
 			reqs = append(reqs, r)
 			toks = append(toks, r.ids[r.ran:r.ran+n])
 		}
+	}
+	if len(reqs) == 0 && held != nil {
+		return []*batchRequest{held}, [][]int32{held.ids[held.ran : held.ran+heldN]}
 	}
 	return reqs, toks
 }

@@ -2,9 +2,13 @@ package engine
 
 import (
 	"context"
+	"errors"
+	"slices"
+	"sync"
 	"testing"
 
 	"github.com/manifoldlm/manifold/internal/testmodel"
+	"github.com/manifoldlm/manifold/model"
 	"github.com/manifoldlm/manifold/weights"
 )
 
@@ -88,5 +92,67 @@ func BenchmarkPagedDecode(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestPagedBlocksRunOut: two sessions whose generations need more blocks
+// than the pool has. The scheduler holds a step's request back while its
+// blocks are taken; when neither can run, one fails with model.ErrNoBlocks,
+// its release frees its blocks, and the other goes on to generate what a
+// fresh session does.
+func TestPagedBlocksRunOut(t *testing.T) {
+	batched, alone := batchModel(t, false)
+	vocab := batched.Config().VocabSize
+	p, err := batched.NewPool(PoolOptions{Sessions: 2, ContextLength: 32, BlockSize: 4, Blocks: 6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := GenerateOptions{MaxTokens: 12, StopTokens: []int{}}
+	prompts := [][]int{testPrompt(1, 8, vocab), testPrompt(2, 8, vocab)}
+	type result struct {
+		i      int
+		tokens []int
+		err    error
+	}
+	results := make(chan result, len(prompts))
+	var first sync.WaitGroup // both prompts have run
+	first.Add(len(prompts))
+	for i, prompt := range prompts {
+		s, n, err := p.Acquire(context.Background(), prompt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			once := sync.OnceFunc(func() { first.Done(); first.Wait() })
+			res, err := s.Generate(context.Background(), prompt[n:], opts, func(Token) error { once(); return nil })
+			p.Release(s)
+			var toks []int
+			if res != nil {
+				toks = res.Tokens
+			}
+			results <- result{i, toks, err}
+		}()
+	}
+	failed := 0
+	for range prompts {
+		r := <-results
+		if r.err != nil {
+			if !errors.Is(r.err, model.ErrNoBlocks) {
+				t.Errorf("session %d: %v, want ErrNoBlocks", r.i, r.err)
+			}
+			failed++
+			continue
+		}
+		fresh, _ := alone.NewSession(32)
+		want, _ := fresh.Generate(context.Background(), prompts[r.i], opts, nil)
+		if !slices.Equal(r.tokens, want.Tokens) {
+			t.Errorf("session %d: %v, fresh %v", r.i, r.tokens, want.Tokens)
+		}
+	}
+	if failed != 1 {
+		t.Errorf("%d sessions failed, want 1", failed)
+	}
+	if st := p.Stats(); st.FreeBlocks != st.Blocks {
+		t.Errorf("after both released: %d of %d blocks free", st.FreeBlocks, st.Blocks)
 	}
 }
