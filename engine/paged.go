@@ -25,6 +25,16 @@ func (p *Pool) page() error {
 	if o.Blocks == 0 {
 		o.Blocks = o.Sessions * ((o.ContextLength + o.BlockSize - 1) / o.BlockSize)
 	}
+	if mem := p.m.caps.Memory; mem != nil && mem.MemoryBytes() > 0 {
+		per, err := p.m.cacheBytesPerToken()
+		if err != nil {
+			return fmt.Errorf("engine: pool: %w", err)
+		}
+		if bytes := per * int64(o.Blocks) * int64(o.BlockSize); bytes > mem.MemoryBytes()/2 {
+			return fmt.Errorf("engine: pool: PoolOptions.Blocks %d of %d positions need %d bytes of cache, more than half of %s's memory",
+				o.Blocks, o.BlockSize, bytes, p.m.Device())
+		}
+	}
 	pc, err := pg.NewPagedCache(o.Blocks, o.BlockSize)
 	switch {
 	case errors.Is(err, model.ErrNoPaging):

@@ -172,8 +172,10 @@ func TestPoolAdmission(t *testing.T) {
 	if _, _, err := p.Acquire(context.Background(), nil); !errors.Is(err, ErrPoolClosed) {
 		t.Errorf("after Close: %v", err)
 	}
-	if _, err := batched.NewPool(PoolOptions{Sessions: -1}); err == nil {
-		t.Error("Sessions -1: no error")
+	for _, o := range []PoolOptions{{Sessions: -1}, {BlockSize: -1}, {Blocks: -1}, {BlockSize: 1 << 20, Blocks: 1 << 20}} {
+		if _, err := batched.NewPool(o); err == nil {
+			t.Errorf("%+v: no error", o)
+		}
 	}
 }
 
