@@ -165,7 +165,7 @@ func (b *Backend) push(o op) {
 		q.graph = false // the device ran dry while the queue was held: launch it as it is built
 	}
 	// The newest fuseWindow operations stay queued for the fusion pass.
-	if b.ahead == 0 || len(q.ops) < max(b.ahead, 1)+fuseWindow-1 || q.graph || b.profiling {
+	if b.ahead == 0 || len(q.ops) < max(b.ahead, 1)+fuseWindow || q.graph || b.profiling {
 		return
 	}
 	n := len(q.ops) - fuseWindow
