@@ -169,3 +169,154 @@ r4loop:
 
 r4done:
 	Q8STORE
+
+// The AVX-512 VNNI NVFP4 kernels: VPDPBUSD multiplies the codes (unsigned,
+// 2*e2m1+12 as above) with the int8 activations and adds each 4 products
+// into an int32 lane: 64 products an instruction. The activations come in
+// q8Act's VNNI form (x5, c5): each group's 128 values permuted to the
+// codes' nibble order ([0..31, 64..95 | 32..63, 96..127]), so that the low
+// nibbles of a row's 64 code bytes meet the first 64 and the high nibbles
+// the last 64; the offset's share (-3 times the block's sum, in each of
+// the block's 4 int32 lanes) starts the integer accumulators. The lanes of
+// the two halves hold blocks 0 1 4 5 | 2 3 6 7, 4 lanes each; the 8
+// products of weight and activation block scales are formed in q8Order in
+// a YMM and spread to those lanes by VPERMPS.
+
+// VPERMPS indexes from q8Order to the halves' lanes: half 0 blocks 0 1 4 5
+// (q8Order places 0 4 2 6), half 1 blocks 2 3 6 7 (places 1 5 3 7).
+DATA q5idx0<>+0(SB)/8, $0x0000000000000000
+DATA q5idx0<>+8(SB)/8, $0x0000000000000000
+DATA q5idx0<>+16(SB)/8, $0x0000000400000004
+DATA q5idx0<>+24(SB)/8, $0x0000000400000004
+DATA q5idx0<>+32(SB)/8, $0x0000000200000002
+DATA q5idx0<>+40(SB)/8, $0x0000000200000002
+DATA q5idx0<>+48(SB)/8, $0x0000000600000006
+DATA q5idx0<>+56(SB)/8, $0x0000000600000006
+GLOBL q5idx0<>(SB), RODATA|NOPTR, $64
+
+DATA q5idx1<>+0(SB)/8, $0x0000000100000001
+DATA q5idx1<>+8(SB)/8, $0x0000000100000001
+DATA q5idx1<>+16(SB)/8, $0x0000000500000005
+DATA q5idx1<>+24(SB)/8, $0x0000000500000005
+DATA q5idx1<>+32(SB)/8, $0x0000000300000003
+DATA q5idx1<>+40(SB)/8, $0x0000000300000003
+DATA q5idx1<>+48(SB)/8, $0x0000000700000007
+DATA q5idx1<>+56(SB)/8, $0x0000000700000007
+GLOBL q5idx1<>(SB), RODATA|NOPTR, $64
+
+// Q5CONSTS: Y4 bias, Z5 table, Z6 nibble mask, Z2/Z3 the VPERMPS indexes;
+// zeroes the accumulators Z12-Z15.
+#define Q5CONSTS \
+	VMOVDQU q8bias<>(SB), Y4; VBROADCASTI64X4 q8lut<>(SB), Z5; VBROADCASTI64X4 q8nib<>(SB), Z6; \
+	VMOVDQU64 q5idx0<>(SB), Z2; VMOVDQU64 q5idx1<>(SB), Z3; \
+	VPXORD Z12, Z12, Z12; VPXORD Z13, Z13, Z13; VPXORD Z14, Z14, Z14; VPXORD Z15, Z15, Z15
+
+// Q5STORE: the horizontal sums of Z12..Z15 to out[0..3]; returns.
+#define Q5STORE \
+	VEXTRACTF64X4 $1, Z12, Y0; VADDPS Y0, Y12, Y12; \
+	VEXTRACTF64X4 $1, Z13, Y0; VADDPS Y0, Y13, Y13; \
+	VEXTRACTF64X4 $1, Z14, Y0; VADDPS Y0, Y14, Y14; \
+	VEXTRACTF64X4 $1, Z15, Y0; VADDPS Y0, Y15, Y15; \
+	Q8STORE
+
+// DECODE5(coff, L, H): the 64 code bytes at coff(DI) as unsigned
+// 2*e2m1+12: L the low nibbles, H the high.
+#define DECODE5(coff, L, H) \
+	VMOVDQU64 coff(DI), L; \
+	VPSRLW $4, L, H; \
+	VPANDD Z6, L, L; \
+	VPANDD Z6, H, H; \
+	VPSHUFB L, Z5, L; \
+	VPSHUFB H, Z5, H
+
+// WSCALE(soff, W): the 8 weight block scales at soff(DX) as float32 in
+// q8Order (W a YMM).
+#define WSCALE(soff, W) \
+	VPMOVZXBD soff(DX), W; \
+	VPSLLD $20, W, W; \
+	VPADDD Y4, W, W
+
+// DOT5(XP, CP, SP, L, H, W, ACC): ACC += the block sums of L, H with the
+// activations at XP (offset share from CP) times the weight scales W times
+// the activation scales at SP. Uses Z1, Z7..Z10.
+#define DOT5(XP, CP, SP, L, H, W, ACC) \
+	VMOVDQU64 0(CP), Z7; \
+	VMOVDQU64 64(CP), Z8; \
+	VPDPBUSD 0(XP), L, Z7; \
+	VPDPBUSD 64(XP), H, Z8; \
+	VMULPS SP, W, Y1; \
+	VPERMPS Z1, Z2, Z9; \
+	VPERMPS Z1, Z3, Z10; \
+	VCVTDQ2PS Z7, Z7; \
+	VCVTDQ2PS Z8, Z8; \
+	VFMADD231PS Z9, Z7, ACC; \
+	VFMADD231PS Z10, Z8, ACC
+
+// ROW5(j, ACC): row j of the quad, one group, into ACC.
+#define ROW5(j, ACC) \
+	DECODE5(j*64, Z16, Z17); \
+	WSCALE(j*8, Y11); \
+	DOT5(SI, R9, (R8), Z16, Z17, Y11, ACC)
+
+// func dot4Q8VNNI(codes, scales *byte, x *int8, xs *float32, xsum *int32, groups int, out *[4]float32)
+// As dot4Q8AVX2 with q8Act's VNNI form (x = x5, xsum = c5; xs = sc).
+TEXT ·dot4Q8VNNI(SB), NOSPLIT, $0-56
+	Q8ARGS
+	Q5CONSTS
+
+q5loop:
+	TESTQ CX, CX
+	JE    q5done
+	ROW5(0, Z12)
+	ROW5(1, Z13)
+	ROW5(2, Z14)
+	ROW5(3, Z15)
+	ADDQ $256, DI
+	ADDQ $32, DX
+	ADDQ $128, SI
+	ADDQ $32, R8
+	ADDQ $128, R9
+	DECQ CX
+	JMP  q5loop
+
+q5done:
+	Q5STORE
+
+// func row4Q8VNNI(codes, scales *byte, x *int8, xs *float32, xsum *int32, groups int, out *[4]float32)
+// As row4Q8AVX2 with q8Act's VNNI form: the 4 tokens' x5 and c5 are
+// groups*128 bytes apart, their sc groups*32.
+TEXT ·row4Q8VNNI(SB), NOSPLIT, $0-56
+	Q8ARGS
+	MOVQ CX, BX
+	SHLQ $7, BX              // x5, c5 token stride: groups*128 bytes
+	LEAQ (BX)(BX*2), R10     // 3 strides
+	MOVQ CX, R13
+	SHLQ $5, R13             // sc token stride: groups*32 bytes
+	LEAQ (R13)(R13*2), R14
+	Q5CONSTS
+
+r5loop:
+	TESTQ CX, CX
+	JE    r5done
+	DECODE5(0, Z16, Z17)
+	WSCALE(0, Y11)
+	DOT5(SI, R9, (R8), Z16, Z17, Y11, Z12)
+	LEAQ (SI)(BX*1), R11
+	LEAQ (R9)(BX*1), R12
+	DOT5(R11, R12, (R8)(R13*1), Z16, Z17, Y11, Z13)
+	LEAQ (SI)(BX*2), R11
+	LEAQ (R9)(BX*2), R12
+	DOT5(R11, R12, (R8)(R13*2), Z16, Z17, Y11, Z14)
+	LEAQ (SI)(R10*1), R11
+	LEAQ (R9)(R10*1), R12
+	DOT5(R11, R12, (R8)(R14*1), Z16, Z17, Y11, Z15)
+	ADDQ $256, DI
+	ADDQ $32, DX
+	ADDQ $128, SI
+	ADDQ $32, R8
+	ADDQ $128, R9
+	DECQ CX
+	JMP  r5loop
+
+r5done:
+	Q5STORE

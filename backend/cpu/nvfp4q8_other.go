@@ -2,6 +2,9 @@
 
 package cpu
 
+// hasVNNI512: no AVX-512 VNNI kernels here.
+const hasVNNI512 = false
+
 func dot4Q8(codes, scales []byte, a q8Act, groups int, out *[4]float32) {
 	dot4Q8Go(codes, scales, a, groups, out)
 }
