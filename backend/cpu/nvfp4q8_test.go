@@ -142,3 +142,41 @@ func checkQ8Kernels(t *testing.T, s string, qw *q8Weight, acts []q8Act, want []f
 		}
 	}
 }
+
+// BenchmarkQ8Kernels times the int8 kernels on a 64 x 2048 weight held in
+// cache (their compute rate, not memory's): dot4Q8 (decode, one token) and
+// row4Q8 (prefill, 4 tokens), each path the processor has.
+func BenchmarkQ8Kernels(b *testing.B) {
+	const rows, cols = 64, 2048
+	rng := rand.New(rand.NewPCG(61, 5))
+	q, err := quant.QuantizeNVFP4(randn(rng, rows*cols), rows, cols)
+	if err != nil {
+		b.Fatal(err)
+	}
+	qw := newQ8Weight(q, func(n int, fn func(lo, hi int)) { fn(0, n) })
+	acts := newQ8Act(qw.groups, 4)
+	for i := range acts {
+		quantizeQ8(acts[i], randn(rng, cols), qw.groups)
+	}
+	G := qw.groups
+	for _, forceAVX2 := range q8Paths() {
+		for _, kernel := range []string{"dot", "row"} {
+			b.Run(fmt.Sprintf("%s/avx2=%v", kernel, forceAVX2), func(b *testing.B) {
+				q8ForceAVX2 = forceAVX2
+				defer func() { q8ForceAVX2 = false }()
+				var o [4]float32
+				for b.Loop() {
+					for quad := range rows / 4 {
+						c, sc := qw.codes[quad*G*4*q8GroupB:], qw.scales[quad*G*4*q8Blocks:]
+						if kernel == "dot" {
+							dot4Q8(c, sc, acts[0], G, &o)
+						} else {
+							row4Q8(c, sc, acts, G, &o)
+						}
+					}
+				}
+				b.SetBytes(rows * cols / 2)
+			})
+		}
+	}
+}
