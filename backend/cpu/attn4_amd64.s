@@ -4,14 +4,10 @@
 // out[4t+g] = scale * Σ_j q[g*hd+j]·k[t*stride+j] for the 4 query rows q
 // (hd floats each, hd%16 == 0) and the n key rows k (stride floats apart).
 TEXT ·scores4AVX2(SB), NOSPLIT, $0-56
-	MOVQ q+0(FP), SI
-	MOVQ k+8(FP), DI
-	MOVQ stride+16(FP), R8
-	SHLQ $2, R8
-	MOVQ n+24(FP), CX
-	MOVQ hd+32(FP), R9
+	MOVQ q+0(FP), SI; MOVQ k+8(FP), DI; MOVQ stride+16(FP), R8; MOVQ n+24(FP), CX
+	MOVQ hd+32(FP), R9; MOVQ out+48(FP), AX
 	VBROADCASTSS scale+40(FP), X6
-	MOVQ out+48(FP), AX
+	SHLQ $2, R8
 	LEAQ (SI)(R9*4), R10     // query 1
 	LEAQ (R10)(R9*4), R11    // query 2
 	LEAQ (R11)(R9*4), R12    // query 3
@@ -19,10 +15,7 @@ TEXT ·scores4AVX2(SB), NOSPLIT, $0-56
 s4key:
 	TESTQ CX, CX
 	JE    s4done
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
+	VXORPS Y0, Y0, Y0; VXORPS Y1, Y1, Y1; VXORPS Y2, Y2, Y2; VXORPS Y3, Y3, Y3
 	XORQ  BX, BX             // byte offset in the row
 
 s4col:
@@ -62,27 +55,17 @@ s4done:
 // acc[g*hd+j] = Σ_t w[4t+g]·v[t*stride+j] for the 4 rows g (hd%16 == 0),
 // 16 columns at a time over all n value rows.
 TEXT ·values4AVX2(SB), NOSPLIT, $0-48
-	MOVQ acc+0(FP), AX
-	MOVQ w+8(FP), SI
-	MOVQ v+16(FP), DI
-	MOVQ stride+24(FP), R8
+	MOVQ acc+0(FP), AX; MOVQ w+8(FP), SI; MOVQ v+16(FP), DI; MOVQ stride+24(FP), R8
+	MOVQ n+32(FP), R9; MOVQ hd+40(FP), R10
 	SHLQ $2, R8
-	MOVQ n+32(FP), R9
-	MOVQ hd+40(FP), R10
 	SHLQ $2, R10             // row bytes
 	XORQ BX, BX              // column byte offset
 
 v4chunk:
 	CMPQ BX, R10
 	JGE  v4done
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
+	VXORPS Y0, Y0, Y0; VXORPS Y1, Y1, Y1; VXORPS Y2, Y2, Y2; VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4; VXORPS Y5, Y5, Y5; VXORPS Y6, Y6, Y6; VXORPS Y7, Y7, Y7
 	MOVQ SI, R11
 	LEAQ (DI)(BX*1), R12
 	MOVQ R9, CX

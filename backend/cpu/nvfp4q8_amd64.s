@@ -35,6 +35,15 @@ GLOBL q8bias<>(SB), RODATA|NOPTR, $32
 	MOVQ codes+0(FP), DI; MOVQ scales+8(FP), DX; MOVQ x+16(FP), SI; MOVQ xs+24(FP), R8; \
 	MOVQ xsum+32(FP), R9; MOVQ groups+40(FP), CX; MOVQ out+48(FP), AX
 
+// Q8NEXT(cstep) moves the pointers on by one group (xsum by cstep bytes)
+// and counts it.
+#define Q8NEXT(cstep) \
+	ADDQ $256, DI; ADDQ $32, DX; ADDQ $128, SI; ADDQ $32, R8; ADDQ $cstep, R9; DECQ CX
+
+// SCSTRIDES: R13 the token stride of xs (groups*32 bytes), R10 3 of them.
+#define SCSTRIDES \
+	MOVQ CX, R13; SHLQ $5, R13; LEAQ (R13)(R13*2), R10
+
 // Q8CONSTS loads the constants (Y4 bias, Y5 table, Y6 nibble mask, Y7
 // int16 ones) and zeroes the accumulators Y12-Y15.
 #define Q8CONSTS \
@@ -47,15 +56,16 @@ GLOBL q8bias<>(SB), RODATA|NOPTR, $32
 	VEXTRACTF128 $1, Y12, X13; VADDPS X13, X12, X12; VMOVUPS X12, (AX); \
 	VZEROUPPER; RET
 
+// NIBBLES(MOV, AND, MASK, TABLE, coff, L, H): the code bytes at coff(DI)
+// (a YMM's or a ZMM's worth, loaded by MOV) as unsigned 2*e2m1+12 through
+// TABLE: L the low nibbles, H the high (AND with MASK, 0x0f bytes).
+#define NIBBLES(MOV, AND, MASK, TABLE, coff, L, H) \
+	MOV coff(DI), L; VPSRLW $4, L, H; AND MASK, L, L; AND MASK, H, H; \
+	VPSHUFB L, TABLE, L; VPSHUFB H, TABLE, H
+
 // DECODE(coff, D0, D1): the 64 codes in the 32 bytes at coff(DI) as
 // unsigned 2*e2m1+12: D0 elements 0..31, D1 elements 32..63.
-#define DECODE(coff, D0, D1) \
-	VMOVDQU coff(DI), D0; \
-	VPSRLW $4, D0, D1; \
-	VPAND Y6, D0, D0; \
-	VPAND Y6, D1, D1; \
-	VPSHUFB D0, Y5, D0; \
-	VPSHUFB D1, Y5, D1
+#define DECODE(coff, D0, D1) NIBBLES(VMOVDQU, VPAND, Y6, Y5, coff, D0, D1)
 
 // HALF(coff, xoff, D) leaves in D, as int16, the block sums of the
 // products of the 64 codes packed in the 32 bytes at coff(DI) (low
@@ -97,12 +107,7 @@ q8loop:
 	ROW(1, Y13)
 	ROW(2, Y14)
 	ROW(3, Y15)
-	ADDQ $256, DI
-	ADDQ $32, DX
-	ADDQ $128, SI
-	ADDQ $32, R8
-	ADDQ $32, R9
-	DECQ CX
+	Q8NEXT(32)
 	JMP  q8loop
 
 q8done:
@@ -139,9 +144,7 @@ TEXT ·row4Q8AVX2(SB), NOSPLIT, $0-56
 	LEAQ (SI)(BX*1), R11     // token 1
 	LEAQ (SI)(BX*2), R12     // token 2
 	ADDQ R12, BX             // token 3
-	MOVQ CX, R13
-	SHLQ $5, R13             // scale row stride: groups*32 bytes
-	LEAQ (R13)(R13*2), R10
+	SCSTRIDES
 	Q8CONSTS
 
 r4loop:
@@ -156,15 +159,8 @@ r4loop:
 	TOK(R11, (R8)(R13*1), (R9)(R13*1), Y13)
 	TOK(R12, (R8)(R13*2), (R9)(R13*2), Y14)
 	TOK(BX, (R8)(R10*1), (R9)(R10*1), Y15)
-	ADDQ $256, DI
-	ADDQ $32, DX
-	ADDQ $128, SI
-	ADDQ $128, R11
-	ADDQ $128, R12
-	ADDQ $128, BX
-	ADDQ $32, R8
-	ADDQ $32, R9
-	DECQ CX
+	ADDQ $128, R11; ADDQ $128, R12; ADDQ $128, BX
+	Q8NEXT(32)
 	JMP  r4loop
 
 r4done:
@@ -182,33 +178,20 @@ r4done:
 // products of weight and activation block scales are formed in q8Order in
 // a YMM and spread to those lanes by VPERMPS.
 
-// VPERMPS indexes from q8Order to the halves' lanes: half 0 blocks 0 1 4 5
-// (q8Order places 0 4 2 6), half 1 blocks 2 3 6 7 (places 1 5 3 7).
-DATA q5idx0<>+0(SB)/8, $0x0000000000000000
-DATA q5idx0<>+8(SB)/8, $0x0000000000000000
-DATA q5idx0<>+16(SB)/8, $0x0000000400000004
-DATA q5idx0<>+24(SB)/8, $0x0000000400000004
-DATA q5idx0<>+32(SB)/8, $0x0000000200000002
-DATA q5idx0<>+40(SB)/8, $0x0000000200000002
-DATA q5idx0<>+48(SB)/8, $0x0000000600000006
-DATA q5idx0<>+56(SB)/8, $0x0000000600000006
-GLOBL q5idx0<>(SB), RODATA|NOPTR, $64
-
-DATA q5idx1<>+0(SB)/8, $0x0000000100000001
-DATA q5idx1<>+8(SB)/8, $0x0000000100000001
-DATA q5idx1<>+16(SB)/8, $0x0000000500000005
-DATA q5idx1<>+24(SB)/8, $0x0000000500000005
-DATA q5idx1<>+32(SB)/8, $0x0000000300000003
-DATA q5idx1<>+40(SB)/8, $0x0000000300000003
-DATA q5idx1<>+48(SB)/8, $0x0000000700000007
-DATA q5idx1<>+56(SB)/8, $0x0000000700000007
-GLOBL q5idx1<>(SB), RODATA|NOPTR, $64
+// VPERMPS indexes from q8Order to the halves' lanes, as bytes (VPMOVZXBD):
+// half 0 blocks 0 1 4 5 (q8Order places 0 4 2 6), half 1 blocks 2 3 6 7
+// (places 1 5 3 7), each 4 times.
+DATA q5idx<>+0(SB)/8, $0x0404040400000000
+DATA q5idx<>+8(SB)/8, $0x0606060602020202
+DATA q5idx<>+16(SB)/8, $0x0505050501010101
+DATA q5idx<>+24(SB)/8, $0x0707070703030303
+GLOBL q5idx<>(SB), RODATA|NOPTR, $32
 
 // Q5CONSTS: Y4 bias, Z5 table, Z6 nibble mask, Z2/Z3 the VPERMPS indexes;
 // zeroes the accumulators Z12-Z15.
 #define Q5CONSTS \
 	VMOVDQU q8bias<>(SB), Y4; VBROADCASTI64X4 q8lut<>(SB), Z5; VBROADCASTI64X4 q8nib<>(SB), Z6; \
-	VMOVDQU64 q5idx0<>(SB), Z2; VMOVDQU64 q5idx1<>(SB), Z3; \
+	VPMOVZXBD q5idx<>+0(SB), Z2; VPMOVZXBD q5idx<>+16(SB), Z3; \
 	VPXORD Z12, Z12, Z12; VPXORD Z13, Z13, Z13; VPXORD Z14, Z14, Z14; VPXORD Z15, Z15, Z15
 
 // Q5STORE: the horizontal sums of Z12..Z15 to out[0..3]; returns.
@@ -221,13 +204,7 @@ GLOBL q5idx1<>(SB), RODATA|NOPTR, $64
 
 // DECODE5(coff, L, H): the 64 code bytes at coff(DI) as unsigned
 // 2*e2m1+12: L the low nibbles, H the high.
-#define DECODE5(coff, L, H) \
-	VMOVDQU64 coff(DI), L; \
-	VPSRLW $4, L, H; \
-	VPANDD Z6, L, L; \
-	VPANDD Z6, H, H; \
-	VPSHUFB L, Z5, L; \
-	VPSHUFB H, Z5, H
+#define DECODE5(coff, L, H) NIBBLES(VMOVDQU64, VPANDD, Z6, Z5, coff, L, H)
 
 // WSCALE(soff, W): the 8 weight block scales at soff(DX) as float32 in
 // q8Order (W a YMM).
@@ -271,12 +248,7 @@ q5loop:
 	ROW5(1, Z13)
 	ROW5(2, Z14)
 	ROW5(3, Z15)
-	ADDQ $256, DI
-	ADDQ $32, DX
-	ADDQ $128, SI
-	ADDQ $32, R8
-	ADDQ $128, R9
-	DECQ CX
+	Q8NEXT(128)
 	JMP  q5loop
 
 q5done:
@@ -289,10 +261,8 @@ TEXT ·row4Q8VNNI(SB), NOSPLIT, $0-56
 	Q8ARGS
 	MOVQ CX, BX
 	SHLQ $7, BX              // x5, c5 token stride: groups*128 bytes
-	LEAQ (BX)(BX*2), R10     // 3 strides
-	MOVQ CX, R13
-	SHLQ $5, R13             // sc token stride: groups*32 bytes
-	LEAQ (R13)(R13*2), R14
+	LEAQ (BX)(BX*2), R14     // 3 strides
+	SCSTRIDES
 	Q5CONSTS
 
 r5loop:
@@ -307,15 +277,10 @@ r5loop:
 	LEAQ (SI)(BX*2), R11
 	LEAQ (R9)(BX*2), R12
 	DOT5(R11, R12, (R8)(R13*2), Z16, Z17, Y11, Z14)
-	LEAQ (SI)(R10*1), R11
-	LEAQ (R9)(R10*1), R12
-	DOT5(R11, R12, (R8)(R14*1), Z16, Z17, Y11, Z15)
-	ADDQ $256, DI
-	ADDQ $32, DX
-	ADDQ $128, SI
-	ADDQ $32, R8
-	ADDQ $128, R9
-	DECQ CX
+	LEAQ (SI)(R14*1), R11
+	LEAQ (R9)(R14*1), R12
+	DOT5(R11, R12, (R8)(R10*1), Z16, Z17, Y11, Z15)
+	Q8NEXT(128)
 	JMP  r5loop
 
 r5done:

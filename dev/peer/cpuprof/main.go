@@ -20,13 +20,19 @@ import (
 )
 
 func main() {
-	dir := flag.String("model", "", "model folder")
-	out := flag.String("o", "cpu.pprof", "profile file")
-	p := flag.Int("p", 512, "prompt tokens")
-	n := flag.Int("n", 64, "decode tokens")
-	threads := flag.Int("threads", 0, "CPU threads (0: all cores)")
-	prefill := flag.Bool("prefill", false, "profile the prompt instead of the decode")
+	var o struct {
+		dir, out      string
+		p, n, threads int
+		prefill       bool
+	}
+	flag.StringVar(&o.dir, "model", "", "model folder")
+	flag.StringVar(&o.out, "o", "cpu.pprof", "profile file")
+	flag.IntVar(&o.p, "p", 512, "prompt tokens")
+	flag.IntVar(&o.n, "n", 64, "decode tokens")
+	flag.IntVar(&o.threads, "threads", 0, "CPU threads (0: all cores)")
+	flag.BoolVar(&o.prefill, "prefill", false, "profile the prompt instead of the decode")
 	flag.Parse()
+	dir, out, p, n, threads, prefill := &o.dir, &o.out, &o.p, &o.n, &o.threads, &o.prefill
 	m, err := engine.Load(*dir, engine.Options{Device: "cpu", Threads: *threads, ContextLength: *p + *n + 8})
 	if err != nil {
 		log.Fatal(err)
