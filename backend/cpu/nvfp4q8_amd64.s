@@ -244,6 +244,9 @@ TEXT ·dot4Q8VNNI(SB), NOSPLIT, $0-56
 q5loop:
 	TESTQ CX, CX
 	JE    q5done
+	// 8 groups ahead (the quads are consecutive): from main memory,
+	// 1.03x over the hardware prefetcher alone (BenchmarkMatVec/nvfp4).
+	PREFETCHT0 2048(DI); PREFETCHT0 2112(DI); PREFETCHT0 2176(DI); PREFETCHT0 2240(DI); PREFETCHT0 256(DX)
 	ROW5(0, Z12)
 	ROW5(1, Z13)
 	ROW5(2, Z14)
