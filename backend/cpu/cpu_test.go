@@ -4,7 +4,9 @@ import (
 	"encoding/binary"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"testing"
+	"unsafe"
 
 	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/layers"
@@ -214,6 +216,25 @@ func TestDotFallback(t *testing.T) {
 		}
 		if d := math.Abs(float64(dotBF16(x, bf) - dotBF16Go(x, bf))); d > tol {
 			t.Errorf("bf16 n=%d: %g", n, d)
+		}
+	}
+}
+
+// TestHugeBytes: hugeBytes gives n zeroed bytes, 2 MiB aligned from 2 MiB up
+// on Linux.
+func TestHugeBytes(t *testing.T) {
+	for _, n := range []int{0, 100, 2 << 20, 5<<20 + 3} {
+		b := hugeBytes(n)
+		if len(b) != n || cap(b) != n {
+			t.Fatalf("hugeBytes(%d): len %d cap %d", n, len(b), cap(b))
+		}
+		for i, v := range b {
+			if v != 0 {
+				t.Fatalf("hugeBytes(%d)[%d] = %d", n, i, v)
+			}
+		}
+		if runtime.GOOS == "linux" && n >= 2<<20 && uintptr(unsafe.Pointer(&b[0]))%(2<<20) != 0 {
+			t.Errorf("hugeBytes(%d) at %p: not 2 MiB aligned", n, &b[0])
 		}
 	}
 }

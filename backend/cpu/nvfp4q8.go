@@ -90,7 +90,7 @@ func newQ8Weight(q *quant.NVFP4, par func(n int, fn func(lo, hi int))) *q8Weight
 	G := (K + q8Group - 1) / q8Group
 	quads := (q.Rows + 3) / 4
 	w := &q8Weight{rows: q.Rows, cols: K, groups: G, mul: q.GlobalScale / 2,
-		codes: make([]byte, quads*G*4*q8GroupB), scales: make([]byte, quads*G*4*q8Blocks)}
+		codes: hugeBytes(quads * G * 4 * q8GroupB), scales: make([]byte, quads*G*4*q8Blocks)}
 	par(q.Rows, func(lo, hi int) {
 		row := make([]byte, G*q8GroupB) // one row's packed codes, zero padded to whole groups
 		for r := lo; r < hi; r++ {

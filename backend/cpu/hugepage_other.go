@@ -1,0 +1,6 @@
+//go:build !linux
+
+package cpu
+
+// hugeBytes is make([]byte, n) (huge pages only on Linux).
+func hugeBytes(n int) []byte { return make([]byte, n) }
