@@ -238,3 +238,25 @@ func TestHugeBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestCopyBF16: bf16 weights from 2 MiB up are copied into huge pages
+// unless Options.MappedBF16, within half the machine's memory.
+func TestCopyBF16(t *testing.T) {
+	for _, c := range []struct {
+		mapped bool
+		n      int
+		want   bool
+	}{{false, 2 << 20, true}, {false, 1 << 20, false}, {true, 8 << 20, false}} {
+		b := NewWithOptions(Options{MappedBF16: c.mapped})
+		if b.MemoryBytes() == 0 {
+			t.Skip("memory size unknown")
+		}
+		if got := b.copyBF16(c.n); got != c.want {
+			t.Errorf("mapped %v, %d bytes: copy %v, want %v", c.mapped, c.n, got, c.want)
+		}
+	}
+	b := NewWithOptions(Options{})
+	if b.MemoryBytes() > 0 && b.copyBF16(int(b.MemoryBytes()/2)+1) {
+		t.Errorf("copied more than half the memory")
+	}
+}

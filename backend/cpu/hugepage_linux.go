@@ -11,7 +11,7 @@ import (
 // "madvise" mode gives them only to such ranges): a matvec streams the
 // weight once a token, and 4 KiB pages cost a TLB miss every 4 KiB.
 func hugeBytes(n int) []byte {
-	const huge = 2 << 20
+	const huge = hugeMin
 	if n < huge {
 		return make([]byte, n)
 	}
@@ -24,5 +24,8 @@ func hugeBytes(n int) []byte {
 	_ = unix.Madvise(buf[off:off+n&^(huge-1)], unix.MADV_HUGEPAGE) // advice only: an error leaves 4 KiB pages
 	return b
 }
+
+// hugeMin is the huge page size, below which hugeBytes is make.
+const hugeMin = 2 << 20
 
 func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
