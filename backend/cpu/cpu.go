@@ -328,7 +328,7 @@ func (b *Backend) ScatterAddRows(dst, src backend.Buffer, rows []int32, scale []
 // copyBF16 says whether a bf16 weight of n bytes is copied into huge pages
 // (Options.MappedBF16), and counts it.
 func (b *Backend) copyBF16(n int) bool {
-	if b.opt.MappedBF16 || n < hugeMin {
+	if b.opt.MappedBF16 || !hugePages || n < hugeMin {
 		return false
 	}
 	if b.copied.Add(int64(n)) > b.MemoryBytes()/2 {

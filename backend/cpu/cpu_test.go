@@ -246,7 +246,7 @@ func TestCopyBF16(t *testing.T) {
 		mapped bool
 		n      int
 		want   bool
-	}{{false, 2 << 20, true}, {false, 1 << 20, false}, {true, 8 << 20, false}} {
+	}{{false, 2 << 20, hugePages}, {false, 1 << 20, false}, {true, 8 << 20, false}} {
 		b := NewWithOptions(Options{MappedBF16: c.mapped})
 		if b.MemoryBytes() == 0 {
 			t.Skip("memory size unknown")

@@ -25,7 +25,11 @@ func hugeBytes(n int) []byte {
 	return b
 }
 
-// hugeMin is the huge page size, below which hugeBytes is make.
-const hugeMin = 2 << 20
+// hugeMin is the huge page size, below which hugeBytes is make; hugePages
+// says that hugeBytes gives them.
+const (
+	hugeMin   = 2 << 20
+	hugePages = true
+)
 
 func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
