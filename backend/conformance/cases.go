@@ -158,9 +158,11 @@ func Cases() []Case {
 			}})
 	}
 	// Attention: decode (m = 1) at short and long contexts, prefill, GQA
-	// groups of 1, 4 and 8, a sliding window, head dims 64 and 128.
+	// groups of 1, 3, 4 and 8, a sliding window, head dims 64 and 128, and
+	// 48 and 40 (off and on the CPU's 16-float GQA kernels).
 	for _, s := range []struct{ heads, kv, hd, pos0, m, window int }{
 		{8, 2, 64, 37, 1, 0}, {32, 8, 128, 700, 1, 0}, {4, 4, 64, 0, 19, 0}, {8, 1, 64, 5, 40, 0}, {8, 2, 64, 30, 6, 16}, {16, 2, 128, 2100, 1, 0},
+		{12, 3, 48, 13, 5, 0}, {8, 2, 40, 21, 2, 7}, {6, 2, 64, 11, 3, 0},
 	} {
 		cs = append(cs, Case{Op: "Attention", Shape: fmt.Sprintf("h=%d/kv=%d/d=%d/pos=%d/m=%d/win=%d", s.heads, s.kv, s.hd, s.pos0, s.m, s.window), Tol: 2e-5,
 			Run: func(b backend.Backend, _ backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {

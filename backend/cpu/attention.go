@@ -55,6 +55,25 @@ func (b *Backend) Attention(out, q, k, v backend.Buffer, cache backend.KVCache, 
 	o, qs := out.(Buffer), q.(Buffer)
 	hd := s.HeadDim
 	group := s.Heads / s.KVHeads
+	if group%4 == 0 { // 4 query heads of a KV head at a time (attn4.go)
+		quads := s.Heads / 4
+		stride := s.KVHeads * hd
+		b.parallel(m*quads, 1, func(lo, hi int) {
+			sc := make([]float32, 4*(pos0+m))
+			for job := lo; job < hi; job++ {
+				i, h := job/quads, job%quads*4
+				p := pos0 + i
+				start := 0
+				if s.Window > 0 {
+					start = max(0, p-s.Window+1)
+				}
+				at := (i*s.Heads + h) * hd
+				kv := start*stride + h/group*hd
+				attend4(o[at:at+4*hd], qs[at:at+4*hd], keys[kv:], values[kv:], stride, p-start+1, hd, s.Scale, sc)
+			}
+		})
+		return
+	}
 	b.parallel(m*s.Heads, 1, func(lo, hi int) {
 		scores := make([]float32, pos0+m)
 		acc := make([]float32, hd)
@@ -75,7 +94,7 @@ func (b *Backend) Attention(out, q, k, v backend.Buffer, cache backend.KVCache, 
 			}
 			var sum float32
 			for t := start; t <= p; t++ {
-				e := float32(math.Exp(float64(scores[t] - mx)))
+				e := expf32(scores[t] - mx)
 				scores[t] = e
 				sum += e
 			}

@@ -13,6 +13,7 @@ import (
 	"math"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/manifoldlm/manifold/backend"
@@ -24,6 +25,7 @@ import (
 type Backend struct {
 	threads int
 	opt     Options
+	copied  atomic.Int64 // bytes of bf16 weights copied into huge pages
 }
 
 // Options are the CPU backend's settings; the zero value is the default.
@@ -34,6 +36,12 @@ type Options struct {
 	// (quant.NVFP4.MatMulRows) instead of the int8-activation ones; for
 	// tests and accuracy comparisons.
 	ReferenceNVFP4 bool
+	// MappedBF16 keeps bf16 weights as views of the uploaded bytes (the
+	// checkpoint's file mapping: no copy, 4 KiB pages) instead of copies in
+	// transparent huge pages (hugeBytes), which decode streams about 1.2x
+	// faster. Copies stop at half the machine's memory (the rest stay
+	// views), so that a checkpoint larger than memory still loads.
+	MappedBF16 bool
 }
 
 // New returns a CPU backend that uses threads goroutines per operation
@@ -148,7 +156,12 @@ func (b *Backend) Upload(h *backend.HostWeight) (backend.Weight, error) {
 		quant.DecodeF16(w.f32, h.Data)
 		w.format = backend.F32
 	case backend.BF16:
-		if uintptr(unsafe.Pointer(&h.Data[0]))%2 == 0 {
+		if b.copyBF16(len(h.Data)) {
+			// A copy in huge pages: the file's mapping has 4 KiB pages.
+			hb := hugeBytes(len(h.Data))
+			copy(hb, h.Data)
+			w.bf16 = unsafe.Slice((*uint16)(unsafe.Pointer(&hb[0])), n)
+		} else if uintptr(unsafe.Pointer(&h.Data[0]))%2 == 0 {
 			w.bf16 = unsafe.Slice((*uint16)(unsafe.Pointer(&h.Data[0])), n)
 		} else {
 			w.bf16 = make([]uint16, n)
@@ -310,4 +323,17 @@ func (b *Backend) ScatterAddRows(dst, src backend.Buffer, rows []int32, scale []
 		o := d[int(r)*w : (int(r)+1)*w]
 		axpyF32(o, s[i*w:(i+1)*w], scale[i])
 	}
+}
+
+// copyBF16 says whether a bf16 weight of n bytes is copied into huge pages
+// (Options.MappedBF16), and counts it.
+func (b *Backend) copyBF16(n int) bool {
+	if b.opt.MappedBF16 || !hugePages || n < hugeMin {
+		return false
+	}
+	if b.copied.Add(int64(n)) > b.MemoryBytes()/2 {
+		b.copied.Add(-int64(n))
+		return false
+	}
+	return true
 }

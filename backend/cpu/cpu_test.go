@@ -4,7 +4,9 @@ import (
 	"encoding/binary"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"testing"
+	"unsafe"
 
 	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/layers"
@@ -215,5 +217,46 @@ func TestDotFallback(t *testing.T) {
 		if d := math.Abs(float64(dotBF16(x, bf) - dotBF16Go(x, bf))); d > tol {
 			t.Errorf("bf16 n=%d: %g", n, d)
 		}
+	}
+}
+
+// TestHugeBytes: hugeBytes gives n zeroed bytes, 2 MiB aligned from 2 MiB up
+// on Linux.
+func TestHugeBytes(t *testing.T) {
+	for _, n := range []int{0, 100, 2 << 20, 5<<20 + 3} {
+		b := hugeBytes(n)
+		if len(b) != n || cap(b) != n {
+			t.Fatalf("hugeBytes(%d): len %d cap %d", n, len(b), cap(b))
+		}
+		for i, v := range b {
+			if v != 0 {
+				t.Fatalf("hugeBytes(%d)[%d] = %d", n, i, v)
+			}
+		}
+		if runtime.GOOS == "linux" && n >= 2<<20 && uintptr(unsafe.Pointer(&b[0]))%(2<<20) != 0 {
+			t.Errorf("hugeBytes(%d) at %p: not 2 MiB aligned", n, &b[0])
+		}
+	}
+}
+
+// TestCopyBF16: bf16 weights from 2 MiB up are copied into huge pages
+// unless Options.MappedBF16, within half the machine's memory.
+func TestCopyBF16(t *testing.T) {
+	for _, c := range []struct {
+		mapped bool
+		n      int
+		want   bool
+	}{{false, 2 << 20, hugePages}, {false, 1 << 20, false}, {true, 8 << 20, false}} {
+		b := NewWithOptions(Options{MappedBF16: c.mapped})
+		if b.MemoryBytes() == 0 {
+			t.Skip("memory size unknown")
+		}
+		if got := b.copyBF16(c.n); got != c.want {
+			t.Errorf("mapped %v, %d bytes: copy %v, want %v", c.mapped, c.n, got, c.want)
+		}
+	}
+	b := NewWithOptions(Options{})
+	if b.MemoryBytes() > 0 && b.copyBF16(int(b.MemoryBytes()/2)+1) {
+		t.Errorf("copied more than half the memory")
 	}
 }

@@ -90,7 +90,7 @@ func newQ8Weight(q *quant.NVFP4, par func(n int, fn func(lo, hi int))) *q8Weight
 	G := (K + q8Group - 1) / q8Group
 	quads := (q.Rows + 3) / 4
 	w := &q8Weight{rows: q.Rows, cols: K, groups: G, mul: q.GlobalScale / 2,
-		codes: make([]byte, quads*G*4*q8GroupB), scales: make([]byte, quads*G*4*q8Blocks)}
+		codes: hugeBytes(quads * G * 4 * q8GroupB), scales: make([]byte, quads*G*4*q8Blocks)}
 	par(q.Rows, func(lo, hi int) {
 		row := make([]byte, G*q8GroupB) // one row's packed codes, zero padded to whole groups
 		for r := lo; r < hi; r++ {
@@ -154,11 +154,38 @@ func (w *q8Weight) repackRow(q *quant.NVFP4, r int, row []byte) {
 // q8Act is a row of activations quantized for the int8 kernels: groups*128
 // int8 values, groups*8 float32 block scales in q8Order and, in the same
 // order, 12 times each block's sum of the int8 values (the AVX2 kernel's
-// codes carry an offset of +12, see nvfp4q8_amd64.s).
+// codes carry an offset of +12, see nvfp4q8_amd64.s). Where the AVX-512
+// VNNI kernels run, also their form of the same values (expandQ8): x5 the
+// int8 values of each group permuted to [0..31, 64..95, 32..63, 96..127],
+// and per group 32 int32 c5: for the blocks in the order q5Order, 4 times
+// each, -3 times the block's sum (a quarter of the offset's share).
 type q8Act struct {
 	q   []int8
 	sc  []float32
 	sum []int32
+
+	x5 []int8
+	c5 []int32
+}
+
+// q5Order is the order of the blocks in q8Act's c5.
+var q5Order = [q8Blocks]int{0, 1, 4, 5, 2, 3, 6, 7}
+
+// expandQ8 writes a's VNNI form from its q, sc and sum.
+func expandQ8(a q8Act, groups int) {
+	for g := range groups {
+		q, x5 := a.q[g*q8Group:(g+1)*q8Group], a.x5[g*q8Group:(g+1)*q8Group]
+		copy(x5[0:32], q[0:32])
+		copy(x5[32:64], q[64:96])
+		copy(x5[64:96], q[32:64])
+		copy(x5[96:128], q[96:128])
+		for i, b := range q5Order {
+			at := g*q8Blocks + q8Order[b]
+			for l := range 4 {
+				a.c5[g*32+4*i+l] = -a.sum[at] / 4
+			}
+		}
+	}
 }
 
 // quantizeQ8 quantizes x (len <= groups*128) into a (sized for groups):
@@ -197,6 +224,9 @@ func quantizeQ8(a q8Act, x []float32, groups int) {
 			a.sum[at] = 12 * sum
 		}
 	}
+	if a.x5 != nil {
+		expandQ8(a, groups)
+	}
 }
 
 func newQ8Act(groups, m int) []q8Act {
@@ -206,7 +236,14 @@ func newQ8Act(groups, m int) []q8Act {
 	a := make([]q8Act, m)
 	for i := range a {
 		lo, hi := i*groups*q8Blocks, (i+1)*groups*q8Blocks
-		a[i] = q8Act{q[i*groups*q8Group : (i+1)*groups*q8Group], sc[lo:hi], sum[lo:hi]}
+		a[i] = q8Act{q: q[i*groups*q8Group : (i+1)*groups*q8Group], sc: sc[lo:hi], sum: sum[lo:hi]}
+	}
+	if hasVNNI512 {
+		n := groups * q8Group
+		x5, c5 := make([]int8, m*n), make([]int32, m*n/4)
+		for i := range a {
+			a[i].x5, a[i].c5 = x5[i*n:(i+1)*n], c5[i*n/4:(i+1)*n/4]
+		}
 	}
 	return a
 }

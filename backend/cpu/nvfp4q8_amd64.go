@@ -1,33 +1,65 @@
 package cpu
 
+import "golang.org/x/sys/cpu"
+
+// hasVNNI512 is fixed at start-up: the processor has AVX-512 (F, BW) and
+// AVX-512 VNNI, and the int8 kernels use their VPDPBUSD versions.
+var hasVNNI512 = hasAVX2 && cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512VNNI
+
+// q8ForceAVX2 is a test hook: the AVX2 kernels even where hasVNNI512.
+var q8ForceAVX2 bool
+
 //go:noescape
 func row4Q8AVX2(codes, scales *byte, x *int8, xs *float32, xsum *int32, groups int, out *[4]float32)
 
 //go:noescape
 func dot4Q8AVX2(codes, scales *byte, x *int8, xs *float32, xsum *int32, groups int, out *[4]float32)
 
-// dot4Q8 is dot4Q8Go with the AVX2 kernel where the processor has it.
+//go:noescape
+func row4Q8VNNI(codes, scales *byte, x *int8, xs *float32, xsum *int32, groups int, out *[4]float32)
+
+//go:noescape
+func dot4Q8VNNI(codes, scales *byte, x *int8, xs *float32, xsum *int32, groups int, out *[4]float32)
+
+// dot4Q8 is dot4Q8Go with the AVX-512 VNNI or AVX2 kernel where the
+// processor has them.
 func dot4Q8(codes, scales []byte, a q8Act, groups int, out *[4]float32) {
 	if !hasAVX2 || groups == 0 {
 		dot4Q8Go(codes, scales, a, groups, out)
 		return
 	}
 	_, _ = codes[groups*4*q8GroupB-1], scales[groups*4*q8Blocks-1]
+	if hasVNNI512 && !q8ForceAVX2 {
+		_, _, _ = a.x5[groups*q8Group-1], a.sc[groups*q8Blocks-1], a.c5[groups*q8Group/4-1]
+		dot4Q8VNNI(&codes[0], &scales[0], &a.x5[0], &a.sc[0], &a.c5[0], groups, out)
+		return
+	}
 	_, _, _ = a.q[groups*q8Group-1], a.sc[groups*q8Blocks-1], a.sum[groups*q8Blocks-1]
 	dot4Q8AVX2(&codes[0], &scales[0], &a.q[0], &a.sc[0], &a.sum[0], groups, out)
 }
 
-// row4Q8 is row4Q8Go with the AVX2 kernel where the processor has it. The
-// 4 tokens' activations must be consecutive in one allocation (newQ8Act).
+// row4Q8 is row4Q8Go with the AVX-512 VNNI or AVX2 kernel where the
+// processor has them. The 4 tokens' activations must be consecutive in one
+// allocation (newQ8Act).
 func row4Q8(codes, scales []byte, a []q8Act, groups int, out *[4]float32) {
 	if !hasAVX2 || groups == 0 {
 		row4Q8Go(codes, scales, a, groups, out)
 		return
 	}
 	_, _ = codes[(groups-1)*4*q8GroupB+q8GroupB-1], scales[(groups-1)*4*q8Blocks+q8Blocks-1]
-	x, xs, xsum := a[0].q[:4*groups*q8Group], a[0].sc[:4*groups*q8Blocks], a[0].sum[:4*groups*q8Blocks]
-	if &x[3*groups*q8Group] != &a[3].q[0] || &xs[3*groups*q8Blocks] != &a[3].sc[0] || &xsum[3*groups*q8Blocks] != &a[3].sum[0] {
+	n, nb := groups*q8Group, groups*q8Blocks
+	if hasVNNI512 && !q8ForceAVX2 {
+		n5 := groups * q8Group / 4
+		x, xs, xsum := a[0].x5[:4*n], a[0].sc[:4*nb], a[0].c5[:4*n5]
+		if &x[3*n] != &a[3].x5[0] || &xs[3*nb] != &a[3].sc[0] || &xsum[3*n5] != &a[3].c5[0] {
+			panic("cpu: row4Q8: the activations are not consecutive")
+		}
+		row4Q8VNNI(&codes[0], &scales[0], &x[0], &xs[0], &xsum[0], groups, out)
+		return
+	}
+	x, xs, xsum := a[0].q[:4*n], a[0].sc[:4*nb], a[0].sum[:4*nb]
+	if &x[3*n] != &a[3].q[0] || &xs[3*nb] != &a[3].sc[0] || &xsum[3*nb] != &a[3].sum[0] {
 		panic("cpu: row4Q8: the activations are not consecutive")
 	}
-	row4Q8AVX2(&codes[0], &scales[0], &a[0].q[0], &a[0].sc[0], &a[0].sum[0], groups, out)
+	row4Q8AVX2(&codes[0], &scales[0], &x[0], &xs[0], &xsum[0], groups, out)
 }

@@ -35,6 +35,15 @@ GLOBL q8bias<>(SB), RODATA|NOPTR, $32
 	MOVQ codes+0(FP), DI; MOVQ scales+8(FP), DX; MOVQ x+16(FP), SI; MOVQ xs+24(FP), R8; \
 	MOVQ xsum+32(FP), R9; MOVQ groups+40(FP), CX; MOVQ out+48(FP), AX
 
+// Q8NEXT(cstep) moves the pointers on by one group (xsum by cstep bytes)
+// and counts it.
+#define Q8NEXT(cstep) \
+	ADDQ $256, DI; ADDQ $32, DX; ADDQ $128, SI; ADDQ $32, R8; ADDQ $cstep, R9; DECQ CX
+
+// SCSTRIDES: R13 the token stride of xs (groups*32 bytes), R10 3 of them.
+#define SCSTRIDES \
+	MOVQ CX, R13; SHLQ $5, R13; LEAQ (R13)(R13*2), R10
+
 // Q8CONSTS loads the constants (Y4 bias, Y5 table, Y6 nibble mask, Y7
 // int16 ones) and zeroes the accumulators Y12-Y15.
 #define Q8CONSTS \
@@ -47,15 +56,16 @@ GLOBL q8bias<>(SB), RODATA|NOPTR, $32
 	VEXTRACTF128 $1, Y12, X13; VADDPS X13, X12, X12; VMOVUPS X12, (AX); \
 	VZEROUPPER; RET
 
+// NIBBLES(MOV, AND, MASK, TABLE, coff, L, H): the code bytes at coff(DI)
+// (a YMM's or a ZMM's worth, loaded by MOV) as unsigned 2*e2m1+12 through
+// TABLE: L the low nibbles, H the high (AND with MASK, 0x0f bytes).
+#define NIBBLES(MOV, AND, MASK, TABLE, coff, L, H) \
+	MOV coff(DI), L; VPSRLW $4, L, H; AND MASK, L, L; AND MASK, H, H; \
+	VPSHUFB L, TABLE, L; VPSHUFB H, TABLE, H
+
 // DECODE(coff, D0, D1): the 64 codes in the 32 bytes at coff(DI) as
 // unsigned 2*e2m1+12: D0 elements 0..31, D1 elements 32..63.
-#define DECODE(coff, D0, D1) \
-	VMOVDQU coff(DI), D0; \
-	VPSRLW $4, D0, D1; \
-	VPAND Y6, D0, D0; \
-	VPAND Y6, D1, D1; \
-	VPSHUFB D0, Y5, D0; \
-	VPSHUFB D1, Y5, D1
+#define DECODE(coff, D0, D1) NIBBLES(VMOVDQU, VPAND, Y6, Y5, coff, D0, D1)
 
 // HALF(coff, xoff, D) leaves in D, as int16, the block sums of the
 // products of the 64 codes packed in the 32 bytes at coff(DI) (low
@@ -97,12 +107,7 @@ q8loop:
 	ROW(1, Y13)
 	ROW(2, Y14)
 	ROW(3, Y15)
-	ADDQ $256, DI
-	ADDQ $32, DX
-	ADDQ $128, SI
-	ADDQ $32, R8
-	ADDQ $32, R9
-	DECQ CX
+	Q8NEXT(32)
 	JMP  q8loop
 
 q8done:
@@ -139,9 +144,7 @@ TEXT ·row4Q8AVX2(SB), NOSPLIT, $0-56
 	LEAQ (SI)(BX*1), R11     // token 1
 	LEAQ (SI)(BX*2), R12     // token 2
 	ADDQ R12, BX             // token 3
-	MOVQ CX, R13
-	SHLQ $5, R13             // scale row stride: groups*32 bytes
-	LEAQ (R13)(R13*2), R10
+	SCSTRIDES
 	Q8CONSTS
 
 r4loop:
@@ -156,16 +159,132 @@ r4loop:
 	TOK(R11, (R8)(R13*1), (R9)(R13*1), Y13)
 	TOK(R12, (R8)(R13*2), (R9)(R13*2), Y14)
 	TOK(BX, (R8)(R10*1), (R9)(R10*1), Y15)
-	ADDQ $256, DI
-	ADDQ $32, DX
-	ADDQ $128, SI
-	ADDQ $128, R11
-	ADDQ $128, R12
-	ADDQ $128, BX
-	ADDQ $32, R8
-	ADDQ $32, R9
-	DECQ CX
+	ADDQ $128, R11; ADDQ $128, R12; ADDQ $128, BX
+	Q8NEXT(32)
 	JMP  r4loop
 
 r4done:
 	Q8STORE
+
+// The AVX-512 VNNI NVFP4 kernels: VPDPBUSD multiplies the codes (unsigned,
+// 2*e2m1+12 as above) with the int8 activations and adds each 4 products
+// into an int32 lane: 64 products an instruction. The activations come in
+// q8Act's VNNI form (x5, c5): each group's 128 values permuted to the
+// codes' nibble order ([0..31, 64..95 | 32..63, 96..127]), so that the low
+// nibbles of a row's 64 code bytes meet the first 64 and the high nibbles
+// the last 64; the offset's share (-3 times the block's sum, in each of
+// the block's 4 int32 lanes) starts the integer accumulators. The lanes of
+// the two halves hold blocks 0 1 4 5 | 2 3 6 7, 4 lanes each; the 8
+// products of weight and activation block scales are formed in q8Order in
+// a YMM and spread to those lanes by VPERMPS.
+
+// VPERMPS indexes from q8Order to the halves' lanes, as bytes (VPMOVZXBD):
+// half 0 blocks 0 1 4 5 (q8Order places 0 4 2 6), half 1 blocks 2 3 6 7
+// (places 1 5 3 7), each 4 times.
+DATA q5idx<>+0(SB)/8, $0x0404040400000000
+DATA q5idx<>+8(SB)/8, $0x0606060602020202
+DATA q5idx<>+16(SB)/8, $0x0505050501010101
+DATA q5idx<>+24(SB)/8, $0x0707070703030303
+GLOBL q5idx<>(SB), RODATA|NOPTR, $32
+
+// Q5CONSTS: Y4 bias, Z5 table, Z6 nibble mask, Z2/Z3 the VPERMPS indexes;
+// zeroes the accumulators Z12-Z15.
+#define Q5CONSTS \
+	VMOVDQU q8bias<>(SB), Y4; VBROADCASTI64X4 q8lut<>(SB), Z5; VBROADCASTI64X4 q8nib<>(SB), Z6; \
+	VPMOVZXBD q5idx<>+0(SB), Z2; VPMOVZXBD q5idx<>+16(SB), Z3; \
+	VPXORD Z12, Z12, Z12; VPXORD Z13, Z13, Z13; VPXORD Z14, Z14, Z14; VPXORD Z15, Z15, Z15
+
+// Q5STORE: the horizontal sums of Z12..Z15 to out[0..3]; returns.
+#define Q5STORE \
+	VEXTRACTF64X4 $1, Z12, Y0; VADDPS Y0, Y12, Y12; \
+	VEXTRACTF64X4 $1, Z13, Y0; VADDPS Y0, Y13, Y13; \
+	VEXTRACTF64X4 $1, Z14, Y0; VADDPS Y0, Y14, Y14; \
+	VEXTRACTF64X4 $1, Z15, Y0; VADDPS Y0, Y15, Y15; \
+	Q8STORE
+
+// DECODE5(coff, L, H): the 64 code bytes at coff(DI) as unsigned
+// 2*e2m1+12: L the low nibbles, H the high.
+#define DECODE5(coff, L, H) NIBBLES(VMOVDQU64, VPANDD, Z6, Z5, coff, L, H)
+
+// WSCALE(soff, W): the 8 weight block scales at soff(DX) as float32 in
+// q8Order (W a YMM).
+#define WSCALE(soff, W) \
+	VPMOVZXBD soff(DX), W; \
+	VPSLLD $20, W, W; \
+	VPADDD Y4, W, W
+
+// DOT5(XP, CP, SP, L, H, W, ACC): ACC += the block sums of L, H with the
+// activations at XP (offset share from CP) times the weight scales W times
+// the activation scales at SP. Uses Z1, Z7..Z10.
+#define DOT5(XP, CP, SP, L, H, W, ACC) \
+	VMOVDQU64 0(CP), Z7; \
+	VMOVDQU64 64(CP), Z8; \
+	VPDPBUSD 0(XP), L, Z7; \
+	VPDPBUSD 64(XP), H, Z8; \
+	VMULPS SP, W, Y1; \
+	VPERMPS Z1, Z2, Z9; \
+	VPERMPS Z1, Z3, Z10; \
+	VCVTDQ2PS Z7, Z7; \
+	VCVTDQ2PS Z8, Z8; \
+	VFMADD231PS Z9, Z7, ACC; \
+	VFMADD231PS Z10, Z8, ACC
+
+// ROW5(j, ACC): row j of the quad, one group, into ACC.
+#define ROW5(j, ACC) \
+	DECODE5(j*64, Z16, Z17); \
+	WSCALE(j*8, Y11); \
+	DOT5(SI, R9, (R8), Z16, Z17, Y11, ACC)
+
+// func dot4Q8VNNI(codes, scales *byte, x *int8, xs *float32, xsum *int32, groups int, out *[4]float32)
+// As dot4Q8AVX2 with q8Act's VNNI form (x = x5, xsum = c5; xs = sc).
+TEXT ·dot4Q8VNNI(SB), NOSPLIT, $0-56
+	Q8ARGS
+	Q5CONSTS
+
+q5loop:
+	TESTQ CX, CX
+	JE    q5done
+	// 8 groups ahead (the quads are consecutive): from main memory,
+	// 1.03x over the hardware prefetcher alone (BenchmarkMatVec/nvfp4).
+	PREFETCHT0 2048(DI); PREFETCHT0 2112(DI); PREFETCHT0 2176(DI); PREFETCHT0 2240(DI); PREFETCHT0 256(DX)
+	ROW5(0, Z12)
+	ROW5(1, Z13)
+	ROW5(2, Z14)
+	ROW5(3, Z15)
+	Q8NEXT(128)
+	JMP  q5loop
+
+q5done:
+	Q5STORE
+
+// func row4Q8VNNI(codes, scales *byte, x *int8, xs *float32, xsum *int32, groups int, out *[4]float32)
+// As row4Q8AVX2 with q8Act's VNNI form: the 4 tokens' x5 and c5 are
+// groups*128 bytes apart, their sc groups*32.
+TEXT ·row4Q8VNNI(SB), NOSPLIT, $0-56
+	Q8ARGS
+	MOVQ CX, BX
+	SHLQ $7, BX              // x5, c5 token stride: groups*128 bytes
+	LEAQ (BX)(BX*2), R14     // 3 strides
+	SCSTRIDES
+	Q5CONSTS
+
+r5loop:
+	TESTQ CX, CX
+	JE    r5done
+	DECODE5(0, Z16, Z17)
+	WSCALE(0, Y11)
+	DOT5(SI, R9, (R8), Z16, Z17, Y11, Z12)
+	LEAQ (SI)(BX*1), R11
+	LEAQ (R9)(BX*1), R12
+	DOT5(R11, R12, (R8)(R13*1), Z16, Z17, Y11, Z13)
+	LEAQ (SI)(BX*2), R11
+	LEAQ (R9)(BX*2), R12
+	DOT5(R11, R12, (R8)(R13*2), Z16, Z17, Y11, Z14)
+	LEAQ (SI)(R14*1), R11
+	LEAQ (R9)(R14*1), R12
+	DOT5(R11, R12, (R8)(R10*1), Z16, Z17, Y11, Z15)
+	Q8NEXT(128)
+	JMP  r5loop
+
+r5done:
+	Q5STORE

@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -81,41 +82,101 @@ func TestQ8MatMul(t *testing.T) {
 		for i := range m {
 			quantizeQ8(acts[i], x[i*cols:(i+1)*cols], qw.groups)
 		}
-		got := make([]float32, m*rows)
-		matmulQ8(got, acts, qw, 0, (rows+3)/4)
-		var errSq float64
-		for i, g := range got {
-			d := float64(g) - want[i]
-			errSq += d * d
+		for _, forceAVX2 := range q8Paths() {
+			q8ForceAVX2 = forceAVX2
+			checkQ8Kernels(t, fmt.Sprint(s, " avx2:", forceAVX2), qw, acts, want, wantSq)
 		}
-		if rel := math.Sqrt(errSq / wantSq); rel > 5e-3 {
-			t.Errorf("%v: RMS error %.3g of the output's RMS, want <= 5e-3", s, rel)
-		}
-		// The Go kernels against the ones MatMul dispatches to (float sums in
-		// another order: within 1e-5 of the outputs' RMS).
-		rms := math.Sqrt(wantSq / float64(len(want)))
-		G := qw.groups
-		var o, og [4]float32
-		for quad := range (rows + 3) / 4 {
-			c := qw.codes[quad*G*4*q8GroupB : (quad+1)*G*4*q8GroupB]
-			sc := qw.scales[quad*G*4*q8Blocks : (quad+1)*G*4*q8Blocks]
-			dot4Q8(c, sc, acts[m-1], G, &o)
-			dot4Q8Go(c, sc, acts[m-1], G, &og)
-			check := func(what string, j int) {
-				if d := math.Abs(float64(o[j] - og[j])); d > 1e-5*rms/float64(qw.mul) { // o, og: before the global scale
-					t.Errorf("%v quad %d %s %d: kernel %v, Go %v", s, quad, what, j, o[j], og[j])
-				}
+		q8ForceAVX2 = false
+	}
+}
+
+// q8Paths are the values of q8ForceAVX2 that pick distinct kernels here:
+// both the AVX-512 VNNI and the AVX2 kernels where the processor has both.
+func q8Paths() []bool {
+	if hasVNNI512 {
+		return []bool{false, true}
+	}
+	return []bool{false}
+}
+
+// checkQ8Kernels runs matmulQ8 (the kernels q8ForceAVX2 picks) against want
+// (their float64 product, squared sum wantSq) and the kernels against the
+// portable Go ones.
+func checkQ8Kernels(t *testing.T, s string, qw *q8Weight, acts []q8Act, want []float64, wantSq float64) {
+	t.Helper()
+	m, rows := len(acts), qw.rows
+	got := make([]float32, m*rows)
+	matmulQ8(got, acts, qw, 0, (rows+3)/4)
+	var errSq float64
+	for i, g := range got {
+		d := float64(g) - want[i]
+		errSq += d * d
+	}
+	if rel := math.Sqrt(errSq / wantSq); rel > 5e-3 {
+		t.Errorf("%v: RMS error %.3g of the output's RMS, want <= 5e-3", s, rel)
+	}
+	// The Go kernels against the ones MatMul dispatches to (float sums in
+	// another order: within 1e-5 of the outputs' RMS).
+	rms := math.Sqrt(wantSq / float64(len(want)))
+	G := qw.groups
+	var o, og [4]float32
+	for quad := range (rows + 3) / 4 {
+		c := qw.codes[quad*G*4*q8GroupB : (quad+1)*G*4*q8GroupB]
+		sc := qw.scales[quad*G*4*q8Blocks : (quad+1)*G*4*q8Blocks]
+		dot4Q8(c, sc, acts[m-1], G, &o)
+		dot4Q8Go(c, sc, acts[m-1], G, &og)
+		check := func(what string, j int) {
+			if d := math.Abs(float64(o[j] - og[j])); d > 1e-5*rms/float64(qw.mul) { // o, og: before the global scale
+				t.Errorf("%v quad %d %s %d: kernel %v, Go %v", s, quad, what, j, o[j], og[j])
 			}
+		}
+		for j := range 4 {
+			check("row", j)
+		}
+		if m >= 4 { // the prefill kernel: row 1 of the quad, tokens 0..3
+			row4Q8(c[q8GroupB:], sc[q8Blocks:], acts[:4], G, &o)
+			row4Q8Go(c[q8GroupB:], sc[q8Blocks:], acts[:4], G, &og)
 			for j := range 4 {
-				check("row", j)
+				check("token", j)
 			}
-			if m >= 4 { // the prefill kernel: row 1 of the quad, tokens 0..3
-				row4Q8(c[q8GroupB:], sc[q8Blocks:], acts[:4], G, &o)
-				row4Q8Go(c[q8GroupB:], sc[q8Blocks:], acts[:4], G, &og)
-				for j := range 4 {
-					check("token", j)
+		}
+	}
+}
+
+// BenchmarkQ8Kernels times the int8 kernels on a 64 x 2048 weight held in
+// cache (their compute rate, not memory's): dot4Q8 (decode, one token) and
+// row4Q8 (prefill, 4 tokens), each path the processor has.
+func BenchmarkQ8Kernels(b *testing.B) {
+	const rows, cols = 64, 2048
+	rng := rand.New(rand.NewPCG(61, 5))
+	q, err := quant.QuantizeNVFP4(randn(rng, rows*cols), rows, cols)
+	if err != nil {
+		b.Fatal(err)
+	}
+	qw := newQ8Weight(q, func(n int, fn func(lo, hi int)) { fn(0, n) })
+	acts := newQ8Act(qw.groups, 4)
+	for i := range acts {
+		quantizeQ8(acts[i], randn(rng, cols), qw.groups)
+	}
+	G := qw.groups
+	for _, forceAVX2 := range q8Paths() {
+		for _, kernel := range []string{"dot", "row"} {
+			b.Run(fmt.Sprintf("%s/avx2=%v", kernel, forceAVX2), func(b *testing.B) {
+				q8ForceAVX2 = forceAVX2
+				defer func() { q8ForceAVX2 = false }()
+				var o [4]float32
+				for b.Loop() {
+					for quad := range rows / 4 {
+						c, sc := qw.codes[quad*G*4*q8GroupB:], qw.scales[quad*G*4*q8Blocks:]
+						if kernel == "dot" {
+							dot4Q8(c, sc, acts[0], G, &o)
+						} else {
+							row4Q8(c, sc, acts, G, &o)
+						}
+					}
 				}
-			}
+				b.SetBytes(rows * cols / 2)
+			})
 		}
 	}
 }

@@ -1,0 +1,83 @@
+package cpu
+
+import "math"
+
+// Grouped-query attention on the CPU: the query heads that share a KV head
+// are taken 4 at a time, so that one pass over the KV head's keys and one
+// over its values serve the 4 (scores4, values4), with a float32 exp.
+
+// attend4 writes to o (4*hd) the attention of the 4 query rows q (4*hd)
+// over the n key and value rows at keys and values (stride floats apart):
+// softmax(scale * q·k) weighted sums of the values. sc is scratch of 4*n.
+func attend4(o, q, keys, values []float32, stride, n, hd int, scale float32, sc []float32) {
+	sc = sc[:4*n]
+	scores4(q, keys, stride, n, hd, scale, sc)
+	var mx, sum [4]float32
+	for g := range mx {
+		mx[g] = float32(math.Inf(-1))
+	}
+	for t := range n {
+		for g := range 4 {
+			mx[g] = max(mx[g], sc[4*t+g])
+		}
+	}
+	for t := range n {
+		for g := range 4 {
+			e := expf32(sc[4*t+g] - mx[g])
+			sc[4*t+g] = e
+			sum[g] += e
+		}
+	}
+	values4(o, sc, values, stride, n, hd)
+	for g := range 4 {
+		inv := 1 / sum[g]
+		for j := range o[g*hd : (g+1)*hd] {
+			o[g*hd+j] *= inv
+		}
+	}
+}
+
+// scores4Go is the portable scores4: out[4t+g] = scale * q[g]·k[t].
+func scores4Go(q, k []float32, stride, n, hd int, scale float32, out []float32) {
+	for t := range n {
+		for g := range 4 {
+			out[4*t+g] = dotF32Go(q[g*hd:(g+1)*hd], k[t*stride:t*stride+hd]) * scale
+		}
+	}
+}
+
+// values4Go is the portable values4: acc[g] = Σ_t w[4t+g] * v[t].
+func values4Go(acc, w, v []float32, stride, n, hd int) {
+	clear(acc[:4*hd])
+	for t := range n {
+		for g := range 4 {
+			axpyF32Go(acc[g*hd:(g+1)*hd], v[t*stride:t*stride+hd], w[4*t+g])
+		}
+	}
+}
+
+// expf32 is e^x in float32 (within 2 ulp of math.Exp's rounding for x in
+// the softmax's range, x <= 0): x = n*ln2 + r, |r| <= ln2/2, a degree-7
+// Taylor polynomial of e^r times 2^n built from its bits.
+func expf32(x float32) float32 {
+	switch {
+	case x < -87.33654: // e^x below the smallest normal float32
+		return 0
+	case x > 88.72:
+		return float32(math.Inf(1))
+	case x != x:
+		return x
+	}
+	const log2e, ln2hi, ln2lo = 1.44269504, 0.693145751953125, 1.428606765330187e-06
+	kf := x * log2e
+	if kf >= 0 {
+		kf += 0.5
+	} else {
+		kf -= 0.5
+	}
+	n := int32(kf)
+	nf := float32(n)
+	r := x - nf*ln2hi - nf*ln2lo
+	p := 1 + r*(1+r*(1.0/2+r*(1.0/6+r*(1.0/24+r*(1.0/120+r*(1.0/720+r*(1.0/5040)))))))
+	return p * math.Float32frombits(uint32(n+127)<<23)
+}
