@@ -60,8 +60,10 @@ func (b *Backend) CopyBlock(pool backend.BlockPool, dst, src int) {
 
 // PagedAttention attends each (query row, head) pair over its sequence's
 // keys, parallel over the pairs of every sequence. Its sums are those of
-// Attention (same order, same kernels), so that a sequence gives the same
-// bits paged as in its own KVCache.
+// Attention's per-head path (same order, same kernels), so that a sequence
+// gives the same bits paged as in its own KVCache where Attention takes
+// that path (query heads a KV head not a multiple of 4); where it takes 4
+// heads a pass (attn4.go), to float32 rounding.
 func (b *Backend) PagedAttention(out, q backend.Buffer, pool backend.BlockPool, layer int, seqs []layers.PagedSeq, s layers.AttentionShape) {
 	p := pool.(*blockPool)
 	bs, hd := p.shape.BlockSize, s.HeadDim
@@ -105,7 +107,7 @@ func (b *Backend) PagedAttention(out, q backend.Buffer, pool backend.BlockPool, 
 			var sum float32
 			clear(acc)
 			for t := start; t <= pos; t++ {
-				e := float32(math.Exp(float64(scores[t] - mx)))
+				e := expf32(scores[t] - mx)
 				sum += e
 				axpyF32(acc, values[rows[t]:rows[t]+hd], e)
 			}
