@@ -1,8 +1,8 @@
-// Command mkgguf writes a random Llama checkpoint in GGUF (F16 tensors, f32
-// norms) of a given shape, for llama.cpp's llama-bench: the peer model of
-// the CPU benchmarks (dev/peer/llamacpp-cpu.sh).
+// Command mkgguf writes a random Llama or Qwen3 checkpoint in GGUF (F16
+// tensors, f32 norms) of a given shape, for llama.cpp's llama-bench: the
+// peer model of the benchmarks (dev/peer/llamacpp-cpu.sh, llamacpp-gpu.sh).
 //
-//	go run ./dev/peer/mkgguf -o OUT.gguf [-layers 16 -hidden 2048 -ffn 8192 -heads 32 -kv-heads 8 -vocab 32000]
+//	go run ./dev/peer/mkgguf -o OUT.gguf [-arch llama|qwen3] [-layers 16 -hidden 2048 -ffn 8192 -heads 32 -kv-heads 8 -vocab 32000] [-head-dim N] [-theta B]
 //
 // llama.cpp's convert_hf_to_gguf.py needs transformers and a tokenizer to
 // read a Hugging Face folder, and its gguf-py needs numpy; neither is
@@ -83,22 +83,39 @@ func main() {
 	heads := flag.Int("heads", 32, "attention heads")
 	kvHeads := flag.Int("kv-heads", 8, "KV heads")
 	vocab := flag.Int("vocab", 32000, "vocabulary size")
+	arch := flag.String("arch", "llama", "llama, or qwen3 (q and k norms)")
+	headDim := flag.Int("head-dim", 0, "head size (0: hidden / heads)")
+	theta := flag.Float64("theta", 500000, "RoPE base")
 	flag.Parse()
-	if *out == "" || *hidden%*heads != 0 {
-		fmt.Fprintln(os.Stderr, "mkgguf: need -o, and -hidden a multiple of -heads")
+	if *headDim == 0 && *hidden%*heads == 0 {
+		*headDim = *hidden / *heads
+	}
+	if *out == "" || *headDim <= 0 || (*arch != "llama" && *arch != "qwen3") {
+		fmt.Fprintln(os.Stderr, "mkgguf: need -o, -arch llama or qwen3, and -head-dim or -hidden a multiple of -heads")
 		os.Exit(2)
 	}
-	if err := write(*out, *layers, *hidden, *ffn, *heads, *kvHeads, *vocab); err != nil {
+	s := shape{arch: *arch, layers: *layers, hidden: *hidden, ffn: *ffn, heads: *heads, kvHeads: *kvHeads, vocab: *vocab, hd: *headDim, theta: *theta}
+	if err := write(*out, s); err != nil {
 		fmt.Fprintln(os.Stderr, "mkgguf:", err)
 		os.Exit(1)
 	}
 }
 
-func write(path string, layers, hidden, ffn, heads, kvHeads, vocab int) error {
-	hd := hidden / heads
+// shape is the model mkgguf writes.
+type shape struct {
+	arch                                           string
+	layers, hidden, ffn, heads, kvHeads, vocab, hd int
+	theta                                          float64
+}
+
+func write(path string, s shape) error {
+	layers, hidden, ffn, heads, kvHeads, vocab, hd := s.layers, s.hidden, s.ffn, s.heads, s.kvHeads, s.vocab, s.hd
 	ts := []tensor{{"token_embd.weight", vocab, hidden, ggmlF16}}
 	for l := range layers {
 		p := fmt.Sprintf("blk.%d.", l)
+		if s.arch == "qwen3" {
+			ts = append(ts, tensor{p + "attn_q_norm.weight", 1, hd, ggmlF32}, tensor{p + "attn_k_norm.weight", 1, hd, ggmlF32})
+		}
 		ts = append(ts,
 			tensor{p + "attn_norm.weight", 1, hidden, ggmlF32},
 			tensor{p + "attn_q.weight", heads * hd, hidden, ggmlF16},
@@ -121,20 +138,23 @@ func write(path string, layers, hidden, ffn, heads, kvHeads, vocab int) error {
 	w.put([]byte("GGUF"))
 	w.put(uint32(3))
 	w.put(uint64(len(ts)))
-	w.put(uint64(21)) // key-value pairs below
-	w.kv("general.architecture", tString, "llama")
+	w.put(uint64(23)) // key-value pairs below
+	a := s.arch
+	w.kv("general.architecture", tString, a)
 	w.kv("general.name", tString, "manifold-random")
 	w.kv("general.file_type", tUint32, uint32(1)) // MOSTLY_F16
-	w.kv("llama.context_length", tUint32, uint32(4096))
-	w.kv("llama.embedding_length", tUint32, uint32(hidden))
-	w.kv("llama.block_count", tUint32, uint32(layers))
-	w.kv("llama.feed_forward_length", tUint32, uint32(ffn))
-	w.kv("llama.attention.head_count", tUint32, uint32(heads))
-	w.kv("llama.attention.head_count_kv", tUint32, uint32(kvHeads))
-	w.kv("llama.rope.dimension_count", tUint32, uint32(hd))
-	w.kv("llama.rope.freq_base", tFloat32, float32(500000))
-	w.kv("llama.attention.layer_norm_rms_epsilon", tFloat32, float32(1e-5))
-	w.kv("llama.vocab_size", tUint32, uint32(vocab))
+	w.kv(a+".context_length", tUint32, uint32(4096))
+	w.kv(a+".embedding_length", tUint32, uint32(hidden))
+	w.kv(a+".block_count", tUint32, uint32(layers))
+	w.kv(a+".feed_forward_length", tUint32, uint32(ffn))
+	w.kv(a+".attention.head_count", tUint32, uint32(heads))
+	w.kv(a+".attention.head_count_kv", tUint32, uint32(kvHeads))
+	w.kv(a+".attention.key_length", tUint32, uint32(hd))
+	w.kv(a+".attention.value_length", tUint32, uint32(hd))
+	w.kv(a+".rope.dimension_count", tUint32, uint32(hd))
+	w.kv(a+".rope.freq_base", tFloat32, float32(s.theta))
+	w.kv(a+".attention.layer_norm_rms_epsilon", tFloat32, float32(1e-5))
+	w.kv(a+".vocab_size", tUint32, uint32(vocab))
 	w.kv("tokenizer.ggml.model", tString, "llama")
 	w.str("tokenizer.ggml.tokens")
 	w.put(uint32(tArray))
