@@ -89,23 +89,30 @@ func (s *server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	}
 	ttftSum, ttftN := m.ttftSum, m.ttftN
 	m.mu.Unlock()
-	metric("manifold_requests_in_flight", "gauge", "Generation requests being served.", m.inflight.Load())
-	metric("manifold_queue_length", "gauge", "Requests waiting for a session.", ps.Waiting)
-	metric("manifold_sessions_busy", "gauge", "Sessions generating.", ps.Busy)
-	metric("manifold_sessions_max", "gauge", "The most sessions generating at once.", ps.Sessions)
-	metric("manifold_cache_bytes", "gauge", "KV cache memory of the sessions made.", ps.CacheBytes)
-	metric("manifold_prefix_reused_tokens_total", "counter", "Prompt tokens not run again thanks to prefix reuse.", ps.ReusedTokens)
-	metric("manifold_kv_blocks", "gauge", "Blocks of the paged KV cache (0: a cache a session).", ps.Blocks)
-	metric("manifold_kv_blocks_free", "gauge", "Blocks of the paged KV cache no session holds (cached ones included).", ps.FreeBlocks)
-	metric("manifold_kv_blocks_cached", "gauge", "Full blocks of the paged KV cache known by their prefix.", ps.CachedBlocks)
-	metric("manifold_kv_block_copies_total", "counter", "Blocks copied on write.", ps.Copies)
-	metric("manifold_batch_size", "gauge", "Sequences in the last batched step.", bs.LastBatch)
-	metric("manifold_batch_steps_total", "counter", "Batched forward steps run.", bs.Steps)
-	metric("manifold_batch_sequences_total", "counter", "Sequences summed over the batched steps.", bs.Sequences)
-	metric("manifold_batch_rows_total", "counter", "Tokens run by the batched steps.", bs.Rows)
-	metric("manifold_generated_tokens_total", "counter", "Tokens generated.", m.tokens.Load())
-	metric("manifold_prompt_tokens_total", "counter", "Prompt tokens run.", m.promptTokens.Load())
-	metric("manifold_tokens_per_second", "gauge", "Tokens generated a second since the previous scrape.", rate)
+	for _, g := range []struct {
+		name, typ, help string
+		v               any
+	}{
+		{"manifold_requests_in_flight", "gauge", "Generation requests being served.", m.inflight.Load()},
+		{"manifold_queue_length", "gauge", "Requests waiting for a session.", ps.Waiting},
+		{"manifold_sessions_busy", "gauge", "Sessions generating.", ps.Busy},
+		{"manifold_sessions_max", "gauge", "The most sessions generating at once.", ps.Sessions},
+		{"manifold_cache_bytes", "gauge", "KV cache memory of the sessions made.", ps.CacheBytes},
+		{"manifold_prefix_reused_tokens_total", "counter", "Prompt tokens not run again thanks to prefix reuse.", ps.ReusedTokens},
+		{"manifold_kv_blocks", "gauge", "Blocks of the paged KV cache (0: a cache a session).", ps.Blocks},
+		{"manifold_kv_blocks_free", "gauge", "Blocks of the paged KV cache no session holds (cached ones included).", ps.FreeBlocks},
+		{"manifold_kv_blocks_cached", "gauge", "Full blocks of the paged KV cache known by their prefix.", ps.CachedBlocks},
+		{"manifold_kv_block_copies_total", "counter", "Blocks copied on write.", ps.Copies},
+		{"manifold_batch_size", "gauge", "Sequences in the last batched step.", bs.LastBatch},
+		{"manifold_batch_steps_total", "counter", "Batched forward steps run.", bs.Steps},
+		{"manifold_batch_sequences_total", "counter", "Sequences summed over the batched steps.", bs.Sequences},
+		{"manifold_batch_rows_total", "counter", "Tokens run by the batched steps.", bs.Rows},
+		{"manifold_generated_tokens_total", "counter", "Tokens generated.", m.tokens.Load()},
+		{"manifold_prompt_tokens_total", "counter", "Prompt tokens run.", m.promptTokens.Load()},
+		{"manifold_tokens_per_second", "gauge", "Tokens generated a second since the previous scrape.", rate},
+	} {
+		metric(g.name, g.typ, g.help, g.v)
+	}
 	metric("manifold_time_to_first_token_seconds", "summary", "Time from a request's admission wait to its first token.", nil, "summary")
 	fmt.Fprintf(&b, "manifold_time_to_first_token_seconds_sum %g\nmanifold_time_to_first_token_seconds_count %d\n", ttftSum, ttftN)
 	metric("manifold_uptime_seconds", "gauge", "Seconds since the server started.", time.Since(m.started).Seconds())

@@ -41,25 +41,10 @@ mkdir -p "$work" && work=$(cd "$work" && pwd)
 lc=$work/llama.cpp models=$work/models
 mkdir -p "$models"
 
-if [ ! -d "$lc" ]; then
-	if [ -z "$bundle" ]; then
-		(cd "$work" && npm pack node-llama-cpp >/dev/null && tar xzf node-llama-cpp-*.tgz)
-		bundle=$work/package/llama/gitRelease.bundle
-	fi
-	git clone -q "$bundle" "$lc"
-fi
-if [ ! -x "$lc/build/bin/llama-bench" ] || [ ! -x "$lc/build/bin/llama-quantize" ]; then
-	cmake -S "$lc" -B "$lc/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-		-DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-		-DLLAMA_BUILD_SERVER=OFF >/dev/null
-	cmake --build "$lc/build" -j"$(nproc)" --target llama-bench llama-quantize >/dev/null
-fi
+. "$here/llamacpp.sh"
+llamacpp_build "$work" "$bundle" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90
 echo "llama.cpp: $(git -C "$lc" log --oneline -1); $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
-if [ -z "$bin" ]; then
-	bin=$work/bin
-	mkdir -p "$bin"
-	(cd "$repo" && CGO_ENABLED=0 go build -o "$bin/" ./cmd/bench ./dev/peer/mkgguf)
-fi
+bin=$(manifold_bins "$repo" "$work" "$bin")
 mb=$bin/bench
 
 # mkgguf's flags for each shape (as internal/testmodel/dense_shapes.go and shapes.go).
