@@ -704,7 +704,9 @@ func (b *Backend) copyBytes(dst, src uint64, n int) {
 	if words == 0 {
 		return
 	}
-	fx := &effects{reads: []span{{src, src + uint64(n)}}, writes: []span{{dst, dst + uint64(n)}}}
+	var fx effects
+	fx.read(span{src, src + uint64(n)})
+	fx.write(span{dst, dst + uint64(n)})
 	b.enqueueFx(fx, "copy_words", [3]int{min((words+4*256-1)/(4*256), 4*b.sms), 1, 1}, 256, 0, dst, src, uint64(words))
 }
 

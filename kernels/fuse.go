@@ -98,13 +98,15 @@ func (b *Backend) queueGemv(dst, x *Buffer, w *Weight, m int) {
 	// of it) among the last fuseWindow operations, when this one can run
 	// there: nothing queued since reads what it writes or writes what it
 	// reads (pass.go).
-	fx := &effects{reads: []span{xs}, writes: []span{y}}
+	var fx effects
+	fx.read(xs)
+	fx.write(y)
 	for _, i := range b.candidates() {
 		g := q.ops[i].gemv
 		if g == nil {
 			continue
 		}
-		if !b.movable(i, fx) {
+		if !b.movable(i, &fx) {
 			break // nor past the same operations to an older one
 		}
 		if b.joinStrided(g, xs, y, w, bias, m) || joinGroup(g, xs, y, w, bias, m) {
@@ -270,13 +272,13 @@ func (b *Backend) fuseAdd(dst, a, c *Buffer) bool {
 // epilogue offers an elementwise op with effects fx to the queued matmuls,
 // newest first, while it can run at their place: take reports whether a
 // matmul took it in (and makes it so). qmu held.
-func (b *Backend) epilogue(fx *effects, take func(g *gemvOp) bool) bool {
+func (b *Backend) epilogue(fx effects, take func(g *gemvOp) bool) bool {
 	for _, i := range b.candidates() {
 		g := b.q.ops[i].gemv
 		if g == nil {
 			continue
 		}
-		if !b.movable(i, fx) {
+		if !b.movable(i, &fx) {
 			return false
 		}
 		if take(g) {
@@ -594,7 +596,9 @@ func (b *Backend) queueRoPE(x *Buffer, rows, heads, stride, off, pos0 int, r *la
 	q.keep = append(q.keep, x)
 	// Join a queued RoPE that differs only in the tensor: this one runs
 	// there, or that one here, whichever the operations between allow (pass.go).
-	fx := &effects{reads: []span{ro.x1}, writes: []span{ro.x1}}
+	var fx effects
+	fx.read(ro.x1)
+	fx.write(ro.x1)
 	for _, i := range b.candidates() {
 		p := q.ops[i].rope
 		if p == nil || p.x2.ptr != 0 || p.rows != ro.rows || p.stride != ro.stride || p.off != ro.off || p.half != ro.half ||
@@ -602,7 +606,7 @@ func (b *Backend) queueRoPE(x *Buffer, rows, heads, stride, off, pos0 int, r *la
 			p.inverse != ro.inverse || p.x1.overlaps(ro.x1) {
 			continue
 		}
-		if !b.movable(i, fx) {
+		if !b.movable(i, &fx) {
 			if !b.sinkable(i) {
 				continue
 			}

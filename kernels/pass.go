@@ -12,19 +12,46 @@ package kernels
 // pass: nothing moves past it.
 
 // effects are the device memory ranges an operation reads and writes
-// (weights, which nothing writes during a step, are left out).
-type effects struct{ reads, writes []span }
+// (weights, which nothing writes during a step, are left out): a value of
+// fixed size, so that the pass, which asks for them while ops are queued,
+// allocates nothing. The zero value is "unknown".
+type effects struct {
+	known         bool
+	nr, nw        uint8
+	reads, writes [maxSpans]span
+}
+
+// maxSpans bounds an op's read and written ranges: a fused matmul reads x,
+// the residual and a norm's input and weight, and writes up to three
+// outputs, the residual and the norm's output.
+const maxSpans = 6
+
+func (e *effects) read(ss ...span) {
+	e.known = true
+	for _, s := range ss {
+		e.reads[e.nr] = s
+		e.nr++
+	}
+}
+
+func (e *effects) write(ss ...span) {
+	e.known = true
+	for _, s := range ss {
+		e.writes[e.nw] = s
+		e.nw++
+	}
+}
 
 // conflicts reports whether a and c cannot be swapped: one writes what the
 // other reads or writes.
 func (a *effects) conflicts(c *effects) bool {
-	for _, w := range a.writes {
-		if anyOverlap(w, c.reads) || anyOverlap(w, c.writes) {
+	for _, w := range a.writes[:a.nw] {
+		if anyOverlap(w, c.reads[:c.nr]) || anyOverlap(w, c.writes[:c.nw]) {
 			return true
 		}
 	}
-	for _, w := range c.writes {
-		if anyOverlap(w, a.reads) {
+	for _, w := range c.writes[:c.nw] {
+		if anyOverlap(w, a.reads[:a.nr]) {
 			return true
 		}
 	}
@@ -44,40 +71,48 @@ func anyOverlap(s span, ts []span) bool {
 // back over; launched ahead, a queue keeps this many unlaunched (push).
 const fuseWindow = 12
 
-// effectsOf returns what o reads and writes, or nil when that is unknown.
-func (o *op) effectsOf() *effects {
+// effectsOf returns what o reads and writes (not known: anything).
+func (o *op) effectsOf() effects {
+	var fx effects
 	switch {
 	case o.gemv != nil:
 		g := o.gemv
-		fx := &effects{reads: []span{g.x}}
+		x := g.x
 		if g.xs != 0 { // strided groups: every group's row of x
-			fx.reads[0] = span{g.x.ptr, g.x.ptr + uint64(4*g.xs*(len(g.groups)-1)) + (g.x.end - g.x.ptr)}
+			x.end = g.x.ptr + uint64(4*g.xs*(len(g.groups)-1)) + (g.x.end - g.x.ptr)
 		}
+		fx.read(x)
 		for _, gg := range g.groups {
-			fx.writes = append(fx.writes, gg.y)
+			fx.write(gg.y)
 		}
 		if g.mode == 2 {
-			fx.reads, fx.writes = append(fx.reads, g.res), append(fx.writes, g.res)
+			fx.read(g.res)
+			fx.write(g.res)
 		}
 		if nm := g.norm; nm != nil {
-			fx.reads, fx.writes = append(fx.reads, nm.x, nm.w), append(fx.writes, nm.dst)
+			fx.read(nm.x, nm.w)
+			fx.write(nm.dst)
 		}
-		return fx
 	case o.rope != nil:
 		r := o.rope
-		fx := &effects{reads: []span{r.x1}, writes: []span{r.x1}}
+		fx.read(r.x1)
+		fx.write(r.x1)
 		if r.x2.ptr != 0 {
-			fx.reads, fx.writes = append(fx.reads, r.x2), append(fx.writes, r.x2)
+			fx.read(r.x2)
+			fx.write(r.x2)
 		}
-		return fx
 	case o.norm != nil:
 		nm := o.norm
-		return &effects{reads: []span{nm.x, nm.w}, writes: []span{nm.dst}}
+		fx.read(nm.x, nm.w)
+		fx.write(nm.dst)
 	case o.kind == opCopy:
 		dst, src, n := o.params[0], o.params[1], o.params[2]
-		return &effects{reads: []span{{src, src + n}}, writes: []span{{dst, dst + n}}}
+		fx.read(span{src, src + n})
+		fx.write(span{dst, dst + n})
+	default:
+		fx = o.fx
 	}
-	return o.fx
+	return fx
 }
 
 // movable reports whether an operation with effects fx can run at position
@@ -85,9 +120,9 @@ func (o *op) effectsOf() *effects {
 // after op i (hoisting it next to op i): each of those has known effects
 // that do not conflict with fx. qmu held.
 func (b *Backend) movable(i int, fx *effects) bool {
-	for _, o := range b.q.ops[i+1:] {
-		ofx := o.effectsOf()
-		if ofx == nil || ofx.conflicts(fx) {
+	for k := i + 1; k < len(b.q.ops); k++ {
+		ofx := b.q.ops[k].effectsOf()
+		if !ofx.known || ofx.conflicts(fx) {
 			return false
 		}
 	}
@@ -99,7 +134,7 @@ func (b *Backend) movable(i int, fx *effects) bool {
 // qmu held.
 func (b *Backend) sinkable(i int) bool {
 	fx := b.q.ops[i].effectsOf()
-	return fx != nil && b.movable(i, fx)
+	return fx.known && b.movable(i, &fx)
 }
 
 // sink moves op i to the end of the queue (sinkable said it may). qmu held.
@@ -122,14 +157,14 @@ func (b *Backend) candidates() []int {
 	return idx
 }
 
-// fxOf is the effects of a kernel that reads reads and writes writes.
-func fxOf(writes []*Buffer, reads ...*Buffer) *effects {
-	fx := &effects{}
+// fxOf is the effects of a kernel that writes writes and reads reads.
+func fxOf(writes []*Buffer, reads ...*Buffer) effects {
+	var fx effects
 	for _, w := range writes {
-		fx.writes = append(fx.writes, spanOf(w))
+		fx.write(spanOf(w))
 	}
 	for _, r := range reads {
-		fx.reads = append(fx.reads, spanOf(r))
+		fx.read(spanOf(r))
 	}
 	return fx
 }

@@ -44,13 +44,13 @@ type op struct {
 	shared   uint32
 	params   []uint64
 	offs     []uint16
-	pdl      bool     // the kernel waits for its predecessor itself (pdl_wait): launch it with programmatic serialization
-	cluster  uint32   // blocks per thread block cluster along y (0: no clusters)
-	clusterX uint32   // blocks per thread block cluster along x (0: no clusters)
-	gemv     *gemvOp  // an NVFP4 matmul that later operations may fuse into
-	rope     *ropeOp  // a RoPE that the next RoPE may join
-	norm     *normOp  // an RMSNorm that the next matmul may take in
-	fx       *effects // what the kernel reads and writes, where known (pass.go); nil: anything
+	pdl      bool    // the kernel waits for its predecessor itself (pdl_wait): launch it with programmatic serialization
+	cluster  uint32  // blocks per thread block cluster along y (0: no clusters)
+	clusterX uint32  // blocks per thread block cluster along x (0: no clusters)
+	gemv     *gemvOp // an NVFP4 matmul that later operations may fuse into
+	rope     *ropeOp // a RoPE that the next RoPE may join
+	norm     *normOp // an RMSNorm that the next matmul may take in
+	fx       effects // what the kernel reads and writes, where known (pass.go); the zero value: anything
 }
 
 func (o *op) equal(p *op) bool {
@@ -130,12 +130,12 @@ func (q *queue) addIDs(ids []int32) int {
 // float64, []int32 (a by-value block of ints, as IdBlock) or []uint64 (a
 // by-value struct, as 8-byte slots).
 func (b *Backend) enqueue(name string, grid [3]int, block, shared int, args ...any) {
-	b.enqueueFx(nil, name, grid, block, shared, args...)
+	b.enqueueFx(effects{}, name, grid, block, shared, args...)
 }
 
 // enqueueFx is enqueue of a kernel whose memory effects are fx, so that
 // the fusion pass may move operations past it (pass.go).
-func (b *Backend) enqueueFx(fx *effects, name string, grid [3]int, block, shared int, args ...any) {
+func (b *Backend) enqueueFx(fx effects, name string, grid [3]int, block, shared int, args ...any) {
 	o := op{kind: opKernel, name: name, fn: b.function(name), fx: fx,
 		grid:  [3]uint32{uint32(grid[0]), uint32(max(grid[1], 1)), uint32(max(grid[2], 1))},
 		block: uint32(block), shared: uint32(shared)}
