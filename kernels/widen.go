@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"errors"
+	"fmt"
 	"math"
 
 	"github.com/manifoldlm/manifold/backend"
@@ -28,7 +29,7 @@ func widen(h *backend.HostWeight) (*backend.HostWeight, error) {
 			return dense(h, h.MX.DequantizeRow), nil
 		}
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("weight %s: %w", h.Name, err)
 		}
 		return &backend.HostWeight{Name: h.Name, Rows: h.Rows, Cols: h.Cols, Format: backend.NVFP4, Q: q, Bias: h.Bias}, nil
 	case backend.FP8Block:
