@@ -79,6 +79,7 @@ type Backend struct {
 	attnTicket    *allocation // attn_decode's counts of finished splits, one per row of blocks (zero between launches)
 	attnTicketLen int
 	gemm          gemmScratch // the NVFP4 GEMM's (gemm.go; guarded by partMu)
+	fp8           fp8Scratch  // the FP8 GEMM's (fp8.go; guarded by partMu)
 
 	// force: tests force a variant a default path can choose (for other
 	// shapes, or on other GPUs), so that the conformance tests cover every
@@ -117,7 +118,15 @@ type variants struct {
 	attnNoShort bool   // one-row attention on attn_decode where attn_short would run (the default at long contexts)
 	attnNoCast  bool   // attn_short's blocks each copy the rows, not multicast (the default with one head group or two shares)
 	mhcTailOff  bool   // MHCCoeffsPre in four launches at every token count
+	fp8         int    // FP8 weights: fp8ForceGEMV or fp8ForceGEMM at every m, or fp8Widen (uploaded as bf16/f32, as before the FP8 kernels)
 }
+
+// The values of variants.fp8 (fp8.go).
+const (
+	fp8ForceGEMV = 1 + iota
+	fp8ForceGEMM
+	fp8Widen
+)
 
 var _ backend.Backend = (*Backend)(nil)
 
@@ -459,7 +468,7 @@ func (b *Backend) Upload(h *backend.HostWeight) (backend.Weight, error) {
 	if err := h.Validate(); err != nil {
 		return nil, err
 	}
-	h, err := widen(h) // the block-scaled formats, in one the kernels run (widen.go)
+	h, err := widen(h, b.force.fp8 != fp8Widen) // the block-scaled formats, in one the kernels run (widen.go)
 	if err != nil {
 		return nil, err
 	}
@@ -477,6 +486,8 @@ func (b *Backend) Upload(h *backend.HostWeight) (backend.Weight, error) {
 		if w.data, err = b.upload(h.Q.Packed); err == nil {
 			w.scales, err = b.upload(h.Q.Scales)
 		}
+	case backend.FP8Block:
+		err = b.uploadFP8(w, h) // fp8.go
 	default:
 		err = fmt.Errorf("%s: %w", h.Format, backend.ErrUnsupportedFormat)
 	}
@@ -540,6 +551,9 @@ func (b *Backend) queueEmbed(dst uint64, t *Weight, ids uint64, n int) {
 		format = 1
 	case backend.NVFP4:
 		format, scales = 2, t.scales.ptr
+	case backend.FP8Block:
+		b.setErr(fmt.Errorf("kernels: an embedding table in FP8 (%d x %d): %w", t.rows, t.cols, backend.ErrUnsupportedFormat))
+		return
 	}
 	b.q.keep = append(b.q.keep, t)
 	o := op{kind: opKernel, name: "embed_ids", fn: b.fn["embed_ids"], grid: [3]uint32{uint32(n), 1, 1}, block: 256, pdl: pdlKernel("embed_ids")}
@@ -614,6 +628,8 @@ func (b *Backend) MatMul(dst, x backend.Buffer, wt backend.Weight, m int) {
 			break
 		}
 		b.launch("gemv_nvfp4_any", g, 32*warps, 0, w.data.ptr, w.scales.ptr, w.global, xp, ptr(dst), bias, N, K, m)
+	case backend.FP8Block:
+		b.matmulFP8(dst.(*Buffer), x.(*Buffer), w, m) // fp8.go
 	}
 	runtime.KeepAlive(w)
 }

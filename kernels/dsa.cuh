@@ -1193,11 +1193,15 @@ extern "C" __global__ void dsa_attend(float* out, const float* qa, int qaI, int 
 }
 
 // Element (r, c) of a weight of cols columns in its stored format (0 f32, 1
-// bf16, 2 NVFP4 with scales S and the global scale).
+// bf16, 2 NVFP4 with scales S and the global scale, 3 FP8 E4M3 with float32
+// scales S of 128x128 tiles: fp8.cuh).
 __device__ __forceinline__ float weight_at(const void* W, const uint8_t* S, float global, int format, size_t r,
                                            int c, int cols) {
     if (format == 0) return ((const float*)W)[r * cols + c];
     if (format == 1) return bf16_to_f32(((const uint16_t*)W)[r * cols + c]);
+    if (format == 3)
+        return e4m3_to_f32(((const uint8_t*)W)[r * cols + c]) *
+               ((const float*)S)[(r / 128) * ((cols + 127) / 128) + c / 128];
     uint8_t b = ((const uint8_t*)W)[r * (cols / 2) + c / 2];
     return kE2M1[(b >> (4 * (c & 1))) & 0xf] * e4m3_to_f32(S[r * (cols / 16) + c / 16]) * global;
 }

@@ -67,7 +67,7 @@ func optPtr(x backend.Buffer) uint64 {
 	return ptr(x)
 }
 
-// weightArgs are the format code (0 f32, 1 bf16, 2 NVFP4), data, scales and
+// weightArgs are the format code (0 f32, 1 bf16, 2 NVFP4, 3 FP8), data, scales and
 // global scale of a weight, as the kernels' weight_at takes them.
 func weightArgs(w *Weight) (format int, data, scales uint64, global float32) {
 	data = w.data.ptr
@@ -76,6 +76,8 @@ func weightArgs(w *Weight) (format int, data, scales uint64, global float32) {
 		format = 1
 	case backend.NVFP4:
 		format, scales, global = 2, w.scales.ptr, w.global
+	case backend.FP8Block:
+		format, scales = fp8Format, w.scales.ptr // float32 tile scales (fp8.go)
 	}
 	return format, data, scales, global
 }

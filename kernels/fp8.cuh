@@ -1,0 +1,304 @@
+// FP8 E4M3 block-scaled matmuls (DeepSeek-V3/V4's fine-grained FP8, kernels/fp8.go):
+// y[i, n] = sum_k x[i, k] * e4m3(W[n, k]) * S[n / 128, k / 128] (+ bias[n]).
+//
+// W is [N, K] E4M3 bytes as stored (one byte a weight); S is [ceil(N/128),
+// ceil(K/128)] float32 (E8M0 scales are widened to float32 at upload, exactly);
+// K % 16 == 0 and x 16-byte aligned (fp8.go widens or takes gemv_fp8_any
+// otherwise). Two kernels:
+//
+// gemv_fp8_m<MR> (m = 1 decode, and small m): CUDA cores, exact in float32.
+// A warp takes two weight rows (one scale tile row); its kw-th share of the
+// block's warps splits K. Each lane streams 16-byte chunks of both rows, four
+// chunks in flight, decodes them with cvt.f16x2.e4m3x2 (exact) to float32 and
+// dots them with up to MR rows of x; each chunk's dot is multiplied by its
+// tile's scale. The first chunks are loaded before the wait for the previous
+// kernel (the weights are constant).
+//
+// gemm_fp8_t<BM> (larger m): the tensor cores, e4m3 widened to fp16 in
+// registers (exact) feeding mma.sync m16n8k16 with the activations rounded
+// to fp16 (|x| < 65504), float32 sums. A block takes 128 features (one scale
+// tile row, so one scale a k-tile of 128) and BM tokens; each of its 8
+// warps 16 features. Stages of one k-tile (128 weight rows x 128 bytes, BM x
+// 128 floats of x) are copied by cp.async in an NS-deep ring; a k-tile's
+// mma sums are multiplied by its scale into the accumulators. K is split over
+// gridDim.z where the tiles alone leave multiprocessors idle: each split
+// writes its partial sums, and the last to finish (a ticket a tile) adds them
+// in split order, so the result does not depend on timing.
+
+#define FP8_TILE 128
+
+// Four E4M3 bytes of v to four floats (exact).
+__device__ __forceinline__ void e4m3x4_f32(uint32_t v, float* f) {
+    uint32_t lo = e4m3x2_lo(v), hi = e4m3x2_hi(v);
+    float2 a = __half22float2(*reinterpret_cast<__half2*>(&lo)), b = __half22float2(*reinterpret_cast<__half2*>(&hi));
+    f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
+}
+
+// MR rows of x a pass over the weights; m > MR takes several passes.
+template <int MR>
+__device__ __forceinline__ void gemv_fp8_body(const uint8_t* __restrict__ W, const float* __restrict__ S, const float* x,
+                                              float* y, const float* __restrict__ bias, int N, int K, int m, int kw) {
+    constexpr int U = 4;  // chunks in flight a lane (each: 16 bytes of each of the two rows)
+    __shared__ float red[8][2 * MR];
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const int wk = warp % kw, rg = warp / kw;
+    const int r0 = (blockIdx.x * (8 / kw) + rg) * 2;
+    const bool live = r0 < N;
+    const int r1 = min(r0 + 1, N - 1);
+    const uint4* w0 = reinterpret_cast<const uint4*>(W + (size_t)min(r0, N - 1) * K);
+    const uint4* w1 = reinterpret_cast<const uint4*>(W + (size_t)r1 * K);
+    const float* srow = S + (size_t)(min(r0, N - 1) / FP8_TILE) * ((K + FP8_TILE - 1) / FP8_TILE);
+    const int C = K / 16, step = kw * WARP, c0 = wk * WARP + lane;
+    pdl_launch();
+    uint4 a[U], b[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int c = c0 + u * step;
+        if (live && c < C) a[u] = __ldg(w0 + c), b[u] = __ldg(w1 + c);
+    }
+    pdl_wait();
+    for (int i0 = 0; i0 < m; i0 += MR) {
+        const int mt = min(MR, m - i0);
+        float acc0[MR], acc1[MR];
+#pragma unroll
+        for (int t = 0; t < MR; t++) acc0[t] = acc1[t] = 0.f;
+        if (live) {
+            for (int cb = c0; cb < C; cb += U * step) {
+                if (i0 > 0 || cb != c0) {  // the first pass's first chunks were loaded before the wait
+#pragma unroll
+                    for (int u = 0; u < U; u++) {
+                        const int c = cb + u * step;
+                        if (c < C) a[u] = __ldg(w0 + c), b[u] = __ldg(w1 + c);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    const int c = cb + u * step;
+                    if (c >= C) break;
+                    const float s = __ldg(srow + c / (FP8_TILE / 16));
+                    float fa[16], fb[16];
+                    const uint32_t va[4] = {a[u].x, a[u].y, a[u].z, a[u].w}, vb[4] = {b[u].x, b[u].y, b[u].z, b[u].w};
+#pragma unroll
+                    for (int q = 0; q < 4; q++) e4m3x4_f32(va[q], fa + 4 * q), e4m3x4_f32(vb[q], fb + 4 * q);
+#pragma unroll
+                    for (int t = 0; t < MR; t++) {
+                        if (t < mt) {
+                            const float4* xr = reinterpret_cast<const float4*>(x + (size_t)(i0 + t) * K + 16 * c);
+                            float da = 0.f, db = 0.f;
+#pragma unroll
+                            for (int q = 0; q < 4; q++) {
+                                const float4 xv = xr[q];
+                                da += fa[4 * q] * xv.x + fa[4 * q + 1] * xv.y + fa[4 * q + 2] * xv.z + fa[4 * q + 3] * xv.w;
+                                db += fb[4 * q] * xv.x + fb[4 * q + 1] * xv.y + fb[4 * q + 2] * xv.z + fb[4 * q + 3] * xv.w;
+                            }
+                            acc0[t] = fmaf(da, s, acc0[t]);
+                            acc1[t] = fmaf(db, s, acc1[t]);
+                        }
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < MR; t++) acc0[t] = warp_sum(acc0[t]), acc1[t] = warp_sum(acc1[t]);
+        if (kw > 1) {
+            if (lane == 0) {
+#pragma unroll
+                for (int t = 0; t < MR; t++) red[warp][2 * t] = acc0[t], red[warp][2 * t + 1] = acc1[t];
+            }
+            __syncthreads();
+            if (wk == 0 && lane == 0) {
+#pragma unroll
+                for (int t = 0; t < MR; t++) {
+                    float s0 = 0.f, s1 = 0.f;
+                    for (int j = 0; j < kw; j++) s0 += red[warp + j][2 * t], s1 += red[warp + j][2 * t + 1];
+                    acc0[t] = s0, acc1[t] = s1;
+                }
+            }
+            __syncthreads();
+        }
+        if (live && wk == 0 && lane == 0) {
+#pragma unroll
+            for (int t = 0; t < MR; t++) {
+                if (t < mt) {
+                    y[(size_t)(i0 + t) * N + r0] = acc0[t] + (bias ? bias[r0] : 0.f);
+                    if (r0 + 1 < N) y[(size_t)(i0 + t) * N + r0 + 1] = acc1[t] + (bias ? bias[r0 + 1] : 0.f);
+                }
+            }
+        }
+    }
+}
+
+// Blocks of 8 warps: 8 / kw row pairs a block (kw in 1, 2, 4, 8).
+extern "C" __global__ void __launch_bounds__(256) gemv_fp8_m1(const uint8_t* W, const float* S, const float* x, float* y,
+                                                             const float* bias, int N, int K, int m, int kw) {
+    gemv_fp8_body<1>(W, S, x, y, bias, N, K, m, kw);
+}
+extern "C" __global__ void __launch_bounds__(256) gemv_fp8_m4(const uint8_t* W, const float* S, const float* x, float* y,
+                                                             const float* bias, int N, int K, int m, int kw) {
+    gemv_fp8_body<4>(W, S, x, y, bias, N, K, m, kw);
+}
+
+// Any K and alignment: a warp a row, per-element loads.
+extern "C" __global__ void gemv_fp8_any(const uint8_t* W, const float* S, const float* x, float* y, const float* bias,
+                                        int N, int K, int m) {
+    pdl_entry();
+    const int r = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (r >= N) return;
+    const float* srow = S + (size_t)(r / FP8_TILE) * ((K + FP8_TILE - 1) / FP8_TILE);
+    for (int i = 0; i < m; i++) {
+        float acc = 0.f;
+        for (int k = lane; k < K; k += WARP) acc += e4m3_to_f32(W[(size_t)r * K + k]) * srow[k / FP8_TILE] * x[(size_t)i * K + k];
+        acc = warp_sum(acc);
+        if (lane == 0) y[(size_t)i * N + r] = acc + (bias ? bias[r] : 0.f);
+    }
+}
+
+// gemm_fp8's shared memory a stage: 128 weight rows of 144 bytes (128 and
+// 16 of padding: a lane's 4-byte reads of rows g = 0..7 fall in distinct
+// banks) and BM token rows of 144 floats (128 and 16: the 16-byte reads of
+// tokens g, g+1 at 16t fall in distinct banks).
+#define FP8_WROW 144
+#define FP8_XROW 144
+__host__ __device__ constexpr int fp8_stage_bytes(int bm) { return 128 * FP8_WROW + bm * FP8_XROW * 4; }
+
+struct Fp8GemmArgs {
+    unsigned long long W, S, x, y, bias, part, ticket;
+    int N, K, m, cps;  // cps: k-tiles a split
+};
+
+template <int BM, int NS>
+__device__ __forceinline__ void gemm_fp8_body(const Fp8GemmArgs& a) {
+    constexpr int NT = BM / 8;  // 8-token mma tiles
+    constexpr int SB = fp8_stage_bytes(BM);
+    extern __shared__ __align__(16) unsigned char fsm[];
+    __shared__ int last;
+    const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP, g = lane >> 2, t = lane & 3;
+    const int N = a.N, K = a.K, m = a.m;
+    const int n0 = blockIdx.x * 128, i0 = blockIdx.y * BM;
+    const int KT = (K + FP8_TILE - 1) / FP8_TILE;
+    const int kt0 = blockIdx.z * a.cps, nkt = max(0, min(KT, kt0 + a.cps) - kt0);
+    const uint8_t* W = (const uint8_t*)a.W;
+    const float* x = (const float*)a.x;
+    const float* srow = (const float*)a.S + (size_t)blockIdx.x * KT;
+    const uint32_t base = smem_u32(fsm);
+    // Weight copies: 128 rows x 8 chunks of 16 bytes, 4 a thread (row tid/8 + 32j, chunk tid%8).
+    auto issueW = [&](int i) {
+        const int kt = kt0 + i, st = i % NS;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int row = tid / 8 + 32 * j, ch = tid % 8, k = kt * FP8_TILE + ch * 16;
+            const int r = min(n0 + row, N - 1);
+            cp_async16_zfill(base + st * SB + row * FP8_WROW + ch * 16, W + (size_t)r * K + min(k, K - 16), k < K);
+        }
+    };
+    // x copies: BM rows x 32 chunks of 16 bytes, BM / 8 a thread (row tid/32 + 8j, chunk tid%32).
+    auto issueX = [&](int i) {
+        const int kt = kt0 + i, st = i % NS;
+#pragma unroll
+        for (int j = 0; j < BM / 8; j++) {
+            const int row = tid / 32 + 8 * j, ch = tid % 32, k = kt * FP8_TILE + ch * 4;
+            const int r = min(i0 + row, m - 1);
+            cp_async16_zfill(base + st * SB + 128 * FP8_WROW + (row * FP8_XROW + ch * 4) * 4,
+                             x + (size_t)r * K + min(k, K - 4), k < K && i0 + row < m);
+        }
+    };
+    pdl_launch();
+    // The weights are constant: their first stages are in flight before the
+    // wait for the kernel that wrote x. Group s holds x of stage s (group 0
+    // also every prologue weight stage).
+#pragma unroll
+    for (int i = 0; i < NS - 1; i++)
+        if (i < nkt) issueW(i);
+    pdl_wait();
+#pragma unroll
+    for (int i = 0; i < NS - 1; i++) {
+        if (i < nkt) issueX(i);
+        cp_async_commit();
+    }
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    for (int i = 0; i < nkt; i++) {
+        cp_async_wait<NS - 2>();
+        __syncthreads();  // stage i is in; every warp is done with stage i - 1, which the next copies overwrite
+        if (i + NS - 1 < nkt) issueW(i + NS - 1), issueX(i + NS - 1);
+        cp_async_commit();
+        const unsigned char* s = fsm + (i % NS) * SB;
+        const unsigned char* wr = s + (16 * warp + g) * FP8_WROW + 4 * t;
+        const float* xr = reinterpret_cast<const float*>(s + 128 * FP8_WROW) + g * FP8_XROW + 4 * t;
+        float d[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; j++) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++) {
+            // Lane (g, t) owns elements 16kk + 4t .. +3 of rows g and g+8 as
+            // k-slots {2t, 2t+1} and {2t+8, 2t+9}; x alike for token g.
+            const uint32_t wg = *reinterpret_cast<const uint32_t*>(wr + 16 * kk);
+            const uint32_t w8 = *reinterpret_cast<const uint32_t*>(wr + 8 * FP8_WROW + 16 * kk);
+            const uint32_t af[4] = {e4m3x2_lo(wg), e4m3x2_lo(w8), e4m3x2_hi(wg), e4m3x2_hi(w8)};
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                const float4 xv = *reinterpret_cast<const float4*>(xr + j * 8 * FP8_XROW + 16 * kk);
+                mma16816(d[j], af, f2h2(xv.x, xv.y), f2h2(xv.z, xv.w));
+            }
+        }
+        const float sc = srow[kt0 + i];
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[j][q] = fmaf(d[j][q], sc, acc[j][q]);
+    }
+    // acc[j]: features f0 = n0 + 16 warp + g (q 0, 1) and f0 + 8 (q 2, 3); tokens 8j + 2t (+1).
+    const int f0 = n0 + 16 * warp + g;
+    const float* bias = (const float*)a.bias;
+    float* y = (float*)a.y;
+    auto store = [&](float* dst, bool withBias) {
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int f = f0 + (q >> 1) * 8, tok = i0 + 8 * j + 2 * t + (q & 1);
+                if (f < N && tok < m) dst[(size_t)tok * N + f] = acc[j][q] + (withBias && bias ? bias[f] : 0.f);
+            }
+    };
+    if (gridDim.z == 1) {
+        store(y, true);
+        return;
+    }
+    // Split K: partials [split][m][N]; the last split of the tile sums them in order.
+    float* part = (float*)a.part;
+    store(part + (size_t)blockIdx.z * m * N, false);
+    __threadfence();
+    __syncthreads();
+    int* ticket = (int*)a.ticket + blockIdx.y * gridDim.x + blockIdx.x;
+    if (tid == 0) last = atomicAdd(ticket, 1) == (int)gridDim.z - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int f = f0 + (q >> 1) * 8, tok = i0 + 8 * j + 2 * t + (q & 1);
+            if (f < N && tok < m) {
+                float v = 0.f;
+                for (int z = 0; z < (int)gridDim.z; z++) v += __ldcg(part + ((size_t)z * m + tok) * N + f);
+                y[(size_t)tok * N + f] = v + (bias ? bias[f] : 0.f);
+            }
+        }
+    if (tid == 0) *ticket = 0;  // zero for the next launch
+}
+
+// Grid (ceil(N/128), ceil(m/BM), splits); part and ticket are unused (0)
+// with one split.
+#define GEMM_FP8(BM, NS)                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(256) gemm_fp8_t##BM(const uint8_t* W, const float* S, const float* x,   \
+                                                                    float* y, const float* bias, float* part,            \
+                                                                    int* ticket, int N, int K, int m, int cps) {         \
+        const Fp8GemmArgs a{(unsigned long long)W, (unsigned long long)S,    (unsigned long long)x,                      \
+                            (unsigned long long)y, (unsigned long long)bias, (unsigned long long)part,                   \
+                            (unsigned long long)ticket, N, K, m, cps};                                                    \
+        gemm_fp8_body<BM, NS>(a);                                                                                         \
+    }
+GEMM_FP8(16, 4)
+GEMM_FP8(64, 2)

@@ -1,0 +1,145 @@
+package kernels
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/quant"
+)
+
+// FP8 block-scaled weights on the device (fp8.cuh): E4M3 bytes as stored, one
+// a weight, and the 128x128 tile scales as float32 (E8M0 scales widen to
+// float32 exactly). Weights with other tiles, or with K % 16 != 0, are
+// widened at upload instead (widen.go).
+
+// fp8Kept reports whether h (FP8Block) is kept as FP8 on the device: the
+// kernels take 128x128 tiles and K a multiple of their 16-byte chunks.
+func fp8Kept(h *backend.HostWeight) bool {
+	q := h.FP8
+	return q != nil && q.BlockRows == fp8Tile && q.BlockCols == fp8Tile && h.Cols%16 == 0
+}
+
+// fp8Tile is the scale tile the kernels take (FP8_TILE in fp8.cuh).
+const fp8Tile = 128
+
+// fp8Format is the FP8 weight's code for weight_at (dsa.cuh) and weightArgs.
+const fp8Format = 3
+
+// fp8GemvMaxM is the largest m the CUDA-core GEMV (gemv_fp8_m*) takes by
+// default; larger m take the tensor cores (gemm_fp8_t*). The CUDA cores
+// issue a float32 FMA per weight and token: from m = 3 or so the m * 16
+// FMA per 16-byte chunk outrun the weight stream (BenchmarkFP8GEMV measures
+// both kernels at every m for the choice).
+const fp8GemvMaxM = 2
+
+// fp8Scales returns h's tile scales as float32 bytes, row-major [ceil(N/128),
+// ceil(K/128)].
+func fp8Scales(q *quant.FP8Block) []byte {
+	sr, sc := q.ScaleShape()
+	out := make([]byte, 4*sr*sc)
+	for i := range sr * sc {
+		binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(q.Scale(i/sc*q.BlockRows, i%sc*q.BlockCols)))
+	}
+	return out
+}
+
+// uploadFP8 puts an FP8Block weight's codes and float32 scales on the device.
+func (b *Backend) uploadFP8(w *Weight, h *backend.HostWeight) (err error) {
+	if w.data, err = b.upload(h.FP8.Data); err == nil {
+		w.scales, err = b.upload(fp8Scales(h.FP8))
+	}
+	return err
+}
+
+// fp8Scratch is gemm_fp8's split partials and tickets (zero between
+// launches), grown as needed; guarded by Backend.partMu.
+type fp8Scratch struct {
+	part, ticket       *allocation
+	partLen, ticketLen int
+}
+
+// fp8Kernel is the kernel matmulFP8 takes for m tokens: "gemv" (CUDA cores)
+// or "gemm" (tensor cores), as forced by b.force.fp8 or else by m.
+func (b *Backend) fp8Kernel(m int) string {
+	switch b.force.fp8 {
+	case fp8ForceGEMV:
+		return "gemv"
+	case fp8ForceGEMM:
+		return "gemm"
+	}
+	if m <= fp8GemvMaxM {
+		return "gemv"
+	}
+	return "gemm"
+}
+
+// matmulFP8 queues dst[m, N] = x[m, K]·wᵀ (+ bias) for an FP8 weight.
+func (b *Backend) matmulFP8(dst, x *Buffer, w *Weight, m int) {
+	N, K := w.rows, w.cols
+	bias := uint64(0)
+	if w.bias != nil {
+		bias = w.bias.ptr
+	}
+	if x.ptr%16 != 0 || K%16 != 0 {
+		b.launch("gemv_fp8_any", grid1(N, 8), 256, 0, w.data.ptr, w.scales.ptr, x.ptr, dst.ptr, bias, N, K, m)
+		return
+	}
+	if b.fp8Kernel(m) == "gemv" {
+		name := "gemv_fp8_m1"
+		if m > 1 {
+			name = "gemv_fp8_m4"
+		}
+		kw := fp8GemvSplit(N, K, b.sms)
+		b.launch(name, [3]int{(N + 2*(8/kw) - 1) / (2 * (8 / kw)), 1, 1}, 256, 0, w.data.ptr, w.scales.ptr, x.ptr, dst.ptr, bias, N, K, m, kw)
+		return
+	}
+	bm, name := 64, "gemm_fp8_t64"
+	if m <= 16 {
+		bm, name = 16, "gemm_fp8_t16"
+	}
+	ntiles, mtiles, kt := (N+127)/128, (m+bm-1)/bm, (K+fp8Tile-1)/fp8Tile
+	splits, cps := gemmSplits(ntiles*mtiles, kt, 2*b.sms, 2)
+	var pp, tp uint64
+	if splits > 1 {
+		b.partMu.Lock()
+		s := &b.fp8
+		err := b.grow(&s.part, &s.partLen, splits*m*N)
+		if err == nil {
+			err = b.grow(&s.ticket, &s.ticketLen, ntiles*mtiles) // zeroed by alloc; each launch leaves it zero
+		}
+		part, ticket := s.part, s.ticket
+		b.partMu.Unlock()
+		if err != nil {
+			b.setErr(fmt.Errorf("kernels: FP8 matmul scratch for %d x %d, m = %d: %w", N, K, m, err))
+			return
+		}
+		pp, tp = part.ptr, ticket.ptr
+		b.qmu.Lock()
+		b.q.keep = append(b.q.keep, part, ticket)
+		b.qmu.Unlock()
+	}
+	b.launch(name, [3]int{ntiles, mtiles, splits}, 256, fp8GemmShared(bm), w.data.ptr, w.scales.ptr, x.ptr, dst.ptr, bias, pp, tp, N, K, m, cps)
+}
+
+// fp8GemmShared is gemm_fp8_t<bm>'s dynamic shared memory: its ring of
+// stages (fp8_stage_bytes in fp8.cuh; 4 stages at bm = 16, 2 at 64).
+func fp8GemmShared(bm int) int {
+	stages := 2
+	if bm == 16 {
+		stages = 4
+	}
+	return stages * (128*144 + bm*144*4)
+}
+
+// fp8GemvSplit is how many warps of a gemv_fp8 block split K (1, 2, 4 or 8):
+// the fewest that give the grid about 16 warps a multiprocessor (so that
+// enough loads are in flight), and at least one 16-byte chunk a lane.
+func fp8GemvSplit(N, K, sms int) int {
+	kw := 1
+	for kw < 8 && (N+1)/2*kw < 16*sms && K/16 >= 2*kw*32 {
+		kw *= 2
+	}
+	return kw
+}
