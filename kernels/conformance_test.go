@@ -45,4 +45,6 @@ var conformanceVariants = []struct {
 	{"top-k-many-blocks", variants{topkPath: topkMany}},
 	{"top-k-one-block", variants{topkPath: topkOneBlock}},
 	{"top-k-clusters-of-8", variants{tkc8: true}},
+	{"fp8-gemv-every-m", variants{fp8: fp8ForceGEMV}},
+	{"fp8-gemm-every-m", variants{fp8: fp8ForceGEMM}},
 }

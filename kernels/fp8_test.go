@@ -1,0 +1,226 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/backend/conformance"
+	"github.com/manifoldlm/manifold/backend/cpu"
+	"github.com/manifoldlm/manifold/layers"
+	"github.com/manifoldlm/manifold/quant"
+)
+
+// fp8Weight is a random rows x cols FP8 weight with 128x128 tiles of
+// scale type sd.
+func fp8Weight(t testing.TB, rng *rand.Rand, rows, cols int, sd quant.ScaleDType, bias bool) *backend.HostWeight {
+	t.Helper()
+	v := make([]float32, rows*cols)
+	for i := range v {
+		v[i] = float32(rng.NormFloat64() / math.Sqrt(float64(cols)))
+	}
+	q, err := quant.QuantizeFP8Block(v, rows, cols, 128, 128, sd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &backend.HostWeight{Name: "w", Rows: rows, Cols: cols, Format: backend.FP8Block, FP8: q}
+	if bias {
+		h.Bias = randn(rng, rows)
+	}
+	return h
+}
+
+// TestFP8MatMul holds the FP8 kernels (fp8.cuh) to the CPU backend, each
+// forced at every m: the CUDA-core GEMV (float32, exact up to the order of
+// the sums), the tensor-core GEMM (x rounded to fp16) and the default
+// choice; E8M0 and float32 scales; shapes off every tile; x at an offset
+// that is not 16-byte aligned (gemv_fp8_any).
+func TestFP8MatMul(t *testing.T) {
+	g := newGPU(t)
+	c := cpu.New(2)
+	rng := rand.New(rand.NewPCG(58, 8))
+	for _, k := range []struct {
+		name  string
+		force int
+		tol   float64
+	}{{"default", 0, 4e-3}, {"gemv", fp8ForceGEMV, 1e-5}, {"gemm", fp8ForceGEMM, 4e-3}} {
+		for _, sd := range []quant.ScaleDType{quant.ScaleE8M0, quant.ScaleF32} {
+			for _, s := range []struct {
+				m, N, K int
+				bias    bool
+				off     int
+			}{
+				{1, 7, 64, false, 0}, {1, 257, 2048, true, 0}, {1, 300, 7168, false, 0}, {2, 129, 7168, false, 0},
+				{3, 130, 320, true, 0}, {4, 513, 1024, false, 0}, {5, 200, 272, false, 0}, {16, 64, 7168, false, 0},
+				{17, 130, 400, true, 0}, {64, 256, 1024, false, 0}, {100, 384, 2176, true, 0}, {512, 200, 272, false, 0},
+				{3, 96, 256, false, 1}, {1, 96, 256, false, 3},
+			} {
+				t.Run(fmt.Sprintf("%s/%s/m=%d/%dx%d/bias=%v/off=%d", k.name, sd, s.m, s.N, s.K, s.bias, s.off), func(t *testing.T) {
+					g.force.fp8 = k.force
+					defer func() { g.force.fp8 = 0 }()
+					h := fp8Weight(t, rng, s.N, s.K, sd, s.bias)
+					x := randn(rng, s.off+s.m*s.K)
+					wg, err := g.Upload(h)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if wg.(*Weight).format != backend.FP8Block {
+						t.Fatalf("uploaded as %s, want fp8block", wg.(*Weight).format)
+					}
+					wc, err := c.Upload(h)
+					if err != nil {
+						t.Fatal(err)
+					}
+					xb := g.NewBuffer(len(x))
+					g.Write(xb, 0, x)
+					y := g.NewBuffer(s.m * s.N)
+					g.MatMul(y, g.View(xb, s.off, s.m*s.K), wg, s.m)
+					got := make([]float32, s.m*s.N)
+					g.Read(got, y, 0)
+					if err := g.Sync(); err != nil {
+						t.Fatal(err)
+					}
+					want := make(cpu.Buffer, s.m*s.N)
+					c.MatMul(want, cpu.Buffer(x[s.off:]), wc, s.m)
+					if err := conformance.Compare(got, want, k.tol); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestFP8MLA holds MLA's absorb and expand (weight_at, dsa.cuh) on an FP8
+// kv_b_proj, as DeepSeek-V3 stores it, to the CPU backend.
+func TestFP8MLA(t *testing.T) {
+	g := newGPU(t)
+	c := cpu.New(2)
+	rng := rand.New(rand.NewPCG(58, 9))
+	s := layers.MLAShape{Heads: 3, KVLoraRank: 200, NopeDim: 32, RopeDim: 16, VDim: 48}
+	m := 2
+	for _, sd := range []quant.ScaleDType{quant.ScaleE8M0, quant.ScaleF32} {
+		h := fp8Weight(t, rng, s.Heads*(s.NopeDim+s.VDim), s.KVLoraRank, sd, false)
+		wg, err := g.Upload(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wc, err := c.Upload(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q, ol := randn(rng, m*s.Heads*s.QKDim()), randn(rng, m*s.Heads*s.KVLoraRank)
+		qg, olg := g.NewBuffer(len(q)), g.NewBuffer(len(ol))
+		g.Write(qg, 0, q)
+		g.Write(olg, 0, ol)
+		lat, out := g.NewBuffer(m*s.Heads*s.KVLoraRank), g.NewBuffer(m*s.Heads*s.VDim)
+		g.MLAAbsorbQuery(lat, qg, wg, m, s)
+		g.MLAExpandOutput(out, olg, wg, m, s)
+		gl, gout := make([]float32, lat.Len()), make([]float32, out.Len())
+		g.Read(gl, lat, 0)
+		g.Read(gout, out, 0)
+		if err := g.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		cl, cout := make(cpu.Buffer, len(gl)), make(cpu.Buffer, len(gout))
+		c.MLAAbsorbQuery(cl, cpu.Buffer(q), wc, m, s)
+		c.MLAExpandOutput(cout, cpu.Buffer(ol), wc, m, s)
+		if err := conformance.Compare(gl, cl, 1e-5); err != nil {
+			t.Errorf("%s: absorb: %v", sd, err)
+		}
+		if err := conformance.Compare(gout, cout, 1e-5); err != nil {
+			t.Errorf("%s: expand: %v", sd, err)
+		}
+	}
+}
+
+// BenchmarkFP8GEMV times the FP8 block-scaled matmuls at DeepSeek-V3's and
+// V4-Flash's shapes (7168 and 4096 wide) against the copy bandwidth measured
+// in the same run, in effective bytes (one a weight plus the float32 tile
+// scales): fp8 the default choice, fp8-gemv the CUDA-core GEMV and fp8-gemm
+// the tensor-core GEMM forced at every m (the measurement behind
+// fp8GemvMaxM), fp8-widened the weight widened to bf16 at upload as before
+// the FP8 kernels (the same bytes count for it: its rate in FP8 bytes, so
+// the ratios compare time). m = 512 is a prefill chunk. RESULT lines as
+// BenchmarkGEMV's.
+func BenchmarkFP8GEMV(b *testing.B) {
+	g := newGPU(b)
+	g.SetGraphs(GraphsOff)
+	g.SetPDL(false)
+	copyBW := g.CopyBandwidth()
+	fmt.Printf("RESULT copy copy_GBps=%.0f\n", copyBW/1e9)
+	rng := rand.New(rand.NewPCG(58, 1))
+	for _, shape := range [][2]int{{18432, 7168}, {7168, 18432}, {4096, 7168}, {24576, 1536}, {2048, 4096}, {4096, 2048}} {
+		N, K := shape[0], shape[1]
+		q := &quant.FP8Block{Rows: N, Cols: K, BlockRows: 128, BlockCols: 128, Data: make([]byte, N*K), ScaleDType: quant.ScaleE8M0}
+		for i := range q.Data[:1<<20] {
+			q.Data[i] = byte(rng.Uint32()) & 0xf7 // no NaN codes (0x7f, 0xff)
+		}
+		for i := 1 << 20; i < len(q.Data); i += copy(q.Data[i:], q.Data[:1<<20]) {
+		}
+		sr, sc := q.ScaleShape()
+		q.Scales = make([]byte, sr*sc)
+		for i := range q.Scales {
+			q.Scales[i] = byte(120 + rng.IntN(8))
+		}
+		h := &backend.HostWeight{Name: "fp8", Rows: N, Cols: K, Format: backend.FP8Block, FP8: q}
+		bytes := float64(q.Bytes() - len(q.Scales) + 4*len(q.Scales)) // codes + float32 scales
+		for _, v := range []struct {
+			name  string
+			force int
+			ms    []int
+		}{
+			{"fp8", 0, []int{1, 2, 4, 8, 16, 64, 512}},
+			{"fp8-gemv", fp8ForceGEMV, []int{1, 2, 3, 4, 8, 16}},
+			{"fp8-gemm", fp8ForceGEMM, []int{1, 2, 4, 8, 16, 32, 64, 512}},
+			{"fp8-widened", fp8Widen, []int{1, 4, 16, 64, 512}},
+		} {
+			g.force.fp8 = v.force
+			var ws []backend.Weight
+			devBytes := bytes
+			if v.force == fp8Widen {
+				devBytes = float64(2 * N * K)
+			}
+			for _, m := range v.ms {
+				b.Run(fmt.Sprintf("%s/%dx%d/m=%d", v.name, N, K, m), func(b *testing.B) {
+					runtime.GC()
+					// Copies of the weights, taken in turn, so that none is found in L2.
+					for len(ws) < max(1, int(math.Ceil(200e6/devBytes))) {
+						w, err := g.Upload(h)
+						if err != nil {
+							b.Fatal(err)
+						}
+						ws = append(ws, w)
+					}
+					x, y := g.NewBuffer(m*K), g.NewBuffer(m*N)
+					g.Write(x, 0, randn(rng, m*K))
+					for _, w := range ws {
+						g.MatMul(y, x, w, m)
+					}
+					i := 0
+					d := deviceTime(g, 50, func() { i++; g.MatMul(y, x, ws[i%len(ws)], m) })
+					hs := time.Now()
+					for range 50 {
+						i++
+						g.MatMul(y, x, ws[i%len(ws)], m)
+					}
+					g.onContext(func() {})
+					host := time.Since(hs) / 50
+					b.ReportMetric(float64(d.Microseconds()), "us/op")
+					b.ReportMetric(bytes/d.Seconds()/copyBW, "of-copy-bw")
+					fmt.Printf("RESULT gemv %s N=%d K=%d m=%d time_us=%.2f weight_GBps=%.0f of_copy=%.3f tflops=%.1f host_us=%.2f\n", v.name, N, K, m,
+						float64(d.Nanoseconds())/1e3, bytes/d.Seconds()/1e9, bytes/d.Seconds()/copyBW, 2*float64(m)*float64(N)*float64(K)/d.Seconds()/1e12,
+						float64(host.Nanoseconds())/1e3)
+					if err := g.Sync(); err != nil {
+						b.Fatal(err)
+					}
+				})
+			}
+			g.force.fp8 = 0
+		}
+	}
+}
