@@ -291,14 +291,17 @@ __device__ __forceinline__ void gemm_fp8_body(const Fp8GemmArgs& a) {
 
 // Grid (ceil(N/128), ceil(m/BM), splits); part and ticket are unused (0)
 // with one split.
-#define GEMM_FP8(BM, NS)                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(256) gemm_fp8_t##BM(const uint8_t* W, const float* S, const float* x,   \
-                                                                    float* y, const float* bias, float* part,            \
-                                                                    int* ticket, int N, int K, int m, int cps) {         \
-        const Fp8GemmArgs a{(unsigned long long)W, (unsigned long long)S,    (unsigned long long)x,                      \
-                            (unsigned long long)y, (unsigned long long)bias, (unsigned long long)part,                   \
-                            (unsigned long long)ticket, N, K, m, cps};                                                    \
-        gemm_fp8_body<BM, NS>(a);                                                                                         \
-    }
-GEMM_FP8(16, 4)
-GEMM_FP8(64, 2)
+extern "C" __global__ void __launch_bounds__(256) gemm_fp8_t16(const uint8_t* W, const float* S, const float* x, float* y,
+                                                              const float* bias, float* part, int* ticket, int N, int K,
+                                                              int m, int cps) {
+    gemm_fp8_body<16, 4>(Fp8GemmArgs{(unsigned long long)W, (unsigned long long)S, (unsigned long long)x,
+                                     (unsigned long long)y, (unsigned long long)bias, (unsigned long long)part,
+                                     (unsigned long long)ticket, N, K, m, cps});
+}
+extern "C" __global__ void __launch_bounds__(256) gemm_fp8_t64(const uint8_t* W, const float* S, const float* x, float* y,
+                                                              const float* bias, float* part, int* ticket, int N, int K,
+                                                              int m, int cps) {
+    gemm_fp8_body<64, 2>(Fp8GemmArgs{(unsigned long long)W, (unsigned long long)S, (unsigned long long)x,
+                                     (unsigned long long)y, (unsigned long long)bias, (unsigned long long)part,
+                                     (unsigned long long)ticket, N, K, m, cps});
+}

@@ -82,8 +82,15 @@ func (b *Backend) matmulFP8(dst, x *Buffer, w *Weight, m int) {
 	if w.bias != nil {
 		bias = w.bias.ptr
 	}
+	// The weights are constant, so x and dst are all the launches touch that
+	// others may (the split GEMM's scratch is its own launches' alone, which
+	// run in order): the fusion pass may move operations past them.
+	fx := fxOf([]*Buffer{dst}, x)
+	b.qmu.Lock()
+	b.q.keep = append(b.q.keep, w, x, dst) // alive until launched
+	b.qmu.Unlock()
 	if x.ptr%16 != 0 || K%16 != 0 {
-		b.launch("gemv_fp8_any", grid1(N, 8), 256, 0, w.data.ptr, w.scales.ptr, x.ptr, dst.ptr, bias, N, K, m)
+		b.enqueueFx(fx, "gemv_fp8_any", grid1(N, 8), 256, 0, w.data.ptr, w.scales.ptr, x.ptr, dst.ptr, bias, N, K, m)
 		return
 	}
 	if b.fp8Kernel(m) == "gemv" {
@@ -92,7 +99,7 @@ func (b *Backend) matmulFP8(dst, x *Buffer, w *Weight, m int) {
 			name = "gemv_fp8_m4"
 		}
 		kw := fp8GemvSplit(N, K, b.sms)
-		b.launch(name, [3]int{(N + 2*(8/kw) - 1) / (2 * (8 / kw)), 1, 1}, 256, 0, w.data.ptr, w.scales.ptr, x.ptr, dst.ptr, bias, N, K, m, kw)
+		b.enqueueFx(fx, name, [3]int{(N + 2*(8/kw) - 1) / (2 * (8 / kw)), 1, 1}, 256, 0, w.data.ptr, w.scales.ptr, x.ptr, dst.ptr, bias, N, K, m, kw)
 		return
 	}
 	bm, name := 64, "gemm_fp8_t64"
@@ -120,7 +127,7 @@ func (b *Backend) matmulFP8(dst, x *Buffer, w *Weight, m int) {
 		b.q.keep = append(b.q.keep, part, ticket)
 		b.qmu.Unlock()
 	}
-	b.launch(name, [3]int{ntiles, mtiles, splits}, 256, fp8GemmShared(bm), w.data.ptr, w.scales.ptr, x.ptr, dst.ptr, bias, pp, tp, N, K, m, cps)
+	b.enqueueFx(fx, name, [3]int{ntiles, mtiles, splits}, 256, fp8GemmShared(bm), w.data.ptr, w.scales.ptr, x.ptr, dst.ptr, bias, pp, tp, N, K, m, cps)
 }
 
 // fp8GemmShared is gemm_fp8_t<bm>'s dynamic shared memory: its ring of
