@@ -19,7 +19,8 @@
 // to fp16 (|x| < 65504), float32 sums. A block takes 128 features (one scale
 // tile row, so one scale a k-tile of 128) and BM tokens; each of its 8
 // warps 16 features. Stages of one k-tile (128 weight rows x 128 bytes, BM x
-// 128 floats of x) are copied by cp.async in an NS-deep ring; a k-tile's
+// 128 values of x: float32 for BM = 16, fp16 converted beforehand by
+// fp8_x_h for BM = 64) are copied by cp.async in an NS-deep ring; a k-tile's
 // mma sums are multiplied by its scale into the accumulators. K is split over
 // gridDim.z where the tiles alone leave multiprocessors idle: each split
 // writes its partial sums, and the last to finish (a ticket a tile) adds them
@@ -155,21 +156,42 @@ extern "C" __global__ void gemv_fp8_any(const uint8_t* W, const float* S, const 
 
 // gemm_fp8's shared memory a stage: 128 weight rows of 144 bytes (128 and
 // 16 of padding: a lane's 4-byte reads of rows g = 0..7 fall in distinct
-// banks) and BM token rows of 144 floats (128 and 16: the 16-byte reads of
-// tokens g, g+1 at 16t fall in distinct banks).
+// banks) and BM token rows of 144 x values (128 and 16: the 16-byte reads of
+// float32 x, tokens g, g+1 at 16t, or the 8-byte reads of fp16 x, tokens g
+// .. g+3 at 8t, fall in distinct banks).
 #define FP8_WROW 144
 #define FP8_XROW 144
-__host__ __device__ constexpr int fp8_stage_bytes(int bm) { return 128 * FP8_WROW + bm * FP8_XROW * 4; }
+__host__ __device__ constexpr int fp8_stage_bytes(int bm, bool xh) { return 128 * FP8_WROW + bm * FP8_XROW * (xh ? 2 : 4); }
+
+// x to fp16 for gemm_fp8_t64: xh[mpad, K] (rows from m on zero), 8 elements
+// a thread (K % 16 == 0): converted once, not by every block of features,
+// and half the bytes each block copies.
+extern "C" __global__ void fp8_x_h(uint4* __restrict__ xh, const float* __restrict__ x, int m, int mpad, int K) {
+    pdl_entry();
+    const int units = K / 8;
+    const long long total = (long long)mpad * units;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+        const int n = (int)(i / units), j = (int)(i % units);
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (n < m) {
+            const float4 a = *reinterpret_cast<const float4*>(x + (size_t)n * K + 8 * j);
+            const float4 b = *reinterpret_cast<const float4*>(x + (size_t)n * K + 8 * j + 4);
+            v = make_uint4(f2h2(a.x, a.y), f2h2(a.z, a.w), f2h2(b.x, b.y), f2h2(b.z, b.w));
+        }
+        xh[i] = v;
+    }
+}
 
 struct Fp8GemmArgs {
     unsigned long long W, S, x, y, bias, part, ticket;
     int N, K, m, cps;  // cps: k-tiles a split
 };
 
-template <int BM, int NS>
+// XH: x is fp16 [mpad, K] (fp8_x_h), else float32 [m, K].
+template <int BM, int NS, bool XH>
 __device__ __forceinline__ void gemm_fp8_body(const Fp8GemmArgs& a) {
     constexpr int NT = BM / 8;  // 8-token mma tiles
-    constexpr int SB = fp8_stage_bytes(BM);
+    constexpr int SB = fp8_stage_bytes(BM, XH);
     extern __shared__ __align__(16) unsigned char fsm[];
     __shared__ int last;
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP, g = lane >> 2, t = lane & 3;
@@ -191,15 +213,26 @@ __device__ __forceinline__ void gemm_fp8_body(const Fp8GemmArgs& a) {
             cp_async16_zfill(base + st * SB + row * FP8_WROW + ch * 16, W + (size_t)r * K + min(k, K - 16), k < K);
         }
     };
-    // x copies: BM rows x 32 chunks of 16 bytes, BM / 8 a thread (row tid/32 + 8j, chunk tid%32).
+    // x copies: BM rows x 32 chunks of 16 bytes, BM / 8 a thread (row tid/32
+    // + 8j, chunk tid%32); fp16: BM rows x 16 chunks, BM / 16 a thread.
     auto issueX = [&](int i) {
         const int kt = kt0 + i, st = i % NS;
+        if (XH) {
+            const uint16_t* xh = (const uint16_t*)a.x;
 #pragma unroll
-        for (int j = 0; j < BM / 8; j++) {
-            const int row = tid / 32 + 8 * j, ch = tid % 32, k = kt * FP8_TILE + ch * 4;
-            const int r = min(i0 + row, m - 1);
-            cp_async16_zfill(base + st * SB + 128 * FP8_WROW + (row * FP8_XROW + ch * 4) * 4,
-                             x + (size_t)r * K + min(k, K - 4), k < K && i0 + row < m);
+            for (int j = 0; j < BM / 16; j++) {
+                const int row = tid / 16 + 16 * j, ch = tid % 16, k = kt * FP8_TILE + ch * 8;
+                cp_async16_zfill(base + st * SB + 128 * FP8_WROW + (row * FP8_XROW + ch * 8) * 2,
+                                 xh + (size_t)(i0 + row) * K + min(k, K - 8), k < K);
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < BM / 8; j++) {
+                const int row = tid / 32 + 8 * j, ch = tid % 32, k = kt * FP8_TILE + ch * 4;
+                const int r = min(i0 + row, m - 1);
+                cp_async16_zfill(base + st * SB + 128 * FP8_WROW + (row * FP8_XROW + ch * 4) * 4,
+                                 x + (size_t)r * K + min(k, K - 4), k < K && i0 + row < m);
+            }
         }
     };
     pdl_launch();
@@ -226,6 +259,7 @@ __device__ __forceinline__ void gemm_fp8_body(const Fp8GemmArgs& a) {
         const unsigned char* s = fsm + (i % NS) * SB;
         const unsigned char* wr = s + (16 * warp + g) * FP8_WROW + 4 * t;
         const float* xr = reinterpret_cast<const float*>(s + 128 * FP8_WROW) + g * FP8_XROW + 4 * t;
+        const uint16_t* xq = reinterpret_cast<const uint16_t*>(s + 128 * FP8_WROW) + g * FP8_XROW + 4 * t;
         float d[NT][4];
 #pragma unroll
         for (int j = 0; j < NT; j++) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.f;
@@ -238,8 +272,13 @@ __device__ __forceinline__ void gemm_fp8_body(const Fp8GemmArgs& a) {
             const uint32_t af[4] = {e4m3x2_lo(wg), e4m3x2_lo(w8), e4m3x2_hi(wg), e4m3x2_hi(w8)};
 #pragma unroll
             for (int j = 0; j < NT; j++) {
-                const float4 xv = *reinterpret_cast<const float4*>(xr + j * 8 * FP8_XROW + 16 * kk);
-                mma16816(d[j], af, f2h2(xv.x, xv.y), f2h2(xv.z, xv.w));
+                if (XH) {
+                    const uint2 xv = *reinterpret_cast<const uint2*>(xq + j * 8 * FP8_XROW + 16 * kk);
+                    mma16816(d[j], af, xv.x, xv.y);
+                } else {
+                    const float4 xv = *reinterpret_cast<const float4*>(xr + j * 8 * FP8_XROW + 16 * kk);
+                    mma16816(d[j], af, f2h2(xv.x, xv.y), f2h2(xv.z, xv.w));
+                }
             }
         }
         const float sc = srow[kt0 + i];
@@ -294,14 +333,15 @@ __device__ __forceinline__ void gemm_fp8_body(const Fp8GemmArgs& a) {
 extern "C" __global__ void __launch_bounds__(256) gemm_fp8_t16(const uint8_t* W, const float* S, const float* x, float* y,
                                                               const float* bias, float* part, int* ticket, int N, int K,
                                                               int m, int cps) {
-    gemm_fp8_body<16, 4>(Fp8GemmArgs{(unsigned long long)W, (unsigned long long)S, (unsigned long long)x,
+    gemm_fp8_body<16, 4, false>(Fp8GemmArgs{(unsigned long long)W, (unsigned long long)S, (unsigned long long)x,
                                      (unsigned long long)y, (unsigned long long)bias, (unsigned long long)part,
                                      (unsigned long long)ticket, N, K, m, cps});
 }
-extern "C" __global__ void __launch_bounds__(256) gemm_fp8_t64(const uint8_t* W, const float* S, const float* x, float* y,
+// x: fp16 [mpad, K] from fp8_x_h.
+extern "C" __global__ void __launch_bounds__(256) gemm_fp8_t64(const uint8_t* W, const float* S, const uint16_t* x, float* y,
                                                               const float* bias, float* part, int* ticket, int N, int K,
                                                               int m, int cps) {
-    gemm_fp8_body<64, 2>(Fp8GemmArgs{(unsigned long long)W, (unsigned long long)S, (unsigned long long)x,
+    gemm_fp8_body<64, 3, true>(Fp8GemmArgs{(unsigned long long)W, (unsigned long long)S, (unsigned long long)x,
                                      (unsigned long long)y, (unsigned long long)bias, (unsigned long long)part,
                                      (unsigned long long)ticket, N, K, m, cps});
 }

@@ -53,11 +53,11 @@ func (b *Backend) uploadFP8(w *Weight, h *backend.HostWeight) (err error) {
 	return err
 }
 
-// fp8Scratch is gemm_fp8's split partials and tickets (zero between
-// launches), grown as needed; guarded by Backend.partMu.
+// fp8Scratch is gemm_fp8's x in fp16 (t64), split partials and tickets
+// (zero between launches), grown as needed; guarded by Backend.partMu.
 type fp8Scratch struct {
-	part, ticket       *allocation
-	partLen, ticketLen int
+	xh, part, ticket          *allocation
+	xhLen, partLen, ticketLen int
 }
 
 // fp8Kernel is the kernel matmulFP8 takes for m tokens: "gemv" (CUDA cores)
@@ -108,37 +108,45 @@ func (b *Backend) matmulFP8(dst, x *Buffer, w *Weight, m int) {
 	}
 	ntiles, mtiles, kt := (N+127)/128, (m+bm-1)/bm, (K+fp8Tile-1)/fp8Tile
 	splits, cps := gemmSplits(ntiles*mtiles, kt, 2*b.sms, 2)
-	var pp, tp uint64
-	if splits > 1 {
-		b.partMu.Lock()
-		s := &b.fp8
-		err := b.grow(&s.part, &s.partLen, splits*m*N)
-		if err == nil {
+	b.partMu.Lock()
+	s := &b.fp8
+	var err error
+	if bm == 64 {
+		err = b.grow(&s.xh, &s.xhLen, mtiles*bm*K/2) // fp16: K/2 words a token
+	}
+	if err == nil && splits > 1 {
+		if err = b.grow(&s.part, &s.partLen, splits*m*N); err == nil {
 			err = b.grow(&s.ticket, &s.ticketLen, ntiles*mtiles) // zeroed by alloc; each launch leaves it zero
 		}
-		part, ticket := s.part, s.ticket
-		b.partMu.Unlock()
-		if err != nil {
-			b.setErr(fmt.Errorf("kernels: FP8 matmul scratch for %d x %d, m = %d: %w", N, K, m, err))
-			return
-		}
-		pp, tp = part.ptr, ticket.ptr
-		b.qmu.Lock()
-		b.q.keep = append(b.q.keep, part, ticket)
-		b.qmu.Unlock()
 	}
-	b.enqueueFx(fx, name, [3]int{ntiles, mtiles, splits}, 256, fp8GemmShared(bm), w.data.ptr, w.scales.ptr, x.ptr, dst.ptr, bias, pp, tp, N, K, m, cps)
+	xh, part, ticket := s.xh, s.part, s.ticket
+	b.partMu.Unlock()
+	if err != nil {
+		b.setErr(fmt.Errorf("kernels: FP8 matmul scratch for %d x %d, m = %d: %w", N, K, m, err))
+		return
+	}
+	var pp, tp uint64
+	if splits > 1 {
+		pp, tp = part.ptr, ticket.ptr
+	}
+	xp := x.ptr
+	if bm == 64 {
+		units := mtiles * bm * K / 8
+		xhb := &Buffer{ptr: xh.ptr, n: mtiles * bm * K / 2}
+		b.enqueueFx(fxOf([]*Buffer{xhb}, x), "fp8_x_h", [3]int{min((units+255)/256, 4*b.sms), 1, 1}, 256, 0,
+			xh.ptr, x.ptr, m, mtiles*bm, K)
+		xp, fx = xh.ptr, fxOf([]*Buffer{dst}, xhb)
+	}
+	b.qmu.Lock()
+	b.q.keep = append(b.q.keep, xh, part, ticket)
+	b.qmu.Unlock()
+	b.enqueueFx(fx, name, [3]int{ntiles, mtiles, splits}, 256, fp8GemmShared, w.data.ptr, w.scales.ptr, xp, dst.ptr, bias, pp, tp, N, K, m, cps)
 }
 
-// fp8GemmShared is gemm_fp8_t<bm>'s dynamic shared memory: its ring of
-// stages (fp8_stage_bytes in fp8.cuh; 4 stages at bm = 16, 2 at 64).
-func fp8GemmShared(bm int) int {
-	stages := 2
-	if bm == 16 {
-		stages = 4
-	}
-	return stages * (128*144 + bm*144*4)
-}
+// fp8GemmShared is gemm_fp8_t*'s dynamic shared memory, its ring of stages
+// (fp8_stage_bytes in fp8.cuh): 4 of 128 weight rows and 16 float32 token
+// rows at t16, 3 of 128 weight rows and 64 fp16 token rows at t64.
+const fp8GemmShared = 4 * (128*144 + 16*144*4)
 
 // fp8GemvSplit is how many warps of a gemv_fp8 block split K (1, 2, 4 or 8):
 // the fewest that give the grid about 16 warps a multiprocessor (so that
