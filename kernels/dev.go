@@ -49,6 +49,7 @@ type experiments struct {
 	attnRec     *allocation // where attn_decode and attn_short write their per-block timeline (StartAttnTrace)
 	attnMode    int         // MANIFOLD_ATTN_ABLATE (results wrong): 1 (wait) the one-row attention returns after its wait, 2 (skip) is not launched
 	skipRole    string      // MANIFOLD_SKIP (results wrong): launches of one role left out (skip)
+	fp8q        fp8qScratch // the FP8 tensor-core candidate's quantized x (fp8_dev.go)
 }
 
 func newExperiments() experiments {

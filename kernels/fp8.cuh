@@ -35,15 +35,32 @@ __device__ __forceinline__ void e4m3x4_f32(uint32_t v, float* f) {
     f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
 }
 
+// One launch: up to three weights of the same K reading the same x (the
+// fusion pass joins them, fp8.go); the blocks of weight j end at ends[j].
+struct Fp8GemvArgs {
+    unsigned long long W[3], S[3], y[3], bias[3];
+    unsigned long long x;
+    int N[3], ends[3];
+    int K, m, kw, ngroups;
+};
+
 // MR rows of x a pass over the weights; m > MR takes several passes.
 template <int MR>
-__device__ __forceinline__ void gemv_fp8_body(const uint8_t* __restrict__ W, const float* __restrict__ S, const float* x,
-                                              float* y, const float* __restrict__ bias, int N, int K, int m, int kw) {
+__device__ __forceinline__ void gemv_fp8_body(const Fp8GemvArgs& ga) {
     constexpr int U = 4;  // chunks in flight a lane (each: 16 bytes of each of the two rows)
     __shared__ float red[8][2 * MR];
+    int gi = 0;
+    while (gi < ga.ngroups - 1 && (int)blockIdx.x >= ga.ends[gi]) gi++;
+    const int blk = blockIdx.x - (gi ? ga.ends[gi - 1] : 0);
+    const uint8_t* __restrict__ W = (const uint8_t*)ga.W[gi];
+    const float* __restrict__ S = (const float*)ga.S[gi];
+    const float* __restrict__ bias = (const float*)ga.bias[gi];
+    float* y = (float*)ga.y[gi];
+    const float* x = (const float*)ga.x;
+    const int N = ga.N[gi], K = ga.K, m = ga.m, kw = ga.kw;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     const int wk = warp % kw, rg = warp / kw;
-    const int r0 = (blockIdx.x * (8 / kw) + rg) * 2;
+    const int r0 = (blk * (8 / kw) + rg) * 2;
     const bool live = r0 < N;
     const int r1 = min(r0 + 1, N - 1);
     const uint4* w0 = reinterpret_cast<const uint4*>(W + (size_t)min(r0, N - 1) * K);
@@ -130,14 +147,8 @@ __device__ __forceinline__ void gemv_fp8_body(const uint8_t* __restrict__ W, con
 }
 
 // Blocks of 8 warps: 8 / kw row pairs a block (kw in 1, 2, 4, 8).
-extern "C" __global__ void __launch_bounds__(256) gemv_fp8_m1(const uint8_t* W, const float* S, const float* x, float* y,
-                                                             const float* bias, int N, int K, int m, int kw) {
-    gemv_fp8_body<1>(W, S, x, y, bias, N, K, m, kw);
-}
-extern "C" __global__ void __launch_bounds__(256) gemv_fp8_m4(const uint8_t* W, const float* S, const float* x, float* y,
-                                                             const float* bias, int N, int K, int m, int kw) {
-    gemv_fp8_body<4>(W, S, x, y, bias, N, K, m, kw);
-}
+extern "C" __global__ void __launch_bounds__(256) gemv_fp8_m1(const __grid_constant__ Fp8GemvArgs a) { gemv_fp8_body<1>(a); }
+extern "C" __global__ void __launch_bounds__(256) gemv_fp8_m4(const __grid_constant__ Fp8GemvArgs a) { gemv_fp8_body<4>(a); }
 
 // Any K and alignment: a warp a row, per-element loads.
 extern "C" __global__ void gemv_fp8_any(const uint8_t* W, const float* S, const float* x, float* y, const float* bias,
@@ -345,3 +356,132 @@ extern "C" __global__ void __launch_bounds__(256) gemm_fp8_t64(const uint8_t* W,
                                      (unsigned long long)y, (unsigned long long)bias, (unsigned long long)part,
                                      (unsigned long long)ticket, N, K, m, cps});
 }
+
+#ifdef MANIFOLD_DEV
+// The other candidate for larger m (the dev build's, kernels/fp8_dev.go):
+// Hopper's FP8 tensor cores through mma.sync m16n8k32 e4m3 x e4m3, with the
+// activations quantized to E4M3 per token and 128-element block as DeepSeek's
+// own inference does (act_quant: scale amax / 448), so x loses all but 3
+// mantissa bits where gemm_fp8_t* keeps 10. fp8_act_quant writes xq[mpad, K]
+// (E4M3) and sx[mpad, ceil(K/128)] (float32; rows from m on zero), a warp a
+// (token, block); gemm_fp8q_t64 is gemm_fp8_t64 with 8-bit x, four k32 mma a
+// k-tile, each (token, k-tile) sum multiplied by the weight's and the
+// token's scale. Shared rows of 160 bytes: a lane's 8-byte reads of rows g =
+// 0..3 at 8t fall in distinct banks.
+extern "C" __global__ void fp8_act_quant(uint8_t* __restrict__ xq, float* __restrict__ sx, const float* __restrict__ x,
+                                         int m, int mpad, int K) {
+    pdl_entry();
+    const int KT = (K + FP8_TILE - 1) / FP8_TILE, lane = threadIdx.x % WARP;
+    const long long total = (long long)mpad * KT;
+    for (long long i = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / WARP; i < total;
+         i += (long long)gridDim.x * blockDim.x / WARP) {
+        const int n = (int)(i / KT), kt = (int)(i % KT), k = kt * FP8_TILE + 4 * lane;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (n < m && k < K) v = *reinterpret_cast<const float4*>(x + (size_t)n * K + k);
+        const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+        const float s = amax > 0.f ? amax / 448.f : 1.f, inv = 1.f / s;
+        if (lane == 0) sx[i] = n < m ? s : 0.f;
+        if (k < K) {
+            uint16_t lo, hi;
+            asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(v.y * inv), "f"(v.x * inv));
+            asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(v.w * inv), "f"(v.z * inv));
+            *reinterpret_cast<uint32_t*>(xq + (size_t)n * K + k) = (uint32_t)lo | ((uint32_t)hi << 16);
+        }
+    }
+}
+
+__device__ __forceinline__ void mma16832_e4m3(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+#define FP8Q_ROW 160
+// Grid (ceil(N/128), mpad/64); no split. Dynamic shared memory 3 stages of
+// (128 + 64) rows of FP8Q_ROW bytes.
+extern "C" __global__ void __launch_bounds__(256) gemm_fp8q_t64(const uint8_t* W, const float* S, const uint8_t* xq,
+                                                               const float* sx, float* y, const float* bias, int N,
+                                                               int K, int m) {
+    constexpr int BM = 64, NT = BM / 8, NS = 3, SB = (128 + BM) * FP8Q_ROW;
+    extern __shared__ __align__(16) unsigned char fsm[];
+    const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP, g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * 128, i0 = blockIdx.y * BM;
+    const int KT = (K + FP8_TILE - 1) / FP8_TILE;
+    const float* srow = S + (size_t)blockIdx.x * KT;
+    const uint32_t base = smem_u32(fsm);
+    auto issueW = [&](int kt) {
+        const int st = kt % NS;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int row = tid / 8 + 32 * j, ch = tid % 8, k = kt * FP8_TILE + ch * 16;
+            const int r = min(n0 + row, N - 1);
+            cp_async16_zfill(base + st * SB + row * FP8Q_ROW + ch * 16, W + (size_t)r * K + min(k, K - 16), k < K);
+        }
+    };
+    auto issueX = [&](int kt) {
+        const int st = kt % NS;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int row = tid / 8 + 32 * j, ch = tid % 8, k = kt * FP8_TILE + ch * 16;
+            cp_async16_zfill(base + st * SB + (128 + row) * FP8Q_ROW + ch * 16, xq + (size_t)(i0 + row) * K + min(k, K - 16), k < K);
+        }
+    };
+    pdl_launch();
+#pragma unroll
+    for (int i = 0; i < NS - 1; i++)
+        if (i < KT) issueW(i);
+    pdl_wait();
+#pragma unroll
+    for (int i = 0; i < NS - 1; i++) {
+        if (i < KT) issueX(i);
+        cp_async_commit();
+    }
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    for (int i = 0; i < KT; i++) {
+        cp_async_wait<NS - 2>();
+        __syncthreads();
+        if (i + NS - 1 < KT) issueW(i + NS - 1), issueX(i + NS - 1);
+        cp_async_commit();
+        const unsigned char* s = fsm + (i % NS) * SB;
+        const unsigned char* wr = s + (16 * warp + g) * FP8Q_ROW + 8 * t;
+        const unsigned char* xr = s + (128 + g) * FP8Q_ROW + 8 * t;
+        float d[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; j++) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            // Lane (g, t) owns bytes 32kk + 8t .. +7 of rows g and g+8 as
+            // k-slots 4t..4t+3 and 4t+16..4t+19; x alike for token g.
+            const uint2 wg = *reinterpret_cast<const uint2*>(wr + 32 * kk);
+            const uint2 w8 = *reinterpret_cast<const uint2*>(wr + 8 * FP8Q_ROW + 32 * kk);
+            const uint32_t af[4] = {wg.x, w8.x, wg.y, w8.y};
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                const uint2 xv = *reinterpret_cast<const uint2*>(xr + j * 8 * FP8Q_ROW + 32 * kk);
+                mma16832_e4m3(d[j], af, xv.x, xv.y);
+            }
+        }
+        const float sw = srow[i];
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            const int tok = i0 + 8 * j + 2 * t;
+            const float s0 = sw * sx[(size_t)tok * KT + i], s1 = sw * sx[(size_t)(tok + 1) * KT + i];
+            acc[j][0] = fmaf(d[j][0], s0, acc[j][0]);
+            acc[j][1] = fmaf(d[j][1], s1, acc[j][1]);
+            acc[j][2] = fmaf(d[j][2], s0, acc[j][2]);
+            acc[j][3] = fmaf(d[j][3], s1, acc[j][3]);
+        }
+    }
+    const int f0 = n0 + 16 * warp + g;
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int f = f0 + (q >> 1) * 8, tok = i0 + 8 * j + 2 * t + (q & 1);
+            if (f < N && tok < m) y[(size_t)tok * N + f] = acc[j][q] + (bias ? bias[f] : 0.f);
+        }
+}
+#endif

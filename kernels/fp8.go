@@ -94,12 +94,7 @@ func (b *Backend) matmulFP8(dst, x *Buffer, w *Weight, m int) {
 		return
 	}
 	if b.fp8Kernel(m) == "gemv" {
-		name := "gemv_fp8_m1"
-		if m > 1 {
-			name = "gemv_fp8_m4"
-		}
-		kw := fp8GemvSplit(N, K, b.sms)
-		b.enqueueFx(fx, name, [3]int{(N + 2*(8/kw) - 1) / (2 * (8 / kw)), 1, 1}, 256, 0, w.data.ptr, w.scales.ptr, x.ptr, dst.ptr, bias, N, K, m, kw)
+		b.queueFP8Gemv(dst, x, w, m, bias)
 		return
 	}
 	bm, name := 64, "gemm_fp8_t64"
@@ -147,6 +142,103 @@ func (b *Backend) matmulFP8(dst, x *Buffer, w *Weight, m int) {
 // (fp8_stage_bytes in fp8.cuh): 4 of 128 weight rows and 16 float32 token
 // rows at t16, 3 of 128 weight rows and 64 fp16 token rows at t64.
 const fp8GemmShared = 4 * (128*144 + 16*144*4)
+
+// fp8Gemv is one launch of gemv_fp8_m1 or gemv_fp8_m4 (Fp8GemvArgs in
+// fp8.cuh): up to three weights of the same K reading the same x, each
+// writing its own y.
+type fp8Gemv struct {
+	w, s, y, bias [3]uint64
+	x             uint64
+	n             [3]int
+	k, m, groups  int
+}
+
+// params are Fp8GemvArgs as the launch passes it, with kw warps splitting
+// K; blocks is the grid.
+func (g *fp8Gemv) params(kw int) (p []uint64, blocks int) {
+	var ends [3]int
+	for j := range g.groups {
+		blocks += (g.n[j] + 2*(8/kw) - 1) / (2 * (8 / kw))
+		ends[j] = blocks
+	}
+	p = make([]uint64, 0, 18)
+	for _, a := range [][3]uint64{g.w, g.s, g.y, g.bias} {
+		p = append(p, a[:]...)
+	}
+	pair := func(a, b int) uint64 { return uint64(uint32(int32(a))) | uint64(uint32(int32(b)))<<32 }
+	p = append(p, g.x, pair(g.n[0], g.n[1]), pair(g.n[2], ends[0]), pair(ends[1], ends[2]), pair(g.k, g.m), pair(kw, g.groups))
+	return p, blocks
+}
+
+// fp8GemvOf decodes the launch parameters of a queued gemv_fp8_m* op.
+func fp8GemvOf(p []uint64) (g fp8Gemv, ok bool) {
+	if len(p) != 18 {
+		return g, false
+	}
+	lo := func(v uint64) int { return int(int32(uint32(v))) }
+	hi := func(v uint64) int { return int(int32(uint32(v >> 32))) }
+	copy(g.w[:], p[0:3])
+	copy(g.s[:], p[3:6])
+	copy(g.y[:], p[6:9])
+	copy(g.bias[:], p[9:12])
+	g.x = p[12]
+	g.n = [3]int{lo(p[13]), hi(p[13]), lo(p[14])}
+	g.k, g.m, g.groups = lo(p[16]), hi(p[16]), hi(p[17])
+	return g, true
+}
+
+// queueFP8Gemv queues dst = x·wᵀ on gemv_fp8_m*, joining a queued one of
+// the same x (up to three weights a launch) where the fusion pass may move
+// it there (pass.go: nothing queued since reads what it writes or writes
+// what it reads), as queueGemv does for NVFP4: the projections of one input
+// (DeepSeek-V3's q_a and kv_a, V4's) in one launch.
+func (b *Backend) queueFP8Gemv(dst, x *Buffer, w *Weight, m int, bias uint64) {
+	name := "gemv_fp8_m1"
+	if m > 1 {
+		name = "gemv_fp8_m4"
+	}
+	N, K := w.rows, w.cols
+	y := span{dst.ptr, dst.ptr + uint64(4*m*N)}
+	xs := span{x.ptr, x.ptr + uint64(4*m*K)}
+	var fx effects
+	fx.read(xs)
+	fx.write(y)
+	fn := b.function(name)
+	if fn == 0 {
+		return // b.function kept the error for Sync
+	}
+	b.qmu.Lock()
+	defer b.qmu.Unlock()
+	b.q.keep = append(b.q.keep, w, x, dst)
+	for _, i := range b.candidates() {
+		o := &b.q.ops[i]
+		if o.kind == opKernel && o.name == name && !y.overlaps(xs) {
+			if g, ok := fp8GemvOf(o.params); ok && g.x == x.ptr && g.m == m && g.k == K && g.groups < 3 && !anyOverlap(y, o.fx.writes[:o.fx.nw]) && b.movable(i, &fx) {
+				j := g.groups
+				g.w[j], g.s[j], g.y[j], g.bias[j], g.n[j] = w.data.ptr, w.scales.ptr, dst.ptr, bias, N
+				g.groups++
+				rows := 0
+				for _, n := range g.n[:g.groups] {
+					rows += n
+				}
+				p, blocks := g.params(fp8GemvSplit(rows, K, b.sms))
+				o.setParams(p)
+				o.grid[0] = uint32(blocks)
+				o.fx.write(y)
+				return
+			}
+		}
+		if !b.movable(i, &fx) {
+			break // nor past the same operations to an older one
+		}
+	}
+	g := fp8Gemv{w: [3]uint64{w.data.ptr}, s: [3]uint64{w.scales.ptr}, y: [3]uint64{dst.ptr}, bias: [3]uint64{bias},
+		x: x.ptr, n: [3]int{N}, k: K, m: m, groups: 1}
+	p, blocks := g.params(fp8GemvSplit(N, K, b.sms))
+	o := op{kind: opKernel, name: name, fn: fn, fx: fx, grid: [3]uint32{uint32(blocks), 1, 1}, block: 256, pdl: pdlKernel(name)}
+	o.setParams(p)
+	b.push(o)
+}
 
 // fp8GemvSplit is how many warps of a gemv_fp8 block split K (1, 2, 4 or 8):
 // the fewest that give the grid about 16 warps a multiprocessor (so that

@@ -224,3 +224,89 @@ func BenchmarkFP8GEMV(b *testing.B) {
 		}
 	}
 }
+
+// TestFP8GemvParams round-trips the joined FP8 GEMV's launch parameters
+// (Fp8GemvArgs) and checks its grid: each weight's row pairs, 8 / kw a
+// block. Needs no GPU.
+func TestFP8GemvParams(t *testing.T) {
+	g := fp8Gemv{w: [3]uint64{1, 2, 3}, s: [3]uint64{4, 5, 6}, y: [3]uint64{7, 8, 9}, bias: [3]uint64{0, 10, 0},
+		x: 11, n: [3]int{1536, 576, 7}, k: 7168, m: 1, groups: 3}
+	for _, kw := range []int{1, 2, 8} {
+		p, blocks := g.params(kw)
+		per := 2 * (8 / kw)
+		want := (1536+per-1)/per + (576+per-1)/per + (7+per-1)/per
+		if blocks != want {
+			t.Errorf("kw %d: %d blocks, want %d", kw, blocks, want)
+		}
+		back, ok := fp8GemvOf(p)
+		if !ok || back != g {
+			t.Errorf("kw %d: decoded %+v, want %+v", kw, back, g)
+		}
+		if ends := int(int32(uint32(p[15] >> 32))); ends != blocks {
+			t.Errorf("kw %d: last group ends at block %d, want %d", kw, ends, blocks)
+		}
+		if got := int(int32(uint32(p[17]))); got != kw {
+			t.Errorf("kw = %d in the parameters, want %d", got, kw)
+		}
+	}
+}
+
+// TestFP8Join queues four m = 1 FP8 matmuls of one x (as DeepSeek-V3's
+// q_a and kv_a projections): the first three join in one launch of
+// gemv_fp8_m1, the fourth starts the next; each output is held to the CPU
+// backend.
+func TestFP8Join(t *testing.T) {
+	g := newGPU(t)
+	c := cpu.New(2)
+	rng := rand.New(rand.NewPCG(58, 10))
+	K := 7168
+	hs := []*backend.HostWeight{fp8Weight(t, rng, 1536, K, quant.ScaleE8M0, false), fp8Weight(t, rng, 576, K, quant.ScaleF32, false),
+		fp8Weight(t, rng, 7, K, quant.ScaleE8M0, true), fp8Weight(t, rng, 100, K, quant.ScaleE8M0, false)}
+	xv := randn(rng, K)
+	x := g.NewBuffer(K)
+	g.Write(x, 0, xv)
+	var ys []backend.Buffer
+	var wgs, wcs []backend.Weight
+	for _, h := range hs {
+		wg, err := g.Upload(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wc, err := c.Upload(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wgs, wcs = append(wgs, wg), append(wcs, wc)
+		ys = append(ys, g.NewBuffer(h.Rows))
+	}
+	if err := g.Sync(); err != nil { // uploads and writes done: the queue starts empty
+		t.Fatal(err)
+	}
+	for i := range hs {
+		g.MatMul(ys[i], x, wgs[i], 1)
+	}
+	g.qmu.Lock()
+	var launches []int
+	for _, o := range g.q.ops {
+		if o.name == "gemv_fp8_m1" {
+			p, _ := fp8GemvOf(o.params)
+			launches = append(launches, p.groups)
+		}
+	}
+	g.qmu.Unlock()
+	if len(launches) != 2 || launches[0] != 3 || launches[1] != 1 {
+		t.Errorf("queued gemv_fp8_m1 launches of %v weights, want [3 1]", launches)
+	}
+	for i, h := range hs {
+		got := make([]float32, h.Rows)
+		g.Read(got, ys[i], 0)
+		want := make(cpu.Buffer, h.Rows)
+		c.MatMul(want, cpu.Buffer(xv), wcs[i], 1)
+		if err := conformance.Compare(got, want, 1e-5); err != nil {
+			t.Errorf("weight %d (%d rows): %v", i, h.Rows, err)
+		}
+	}
+	if err := g.Sync(); err != nil {
+		t.Fatal(err)
+	}
+}
