@@ -12,6 +12,7 @@ import (
 	"github.com/manifoldlm/manifold/backend/conformance"
 	"github.com/manifoldlm/manifold/backend/cpu"
 	"github.com/manifoldlm/manifold/layers"
+	"github.com/manifoldlm/manifold/layers/dsv4"
 	"github.com/manifoldlm/manifold/quant"
 )
 
@@ -308,5 +309,66 @@ func TestFP8Join(t *testing.T) {
 	}
 	if err := g.Sync(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestFP8GroupMoE holds the device MoE over FP8 routed experts (moe_up_fp8,
+// moe_down_fp8: DeepSeek-V3's, float32 tile scales; V4 -Base's, which the
+// E8M0 case stands for) to the host path on the CPU backend, with V3's
+// group routing and V4's, widths off the 128 tiles.
+func TestFP8GroupMoE(t *testing.T) {
+	g, c := newGPU(t), refCPU()
+	rng := rand.New(rand.NewPCG(58, 11))
+	for _, tc := range []struct {
+		m, experts, k, dim, ffn int
+		sd                      quant.ScaleDType
+		group                   bool
+	}{
+		{1, 32, 6, 320, 160, quant.ScaleF32, true},
+		{3, 16, 4, 256, 96, quant.ScaleE8M0, true},
+		{2, 32, 6, 448, 224, quant.ScaleE8M0, false},
+	} {
+		name := fmt.Sprintf("fp8 moe m=%d top-%d of %d, dim %d, ffn %d, %s, group %v", tc.m, tc.k, tc.experts, tc.dim, tc.ffn, tc.sd, tc.group)
+		var gw, cw [3][]backend.Weight
+		for range tc.experts {
+			for j, shape := range [][2]int{{tc.ffn, tc.dim}, {tc.ffn, tc.dim}, {tc.dim, tc.ffn}} {
+				h := fp8Weight(t, rng, shape[0], shape[1], tc.sd, false)
+				wg, err := g.Upload(h)
+				if err != nil {
+					t.Fatal(err)
+				}
+				wc, err := c.Upload(h)
+				if err != nil {
+					t.Fatal(err)
+				}
+				gw[j], cw[j] = append(gw[j], wg), append(cw[j], wc)
+			}
+		}
+		bias := randn(rng, tc.experts)
+		x, logits, shared := randn(rng, tc.m*tc.dim), randn(rng, tc.m*tc.experts), randn(rng, tc.m*tc.dim)
+		idx, w := make([]int32, tc.m*tc.k), make([]float32, tc.m*tc.k)
+		ga := layers.GroupRouteArgs{M: tc.m, Experts: tc.experts, K: tc.k, Groups: 4, TopKGroups: 2, Normalize: true, Scale: 2.5}
+		va := dsv4.RouteArgs{M: tc.m, Experts: tc.experts, K: tc.k, Scoring: dsv4.ScoreSqrtSoftplus, Scale: 1.5}
+		if tc.group {
+			layers.GroupRoute(idx, w, logits, bias, ga)
+		} else {
+			dsv4.Route(idx, w, logits, bias, nil, va)
+		}
+		want := append([]float32{}, shared...)
+		moeHostAdd(c, cw, want, x, idx, w, tc.m, tc.k, tc.dim, tc.ffn, 0)
+		ex, err := g.BindExperts(gw[0], gw[1], gw[2], bias)
+		if err != nil || ex == nil {
+			t.Fatalf("%s: BindExperts: %v, %v", name, ex, err)
+		}
+		if !ex.(*moeExperts).fp8 {
+			t.Fatalf("%s: experts bound as NVFP4", name)
+		}
+		out := toGPU(g, shared)
+		if tc.group {
+			g.GroupMoE(out, toGPU(g, x), toGPU(g, logits), ex, ga)
+		} else {
+			g.RoutedMoE(out, toGPU(g, x), toGPU(g, logits), nil, ex, va, 0)
+		}
+		check(t, name, fromGPU(t, g, out), want, opsTol)
 	}
 }

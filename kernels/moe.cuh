@@ -19,6 +19,13 @@
 // and multiplied in float32 with x, which is staged in shared memory in
 // chunk-major order so that the lanes' reads are consecutive (moe_stage).
 // K % 32 == 0 for every weight (moe.go checks).
+//
+// moe_up_fp8 and moe_down_fp8 are the same over FP8 E4M3 experts with 128x128
+// float32 tile scales (fp8.cuh; DeepSeek-V3's and V4 -Base's routed
+// experts): a chunk is 32 E4M3 bytes, decoded exactly to float32, its dot
+// multiplied by its tile's scale (moe_dots_fp8); the table's global scales
+// are 2^-14, so that the 2^14 the NVFP4 kernels apply leaves the sums as they
+// are.
 #define MOE_MAXK 16
 #define MOE_MAXE 1024
 #define MOE_RT WARP  // moe_route: a warp per token
@@ -255,9 +262,61 @@ __device__ __forceinline__ void moe_dots(float acc[N], const uint8_t* const p[N]
     }
 }
 
-extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_up(float* act, const float* x, const int* ids,
-                                                                 const MoeExpert* table, int K, int I, int D, float limit) {
-    pdl_entry();
+// The FP8 form of moe_dots: p[q] is the row's E4M3 bytes, s[q] its tile
+// row's float32 scales (one per 128 columns, chunk c's at c / 4); the sums
+// are not scaled further.
+template <int N>
+__device__ __forceinline__ void moe_dots_fp8(float acc[N], const uint8_t* const p[N], const uint8_t* const s[N],
+                                             const float* const xs[N], int n, int K, int lane) {
+    const int nc = K >> 5;
+#pragma unroll
+    for (int q = 0; q < N; q++) acc[q] = 0.f;
+    for (int c = lane; c < nc; c += WARP) {
+        uint4 w[N][2];
+        float sc[N];
+#pragma unroll
+        for (int q = 0; q < N; q++)
+            if (q < n) {
+                w[q][0] = __ldcs(reinterpret_cast<const uint4*>(p[q] + 32 * (size_t)c));
+                w[q][1] = __ldcs(reinterpret_cast<const uint4*>(p[q] + 32 * (size_t)c + 16));
+                sc[q] = __ldg(reinterpret_cast<const float*>(s[q]) + (c >> 2));
+            }
+#pragma unroll
+        for (int q = 0; q < N; q++) {
+            if (q >= n) continue;
+            const float4* xc = reinterpret_cast<const float4*>(xs[q]) + (size_t)((c >> 5) * 8) * 32 + (c & 31);
+            const uint32_t words[8] = {w[q][0].x, w[q][0].y, w[q][0].z, w[q][0].w, w[q][1].x, w[q][1].y, w[q][1].z, w[q][1].w};
+            float blk = 0.f;
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                float f[4];
+                e4m3x4_f32(words[k], f);  // columns 32c + 4k .. + 3
+                const float4 xv = xc[k * 32];
+                blk = fmaf(f[0], xv.x, blk);
+                blk = fmaf(f[1], xv.y, blk);
+                blk = fmaf(f[2], xv.z, blk);
+                blk = fmaf(f[3], xv.w, blk);
+            }
+            acc[q] = fmaf(blk, sc[q], acc[q]);
+        }
+    }
+}
+
+// A weight row's bytes and its scales' address in the MoE kernels' formats:
+// NVFP4 (E2M1 pairs, an E4M3 scale per 16 columns) or FP8 (E4M3, a float32
+// scale per 128 x 128 tile).
+template <bool FP8>
+__device__ __forceinline__ const uint8_t* moe_row(unsigned long long p, int r, int cols) {
+    return (const uint8_t*)p + (size_t)r * (FP8 ? cols : cols / 2);
+}
+template <bool FP8>
+__device__ __forceinline__ const uint8_t* moe_srow(unsigned long long s, int r, int cols) {
+    return FP8 ? (const uint8_t*)s + (size_t)(r / 128) * ((cols + 127) / 128) * 4 : (const uint8_t*)s + (size_t)r * (cols / 16);
+}
+
+template <bool FP8>
+__device__ __forceinline__ void moe_up_body(float* act, const float* x, const int* ids, const MoeExpert* table, int K,
+                                            int I, int D, float limit) {
     extern __shared__ __align__(16) float moe_sh[];
     const int pair = blockIdx.y, tok = pair / K, lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     const MoeExpert& ex = table[ids[pair]];
@@ -265,8 +324,8 @@ extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_up(float* act, con
         const int r0 = blockIdx.x * MOE_ROWS + warp * (MOE_ROWS / (MOE_THREADS / WARP));
         const int nr = max(0, min(MOE_ROWS / (MOE_THREADS / WARP), I - r0));
         for (int m = 0; m < 2 && nr > 0; m++) {
-            moe_prefetch((const uint8_t*)ex.p[m] + (size_t)r0 * (D / 2), (size_t)nr * (D / 2), lane);
-            moe_prefetch((const uint8_t*)ex.s[m] + (size_t)r0 * (D / 16), (size_t)nr * (D / 16), lane);
+            moe_prefetch(moe_row<FP8>(ex.p[m], r0, D), (size_t)nr * (FP8 ? D : D / 2), lane);
+            if (!FP8) moe_prefetch((const uint8_t*)ex.s[m] + (size_t)r0 * (D / 16), (size_t)nr * (D / 16), lane);
         }
     }
     moe_stage(moe_sh, 0, x + (size_t)tok * D, D, 1);
@@ -282,12 +341,13 @@ extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_up(float* act, con
 #pragma unroll
     for (int q = 0; q < 4; q++) {
         const int r = r0 + min(q >> 1, nr - 1), m = q & 1;  // (row, gate / up)
-        pp[q] = (const uint8_t*)ex.p[m] + (size_t)r * (D / 2);
-        ss[q] = (const uint8_t*)ex.s[m] + (size_t)r * (D / 16);
+        pp[q] = moe_row<FP8>(ex.p[m], r, D);
+        ss[q] = moe_srow<FP8>(ex.s[m], r, D);
         xx[q] = moe_sh;
     }
     float d[4];
-    moe_dots<4>(d, pp, ss, xx, 2 * nr, D, lane);
+    if (FP8) moe_dots_fp8<4>(d, pp, ss, xx, 2 * nr, D, lane);
+    else moe_dots<4>(d, pp, ss, xx, 2 * nr, D, lane);
 #pragma unroll
     for (int rr = 0; rr < RW; rr++) {
         if (rr >= nr) break;
@@ -303,10 +363,20 @@ extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_up(float* act, con
     }
 }
 
-extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_down(float* out, const float* act, const int* ids,
-                                                                   const float* wts, const MoeExpert* table, int K, int I,
-                                                                   int D) {
+extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_up(float* act, const float* x, const int* ids,
+                                                                 const MoeExpert* table, int K, int I, int D, float limit) {
     pdl_entry();
+    moe_up_body<false>(act, x, ids, table, K, I, D, limit);
+}
+extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_up_fp8(float* act, const float* x, const int* ids,
+                                                                     const MoeExpert* table, int K, int I, int D, float limit) {
+    pdl_entry();
+    moe_up_body<true>(act, x, ids, table, K, I, D, limit);
+}
+
+template <bool FP8>
+__device__ __forceinline__ void moe_down_body(float* out, const float* act, const int* ids, const float* wts,
+                                              const MoeExpert* table, int K, int I, int D) {
     extern __shared__ __align__(16) float moe_sh[];
     const int tok = blockIdx.y, lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     const int stride = (I + 1023) / 1024 * 1024;  // a slot's staged activations (moe_stage's span)
@@ -315,8 +385,8 @@ extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_down(float* out, c
         const int nr = max(0, min(MOE_ROWS / (MOE_THREADS / WARP), D - r0));
         for (int j = 0; j < K && nr > 0; j++) {
             const MoeExpert& ex = table[ids[(size_t)tok * K + j]];
-            moe_prefetch((const uint8_t*)ex.p[2] + (size_t)r0 * (I / 2), (size_t)nr * (I / 2), lane);
-            moe_prefetch((const uint8_t*)ex.s[2] + (size_t)r0 * (I / 16), (size_t)nr * (I / 16), lane);
+            moe_prefetch(moe_row<FP8>(ex.p[2], r0, I), (size_t)nr * (FP8 ? I : I / 2), lane);
+            if (!FP8) moe_prefetch((const uint8_t*)ex.s[2] + (size_t)r0 * (I / 16), (size_t)nr * (I / 16), lane);
         }
     }
     moe_stage(moe_sh, stride, act + (size_t)tok * K * I, I, K);
@@ -335,12 +405,13 @@ extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_down(float* out, c
             for (int q = 0; q < 4; q++) {
                 const int j = min(j0 + q, K - 1);
                 const MoeExpert& ex = table[ids[(size_t)tok * K + j]];
-                pp[q] = (const uint8_t*)ex.p[2] + (size_t)r * (I / 2);
-                ss[q] = (const uint8_t*)ex.s[2] + (size_t)r * (I / 16);
+                pp[q] = moe_row<FP8>(ex.p[2], r, I);
+                ss[q] = moe_srow<FP8>(ex.s[2], r, I);
                 xx[q] = moe_sh + j * stride;
             }
             float d[4];
-            moe_dots<4>(d, pp, ss, xx, min(4, K - j0), I, lane);
+            if (FP8) moe_dots_fp8<4>(d, pp, ss, xx, min(4, K - j0), I, lane);
+            else moe_dots<4>(d, pp, ss, xx, min(4, K - j0), I, lane);
 #pragma unroll
             for (int q = 0; q < 4; q++) {
                 const int j = j0 + q;
@@ -351,4 +422,17 @@ extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_down(float* out, c
         }
         if (lane == 0) out[(size_t)tok * D + r] = acc;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_down(float* out, const float* act, const int* ids,
+                                                                   const float* wts, const MoeExpert* table, int K, int I,
+                                                                   int D) {
+    pdl_entry();
+    moe_down_body<false>(out, act, ids, wts, table, K, I, D);
+}
+extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_down_fp8(float* out, const float* act, const int* ids,
+                                                                       const float* wts, const MoeExpert* table, int K,
+                                                                       int I, int D) {
+    pdl_entry();
+    moe_down_body<true>(out, act, ids, wts, table, K, I, D);
 }

@@ -38,6 +38,7 @@ const (
 type moeExperts struct {
 	table, bias *allocation
 	n, ffn, dim int
+	fp8         bool      // the experts are FP8 (moe_up_fp8, moe_down_fp8), not NVFP4
 	weights     []*Weight // what the table points into
 }
 
@@ -51,9 +52,10 @@ func moeStaged(k int) int { return (k + 1023) / 1024 * 1024 }
 // token on the models measured (docs/DECISIONS.md).
 func (b *Backend) MaxDeviceMoETokens() int { return 8 }
 
-// BindExperts builds the expert table for NVFP4 experts whose widths are
-// multiples of 32 and whose staged inputs fit in shared memory; otherwise
-// it returns nil, nil.
+// BindExperts builds the expert table for NVFP4 experts, or FP8 ones kept
+// as FP8 on the device (fp8.go; moe_up_fp8, moe_down_fp8), all of one
+// format, whose widths are multiples of 32 and whose staged inputs fit in
+// shared memory; otherwise it returns nil, nil.
 func (b *Backend) BindExperts(w1, w3, w2 []backend.Weight, bias []float32) (backend.Experts, error) {
 	E := len(w1)
 	if E == 0 || E > moeMaxE || len(w3) != E || len(w2) != E || (bias != nil && len(bias) != E) {
@@ -64,6 +66,9 @@ func (b *Backend) BindExperts(w1, w3, w2 []backend.Weight, bias []float32) (back
 		return nil, nil
 	}
 	x := &moeExperts{n: E, ffn: I, dim: D}
+	if w, ok := w1[0].(*Weight); ok && w.format == backend.FP8Block {
+		x.fp8 = true
+	}
 	table := make([]byte, E*moeTableRow)
 	for e := range E {
 		row := table[e*moeTableRow:]
@@ -73,12 +78,16 @@ func (b *Backend) BindExperts(w1, w3, w2 []backend.Weight, bias []float32) (back
 			if j == 2 {
 				rows, cols = D, I
 			}
-			if !ok || w.format != backend.NVFP4 || w.rows != rows || w.cols != cols || w.bias != nil {
+			if !ok || w.format != backend.NVFP4 && !x.fp8 || x.fp8 && w.format != backend.FP8Block || w.rows != rows || w.cols != cols || w.bias != nil {
 				return nil, nil
 			}
 			binary.LittleEndian.PutUint64(row[8*j:], w.data.ptr)
 			binary.LittleEndian.PutUint64(row[24+8*j:], w.scales.ptr)
-			binary.LittleEndian.PutUint32(row[48+4*j:], math.Float32bits(w.global))
+			global := w.global
+			if x.fp8 {
+				global = 1.0 / 16384 // the kernels' 2^14 (moe.cuh) then leaves the FP8 sums as they are
+			}
+			binary.LittleEndian.PutUint32(row[48+4*j:], math.Float32bits(global))
 			x.weights = append(x.weights, w)
 		}
 	}
@@ -193,9 +202,13 @@ func (b *Backend) moePrepare(exp backend.Experts, m, e, k int) (moeRun, bool) {
 // moeFFN queues the routed experts' SwiGLU FFNs over the picks in r.
 func (b *Backend) moeFFN(r moeRun, out, x backend.Buffer, m, k int, limit float32) {
 	ex := r.ex
-	b.launch("moe_up", [3]int{(ex.ffn + moeRows - 1) / moeRows, m * k, 1}, moeThreads, 4*moeStaged(ex.dim),
+	up, down := "moe_up", "moe_down"
+	if ex.fp8 {
+		up, down = "moe_up_fp8", "moe_down_fp8"
+	}
+	b.launch(up, [3]int{(ex.ffn + moeRows - 1) / moeRows, m * k, 1}, moeThreads, 4*moeStaged(ex.dim),
 		r.act, ptr(x), r.ids, ex.table.ptr, k, ex.ffn, ex.dim, limit)
-	b.launch("moe_down", [3]int{(ex.dim + moeRows - 1) / moeRows, m, 1}, moeThreads, 4*k*moeStaged(ex.ffn),
+	b.launch(down, [3]int{(ex.dim + moeRows - 1) / moeRows, m, 1}, moeThreads, 4*k*moeStaged(ex.ffn),
 		ptr(out), r.act, r.ids, r.wts, ex.table.ptr, k, ex.ffn, ex.dim)
 }
 
