@@ -41,5 +41,28 @@ func fp8Cases() []Case {
 				}})
 		}
 	}
+	// x at an offset of one value (not 16-byte aligned: the GPU's any-shape
+	// FP8 kernel, gemv_fp8_any), m = 1 and 3.
+	for _, m := range []int{1, 3} {
+		cs = append(cs, Case{Op: "MatMul", Shape: fmt.Sprintf("fp8block-e8m0/x-offset=1/m=%d/96x256", m), Tol: 4e-3, Needs: "format:fp8block",
+			Run: func(b backend.Backend, _ backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+				return matmulAt(b, rng, backend.FP8Block, m, 96, 256, 1)
+			}})
+	}
 	return cs
+}
+
+// matmulAt is matmul with x read from a view off values into its buffer.
+func matmulAt(b backend.Backend, rng *rand.Rand, f backend.Format, m, rows, cols, off int) ([]float32, []float32) {
+	wv, hw := weight(rng, f, rows, cols)
+	w, err := b.Upload(hw)
+	if err != nil {
+		panic(err)
+	}
+	x := rnd(rng, off+m*cols, 1)
+	want := make([]float32, m*rows)
+	refMatMul(want, x[off:], wv, nil, m, rows, cols, cols, rows)
+	dst := b.NewBuffer(m * rows)
+	b.MatMul(dst, b.View(upload(b, x), off, m*cols), w, m)
+	return read(b, dst), want
 }
