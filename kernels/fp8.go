@@ -187,7 +187,8 @@ func fp8GemvOf(p []uint64) (g fp8Gemv, ok bool) {
 	return g, true
 }
 
-// queueFP8Gemv queues dst = x·wᵀ on gemv_fp8_m*, joining a queued one of
+// queueFP8Gemv queues dst = x·wᵀ on gemv_fp8_m* (w, x and dst are in the
+// queue's keep: matmulFP8), joining a queued one of
 // the same x (up to three weights a launch) where the fusion pass may move
 // it there (pass.go: nothing queued since reads what it writes or writes
 // what it reads), as queueGemv does for NVFP4: the projections of one input
@@ -209,7 +210,6 @@ func (b *Backend) queueFP8Gemv(dst, x *Buffer, w *Weight, m int, bias uint64) {
 	}
 	b.qmu.Lock()
 	defer b.qmu.Unlock()
-	b.q.keep = append(b.q.keep, w, x, dst)
 	for _, i := range b.candidates() {
 		o := &b.q.ops[i]
 		if o.kind == opKernel && o.name == name && !y.overlaps(xs) {
