@@ -155,18 +155,18 @@ type fp8Gemv struct {
 
 // params are Fp8GemvArgs as the launch passes it, with kw warps splitting
 // K; blocks is the grid.
-func (g *fp8Gemv) params(kw int) (p []uint64, blocks int) {
+func (g *fp8Gemv) params(kw int) (p [18]uint64, blocks int) {
 	var ends [3]int
 	for j := range g.groups {
 		blocks += (g.n[j] + 2*(8/kw) - 1) / (2 * (8 / kw))
 		ends[j] = blocks
 	}
-	p = make([]uint64, 0, 18)
-	for _, a := range [][3]uint64{g.w, g.s, g.y, g.bias} {
-		p = append(p, a[:]...)
-	}
+	copy(p[0:], g.w[:])
+	copy(p[3:], g.s[:])
+	copy(p[6:], g.y[:])
+	copy(p[9:], g.bias[:])
 	pair := func(a, b int) uint64 { return uint64(uint32(int32(a))) | uint64(uint32(int32(b)))<<32 }
-	p = append(p, g.x, pair(g.n[0], g.n[1]), pair(g.n[2], ends[0]), pair(ends[1], ends[2]), pair(g.k, g.m), pair(kw, g.groups))
+	p[12], p[13], p[14], p[15], p[16], p[17] = g.x, pair(g.n[0], g.n[1]), pair(g.n[2], ends[0]), pair(ends[1], ends[2]), pair(g.k, g.m), pair(kw, g.groups)
 	return p, blocks
 }
 
@@ -222,7 +222,7 @@ func (b *Backend) queueFP8Gemv(dst, x *Buffer, w *Weight, m int, bias uint64) {
 					rows += n
 				}
 				p, blocks := g.params(fp8GemvSplit(rows, K, b.sms))
-				o.setParams(p)
+				o.setParams(p[:])
 				o.grid[0] = uint32(blocks)
 				o.fx.write(y)
 				return
@@ -236,7 +236,7 @@ func (b *Backend) queueFP8Gemv(dst, x *Buffer, w *Weight, m int, bias uint64) {
 		x: x.ptr, n: [3]int{N}, k: K, m: m, groups: 1}
 	p, blocks := g.params(fp8GemvSplit(N, K, b.sms))
 	o := op{kind: opKernel, name: name, fn: fn, fx: fx, grid: [3]uint32{uint32(blocks), 1, 1}, block: 256, pdl: pdlKernel(name)}
-	o.setParams(p)
+	o.setParams(p[:])
 	b.push(o)
 }
 

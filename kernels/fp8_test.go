@@ -239,7 +239,7 @@ func TestFP8GemvParams(t *testing.T) {
 		if blocks != want {
 			t.Errorf("kw %d: %d blocks, want %d", kw, blocks, want)
 		}
-		back, ok := fp8GemvOf(p)
+		back, ok := fp8GemvOf(p[:])
 		if !ok || back != g {
 			t.Errorf("kw %d: decoded %+v, want %+v", kw, back, g)
 		}
