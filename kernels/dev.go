@@ -60,7 +60,8 @@ func newExperiments() experiments {
 // shared memory they may use: in the dev image, not the production one.
 var devKernels = []string{"gemv_nvfp4_m1_d0", "gemv_nvfp4_s1_d0", "gemv_nvfp4_s1_d1", "gemv_nvfp4_s1_d1_st4",
 	"gemv_nvfp4_m8_d0", "gemv_nvfp4_m8_d1", "gemv_nvfp4_m16_d0", "gemv_nvfp4_m16_d1",
-	"gemv_nvfp4_tma", "gemv_nvfp4_tma8_3", "gemv_nvfp4_tma8_trace", "gemv_nvfp4_tma8_tm_trace"}
+	"gemv_nvfp4_tma", "gemv_nvfp4_tma8_3", "gemv_nvfp4_tma8_trace", "gemv_nvfp4_tma8_tm_trace",
+	"fp8_act_quant", "gemm_fp8q_t64"}
 
 // devImage is the image MANIFOLD_KERNEL_IMAGE names (a freshly built one,
 // the dev image), else img.
