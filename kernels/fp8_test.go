@@ -37,7 +37,7 @@ func fp8Weight(t testing.TB, rng *rand.Rand, rows, cols int, sd quant.ScaleDType
 
 // TestFP8MatMul holds the FP8 kernels (fp8.cuh) to the CPU backend, each
 // forced at every m: the CUDA-core GEMV (float32, exact up to the order of
-// the sums), the tensor-core GEMM (x rounded to fp16) and the default
+// the sums: float32's tolerance, 2e-5), the tensor-core GEMM (x rounded to fp16) and the default
 // choice; E8M0 and float32 scales; shapes off every tile; x at an offset
 // that is not 16-byte aligned (gemv_fp8_any).
 func TestFP8MatMul(t *testing.T) {
@@ -48,7 +48,7 @@ func TestFP8MatMul(t *testing.T) {
 		name  string
 		force int
 		tol   float64
-	}{{"default", 0, 4e-3}, {"gemv", fp8ForceGEMV, 1e-5}, {"gemm", fp8ForceGEMM, 4e-3}} {
+	}{{"default", 0, 4e-3}, {"gemv", fp8ForceGEMV, 2e-5}, {"gemm", fp8ForceGEMM, 4e-3}} {
 		for _, sd := range []quant.ScaleDType{quant.ScaleE8M0, quant.ScaleF32} {
 			for _, s := range []struct {
 				m, N, K int
@@ -303,7 +303,7 @@ func TestFP8Join(t *testing.T) {
 		g.Read(got, ys[i], 0)
 		want := make(cpu.Buffer, h.Rows)
 		c.MatMul(want, cpu.Buffer(xv), wcs[i], 1)
-		if err := conformance.Compare(got, want, 1e-5); err != nil {
+		if err := conformance.Compare(got, want, 2e-5); err != nil {
 			t.Errorf("weight %d (%d rows): %v", i, h.Rows, err)
 		}
 	}
