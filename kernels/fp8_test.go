@@ -37,9 +37,9 @@ func fp8Weight(t testing.TB, rng *rand.Rand, rows, cols int, sd quant.ScaleDType
 
 // TestFP8MatMul holds the FP8 kernels (fp8.cuh) to the CPU backend, each
 // forced at every m: the CUDA-core GEMV (float32, exact up to the order of
-// the sums: float32's tolerance, 2e-5), the tensor-core GEMM (x rounded to fp16) and the default
-// choice; E8M0 and float32 scales; shapes off every tile; x at an offset
-// that is not 16-byte aligned (gemv_fp8_any).
+// the sums: float32's tolerance, 2e-5), the tensor-core GEMM (x rounded to
+// fp16: 4e-3) and the default choice; E8M0 and float32 scales; shapes off
+// every tile; x at an offset that is not 16-byte aligned (gemv_fp8_any).
 func TestFP8MatMul(t *testing.T) {
 	g := newGPU(t)
 	c := cpu.New(2)
