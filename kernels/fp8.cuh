@@ -35,13 +35,15 @@ __device__ __forceinline__ void e4m3x4_f32(uint32_t v, float* f) {
     f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
 }
 
-// One launch: up to three weights of the same K reading the same x (the
-// fusion pass joins them, fp8.go); the blocks of weight j end at ends[j].
+// One launch: up to three weights of the same K reading the same x, or (m
+// = 1) weight j the row at x + j * xs floats (the fusion pass joins them,
+// fp8.go); the blocks of weight j end at ends[j].
 struct Fp8GemvArgs {
     unsigned long long W[3], S[3], y[3], bias[3];
     unsigned long long x;
     int N[3], ends[3];
     int K, m, kw, ngroups;
+    long long xs;
 };
 
 // MR rows of x a pass over the weights; m > MR takes several passes.
@@ -56,7 +58,7 @@ __device__ __forceinline__ void gemv_fp8_body(const Fp8GemvArgs& ga) {
     const float* __restrict__ S = (const float*)ga.S[gi];
     const float* __restrict__ bias = (const float*)ga.bias[gi];
     float* y = (float*)ga.y[gi];
-    const float* x = (const float*)ga.x;
+    const float* x = (const float*)ga.x + gi * ga.xs;
     const int N = ga.N[gi], K = ga.K, m = ga.m, kw = ga.kw;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     const int wk = warp % kw, rg = warp / kw;

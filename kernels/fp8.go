@@ -144,18 +144,19 @@ func (b *Backend) matmulFP8(dst, x *Buffer, w *Weight, m int) {
 const fp8GemmShared = 4 * (128*144 + 16*144*4)
 
 // fp8Gemv is one launch of gemv_fp8_m1 or gemv_fp8_m4 (Fp8GemvArgs in
-// fp8.cuh): up to three weights of the same K reading the same x, each
-// writing its own y.
+// fp8.cuh): up to three weights of the same K reading the same x, or (xs >
+// 0) weight j the row at x + j * xs floats, each writing its own y.
 type fp8Gemv struct {
 	w, s, y, bias [3]uint64
 	x             uint64
 	n             [3]int
 	k, m, groups  int
+	xs            int
 }
 
 // params are Fp8GemvArgs as the launch passes it, with kw warps splitting
 // K; blocks is the grid.
-func (g *fp8Gemv) params(kw int) (p [18]uint64, blocks int) {
+func (g *fp8Gemv) params(kw int) (p [19]uint64, blocks int) {
 	var ends [3]int
 	for j := range g.groups {
 		blocks += (g.n[j] + 2*(8/kw) - 1) / (2 * (8 / kw))
@@ -167,12 +168,13 @@ func (g *fp8Gemv) params(kw int) (p [18]uint64, blocks int) {
 	copy(p[9:], g.bias[:])
 	pair := func(a, b int) uint64 { return uint64(uint32(int32(a))) | uint64(uint32(int32(b)))<<32 }
 	p[12], p[13], p[14], p[15], p[16], p[17] = g.x, pair(g.n[0], g.n[1]), pair(g.n[2], ends[0]), pair(ends[1], ends[2]), pair(g.k, g.m), pair(kw, g.groups)
+	p[18] = uint64(g.xs)
 	return p, blocks
 }
 
 // fp8GemvOf decodes the launch parameters of a queued gemv_fp8_m* op.
 func fp8GemvOf(p []uint64) (g fp8Gemv, ok bool) {
-	if len(p) != 18 {
+	if len(p) != 19 {
 		return g, false
 	}
 	lo := func(v uint64) int { return int(int32(uint32(v))) }
@@ -183,7 +185,7 @@ func fp8GemvOf(p []uint64) (g fp8Gemv, ok bool) {
 	copy(g.bias[:], p[9:12])
 	g.x = p[12]
 	g.n = [3]int{lo(p[13]), hi(p[13]), lo(p[14])}
-	g.k, g.m, g.groups = lo(p[16]), hi(p[16]), hi(p[17])
+	g.k, g.m, g.groups, g.xs = lo(p[16]), hi(p[16]), hi(p[17]), int(p[18])
 	return g, true
 }
 
@@ -212,10 +214,13 @@ func (b *Backend) queueFP8Gemv(dst, x *Buffer, w *Weight, m int, bias uint64) {
 	defer b.qmu.Unlock()
 	for _, i := range b.candidates() {
 		o := &b.q.ops[i]
-		if o.kind == opKernel && o.name == name && !y.overlaps(xs) {
-			if g, ok := fp8GemvOf(o.params); ok && g.x == x.ptr && g.m == m && g.k == K && g.groups < 3 && !anyOverlap(y, o.fx.writes[:o.fx.nw]) && b.movable(i, &fx) {
+		if o.kind == opKernel && o.name == name {
+			if g, ok := fp8GemvOf(o.params); ok && b.movable(i, &fx) && g.joins(o, xs, y, m, K) {
 				j := g.groups
 				g.w[j], g.s[j], g.y[j], g.bias[j], g.n[j] = w.data.ptr, w.scales.ptr, dst.ptr, bias, N
+				if x.ptr != g.x {
+					g.xs = int(x.ptr-g.x) / (4 * j)
+				}
 				g.groups++
 				rows := 0
 				for _, n := range g.n[:g.groups] {
@@ -225,6 +230,9 @@ func (b *Backend) queueFP8Gemv(dst, x *Buffer, w *Weight, m int, bias uint64) {
 				o.setParams(p[:])
 				o.grid[0] = uint32(blocks)
 				o.fx.write(y)
+				if x.ptr != g.x {
+					o.fx.read(xs)
+				}
 				return
 			}
 		}
@@ -238,6 +246,31 @@ func (b *Backend) queueFP8Gemv(dst, x *Buffer, w *Weight, m int, bias uint64) {
 	o := op{kind: opKernel, name: name, fn: fn, fx: fx, grid: [3]uint32{uint32(blocks), 1, 1}, block: 256, pdl: pdlKernel(name)}
 	o.setParams(p[:])
 	b.push(o)
+}
+
+// joins reports whether the queued launch g (op o) can take the matmul
+// reading xs and writing y: m tokens of K, a free group slot, and either the
+// same x as g's (xs == 0), or at m = 1 the row one stride on from g's last
+// (joinStrided's rule for NVFP4: DeepSeek-V4's grouped output projection);
+// y overlaps no x of the launch and no other y, and no other y overlaps xs
+// (the launch's blocks run together).
+func (g *fp8Gemv) joins(o *op, xs, y span, m, K int) bool {
+	if g.m != m || g.k != K || g.groups >= 3 {
+		return false
+	}
+	if xs.ptr != g.x {
+		j := uint64(g.groups)
+		d := xs.ptr - g.x
+		if m != 1 || xs.ptr < g.x || d%(4*j) != 0 || g.xs != 0 && int(d/(4*j)) != g.xs || g.xs == 0 && g.groups > 1 {
+			return false
+		}
+	} else if g.xs != 0 {
+		return false
+	}
+	if anyOverlap(y, o.fx.reads[:o.fx.nr]) || anyOverlap(y, o.fx.writes[:o.fx.nw]) || y.overlaps(xs) || anyOverlap(xs, o.fx.writes[:o.fx.nw]) {
+		return false
+	}
+	return true
 }
 
 // fp8GemvSplit is how many warps of a gemv_fp8 block split K (1, 2, 4 or 8):

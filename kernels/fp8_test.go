@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 
@@ -231,7 +232,7 @@ func BenchmarkFP8GEMV(b *testing.B) {
 // block. Needs no GPU.
 func TestFP8GemvParams(t *testing.T) {
 	g := fp8Gemv{w: [3]uint64{1, 2, 3}, s: [3]uint64{4, 5, 6}, y: [3]uint64{7, 8, 9}, bias: [3]uint64{0, 10, 0},
-		x: 11, n: [3]int{1536, 576, 7}, k: 7168, m: 1, groups: 3}
+		x: 11, n: [3]int{1536, 576, 7}, k: 7168, m: 1, groups: 3, xs: 4096}
 	for _, kw := range []int{1, 2, 8} {
 		p, blocks := g.params(kw)
 		per := 2 * (8 / kw)
@@ -370,5 +371,60 @@ func TestFP8GroupMoE(t *testing.T) {
 			g.RoutedMoE(out, toGPU(g, x), toGPU(g, logits), nil, ex, va, 0)
 		}
 		check(t, name, fromGPU(t, g, out), want, opsTol)
+	}
+}
+
+// TestFP8JoinStrided queues DeepSeek-V4's grouped output projection at m =
+// 1 (GroupedMatMul: weight j reads slice j of the row): the FP8 matmuls
+// join three a launch, reading their rows at a stride, and each output is
+// held to the CPU backend.
+func TestFP8JoinStrided(t *testing.T) {
+	g := newGPU(t)
+	c := cpu.New(2)
+	rng := rand.New(rand.NewPCG(58, 12))
+	const G, rows, cols = 5, 200, 512
+	var wgs, wcs []backend.Weight
+	for range G {
+		h := fp8Weight(t, rng, rows, cols, quant.ScaleE8M0, false)
+		wg, err := g.Upload(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wc, err := c.Upload(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wgs, wcs = append(wgs, wg), append(wcs, wc)
+	}
+	xv := randn(rng, G*cols)
+	x, y := g.NewBuffer(G*cols), g.NewBuffer(G*rows)
+	g.Write(x, 0, xv)
+	if err := g.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	g.GroupedMatMul(y, x, wgs, 1)
+	g.qmu.Lock()
+	var launches []int
+	for _, o := range g.q.ops {
+		if o.name == "gemv_fp8_m1" {
+			p, _ := fp8GemvOf(o.params)
+			launches = append(launches, p.groups)
+		}
+	}
+	g.qmu.Unlock()
+	if !slices.Equal(launches, []int{3, 2}) {
+		t.Errorf("queued gemv_fp8_m1 launches of %v weights, want [3 2]", launches)
+	}
+	got := make([]float32, G*rows)
+	g.Read(got, y, 0)
+	if err := g.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	for j := range G {
+		want := make(cpu.Buffer, rows)
+		c.MatMul(want, cpu.Buffer(xv[j*cols:(j+1)*cols]), wcs[j], 1)
+		if err := conformance.Compare(got[j*rows:(j+1)*rows], want, 2e-5); err != nil {
+			t.Errorf("group %d: %v", j, err)
+		}
 	}
 }
