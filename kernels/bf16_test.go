@@ -1,0 +1,164 @@
+package kernels
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"testing"
+
+	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/quant"
+)
+
+// TestG16Pick holds the 16-bit GEMM's tile choice to the smallest token
+// tile that holds m (the largest past 128), and force to its tile.
+func TestG16Pick(t *testing.T) {
+	for _, tc := range []struct{ m, force, want int }{
+		{5, 0, 16}, {16, 0, 16}, {17, 0, 32}, {32, 0, 32}, {33, 0, 64}, {64, 0, 64}, {65, 0, 128}, {512, 0, 128},
+		{5, 128, 128}, {512, 16, 16}, {100, 32, 32},
+	} {
+		if got := g16Pick(tc.m, tc.force).bt; got != tc.want {
+			t.Errorf("m %d, force %d: tile %d, want %d", tc.m, tc.force, got, tc.want)
+		}
+	}
+	for _, k := range g16Kernels {
+		// Two blocks a multiprocessor in an H100's 228 KiB, each with 1 KiB
+		// the system keeps; and whole 16-feature warp tiles.
+		if 2*(k.shared()+1024+16) > 228<<10 {
+			t.Errorf("%s: %d bytes of shared memory do not fit two blocks", k.name(false), k.shared())
+		}
+		if (128/k.wf)%16 != 0 || (k.bt/k.wt)%16 != 0 || k.bk%16 != 0 {
+			t.Errorf("%s: warp tile %d x %d, stage %d", k.name(false), 128/k.wf, k.bt/k.wt, k.bk)
+		}
+	}
+}
+
+// TestGemm16 runs the 16-bit GEMM (bf16.cuh) in bf16 and f16, each token
+// tile forced, with K split and not, against float64 sums of the decoded
+// weights and float32 activations: x as two 16-bit halves leaves a relative
+// error near 2^-16, far under 1e-4.
+func TestGemm16(t *testing.T) {
+	g := newGPU(t)
+	rng := rand.New(rand.NewPCG(5, 7))
+	for _, sh := range []struct{ m, n, k int }{{5, 130, 200}, {16, 256, 4096}, {17, 77, 384}, {100, 300, 776}, {130, 129, 136}, {512, 200, 264}, {3, 1000, 8}} {
+		for _, f16 := range []bool{false, true} {
+			w, vals := gemm16Weight(t, g, rng, sh.n, sh.k, f16)
+			x := randn(rng, sh.m*sh.k)
+			xg := toGPU(g, x).(*Buffer)
+			want := make([]float32, sh.m*sh.n)
+			for i := range sh.m {
+				for r := range sh.n {
+					var s float64
+					for k := range sh.k {
+						s += float64(x[i*sh.k+k]) * float64(vals[r*sh.k+k])
+					}
+					want[i*sh.n+r] = float32(s + float64(w.biasHost[r]))
+				}
+			}
+			for _, tile := range []int{0, 16, 32, 64, 128} {
+				for _, splits := range []int{0, 1, 3} {
+					g.force.g16Tile, g.force.g16Splits = tile, splits
+					out := g.NewBuffer(sh.m * sh.n)
+					g.gemm16(out.(*Buffer), xg, w.Weight, sh.m, f16)
+					if e := relErr(fromGPU(t, g, out), want); e > 1e-4 {
+						t.Errorf("f16 %v, %+v, tile %d, splits %d: relative error %.3g", f16, sh, tile, splits, e)
+					}
+				}
+			}
+		}
+	}
+	g.force.g16Tile, g.force.g16Splits = 0, 0
+}
+
+type gemm16W struct {
+	*Weight
+	biasHost []float32
+}
+
+// gemm16Weight uploads a random n x k weight in bf16 or f16 (as the GEMM
+// reads it; Upload widens f16 to f32) with a bias, and returns its values.
+func gemm16Weight(t *testing.T, g *Backend, rng *rand.Rand, n, k int, f16 bool) (gemm16W, []float32) {
+	v := randn(rng, n*k)
+	data := make([]byte, 2*len(v))
+	for i, x := range v {
+		var c uint16
+		if f16 {
+			c = quant.Float32ToF16(x)
+		} else {
+			c = quant.Float32ToBF16(x)
+		}
+		binary.LittleEndian.PutUint16(data[2*i:], c)
+	}
+	if f16 {
+		quant.DecodeF16(v, data)
+	} else {
+		quant.DecodeBF16(v, data)
+	}
+	bias := randn(rng, n)
+	w := &Weight{rows: n, cols: k, format: backend.BF16}
+	var err error
+	if w.data, err = g.upload(data); err == nil {
+		w.bias, err = g.upload(f32Bytes(bias))
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return gemm16W{w, bias}, v
+}
+
+// BenchmarkBF16GEMM times the bf16 matmul at the dense matrix's linear
+// shapes (Llama-3-8B's 4096/14336 and 1024 rows, Qwen3-8B's 12288 FFN and
+// 151936-row head) over m = 1 (gemv_bf16), 5 and 16 (the GEMM's 16-token
+// tile), 64 and 512 (a prefill chunk): time_us, TFLOPS and the weight bytes
+// a second against the copy bandwidth (of_copy; the figure of merit at m =
+// 1 and small m). Weights rotate through copies so that no launch finds its
+// weights in L2. dev/torch/bench_torch.py times cuBLAS at the same shapes.
+func BenchmarkBF16GEMM(b *testing.B) {
+	g := newGPU(b)
+	g.SetGraphs(GraphsOff)
+	g.SetPDL(false)
+	copyBW := g.CopyBandwidth()
+	fmt.Printf("RESULT copy copy_GBps=%.0f\n", copyBW/1e9)
+	rng := rand.New(rand.NewPCG(3, 3))
+	for _, shape := range [][2]int{{4096, 4096}, {1024, 4096}, {14336, 4096}, {4096, 14336}, {12288, 4096}, {4096, 12288}, {151936, 4096}} {
+		N, K := shape[0], shape[1]
+		bf := make([]byte, 2*N*K)
+		for i := range bf[:1<<20] {
+			bf[i] = byte(rng.Uint32() & 0x3f) // small finite bf16 values
+		}
+		for i := 1 << 20; i < len(bf); i += copy(bf[i:], bf[:1<<20]) {
+		}
+		h := &backend.HostWeight{Name: "bf16", Rows: N, Cols: K, Format: backend.BF16, Data: bf}
+		bytes := float64(2 * N * K)
+		var ws []backend.Weight
+		for _, m := range []int{1, 5, 16, 64, 512} {
+			b.Run(fmt.Sprintf("%dx%d/m=%d", N, K, m), func(b *testing.B) {
+				runtime.GC()
+				for len(ws) < max(1, int(math.Ceil(200e6/bytes))) {
+					w, err := g.Upload(h)
+					if err != nil {
+						b.Fatal(err)
+					}
+					ws = append(ws, w)
+				}
+				x, y := g.NewBuffer(m*K), g.NewBuffer(m*N)
+				g.Write(x, 0, randn(rng, m*K))
+				for _, w := range ws {
+					g.MatMul(y, x, w, m)
+				}
+				i := 0
+				d := deviceTime(g, 50, func() { i++; g.MatMul(y, x, ws[i%len(ws)], m) })
+				if err := g.Sync(); err != nil {
+					b.Fatal(err)
+				}
+				us, tflops := float64(d.Nanoseconds())/1e3, 2*float64(m)*float64(N)*float64(K)/d.Seconds()/1e12
+				b.ReportMetric(us, "us/op")
+				b.ReportMetric(tflops, "TFLOPS")
+				fmt.Printf("RESULT bf16_gemm N=%d K=%d m=%d time_us=%.2f TFLOPS=%.1f of_copy=%.3f\n", N, K, m, us, tflops, bytes/d.Seconds()/copyBW)
+			})
+		}
+		ws = nil
+	}
+}
