@@ -105,7 +105,7 @@ type variants struct {
 	tmaTPB      int    // gemv_nvfp4_tma8*: tiles a block (> 0) instead of the persistent grid
 	tmaRows     bool   // gemv_nvfp4_tma8 (row copies) where the tensor copies (gemv_nvfp4_tma8_tm) would run
 	tmaMapsAll  bool   // gemv_nvfp4_tma8_tm in launches of every size (the default from tmaMapsMin weights)
-	bf16Kernel  string // the aligned bf16 matmul kernel below g16MinM tokens ("" picks by shape)
+	bf16Kernel  string // the aligned bf16 matmul kernel below g16MinM tokens ("" picks by shape; gemv_bf16_pf is only forced yet)
 	g16All      bool   // bf16 matmuls of every m > 1 on the GEMM (bf16.go), not gemv_bf16_u4 below g16MinM
 	g16Tile     int    // the bf16 GEMM's token tile (16, 32, 64, 128) instead of the smallest holding m
 	g16Splits   int    // the bf16 GEMM's K split this many ways (> 0) instead of filling the multiprocessors

@@ -260,3 +260,63 @@ GEMM16_TILE(gemm16_f16_t16, 1, 16, 8, 1, 64, 4, 2)
 GEMM16_TILE(gemm16_f16_t32, 1, 32, 4, 2, 64, 4, 2)
 GEMM16_TILE(gemm16_f16_t64, 1, 64, 4, 2, 32, 4, 2)
 GEMM16_TILE(gemm16_f16_t128, 1, 128, 2, 4, 32, 3, 2)
+
+// ---------------------------------------------------------------------------
+// gemv_bf16_pf: the bf16 matmul for m <= 4 (decode), K % 8 == 0, x 16-byte
+// aligned: one warp per weight row, 8 rows a block, each lane with 8
+// 16-byte loads of its row in flight (2048 elements a warp). The weights do
+// not depend on earlier kernels, so the first 8 loads are issued before the
+// programmatic-launch wait: a kernel chained after another (a decode step)
+// has its first weights in flight while that one finishes, as the NVFP4
+// GEMV's first copies are. m > 4 passes over the row again, 4 tokens a pass.
+#define G16V_P 8  // 16-byte loads in flight per lane
+
+__device__ __forceinline__ float g16v_dot8(uint4 w, const float* __restrict__ xr) {
+    const float4 a = *reinterpret_cast<const float4*>(xr), b = *reinterpret_cast<const float4*>(xr + 4);
+    return __uint_as_float(w.x << 16) * a.x + __uint_as_float(w.x & 0xffff0000u) * a.y + __uint_as_float(w.y << 16) * a.z +
+           __uint_as_float(w.y & 0xffff0000u) * a.w + __uint_as_float(w.z << 16) * b.x + __uint_as_float(w.z & 0xffff0000u) * b.y +
+           __uint_as_float(w.w << 16) * b.z + __uint_as_float(w.w & 0xffff0000u) * b.w;
+}
+
+extern "C" __global__ void __launch_bounds__(256, 4) gemv_bf16_pf(const uint16_t* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
+                                                                  const float* __restrict__ bias, int N, int K, int m) {
+    pdl_launch();
+    const int r = blockIdx.x * 8 + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const uint16_t* wr = W + (size_t)min(r, N - 1) * K;
+    constexpr int SPAN = G16V_P * WARP * 8;  // elements a warp's loads cover
+    uint4 w[G16V_P];
+#pragma unroll
+    for (int u = 0; u < G16V_P; u++) {
+        const int k = 8 * (lane + u * WARP);
+        w[u] = k < K ? __ldg(reinterpret_cast<const uint4*>(wr + k)) : make_uint4(0, 0, 0, 0);
+    }
+    pdl_wait();
+    if (r >= N) return;
+    for (int i0 = 0; i0 < m; i0 += 4) {
+        const int mt = min(4, m - i0);
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int k0 = 0; k0 < K; k0 += SPAN) {
+            if (k0 > 0 || i0 > 0) {
+#pragma unroll
+                for (int u = 0; u < G16V_P; u++) {
+                    const int k = k0 + 8 * (lane + u * WARP);
+                    w[u] = k < K ? __ldg(reinterpret_cast<const uint4*>(wr + k)) : make_uint4(0, 0, 0, 0);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < G16V_P; u++) {
+                const int k = k0 + 8 * (lane + u * WARP);
+                if (k < K) {
+#pragma unroll
+                    for (int tt = 0; tt < 4; tt++)
+                        if (tt < mt) acc[tt] += g16v_dot8(w[u], x + (size_t)(i0 + tt) * K + k);
+                }
+            }
+        }
+#pragma unroll
+        for (int tt = 0; tt < 4; tt++) {
+            const float s = warp_sum(acc[tt]);
+            if (lane == 0 && tt < mt) y[(size_t)(i0 + tt) * N + r] = s + (bias ? bias[r] : 0.f);
+        }
+    }
+}

@@ -110,11 +110,14 @@ func gemm16Weight(t *testing.T, g *Backend, rng *rand.Rand, n, k int, f16 bool) 
 
 // BenchmarkBF16GEMM times the bf16 matmul at the dense matrix's linear
 // shapes (Llama-3-8B's 4096/14336 and 1024 rows, Qwen3-8B's 12288 FFN and
-// 151936-row head) over m = 1 (gemv_bf16), 5 and 16 (the GEMM's 16-token
-// tile), 64 and 512 (a prefill chunk): time_us, TFLOPS and the weight bytes
-// a second against the copy bandwidth (of_copy; the figure of merit at m =
-// 1 and small m). Weights rotate through copies so that no launch finds its
-// weights in L2. dev/torch/bench_torch.py times cuBLAS at the same shapes.
+// 151936-row head) over m = 1 (the default gemv_bf16 or gemv_bf16_u4, and
+// gemv_bf16_pf; each also with programmatic dependent launch, -pdl, where a
+// launch overlaps the previous one's end as in a decode step), 5 and 16
+// (the GEMM's 16-token tile), 64 and 512 (a prefill chunk): time_us, TFLOPS
+// and the weight bytes a second against the copy bandwidth (of_copy; the
+// figure of merit at m = 1 and small m). Weights rotate through copies so
+// that no launch finds its weights in L2. dev/torch/bench_torch.py times
+// cuBLAS at the same shapes.
 func BenchmarkBF16GEMM(b *testing.B) {
 	g := newGPU(b)
 	g.SetGraphs(GraphsOff)
@@ -133,8 +136,22 @@ func BenchmarkBF16GEMM(b *testing.B) {
 		h := &backend.HostWeight{Name: "bf16", Rows: N, Cols: K, Format: backend.BF16, Data: bf}
 		bytes := float64(2 * N * K)
 		var ws []backend.Weight
-		for _, m := range []int{1, 5, 16, 64, 512} {
-			b.Run(fmt.Sprintf("%dx%d/m=%d", N, K, m), func(b *testing.B) {
+		type run struct {
+			name   string
+			m      int
+			kernel string // force.bf16Kernel
+			pdl    bool
+		}
+		runs := []run{{"bf16", 1, "", false}, {"bf16-pdl", 1, "", true}, {"bf16-pf", 1, "gemv_bf16_pf", false}, {"bf16-pf-pdl", 1, "gemv_bf16_pf", true}}
+		for _, m := range []int{5, 16, 64, 512} {
+			runs = append(runs, run{"bf16", m, "", false})
+		}
+		for _, v := range runs {
+			m := v.m
+			b.Run(fmt.Sprintf("%s/%dx%d/m=%d", v.name, N, K, m), func(b *testing.B) {
+				g.force.bf16Kernel = v.kernel
+				g.SetPDL(v.pdl)
+				defer func() { g.force.bf16Kernel = ""; g.SetPDL(false) }()
 				runtime.GC()
 				for len(ws) < max(1, int(math.Ceil(200e6/bytes))) {
 					w, err := g.Upload(h)
@@ -156,7 +173,7 @@ func BenchmarkBF16GEMM(b *testing.B) {
 				us, tflops := float64(d.Nanoseconds())/1e3, 2*float64(m)*float64(N)*float64(K)/d.Seconds()/1e12
 				b.ReportMetric(us, "us/op")
 				b.ReportMetric(tflops, "TFLOPS")
-				fmt.Printf("RESULT bf16_gemm N=%d K=%d m=%d time_us=%.2f TFLOPS=%.1f of_copy=%.3f\n", N, K, m, us, tflops, bytes/d.Seconds()/copyBW)
+				fmt.Printf("RESULT bf16_gemm %s N=%d K=%d m=%d time_us=%.2f TFLOPS=%.1f of_copy=%.3f\n", v.name, N, K, m, us, tflops, bytes/d.Seconds()/copyBW)
 			})
 		}
 		ws = nil

@@ -38,6 +38,7 @@ var conformanceVariants = []struct {
 	{"bf16-gemm-every-m", variants{g16All: true}},
 	{"bf16-gemm-t16-split3", variants{g16Tile: 16, g16Splits: 3}},
 	{"bf16-gemm-t128-unsplit", variants{g16Tile: 128, g16Splits: 1}},
+	{"bf16-gemv-prefetch", variants{bf16Kernel: "gemv_bf16_pf"}},
 	{"attention-kv", variants{attnKV: true}},
 	{"attention-global-merge", variants{attnGlobal: true}},
 	{"attention-no-short", variants{attnNoShort: true}},
