@@ -105,7 +105,9 @@ __device__ __forceinline__ void g16_mma(float d[4], const uint32_t a[4], uint32_
 // threads; shared memory NS (128 + 2 BT) (BK + 8) x 2 bytes. xh: m rows of
 // hi parts, then m rows of lo parts. cps: stages per split; part and ticket
 // only when there is more than one.
-template <int E, int BT, int WF, int WT, int BK, int NS>
+// LO: the lo parts are multiplied too (the production kernels); without,
+// x in 16 bits alone (the dev build's measure of what the lo parts cost).
+template <int E, int BT, int WF, int WT, int BK, int NS, bool LO = true>
 __device__ __forceinline__ void gemm16_tile(const uint16_t* __restrict__ W, const uint16_t* __restrict__ xh, float* __restrict__ y,
                                             const float* __restrict__ bias, float* __restrict__ part, int* __restrict__ ticket,
                                             int N, int K, int m, int cps) {
@@ -114,7 +116,7 @@ __device__ __forceinline__ void gemm16_tile(const uint16_t* __restrict__ W, cons
     constexpr int FI = FW / 16, TJ = TW / 8;       // its m16 and n8 tiles
     constexpr int ROW = BK + 8;                    // elements per shared row
     constexpr int CH = BK / 8;                     // 16-byte copies per row and stage
-    constexpr int ROWS = G16_BF + 2 * BT;          // weight rows, then token rows (hi, lo)
+    constexpr int ROWS = G16_BF + (LO ? 2 : 1) * BT;  // weight rows, then token rows (hi, lo)
     constexpr int STAGE = ROWS * ROW;              // elements
     constexpr int COPIES = ROWS * CH;
     static_assert(FW % 16 == 0 && TW % 16 == 0 && BK % 16 == 0, "gemm16_tile: warp tiles of 16");
@@ -189,15 +191,17 @@ __device__ __forceinline__ void gemm16_tile(const uint16_t* __restrict__ W, cons
                 uint32_t r[4];
                 g16_ldsm4(r, st + 2 * (boff + q * 16 * ROW + 16 * kk));
                 b[2 * q][0] = r[0], b[2 * q][1] = r[1], b[2 * q + 1][0] = r[2], b[2 * q + 1][1] = r[3];
-                g16_ldsm4(r, st + 2 * (boff + (BT + q * 16) * ROW + 16 * kk));
-                c[2 * q][0] = r[0], c[2 * q][1] = r[1], c[2 * q + 1][0] = r[2], c[2 * q + 1][1] = r[3];
+                if (LO) {
+                    g16_ldsm4(r, st + 2 * (boff + (BT + q * 16) * ROW + 16 * kk));
+                    c[2 * q][0] = r[0], c[2 * q][1] = r[1], c[2 * q + 1][0] = r[2], c[2 * q + 1][1] = r[3];
+                }
             }
 #pragma unroll
             for (int fi = 0; fi < FI; fi++)
 #pragma unroll
                 for (int tj = 0; tj < TJ; tj++) {
                     g16_mma<E>(acc[fi][tj], a[fi], b[tj][0], b[tj][1]);
-                    g16_mma<E>(acc[fi][tj], a[fi], c[tj][0], c[tj][1]);
+                    if (LO) g16_mma<E>(acc[fi][tj], a[fi], c[tj][0], c[tj][1]);
                 }
         }
     }
@@ -245,12 +249,13 @@ __device__ __forceinline__ void gemm16_tile(const uint16_t* __restrict__ W, cons
 
 // OCC: blocks per multiprocessor (registers and shared memory allow it);
 // the Go side's g16Kernel table repeats each line's parameters.
-#define GEMM16_TILE(NAME, E, BT, WF, WT, BK, NS, OCC)                                                                   \
+#define GEMM16_TILE(NAME, E, BT, WF, WT, BK, NS, OCC) GEMM16_TILE_LO(NAME, E, BT, WF, WT, BK, NS, OCC, true)
+#define GEMM16_TILE_LO(NAME, E, BT, WF, WT, BK, NS, OCC, LO)                                                            \
     extern "C" __global__ void __launch_bounds__(32 * WF * WT, OCC)                                                     \
         NAME(const uint16_t* W, const uint16_t* xh, float* y, const float* bias, float* part, int* ticket, int N, int K, \
              int m, int cps) {                                                                                          \
         pdl_entry();                                                                                                    \
-        gemm16_tile<E, BT, WF, WT, BK, NS>(W, xh, y, bias, part, ticket, N, K, m, cps);                                 \
+        gemm16_tile<E, BT, WF, WT, BK, NS, LO>(W, xh, y, bias, part, ticket, N, K, m, cps);                             \
     }
 GEMM16_TILE(gemm16_bf16_t16, 0, 16, 8, 1, 64, 4, 2)
 GEMM16_TILE(gemm16_bf16_t32, 0, 32, 4, 2, 64, 4, 2)
@@ -260,6 +265,14 @@ GEMM16_TILE(gemm16_f16_t16, 1, 16, 8, 1, 64, 4, 2)
 GEMM16_TILE(gemm16_f16_t32, 1, 32, 4, 2, 64, 4, 2)
 GEMM16_TILE(gemm16_f16_t64, 1, 64, 4, 2, 32, 4, 2)
 GEMM16_TILE(gemm16_f16_t128, 1, 128, 2, 4, 32, 3, 2)
+#ifdef MANIFOLD_DEV
+// x in bf16 alone (results off by x's rounding: the dev build's
+// MANIFOLD_G16_HI=1), same tiles and shared memory as above.
+GEMM16_TILE_LO(gemm16_bf16_t16_hi, 0, 16, 8, 1, 64, 4, 2, false)
+GEMM16_TILE_LO(gemm16_bf16_t32_hi, 0, 32, 4, 2, 64, 4, 2, false)
+GEMM16_TILE_LO(gemm16_bf16_t64_hi, 0, 64, 4, 2, 32, 4, 2, false)
+GEMM16_TILE_LO(gemm16_bf16_t128_hi, 0, 128, 2, 4, 32, 3, 2, false)
+#endif
 
 // ---------------------------------------------------------------------------
 // gemv_bf16_pf: the bf16 matmul for m <= 4 (decode), K % 8 == 0, x 16-byte

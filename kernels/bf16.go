@@ -107,7 +107,11 @@ func (b *Backend) gemm16(dst, x *Buffer, w *Weight, m int, f16 bool) {
 		conv = "gemm16_x_f16"
 	}
 	b.launch(conv, [3]int{max(1, min((units+255)/256, 4*b.sms)), 1, 1}, 256, 0, xh.ptr, x.ptr, units)
-	b.launch(k.name(f16), [3]int{ntiles * splits, mtiles, 1}, k.threads(), k.shared(),
+	name, shared := k.name(f16), k.shared()
+	if !f16 && b.exp.gemm16Hi() {
+		name, shared = name+"_hi", k.ns*(128+k.bt)*(k.bk+8)*2
+	}
+	b.launch(name, [3]int{ntiles * splits, mtiles, 1}, k.threads(), shared,
 		w.data.ptr, xh.ptr, dst.ptr, bias, pp, tp, N, K, m, cps)
 	b.qmu.Lock()
 	b.q.keep = append(b.q.keep, xh, part, ticket, w, x, dst)
