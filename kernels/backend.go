@@ -575,8 +575,6 @@ func (b *Backend) MatMul(dst, x backend.Buffer, wt backend.Weight, m int) {
 	}
 	const warps = 8
 	g := grid1(N, warps)
-	// A warp per row up to bf16SplitRows rows fills at most 128 blocks.
-	const bf16SplitRows = 1024
 	xp := ptr(x)
 	aligned := xp%16 == 0 && ptr(dst)%4 == 0
 	switch w.format {
@@ -604,8 +602,10 @@ func (b *Backend) MatMul(dst, x backend.Buffer, wt backend.Weight, m int) {
 		}
 		if !aligned || K%8 != 0 {
 			name = "gemv_bf16_any"
-		} else if N <= bf16SplitRows && m <= 4 && b.force.bf16Kernel == "" {
-			// Few rows (the MoE routers): a block per row.
+		} else if N <= warps*b.sms && m <= 4 && b.force.bf16Kernel == "" {
+			// Few rows (the MoE routers; up to 1056 on an H100, where a warp
+			// per row would leave multiprocessors without a block): a block
+			// per row.
 			name, g = "gemv_bf16_sk", [3]int{N, 1, 1}
 		}
 		b.launch(name, g, 32*warps, 0, w.data.ptr, xp, ptr(dst), bias, N, K, m)
