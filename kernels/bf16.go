@@ -18,11 +18,13 @@ type g16Scratch struct {
 type g16Kernel struct{ bt, wf, wt, bk, ns, occ int }
 
 // g16Kernels are the token tiles, smallest first.
-var g16Kernels = [...]g16Kernel{
-	{16, 8, 1, 64, 4, 2},
-	{32, 4, 2, 64, 4, 2},
-	{64, 4, 2, 32, 4, 2},
-	{128, 2, 4, 32, 3, 2},
+func g16Kernels() [4]g16Kernel {
+	return [4]g16Kernel{
+		{16, 8, 1, 64, 4, 2},
+		{32, 4, 2, 64, 4, 2},
+		{64, 4, 2, 32, 4, 2},
+		{128, 2, 4, 32, 3, 2},
+	}
 }
 
 // g16MinM is the smallest m the 16-bit matmul takes to the tensor cores:
@@ -37,12 +39,13 @@ const g16SplitK = 512
 // holds m, or the largest (the grid is then filled by splitting K, gemm16).
 // force (tests and benchmarks) picks tile bt where it is > 0.
 func g16Pick(m, force int) g16Kernel {
-	for _, k := range g16Kernels {
+	ks := g16Kernels()
+	for _, k := range ks {
 		if force > 0 && k.bt == force || force <= 0 && k.bt >= m {
 			return k
 		}
 	}
-	return g16Kernels[len(g16Kernels)-1]
+	return ks[len(ks)-1]
 }
 
 func (k g16Kernel) name(f16 bool) string {

@@ -23,7 +23,7 @@ func TestG16Pick(t *testing.T) {
 			t.Errorf("m %d, force %d: tile %d, want %d", tc.m, tc.force, got, tc.want)
 		}
 	}
-	for _, k := range g16Kernels {
+	for _, k := range g16Kernels() {
 		// Two blocks a multiprocessor in an H100's 228 KiB, each with 1 KiB
 		// the system keeps; and whole 16-feature warp tiles.
 		if 2*(k.shared()+1024+16) > 228<<10 {
