@@ -80,6 +80,7 @@ type Backend struct {
 	attnTicketLen int
 	gemm          gemmScratch // the NVFP4 GEMM's (gemm.go; guarded by partMu)
 	g16           g16Scratch  // the bf16 GEMM's (bf16.go; guarded by partMu)
+	g16v          g16vFns     // the joined bf16 matvecs' kernels (bf16.go; guarded by qmu)
 
 	// force: tests force a variant a default path can choose (for other
 	// shapes, or on other GPUs), so that the conformance tests cover every
@@ -588,6 +589,12 @@ func (b *Backend) MatMul(dst, x backend.Buffer, wt backend.Weight, m int) {
 		if xb := x.(*Buffer); m > 1 && g16Eligible(xb, w, m, b.force.g16All) {
 			// Tensor cores, each weight read once per token tile (bf16.go).
 			b.gemm16(dst.(*Buffer), xb, w, m, false)
+			break
+		}
+		if xb, db := x.(*Buffer), dst.(*Buffer); b.gemv16Eligible(db, xb, w, m) {
+			// Joinable: q, k, v in one launch, SwiGLU and residual adds as
+			// epilogues (bf16.go).
+			b.queueGemv16(db, xb, w, m)
 			break
 		}
 		// Four loads in flight per lane pay off on tall matrices (the LM head:

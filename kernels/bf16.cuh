@@ -333,3 +333,106 @@ extern "C" __global__ void __launch_bounds__(256, 4) gemv_bf16_pf(const uint16_t
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// gemv_bf16_grp and gemv_bf16_glu: the bf16 matmuls of a decode step (m <= 4
+// a pass) as the fusion pass joins them (kernels/fuse.go), loaded as
+// gemv_bf16_pf loads (a warp a row, 8 loads a lane in flight, the first
+// before the programmatic-launch wait). grp: up to three weights of the same
+// K reading the same x, their rows numbered one after another (N0, then N1,
+// then N2): y_j = x·W_jᵀ (+ bias_j), and with res set (one weight) res +=
+// y_0 too. glu: gate W0 and up W1 of N0 rows each: y_1 = x·W1ᵀ (+ bias_1)
+// and y_0 = silu(g)·u of the gate's and the up's sums, each clamped when
+// limit > 0, as the swiglu kernel computes them.
+template <bool GLU>
+__device__ __forceinline__ void gemv16_body(const uint16_t* __restrict__ W0, const uint16_t* __restrict__ W1,
+                                            const uint16_t* __restrict__ W2, float* y0, float* y1, float* y2,
+                                            const float* b0, const float* b1, const float* b2, int N0, int N1, int N2,
+                                            const float* __restrict__ x, float* res, int K, int m, float limit) {
+    pdl_launch();
+    constexpr int NR = GLU ? 2 : 1;              // weight rows a warp
+    constexpr int P = G16V_P / NR;               // loads a row and lane in flight
+    constexpr int SPAN = P * WARP * 8;           // elements of a row a round
+    const int total = GLU ? N0 : N0 + N1 + N2;
+    const int R = blockIdx.x * 8 + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int Rc = min(R, total - 1);
+    // This warp's row: row of weight j (GLU: row Rc of both).
+    const int j = GLU ? 0 : Rc < N0 ? 0 : Rc < N0 + N1 ? 1 : 2;
+    const int row = Rc - (j > 0 ? N0 : 0) - (j > 1 ? N1 : 0);
+    const uint16_t* wr[NR];
+    wr[0] = (j == 0 ? W0 : j == 1 ? W1 : W2) + (size_t)row * K;
+    if (GLU) wr[NR - 1] = W1 + (size_t)row * K;
+    uint4 w[NR][P];
+#pragma unroll
+    for (int h = 0; h < NR; h++)
+#pragma unroll
+        for (int u = 0; u < P; u++) {
+            const int k = 8 * (lane + u * WARP);
+            w[h][u] = k < K ? __ldg(reinterpret_cast<const uint4*>(wr[h] + k)) : make_uint4(0, 0, 0, 0);
+        }
+    pdl_wait();
+    if (R >= total) return;
+    for (int i0 = 0; i0 < m; i0 += 4) {
+        const int mt = min(4, m - i0);
+        float acc[NR][4];
+#pragma unroll
+        for (int h = 0; h < NR; h++)
+#pragma unroll
+            for (int tt = 0; tt < 4; tt++) acc[h][tt] = 0.f;
+        for (int k0 = 0; k0 < K; k0 += SPAN) {
+            if (k0 > 0 || i0 > 0) {
+#pragma unroll
+                for (int h = 0; h < NR; h++)
+#pragma unroll
+                    for (int u = 0; u < P; u++) {
+                        const int k = k0 + 8 * (lane + u * WARP);
+                        w[h][u] = k < K ? __ldg(reinterpret_cast<const uint4*>(wr[h] + k)) : make_uint4(0, 0, 0, 0);
+                    }
+            }
+#pragma unroll
+            for (int u = 0; u < P; u++) {
+                const int k = k0 + 8 * (lane + u * WARP);
+                if (k < K) {
+#pragma unroll
+                    for (int tt = 0; tt < 4; tt++)
+                        if (tt < mt)
+#pragma unroll
+                            for (int h = 0; h < NR; h++) acc[h][tt] += g16v_dot8(w[h][u], x + (size_t)(i0 + tt) * K + k);
+                }
+            }
+        }
+#pragma unroll
+        for (int tt = 0; tt < 4; tt++) {
+            float s[NR];
+#pragma unroll
+            for (int h = 0; h < NR; h++) s[h] = warp_sum(acc[h][tt]);
+            if (lane != 0 || tt >= mt) continue;
+            const size_t tok = i0 + tt;
+            if (GLU) {
+                float gv = s[0] + (b0 ? b0[row] : 0.f), uv = s[NR - 1] + (b1 ? b1[row] : 0.f);
+                y1[tok * N0 + row] = uv;
+                if (limit > 0.f) {
+                    gv = fminf(gv, limit);
+                    uv = fmaxf(fminf(uv, limit), -limit);
+                }
+                y0[tok * N0 + row] = gv / (1.f + __expf(-gv)) * uv;
+            } else {
+                const int N = j == 0 ? N0 : j == 1 ? N1 : N2;
+                const float* bias = j == 0 ? b0 : j == 1 ? b1 : b2;
+                const float v = s[0] + (bias ? bias[row] : 0.f);
+                (j == 0 ? y0 : j == 1 ? y1 : y2)[tok * N + row] = v;
+                if (res) res[tok * N + row] += v;
+            }
+        }
+    }
+}
+
+#define GEMV16(NAME, GLU)                                                                                                \
+    extern "C" __global__ void __launch_bounds__(256, 4)                                                                 \
+        NAME(const uint16_t* W0, const uint16_t* W1, const uint16_t* W2, float* y0, float* y1, float* y2, const float* b0, \
+             const float* b1, const float* b2, int N0, int N1, int N2, const float* x, float* res, int K, int m,          \
+             float limit) {                                                                                              \
+        gemv16_body<GLU>(W0, W1, W2, y0, y1, y2, b0, b1, b2, N0, N1, N2, x, res, K, m, limit);                          \
+    }
+GEMV16(gemv_bf16_grp, false)
+GEMV16(gemv_bf16_glu, true)

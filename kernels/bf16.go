@@ -120,3 +120,104 @@ func (b *Backend) gemm16(dst, x *Buffer, w *Weight, m int, f16 bool) {
 	b.q.keep = append(b.q.keep, xh, part, ticket, w, x, dst)
 	b.qmu.Unlock()
 }
+
+// g16vFns are the handles of the joined bf16 matvec kernels (bf16.cuh),
+// looked up before a matvec is queued and read when it is finalized (both
+// with qmu held).
+type g16vFns struct{ grp, glu uintptr }
+
+// gemv16Lone is the kernel and grid of a bf16 matvec of N rows that nothing
+// joined: a warp a row with one load in flight a lane, four on tall
+// matrices (the LM head: 100% of the copy rate against 90%) and for m > 1;
+// at m = 1 on the 4096/14336 shapes one load measured faster
+// (docs/PERFORMANCE.md). Few rows (the MoE routers; up to 1056 on an H100,
+// where a warp a row would leave multiprocessors without a block): a block
+// a row.
+func (b *Backend) gemv16Lone(N, m int) (string, int) {
+	if N <= 8*b.sms && m <= 4 {
+		return "gemv_bf16_sk", N
+	}
+	if N >= 32768 || m > 1 {
+		return "gemv_bf16_u4", (N + 7) / 8
+	}
+	return "gemv_bf16", (N + 7) / 8
+}
+
+// gemv16Eligible reports whether a bf16 matvec of m rows is queued as one
+// the fusion pass may join (queueGemv16): K % 8 == 0, x 16-byte aligned,
+// the buffers as large as the shapes, no kernel forced.
+func (b *Backend) gemv16Eligible(dst, x *Buffer, w *Weight, m int) bool {
+	return b.force.bf16Kernel == "" && w.cols%8 == 0 && x.ptr%16 == 0 && dst.ptr%4 == 0 &&
+		x.n >= m*w.cols && dst.n >= m*w.rows
+}
+
+// queueGemv16 queues dst = x·wᵀ (+ bias) for a bf16 weight as the NVFP4
+// matvecs are queued (fuse.go: queueGemv), so that the fusion pass joins
+// it: with a queued bf16 matvec of the same x (q, k and v: one launch of
+// gemv_bf16_grp), and then with the SwiGLU (gate and up: gemv_bf16_glu) or
+// the residual add (gemv_bf16_grp with res) that follows it. One that
+// nothing joins launches the kernel gemv16Lone picks.
+func (b *Backend) queueGemv16(dst, x *Buffer, w *Weight, m int) {
+	name, grid := b.gemv16Lone(w.rows, m)
+	fn, grp, glu := b.function(name), b.function("gemv_bf16_grp"), b.function("gemv_bf16_glu")
+	if fn == 0 || grp == 0 || glu == 0 {
+		return // b.function kept the error for Sync
+	}
+	b.qmu.Lock()
+	defer b.qmu.Unlock()
+	b.g16v = g16vFns{grp, glu}
+	q := &b.q
+	y := span{dst.ptr, dst.ptr + uint64(4*m*w.rows)}
+	xs := span{x.ptr, x.ptr + uint64(4*m*w.cols)}
+	bias := uint64(0)
+	if w.bias != nil {
+		bias = w.bias.ptr
+	}
+	q.keep = append(q.keep, dst, x, w)
+	var fx effects
+	fx.read(xs)
+	fx.write(y)
+	for _, i := range b.candidates() {
+		g := q.ops[i].gemv
+		if g == nil {
+			continue
+		}
+		if !b.movable(i, &fx) {
+			break
+		}
+		if joinGroup(g, xs, y, w, bias, m) {
+			return
+		}
+	}
+	b.push(op{kind: opKernel, name: name, fn: fn, pdl: pdlKernel(name), grid: [3]uint32{uint32(grid), 1, 1}, block: 256,
+		gemv: &gemvOp{x: xs, m: m, K: w.cols, groups: []gemvGroup{{w: w, y: y, bias: bias}}}})
+}
+
+// finalizeGemv16 fills in the parameters of a queued bf16 matvec, and the
+// kernel and launch shape of a joined one. qmu held.
+func (b *Backend) finalizeGemv16(o *op) {
+	g := o.gemv
+	gs := g.groups
+	if len(gs) == 1 && g.mode == 0 { // kernel and grid as queued
+		o.setParams(gs[0].w.data.ptr, g.x.ptr, gs[0].y.ptr, gs[0].bias, gs[0].w.rows, g.K, g.m)
+		return
+	}
+	var W, y, bias [3]uint64
+	var N [3]int
+	for i, gg := range gs {
+		W[i], y[i], bias[i], N[i] = gg.w.data.ptr, gg.y.ptr, gg.bias, gg.w.rows
+	}
+	rows := N[0] + N[1] + N[2]
+	o.name, o.fn = "gemv_bf16_grp", b.g16v.grp
+	if g.mode == 1 {
+		o.name, o.fn, rows = "gemv_bf16_glu", b.g16v.glu, N[0]
+	}
+	res := uint64(0)
+	if g.mode == 2 {
+		res = g.res.ptr
+	}
+	o.pdl = pdlKernel(o.name)
+	o.grid = [3]uint32{uint32((rows + 7) / 8), 1, 1}
+	o.block, o.shared = 256, 0
+	o.setParams(W[0], W[1], W[2], y[0], y[1], y[2], bias[0], bias[1], bias[2], N[0], N[1], N[2], g.x.ptr, res, g.K, g.m, g.limit)
+}

@@ -72,6 +72,97 @@ func TestGemm16(t *testing.T) {
 	g.force.g16Tile, g.force.g16Splits = 0, 0
 }
 
+// TestBF16Joined runs a Llama block's bf16 matvecs as a decode step queues
+// them (q, k and v of one row; the output projection and its residual add;
+// gate and up and their SwiGLU, clamped and not; the down projection and
+// its residual add; a matvec nothing joins) on the GPU, with and without
+// graphs and at m = 1 and 3, against the CPU backend; and checks that the
+// fusion pass joined them: q, k, v in one launch, the epilogues taken in.
+func TestBF16Joined(t *testing.T) {
+	for _, graphs := range []GraphMode{GraphsOn, GraphsOff} {
+		for _, m := range []int{1, 3} {
+			for _, limit := range []float32{0, 0.5} {
+				t.Run(fmt.Sprintf("graphs=%v/m=%d/limit=%g", graphs, m, limit), func(t *testing.T) {
+					testBF16Joined(t, graphs, m, limit)
+				})
+			}
+		}
+	}
+}
+
+func testBF16Joined(t *testing.T, graphs GraphMode, m int, limit float32) {
+	g, c := newGPU(t), refCPU()
+	g.SetGraphs(graphs)
+	rng := rand.New(rand.NewPCG(9, uint64(m)))
+	hidden, qn, kvn, ffn, out := 1024, 1024, 256, 2816, 1200 // out: a matvec nothing joins
+	type pair struct{ c, g backend.Weight }
+	mk := func(n, k int, bias bool) pair {
+		h := scaledWeight(rng, backend.BF16, n, k)
+		if bias {
+			h.Bias = randn(rng, n)
+		}
+		wc, err := c.Upload(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg, err := g.Upload(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pair{wc, wg}
+	}
+	wq, wk, wv, wo := mk(qn, hidden, true), mk(kvn, hidden, true), mk(kvn, hidden, false), mk(hidden, qn, false)
+	wgate, wup, wdown, wout := mk(ffn, hidden, false), mk(ffn, hidden, true), mk(hidden, ffn, true), mk(out, hidden, false)
+	x0 := randn(rng, m*hidden)
+	type bufs struct{ x, q, k, v, gate, up, o backend.Buffer }
+	newBufs := func(b backend.Backend) bufs {
+		nb := b.NewBuffer
+		u := bufs{nb(m * hidden), nb(m * qn), nb(m * kvn), nb(m * kvn), nb(m * ffn), nb(m * ffn), nb(m * out)}
+		b.Write(u.x, 0, x0)
+		return u
+	}
+	bc, bg := newBufs(c), newBufs(g)
+	step := func(b backend.Backend, u bufs, w func(pair) backend.Weight, check func(string, int)) {
+		b.MatMul(u.q, u.x, w(wq), m)
+		b.MatMul(u.k, u.x, w(wk), m)
+		b.MatMul(u.v, u.x, w(wv), m)
+		check("q, k, v", 3)
+		b.MatMul(u.gate, u.q, w(wo), m) // gate's first hidden values: the projection's output
+		b.Add(u.x, u.x, b.View(u.gate, 0, m*hidden))
+		b.MatMul(u.gate, u.x, w(wgate), m)
+		b.MatMul(u.up, u.x, w(wup), m)
+		b.SwiGLU(u.gate, u.gate, u.up, limit)
+		check("gate, up + SwiGLU", 2)
+		b.MatMul(u.q, u.gate, w(wdown), m) // q's first hidden values
+		b.Add(u.x, u.x, b.View(u.q, 0, m*hidden))
+		check("down + add", 1)
+		b.MatMul(u.o, u.x, w(wout), m)
+	}
+	none := func(string, int) {}
+	joined := func(what string, groups int) {
+		g.qmu.Lock()
+		defer g.qmu.Unlock()
+		ops := g.q.ops
+		if len(ops) == 0 || ops[len(ops)-1].gemv == nil || len(ops[len(ops)-1].gemv.groups) != groups {
+			t.Errorf("%s: the last queued op is not one matvec of %d weights", what, groups)
+		}
+	}
+	for range 2 {
+		step(c, bc, func(p pair) backend.Weight { return p.c }, none)
+		step(g, bg, func(p pair) backend.Weight { return p.g }, joined)
+	}
+	for _, r := range []struct {
+		name   string
+		gc, gg backend.Buffer
+	}{{"x", bc.x, bg.x}, {"up", bc.up, bg.up}, {"gate", bc.gate, bg.gate}, {"o", bc.o, bg.o}, {"k", bc.k, bg.k}, {"v", bc.v, bg.v}} {
+		want := make([]float32, r.gc.Len())
+		c.Read(want, r.gc, 0)
+		if e := relErr(fromGPU(t, g, r.gg), want); e > matmulTol {
+			t.Errorf("%s: relative error %.3g", r.name, e)
+		}
+	}
+}
+
 type gemm16W struct {
 	*Weight
 	biasHost []float32
