@@ -270,3 +270,77 @@ func BenchmarkBF16GEMM(b *testing.B) {
 		ws = nil
 	}
 }
+
+// BenchmarkBF16Block times a Llama-3-8B-shape block's bf16 matvecs at m = 1
+// as a decode step queues them, chained with programmatic dependent launch:
+// q, k, v of one row; the output projection and its residual add; gate and
+// up with their SwiGLU; the down projection and its residual add (436 MB of
+// weights, rotated through two copies so that none is found in L2). joined
+// is the default path (four launches: gemv_bf16_grp, gemv_bf16_glu);
+// separate forces gemv_bf16 on each matvec, with the SwiGLU and the adds
+// their own launches (nine), as before the joins. RESULT bf16_block: time
+// and the weight bytes a second against the copy bandwidth.
+func BenchmarkBF16Block(b *testing.B) {
+	g := newGPU(b)
+	g.SetGraphs(GraphsOff)
+	g.SetPDL(true)
+	copyBW := g.CopyBandwidth()
+	rng := rand.New(rand.NewPCG(4, 4))
+	const hidden, q, kv, ffn = 4096, 4096, 1024, 14336
+	upload := func(n, k int) backend.Weight {
+		bf := make([]byte, 2*n*k)
+		for i := range bf[:1<<20] {
+			bf[i] = byte(rng.Uint32() & 0x3f) // small finite bf16 values
+		}
+		for i := 1 << 20; i < len(bf); i += copy(bf[i:], bf[:1<<20]) {
+		}
+		w, err := g.Upload(&backend.HostWeight{Name: "bf16", Rows: n, Cols: k, Format: backend.BF16, Data: bf})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return w
+	}
+	type set struct{ wq, wk, wv, wo, gate, up, down backend.Weight }
+	sets := make([]set, 2)
+	for i := range sets {
+		sets[i] = set{upload(q, hidden), upload(kv, hidden), upload(kv, hidden), upload(hidden, q), upload(ffn, hidden), upload(ffn, hidden), upload(hidden, ffn)}
+	}
+	bytes := 2 * float64(hidden*(q+2*kv)+q*hidden+3*hidden*ffn)
+	nb := g.NewBuffer
+	x, h, qb, kb, vb, gate, up := nb(hidden), nb(hidden), nb(q), nb(kv), nb(kv), nb(ffn), nb(ffn)
+	g.Write(x, 0, randn(rng, hidden))
+	g.Write(qb, 0, randn(rng, q))
+	block := func(i int) {
+		s := sets[i%len(sets)]
+		g.MatMul(qb, x, s.wq, 1)
+		g.MatMul(kb, x, s.wk, 1)
+		g.MatMul(vb, x, s.wv, 1)
+		g.MatMul(h, qb, s.wo, 1) // q stands in for the attention output
+		g.Add(x, x, h)
+		g.MatMul(gate, x, s.gate, 1)
+		g.MatMul(up, x, s.up, 1)
+		g.SwiGLU(gate, gate, up, 0)
+		g.MatMul(h, gate, s.down, 1)
+		g.Add(x, x, h)
+	}
+	for _, v := range []struct{ name, kernel string }{{"joined", ""}, {"separate", "gemv_bf16"}} {
+		b.Run(v.name, func(b *testing.B) {
+			g.force.bf16Kernel = v.kernel
+			defer func() { g.force.bf16Kernel = "" }()
+			for i := range len(sets) {
+				block(i)
+			}
+			for i := 0; i < b.N; i++ {
+				n := 0
+				d := deviceTime(g, 20, func() { block(n); n++ })
+				if err := g.Sync(); err != nil {
+					b.Fatal(err)
+				}
+				us := float64(d.Nanoseconds()) / 1e3
+				b.ReportMetric(us, "us/block")
+				b.ReportMetric(bytes/d.Seconds()/copyBW, "of-copy-bw")
+				fmt.Printf("RESULT bf16_block %s time_us=%.2f weight_MB=%.1f of_copy=%.3f\n", v.name, us, bytes/1e6, bytes/d.Seconds()/copyBW)
+			}
+		})
+	}
+}
