@@ -147,9 +147,13 @@ func testBF16Joined(t *testing.T, graphs GraphMode, m int, limit float32) {
 			t.Errorf("%s: the last queued op is not one matvec of %d weights", what, groups)
 		}
 	}
-	for range 2 {
+	for i := range 2 {
+		check := joined
+		if i > 0 {
+			check = none // the step's first matvecs may join the last one of the step before
+		}
 		step(c, bc, func(p pair) backend.Weight { return p.c }, none)
-		step(g, bg, func(p pair) backend.Weight { return p.g }, joined)
+		step(g, bg, func(p pair) backend.Weight { return p.g }, check)
 	}
 	for _, r := range []struct {
 		name   string
