@@ -80,6 +80,8 @@ type Backend struct {
 	attnTicketLen int
 	gemm          gemmScratch // the NVFP4 GEMM's (gemm.go; guarded by partMu)
 	fp8           fp8Scratch  // the FP8 GEMM's (fp8.go; guarded by partMu)
+	g16           g16Scratch  // the bf16 GEMM's (bf16.go; guarded by partMu)
+	g16v          g16vFns     // the joined bf16 matvecs' kernels (bf16.go; guarded by qmu)
 
 	// force: tests force a variant a default path can choose (for other
 	// shapes, or on other GPUs), so that the conformance tests cover every
@@ -105,7 +107,10 @@ type variants struct {
 	tmaTPB      int    // gemv_nvfp4_tma8*: tiles a block (> 0) instead of the persistent grid
 	tmaRows     bool   // gemv_nvfp4_tma8 (row copies) where the tensor copies (gemv_nvfp4_tma8_tm) would run
 	tmaMapsAll  bool   // gemv_nvfp4_tma8_tm in launches of every size (the default from tmaMapsMin weights)
-	bf16Kernel  string // the aligned bf16 matmul kernel ("" picks by shape)
+	bf16Kernel  string // the aligned bf16 matmul kernel below g16MinM tokens ("" picks by shape; gemv_bf16_pf is only forced yet)
+	g16All      bool   // bf16 matmuls of every m > 1 on the GEMM (bf16.go), not gemv_bf16_u4 below g16MinM
+	g16Tile     int    // the bf16 GEMM's token tile (16, 32, 64, 128) instead of the smallest holding m
+	g16Splits   int    // the bf16 GEMM's K split this many ways (> 0) instead of filling the multiprocessors
 	gemmK128    bool   // the NVFP4 GEMM in stages of 128 elements even where 256 fit
 	gemmK256    bool   // ... of 256 elements even where 512 would be taken
 	topkPath    int    // a top-k path (topkMany, topkOneBlock)
@@ -585,8 +590,6 @@ func (b *Backend) MatMul(dst, x backend.Buffer, wt backend.Weight, m int) {
 	}
 	const warps = 8
 	g := grid1(N, warps)
-	// A warp per row up to bf16SplitRows rows fills at most 128 blocks.
-	const bf16SplitRows = 1024
 	xp := ptr(x)
 	aligned := xp%16 == 0 && ptr(dst)%4 == 0
 	switch w.format {
@@ -597,6 +600,17 @@ func (b *Backend) MatMul(dst, x backend.Buffer, wt backend.Weight, m int) {
 		}
 		b.launch(name, g, 32*warps, 0, w.data.ptr, xp, ptr(dst), bias, N, K, m)
 	case backend.BF16:
+		if xb := x.(*Buffer); m > 1 && g16Eligible(xb, w, m, b.force.g16All) {
+			// Tensor cores, each weight read once per token tile (bf16.go).
+			b.gemm16(dst.(*Buffer), xb, w, m, false)
+			break
+		}
+		if xb, db := x.(*Buffer), dst.(*Buffer); b.gemv16Eligible(db, xb, w, m) {
+			// Joinable: q, k, v in one launch, SwiGLU and residual adds as
+			// epilogues (bf16.go).
+			b.queueGemv16(db, xb, w, m)
+			break
+		}
 		// Four loads in flight per lane pay off on tall matrices (the LM head:
 		// 100% of the copy rate against 90%) and for m > 1; at m = 1 on the
 		// 4096/14336 shapes one load measured faster (docs/PERFORMANCE.md).
@@ -609,8 +623,10 @@ func (b *Backend) MatMul(dst, x backend.Buffer, wt backend.Weight, m int) {
 		}
 		if !aligned || K%8 != 0 {
 			name = "gemv_bf16_any"
-		} else if N <= bf16SplitRows && m <= 4 && b.force.bf16Kernel == "" {
-			// Few rows (the MoE routers): a block per row.
+		} else if N <= warps*b.sms && m <= 4 && b.force.bf16Kernel == "" {
+			// Few rows (the MoE routers; up to 1056 on an H100, where a warp
+			// per row would leave multiprocessors without a block): a block
+			// per row.
 			name, g = "gemv_bf16_sk", [3]int{N, 1, 1}
 		}
 		b.launch(name, g, 32*warps, 0, w.data.ptr, xp, ptr(dst), bias, N, K, m)

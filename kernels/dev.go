@@ -50,6 +50,7 @@ type experiments struct {
 	attnMode    int         // MANIFOLD_ATTN_ABLATE (results wrong): 1 (wait) the one-row attention returns after its wait, 2 (skip) is not launched
 	skipRole    string      // MANIFOLD_SKIP (results wrong): launches of one role left out (skip)
 	fp8q        fp8qScratch // the FP8 tensor-core candidate's quantized x (fp8_dev.go)
+	g16Hi       bool        // MANIFOLD_G16_HI=1 (results off by x's bf16 rounding): the bf16 GEMM on x's hi parts alone (gemm16_bf16_t*_hi)
 }
 
 func newExperiments() experiments {
@@ -149,6 +150,7 @@ func (e *experiments) setup(b *Backend) {
 	e.skipRole = env("MANIFOLD_SKIP")
 	e.smallAblate = map[string]int{"nodec": 0x20, "nox": 0x10, "both": 0x30}[env("MANIFOLD_SMALL_ABLATE")]
 	e.smallRole = env("MANIFOLD_SMALL_ABLATE_ROLE")
+	e.g16Hi = env("MANIFOLD_G16_HI") == "1"
 }
 
 func (e *experiments) gemvDec() int     { return e.dec }
@@ -161,6 +163,7 @@ func (e *experiments) normStaged() bool { return e.stagedNorm }
 func (e *experiments) normTMA() bool    { return !e.noTMANorm }
 func (e *experiments) tmaEvict() bool   { return !e.noEvict }
 func (e *experiments) mapsBySize() bool { return e.bySize }
+func (e *experiments) gemm16Hi() bool   { return e.g16Hi }
 
 // tmaThreads is gemv_nvfp4_tma's block: 16 consumer warps and the producer.
 const tmaThreads = 17 * 32

@@ -34,6 +34,9 @@ func (experiments) normTMA() bool    { return true }
 func (experiments) tmaEvict() bool   { return true }
 func (experiments) mapsBySize() bool { return false }
 
+// The bf16 GEMM multiplies both halves of x (bf16.cuh).
+func (experiments) gemm16Hi() bool { return false }
+
 // tmaGrid, tmaShare and paceOf leave the default's rule in place.
 func (experiments) tmaGrid(total, sms int) (int, bool)                   { return 0, false }
 func (experiments) tmaShare(maxShare int) (int, bool)                    { return 0, false }

@@ -15,7 +15,9 @@ import (
 //   - SwiGLU(gate, gate, up) after the gate and up matmuls becomes its epilogue;
 //   - Add(r, r, y) after a matmul into y becomes its epilogue (r += y).
 // Each fusion checks that the buffers involved do not overlap in a way that
-// would let one block's writes reach another block's reads.
+// would let one block's writes reach another block's reads. bf16 matvecs
+// are queued and joined the same way among themselves (bf16.go:
+// queueGemv16, finalizeGemv16), never with NVFP4 ones.
 
 // gemvGroup is one weight of a fused launch.
 type gemvGroup struct {
@@ -120,7 +122,8 @@ func (b *Backend) queueGemv(dst, x *Buffer, w *Weight, m int) {
 // joinGroup adds the matmul x·wᵀ -> y to g when g reads the same x (up to
 // three weights a launch) and nothing of g overlaps y.
 func joinGroup(g *gemvOp, xs, y span, w *Weight, bias uint64, m int) bool {
-	ok := g.mode == 0 && g.xs == 0 && len(g.groups) < 3 && g.x == xs && g.m == m && g.K == w.cols && !y.overlaps(xs)
+	ok := g.mode == 0 && g.xs == 0 && len(g.groups) < 3 && g.x == xs && g.m == m && g.K == w.cols && !y.overlaps(xs) &&
+		g.groups[0].w.format == w.format
 	if g.norm != nil {
 		ok = ok && !y.overlaps(g.norm.x) && !y.overlaps(g.norm.w)
 	}
@@ -142,6 +145,7 @@ func joinGroup(g *gemvOp, xs, y span, w *Weight, bias uint64, m int) bool {
 func (b *Backend) joinStrided(g *gemvOp, xs, y span, w *Weight, bias uint64, m int) bool {
 	k, tiles := len(g.groups), (len(g.groups)+1)*((w.rows+15)/16)
 	if m != 1 || g.m != 1 || g.mode != 0 || g.norm != nil || k >= 3 || g.K != w.cols || g.groups[0].w.rows != w.rows ||
+		g.groups[0].w.format != w.format ||
 		b.tmaStages(w.cols) == 0 || b.tmaGrid(tiles) < tiles {
 		return false
 	}
@@ -654,6 +658,8 @@ func (b *Backend) finalize(o *op) {
 	after := b.afterLong
 	b.afterLong = false
 	switch {
+	case o.gemv != nil && o.gemv.groups[0].w.format == backend.BF16:
+		b.finalizeGemv16(o) // bf16.go
 	case o.gemv != nil:
 		b.finalizeGemv(o, after)
 	case o.rope != nil:

@@ -476,5 +476,6 @@ __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32
 #include "gemv.cuh"
 #include "fp8.cuh"   // e4m3x2_lo from gemv.cuh
 #include "gemm.cuh"  // fp4x8_decode, x8_pairs, e4m3x2_lo from gemv.cuh
+#include "bf16.cuh"  // the bf16 and f16 GEMM
 #include "moe.cuh"  // e4m3x2_lo from gemv.cuh
 #include "decode.cuh"
