@@ -299,7 +299,7 @@ func (m *DeepseekV4) loadBlock(l *Loader, i int, dims map[string]int) error {
 		if err := l.Bind(fmt.Sprintf("%sffn.experts.%d.", prefix, e), &blk.Experts[e], dims); err != nil {
 			return err
 		}
-		if err := v.checkExpertFormat(l, fmt.Sprintf("%sffn.experts.%d.", prefix, e), &blk.Experts[e]); err != nil {
+		if err := v.checkExpertFormat(l, fmt.Sprintf("%sffn.experts.%d.", prefix, e)); err != nil {
 			return err
 		}
 	}
