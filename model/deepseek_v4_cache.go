@@ -46,7 +46,8 @@ type v4LayerState struct {
 	cur     int
 	start   int
 	capRows int // rows of new tokens the local buffers hold beyond the window
-	win     int // window rows held (at most sliding_window-1)
+	win     int // window rows held (at most sliding_window-1+extra)
+	extra   int // rows kept beyond the window so that a rollback keeps a whole window (the MTP block's)
 	comp    *v4Comp
 	index   *v4Comp
 }
@@ -79,6 +80,10 @@ type v4State struct {
 	hostLog   []float32
 	expRows   [][]int32
 	expScale  [][]float32
+	// The residual streams of positions [hidPos0, hidPos0+hidRows) are rows
+	// of scratch.x (the last forward call's), which the MTP block drafts from.
+	hidPos0, hidRows int
+	mtp              *v4MTPState // nil without an MTP block
 }
 
 // v4Snap is the bookkeeping of a cache state (the data stays in the buffers).
@@ -176,6 +181,10 @@ func (s *v4State) Truncate(n int) {
 		}
 	}
 	s.hist = s.hist[:n]
+	s.hidRows = max(0, min(s.hidRows, n-s.hidPos0))
+	if s.mtp != nil {
+		s.mtp.truncate(n - 1) // the entry of position p pairs it with token p+1
+	}
 }
 
 // CacheBytes is the memory the caches hold (allocated, in bytes).
@@ -190,7 +199,7 @@ func (s *v4State) CacheBytes() int64 {
 			}
 		}
 	}
-	return 4 * n
+	return 4*n + s.mtp.cacheBytes()
 }
 
 // CacheBytesPerToken is what each further position adds: the compressed
@@ -229,6 +238,10 @@ func (m *DeepseekV4) NewState(capacity int) (State, error) {
 		}
 	}
 	m.growState(s, 1)
+	if m.mtp != nil {
+		s.mtp = &v4MTPState{}
+		s.mtp.ls.extra = MaxDraft
+	}
 	s.expRows = make([][]int32, m.v.NRoutedExperts)
 	s.expScale = make([][]float32, m.v.NRoutedExperts)
 	return s, nil
