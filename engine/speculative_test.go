@@ -310,3 +310,78 @@ func TestSpeculativeAccepts(t *testing.T) {
 		t.Logf("k=%d: %d steps for %d tokens, acceptance %.2f", k, st.Steps, n, st.AcceptanceRate())
 	}
 }
+
+// BenchmarkSpeculativeV4 decodes with and without MTP drafts on a random
+// DeepSeek-V4 checkpoint (CPU: go test ./engine -run '^$' -bench
+// SpeculativeV4), reporting tokens/s and the acceptance rate, and times the
+// main model's verify pass over n positions against one decode step
+// ("verify-n").
+func BenchmarkSpeculativeV4(b *testing.B) {
+	d := testmodel.DeepseekV4{Vocab: 4096, Hidden: 512, Layers: 6, Heads: 8, HeadDim: 64, QLora: 256, OGroups: 4, OLora: 128,
+		Window: 64, IndexHeads: 4, IndexDim: 64, IndexTopK: 32, HCMult: 4, HCIters: 20, Experts: 16, TopK: 4, MoEFFN: 256,
+		RopeDim: 16, HashLayers: 1, MTP: true, Seed: 5}
+	dir := testmodel.WriteTemp(b, d)
+	prompt := make([]int, 64)
+	for i := range prompt {
+		prompt[i] = (i*37 + 11) % d.Vocab
+	}
+	const n = 32
+	for _, k := range []int{0, 1, 2, 3} {
+		name := "off"
+		o := Options{Device: "cpu"}
+		if k > 0 {
+			name = fmt.Sprintf("k=%d", k)
+			o.Speculative = SpeculativeOptions{Mode: "on", Tokens: k}
+		}
+		b.Run(name, func(b *testing.B) {
+			m, err := Load(dir, o)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer m.Close()
+			var decode float64
+			for i := 0; i < b.N; i++ {
+				s, err := m.NewSession(256)
+				if err != nil {
+					b.Fatal(err)
+				}
+				res, err := s.Generate(context.Background(), prompt, GenerateOptions{MaxTokens: n, StopTokens: []int{}}, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				decode += res.DecodeDuration.Seconds()
+			}
+			b.ReportMetric(float64(b.N*(n-1))/decode, "tokens/s")
+			b.ReportMetric(m.SpeculativeStats().AcceptanceRate(), "acceptance")
+		})
+	}
+	for _, rows := range []int{1, 2, 3, 4} {
+		b.Run(fmt.Sprintf("verify-n=%d", rows), func(b *testing.B) {
+			m, err := Load(dir, Options{Device: "cpu"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer m.Close()
+			st, err := m.net.NewState(256)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ids := make([]int32, len(prompt))
+			for i, t := range prompt {
+				ids[i] = int32(t)
+			}
+			if _, err := m.net.Forward(context.Background(), st, ids, false); err != nil {
+				b.Fatal(err)
+			}
+			step := ids[:rows]
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if _, err := m.net.Forward(context.Background(), st, step, true); err != nil {
+					b.Fatal(err)
+				}
+				st.Truncate(len(prompt) + 1) // keep one: the next pass replays nothing past the last call
+				st.Truncate(len(prompt))
+			}
+		})
+	}
+}

@@ -174,9 +174,7 @@ func (s *v4State) Truncate(n int) {
 		return
 	}
 	if n < s.done {
-		if s.snapValid && n >= s.snap.done {
-			s.restoreSnap()
-		} else {
+		if !(s.snapValid && n >= s.snap.done && s.cut(n)) {
 			s.reset()
 		}
 	}
@@ -184,6 +182,67 @@ func (s *v4State) Truncate(n int) {
 	s.hidRows = max(0, min(s.hidRows, n-s.hidPos0))
 	if s.mtp != nil {
 		s.mtp.truncate(n - 1) // the entry of position p pairs it with token p+1
+	}
+}
+
+// cut rolls the caches back to their first n positions, inside the last
+// forward call (n >= snap.done): the buffers still hold the rows before
+// the cut, so the sliding windows end there, and each compressor keeps
+// the entries of the windows closed before it and, as pending rows, the
+// rows after them (the last closed window's too, for CSA). It reports
+// false, changing nothing, where a buffer lacks a row it needs (never
+// within the last call, whose slide keeps the rows before it).
+func (s *v4State) cut(n int) bool {
+	back := s.done - n
+	for i := range s.layers {
+		ls := &s.layers[i]
+		if ls.start+ls.win-back < min(s.window()-1, n) {
+			return false
+		}
+		blk := &s.m.blocks[i]
+		if !ls.comp.canCut(n, back, blk.rate, blk.Comp) || (blk.Indexer != nil && !ls.index.canCut(n, back, blk.rate, blk.Indexer.Comp)) {
+			return false
+		}
+	}
+	for i := range s.layers {
+		ls := &s.layers[i]
+		end := ls.start + ls.win - back
+		keep := min(s.window()-1, n)
+		ls.start, ls.win = end-keep, keep
+		blk := &s.m.blocks[i]
+		ls.comp.cut(n, back, blk.rate, blk.Comp)
+		if blk.Indexer != nil {
+			ls.index.cut(n, back, blk.rate, blk.Indexer.Comp)
+		}
+	}
+	s.done = n
+	return true
+}
+
+// cutState is the compressor's state after n positions: entries, the
+// kept previous window's rows, the pending rows, and the buffer row where
+// they start (back rows before the end of the rows held).
+func (c *v4Comp) cutState(n, back, rate int, w *v4Compressor) (count, prev, tail, start int) {
+	count = n / rate
+	tail = n - count*rate
+	if w.csa && count > 0 {
+		prev = rate
+	}
+	start = c.start + c.prev + c.tail - back - prev - tail
+	return count, prev, tail, start
+}
+
+func (c *v4Comp) canCut(n, back, rate int, w *v4Compressor) bool {
+	if c == nil {
+		return true
+	}
+	count, _, _, start := c.cutState(n, back, rate, w)
+	return start >= 0 && count <= c.count
+}
+
+func (c *v4Comp) cut(n, back, rate int, w *v4Compressor) {
+	if c != nil {
+		c.count, c.prev, c.tail, c.start = c.cutState(n, back, rate, w)
 	}
 }
 

@@ -409,6 +409,21 @@ func TestDeepseekV4Truncate(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("after Truncate(13)", 13, got)
+	for cut := 9; cut < 17; cut++ { // every cut inside a call: the caches roll back in place
+		st, _ := m.NewState(T)
+		if _, err := m.Forward(ctx, st, ids[:9], true); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Forward(ctx, st, ids[9:17], true); err != nil {
+			t.Fatal(err)
+		}
+		st.Truncate(cut)
+		got, err := m.Forward(ctx, st, ids[cut:T], true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(fmt.Sprintf("after Truncate(%d)", cut), cut, got)
+	}
 	st.Truncate(4) // before the last call: the caches restart and the prefix is replayed
 	got, err = m.Forward(ctx, st, ids[4:T], true)
 	if err != nil {
