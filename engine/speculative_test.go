@@ -15,6 +15,7 @@ import (
 
 	"github.com/manifoldlm/manifold/internal/golden"
 	"github.com/manifoldlm/manifold/internal/testmodel"
+	"github.com/manifoldlm/manifold/kernels"
 	"github.com/manifoldlm/manifold/model"
 	"github.com/manifoldlm/manifold/weights"
 )
@@ -142,13 +143,13 @@ func tinyV4MTP(t testing.TB) string {
 // checkpoint and on the golden fixture (transformers' greedy tokens) with
 // a random MTP block added.
 func TestSpeculativeGreedy(t *testing.T) {
-	check := func(t *testing.T, dir string, prompt, want []int) {
+	check := func(t *testing.T, device, dir string, prompt, want []int) {
 		n := 24
 		if want != nil {
 			n = len(want)
 		}
 		gen := func(o Options) ([]int, SpeculativeStats) {
-			o.Device = "cpu"
+			o.Device = device
 			m, s := openSession(t, dir, o)
 			res, err := s.Generate(context.Background(), prompt, GenerateOptions{MaxTokens: n, StopTokens: []int{}}, nil)
 			if err != nil {
@@ -179,12 +180,19 @@ func TestSpeculativeGreedy(t *testing.T) {
 			t.Logf("k=%d: %d steps, %d drafted, %d accepted", k, stats.Steps, stats.Drafted, stats.Accepted)
 		}
 	}
-	t.Run("random", func(t *testing.T) { check(t, tinyV4MTP(t), []int{0, 5, 9, 13, 2, 40, 7, 7, 30}, nil) })
-	t.Run("golden", func(t *testing.T) {
-		dir := golden.Path(t, "deepseek_v4")
-		ref := golden.Load(t, dir)
-		check(t, withMTP(t, dir, 1), ints(ref.InputIDs[:20]), ints(ref.GreedyTokens))
-	})
+	for _, device := range []string{"cpu", "cuda"} {
+		t.Run(device, func(t *testing.T) {
+			if device == "cuda" && !kernels.Available() {
+				t.Skip("no CUDA driver or GPU")
+			}
+			t.Run("random", func(t *testing.T) { check(t, device, tinyV4MTP(t), []int{0, 5, 9, 13, 2, 40, 7, 7, 30}, nil) })
+			t.Run("golden", func(t *testing.T) {
+				dir := golden.Path(t, "deepseek_v4")
+				ref := golden.Load(t, dir)
+				check(t, device, withMTP(t, dir, 1), ints(ref.InputIDs[:20]), ints(ref.GreedyTokens))
+			})
+		})
+	}
 }
 
 // TestSpeculateKeepsDistribution draws the token of speculative sampling
@@ -313,10 +321,21 @@ func TestSpeculativeAccepts(t *testing.T) {
 
 // BenchmarkSpeculativeV4 decodes with and without MTP drafts on a random
 // DeepSeek-V4 checkpoint (CPU: go test ./engine -run '^$' -bench
-// SpeculativeV4), reporting tokens/s and the acceptance rate, and times the
+// SpeculativeV4/cpu; the cuda half skips without a GPU), reporting tokens/s and the acceptance rate, and times the
 // main model's verify pass over n positions against one decode step
 // ("verify-n").
 func BenchmarkSpeculativeV4(b *testing.B) {
+	for _, device := range []string{"cpu", "cuda"} {
+		b.Run(device, func(b *testing.B) {
+			if device == "cuda" && !kernels.Available() {
+				b.Skip("no CUDA driver or GPU")
+			}
+			benchSpeculativeV4(b, device)
+		})
+	}
+}
+
+func benchSpeculativeV4(b *testing.B, device string) {
 	d := testmodel.DeepseekV4{Vocab: 4096, Hidden: 512, Layers: 6, Heads: 8, HeadDim: 64, QLora: 256, OGroups: 4, OLora: 128,
 		Window: 64, IndexHeads: 4, IndexDim: 64, IndexTopK: 32, HCMult: 4, HCIters: 20, Experts: 16, TopK: 4, MoEFFN: 256,
 		RopeDim: 16, HashLayers: 1, MTP: true, Seed: 5}
@@ -328,7 +347,7 @@ func BenchmarkSpeculativeV4(b *testing.B) {
 	const n = 32
 	for _, k := range []int{0, 1, 2, 3} {
 		name := "off"
-		o := Options{Device: "cpu"}
+		o := Options{Device: device}
 		if k > 0 {
 			name = fmt.Sprintf("k=%d", k)
 			o.Speculative = SpeculativeOptions{Mode: "on", Tokens: k}
@@ -357,7 +376,7 @@ func BenchmarkSpeculativeV4(b *testing.B) {
 	}
 	for _, rows := range []int{1, 2, 3, 4} {
 		b.Run(fmt.Sprintf("verify-n=%d", rows), func(b *testing.B) {
-			m, err := Load(dir, Options{Device: "cpu"})
+			m, err := Load(dir, Options{Device: device})
 			if err != nil {
 				b.Fatal(err)
 			}
