@@ -16,6 +16,7 @@ import (
 	"github.com/manifoldlm/manifold/internal/golden"
 	"github.com/manifoldlm/manifold/internal/testmodel"
 	"github.com/manifoldlm/manifold/kernels"
+	"github.com/manifoldlm/manifold/layers"
 	"github.com/manifoldlm/manifold/model"
 	"github.com/manifoldlm/manifold/weights"
 )
@@ -372,6 +373,37 @@ func benchSpeculativeV4(b *testing.B, device string) {
 			}
 			b.ReportMetric(float64(b.N*(n-1))/decode, "tokens/s")
 			b.ReportMetric(m.SpeculativeStats().AcceptanceRate(), "acceptance")
+		})
+	}
+	for _, k := range []int{1, 2, 3} {
+		b.Run(fmt.Sprintf("draft-k=%d", k), func(b *testing.B) {
+			m, err := Load(dir, Options{Device: device, Speculative: SpeculativeOptions{Mode: "on", Tokens: k}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer m.Close()
+			st, err := m.net.NewState(256)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ids := make([]int32, len(prompt))
+			for i, t := range prompt {
+				ids[i] = int32(t)
+			}
+			if _, err := m.net.Forward(context.Background(), st, ids, false); err != nil {
+				b.Fatal(err)
+			}
+			dr := m.net.(model.Drafter)
+			greedy := func(_ int, l []float32) (int32, error) { return int32(layers.Argmax(l)), nil }
+			if _, err := dr.Draft(context.Background(), st, 1, k, greedy); err != nil { // the prompt's catch-up
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ { // each redoes the last position and drafts k
+				if _, err := dr.Draft(context.Background(), st, 1, k, greedy); err != nil {
+					b.Fatal(err)
+				}
+			}
 		})
 	}
 	for _, rows := range []int{1, 2, 3, 4} {

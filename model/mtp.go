@@ -187,7 +187,9 @@ func (m *DeepseekV4) Draft(ctx context.Context, st State, next int32, k int, pic
 		return nil, err
 	}
 	ms := s.mtp
-	ms.truncate(ms.exact) // drop the last call's draft steps
+	// Drop the last call's draft steps, and the entry of position L-1 if a
+	// call at this length made it (its token may have been another).
+	ms.truncate(min(ms.exact, L-1))
 	from := ms.exact
 	if from < s.hidPos0 {
 		// The streams of positions [from, hidPos0) are gone (a prompt

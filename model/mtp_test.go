@@ -3,6 +3,7 @@ package model
 import (
 	"context"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/manifoldlm/manifold/backend/cpu"
@@ -113,6 +114,16 @@ func TestDeepseekV4MTP(t *testing.T) {
 		}
 		hIn = append(hIn, out[(len(toks)-1)*n*D:]...)
 		toks = append(toks, drafts[step])
+	}
+
+	// Drafting again at the same length redoes the last position: the same drafts.
+	got = got[:0]
+	again, err := m.Draft(ctx, st, ids[a], k, pick)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(again, drafts) {
+		t.Errorf("drafts again at the same length %v, first %v", again, drafts)
 	}
 
 	// A verify pass over a..b-1, rolled back to a+2: the next draft
