@@ -33,6 +33,8 @@ type SpeculativeOptions struct {
 	// Tokens is the number of tokens drafted a step (0: 1), at most
 	// model.MaxDraft.
 	Tokens int
+	// Generate calls that ask for log-probabilities or pass a Constraint,
+	// and steps the scheduler batches, run without drafts.
 }
 
 func (o SpeculativeOptions) validate() error {
