@@ -140,8 +140,8 @@ func tinyV4MTP(t testing.TB) string {
 }
 
 // TestSpeculativeGreedy: greedy generation with MTP drafts of 1 to 3
-// tokens gives the tokens of plain greedy generation, on a random V4
-// checkpoint and on the golden fixture (transformers' greedy tokens) with
+// tokens gives the tokens of plain greedy generation, on random V4 and V3
+// checkpoints and on the V4 golden fixture (transformers' greedy tokens) with
 // a random MTP block added.
 func TestSpeculativeGreedy(t *testing.T) {
 	check := func(t *testing.T, device, dir string, prompt, want []int) {
@@ -187,6 +187,11 @@ func TestSpeculativeGreedy(t *testing.T) {
 				t.Skip("no CUDA driver or GPU")
 			}
 			t.Run("random", func(t *testing.T) { check(t, device, tinyV4MTP(t), []int{0, 5, 9, 13, 2, 40, 7, 7, 30}, nil) })
+			t.Run("v3", func(t *testing.T) {
+				d := testmodel.DeepseekV3{Layers: 2, DenseLayers: 1, Hidden: 64, FFN: 96, Heads: 2, Vocab: 80, QLora: 32, KVLora: 32,
+					Nope: 16, Rope: 8, VDim: 16, Experts: 4, Shared: 1, TopK: 2, MoEFFN: 32, Groups: 2, TopKGroups: 1, MTP: true, Seed: 3}
+				check(t, device, testmodel.WriteTemp(t, d), []int{0, 5, 9, 13, 2, 40, 7, 7, 30}, nil)
+			})
 			t.Run("golden", func(t *testing.T) {
 				dir := golden.Path(t, "deepseek_v4")
 				ref := golden.Load(t, dir)

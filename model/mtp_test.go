@@ -2,11 +2,19 @@ package model
 
 import (
 	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/manifoldlm/manifold/backend/cpu"
+	"github.com/manifoldlm/manifold/internal/testmodel"
 	"github.com/manifoldlm/manifold/layers"
 	"github.com/manifoldlm/manifold/weights"
 )
@@ -148,5 +156,207 @@ func TestDeepseekV4MTP(t *testing.T) {
 	want := refV4Forward(t, dir, spec, ids, 0)
 	if d := maxAbsDiff(main, want[(a+2)*V:]); d > tol {
 		t.Errorf("main logits after the rollback differ from the reference by %.3g", d)
+	}
+}
+
+// v3MTPRef computes DeepSeek-V3's MTP block with the model's own decoder:
+// a one-layer model whose layer is the block's, whose final norm and head
+// are shared_head's and whose embedding rows are the block's inputs
+// eh_proj([enorm(embed(token)); hnorm(h)]) (computed here in float64), so
+// that feeding it ids 0, 1, ... runs the block over those inputs at
+// positions 0, 1, .... h holds the hidden state of each position (rows of
+// hidden), toks the token after each. It returns the logits of every row
+// and the block's output (the one-layer model's residual) of the last.
+func v3MTPRef(t *testing.T, dir string, h [][]float64, toks []int32) ([]float32, []float32) {
+	t.Helper()
+	cfg, err := LoadConfig(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, err := weights.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	W := refW{t: t, ck: ck}
+	D, V, N := cfg.HiddenSize, cfg.VocabSize, cfg.NumLayers
+	p := fmt.Sprintf("model.layers.%d.", N)
+	emb, eh := W.get("model.embed_tokens.weight"), W.get(p+"eh_proj.weight")
+	table := make([]float32, V*D)
+	for i, tok := range toks {
+		e := refRMS(emb[int(tok)*D:(int(tok)+1)*D], D, W.get(p+"enorm.weight"), 1e-6)
+		hn := refRMS(h[i], D, W.get(p+"hnorm.weight"), 1e-6)
+		x := refLinear(append(e, hn...), 1, eh, D)
+		for c := range x {
+			table[i*D+c] = float32(x[c])
+		}
+	}
+	m2 := t.TempDir()
+	var raw map[string]any
+	data, _ := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err := json.Unmarshal(data, &raw); err != nil {
+		t.Fatal(err)
+	}
+	raw["num_hidden_layers"], raw["first_k_dense_replace"] = 1, 0
+	data, _ = json.Marshal(raw)
+	if err := os.WriteFile(filepath.Join(m2, "config.json"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w, err := weights.Create(filepath.Join(m2, "model.safetensors"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4*len(table))
+	for i, v := range table {
+		binary.LittleEndian.PutUint32(buf[4*i:], math.Float32bits(v))
+	}
+	if err := w.Add("model.embed_tokens.weight", weights.F32, []int{V, D}, buf); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range ck.Names() {
+		rest, ok := strings.CutPrefix(name, p)
+		var to string
+		switch {
+		case !ok:
+			continue
+		case rest == "shared_head.norm.weight":
+			to = "model.norm.weight"
+		case rest == "shared_head.head.weight":
+			to = "lm_head.weight"
+		case strings.HasPrefix(rest, "enorm") || strings.HasPrefix(rest, "hnorm") || strings.HasPrefix(rest, "eh_proj") || strings.HasPrefix(rest, "shared_head"):
+			continue
+		default:
+			to = "model.layers.0." + rest
+		}
+		tn, _ := ck.Tensor(name)
+		if err := w.Add(to, tn.DType, tn.Shape, tn.Data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	m, err := LoadConfig(m2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck2, err := weights.Open(m2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck2.Close()
+	net, err := Build(cpu.New(0), &Folder{Dir: m2, Config: m, Checkpoint: ck2}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := net.NewState(len(toks))
+	ids := make([]int32, len(toks))
+	for i := range ids {
+		ids[i] = int32(i)
+	}
+	logits, err := net.Forward(context.Background(), st, ids, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]float32, D)
+	cpu.New(0).Read(out, st.(*v32State).x, (len(toks)-1)*D)
+	return logits, out
+}
+
+// v3Hidden is the final hidden state (model.norm of the residual) of each
+// position of ids in m, in float64.
+func v3Hidden(t *testing.T, m *DeepseekV32, ids []int32) [][]float64 {
+	st, _ := m.NewState(len(ids))
+	if _, err := m.Forward(context.Background(), st, ids, false); err != nil {
+		t.Fatal(err)
+	}
+	D := m.cfg.HiddenSize
+	x := make([]float32, len(ids)*D)
+	m.b.Read(x, st.(*v32State).x, 0)
+	norm := make([]float32, D)
+	m.b.Read(norm, m.Norm, 0)
+	nw := make([]float64, D)
+	for i, v := range norm {
+		nw[i] = float64(v)
+	}
+	out := make([][]float64, len(ids))
+	for i := range out {
+		row := make([]float64, D)
+		for c := range row {
+			row[c] = float64(x[i*D+c])
+		}
+		out[i] = refRMS(row, D, nw, float64(m.cfg.RMSNormEps))
+	}
+	return out
+}
+
+// TestDeepseekV3MTP checks DeepSeek-V3's MTP drafts against the block run
+// as a one-layer model of the same code (v3MTPRef): the first draft from the
+// main model's hidden states, a second from the block's own output, and a
+// draft after a rollback.
+func TestDeepseekV3MTP(t *testing.T) {
+	d := testmodel.DeepseekV3{Layers: 2, DenseLayers: 1, Hidden: 64, FFN: 96, Heads: 2, Vocab: 80, QLora: 32, KVLora: 32,
+		Nope: 16, Rope: 8, VDim: 16, Experts: 4, Shared: 1, TopK: 2, MoEFFN: 32, Groups: 2, TopKGroups: 1, MTP: true, Seed: 3}
+	dir := testmodel.WriteTemp(t, d)
+	cfg, err := LoadConfig(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, err := weights.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ck.Close() })
+	net, err := Build(cpu.New(0), &Folder{Dir: dir, Config: cfg, Checkpoint: ck}, Options{MTP: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := net.(*DeepseekV32)
+	if !m.CanDraft() {
+		t.Fatal("the MTP block was not loaded")
+	}
+	ctx := context.Background()
+	const T, a, b, tol = 20, 11, 15, 2e-4
+	V := d.Vocab
+	ids := randTokens(rand.New(rand.NewPCG(6, 6)), T, V)
+	hidden := v3Hidden(t, m, ids)
+
+	st, _ := m.NewState(T)
+	if _, err := m.Forward(ctx, st, ids[:a], false); err != nil {
+		t.Fatal(err)
+	}
+	var got [][]float32
+	pick := func(step int, logits []float32) (int32, error) {
+		got = append(got, append([]float32(nil), logits...))
+		return int32(layers.Argmax(logits)), nil
+	}
+	drafts, err := m.Draft(ctx, st, ids[a], 2, pick)
+	if err != nil || len(drafts) != 2 {
+		t.Fatalf("drafts %v, err %v", drafts, err)
+	}
+	want, out := v3MTPRef(t, dir, hidden[:a], ids[1:a+1])
+	if dd := maxAbsDiff(got[0], want[(a-1)*V:]); dd > tol {
+		t.Errorf("first draft: logits differ from the block run as a model by %.3g", dd)
+	}
+	own := make([]float64, len(out))
+	for i, v := range out {
+		own[i] = float64(v)
+	}
+	want, _ = v3MTPRef(t, dir, append(hidden[:a:a], own), append(slices.Clone(ids[1:a+1]), drafts[0]))
+	if dd := maxAbsDiff(got[1], want[a*V:]); dd > tol {
+		t.Errorf("second draft: logits differ from the block run as a model by %.3g", dd)
+	}
+
+	if _, err := m.Forward(ctx, st, ids[a:b], true); err != nil {
+		t.Fatal(err)
+	}
+	st.Truncate(a + 2)
+	got = got[:0]
+	if _, err := m.Draft(ctx, st, ids[a+2], 1, pick); err != nil {
+		t.Fatal(err)
+	}
+	want, _ = v3MTPRef(t, dir, hidden[:a+2], ids[1:a+3])
+	if dd := maxAbsDiff(got[0], want[(a+1)*V:]); dd > tol {
+		t.Errorf("draft after a rollback: logits differ from the block run as a model by %.3g", dd)
 	}
 }
