@@ -41,7 +41,7 @@ func (s *v32State) Truncate(n int) {
 	}
 	if s.mtp != nil {
 		s.hist = s.hist[:s.n]
-		s.mtp.savedRows = max(0, min(s.mtp.savedRows, s.n-s.mtp.savedPos0))
+		s.mtp.saved.truncate(s.n)
 		s.mtp.truncate(s.n - 1) // the entry of position p pairs it with token p+1
 	}
 }

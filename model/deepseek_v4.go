@@ -405,8 +405,8 @@ func (m *DeepseekV4) run(ctx context.Context, st State, tokens []int32, all bool
 
 // forward runs tokens at positions s.done.. through the caches and returns
 // the logits of the last want rows. When ctx is canceled it restores the
-// caches and returns the error. The residual streams of every row stay in
-// the scratch's x until the next call (the MTP block drafts from them).
+// caches and returns the error. With an MTP block, the residual streams
+// the block's next Draft reads are kept.
 func (m *DeepseekV4) forward(ctx context.Context, s *v4State, tokens []int32, want int) (backend.Buffer, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -440,7 +440,11 @@ func (m *DeepseekV4) forward(ctx context.Context, s *v4State, tokens []int32, wa
 		f := m.moe(s, blk, h, tokens)
 		m.hc.MHCPost(x, x, f, view(sc.post, nh), view(sc.res, nh*nh), n, nh, D)
 	}
-	s.hidPos0, s.hidRows = pos0, n
+	if ms := s.mtp; ms != nil {
+		// The block's next Draft reads the rows from its last entry on,
+		// and none older than its window.
+		ms.saved.save(b, x, pos0, n, max(ms.exact, pos0+n-s.window()))
+	}
 	s.done += n
 
 	rows := min(max(want, 1), n)

@@ -80,10 +80,7 @@ type v4State struct {
 	hostLog   []float32
 	expRows   [][]int32
 	expScale  [][]float32
-	// The residual streams of positions [hidPos0, hidPos0+hidRows) are rows
-	// of scratch.x (the last forward call's), which the MTP block drafts from.
-	hidPos0, hidRows int
-	mtp              *v4MTPState // nil without an MTP block
+	mtp       *v4MTPState // nil without an MTP block (mtp.go)
 }
 
 // v4Snap is the bookkeeping of a cache state (the data stays in the buffers).
@@ -179,8 +176,8 @@ func (s *v4State) Truncate(n int) {
 		}
 	}
 	s.hist = s.hist[:n]
-	s.hidRows = max(0, min(s.hidRows, n-s.hidPos0))
 	if s.mtp != nil {
+		s.mtp.saved.truncate(n)
 		s.mtp.truncate(n - 1) // the entry of position p pairs it with token p+1
 	}
 }
@@ -298,7 +295,7 @@ func (m *DeepseekV4) NewState(capacity int) (State, error) {
 	}
 	m.growState(s, 1)
 	if m.mtp != nil {
-		s.mtp = &v4MTPState{}
+		s.mtp = &v4MTPState{saved: mtpRows{width: m.v.HCMult * m.cfg.HiddenSize}}
 		s.mtp.ls.extra = MaxDraft
 	}
 	s.expRows = make([][]int32, m.v.NRoutedExperts)

@@ -47,6 +47,50 @@ type Drafter interface {
 	Draft(ctx context.Context, st State, next int32, k int, pick func(step int, logits []float32) (int32, error)) ([]int32, error)
 }
 
+// mtpRows keeps the main model's residuals (rows of width values) of
+// positions [pos0, pos0+rows), which the MTP block has no entries for yet:
+// the next Draft catches up over them, whichever forward calls ran them.
+type mtpRows struct {
+	buf, tmp   backend.Buffer
+	pos0, rows int
+	capRows    int
+	width      int
+}
+
+// save keeps the rows x ([n, width]) of positions at.., after the rows
+// held from keep on (rows from at on are replaced: a rollback ran them
+// again; rows before keep are dropped).
+func (r *mtpRows) save(b backend.Backend, x backend.Buffer, at, n, keep int) {
+	w := r.width
+	if r.rows == 0 || r.pos0 > at || r.pos0+r.rows < at {
+		r.pos0, r.rows = at, 0 // nothing contiguous before at is held
+	}
+	from := min(max(keep, r.pos0), at)
+	kept := at - from
+	switch {
+	case kept+n > r.capRows:
+		c := max(kept+n, 2*r.capRows, 16)
+		nb := b.NewBuffer(c * w)
+		if kept > 0 {
+			b.Copy(b.View(nb, 0, kept*w), b.View(r.buf, (from-r.pos0)*w, kept*w))
+		}
+		r.buf, r.tmp, r.capRows = nb, b.NewBuffer(c*w), c
+	case from > r.pos0 && kept > 0: // to the front, through tmp (the views may overlap)
+		b.Copy(b.View(r.tmp, 0, kept*w), b.View(r.buf, (from-r.pos0)*w, kept*w))
+		b.Copy(b.View(r.buf, 0, kept*w), b.View(r.tmp, 0, kept*w))
+	}
+	b.Copy(b.View(r.buf, kept*w, n*w), x)
+	r.pos0, r.rows = from, kept+n
+}
+
+// truncate forgets the rows of positions n on.
+func (r *mtpRows) truncate(n int) { r.rows = max(0, min(r.rows, n-r.pos0)) }
+
+// view is the rows of positions [p, p+n), which it must hold.
+func (r *mtpRows) view(b backend.Backend, p, n int) backend.Buffer {
+	return b.View(r.buf, (p-r.pos0)*r.width, n*r.width)
+}
+
 // v4MTP is the MTP block's weights.
 type v4MTP struct {
 	blk                v4Block
@@ -73,6 +117,7 @@ type v4MTPState struct {
 	fin      backend.Buffer
 	out      backend.Buffer // [vocab] logits
 	host     []float32
+	saved    mtpRows // the main model's residual streams from exact (or the window's start) on
 }
 
 // truncate keeps the entries of positions [0, p): the window ends there,
@@ -180,29 +225,30 @@ func (m *DeepseekV4) Draft(ctx context.Context, st State, next int32, k int, pic
 	L := len(s.hist)
 	// Room for next and the drafts after it.
 	k = min(k, s.cap-L-1)
-	if k <= 0 || s.hidRows == 0 || s.hidPos0+s.hidRows != L {
+	ms := s.mtp
+	if k <= 0 || L == 0 || ms.saved.rows == 0 || ms.saved.pos0+ms.saved.rows != L {
 		return nil, nil
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	ms := s.mtp
 	// Drop the last call's draft steps, and the entry of position L-1 if a
 	// call at this length made it (its token may have been another).
 	ms.truncate(min(ms.exact, L-1))
 	from := ms.exact
-	if from < s.hidPos0 {
-		// The streams of positions [from, hidPos0) are gone (a prompt
-		// prefilled in chunks, a rewind): the window restarts at hidPos0.
-		// Only the drafts' quality suffers.
+	if from < ms.saved.pos0 {
+		// The streams of positions [from, saved.pos0) are not kept: older
+		// than the window, whose keys depend on their rows' inputs only
+		// (one layer), so restarting it at saved.pos0 drafts the same; or
+		// gone in a rollback past them, which only makes drafts worse.
 		ms.ls.start, ms.ls.win = 0, 0
-		from = s.hidPos0
+		from = ms.saved.pos0
 	}
 	b, nh, D := m.b, m.v.HCMult, m.cfg.HiddenSize
 	toks := make([]int32, 0, L-from)
 	toks = append(toks, s.hist[from+1:L]...)
 	toks = append(toks, next)
-	hid := b.View(s.scratch.x, (from-s.hidPos0)*nh*D, len(toks)*nh*D)
+	hid := ms.saved.view(b, from, len(toks))
 	ms.pos = from
 	logits, err := m.mtpStep(s, hid, toks)
 	if err != nil {

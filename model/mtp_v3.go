@@ -43,45 +43,13 @@ type v32MTPState struct {
 	hn       backend.Buffer
 	out      backend.Buffer
 	host     []float32
-	// saved holds the main model's residuals of positions [savedPos0,
-	// savedPos0+savedRows), from exact on: the block's next entries, caught
-	// up by the next Draft, whichever forward calls ran them.
-	saved, tmp           backend.Buffer
-	savedPos0, savedRows int
-	savedCap             int
+	saved    mtpRows // the main model's residuals from exact on
 }
 
 func (ms *v32MTPState) truncate(p int) {
 	p = max(p, 0)
 	ms.pos = min(ms.pos, p)
 	ms.exact = min(ms.exact, p)
-}
-
-// save keeps the residuals x ([n, hidden]) of positions pos0.. that the
-// block has no entries for yet, after those saved before (the rows from
-// pos0 on are replaced: a rollback ran them again). Rows before exact are
-// dropped.
-func (m *DeepseekV32) save(s *v32State, x backend.Buffer, pos0, n int) {
-	b, D, ms := m.b, m.cfg.HiddenSize, s.mtp
-	if ms.savedRows == 0 || ms.savedPos0 > pos0 || ms.savedPos0+ms.savedRows < pos0 {
-		ms.savedPos0, ms.savedRows = pos0, 0 // nothing contiguous before pos0 is held
-	}
-	keepFrom := max(ms.exact, ms.savedPos0)
-	keepRows := max(0, pos0-keepFrom)
-	if need := keepRows + n; need > ms.savedCap {
-		c := max(need, 2*ms.savedCap, 16)
-		nb := b.NewBuffer(c * D)
-		if keepRows > 0 {
-			b.Copy(b.View(nb, 0, keepRows*D), b.View(ms.saved, (keepFrom-ms.savedPos0)*D, keepRows*D))
-		}
-		ms.saved, ms.tmp, ms.savedCap = nb, b.NewBuffer(c*D), c
-	} else if keepFrom > ms.savedPos0 && keepRows > 0 {
-		// Move the kept rows to the front, through tmp (views may overlap).
-		b.Copy(b.View(ms.tmp, 0, keepRows*D), b.View(ms.saved, (keepFrom-ms.savedPos0)*D, keepRows*D))
-		b.Copy(b.View(ms.saved, 0, keepRows*D), b.View(ms.tmp, 0, keepRows*D))
-	}
-	b.Copy(b.View(ms.saved, keepRows*D, n*D), x)
-	ms.savedPos0, ms.savedRows = keepFrom, keepRows+n
 }
 
 // cacheLayers is the layers the state's caches hold: the model's, and the
@@ -95,7 +63,7 @@ func (m *DeepseekV32) cacheLayers() int {
 
 func (m *DeepseekV32) attachMTP(st *v32State) {
 	if m.mtp != nil {
-		st.mtp = &v32MTPState{}
+		st.mtp = &v32MTPState{saved: mtpRows{width: m.cfg.HiddenSize}}
 	}
 }
 
@@ -156,7 +124,7 @@ func (m *DeepseekV32) Draft(ctx context.Context, st State, next int32, k int, pi
 	L := s.n
 	k = min(k, s.cap-L-1)
 	ms := s.mtp
-	if k <= 0 || L == 0 || ms.savedRows == 0 || ms.savedPos0+ms.savedRows != L {
+	if k <= 0 || L == 0 || ms.saved.rows == 0 || ms.saved.pos0+ms.saved.rows != L {
 		return nil, nil
 	}
 	if err := ctx.Err(); err != nil {
@@ -174,11 +142,11 @@ func (m *DeepseekV32) Draft(ctx context.Context, st State, next int32, k int, pi
 	// Positions whose residuals are gone (a rollback past the saved rows)
 	// run with h = 0: their entries only make the drafts worse.
 	hid := b.View(ms.hn, 0, n*D)
-	gap := min(max(0, ms.savedPos0-from), n)
+	gap := min(max(0, ms.saved.pos0-from), n)
 	if gap > 0 {
 		b.Scale(b.View(hid, 0, gap*D), b.View(hid, 0, gap*D), 0)
 	}
-	b.RMSNorm(b.View(hid, gap*D, (n-gap)*D), b.View(ms.saved, (from+gap-ms.savedPos0)*D, (n-gap)*D), m.Norm, m.cfg.RMSNormEps)
+	b.RMSNorm(b.View(hid, gap*D, (n-gap)*D), ms.saved.view(b, from+gap, n-gap), m.Norm, m.cfg.RMSNormEps)
 	ms.pos = from
 	logits := m.mtpStep(s, hid, toks)
 	ms.exact = L
