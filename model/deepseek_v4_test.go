@@ -1085,7 +1085,11 @@ func transformersName(n string) string {
 // float32 layout into a new folder: every FP8, MXFP4 and NVFP4 linear
 // dequantized, the scales and the MTP block dropped, the quantization
 // fields taken out of the config.
-func dequantizeReleased(t *testing.T, src string) string {
+func dequantizeReleased(t *testing.T, src string) string { return dequantizeReleasedMTP(t, src, false) }
+
+// dequantizeReleasedMTP is dequantizeReleased keeping the MTP block (under
+// its own names, its kv_norm as attn.norm) when mtp is set.
+func dequantizeReleasedMTP(t *testing.T, src string, mtp bool) string {
 	t.Helper()
 	dst, ck := t.TempDir(), openCheckpoint(t, src)
 	err := testmodel.Rewrite(src, dst, func(tn *weights.Tensor) *weights.Tensor {
@@ -1094,7 +1098,7 @@ func dequantizeReleased(t *testing.T, src string) string {
 		var m quant.RowDecoder
 		var err error
 		switch {
-		case strings.HasPrefix(name, "mtp."), strings.HasSuffix(name, ".scale"), strings.HasSuffix(name, ".weight_scale"),
+		case strings.HasPrefix(name, "mtp.") && !mtp, strings.HasSuffix(name, ".scale"), strings.HasSuffix(name, ".weight_scale"),
 			strings.HasSuffix(name, ".weight_scale_2"), strings.HasSuffix(name, ".input_scale"):
 			return nil
 		case isWeight && tn.DType == weights.F8E4M3:
@@ -1107,7 +1111,11 @@ func dequantizeReleased(t *testing.T, src string) string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		out := &weights.Tensor{Name: transformersName(name), DType: tn.DType, Shape: tn.Shape, Data: tn.Data}
+		to := transformersName(name)
+		if strings.HasPrefix(name, "mtp.") {
+			to = strings.Replace(name, ".attn.kv_norm.", ".attn.norm.", 1)
+		}
+		out := &weights.Tensor{Name: to, DType: tn.DType, Shape: tn.Shape, Data: tn.Data}
 		if m != nil {
 			rows, cols := tn.Shape[0], tn.Shape[1]
 			if tn.DType != weights.F8E4M3 {

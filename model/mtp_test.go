@@ -360,3 +360,51 @@ func TestDeepseekV3MTP(t *testing.T) {
 		t.Errorf("draft after a rollback: logits differ from the block run as a model by %.3g", dd)
 	}
 }
+
+// TestV4ReleasedMTP loads the MTP block of DeepSeek-V4 in each released
+// format (FP8 projections, MXFP4, NVFP4 or FP8 experts, attn.kv_norm) and
+// holds its drafts' logits to those of the same weights dequantized.
+func TestV4ReleasedMTP(t *testing.T) {
+	for _, format := range []string{testmodel.V4FP8MXFP4, testmodel.V4FP8NVFP4, testmodel.V4FP8Base} {
+		t.Run(format, func(t *testing.T) {
+			t.Parallel()
+			d := tinyReleasedV4
+			d.Released, d.MTP = format, true
+			src := t.TempDir()
+			if err := d.Write(src); err != nil {
+				t.Fatal(err)
+			}
+			tokens := make([]int32, 19)
+			for i := range tokens {
+				tokens[i] = int32((i*97 + 3) % d.Vocab)
+			}
+			var got [2][][]float32
+			for i, dir := range []string{dequantizeReleasedMTP(t, src, true), src} {
+				f, m, err := Open(dir, cpu.NewWithOptions(cpu.Options{ReferenceNVFP4: true}), Options{MTP: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { f.Close() })
+				dr, ok := m.(Drafter)
+				if !ok || !dr.CanDraft() {
+					t.Fatalf("%s: no MTP block loaded", dir)
+				}
+				st, _ := m.NewState(len(tokens) + 4)
+				if _, err := m.Forward(context.Background(), st, tokens[:len(tokens)-1], false); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := dr.Draft(context.Background(), st, tokens[len(tokens)-1], 2, func(_ int, l []float32) (int32, error) {
+					got[i] = append(got[i], slices.Clone(l))
+					return int32(layers.Argmax(l)), nil
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for step := range got[0] {
+				if dd := maxAbsDiff(got[1][step], got[0][step]); dd > 1e-5 || math.IsNaN(dd) {
+					t.Errorf("draft step %d: released vs dequantized: max |logit diff| %.3g", step, dd)
+				}
+			}
+		})
+	}
+}

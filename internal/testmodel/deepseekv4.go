@@ -315,8 +315,10 @@ func (d DeepseekV4) tensors() []v4Tensor {
 			}
 		}
 	}
-	if d.Released != "" && !d.MTP {
-		d.mtpTensors(lin, dense)
+	if d.Released != "" {
+		if !d.MTP {
+			d.mtpTensors(lin, dense)
+		}
 		for i := range out {
 			out[i].name = nvfp4ckpt.V4ReleasedName(out[i].name)
 		}
