@@ -146,6 +146,9 @@ func (s *Session) specPicker(sampler *Sampler, d model.Drafter, host func(ctx co
 		if err != nil {
 			return Token{}, err
 		}
+		if sampler.opts.Temperature > 0 && len(qs) < len(drafts) {
+			return Token{}, fmt.Errorf("engine: the drafter returned %d drafts but picked %d (each draft must come from pick)", len(drafts), len(qs))
+		}
 		if len(drafts) == 0 {
 			t, err := host(ctx, tokens, more)
 			last = t.ID

@@ -441,3 +441,60 @@ func benchSpeculativeV4(b *testing.B, device string) {
 		})
 	}
 }
+
+// TestSpeculativeSamplingDistribution samples the token after a prompt with
+// MTP drafts many times (one seed each) and tests the counts against the
+// model's distribution with a chi-square test: drafts accepted and
+// rejected alike, the token is distributed as without them.
+func TestSpeculativeSamplingDistribution(t *testing.T) {
+	dir := tinyV4MTP(t)
+	prompt := []int{0, 5, 9, 13, 2, 40, 7, 7, 30}
+	opts := SamplingOptions{Temperature: 1.5, TopK: 12}
+	m, s := openSession(t, dir, Options{Device: "cpu", Speculative: SpeculativeOptions{Mode: "on", Tokens: 2}})
+	logits, err := s.Append(context.Background(), prompt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := NewSampler(opts).probs(logits, prompt)
+	s.Truncate(len(prompt) - 1)
+	const draws = 3000
+	counts := make([]int, len(p))
+	for seed := range draws {
+		o := opts
+		o.Seed = uint64(seed)
+		res, err := s.Generate(context.Background(), prompt[len(prompt)-1:], GenerateOptions{MaxTokens: 2, StopTokens: []int{}, Sampling: o}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts[res.Tokens[0]]++
+		s.Truncate(len(prompt) - 1)
+	}
+	st := m.SpeculativeStats()
+	if st.Accepted == 0 || st.Accepted == st.Drafted {
+		t.Errorf("%d of %d drafts accepted: want some of each", st.Accepted, st.Drafted)
+	}
+	// Bins of expected count below 5 are pooled.
+	chi, dof := 0.0, -1
+	var poolE float64
+	var poolC int
+	for i, c := range counts {
+		e := p[i] * draws
+		if p[i] == 0 && c != 0 {
+			t.Errorf("token %d outside the distribution's support drawn %d times", i, c)
+		}
+		if e < 5 {
+			poolE, poolC = poolE+e, poolC+c
+			continue
+		}
+		chi += (float64(c) - e) * (float64(c) - e) / e
+		dof++
+	}
+	if poolE > 0 {
+		chi += (float64(poolC) - poolE) * (float64(poolC) - poolE) / max(poolE, 1)
+		dof++
+	}
+	if lim := float64(dof) + 4.5*math.Sqrt(2*float64(dof)) + 10; chi > lim {
+		t.Errorf("chi-square %.1f over %d degrees of freedom (limit %.1f): the tokens are not distributed as the model's", chi, dof, lim)
+	}
+	t.Logf("%d verify passes, acceptance %.3f over %d drafts, chi-square %.1f (dof %d)", st.Steps, st.AcceptanceRate(), st.Drafted, chi, dof)
+}

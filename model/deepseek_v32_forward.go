@@ -96,7 +96,7 @@ func (m *DeepseekV32) Forward(ctx context.Context, st State, tokens []int32, all
 	s.n = pos0 + n
 	if s.mtp != nil {
 		s.hist = append(s.hist[:pos0], tokens...)
-		s.mtp.saved.save(b, x, pos0, n, s.mtp.exact)
+		s.mtp.saved.save(b, x, pos0, n, s.mtp.exact-1) // from exact-1: a Truncate may drop the last entry
 	}
 	return hostLogits(b, m.head.logits(b, c, x, h, s.logits, n, all), nil)
 }

@@ -442,8 +442,9 @@ func (m *DeepseekV4) forward(ctx context.Context, s *v4State, tokens []int32, wa
 	}
 	if ms := s.mtp; ms != nil {
 		// The block's next Draft reads the rows from its last entry on,
-		// and none older than its window.
-		ms.saved.save(b, x, pos0, n, max(ms.exact, pos0+n-s.window()))
+		// none older than its window; the window's rows are kept, so that
+		// it can be rebuilt after a rollback past the block's entries.
+		ms.saved.save(b, x, pos0, n, max(0, pos0+n-s.window()))
 	}
 	s.done += n
 

@@ -236,11 +236,13 @@ func (m *DeepseekV4) Draft(ctx context.Context, st State, next int32, k int, pic
 	// call at this length made it (its token may have been another).
 	ms.truncate(min(ms.exact, L-1))
 	from := ms.exact
-	if from < ms.saved.pos0 {
-		// The streams of positions [from, saved.pos0) are not kept: older
-		// than the window, whose keys depend on their rows' inputs only
-		// (one layer), so restarting it at saved.pos0 drafts the same; or
-		// gone in a rollback past them, which only makes drafts worse.
+	if from < ms.saved.pos0 || ms.ls.win < min(s.window()-1, from) {
+		// The streams of positions [from, saved.pos0) are not kept (older
+		// than the window), or a rollback cut the window short: it
+		// restarts at saved.pos0, from the kept streams. A row's key
+		// depends on its input alone (one layer), so this drafts the same
+		// where the kept rows cover the window (a rollback past them only
+		// makes drafts worse).
 		ms.ls.start, ms.ls.win = 0, 0
 		from = ms.saved.pos0
 	}
