@@ -65,7 +65,7 @@ type Options struct {
 	// as one batched step (continuous batching); see BatchOptions.
 	Batch BatchOptions
 	// Speculative turns on speculative decoding with the model's MTP block
-	// (DeepSeek-V4's mtp.0), drafting Tokens tokens a step; see
+	// (DeepSeek-V4's mtp.0, DeepSeek-V3's), drafting Tokens tokens a step; see
 	// SpeculativeOptions. Output is the same distribution (greedy: the
 	// same tokens) either way.
 	Speculative SpeculativeOptions

@@ -9,7 +9,8 @@ import (
 )
 
 // Speculative decoding with the model's own multi-token-prediction block
-// (DeepSeek's MTP, model.Drafter): each step drafts k tokens with the block,
+// (DeepSeek-V4's mtp.0, DeepSeek-V3's layer num_hidden_layers: model.Drafter):
+// each step drafts k tokens with the block,
 // runs the main model once over the next token and the drafts (k+1
 // positions, one batched forward pass) and keeps the longest prefix of the
 // drafts the main model agrees with, plus the main model's token after it;

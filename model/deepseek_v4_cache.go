@@ -158,13 +158,14 @@ type v4Scratch struct {
 func (s *v4State) Len() int { return len(s.hist) }
 func (s *v4State) Cap() int { return s.cap }
 
-// Truncate keeps the first n positions. The compressed caches cannot be cut
-// back (the reference marks V4 as stateful for that reason), so the state
-// rewinds instead: into the last forward call by restoring the cache state
-// from before it (its buffers still hold it), further back by emptying the
-// caches. Either way the tokens between the restored state and n are replayed
-// by the next Forward, so a rewind costs at most a re-prefill, never a wrong
-// answer.
+// Truncate keeps the first n positions. Into the last forward call the
+// caches are cut in place (cut: its buffers still hold the rows before the
+// cut, and the compressors' state after n positions follows from n), as
+// speculative decoding's rollback of its rejected drafts needs. Further
+// back the compressed caches cannot be cut (the reference marks V4 as
+// stateful for that reason): the caches are emptied and the tokens before
+// n replayed by the next Forward, so a rewind costs at most a re-prefill,
+// never a wrong answer.
 func (s *v4State) Truncate(n int) {
 	n = max(n, 0)
 	if n >= len(s.hist) {

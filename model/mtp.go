@@ -8,7 +8,8 @@ import (
 )
 
 // DeepSeek's multi-token prediction (MTP) block, used as the draft model of
-// speculative decoding (engine/speculative.go). DeepSeek-V4 ships one,
+// speculative decoding (engine/speculative.go); DeepSeek-V3's is in
+// mtp_v3.go. DeepSeek-V4 ships one,
 // mtp.0.* (the notes' §5); its math follows MTPBlock of DeepSeek's
 // inference/model.py (deepseek-ai/DeepSeek-V4-Flash, the reference
 // transformers does not implement, as it drops the block): at position t,
