@@ -342,13 +342,22 @@ func BenchmarkSpeculativeV4(b *testing.B) {
 }
 
 func benchSpeculativeV4(b *testing.B, device string) {
-	d := testmodel.DeepseekV4{Vocab: 4096, Hidden: 512, Layers: 6, Heads: 8, HeadDim: 64, QLora: 256, OGroups: 4, OLora: 128,
+	var d testmodel.Writer = testmodel.DeepseekV4{Vocab: 4096, Hidden: 512, Layers: 6, Heads: 8, HeadDim: 64, QLora: 256, OGroups: 4, OLora: 128,
 		Window: 64, IndexHeads: 4, IndexDim: 64, IndexTopK: 32, HCMult: 4, HCIters: 20, Experts: 16, TopK: 4, MoEFFN: 256,
 		RopeDim: 16, HashLayers: 1, MTP: true, Seed: 5}
+	// MANIFOLD_BENCH_SPEC_SHAPE names another testmodel shape with an MTP
+	// block (deepseek-v4-bench-mtp: V4-Flash's layers with 32 experts).
+	if name := os.Getenv("MANIFOLD_BENCH_SPEC_SHAPE"); name != "" {
+		spec, err := testmodel.Shape(name)
+		if err != nil {
+			b.Fatal(err)
+		}
+		d = spec.Model
+	}
 	dir := testmodel.WriteTemp(b, d)
 	prompt := make([]int, 64)
 	for i := range prompt {
-		prompt[i] = (i*37 + 11) % d.Vocab
+		prompt[i] = (i*37 + 11) % 4096
 	}
 	const n = 32
 	for _, k := range []int{0, 1, 2, 3} {

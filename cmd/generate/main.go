@@ -495,6 +495,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintf(stderr, "prompt: %d tokens, %.1f tokens/s; decode: %d tokens, %.1f tokens/s (%s)\n",
 			res.PromptTokens, res.PromptTokensPerSecond(), len(res.Tokens), res.DecodeTokensPerSecond(), reason)
+		if st := m.SpeculativeStats(); o.draft > 0 {
+			fmt.Fprintf(stderr, "drafts: %d verify passes, %d of %d drafts accepted (%.0f%%)\n",
+				st.Steps, st.Accepted, st.Drafted, 100*st.AcceptanceRate())
+		}
 	}
 	if interrupted {
 		return errInterrupted
