@@ -291,7 +291,7 @@ func (m *DeepseekV4) mtpStep(s *v4State, hid backend.Buffer, tokens []int32) ([]
 	n, nh, D := len(tokens), v.HCMult, cfg.HiddenSize
 	eps := cfg.RMSNormEps
 	m.growMTP(s, n)
-	m.growState(s, n) // the shared scratch (never reallocates x: n is at most the rows it holds)
+	m.growState(s, n) // the scratch it shares with the main model
 	sc := &s.scratch
 	view := func(buf backend.Buffer, width int) backend.Buffer { return b.View(buf, 0, n*width) }
 

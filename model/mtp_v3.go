@@ -181,7 +181,7 @@ func (m *DeepseekV32) Draft(ctx context.Context, st State, next int32, k int, pi
 func (m *DeepseekV32) mtpStep(s *v32State, hid backend.Buffer, tokens []int32) []float32 {
 	b, cfg, mt, ms := m.b, m.cfg, m.mtp, s.mtp
 	n, D, eps := len(tokens), cfg.HiddenSize, cfg.RMSNormEps
-	m.grow(s, n) // the shared scratch (never reallocates x: n is at most the rows it holds)
+	m.grow(s, n) // the scratch it shares with the main model
 	view := func(buf backend.Buffer, width int) backend.Buffer { return b.View(buf, 0, n*width) }
 	e, x, h, y, cat := view(ms.e, D), view(ms.x, D), view(ms.h, D), view(ms.y, D), view(ms.cat, 2*D)
 	b.Embed(e, m.Embed, tokens)
