@@ -109,6 +109,7 @@ type v4MTPState struct {
 	ls       v4LayerState
 	pos      int // positions in the window (the last is pos-1)
 	exact    int // positions [0, exact) hold entries of the main model's streams (the rest are draft steps)
+	base     int // the window's first position (it restarts where the kept streams begin)
 	rows     int // scratch rows
 	lastRows int // rows of the last step
 	keepMax  int // the most window rows kept: sliding_window-1+MaxDraft
@@ -237,7 +238,7 @@ func (m *DeepseekV4) Draft(ctx context.Context, st State, next int32, k int, pic
 	// call at this length made it (its token may have been another).
 	ms.truncate(min(ms.exact, L-1))
 	from := ms.exact
-	if from < ms.saved.pos0 || ms.ls.win < min(s.window()-1, from) {
+	if from < ms.saved.pos0 || from < ms.base || ms.ls.win < min(s.window()-1, from-ms.base) {
 		// The streams of positions [from, saved.pos0) are not kept (older
 		// than the window), or a rollback cut the window short: it
 		// restarts at saved.pos0, from the kept streams. A row's key
@@ -246,6 +247,7 @@ func (m *DeepseekV4) Draft(ctx context.Context, st State, next int32, k int, pic
 		// makes drafts worse).
 		ms.ls.start, ms.ls.win = 0, 0
 		from = ms.saved.pos0
+		ms.base = from
 	}
 	b, nh, D := m.b, m.v.HCMult, m.cfg.HiddenSize
 	toks := make([]int32, 0, L-from)

@@ -144,6 +144,9 @@ func TestDeepseekV4MTP(t *testing.T) {
 	if _, err := m.Draft(ctx, st, ids[a+2], 1, pick); err != nil {
 		t.Fatal(err)
 	}
+	if r := st.(*v4State).mtp.lastRows; r != 2 {
+		t.Errorf("the draft after the rollback ran the block over %d positions, want 2 (a and a+1)", r)
+	}
 	logits, _ := refMTP(t, dir, spec, streams[9*n*D:(a+2)*n*D], ids[10:a+3])
 	if d := maxAbsDiff(got[0], logits[(a+2-10)*V:]); d > tol {
 		t.Errorf("draft after a rollback: logits differ from the reference by %.3g", d)
