@@ -23,6 +23,10 @@ import (
 // next position's h (as vLLM does). The layer's attention caches its keys
 // by position in one more layer of the state's cache.
 
+// v32MTPRows bounds the main model's residuals a state keeps for the block
+// (positions before them run with h = 0: worse drafts, never other output).
+const v32MTPRows = 4096
+
 // v32MTP is the block's weights.
 type v32MTP struct {
 	blk          v32Block
