@@ -64,6 +64,11 @@ type Options struct {
 	// Batch tunes the scheduler that runs the sessions generating at once
 	// as one batched step (continuous batching); see BatchOptions.
 	Batch BatchOptions
+	// Speculative turns on speculative decoding with the model's MTP block
+	// (DeepSeek-V4's mtp.0, DeepSeek-V3's), drafting Tokens tokens a step; see
+	// SpeculativeOptions. Output is the same distribution (greedy: the
+	// same tokens) either way.
+	Speculative SpeculativeOptions
 }
 
 // DefaultContext caps the default session length, so that a model with a
@@ -95,6 +100,9 @@ type Model struct {
 	// sched batches the steps of concurrent sessions (nil: the model does
 	// not batch, or Options.Batch.Off).
 	sched *scheduler
+	// specOpts are Options.Speculative; spec counts its steps (under mu).
+	specOpts SpeculativeOptions
+	spec     SpeculativeStats
 
 	// mu guards the lifecycle: closed is set by Close, inflight counts the
 	// calls using the weights or the backend, and the last of them to
@@ -122,6 +130,9 @@ func Load(dir string, opts Options) (*Model, error) {
 		return nil, fmt.Errorf("engine: Options.Threads %d, ContextLength %d: want >= 0 (0: the default)", opts.Threads, opts.ContextLength)
 	}
 	if err := opts.Batch.validate(); err != nil {
+		return nil, err
+	}
+	if err := opts.Speculative.validate(); err != nil {
 		return nil, err
 	}
 	if err := opts.GPU.Validate(); err != nil {
@@ -165,7 +176,7 @@ func Load(dir string, opts Options) (*Model, error) {
 	if f.Quant != nil {
 		algo = f.Quant.Algo
 	}
-	return &Model{dir: dir, cfg: cfg, gen: gen, folder: f, backend: b, caps: backend.CapabilitiesOf(b), net: net, tok: tok, ctxLen: ctxLen, deviceNote: note, sched: newScheduler(net, opts.Batch),
+	return &Model{dir: dir, cfg: cfg, gen: gen, folder: f, backend: b, caps: backend.CapabilitiesOf(b), net: net, tok: tok, ctxLen: ctxLen, deviceNote: note, sched: newScheduler(net, opts.Batch), specOpts: opts.Speculative,
 		info: checkpointInfo(f.Checkpoint, algo), loadTime: time.Since(start), cacheBytesPerToken: sync.OnceValues(func() (int64, error) {
 			st, err := net.NewState(1)
 			if err != nil {
@@ -210,7 +221,7 @@ func buildOn[B backend.Backend](open func(int) (B, error), opts Options, f *mode
 	if err != nil {
 		return nil, nil, err
 	}
-	net, err := model.Build(b, f, model.Options{Attention: opts.Attention})
+	net, err := model.Build(b, f, model.Options{Attention: opts.Attention, MTP: opts.Speculative.on()})
 	if err != nil {
 		b.Close()
 		return nil, nil, err

@@ -327,6 +327,9 @@ func (s *Session) picker(sampler *Sampler, lp logProbOptions, con Constraint) fu
 		}
 		return t, nil
 	}
+	if d := s.m.drafter(); d != nil && !lp.want && con == nil && s.m.sched == nil {
+		return s.specPicker(sampler, d, host)
+	}
 	if !forwards || !samples || !o.onDevice() || lp.want || con != nil {
 		return host
 	}

@@ -73,6 +73,25 @@ func NewSampler(opts SamplingOptions) *Sampler {
 // Sample picks the next token from logits (which it may modify) given the
 // tokens so far.
 func (s *Sampler) Sample(logits []float32, history []int) int {
+	c, probs, id := s.dist(logits, history)
+	if c == nil {
+		return id
+	}
+	s.cand = c[:0]
+	r := s.rng.Float64()
+	for i, p := range probs {
+		if r < p {
+			return c[i].id
+		}
+		r -= p
+	}
+	return c[len(c)-1].id
+}
+
+// dist is the distribution Sample draws from: the candidates, most likely
+// first, and their probabilities; or, when greedy (Temperature 0), nil and
+// the token picked.
+func (s *Sampler) dist(logits []float32, history []int) ([]candidate, []float64, int) {
 	o := s.opts
 	if o.RepetitionPenalty > 0 && o.RepetitionPenalty != 1 {
 		p := float32(o.RepetitionPenalty)
@@ -97,7 +116,7 @@ func (s *Sampler) Sample(logits []float32, history []int) int {
 		}
 	}
 	if o.Temperature <= 0 {
-		return layers.Argmax(logits)
+		return nil, nil, layers.Argmax(logits)
 	}
 	// Tokens more than e^40 less likely than the best carry no probability a
 	// float64 sum can see; dropping them before the sort keeps it short.
@@ -138,15 +157,7 @@ func (s *Sampler) Sample(logits []float32, history []int) int {
 		}
 		c, probs = c[:n], softmaxSorted(c[:n])
 	}
-	s.cand = c[:0]
-	r := s.rng.Float64()
-	for i, p := range probs {
-		if r < p {
-			return c[i].id
-		}
-		r -= p
-	}
-	return c[len(c)-1].id
+	return c, probs, -1
 }
 
 // softmaxSorted returns the probabilities of candidates sorted by falling logit.

@@ -27,5 +27,5 @@ func newDeepseekV3(b backend.Backend, cfg *Config, l *Loader, o Options) (Model,
 	if o.Attention.Kind == "htree" {
 		return nil, fmt.Errorf("model: %s does not support htree attention (llama and qwen3 do)", cfg.ModelType)
 	}
-	return loadDeepseekV32(b, cfg, l, false)
+	return loadDeepseekV32(b, cfg, l, false, o.MTP)
 }

@@ -39,6 +39,7 @@ type DeepseekV32 struct {
 	irope   *layers.RoPE // indexer: half split, same frequencies
 	head
 	Blocks []v32Block
+	mtp    *v32MTP // the MTP block (mtp_v3.go), nil unless loaded
 }
 
 // v32Config holds DeepSeek-V3.2's own config.json fields, initialized with
@@ -123,12 +124,12 @@ func newDeepseekV32(b backend.Backend, cfg *Config, l *Loader, o Options) (Model
 	if o.Attention.Kind == "htree" {
 		return nil, fmt.Errorf("model: %s does not support htree attention (llama and qwen3 do)", cfg.ModelType)
 	}
-	return loadDeepseekV32(b, cfg, l, true)
+	return loadDeepseekV32(b, cfg, l, true, o.MTP)
 }
 
 // loadDeepseekV32 builds DeepSeek-V3.2 with its indexer, or without it
 // (indexer false) DeepSeek-V3, whose MLA attends to every earlier token.
-func loadDeepseekV32(b backend.Backend, cfg *Config, l *Loader, indexer bool) (*DeepseekV32, error) {
+func loadDeepseekV32(b backend.Backend, cfg *Config, l *Loader, indexer, mtp bool) (*DeepseekV32, error) {
 	ops := l.caps.SparseMLA
 	if ops == nil && indexer {
 		return nil, fmt.Errorf("model: deepseek_v32 needs sparse MLA ops (backend.SparseMLAOps); backend %s lacks them", b.Name())
@@ -186,32 +187,41 @@ func loadDeepseekV32(b backend.Backend, cfg *Config, l *Loader, indexer bool) (*
 		return nil, err
 	}
 	for i := range m.Blocks {
-		blk := &m.Blocks[i]
-		p := fmt.Sprintf("model.layers.%d.", i)
-		if err := l.Bind(p, blk, dims); err != nil {
+		if err := m.loadBlock(l, fmt.Sprintf("model.layers.%d.", i), &m.Blocks[i], m.sparseMLP(i), dims); err != nil {
 			return nil, err
 		}
-		if indexer {
-			if err := blk.checkIndexer(l.Checkpoint(), p); err != nil {
-				return nil, err
-			}
-		}
-		kva, err := l.LinearSplit(p+"self_attn.kv_a_proj_with_mqa", cfg.HiddenSize, mla.KVLoraRank, mla.RopeDim)
-		if err != nil {
+	}
+	if mtp {
+		if m.mtp, err = m.loadMTP(l, dims); err != nil {
 			return nil, err
-		}
-		blk.KVALatent, blk.KVARope = kva[0], kva[1]
-		if m.sparseMLP(i) {
-			if blk.MoE, err = m.loadMoE(l, p+"mlp."); err != nil {
-				return nil, err
-			}
-		} else {
-			if blk.Dense, err = loadMLP(b, l, p+"mlp.", cfg.IntermediateSize, cfg.HiddenSize); err != nil {
-				return nil, err
-			}
 		}
 	}
 	return m, nil
+}
+
+// loadBlock binds the decoder layer under prefix p into blk, with the MoE
+// MLP when sparse.
+func (m *DeepseekV32) loadBlock(l *Loader, p string, blk *v32Block, sparse bool, dims map[string]int) error {
+	cfg, mla := m.cfg, m.mla
+	if err := l.Bind(p, blk, dims); err != nil {
+		return err
+	}
+	if m.indexer {
+		if err := blk.checkIndexer(l.Checkpoint(), p); err != nil {
+			return err
+		}
+	}
+	kva, err := l.LinearSplit(p+"self_attn.kv_a_proj_with_mqa", cfg.HiddenSize, mla.KVLoraRank, mla.RopeDim)
+	if err != nil {
+		return err
+	}
+	blk.KVALatent, blk.KVARope = kva[0], kva[1]
+	if sparse {
+		blk.MoE, err = m.loadMoE(l, p+"mlp.")
+	} else {
+		blk.Dense, err = loadMLP(m.b, l, p+"mlp.", cfg.IntermediateSize, cfg.HiddenSize)
+	}
+	return err
 }
 
 // checkIndexer reports the first indexer tensor that layer prefix p lacks,

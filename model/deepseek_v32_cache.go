@@ -28,6 +28,8 @@ type v32State struct {
 	kvTmp                                  backend.Buffer
 	kvTmpRows                              int
 	moeScratch
+	mtp  *v32MTPState // nil without an MTP block (mtp_v3.go)
+	hist []int32      // the tokens of every position (kept with an MTP block only)
 }
 
 func (s *v32State) Len() int { return s.n }
@@ -36,6 +38,11 @@ func (s *v32State) Truncate(n int) {
 	s.n = min(s.n, max(n, 0))
 	if s.dense != nil {
 		s.dense.Truncate(s.n)
+	}
+	if s.mtp != nil {
+		s.hist = s.hist[:s.n]
+		s.mtp.saved.truncate(s.n)
+		s.mtp.truncate(s.n - 1) // the entry of position p pairs it with token p+1
 	}
 }
 func (s *v32State) CacheBytes() int64         { return s.perToken * int64(s.cap) }
@@ -66,9 +73,9 @@ func (m *DeepseekV32) NewStateWith(capacity int, path MLAPath) (State, error) {
 	if !m.indexer {
 		return m.newV3State(capacity, path)
 	}
-	b, c, s := m.b, m.cfg, m.mla
+	b, s := m.b, m.mla
 	st := &v32State{path: path, cap: capacity}
-	L := c.NumLayers
+	L := m.cacheLayers()
 	var width int // float32 values cached per token and layer
 	switch path {
 	case MLAAuto, MLAAbsorbed, MLANaive:
@@ -108,6 +115,7 @@ func (m *DeepseekV32) NewStateWith(capacity int, path MLAPath) (State, error) {
 	default:
 		return nil, fmt.Errorf("model: unknown MLA path %v", path)
 	}
+	m.attachMTP(st)
 	return st, nil
 }
 
@@ -116,7 +124,7 @@ func (m *DeepseekV32) NewStateWith(capacity int, path MLAPath) (State, error) {
 // token and layer, whose value is the latent (MLAAuto, MLAAbsorbed).
 func (m *DeepseekV32) newV3State(capacity int, path MLAPath) (State, error) {
 	s := m.mla
-	shape := backend.KVShape{Layers: m.cfg.NumLayers, KVHeads: s.Heads, HeadDim: s.QKDim(), Capacity: capacity}
+	shape := backend.KVShape{Layers: m.cacheLayers(), KVHeads: s.Heads, HeadDim: s.QKDim(), Capacity: capacity}
 	switch path {
 	case MLADense:
 	case MLAAuto, MLAAbsorbed:
@@ -132,7 +140,9 @@ func (m *DeepseekV32) newV3State(capacity int, path MLAPath) (State, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &v32State{path: path, cap: capacity, dense: cache, perToken: cache.Bytes() / int64(capacity)}, nil
+	st := &v32State{path: path, cap: capacity, dense: cache, perToken: cache.Bytes() / int64(capacity)}
+	m.attachMTP(st)
+	return st, nil
 }
 
 // grow makes the scratch buffers hold n rows.

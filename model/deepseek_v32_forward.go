@@ -94,6 +94,12 @@ func (m *DeepseekV32) Forward(ctx context.Context, st State, tokens []int32, all
 		b.Add(x, x, y)
 	}
 	s.n = pos0 + n
+	if s.mtp != nil {
+		s.hist = append(s.hist[:pos0], tokens...)
+		// From exact-1 (a Truncate may drop the last entry), at most
+		// v32MTPRows: a session that does not draft keeps no more.
+		s.mtp.saved.save(b, x, pos0, n, max(s.mtp.exact-1, pos0+n-v32MTPRows))
+	}
 	return hostLogits(b, m.head.logits(b, c, x, h, s.logits, n, all), nil)
 }
 

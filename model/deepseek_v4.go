@@ -37,13 +37,14 @@ type DeepseekV4 struct {
 	mainRoPE, compRoPE *layers.RoPE
 	ones               backend.Buffer // [head_dim] weights of the unweighted per-head q norm
 
-	embed, head backend.Weight
-	norm        backend.Buffer
-	hcHeadFn    backend.Weight
-	hcHeadBase  backend.Buffer
-	hcHeadScale float32
+	embed, lmHead backend.Weight
+	norm          backend.Buffer
+	hcHeadFn      backend.Weight
+	hcHeadBase    backend.Buffer
+	hcHeadScale   float32
 
 	blocks []v4Block
+	mtp    *v4MTP // the MTP block (mtp.go), nil unless loaded
 }
 
 // v4Block is one decoder layer's weights.
@@ -121,10 +122,16 @@ func newDeepseekV4(b backend.Backend, cfg *Config, l *Loader, o Options) (Model,
 	if o.Attention.Kind == "htree" {
 		return nil, fmt.Errorf("model: %s does not support htree attention (llama and qwen3 do)", cfg.ModelType)
 	}
-	return loadDeepseekV4(b, cfg, l)
+	return loadDeepseekV4With(b, cfg, l, o.MTP)
 }
 
 func loadDeepseekV4(b backend.Backend, cfg *Config, l *Loader) (*DeepseekV4, error) {
+	return loadDeepseekV4With(b, cfg, l, false)
+}
+
+// loadDeepseekV4With loads the model, and its MTP block (mtp.0.*) when mtp
+// is set and the checkpoint carries it (model/mtp.go).
+func loadDeepseekV4With(b backend.Backend, cfg *Config, l *Loader, mtp bool) (*DeepseekV4, error) {
 	hc := l.caps.HyperConnection
 	if hc == nil {
 		return nil, fmt.Errorf("model: deepseek_v4 needs hyper-connection ops (backend.HyperConnectionOps); backend %s lacks them", b.Name())
@@ -171,9 +178,9 @@ func loadDeepseekV4(b backend.Backend, cfg *Config, l *Loader) (*DeepseekV4, err
 	if m.embed, err = l.Matrix("model.embed_tokens.weight", V, D); err != nil {
 		return nil, err
 	}
-	m.head = m.embed // tie_word_embeddings: lm_head is the embedding
+	m.lmHead = m.embed // tie_word_embeddings: lm_head is the embedding
 	if !cfg.TieWordEmbeddings || l.Has("head.weight") {
-		if m.head, err = l.Matrix("head.weight", V, D); err != nil {
+		if m.lmHead, err = l.Matrix("head.weight", V, D); err != nil {
 			return nil, err
 		}
 	}
@@ -199,18 +206,23 @@ func loadDeepseekV4(b backend.Backend, cfg *Config, l *Loader) (*DeepseekV4, err
 	}
 	m.blocks = make([]v4Block, cfg.NumLayers)
 	for i := range m.blocks {
-		if err := m.loadBlock(l, i, dims); err != nil {
+		if err := m.loadBlock(l, fmt.Sprintf("model.layers.%d.", i), &m.blocks[i], v.LayerTypes[i], v.MLPLayerTypes[i], dims); err != nil {
+			return nil, err
+		}
+	}
+	if mtp {
+		if m.mtp, err = m.loadMTP(l, dims); err != nil {
 			return nil, err
 		}
 	}
 	return m, nil
 }
 
-func (m *DeepseekV4) loadBlock(l *Loader, i int, dims map[string]int) error {
+// loadBlock binds the decoder layer under prefix (attention of kind, MoE of
+// mlpKind) into blk.
+func (m *DeepseekV4) loadBlock(l *Loader, prefix string, blk *v4Block, kind, mlpKind string, dims map[string]int) error {
 	cfg, v := m.cfg, m.v
-	blk := &m.blocks[i]
-	prefix := fmt.Sprintf("model.layers.%d.", i)
-	blk.kind = v.LayerTypes[i]
+	blk.kind = kind
 	blk.rate = v.rate(blk.kind)
 	D, n := cfg.HiddenSize, v.HCMult
 	for _, s := range []struct {
@@ -269,7 +281,7 @@ func (m *DeepseekV4) loadBlock(l *Loader, i int, dims map[string]int) error {
 	if err := l.Bind(prefix, &blk.FFN, dims); err != nil {
 		return err
 	}
-	if v.MLPLayerTypes[i] == v4HashMoE {
+	if mlpKind == v4HashMoE {
 		name := prefix + "ffn.gate.tid2eid"
 		t, err := l.Tensor(name)
 		if err != nil {
@@ -309,7 +321,7 @@ func (m *DeepseekV4) loadBlock(l *Loader, i int, dims map[string]int) error {
 			w1[e], w3[e], w2[e] = ex.W1, ex.W3, ex.W2
 		}
 		if blk.dev, err = m.moeOps.BindExperts(w1, w3, w2, blk.FFN.Bias); err != nil {
-			return fmt.Errorf("model: layer %d's routed experts: %w", i, err)
+			return fmt.Errorf("model: %s routed experts: %w", prefix, err)
 		}
 	}
 	return nil
@@ -363,13 +375,27 @@ func (m *DeepseekV4) run(ctx context.Context, st State, tokens []int32, all bool
 	}
 	start := len(s.hist)
 	s.hist = append(s.hist, tokens...)
+	want := 1
+	if all {
+		want = len(tokens)
+	}
+	if s.done < start && len(s.hist)-s.done <= v4ReplayChunk {
+		// A short replay (a rollback into the last call, as speculative
+		// decoding's) runs in the same pass as the new tokens.
+		logits, err := m.forward(ctx, s, s.hist[s.done:], want)
+		if err != nil {
+			s.hist = s.hist[:start]
+			return nil, err
+		}
+		return logits, nil
+	}
 	for s.done < start { // replay what a rewind left out
-		if _, err := m.forward(ctx, s, s.hist[s.done:min(s.done+v4ReplayChunk, start)], false); err != nil {
+		if _, err := m.forward(ctx, s, s.hist[s.done:min(s.done+v4ReplayChunk, start)], 1); err != nil {
 			s.hist = s.hist[:start]
 			return nil, err
 		}
 	}
-	logits, err := m.forward(ctx, s, tokens, all)
+	logits, err := m.forward(ctx, s, tokens, want)
 	if err != nil {
 		s.hist = s.hist[:start]
 		return nil, err
@@ -377,9 +403,11 @@ func (m *DeepseekV4) run(ctx context.Context, st State, tokens []int32, all bool
 	return logits, nil
 }
 
-// forward runs tokens at positions s.done.. through the caches. When ctx is
-// canceled it restores the caches and returns the error.
-func (m *DeepseekV4) forward(ctx context.Context, s *v4State, tokens []int32, all bool) (backend.Buffer, error) {
+// forward runs tokens at positions s.done.. through the caches and returns
+// the logits of the last want rows. When ctx is canceled it restores the
+// caches and returns the error. With an MTP block, the residual streams
+// the block's next Draft reads are kept.
+func (m *DeepseekV4) forward(ctx context.Context, s *v4State, tokens []int32, want int) (backend.Buffer, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -404,7 +432,7 @@ func (m *DeepseekV4) forward(ctx context.Context, s *v4State, tokens []int32, al
 		c := m.hcPre(s, &blk.AttnHC, x, n)
 		h := view(sc.h, D)
 		b.RMSNorm(h, c, blk.Attn.AttnNorm, cfg.RMSNormEps)
-		a := m.attention(s, l, h, n, pos0)
+		a := m.attention(s, blk, &s.layers[l], h, n, pos0)
 		m.hc.MHCPost(x, x, a, view(sc.post, nh), view(sc.res, nh*nh), n, nh, D)
 		// FFN site.
 		c = m.hcPre(s, &blk.FFNHC, x, n)
@@ -412,21 +440,33 @@ func (m *DeepseekV4) forward(ctx context.Context, s *v4State, tokens []int32, al
 		f := m.moe(s, blk, h, tokens)
 		m.hc.MHCPost(x, x, f, view(sc.post, nh), view(sc.res, nh*nh), n, nh, D)
 	}
+	if ms := s.mtp; ms != nil {
+		// The block's next Draft reads the rows from its last entry on,
+		// none older than its window; the window's rows are kept, so that
+		// it can be rebuilt after a rollback past the block's entries.
+		ms.saved.save(b, x, pos0, n, max(0, pos0+n-s.window()))
+	}
 	s.done += n
 
-	rows, xs := n, x
-	if !all {
-		rows, xs = 1, b.View(x, (n-1)*nh*D, nh*D)
-	}
-	hl := b.View(sc.headLogits, 0, rows*nh)
-	m.hc.MHCProject(hl, xs, m.hcHeadFn, rows, cfg.RMSNormEps)
-	m.hc.MHCHeadActivate(hl, m.hcHeadBase, m.hcHeadScale, float32(v.HCEps), rows, nh)
-	fin := b.View(sc.final, 0, rows*D)
-	m.hc.MHCPre(fin, xs, hl, rows, nh, D)
-	b.RMSNorm(fin, fin, m.norm, cfg.RMSNormEps)
+	rows := min(max(want, 1), n)
+	xs := b.View(x, (n-rows)*nh*D, rows*nh*D)
 	logits := b.View(sc.finalLogits, 0, rows*cfg.VocabSize)
-	b.MatMul(logits, fin, m.head, rows)
+	m.head(logits, b.View(sc.headLogits, 0, rows*nh), b.View(sc.final, 0, rows*D), xs, m.hcHeadFn, m.hcHeadBase, m.hcHeadScale, m.norm, rows)
 	return logits, nil
+}
+
+// head collapses the streams xs ([rows, hc_mult*hidden]) with the hc_head
+// parameters fn, base and scale, norms them with norm and writes the
+// logits [rows, vocab]; hl [rows, hc_mult] and fin [rows, hidden] are
+// scratch.
+func (m *DeepseekV4) head(logits, hl, fin, xs backend.Buffer, fn backend.Weight, base backend.Buffer, scale float32, norm backend.Buffer, rows int) {
+	b, cfg, v := m.b, m.cfg, m.v
+	nh, D := v.HCMult, cfg.HiddenSize
+	m.hc.MHCProject(hl, xs, fn, rows, cfg.RMSNormEps)
+	m.hc.MHCHeadActivate(hl, base, scale, float32(v.HCEps), rows, nh)
+	m.hc.MHCPre(fin, xs, hl, rows, nh, D)
+	b.RMSNorm(fin, fin, norm, cfg.RMSNormEps)
+	b.MatMul(logits, fin, m.lmHead, rows)
 }
 
 // hcPre computes a site's coefficients (left in the state's pre, post and
@@ -447,11 +487,10 @@ func (m *DeepseekV4) hcPre(s *v4State, site *v4HC, x backend.Buffer, n int) back
 	return c
 }
 
-// attention runs layer l's attention over h ([n, hidden], normed) at
-// positions pos0.. and returns its output [n, hidden].
-func (m *DeepseekV4) attention(s *v4State, l int, h backend.Buffer, n, pos0 int) backend.Buffer {
+// attention runs the attention of block blk (its cache ls) over h ([n,
+// hidden], normed) at positions pos0.. and returns its output [n, hidden].
+func (m *DeepseekV4) attention(s *v4State, blk *v4Block, ls *v4LayerState, h backend.Buffer, n, pos0 int) backend.Buffer {
 	b, cfg, v, sc := m.b, m.cfg, m.v, &s.scratch
-	blk, ls := &m.blocks[l], &s.layers[l]
 	H, hd, eps := cfg.NumHeads, v.HeadDim, cfg.RMSNormEps
 	rope := m.compRoPE
 	if blk.kind == v4Sliding {
@@ -510,8 +549,9 @@ func (m *DeepseekV4) attention(s *v4State, l int, h backend.Buffer, n, pos0 int)
 	att := b.View(sc.att, 0, n*H*hd)
 	m.ops.CompressedAttention(att, q, local, comp, idx, blk.Attn.Sinks, args)
 
-	// Keep the last sliding_window-1 rows for the next call, where they are.
-	keep := min(s.window()-1, ls.win+n)
+	// Keep the last sliding_window-1 rows (and the extra ones a rollback
+	// needs) for the next call, where they are.
+	keep := min(s.window()-1+ls.extra, ls.win+n)
 	ls.start, ls.win = ls.start+ls.win+n-keep, keep
 
 	// Undo the rotation on the output, then the grouped low-rank projection.

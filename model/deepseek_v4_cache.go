@@ -46,7 +46,8 @@ type v4LayerState struct {
 	cur     int
 	start   int
 	capRows int // rows of new tokens the local buffers hold beyond the window
-	win     int // window rows held (at most sliding_window-1)
+	win     int // window rows held (at most sliding_window-1+extra)
+	extra   int // rows kept beyond the window so that a rollback keeps a whole window (the MTP block's)
 	comp    *v4Comp
 	index   *v4Comp
 }
@@ -79,6 +80,7 @@ type v4State struct {
 	hostLog   []float32
 	expRows   [][]int32
 	expScale  [][]float32
+	mtp       *v4MTPState // nil without an MTP block (mtp.go)
 }
 
 // v4Snap is the bookkeeping of a cache state (the data stays in the buffers).
@@ -156,26 +158,90 @@ type v4Scratch struct {
 func (s *v4State) Len() int { return len(s.hist) }
 func (s *v4State) Cap() int { return s.cap }
 
-// Truncate keeps the first n positions. The compressed caches cannot be cut
-// back (the reference marks V4 as stateful for that reason), so the state
-// rewinds instead: into the last forward call by restoring the cache state
-// from before it (its buffers still hold it), further back by emptying the
-// caches. Either way the tokens between the restored state and n are replayed
-// by the next Forward, so a rewind costs at most a re-prefill, never a wrong
-// answer.
+// Truncate keeps the first n positions. Into the last forward call the
+// caches are cut in place (cut: its buffers still hold the rows before the
+// cut, and the compressors' state after n positions follows from n), as
+// speculative decoding's rollback of its rejected drafts needs. Further
+// back the compressed caches cannot be cut (the reference marks V4 as
+// stateful for that reason): the caches are emptied and the tokens before
+// n replayed by the next Forward, so a rewind costs at most a re-prefill,
+// never a wrong answer.
 func (s *v4State) Truncate(n int) {
 	n = max(n, 0)
 	if n >= len(s.hist) {
 		return
 	}
 	if n < s.done {
-		if s.snapValid && n >= s.snap.done {
-			s.restoreSnap()
-		} else {
+		if !(s.snapValid && n >= s.snap.done && s.cut(n)) {
 			s.reset()
 		}
 	}
 	s.hist = s.hist[:n]
+	if s.mtp != nil {
+		s.mtp.saved.truncate(n)
+		s.mtp.truncate(n - 1) // the entry of position p pairs it with token p+1
+	}
+}
+
+// cut rolls the caches back to their first n positions, inside the last
+// forward call (n >= snap.done): the buffers still hold the rows before
+// the cut, so the sliding windows end there, and each compressor keeps
+// the entries of the windows closed before it and, as pending rows, the
+// rows after them (the last closed window's too, for CSA). It reports
+// false, changing nothing, where a buffer lacks a row it needs (never
+// within the last call, whose slide keeps the rows before it).
+func (s *v4State) cut(n int) bool {
+	back := s.done - n
+	for i := range s.layers {
+		ls := &s.layers[i]
+		if ls.start+ls.win-back < min(s.window()-1, n) {
+			return false
+		}
+		blk := &s.m.blocks[i]
+		if !ls.comp.canCut(n, back, blk.rate, blk.Comp) || (blk.Indexer != nil && !ls.index.canCut(n, back, blk.rate, blk.Indexer.Comp)) {
+			return false
+		}
+	}
+	for i := range s.layers {
+		ls := &s.layers[i]
+		end := ls.start + ls.win - back
+		keep := min(s.window()-1, n)
+		ls.start, ls.win = end-keep, keep
+		blk := &s.m.blocks[i]
+		ls.comp.cut(n, back, blk.rate, blk.Comp)
+		if blk.Indexer != nil {
+			ls.index.cut(n, back, blk.rate, blk.Indexer.Comp)
+		}
+	}
+	s.done = n
+	return true
+}
+
+// cutState is the compressor's state after n positions: entries, the
+// kept previous window's rows, the pending rows, and the buffer row where
+// they start (back rows before the end of the rows held).
+func (c *v4Comp) cutState(n, back, rate int, w *v4Compressor) (count, prev, tail, start int) {
+	count = n / rate
+	tail = n - count*rate
+	if w.csa && count > 0 {
+		prev = rate
+	}
+	start = c.start + c.prev + c.tail - back - prev - tail
+	return count, prev, tail, start
+}
+
+func (c *v4Comp) canCut(n, back, rate int, w *v4Compressor) bool {
+	if c == nil {
+		return true
+	}
+	count, _, _, start := c.cutState(n, back, rate, w)
+	return start >= 0 && count <= c.count
+}
+
+func (c *v4Comp) cut(n, back, rate int, w *v4Compressor) {
+	if c != nil {
+		c.count, c.prev, c.tail, c.start = c.cutState(n, back, rate, w)
+	}
 }
 
 // CacheBytes is the memory the caches hold (allocated, in bytes).
@@ -190,7 +256,7 @@ func (s *v4State) CacheBytes() int64 {
 			}
 		}
 	}
-	return 4 * n
+	return 4*n + s.mtp.cacheBytes()
 }
 
 // CacheBytesPerToken is what each further position adds: the compressed
@@ -229,6 +295,10 @@ func (m *DeepseekV4) NewState(capacity int) (State, error) {
 		}
 	}
 	m.growState(s, 1)
+	if m.mtp != nil {
+		s.mtp = &v4MTPState{saved: mtpRows{width: m.v.HCMult * m.cfg.HiddenSize}}
+		s.mtp.ls.extra = MaxDraft
+	}
 	s.expRows = make([][]int32, m.v.NRoutedExperts)
 	s.expScale = make([][]float32, m.v.NRoutedExperts)
 	return s, nil

@@ -26,8 +26,8 @@ import (
 // The linears are FP8 E4M3 with a 128x128-tile ".scale" (F8_E8M0, or F32 in
 // -Base), the routed experts MXFP4 (I8 codes, F8_E8M0 ".scale" per 32
 // inputs) or, in NVIDIA's, ModelOpt NVFP4; Loader.hostLinear tells them
-// apart by their tensors. The MTP block (mtp.0.*) is not read, as
-// transformers does not read it.
+// apart by their tensors. The MTP block (mtp.0.*), which transformers does
+// not read, is read only with Options.MTP (mtp.go).
 
 // v4ReleasedNames returns the renaming for a checkpoint in the released
 // layout (it has embed.weight and no model.embed_tokens.weight), or nil for

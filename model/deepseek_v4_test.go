@@ -40,6 +40,7 @@ type v4Spec struct {
 	Yarn                                         bool
 	Scoring                                      string
 	BF16                                         bool
+	MTP                                          bool // write the MTP block mtp.0.* (mtp_test.go)
 }
 
 func (s v4Spec) config() map[string]any {
@@ -139,8 +140,7 @@ func writeV4Checkpoint(t testing.TB, dir string, s v4Spec, seed uint64) {
 	add("model.hc_head.hc_fn", 0, 0.1, n, n*D)
 	add("model.hc_head.hc_base", 0, 0.3, n)
 	add("model.hc_head.hc_scale", 1, 0.1, 1)
-	for l := 0; l < s.Layers; l++ {
-		p := fmt.Sprintf("model.layers.%d.", l)
+	layer := func(p, kind, mlp string) {
 		add(p+"attn_norm.weight", 1, 0.1, D)
 		add(p+"ffn_norm.weight", 1, 0.1, D)
 		for _, site := range []string{"hc_attn_", "hc_ffn_"} {
@@ -157,7 +157,7 @@ func writeV4Checkpoint(t testing.TB, dir string, s v4Spec, seed uint64) {
 		add(p+"attn.wo_a.weight", 0, 0.15, s.OGroups*s.OLora, hq/s.OGroups)
 		add(p+"attn.wo_b.weight", 0, 0.15, D, s.OGroups*s.OLora)
 		add(p+"attn.attn_sink", 0, 1, s.Heads)
-		switch s.LayerTypes[l] {
+		switch kind {
 		case v4HCA:
 			add(p+"attn.compressor.wkv.weight", 0, 0.15, s.HeadDim, D)
 			add(p+"attn.compressor.wgate.weight", 0, 0.15, s.HeadDim, D)
@@ -176,7 +176,7 @@ func writeV4Checkpoint(t testing.TB, dir string, s v4Spec, seed uint64) {
 			add(p+"attn.indexer.weights_proj.weight", 0, 0.2, s.IndexHeads, D)
 		}
 		add(p+"ffn.gate.weight", 0, 0.2, s.Experts, D)
-		if s.MLPTypes[l] == v4HashMoE {
+		if mlp == v4HashMoE {
 			buf := make([]byte, 8*s.Vocab*s.K)
 			for i := 0; i < s.Vocab; i++ {
 				perm := rng.Perm(s.Experts)
@@ -199,6 +199,20 @@ func writeV4Checkpoint(t testing.TB, dir string, s v4Spec, seed uint64) {
 		add(p+"ffn.shared_experts.w1.weight", 0, 0.2, s.Inter, D)
 		add(p+"ffn.shared_experts.w3.weight", 0, 0.2, s.Inter, D)
 		add(p+"ffn.shared_experts.w2.weight", 0, 0.2, D, s.Inter)
+	}
+	for l := 0; l < s.Layers; l++ {
+		layer(fmt.Sprintf("model.layers.%d.", l), s.LayerTypes[l], s.MLPTypes[l])
+	}
+	if s.MTP {
+		layer("mtp.0.", v4Sliding, v4MoE)
+		add("mtp.0.e_proj.weight", 0, 0.15, D, D)
+		add("mtp.0.h_proj.weight", 0, 0.15, D, D)
+		add("mtp.0.enorm.weight", 1, 0.1, D)
+		add("mtp.0.hnorm.weight", 1, 0.1, D)
+		add("mtp.0.norm.weight", 1, 0.1, D)
+		add("mtp.0.hc_head_fn", 0, 0.1, n, n*D)
+		add("mtp.0.hc_head_base", 0, 0.3, n)
+		add("mtp.0.hc_head_scale", 1, 0.1, 1)
 	}
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
@@ -395,6 +409,21 @@ func TestDeepseekV4Truncate(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("after Truncate(13)", 13, got)
+	for cut := 9; cut < 17; cut++ { // every cut inside a call: the caches roll back in place
+		st, _ := m.NewState(T)
+		if _, err := m.Forward(ctx, st, ids[:9], true); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Forward(ctx, st, ids[9:17], true); err != nil {
+			t.Fatal(err)
+		}
+		st.Truncate(cut)
+		got, err := m.Forward(ctx, st, ids[cut:T], true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(fmt.Sprintf("after Truncate(%d)", cut), cut, got)
+	}
 	st.Truncate(4) // before the last call: the caches restart and the prefix is replayed
 	got, err = m.Forward(ctx, st, ids[4:T], true)
 	if err != nil {
@@ -732,6 +761,13 @@ func refSwiGLU(x []float64, T int, w1, w3, w2 []float64, inter, hidden int, limi
 // passes can pick different entries when scores tie, typically at 0 when
 // every ReLU term vanishes).
 func refV4Forward(t testing.TB, dir string, s v4Spec, ids []int32, chunk int) []float32 {
+	logits, _ := refV4Run(t, dir, s, ids, chunk)
+	return logits
+}
+
+// refV4Run is the reference forward pass: its logits and the residual
+// streams before hc_head ([T, hc, hidden]).
+func refV4Run(t testing.TB, dir string, s v4Spec, ids []int32, chunk int) ([]float32, []float64) {
 	ck, err := weights.Open(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -739,9 +775,6 @@ func refV4Forward(t testing.TB, dir string, s v4Spec, ids []int32, chunk int) []
 	defer ck.Close()
 	W := refW{t: t, ck: ck, spec: s}
 	T, D, n := len(ids), s.Hidden, s.HC
-	eps := 1e-6
-	mainInv := refInvFreq(s, false, 10000, s.BF16)
-	compInv := refInvFreq(s, s.Yarn, 160000, s.BF16)
 	emb := W.get("model.embed_tokens.weight")
 	h := make([]float64, T*n*D) // [T, n, D]
 	for i, id := range ids {
@@ -749,6 +782,44 @@ func refV4Forward(t testing.TB, dir string, s v4Spec, ids []int32, chunk int) []
 			copy(h[(i*n+k)*D:(i*n+k+1)*D], emb[int(id)*D:(int(id)+1)*D])
 		}
 	}
+	for l := 0; l < s.Layers; l++ {
+		h = refV4Layer(W, ck, s, fmt.Sprintf("model.layers.%d.", l), s.LayerTypes[l], s.MLPTypes[l], h, ids, chunk)
+	}
+	return refV4Head(W, s, h, T, "model.hc_head.hc_", "model.norm.weight"), h
+}
+
+// refV4Head is hc_head (parameters hc+"fn", "base", "scale"), the norm and
+// the head over the streams h of T positions.
+func refV4Head(W refW, s v4Spec, h []float64, T int, hc, norm string) []float32 {
+	D, n, eps := s.Hidden, s.HC, 1e-6
+	fn, base, scale := W.get(hc+"fn"), W.get(hc+"base"), W.get(hc+"scale")
+	fin := make([]float64, T*D)
+	for i := 0; i < T; i++ {
+		hi := h[i*n*D : (i+1)*n*D]
+		z := refLinear(refRMS(hi, n*D, nil, eps), 1, fn, n)
+		for k := 0; k < n; k++ {
+			pk := refSigmoid(z[k]*scale[0]+base[k]) + 1e-6
+			for c := 0; c < D; c++ {
+				fin[i*D+c] += pk * hi[k*D+c]
+			}
+		}
+	}
+	logits := refLinear(refRMS(fin, D, W.get(norm), eps), T, W.get("head.weight"), s.Vocab)
+	out := make([]float32, len(logits))
+	for i, v := range logits {
+		out[i] = float32(v)
+	}
+	return out
+}
+
+// refV4Layer is one decoder layer (tensors under p, attention of kind, MoE
+// of mlp) over the streams h of the positions 0.. of ids; chunk is how the
+// model under test fed them (the indexer's rows).
+func refV4Layer(W refW, ck *weights.Checkpoint, s v4Spec, p, kind, mlp string, h []float64, ids []int32, chunk int) []float64 {
+	T, D, n := len(ids), s.Hidden, s.HC
+	eps := 1e-6
+	mainInv := refInvFreq(s, false, 10000, s.BF16)
+	compInv := refInvFreq(s, s.Yarn, 160000, s.BF16)
 	// site applies one hyper-connection around f.
 	site := func(p string, f func(x []float64) []float64, normW []float64) {
 		fn, base, scale := W.get(p+"fn"), W.get(p+"base"), W.get(p+"scale")
@@ -779,209 +850,187 @@ func refV4Forward(t testing.TB, dir string, s v4Spec, ids []int32, chunk int) []
 		}
 		h = next
 	}
-	for l := 0; l < s.Layers; l++ {
-		p := fmt.Sprintf("model.layers.%d.", l)
-		kind := s.LayerTypes[l]
-		inv := compInv
-		if kind == v4Sliding {
-			inv = mainInv
-		}
-		attn := func(x []float64) []float64 {
-			H, hd := s.Heads, s.HeadDim
-			qres := refRMS(refLinear(x, T, W.get(p+"attn.wq_a.weight"), s.QLora), s.QLora, W.get(p+"attn.q_norm.weight"), eps)
-			q := refRMS(refLinear(qres, T, W.get(p+"attn.wq_b.weight"), H*hd), hd, nil, eps)
-			refRope(q, hd, inv, func(i int) int { return i / H }, 1)
-			kv := refRMS(refLinear(x, T, W.get(p+"attn.wkv.weight"), hd), hd, W.get(p+"attn.norm.weight"), eps)
-			refRope(kv, hd, inv, func(i int) int { return i }, 1)
-			var comp []float64
-			nc := 0
-			visible := func(tq, w int) bool { return false }
-			switch kind {
-			case v4HCA:
-				comp, nc = refCompress(refLinear(x, T, W.get(p+"attn.compressor.wkv.weight"), hd),
-					refLinear(x, T, W.get(p+"attn.compressor.wgate.weight"), hd),
-					W.get(p+"attn.compressor.ape"), W.get(p+"attn.compressor.norm.weight"), T, s.RateHCA, hd, false, compInv)
-				visible = func(tq, w int) bool { return w < (tq+1)/s.RateHCA }
-			case v4CSA:
-				comp, nc = refCompress(refLinear(x, T, W.get(p+"attn.compressor.wkv.weight"), 2*hd),
-					refLinear(x, T, W.get(p+"attn.compressor.wgate.weight"), 2*hd),
-					W.get(p+"attn.compressor.ape"), W.get(p+"attn.compressor.norm.weight"), T, s.RateCSA, hd, true, compInv)
-				di, Hi := s.IndexDim, s.IndexHeads
-				ik, _ := refCompress(refLinear(x, T, W.get(p+"attn.indexer.compressor.wkv.weight"), 2*di),
-					refLinear(x, T, W.get(p+"attn.indexer.compressor.wgate.weight"), 2*di),
-					W.get(p+"attn.indexer.compressor.ape"), W.get(p+"attn.indexer.compressor.norm.weight"), T, s.RateCSA, di, true, compInv)
-				iq := refLinear(qres, T, W.get(p+"attn.indexer.wq_b.weight"), Hi*di)
-				refRope(iq, di, compInv, func(i int) int { return i / Hi }, 1)
-				iw := refLinear(x, T, W.get(p+"attn.indexer.weights_proj.weight"), Hi)
-				chosen := make([]map[int]bool, T)
-				for tq := 0; tq < T; tq++ {
-					thr := (tq + 1) / s.RateCSA
-					type sc struct {
-						w int
-						v float64
-					}
-					var all []sc
-					rowLen := nc
-					if chunk > 0 {
-						rowLen = min((tq/chunk+1)*chunk, T) / s.RateCSA
-					}
-					for w := 0; w < rowLen; w++ {
-						v := math.Inf(-1)
-						if w < thr {
-							v = 0
-							for hh := 0; hh < Hi; hh++ {
-								d := 0.0
-								for c := 0; c < di; c++ {
-									d += iq[(tq*Hi+hh)*di+c] * ik[w*di+c]
-								}
-								v += math.Max(d, 0) / math.Sqrt(float64(di)) * iw[tq*Hi+hh] / math.Sqrt(float64(Hi))
+	inv := compInv
+	if kind == v4Sliding {
+		inv = mainInv
+	}
+	attn := func(x []float64) []float64 {
+		H, hd := s.Heads, s.HeadDim
+		qres := refRMS(refLinear(x, T, W.get(p+"attn.wq_a.weight"), s.QLora), s.QLora, W.get(p+"attn.q_norm.weight"), eps)
+		q := refRMS(refLinear(qres, T, W.get(p+"attn.wq_b.weight"), H*hd), hd, nil, eps)
+		refRope(q, hd, inv, func(i int) int { return i / H }, 1)
+		kv := refRMS(refLinear(x, T, W.get(p+"attn.wkv.weight"), hd), hd, W.get(p+"attn.norm.weight"), eps)
+		refRope(kv, hd, inv, func(i int) int { return i }, 1)
+		var comp []float64
+		nc := 0
+		visible := func(tq, w int) bool { return false }
+		switch kind {
+		case v4HCA:
+			comp, nc = refCompress(refLinear(x, T, W.get(p+"attn.compressor.wkv.weight"), hd),
+				refLinear(x, T, W.get(p+"attn.compressor.wgate.weight"), hd),
+				W.get(p+"attn.compressor.ape"), W.get(p+"attn.compressor.norm.weight"), T, s.RateHCA, hd, false, compInv)
+			visible = func(tq, w int) bool { return w < (tq+1)/s.RateHCA }
+		case v4CSA:
+			comp, nc = refCompress(refLinear(x, T, W.get(p+"attn.compressor.wkv.weight"), 2*hd),
+				refLinear(x, T, W.get(p+"attn.compressor.wgate.weight"), 2*hd),
+				W.get(p+"attn.compressor.ape"), W.get(p+"attn.compressor.norm.weight"), T, s.RateCSA, hd, true, compInv)
+			di, Hi := s.IndexDim, s.IndexHeads
+			ik, _ := refCompress(refLinear(x, T, W.get(p+"attn.indexer.compressor.wkv.weight"), 2*di),
+				refLinear(x, T, W.get(p+"attn.indexer.compressor.wgate.weight"), 2*di),
+				W.get(p+"attn.indexer.compressor.ape"), W.get(p+"attn.indexer.compressor.norm.weight"), T, s.RateCSA, di, true, compInv)
+			iq := refLinear(qres, T, W.get(p+"attn.indexer.wq_b.weight"), Hi*di)
+			refRope(iq, di, compInv, func(i int) int { return i / Hi }, 1)
+			iw := refLinear(x, T, W.get(p+"attn.indexer.weights_proj.weight"), Hi)
+			chosen := make([]map[int]bool, T)
+			for tq := 0; tq < T; tq++ {
+				thr := (tq + 1) / s.RateCSA
+				type sc struct {
+					w int
+					v float64
+				}
+				var all []sc
+				rowLen := nc
+				if chunk > 0 {
+					rowLen = min((tq/chunk+1)*chunk, T) / s.RateCSA
+				}
+				for w := 0; w < rowLen; w++ {
+					v := math.Inf(-1)
+					if w < thr {
+						v = 0
+						for hh := 0; hh < Hi; hh++ {
+							d := 0.0
+							for c := 0; c < di; c++ {
+								d += iq[(tq*Hi+hh)*di+c] * ik[w*di+c]
 							}
-						}
-						all = append(all, sc{w, v})
-					}
-					// Exact ties (entries whose every ReLU term is 0) are
-					// common; torch.topk breaks them by its algorithm, which
-					// layers.TopK reproduces.
-					row := make([]float32, rowLen)
-					for i, e := range all {
-						row[i] = float32(e.v)
-					}
-					pick := make([]int32, min(s.IndexTopK, rowLen))
-					layers.TopK(pick, row, len(pick), false, nil)
-					chosen[tq] = map[int]bool{}
-					for _, w := range pick {
-						if int(w) < thr {
-							chosen[tq][int(w)] = true
+							v += math.Max(d, 0) / math.Sqrt(float64(di)) * iw[tq*Hi+hh] / math.Sqrt(float64(Hi))
 						}
 					}
+					all = append(all, sc{w, v})
 				}
-				visible = func(tq, w int) bool { return chosen[tq][w] }
-			}
-			sinks := W.get(p + "attn.attn_sink")
-			out := make([]float64, T*H*hd)
-			for tq := 0; tq < T; tq++ {
-				for hh := 0; hh < H; hh++ {
-					qv := q[(tq*H+hh)*hd : (tq*H+hh+1)*hd]
-					var ls []float64
-					var vs [][]float64
-					for sk := 0; sk <= tq; sk++ {
-						if sk <= tq-s.Window {
-							continue
-						}
-						ls = append(ls, refDot(qv, kv[sk*hd:(sk+1)*hd])/math.Sqrt(float64(hd)))
-						vs = append(vs, kv[sk*hd:(sk+1)*hd])
-					}
-					for w := 0; w < nc; w++ {
-						if visible(tq, w) {
-							ls = append(ls, refDot(qv, comp[w*hd:(w+1)*hd])/math.Sqrt(float64(hd)))
-							vs = append(vs, comp[w*hd:(w+1)*hd])
-						}
-					}
-					mx := sinks[hh]
-					for _, v := range ls {
-						mx = math.Max(mx, v)
-					}
-					den := math.Exp(sinks[hh] - mx)
-					for _, v := range ls {
-						den += math.Exp(v - mx)
-					}
-					o := out[(tq*H+hh)*hd : (tq*H+hh+1)*hd]
-					for j, v := range ls {
-						pj := math.Exp(v-mx) / den
-						for c := range o {
-							o[c] += pj * vs[j][c]
-						}
+				// Exact ties (entries whose every ReLU term is 0) are
+				// common; torch.topk breaks them by its algorithm, which
+				// layers.TopK reproduces.
+				row := make([]float32, rowLen)
+				for i, e := range all {
+					row[i] = float32(e.v)
+				}
+				pick := make([]int32, min(s.IndexTopK, rowLen))
+				layers.TopK(pick, row, len(pick), false, nil)
+				chosen[tq] = map[int]bool{}
+				for _, w := range pick {
+					if int(w) < thr {
+						chosen[tq][int(w)] = true
 					}
 				}
 			}
-			refRope(out, hd, inv, func(i int) int { return i / H }, -1)
-			g, ol := s.OGroups, s.OLora
-			gw := H * hd / g
-			woa := W.get(p + "attn.wo_a.weight")
-			u := make([]float64, T*g*ol)
-			for tq := 0; tq < T; tq++ {
-				for gi := 0; gi < g; gi++ {
-					for o := 0; o < ol; o++ {
-						u[(tq*g+gi)*ol+o] = refDot(out[tq*H*hd+gi*gw:tq*H*hd+(gi+1)*gw], woa[(gi*ol+o)*gw:(gi*ol+o+1)*gw])
-					}
-				}
-			}
-			return refLinear(u, T, W.get(p+"attn.wo_b.weight"), D)
+			visible = func(tq, w int) bool { return chosen[tq][w] }
 		}
-		site(p+"hc_attn_", attn, W.get(p+"attn_norm.weight"))
+		sinks := W.get(p + "attn.attn_sink")
+		out := make([]float64, T*H*hd)
+		for tq := 0; tq < T; tq++ {
+			for hh := 0; hh < H; hh++ {
+				qv := q[(tq*H+hh)*hd : (tq*H+hh+1)*hd]
+				var ls []float64
+				var vs [][]float64
+				for sk := 0; sk <= tq; sk++ {
+					if sk <= tq-s.Window {
+						continue
+					}
+					ls = append(ls, refDot(qv, kv[sk*hd:(sk+1)*hd])/math.Sqrt(float64(hd)))
+					vs = append(vs, kv[sk*hd:(sk+1)*hd])
+				}
+				for w := 0; w < nc; w++ {
+					if visible(tq, w) {
+						ls = append(ls, refDot(qv, comp[w*hd:(w+1)*hd])/math.Sqrt(float64(hd)))
+						vs = append(vs, comp[w*hd:(w+1)*hd])
+					}
+				}
+				mx := sinks[hh]
+				for _, v := range ls {
+					mx = math.Max(mx, v)
+				}
+				den := math.Exp(sinks[hh] - mx)
+				for _, v := range ls {
+					den += math.Exp(v - mx)
+				}
+				o := out[(tq*H+hh)*hd : (tq*H+hh+1)*hd]
+				for j, v := range ls {
+					pj := math.Exp(v-mx) / den
+					for c := range o {
+						o[c] += pj * vs[j][c]
+					}
+				}
+			}
+		}
+		refRope(out, hd, inv, func(i int) int { return i / H }, -1)
+		g, ol := s.OGroups, s.OLora
+		gw := H * hd / g
+		woa := W.get(p + "attn.wo_a.weight")
+		u := make([]float64, T*g*ol)
+		for tq := 0; tq < T; tq++ {
+			for gi := 0; gi < g; gi++ {
+				for o := 0; o < ol; o++ {
+					u[(tq*g+gi)*ol+o] = refDot(out[tq*H*hd+gi*gw:tq*H*hd+(gi+1)*gw], woa[(gi*ol+o)*gw:(gi*ol+o+1)*gw])
+				}
+			}
+		}
+		return refLinear(u, T, W.get(p+"attn.wo_b.weight"), D)
+	}
+	site(p+"hc_attn_", attn, W.get(p+"attn_norm.weight"))
 
-		moe := func(x []float64) []float64 {
-			E, K := s.Experts, s.K
-			logits := refLinear(x, T, W.get(p+"ffn.gate.weight"), E)
-			var hash []int64
-			var bias []float64
-			if s.MLPTypes[l] == v4HashMoE {
-				tn, _ := ck.Tensor(p + "ffn.gate.tid2eid")
-				hash, _ = tn.Int64s()
-			} else {
-				bias = W.get(p + "ffn.gate.bias")
-			}
-			out := refSwiGLU(x, T, W.get(p+"ffn.shared_experts.w1.weight"), W.get(p+"ffn.shared_experts.w3.weight"),
-				W.get(p+"ffn.shared_experts.w2.weight"), s.Inter, D, 0.9)
-			for tq := 0; tq < T; tq++ {
-				sc := make([]float64, E)
-				for e := range sc {
-					if s.Scoring == "sigmoid" {
-						sc[e] = refSigmoid(logits[tq*E+e])
-					} else {
-						sc[e] = math.Sqrt(math.Log1p(math.Exp(logits[tq*E+e])))
-					}
-				}
-				var pick []int
-				if hash != nil {
-					for j := 0; j < K; j++ {
-						pick = append(pick, int(hash[int(ids[tq])*K+j]))
-					}
+	moe := func(x []float64) []float64 {
+		E, K := s.Experts, s.K
+		logits := refLinear(x, T, W.get(p+"ffn.gate.weight"), E)
+		var hash []int64
+		var bias []float64
+		if mlp == v4HashMoE {
+			tn, _ := ck.Tensor(p + "ffn.gate.tid2eid")
+			hash, _ = tn.Int64s()
+		} else {
+			bias = W.get(p + "ffn.gate.bias")
+		}
+		out := refSwiGLU(x, T, W.get(p+"ffn.shared_experts.w1.weight"), W.get(p+"ffn.shared_experts.w3.weight"),
+			W.get(p+"ffn.shared_experts.w2.weight"), s.Inter, D, 0.9)
+		for tq := 0; tq < T; tq++ {
+			sc := make([]float64, E)
+			for e := range sc {
+				if s.Scoring == "sigmoid" {
+					sc[e] = refSigmoid(logits[tq*E+e])
 				} else {
-					order := make([]int, E)
-					for e := range order {
-						order[e] = e
-					}
-					sort.SliceStable(order, func(a, b int) bool { return sc[order[a]]+bias[order[a]] > sc[order[b]]+bias[order[b]] })
-					pick = order[:K]
-				}
-				sum := 0.0
-				for _, e := range pick {
-					sum += sc[e]
-				}
-				xt := x[tq*D : (tq+1)*D]
-				for _, e := range pick {
-					ep := fmt.Sprintf("%sffn.experts.%d.", p, e)
-					y := refSwiGLU(xt, 1, W.get(ep+"w1.weight"), W.get(ep+"w3.weight"), W.get(ep+"w2.weight"), s.Inter, D, 0.9)
-					wt := sc[e] / (sum + 1e-20) * 1.5
-					for c := range y {
-						out[tq*D+c] += wt * y[c]
-					}
+					sc[e] = math.Sqrt(math.Log1p(math.Exp(logits[tq*E+e])))
 				}
 			}
-			return out
-		}
-		site(p+"hc_ffn_", moe, W.get(p+"ffn_norm.weight"))
-	}
-	// hc_head, norm, head.
-	fn, base, scale := W.get("model.hc_head.hc_fn"), W.get("model.hc_head.hc_base"), W.get("model.hc_head.hc_scale")
-	fin := make([]float64, T*D)
-	for i := 0; i < T; i++ {
-		hi := h[i*n*D : (i+1)*n*D]
-		z := refLinear(refRMS(hi, n*D, nil, eps), 1, fn, n)
-		for k := 0; k < n; k++ {
-			pk := refSigmoid(z[k]*scale[0]+base[k]) + 1e-6
-			for c := 0; c < D; c++ {
-				fin[i*D+c] += pk * hi[k*D+c]
+			var pick []int
+			if hash != nil {
+				for j := 0; j < K; j++ {
+					pick = append(pick, int(hash[int(ids[tq])*K+j]))
+				}
+			} else {
+				order := make([]int, E)
+				for e := range order {
+					order[e] = e
+				}
+				sort.SliceStable(order, func(a, b int) bool { return sc[order[a]]+bias[order[a]] > sc[order[b]]+bias[order[b]] })
+				pick = order[:K]
+			}
+			sum := 0.0
+			for _, e := range pick {
+				sum += sc[e]
+			}
+			xt := x[tq*D : (tq+1)*D]
+			for _, e := range pick {
+				ep := fmt.Sprintf("%sffn.experts.%d.", p, e)
+				y := refSwiGLU(xt, 1, W.get(ep+"w1.weight"), W.get(ep+"w3.weight"), W.get(ep+"w2.weight"), s.Inter, D, 0.9)
+				wt := sc[e] / (sum + 1e-20) * 1.5
+				for c := range y {
+					out[tq*D+c] += wt * y[c]
+				}
 			}
 		}
+		return out
 	}
-	logits := refLinear(refRMS(fin, D, W.get("model.norm.weight"), eps), T, W.get("head.weight"), s.Vocab)
-	out := make([]float32, len(logits))
-	for i, v := range logits {
-		out[i] = float32(v)
-	}
-	return out
+	site(p+"hc_ffn_", moe, W.get(p+"ffn_norm.weight"))
+	return h
 }
 
 func refDot(a, b []float64) float64 {
@@ -1036,7 +1085,11 @@ func transformersName(n string) string {
 // float32 layout into a new folder: every FP8, MXFP4 and NVFP4 linear
 // dequantized, the scales and the MTP block dropped, the quantization
 // fields taken out of the config.
-func dequantizeReleased(t *testing.T, src string) string {
+func dequantizeReleased(t *testing.T, src string) string { return dequantizeReleasedMTP(t, src, false) }
+
+// dequantizeReleasedMTP is dequantizeReleased keeping the MTP block (under
+// its own names, its kv_norm as attn.norm) when mtp is set.
+func dequantizeReleasedMTP(t *testing.T, src string, mtp bool) string {
 	t.Helper()
 	dst, ck := t.TempDir(), openCheckpoint(t, src)
 	err := testmodel.Rewrite(src, dst, func(tn *weights.Tensor) *weights.Tensor {
@@ -1045,7 +1098,7 @@ func dequantizeReleased(t *testing.T, src string) string {
 		var m quant.RowDecoder
 		var err error
 		switch {
-		case strings.HasPrefix(name, "mtp."), strings.HasSuffix(name, ".scale"), strings.HasSuffix(name, ".weight_scale"),
+		case strings.HasPrefix(name, "mtp.") && !mtp, strings.HasSuffix(name, ".scale"), strings.HasSuffix(name, ".weight_scale"),
 			strings.HasSuffix(name, ".weight_scale_2"), strings.HasSuffix(name, ".input_scale"):
 			return nil
 		case isWeight && tn.DType == weights.F8E4M3:
@@ -1058,7 +1111,11 @@ func dequantizeReleased(t *testing.T, src string) string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		out := &weights.Tensor{Name: transformersName(name), DType: tn.DType, Shape: tn.Shape, Data: tn.Data}
+		to := transformersName(name)
+		if strings.HasPrefix(name, "mtp.") {
+			to = strings.Replace(name, ".attn.kv_norm.", ".attn.norm.", 1)
+		}
+		out := &weights.Tensor{Name: to, DType: tn.DType, Shape: tn.Shape, Data: tn.Data}
 		if m != nil {
 			rows, cols := tn.Shape[0], tn.Shape[1]
 			if tn.DType != weights.F8E4M3 {

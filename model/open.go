@@ -56,6 +56,10 @@ type Options struct {
 	// Attention chooses dense or htree attention where the architecture
 	// offers a choice.
 	Attention AttentionOptions
+	// MTP loads the multi-token-prediction block of the architectures that
+	// carry one (DeepSeek-V4's mtp.0.*), for speculative decoding
+	// (Drafter); without it the block is not read.
+	MTP bool
 }
 
 // Build makes the architecture named by the folder's config on backend b.

@@ -122,6 +122,7 @@ type options struct {
 	ignoreEOS         bool
 	stops             []string
 	attention         model.AttentionOptions
+	draft             int // -draft: tokens drafted a step (0: off)
 }
 
 func newFlagSet(o *options) *flag.FlagSet {
@@ -138,6 +139,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.IntVar(&o.maxTokens, "max-tokens", 64, "tokens to generate at most (0: until EOS or the context is full)")
 	fs.IntVar(&o.ctx, "ctx", 0, "context length in tokens, at most the model's max_position_embeddings (0: the model's, at most 4096)")
 	fs.IntVar(&o.threads, "threads", 0, "CPU threads (0: all cores)")
+	fs.IntVar(&o.draft, "draft", 0, "speculative decoding: tokens drafted a step with the model's MTP block (DeepSeek-V4 mtp.0; 0: off, at most 8)")
 	fs.Float64Var(&o.sampling.Temperature, "temperature", 0.7, "sampling temperature (0: greedy)")
 	fs.IntVar(&o.sampling.TopK, "top-k", 40, "keep the K most likely tokens (0: off)")
 	fs.Float64Var(&o.sampling.TopP, "top-p", 0.95, "nucleus sampling threshold (1: off)")
@@ -413,7 +415,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err := checkFolder(o); err != nil {
 		return err
 	}
-	m, err := engine.Load(o.model, engine.Options{Device: o.device, Threads: o.threads, ContextLength: o.ctx, Attention: o.attention})
+	m, err := engine.Load(o.model, engine.Options{Device: o.device, Threads: o.threads, ContextLength: o.ctx, Attention: o.attention,
+		Speculative: o.speculative()})
 	if err != nil {
 		return err
 	}
@@ -492,6 +495,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintf(stderr, "prompt: %d tokens, %.1f tokens/s; decode: %d tokens, %.1f tokens/s (%s)\n",
 			res.PromptTokens, res.PromptTokensPerSecond(), len(res.Tokens), res.DecodeTokensPerSecond(), reason)
+		if st := m.SpeculativeStats(); o.draft > 0 {
+			fmt.Fprintf(stderr, "drafts: %d verify passes, %d of %d drafts accepted (%.0f%%)\n",
+				st.Steps, st.Accepted, st.Drafted, 100*st.AcceptanceRate())
+		}
 	}
 	if interrupted {
 		return errInterrupted
@@ -501,3 +508,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 
 // randomSeed is the seed used when -seed is -1.
 func randomSeed() int64 { return time.Now().UnixNano() & (1<<62 - 1) }
+
+// speculative is the engine's speculative decoding for -draft.
+func (o *options) speculative() engine.SpeculativeOptions {
+	if o.draft <= 0 {
+		return engine.SpeculativeOptions{Mode: "off"}
+	}
+	return engine.SpeculativeOptions{Mode: "on", Tokens: o.draft}
+}

@@ -60,6 +60,9 @@ type DeepseekV4 struct {
 	// default, HCA for layers 0 and 1, then HCA and CSA alternating).
 	LayerTypes []string
 	Seed       uint64
+	// MTP adds DeepSeek's multi-token-prediction block, mtp.0.* (the
+	// released layout otherwise holds a stand-in the engine skips).
+	MTP bool
 	// Released writes the checkpoint in one of the formats DeepSeek-V4 ships
 	// in (V4FP8MXFP4, V4FP8NVFP4, V4FP8Base: deepseekv4_released.go), with
 	// DeepSeek's names and config; "" is the NVFP4 layout above.
@@ -234,8 +237,7 @@ func (d DeepseekV4) tensors() []v4Tensor {
 	dense("model.hc_head.hc_base", weights.F32, 0, 0.3, countAlways, n)
 	dense("model.hc_head.hc_scale", weights.F32, 1, 0.1, countAlways, 1)
 	hq := d.Heads * d.HeadDim
-	for l := 0; l < d.Layers; l++ {
-		p := fmt.Sprintf("model.layers.%d.", l)
+	layer := func(p, kind string, hash bool) {
 		dense(p+"attn_norm.weight", weights.BF16, 1, 0.05, countAlways, D)
 		dense(p+"ffn_norm.weight", weights.BF16, 1, 0.05, countAlways, D)
 		for _, site := range []string{"hc_attn_", "hc_ffn_"} {
@@ -261,7 +263,7 @@ func (d DeepseekV4) tensors() []v4Tensor {
 			dense(prefix+"ape", weights.F32, 0, 0.5, countAlways, rate, row)
 			dense(prefix+"norm.weight", weights.BF16, 1, 0.05, countAlways, width)
 		}
-		switch d.LayerTypes[l] {
+		switch kind {
 		case V4HCA:
 			comp(p+"attn.compressor.", d.HeadDim, d.RateHCA, false)
 		case V4CSA:
@@ -271,7 +273,7 @@ func (d DeepseekV4) tensors() []v4Tensor {
 			lin(p+"attn.indexer.weights_proj", countAlways, d.IndexHeads, D)
 		}
 		dense(p+"ffn.gate.weight", weights.BF16, 0, 1/math.Sqrt(float64(D)), countAlways, d.Experts, D)
-		if l < d.HashLayers {
+		if hash {
 			name := p + "ffn.gate.tid2eid"
 			out = append(out, v4Tensor{name: name, dtype: weights.I64, shape: []int{V, d.TopK}, count: countNever,
 				make: func() []byte { return g.hash(name, V, d.Experts, d.TopK) }})
@@ -288,8 +290,35 @@ func (d DeepseekV4) tensors() []v4Tensor {
 		lin(p+"ffn.shared_experts.w3", countAlways, d.MoEFFN, D)
 		lin(p+"ffn.shared_experts.w2", countAlways, D, d.MoEFFN)
 	}
+	for l := 0; l < d.Layers; l++ {
+		layer(fmt.Sprintf("model.layers.%d.", l), d.LayerTypes[l], l < d.HashLayers)
+	}
+	if d.MTP {
+		// DeepSeek's MTP block (mtp.0.*, model/mtp.go): one sliding-window
+		// layer with a routed MoE, its input projections and norms, its own
+		// hc_head; it shares the embedding and the head. Not read by a
+		// plain decode step (countNever).
+		first := len(out)
+		layer("mtp.0.", V4Sliding, false)
+		lin("mtp.0.e_proj", countAlways, D, D)
+		lin("mtp.0.h_proj", countAlways, D, D)
+		for _, nm := range []string{"enorm", "hnorm", "norm"} {
+			dense("mtp.0."+nm+".weight", weights.BF16, 1, 0.05, countAlways, D)
+		}
+		dense("mtp.0.hc_head_fn", weights.F32, 0, hcStd, countAlways, n, n*D)
+		dense("mtp.0.hc_head_base", weights.F32, 0, 0.3, countAlways, n)
+		dense("mtp.0.hc_head_scale", weights.F32, 1, 0.1, countAlways, 1)
+		for i := first; i < len(out); i++ {
+			out[i].count = countNever
+			if d.Released != "" && out[i].name == "mtp.0.attn.norm.weight" {
+				out[i].name = "mtp.0.attn.kv_norm.weight"
+			}
+		}
+	}
 	if d.Released != "" {
-		d.mtpTensors(lin, dense)
+		if !d.MTP {
+			d.mtpTensors(lin, dense)
+		}
 		for i := range out {
 			out[i].name = nvfp4ckpt.V4ReleasedName(out[i].name)
 		}

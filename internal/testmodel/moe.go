@@ -40,7 +40,11 @@ type DeepseekV3 struct {
 	MoEFFN                    int
 	Groups, TopKGroups        int
 	FP8                       bool
-	Seed                      uint64
+	// MTP adds DeepSeek's multi-token-prediction layer,
+	// model.layers.<Layers>.* (a MoE decoder layer with enorm, hnorm,
+	// eh_proj and shared_head), as the released checkpoints carry it.
+	MTP  bool
+	Seed uint64
 }
 
 func (d DeepseekV3) withDefaults() DeepseekV3 {
@@ -82,6 +86,9 @@ func (d DeepseekV3) Config() ([]byte, error) {
 			"mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096},
 		"tie_word_embeddings": false, "attention_bias": false, "torch_dtype": "bfloat16",
 		"bos_token_id": 0, "eos_token_id": 1,
+	}
+	if d.MTP {
+		cfg["num_nextn_predict_layers"] = 1
 	}
 	if d.FP8 {
 		cfg["quantization_config"] = map[string]any{"quant_method": "fp8", "fmt": "e4m3",
@@ -175,7 +182,18 @@ func (m *moeTensors) experts(p string, dtype weights.DType, fp8 bool, experts, f
 func (d DeepseekV3) tensors() []v4Tensor {
 	d = d.withDefaults()
 	H, bf := d.Hidden, weights.BF16
-	return decoderTensors(d.Seed, d.Vocab, H, d.Layers, bf, func(m *moeTensors, l int, p, a string) {
+	layers := d.Layers
+	if d.MTP {
+		layers++
+	}
+	return decoderTensors(d.Seed, d.Vocab, H, layers, bf, func(m *moeTensors, l int, p, a string) {
+		if l == d.Layers { // the MTP layer's own tensors
+			m.dense(p+"enorm.weight", bf, 1, 0.05, countNever, H)
+			m.dense(p+"hnorm.weight", bf, 1, 0.05, countNever, H)
+			m.linear(p+"eh_proj", bf, d.FP8, countNever, H, 2*H)
+			m.dense(p+"shared_head.norm.weight", bf, 1, 0.05, countNever, H)
+			m.dense(p+"shared_head.head.weight", bf, 0, 1/math.Sqrt(float64(H)), countNever, d.Vocab, H)
+		}
 		m.linear(a+"q_a_proj", bf, d.FP8, countAlways, d.QLora, H)
 		m.dense(a+"q_a_layernorm.weight", bf, 1, 0.05, countAlways, d.QLora)
 		m.linear(a+"q_b_proj", bf, d.FP8, countAlways, d.Heads*(d.Nope+d.Rope), d.QLora)

@@ -66,6 +66,8 @@ var shapes = map[string]Spec{
 			Qwen3: true, DType: weights.BF16, Seed: 54}},
 	"deepseek-v4-bench": {Description: "DeepSeek-V4-Flash's shape (43 layers, hidden 4096, CSA/HCA, mHC, top-6 MoE) with 32 routed experts instead of 256: engine's BenchmarkDecodeDeepseekV4 model",
 		Model: DeepseekV4{Experts: 32, Seed: 1}},
+	"deepseek-v4-bench-mtp": {Description: "deepseek-v4-bench with its MTP block (mtp.0.*: one sliding-window layer of the same shape): the speculative-decoding benchmark's model (engine's BenchmarkSpeculativeV4 with MANIFOLD_BENCH_SPEC_SHAPE)",
+		Model: DeepseekV4{Experts: 32, Seed: 1, MTP: true}},
 	"deepseek-v4-flash": {Description: "DeepSeek-V4-Flash as released (deepseek-ai/DeepSeek-V4-Flash): 43 layers, hidden 4096, 256 routed experts in MXFP4, FP8 128x128-tile linears, DeepSeek's names, an MTP stand-in; 156 GB (145 GiB) on disk, as the release without its MTP block",
 		Model: DeepseekV4{LayerTypes: v4FlashLayers(), Seed: 1, Released: V4FP8MXFP4}},
 	"deepseek-v4-flash-32e": {Description: "deepseek-v4-flash with 32 routed experts instead of 256 (27 GB): the released format where the disk cannot hold all 256",
