@@ -79,6 +79,7 @@ type Backend struct {
 	attnTicket    *allocation // attn_decode's counts of finished splits, one per row of blocks (zero between launches)
 	attnTicketLen int
 	gemm          gemmScratch // the NVFP4 GEMM's (gemm.go; guarded by partMu)
+	paged         pagedState  // where the step values hold the last paged call's rows (paged.go; guarded by qmu)
 
 	// force: tests force a variant a default path can choose (for other
 	// shapes, or on other GPUs), so that the conformance tests cover every
@@ -117,6 +118,7 @@ type variants struct {
 	attnNoShort bool   // one-row attention on attn_decode where attn_short would run (the default at long contexts)
 	attnNoCast  bool   // attn_short's blocks each copy the rows, not multicast (the default with one head group or two shares)
 	mhcTailOff  bool   // MHCCoeffsPre in four launches at every token count
+	pagedKeys   int    // paged attention split into shares of this many keys (> 0), merged by attn_combine (the default where rows leave the GPU short of blocks)
 }
 
 var _ backend.Backend = (*Backend)(nil)

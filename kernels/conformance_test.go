@@ -45,4 +45,5 @@ var conformanceVariants = []struct {
 	{"top-k-many-blocks", variants{topkPath: topkMany}},
 	{"top-k-one-block", variants{topkPath: topkOneBlock}},
 	{"top-k-clusters-of-8", variants{tkc8: true}},
+	{"paged-attention-split", variants{pagedKeys: 8}},
 }

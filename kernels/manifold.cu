@@ -477,3 +477,4 @@ __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32
 #include "gemm.cuh"  // fp4x8_decode, x8_pairs, e4m3x2_lo from gemv.cuh
 #include "moe.cuh"  // e4m3x2_lo from gemv.cuh
 #include "decode.cuh"
+#include "paged.cuh"  // warp_sum, pdl_entry

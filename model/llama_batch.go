@@ -131,16 +131,9 @@ func reservePaged(ss []*llamaState, tokens [][]int32) (*PagedCache, error) {
 // attendBatchPaged runs layer l's attention of every sequence's rows
 // through their block tables of c in one call.
 func (m *Llama) attendBatchPaged(c *PagedCache, ss []*llamaState, l int, att, q, k, v backend.Buffer, pos0 []int, tokens [][]int32) {
-	cf, b := m.cfg, m.b
-	qw, kw := cf.NumHeads*cf.HeadDim, cf.NumKVHeads*cf.HeadDim
 	seqs := make([]layers.PagedSeq, len(ss))
-	row := 0
 	for i, s := range ss {
-		r := len(tokens[i])
-		b.RoPE(b.View(q, row*qw, r*qw), r, cf.NumHeads, cf.HeadDim, 0, pos0[i], m.rope, false)
-		b.RoPE(b.View(k, row*kw, r*kw), r, cf.NumKVHeads, cf.HeadDim, 0, pos0[i], m.rope, false)
-		seqs[i] = layers.PagedSeq{Table: pagedOf(s).seq.Table(), Pos0: pos0[i], Rows: r}
-		row += r
+		seqs[i] = layers.PagedSeq{Table: pagedOf(s).seq.Table(), Pos0: pos0[i], Rows: len(tokens[i])}
 	}
 	m.attendPaged(c, l, att, q, k, v, seqs)
 }

@@ -26,6 +26,8 @@ func pagedCases() []Case {
 		{5, 8, 2, 100, 0, []pagedSeq{{13, 1, 0}, {0, 9, 0}, {40, 1, 0}, {6, 3, 0}}}, // decode and prefill, lengths off every multiple
 		{3, 4, 4, 33, 7, []pagedSeq{{20, 2, 0}, {1, 1, 0}}},                         // sliding window
 		{4, 4, 2, 16, 0, []pagedSeq{{10, 3, 0}, {12, 2, 10}, {9, 1, 8}}},            // a shared prefix: full blocks shared, a partial one copied
+		{8, 12, 1, 128, 0, []pagedSeq{{70, 1, 0}, {5, 4, 0}}},                       // 12 query heads a kv head (the GPU: two blocks of 6)
+		{16, 8, 2, 128, 0, []pagedSeq{{300, 1, 0}, {20, 1, 0}, {150, 2, 0}}},        // decode at longer contexts (the GPU: split over the keys)
 	} {
 		var sh []string
 		for _, s := range c.seqs {
@@ -36,6 +38,32 @@ func pagedCases() []Case {
 			Shape: fmt.Sprintf("bs=%d/h=%d/kv=%d/d=%d/win=%d/seqs=%s", c.bs, c.heads, c.kv, c.hd, c.window, strings.Join(sh, ",")),
 			Run: func(b backend.Backend, caps backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
 				return pagedAttention(b, caps.Paged, rng, c.bs, as, c.seqs)
+			}})
+	}
+	for _, c := range []struct {
+		bs, heads, kv, hd int
+		partial           float64 // partial_rotary_factor
+		inter             bool
+		seqs              []pagedSeq
+	}{
+		{16, 8, 2, 64, 1, false, []pagedSeq{{37, 1, 0}, {0, 5, 0}, {16, 1, 0}}},           // decode and a prompt, Llama's rotation
+		{4, 6, 2, 128, 1, false, []pagedSeq{{9, 1, 0}, {3, 2, 0}, {0, 1, 0}, {11, 1, 0}}}, // head groups of 3
+		{3, 4, 1, 40, 0.5, true, []pagedSeq{{7, 3, 0}, {2, 1, 0}}},                        // partial, interleaved
+	} {
+		var sh []string
+		for _, s := range c.seqs {
+			sh = append(sh, fmt.Sprintf("%d+%d", s.pos0, s.rows))
+		}
+		as := layers.AttentionShape{Heads: c.heads, KVHeads: c.kv, HeadDim: c.hd, Scale: float32(1 / math.Sqrt(float64(c.hd)))}
+		cs = append(cs, Case{Op: "PagedAttentionOps.PagedAppendRoPE", Tol: 2e-5, Needs: "PagedAttentionOps",
+			Shape: fmt.Sprintf("bs=%d/h=%d/kv=%d/d=%d/rot=%g/inter=%v/seqs=%s", c.bs, c.heads, c.kv, c.hd, c.partial, c.inter, strings.Join(sh, ",")),
+			Run: func(b backend.Backend, caps backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+				r, err := layers.NewRoPE(layers.RoPEParams{Theta: 5e5, PartialRotaryFactor: c.partial}, c.hd)
+				if err != nil {
+					panic(err)
+				}
+				r.Interleaved = c.inter
+				return pagedAppendRoPE(b, caps.Paged, rng, c.bs, as, r, c.seqs)
 			}})
 	}
 	return cs
@@ -97,4 +125,56 @@ func pagedAttention(b backend.Backend, ops backend.PagedAttentionOps, rng *rand.
 	out := b.NewBuffer(len(q))
 	ops.PagedAttention(out, upload(b, q), pool, 1, calls, s)
 	return read(b, out), want
+}
+
+// pagedAppendRoPE fills a pool (layer 0 runs) with every sequence's context
+// by PagedAppend, then rotates and appends the rows that query, all
+// sequences in one PagedAppendRoPE call, and attends them: it returns the
+// rotated q and k and the attention's output.
+func pagedAppendRoPE(b backend.Backend, ops backend.PagedAttentionOps, rng *rand.Rand, bs int, s layers.AttentionShape, r *layers.RoPE, seqs []pagedSeq) ([]float32, []float32) {
+	w, qw := s.KVHeads*s.HeadDim, s.Heads*s.HeadDim
+	blocks := 1
+	for _, sq := range seqs {
+		blocks += (sq.pos0 + sq.rows + bs - 1) / bs
+	}
+	pool, err := ops.NewBlockPool(backend.PagedShape{Layers: 1, KVHeads: s.KVHeads, HeadDim: s.HeadDim, BlockSize: bs, Blocks: blocks})
+	if err != nil {
+		panic(err)
+	}
+	kRef, vRef := make([]float32, blocks*bs*w), make([]float32, blocks*bs*w)
+	free := rng.Perm(blocks)
+	var calls []layers.PagedSeq
+	var q, k, v []float32
+	for _, sq := range seqs {
+		var table []int32
+		for len(table)*bs < sq.pos0+sq.rows {
+			table, free = append(table, int32(free[0])), free[1:]
+		}
+		if sq.pos0 > 0 { // the context, rotated already
+			kc, vc := rnd(rng, sq.pos0*w, 1), rnd(rng, sq.pos0*w, 1)
+			layers.PagedWrite(kRef, kc, table, bs, w, 0, sq.pos0)
+			layers.PagedWrite(vRef, vc, table, bs, w, 0, sq.pos0)
+			ops.PagedAppend(pool, 0, upload(b, kc), upload(b, vc), table, 0, sq.pos0)
+		}
+		calls = append(calls, layers.PagedSeq{Table: table, Pos0: sq.pos0, Rows: sq.rows})
+		q = append(q, rnd(rng, sq.rows*qw, 1)...)
+		k = append(k, rnd(rng, sq.rows*w, 1)...)
+		v = append(v, rnd(rng, sq.rows*w, 1)...)
+	}
+	qb, kb, vb := upload(b, q), upload(b, k), upload(b, v)
+	row := 0
+	for _, sq := range calls {
+		layers.ApplyRoPE(q[row*qw:(row+sq.Rows)*qw], sq.Rows, s.Heads, s.HeadDim, 0, sq.Pos0, r, false)
+		layers.ApplyRoPE(k[row*w:(row+sq.Rows)*w], sq.Rows, s.KVHeads, s.HeadDim, 0, sq.Pos0, r, false)
+		layers.PagedWrite(kRef, k[row*w:], sq.Table, bs, w, sq.Pos0, sq.Rows)
+		layers.PagedWrite(vRef, v[row*w:], sq.Table, bs, w, sq.Pos0, sq.Rows)
+		row += sq.Rows
+	}
+	att := make([]float32, len(q))
+	layers.PagedAttention(att, q, kRef, vRef, calls, bs, s)
+	out := b.NewBuffer(len(q))
+	ops.PagedAppendRoPE(pool, 0, qb, kb, vb, calls, s.Heads, r)
+	ops.PagedAttention(out, qb, pool, 0, calls, s)
+	got := append(append(read(b, qb), read(b, kb)...), read(b, out)...)
+	return got, append(append(q, k...), att...)
 }

@@ -1,0 +1,178 @@
+// Paged KV cache (kernels/paged.go; reference layers/paged.go): the pool
+// is one allocation of [layer][k, v][blocks*bs rows][kvHeads*hd] floats,
+// and a call's rows are described in the queue's step values (dyn), from
+// slot enc on: for query row r, E[3r] is its position, E[3r+1] the pool row
+// its key and value go to, and E[3r+2] the slot (from enc) of its sequence's
+// block table, position t of which lies in pool row table[t/bs]*bs + t%bs.
+
+// paged_append rotates row r's query heads (q, null: none) and key heads in
+// place as rope_dyn does at position E[3r] (half == 0: no rotation), then
+// writes the row's key and value to pool row E[3r+1] of kp and vp.
+// Grid (rows), 256 threads.
+extern "C" __global__ void paged_append(float* q, float* k, const float* v, float* kp, float* vp, const int* dyn,
+                                        int enc, int heads, int kvHeads, int hd, const float* inv_freq, int half,
+                                        float scale, int interleaved) {
+    pdl_entry();
+    const int r = blockIdx.x;
+    const int* E = dyn + enc;
+    const int pos = E[3 * r];
+    const size_t W = (size_t)kvHeads * hd;
+    float* kr = k + (size_t)r * W;
+    if (half > 0) {
+        const int nh = (q ? heads : 0) + kvHeads;
+        for (int idx = threadIdx.x; idx < nh * half; idx += blockDim.x) {
+            int i = idx % half, hh = idx / half;
+            float a = (float)pos * inv_freq[i];
+            float c = cosf(a) * scale, s = sinf(a) * scale;
+            float* x = q && hh < heads ? q + ((size_t)r * heads + hh) * hd : kr + (size_t)(hh - (q ? heads : 0)) * hd;
+            int i0 = interleaved ? 2 * i : i, i1 = interleaved ? 2 * i + 1 : i + half;
+            float p = x[i0], o = x[i1];
+            x[i0] = p * c - o * s;
+            x[i1] = o * c + p * s;
+        }
+        __syncthreads(); // the rotated key, written by other threads of the block
+    }
+    const size_t dst = (size_t)E[3 * r + 1] * W;
+    const float* vr = v + (size_t)r * W;
+    for (size_t j = threadIdx.x; j < W; j += blockDim.x) {
+        kp[dst + j] = kr[j];
+        vp[dst + j] = vr[j];
+    }
+}
+
+// paged_attn_{64,128,any}: causal attention of query rows over their
+// sequences' keys read through the block tables. Grid (rows * kvHeads *
+// hgroups, splits), PGA_WARPS warps: block (r, kh, j) takes the gb = G /
+// hgroups query heads kh*G + j*gb .. of kv head kh (G = heads / kvHeads,
+// gb <= PGA_GMAX), over keys [split*keys, (split+1)*keys) of the visible
+// [start, pos]. Warp w weighs keys lo + w, lo + w + PGA_WARPS, ..., keeping
+// an online softmax (max, sum, output) per head, lane l channels l, l + 32,
+// ...; the block merges its warps' in shared memory. With one split it
+// writes out, else its (output, max, sum) to part for attn_combine (an empty
+// share writes max -inf and sum 0).
+#define PGA_WARPS 4
+#define PGA_GMAX 8
+template <int HD>
+__device__ __forceinline__ void paged_attn_body(float* out, const float* q, const float* kp, const float* vp,
+                                                const int* dyn, int enc, int heads, int kvHeads, int hd, int hgroups,
+                                                float scale, int window, int bs, int keys, float* part) {
+    extern __shared__ float pga_sh[]; // [PGA_WARPS][gb][hd + 2]
+    constexpr int NE = HD ? HD / WARP : 8;
+    if (HD) hd = HD;
+    pdl_entry();
+    const int G = heads / kvHeads, gb = G / hgroups;
+    int bx = blockIdx.x;
+    const int hg = bx % hgroups;
+    bx /= hgroups;
+    const int kh = bx % kvHeads, r = bx / kvHeads;
+    const int split = blockIdx.y, splits = gridDim.y;
+    const int* E = dyn + enc;
+    const int pos = E[3 * r];
+    const int* table = E + E[3 * r + 2];
+    const int start = window > 0 ? max(0, pos - window + 1) : 0;
+    const int lo = max(start, split * keys), hi = min(pos + 1, (split + 1) * keys);
+    const size_t W = (size_t)kvHeads * hd;
+    const int h0 = kh * G + hg * gb;
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+
+    float qv[PGA_GMAX][NE], acc[PGA_GMAX][NE], mx[PGA_GMAX], sm[PGA_GMAX];
+#pragma unroll
+    for (int g = 0; g < PGA_GMAX; g++) {
+        mx[g] = -INFINITY;
+        sm[g] = 0.f;
+#pragma unroll
+        for (int e = 0; e < NE; e++) {
+            int c = lane + WARP * e;
+            qv[g][e] = g < gb && c < hd ? q[((size_t)r * heads + h0 + g) * hd + c] : 0.f;
+            acc[g][e] = 0.f;
+        }
+    }
+    for (int t = lo + w; t < hi; t += PGA_WARPS) {
+        const size_t row = ((size_t)table[t / bs] * bs + t % bs) * W + (size_t)kh * hd;
+        float kv[NE], vv[NE];
+#pragma unroll
+        for (int e = 0; e < NE; e++) {
+            int c = lane + WARP * e;
+            kv[e] = c < hd ? kp[row + c] : 0.f;
+            vv[e] = c < hd ? vp[row + c] : 0.f;
+        }
+#pragma unroll
+        for (int g = 0; g < PGA_GMAX; g++) {
+            if (g >= gb) break;
+            float d = 0.f;
+#pragma unroll
+            for (int e = 0; e < NE; e++) d += qv[g][e] * kv[e];
+            const float s = warp_sum(d) * scale;
+            const float m = fmaxf(mx[g], s);
+            const float corr = expf(mx[g] - m), p = expf(s - m);
+            mx[g] = m;
+            sm[g] = sm[g] * corr + p;
+#pragma unroll
+            for (int e = 0; e < NE; e++) acc[g][e] = acc[g][e] * corr + p * vv[e];
+        }
+    }
+    const int rs = hd + 2;
+#pragma unroll
+    for (int g = 0; g < PGA_GMAX; g++) {
+        if (g >= gb) break;
+        float* sh = pga_sh + (size_t)(w * gb + g) * rs;
+#pragma unroll
+        for (int e = 0; e < NE; e++) {
+            int c = lane + WARP * e;
+            if (c < hd) sh[c] = acc[g][e];
+        }
+        if (lane == 0) {
+            sh[hd] = mx[g];
+            sh[hd + 1] = sm[g];
+        }
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < gb * hd; idx += blockDim.x) {
+        const int g = idx / hd, c = idx % hd;
+        float M = -INFINITY;
+        for (int u = 0; u < PGA_WARPS; u++) M = fmaxf(M, pga_sh[(u * gb + g) * rs + hd]);
+        float L = 0.f, O = 0.f;
+        if (M > -INFINITY) {
+            for (int u = 0; u < PGA_WARPS; u++) {
+                const float* sh = pga_sh + (u * gb + g) * rs;
+                if (sh[hd] > -INFINITY) {
+                    const float f = expf(sh[hd] - M);
+                    L += sh[hd + 1] * f;
+                    O += sh[c] * f;
+                }
+            }
+        }
+        const size_t qh = (size_t)r * heads + h0 + g;
+        if (splits == 1) {
+            out[qh * hd + c] = O / L;
+        } else {
+            float* pp = part + (qh * splits + split) * rs;
+            pp[c] = O;
+            if (c == 0) {
+                pp[hd] = M;
+                pp[hd + 1] = L;
+            }
+        }
+    }
+}
+
+#define PAGED_ATTN(NAME, HD)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(PGA_WARPS * WARP)                                                    \
+        NAME(float* out, const float* q, const float* kp, const float* vp, const int* dyn, int enc, int heads,        \
+             int kvHeads, int hd, int hgroups, float scale, int window, int bs, int keys, float* part) {              \
+        paged_attn_body<HD>(out, q, kp, vp, dyn, enc, heads, kvHeads, hd, hgroups, scale, window, bs, keys, part);    \
+    }
+PAGED_ATTN(paged_attn_64, 64)
+PAGED_ATTN(paged_attn_128, 128)
+PAGED_ATTN(paged_attn_any, 0)
+
+// paged_copy copies block src to block dst in each of the pool's planes
+// (a layer's keys or values), plane floats apart, of blockFloats floats a
+// block. Grid (planes, chunks), 256 threads.
+extern "C" __global__ void paged_copy(float* pool, unsigned long long plane, int blockFloats, int dst, int src) {
+    pdl_entry();
+    float* p = pool + (size_t)blockIdx.x * plane;
+    const float* s = p + (size_t)src * blockFloats;
+    float* d = p + (size_t)dst * blockFloats;
+    for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < blockFloats; j += gridDim.y * blockDim.x) d[j] = s[j];
+}

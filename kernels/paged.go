@@ -1,0 +1,332 @@
+package kernels
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/layers"
+)
+
+// The paged KV cache (backend.PagedAttentionOps; kernels in paged.cuh,
+// reference layers/paged.go). A call's sequences travel in the queue's step
+// values (queue.go): per query row its position, the pool row its key and
+// value go to and where its block table is, then the tables, so that the
+// launches of a step name only offsets (consecutive steps of the same
+// batch shape queue the same launches) and no table is copied with a
+// synchronous transfer. The append and the attention of a layer describe
+// the same rows, and every layer of a step the same: the description is
+// placed once a queue and found again (pagedSlot).
+
+var _ backend.PagedAttentionOps = (*Backend)(nil)
+
+// pagedPool is a BlockPool on the device: one allocation of [layer][keys,
+// values][Blocks*BlockSize rows][KVHeads*HeadDim] float32 values.
+type pagedPool struct {
+	shape backend.PagedShape
+	a     *allocation
+	plane int // floats of a layer's keys (or values)
+}
+
+func (p *pagedPool) Shape() backend.PagedShape { return p.shape }
+func (p *pagedPool) Bytes() int64              { return 2 * int64(p.shape.Layers) * int64(p.plane) * 4 }
+
+// planes are the device addresses of layer's keys and values.
+func (p *pagedPool) planes(layer int) (k, v uint64) {
+	k = p.a.ptr + uint64(2*layer)*uint64(p.plane)*4
+	return k, k + uint64(p.plane)*4
+}
+
+// pagedMaxHeadDim is the largest head paged_attn_any takes (8 channels a
+// lane of a warp).
+const pagedMaxHeadDim = 256
+
+// pagedGMax is the most query heads a block of paged_attn weighs each key
+// for (PGA_GMAX in paged.cuh); more heads a kv head go to several blocks.
+const pagedGMax = 8
+
+// pagedWarps is paged_attn's warps a block (PGA_WARPS in paged.cuh).
+const pagedWarps = 4
+
+// pagedMinKeys is the fewest keys a split of paged_attn takes: splits are
+// made only while the grid is short of two blocks a multiprocessor.
+const pagedMinKeys = 64
+
+// pagedMaxSplits bounds the splits of a launch (attn_combine's loop).
+const pagedMaxSplits = 64
+
+// pagedState is where the queue's step values hold the rows of the last
+// paged call (Backend.paged, guarded by qmu).
+type pagedState struct {
+	at  int     // slot of the last description placed (0: none)
+	enc []int32 // scratch for the description being built
+}
+
+// NewBlockPool allocates the pool on the device, zeroed.
+func (b *Backend) NewBlockPool(s backend.PagedShape) (backend.BlockPool, error) {
+	if s.Layers <= 0 || s.KVHeads <= 0 || s.HeadDim <= 0 || s.BlockSize <= 0 || s.Blocks <= 0 {
+		return nil, fmt.Errorf("kernels: bad block pool shape %+v", s)
+	}
+	if s.HeadDim > pagedMaxHeadDim {
+		return nil, fmt.Errorf("kernels: block pool of head size %d: paged attention takes heads of at most %d", s.HeadDim, pagedMaxHeadDim)
+	}
+	plane := s.Blocks * s.BlockSize * s.KVHeads * s.HeadDim
+	if int64(plane) >= 1<<40 || int64(s.Blocks)*int64(s.BlockSize) >= 1<<31 {
+		return nil, fmt.Errorf("kernels: block pool %+v is too large", s)
+	}
+	a, err := b.alloc(2 * s.Layers * plane * 4)
+	if err != nil {
+		return nil, fmt.Errorf("kernels: block pool of %d blocks: %w", s.Blocks, err)
+	}
+	return &pagedPool{shape: s, a: a, plane: plane}, nil
+}
+
+// pagedEncode builds the description of seqs' rows in b.paged.enc (qmu
+// held): per row its position, its pool row and the slot of its table
+// (from the description's start), then the tables. It checks every table
+// against the pool.
+func (b *Backend) pagedEncode(p *pagedPool, seqs []layers.PagedSeq) (rows int, err error) {
+	bs := p.shape.BlockSize
+	for i, sq := range seqs {
+		if sq.Pos0 < 0 || sq.Rows < 0 {
+			return 0, fmt.Errorf("kernels: paged sequence %d at positions [%d, %d)", i, sq.Pos0, sq.Pos0+sq.Rows)
+		}
+		if need := (sq.Pos0 + sq.Rows + bs - 1) / bs; need > len(sq.Table) {
+			return 0, fmt.Errorf("kernels: paged sequence %d at positions [%d, %d) past a table of %d blocks of %d", i, sq.Pos0, sq.Pos0+sq.Rows, len(sq.Table), bs)
+		}
+		for _, blk := range sq.Table {
+			if blk < 0 || int(blk) >= p.shape.Blocks {
+				return 0, fmt.Errorf("kernels: paged sequence %d: block %d of its table is outside the pool's %d", i, blk, p.shape.Blocks)
+			}
+		}
+		rows += sq.Rows
+	}
+	enc := b.paged.enc[:0]
+	tab := 3 * rows
+	for _, sq := range seqs {
+		for j := range sq.Rows {
+			pos := sq.Pos0 + j
+			enc = append(enc, int32(pos), int32(layers.PagedRow(sq.Table, bs, pos)), int32(tab))
+		}
+		tab += len(sq.Table)
+	}
+	for _, sq := range seqs {
+		enc = append(enc, sq.Table...)
+	}
+	b.paged.enc = enc
+	return rows, nil
+}
+
+// pagedSlot places b.paged.enc in the queue's step values, or finds it
+// there already (the same rows, an earlier layer's or the append's), and
+// returns its slot (qmu held).
+func (b *Backend) pagedSlot() (int, error) {
+	q, enc := &b.q, b.paged.enc
+	if at := b.paged.at; at > 0 && at+len(enc) <= len(q.dyn) && slices.Equal(q.dyn[at:at+len(enc)], enc) {
+		return at, nil
+	}
+	at := q.addIDs(enc)
+	if at < 0 {
+		b.d.onContext(b.ctx, b.flushLocked)
+		if at = q.addIDs(enc); at < 0 {
+			return 0, fmt.Errorf("kernels: paged call of %d rows and tables takes %d step values, more than %d", len(enc)/3, len(enc), dynSlots-1)
+		}
+	}
+	b.paged.at = at
+	return at, nil
+}
+
+// PagedAppend writes k and v through the block table (paged_append).
+func (b *Backend) PagedAppend(pool backend.BlockPool, layer int, k, v backend.Buffer, table []int32, pos0, m int) {
+	b.pagedAppend(pool.(*pagedPool), layer, nil, k, v, []layers.PagedSeq{{Table: table, Pos0: pos0, Rows: m}}, 0, nil)
+}
+
+// PagedAppendRoPE rotates q and k and appends every sequence's rows in one
+// launch (paged_append): the angles are rope_dyn's.
+func (b *Backend) PagedAppendRoPE(pool backend.BlockPool, layer int, q, k, v backend.Buffer, seqs []layers.PagedSeq, heads int, r *layers.RoPE) {
+	b.pagedAppend(pool.(*pagedPool), layer, q, k, v, seqs, heads, r)
+}
+
+func (b *Backend) pagedAppend(p *pagedPool, layer int, q, k, v backend.Buffer, seqs []layers.PagedSeq, heads int, r *layers.RoPE) {
+	s := p.shape
+	if layer < 0 || layer >= s.Layers {
+		b.setErr(fmt.Errorf("kernels: paged append to layer %d of a pool of %d", layer, s.Layers))
+		return
+	}
+	half, scale, inter := 0, float32(1), 0
+	var freqs *allocation
+	if r != nil {
+		half, scale, inter = len(r.InvFreq), r.Scale, boolInt(r.Interleaved)
+		if 2*half > s.HeadDim {
+			b.setErr(fmt.Errorf("kernels: paged append: RoPE of %d channels on heads of %d", 2*half, s.HeadDim))
+			return
+		}
+		freqs = b.ropeTable(r)
+	}
+	fn := b.function("paged_append")
+	if fn == 0 {
+		return
+	}
+	b.qmu.Lock()
+	defer b.qmu.Unlock()
+	rows, err := b.pagedEncode(p, seqs)
+	if err == nil {
+		w := s.KVHeads * s.HeadDim
+		switch {
+		case k.Len() < rows*w || v.Len() < rows*w:
+			err = fmt.Errorf("kernels: paged append of %d rows of %d from buffers of %d and %d", rows, w, k.Len(), v.Len())
+		case q != nil && q.Len() < rows*heads*s.HeadDim:
+			err = fmt.Errorf("kernels: paged append: q of %d values for %d rows of %d heads of %d", q.Len(), rows, heads, s.HeadDim)
+		}
+	}
+	if err != nil {
+		b.setErr(err)
+		return
+	}
+	if rows == 0 {
+		return
+	}
+	at, err := b.pagedSlot()
+	if err != nil {
+		b.setErr(err)
+		return
+	}
+	kp, vp := p.planes(layer)
+	var qp, fp uint64
+	if q != nil && r != nil {
+		qp = ptr(q)
+	}
+	if freqs != nil {
+		fp = freqs.ptr
+	}
+	b.q.keep = append(b.q.keep, p, q, k, v, freqs)
+	o := op{kind: opKernel, name: "paged_append", fn: fn, grid: [3]uint32{uint32(rows), 1, 1}, block: 256, pdl: pdlKernel("paged_append")}
+	o.setParams(qp, ptr(k), ptr(v), kp, vp, b.dyn.ptr, at, heads, s.KVHeads, s.HeadDim, fp, half, scale, inter)
+	b.push(o)
+}
+
+// pagedSplits picks paged_attn's splits of the keys and the keys a split
+// takes for a launch of blocks blocks a split over sequences of at most
+// longest positions: one split while the grid fills the GPU, else more, of
+// at least pagedMinKeys keys each. The length is rounded up to a power of
+// two, so that consecutive decode steps queue the same launch.
+func (b *Backend) pagedSplits(blocks, longest int) (splits, keys int) {
+	vb := 1
+	for vb < longest {
+		vb *= 2
+	}
+	if f := b.force.pagedKeys; f > 0 {
+		return (vb + f - 1) / f, f
+	}
+	splits = 1
+	for splits < pagedMaxSplits && vb/(2*splits) >= pagedMinKeys && blocks*splits < 2*b.sms {
+		splits *= 2
+	}
+	return splits, vb / splits
+}
+
+// PagedAttention attends every sequence's rows over its keys in one launch
+// of paged_attn (split over the keys, and merged by attn_combine, where the
+// rows and heads alone leave the GPU short of blocks).
+func (b *Backend) PagedAttention(out, q backend.Buffer, pool backend.BlockPool, layer int, seqs []layers.PagedSeq, s layers.AttentionShape) {
+	p := pool.(*pagedPool)
+	ps := p.shape
+	switch {
+	case layer < 0 || layer >= ps.Layers:
+		b.setErr(fmt.Errorf("kernels: paged attention of layer %d of a pool of %d", layer, ps.Layers))
+		return
+	case s.HeadDim != ps.HeadDim || s.KVHeads != ps.KVHeads || s.Heads <= 0 || s.Heads%s.KVHeads != 0:
+		b.setErr(fmt.Errorf("kernels: paged attention of %d heads, %d kv heads of %d over a pool of %d kv heads of %d",
+			s.Heads, s.KVHeads, s.HeadDim, ps.KVHeads, ps.HeadDim))
+		return
+	}
+	G := s.Heads / s.KVHeads
+	hgroups := 1
+	for G/hgroups > pagedGMax || G%hgroups != 0 {
+		hgroups++
+	}
+	rows, longest := 0, 0
+	for _, sq := range seqs {
+		rows += sq.Rows
+		longest = max(longest, sq.Pos0+sq.Rows)
+	}
+	if rows == 0 {
+		return
+	}
+	if n := rows * s.Heads * s.HeadDim; out.Len() < n || q.Len() < n {
+		b.setErr(fmt.Errorf("kernels: paged attention of %d rows of %d heads of %d: out %d, q %d values", rows, s.Heads, s.HeadDim, out.Len(), q.Len()))
+		return
+	}
+	blocks := rows * s.KVHeads * hgroups
+	splits, keys := b.pagedSplits(blocks, longest)
+	var part *allocation
+	if splits > 1 {
+		var err error
+		if part, _, err = b.attnScratch(rows*s.Heads*splits*(s.HeadDim+2), 0); err != nil {
+			b.setErr(err)
+			return
+		}
+	}
+	name := "paged_attn_any"
+	if s.HeadDim == 64 || s.HeadDim == 128 {
+		name = fmt.Sprintf("paged_attn_%d", s.HeadDim)
+	}
+	fn := b.function(name)
+	if fn == 0 {
+		return
+	}
+	b.qmu.Lock()
+	defer b.qmu.Unlock()
+	if _, err := b.pagedEncode(p, seqs); err != nil {
+		b.setErr(err)
+		return
+	}
+	at, err := b.pagedSlot()
+	if err != nil {
+		b.setErr(err)
+		return
+	}
+	kp, vp := p.planes(layer)
+	var partPtr uint64
+	if part != nil {
+		partPtr = part.ptr
+	}
+	b.q.keep = append(b.q.keep, p, out, q, part)
+	gb := G / hgroups
+	o := op{kind: opKernel, name: name, fn: fn, grid: [3]uint32{uint32(blocks), uint32(splits), 1}, block: 32 * pagedWarps,
+		shared: uint32(4 * pagedWarps * gb * (s.HeadDim + 2)), pdl: pdlKernel(name)}
+	o.setParams(ptr(out), ptr(q), kp, vp, b.dyn.ptr, at, s.Heads, s.KVHeads, s.HeadDim, hgroups, s.Scale, s.Window,
+		ps.BlockSize, keys, partPtr)
+	b.push(o)
+	if splits > 1 {
+		o := op{kind: opKernel, name: "attn_combine", fn: b.fn["attn_combine"], grid: [3]uint32{uint32(s.Heads), uint32(rows), 1}, block: 128, pdl: pdlKernel("attn_combine")}
+		o.setParams(ptr(out), partPtr, s.Heads, s.HeadDim, splits)
+		b.push(o)
+	}
+}
+
+// CopyBlock copies block src to dst in every layer's keys and values
+// (paged_copy).
+func (b *Backend) CopyBlock(pool backend.BlockPool, dst, src int) {
+	p := pool.(*pagedPool)
+	s := p.shape
+	if dst < 0 || src < 0 || dst >= s.Blocks || src >= s.Blocks {
+		b.setErr(fmt.Errorf("kernels: copy of block %d to %d in a pool of %d", src, dst, s.Blocks))
+		return
+	}
+	if dst == src {
+		return
+	}
+	floats := s.BlockSize * s.KVHeads * s.HeadDim
+	fn := b.function("paged_copy")
+	if fn == 0 {
+		return
+	}
+	b.qmu.Lock()
+	defer b.qmu.Unlock()
+	b.q.keep = append(b.q.keep, p)
+	o := op{kind: opKernel, name: "paged_copy", fn: fn, grid: [3]uint32{uint32(2 * s.Layers), uint32(min((floats+1023)/1024, 16)), 1},
+		block: 256, pdl: pdlKernel("paged_copy")}
+	o.setParams(p.a.ptr, uint64(p.plane), floats, dst, src)
+	b.push(o)
+}
