@@ -194,6 +194,7 @@ func Cases() []Case {
 	cs = append(cs, moreHyperCases()...)
 	cs = append(cs, compressedCases()...)
 	cs = append(cs, pagedCases()...)
+	cs = append(cs, batchedCases()...)
 	return cs
 }
 
