@@ -44,20 +44,47 @@ extern "C" __global__ void paged_append(float* q, float* k, const float* v, floa
 // sequences' keys read through the block tables. Grid (rows * kvHeads *
 // hgroups, splits), PGA_WARPS warps: block (r, kh, j) takes the gb = G /
 // hgroups query heads kh*G + j*gb .. of kv head kh (G = heads / kvHeads,
-// gb <= PGA_GMAX), over keys [split*keys, (split+1)*keys) of the visible
-// [start, pos]. Warp w weighs keys lo + w, lo + w + PGA_WARPS, ..., keeping
-// an online softmax (max, sum, output) per head, lane l channels l, l + 32,
-// ...; the block merges its warps' in shared memory. With one split it
-// writes out, else its (output, max, sum) to part for attn_combine (an empty
-// share writes max -inf and sum 0).
+// gb <= GM <= PGA_GMAX), over keys [split*keys, (split+1)*keys) of the visible
+// [start, pos]. Warp w weighs keys lo + w, lo + w + PGA_WARPS, ..., two at
+// a time (both rows loaded before either is weighed), keeping an online
+// softmax (max, sum, output) per head; a lane holds NE channels of each
+// (pga_chan: consecutive ones, loaded as one vector, for heads of 64 and
+// 128). The block merges its warps' in shared memory. With one split it
+// writes out, else its (output, max, sum) to part for attn_combine (an
+// empty share writes max -inf and sum 0).
 #define PGA_WARPS 4
 #define PGA_GMAX 8
 template <int HD>
+struct Pga {
+    static constexpr int NE = HD ? HD / WARP : 8; // channels a lane
+    // chan is the channel of a lane's e-th value.
+    static __device__ __forceinline__ int chan(int lane, int e) { return HD ? lane * NE + e : lane + WARP * e; }
+    // load reads a lane's channels of the row at p (16-byte aligned for HD
+    // 128, 8 for 64; channels past hd read as 0).
+    static __device__ __forceinline__ void load(float (&x)[NE], const float* p, int lane, int hd) {
+        if constexpr (HD == 128) {
+            const float4 t = reinterpret_cast<const float4*>(p)[lane];
+            x[0] = t.x, x[1] = t.y, x[2] = t.z, x[3] = t.w;
+        } else if constexpr (HD == 64) {
+            const float2 t = reinterpret_cast<const float2*>(p)[lane];
+            x[0] = t.x, x[1] = t.y;
+        } else {
+#pragma unroll
+            for (int e = 0; e < NE; e++) {
+                const int c = chan(lane, e);
+                x[e] = c < hd ? p[c] : 0.f;
+            }
+        }
+    }
+};
+
+template <int HD, int GM>
 __device__ __forceinline__ void paged_attn_body(float* out, const float* q, const float* kp, const float* vp,
                                                 const int* dyn, int enc, int heads, int kvHeads, int hd, int hgroups,
                                                 float scale, int window, int bs, int keys, float* part) {
     extern __shared__ float pga_sh[]; // [PGA_WARPS][gb][hd + 2]
-    constexpr int NE = HD ? HD / WARP : 8;
+    using P = Pga<HD>;
+    constexpr int NE = P::NE;
     if (HD) hd = HD;
     pdl_entry();
     const int G = heads / kvHeads, gb = G / hgroups;
@@ -75,29 +102,22 @@ __device__ __forceinline__ void paged_attn_body(float* out, const float* q, cons
     const int h0 = kh * G + hg * gb;
     const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
 
-    float qv[PGA_GMAX][NE], acc[PGA_GMAX][NE], mx[PGA_GMAX], sm[PGA_GMAX];
+    float qv[GM][NE], acc[GM][NE], mx[GM], sm[GM];
 #pragma unroll
-    for (int g = 0; g < PGA_GMAX; g++) {
+    for (int g = 0; g < GM; g++) {
         mx[g] = -INFINITY;
         sm[g] = 0.f;
 #pragma unroll
         for (int e = 0; e < NE; e++) {
-            int c = lane + WARP * e;
+            const int c = P::chan(lane, e);
             qv[g][e] = g < gb && c < hd ? q[((size_t)r * heads + h0 + g) * hd + c] : 0.f;
             acc[g][e] = 0.f;
         }
     }
-    for (int t = lo + w; t < hi; t += PGA_WARPS) {
-        const size_t row = ((size_t)table[t / bs] * bs + t % bs) * W + (size_t)kh * hd;
-        float kv[NE], vv[NE];
+    // weigh folds key row kv and value row vv into every head's softmax.
+    auto weigh = [&](const float (&kv)[NE], const float (&vv)[NE]) {
 #pragma unroll
-        for (int e = 0; e < NE; e++) {
-            int c = lane + WARP * e;
-            kv[e] = c < hd ? kp[row + c] : 0.f;
-            vv[e] = c < hd ? vp[row + c] : 0.f;
-        }
-#pragma unroll
-        for (int g = 0; g < PGA_GMAX; g++) {
+        for (int g = 0; g < GM; g++) {
             if (g >= gb) break;
             float d = 0.f;
 #pragma unroll
@@ -110,15 +130,34 @@ __device__ __forceinline__ void paged_attn_body(float* out, const float* q, cons
 #pragma unroll
             for (int e = 0; e < NE; e++) acc[g][e] = acc[g][e] * corr + p * vv[e];
         }
+    };
+    auto rowOf = [&](int t) { return ((size_t)table[t / bs] * bs + t % bs) * W + (size_t)kh * hd; };
+    int t = lo + w;
+    for (; t + PGA_WARPS < hi; t += 2 * PGA_WARPS) {
+        const size_t r0 = rowOf(t), r1 = rowOf(t + PGA_WARPS);
+        float k0[NE], v0[NE], k1[NE], v1[NE];
+        P::load(k0, kp + r0, lane, hd);
+        P::load(v0, vp + r0, lane, hd);
+        P::load(k1, kp + r1, lane, hd);
+        P::load(v1, vp + r1, lane, hd);
+        weigh(k0, v0);
+        weigh(k1, v1);
+    }
+    if (t < hi) {
+        const size_t r0 = rowOf(t);
+        float k0[NE], v0[NE];
+        P::load(k0, kp + r0, lane, hd);
+        P::load(v0, vp + r0, lane, hd);
+        weigh(k0, v0);
     }
     const int rs = hd + 2;
 #pragma unroll
-    for (int g = 0; g < PGA_GMAX; g++) {
+    for (int g = 0; g < GM; g++) {
         if (g >= gb) break;
         float* sh = pga_sh + (size_t)(w * gb + g) * rs;
 #pragma unroll
         for (int e = 0; e < NE; e++) {
-            int c = lane + WARP * e;
+            const int c = P::chan(lane, e);
             if (c < hd) sh[c] = acc[g][e];
         }
         if (lane == 0) {
@@ -156,15 +195,19 @@ __device__ __forceinline__ void paged_attn_body(float* out, const float* q, cons
     }
 }
 
-#define PAGED_ATTN(NAME, HD)                                                                                          \
+#define PAGED_ATTN(NAME, HD, GM)                                                                                      \
     extern "C" __global__ void __launch_bounds__(PGA_WARPS * WARP)                                                    \
         NAME(float* out, const float* q, const float* kp, const float* vp, const int* dyn, int enc, int heads,        \
              int kvHeads, int hd, int hgroups, float scale, int window, int bs, int keys, float* part) {              \
-        paged_attn_body<HD>(out, q, kp, vp, dyn, enc, heads, kvHeads, hd, hgroups, scale, window, bs, keys, part);    \
+        paged_attn_body<HD, GM>(out, q, kp, vp, dyn, enc, heads, kvHeads, hd, hgroups, scale, window, bs, keys, part); \
     }
-PAGED_ATTN(paged_attn_64, 64)
-PAGED_ATTN(paged_attn_128, 128)
-PAGED_ATTN(paged_attn_any, 0)
+// _g4: at most 4 query heads a block (gb <= 4: the 8B shapes' 32 heads on 8
+// kv heads), in half the registers.
+PAGED_ATTN(paged_attn_64, 64, PGA_GMAX)
+PAGED_ATTN(paged_attn_128, 128, PGA_GMAX)
+PAGED_ATTN(paged_attn_64_g4, 64, 4)
+PAGED_ATTN(paged_attn_128_g4, 128, 4)
+PAGED_ATTN(paged_attn_any, 0, PGA_GMAX)
 
 // paged_copy copies block src to block dst in each of the pool's planes
 // (a layer's keys or values), plane floats apart, of blockFloats floats a

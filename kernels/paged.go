@@ -270,6 +270,9 @@ func (b *Backend) PagedAttention(out, q backend.Buffer, pool backend.BlockPool, 
 	name := "paged_attn_any"
 	if s.HeadDim == 64 || s.HeadDim == 128 {
 		name = fmt.Sprintf("paged_attn_%d", s.HeadDim)
+		if G/hgroups <= 4 {
+			name += "_g4"
+		}
 	}
 	fn := b.function(name)
 	if fn == 0 {

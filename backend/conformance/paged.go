@@ -46,7 +46,7 @@ func pagedCases() []Case {
 		inter             bool
 		seqs              []pagedSeq
 	}{
-		{16, 8, 2, 64, 1, false, []pagedSeq{{37, 1, 0}, {0, 5, 0}, {16, 1, 0}}},           // decode and a prompt, Llama's rotation
+		{16, 16, 2, 64, 1, false, []pagedSeq{{37, 1, 0}, {0, 5, 0}, {16, 1, 0}}},          // decode and a prompt, Llama's rotation, 8 query heads a kv head
 		{4, 6, 2, 128, 1, false, []pagedSeq{{9, 1, 0}, {3, 2, 0}, {0, 1, 0}, {11, 1, 0}}}, // head groups of 3
 		{3, 4, 1, 40, 0.5, true, []pagedSeq{{7, 3, 0}, {2, 1, 0}}},                        // partial, interleaved
 	} {
