@@ -197,6 +197,7 @@ type PagedAttentionOps interface {
 // field is a group the backend lacks.
 type Capabilities struct {
 	Sampler         TokenSampler
+	BatchSampler    BatchTokenSampler
 	Pipeliner       TokenPipeliner
 	SparseMLA       SparseMLAOps
 	Compressed      CompressedAttentionOps
@@ -221,6 +222,7 @@ type MemoryReporter interface {
 func CapabilitiesOf(b Backend) Capabilities {
 	var c Capabilities
 	c.Sampler, _ = b.(TokenSampler)
+	c.BatchSampler, _ = b.(BatchTokenSampler)
 	c.Pipeliner, _ = b.(TokenPipeliner)
 	c.SparseMLA, _ = b.(SparseMLAOps)
 	c.Compressed, _ = b.(CompressedAttentionOps)

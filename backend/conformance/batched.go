@@ -1,8 +1,11 @@
 package conformance
 
 import (
+	"cmp"
 	"fmt"
+	"math"
 	"math/rand/v2"
+	"slices"
 
 	"github.com/manifoldlm/manifold/backend"
 )
@@ -31,4 +34,79 @@ func batchedCases() []Case {
 			}})
 	}
 	return cs
+}
+
+// sampleCases are BatchTokenSampler.SampleTokens over the rows of a batched
+// step's logits: greedy and top-k draws mixed, rows skipped and picked out
+// of order, k up to MaxSampleTopK, ties (logits rounded to a coarse grid)
+// going to the lower id, vocabularies off the GPU's 64 slices. The ids must
+// be exactly the reference's (sampleRef, backend/cpu.SampleToken's rule).
+func sampleCases() []Case {
+	var cs []Case
+	for _, c := range []struct {
+		rows, vocab int
+		coarse      bool // logits on a grid of 1/4: many ties
+	}{{3, 1000, false}, {9, 32003, false}, {5, 777, true}, {40, 4096, false}} {
+		cs = append(cs, Case{Op: "BatchTokenSampler.SampleTokens", Shape: fmt.Sprintf("rows=%d/vocab=%d/ties=%v", c.rows, c.vocab, c.coarse), Needs: "BatchTokenSampler",
+			Run: func(b backend.Backend, caps backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+				logits := rnd(rng, c.rows*c.vocab, 3)
+				if c.coarse {
+					for i, v := range logits {
+						logits[i] = float32(math.Round(float64(v)*4) / 4)
+					}
+				}
+				var picks []backend.SamplePick
+				for _, r := range rng.Perm(c.rows)[:max(1, c.rows-1)] { // every row but one, shuffled
+					p := backend.SamplePick{Row: r, U: rng.Float64()}
+					switch r % 3 {
+					case 1:
+						p.Temperature, p.TopK = 0.8, 1+rng.IntN(40)
+					case 2:
+						p.Temperature, p.TopK = 1.3, backend.MaxSampleTopK-rng.IntN(3)
+					}
+					picks = append(picks, p)
+				}
+				ids := make([]int, len(picks))
+				if err := caps.BatchSampler.SampleTokens(ids, upload(b, logits), c.vocab, picks); err != nil {
+					panic(err)
+				}
+				got, want := make([]float32, len(picks)), make([]float32, len(picks))
+				for i, p := range picks {
+					got[i] = float32(ids[i])
+					want[i] = float32(sampleRef(logits[p.Row*c.vocab:(p.Row+1)*c.vocab], p.Temperature, p.TopK, p.U))
+				}
+				return got, want
+			}})
+	}
+	return cs
+}
+
+// sampleRef is TokenSampler's rule (backend/cpu.SampleToken): the first
+// maximum when temperature <= 0, else a draw by u from the softmax of
+// logits/temperature over the topK largest, largest first, ties to the
+// lower id.
+func sampleRef(l []float32, temperature float32, topK int, u float64) int {
+	ids := make([]int, len(l))
+	for i := range ids {
+		ids[i] = i
+	}
+	slices.SortStableFunc(ids, func(a, c int) int { return cmp.Compare(l[c], l[a]) })
+	if temperature <= 0 {
+		return ids[0]
+	}
+	ids = ids[:min(topK, len(ids))]
+	p := make([]float64, len(ids))
+	var sum float64
+	for i, id := range ids {
+		p[i] = math.Exp(float64((l[id] - l[ids[0]]) / temperature))
+		sum += p[i]
+	}
+	r := u * sum
+	for i, id := range ids {
+		if r < p[i] {
+			return id
+		}
+		r -= p[i]
+	}
+	return ids[len(ids)-1]
 }

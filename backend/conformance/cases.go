@@ -195,6 +195,7 @@ func Cases() []Case {
 	cs = append(cs, compressedCases()...)
 	cs = append(cs, pagedCases()...)
 	cs = append(cs, batchedCases()...)
+	cs = append(cs, sampleCases()...)
 	return cs
 }
 
