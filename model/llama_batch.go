@@ -21,6 +21,23 @@ type llamaBatch struct {
 // them, RoPE and attention over each sequence's rows, at its own positions
 // and in its own cache.
 func (m *Llama) ForwardBatch(ctx context.Context, sts []State, tokens [][]int32) ([]float32, error) {
+	m.batchMu.Lock() // the logits buffer is the next batch's too
+	defer m.batchMu.Unlock()
+	logits, err := m.forwardBatch(ctx, sts, tokens)
+	return hostLogits(m.b, logits, err)
+}
+
+// ForwardBatchDevice is ForwardBatch leaving the logits on the backend
+// (BatchDeviceForwarder).
+func (m *Llama) ForwardBatchDevice(ctx context.Context, sts []State, tokens [][]int32) (backend.Buffer, error) {
+	m.batchMu.Lock()
+	defer m.batchMu.Unlock()
+	return m.forwardBatch(ctx, sts, tokens)
+}
+
+// forwardBatch runs the step (m.batchMu held) and returns the logits on
+// the backend.
+func (m *Llama) forwardBatch(ctx context.Context, sts []State, tokens [][]int32) (backend.Buffer, error) {
 	if len(sts) == 0 || len(sts) != len(tokens) {
 		return nil, fmt.Errorf("model: forward batch of %d states and %d token lists", len(sts), len(tokens))
 	}
@@ -52,8 +69,6 @@ func (m *Llama) ForwardBatch(ctx context.Context, sts []State, tokens [][]int32)
 		return nil, err
 	}
 
-	m.batchMu.Lock()
-	defer m.batchMu.Unlock()
 	bt := &m.batch
 	m.grow(&bt.llamaBuffers, n)
 	if bt.seqs < seqs {
@@ -93,8 +108,7 @@ func (m *Llama) ForwardBatch(ctx context.Context, sts []State, tokens [][]int32)
 		x = b.View(bt.last, 0, seqs*c.HiddenSize)
 		b.GatherRows(x, sc.x, last, c.HiddenSize)
 	}
-	logits := m.head.logits(b, c, x, b.View(sc.h, 0, seqs*c.HiddenSize), bt.logits, seqs, true)
-	return hostLogits(b, logits, nil)
+	return m.head.logits(b, c, x, b.View(sc.h, 0, seqs*c.HiddenSize), bt.logits, seqs, true), nil
 }
 
 // reservePaged makes room for each paged state's tokens (undoing them all
