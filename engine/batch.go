@@ -321,10 +321,11 @@ func (s *scheduler) step(reqs []*batchRequest, toks [][]int32) {
 	}
 	var rowOf func(i int) []float32 // request i's logits
 	var ids []int
+	var pickErr []error // a request's own pick's error
 	var err error
 	if picks := s.picks(reqs, toks); picks != nil {
 		var host [][]float32
-		host, ids, err = s.forwardDevice(reqs, sts, toks, picks)
+		host, ids, pickErr, err = s.forwardDevice(reqs, sts, toks, picks)
 		rowOf = func(i int) []float32 { return host[i] }
 	} else {
 		var logits []float32
@@ -343,6 +344,8 @@ func (s *scheduler) step(reqs []*batchRequest, toks [][]int32) {
 		switch {
 		case err != nil:
 			r.err = err
+		case pickErr != nil && pickErr[i] != nil:
+			r.err = pickErr[i]
 		case r.ran == len(r.ids) && r.pick != nil:
 			r.id = ids[i]
 		case r.ran == len(r.ids):
@@ -385,11 +388,12 @@ func (s *scheduler) picks(reqs []*batchRequest, toks [][]int32) []backend.Sample
 // forwardDevice runs the step leaving the logits on the device, picks
 // there the tokens of the requests that end in a pick (ids, by request)
 // and reads back the logits of the others that end (host, by request; nil
-// for the rest).
-func (s *scheduler) forwardDevice(reqs []*batchRequest, sts []model.State, toks [][]int32, picks []backend.SamplePick) (host [][]float32, ids []int, err error) {
+// for the rest). When the picks fail (a NaN logit), each is tried alone,
+// so that only those that fail get their error (pickErr, by request).
+func (s *scheduler) forwardDevice(reqs []*batchRequest, sts []model.State, toks [][]int32, picks []backend.SamplePick) (host [][]float32, ids []int, pickErr []error, err error) {
 	dev, err := s.dbf.ForwardBatchDevice(context.Background(), sts, toks)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	var rows []backend.SamplePick
 	var at []int // the request of each of rows
@@ -408,11 +412,14 @@ func (s *scheduler) forwardDevice(reqs []*batchRequest, sts []model.State, toks 
 	}
 	got := make([]int, len(rows))
 	if err := s.bs.SampleTokens(got, dev, s.vocab, rows); err != nil {
-		return nil, nil, err
+		pickErr = make([]error, len(reqs))
+		for j, i := range at {
+			pickErr[i] = s.bs.SampleTokens(got[j:j+1], dev, s.vocab, rows[j:j+1])
+		}
 	}
 	ids = make([]int, len(reqs))
 	for j, i := range at {
 		ids[i] = got[j]
 	}
-	return host, ids, s.b.Sync()
+	return host, ids, pickErr, s.b.Sync()
 }
