@@ -3,6 +3,7 @@ package kernels
 import (
 	"fmt"
 	"slices"
+	"unsafe"
 
 	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/layers"
@@ -56,10 +57,51 @@ const pagedMinKeys = 64
 const pagedMaxSplits = 64
 
 // pagedState is where the queue's step values hold the rows of the last
-// paged call (Backend.paged, guarded by qmu).
+// paged call (Backend.paged, guarded by qmu), and the device array that
+// takes a description too large for them.
 type pagedState struct {
 	at  int     // slot of the last description placed (0: none)
 	enc []int32 // scratch for the description being built
+
+	big    *allocation // descriptions past pagedBigSlots (bigCap ints; grown under partMu)
+	bigCap int
+	bigEnc []int32 // what big holds
+}
+
+// pagedBigSlots is the longest description placed in the step values
+// (which hold dynSlots, a step's token ids too); a longer one (hundreds of
+// long sequences) goes to a device array of its own, copied there once a
+// step, in stream order.
+const pagedBigSlots = dynSlots / 2
+
+// pagedSlots is the length of seqs' description (pagedEncode).
+func pagedSlots(seqs []layers.PagedSeq) int {
+	n := 0
+	for _, sq := range seqs {
+		n += 3*max(sq.Rows, 0) + len(sq.Table)
+	}
+	return n
+}
+
+// pagedBig makes the device array hold n values at least, where n is past
+// pagedBigSlots. qmu must not be held (alloc takes it).
+func (b *Backend) pagedBig(n int) error {
+	if n <= pagedBigSlots {
+		return nil
+	}
+	b.partMu.Lock()
+	defer b.partMu.Unlock()
+	if b.paged.bigCap >= n {
+		return nil
+	}
+	a, err := b.alloc(4 * n)
+	if err != nil {
+		return fmt.Errorf("kernels: paged block tables of %d values: %w", n, err)
+	}
+	b.qmu.Lock()
+	b.paged.big, b.paged.bigCap, b.paged.bigEnc = a, n, nil
+	b.qmu.Unlock()
+	return nil
 }
 
 // NewBlockPool allocates the pool on the device, zeroed.
@@ -119,21 +161,39 @@ func (b *Backend) pagedEncode(p *pagedPool, seqs []layers.PagedSeq) (rows int, e
 
 // pagedSlot places b.paged.enc in the queue's step values, or finds it
 // there already (the same rows, an earlier layer's or the append's), and
-// returns its slot (qmu held).
-func (b *Backend) pagedSlot() (int, error) {
+// returns the array and the slot the kernels read it from (qmu held). A
+// description past pagedBigSlots goes to the device array pagedBig made
+// instead, after what is queued (which may read its previous contents).
+func (b *Backend) pagedSlot() (base uint64, at int, err error) {
 	q, enc := &b.q, b.paged.enc
-	if at := b.paged.at; at > 0 && at+len(enc) <= len(q.dyn) && slices.Equal(q.dyn[at:at+len(enc)], enc) {
-		return at, nil
+	if len(enc) > pagedBigSlots {
+		big := b.paged.big
+		if big == nil || b.paged.bigCap < len(enc) {
+			return 0, 0, fmt.Errorf("kernels: paged block tables of %d values without their device array", len(enc))
+		}
+		if !slices.Equal(b.paged.bigEnc, enc) {
+			b.d.onContext(b.ctx, func() {
+				b.flushLocked()
+				b.setErr(b.d.check("cuMemcpyHtoDAsync (block tables)",
+					b.d.cuMemcpyHtoDAsync(big.ptr, unsafe.Pointer(&enc[0]), uintptr(4*len(enc)), b.stream)))
+			})
+			b.paged.bigEnc = append(b.paged.bigEnc[:0], enc...)
+		}
+		b.q.keep = append(b.q.keep, big)
+		return big.ptr, 0, nil
 	}
-	at := q.addIDs(enc)
+	if at := b.paged.at; at > 0 && at+len(enc) <= len(q.dyn) && slices.Equal(q.dyn[at:at+len(enc)], enc) {
+		return b.dyn.ptr, at, nil
+	}
+	at = q.addIDs(enc)
 	if at < 0 {
 		b.d.onContext(b.ctx, b.flushLocked)
 		if at = q.addIDs(enc); at < 0 {
-			return 0, fmt.Errorf("kernels: paged call of %d rows and tables takes %d step values, more than %d", len(enc)/3, len(enc), dynSlots-1)
+			return 0, 0, fmt.Errorf("kernels: paged call of %d rows and tables takes %d step values, more than %d", len(enc)/3, len(enc), dynSlots-1)
 		}
 	}
 	b.paged.at = at
-	return at, nil
+	return b.dyn.ptr, at, nil
 }
 
 // PagedAppend writes k and v through the block table (paged_append).
@@ -167,6 +227,10 @@ func (b *Backend) pagedAppend(p *pagedPool, layer int, q, k, v backend.Buffer, s
 	if fn == 0 {
 		return
 	}
+	if err := b.pagedBig(pagedSlots(seqs)); err != nil {
+		b.setErr(err)
+		return
+	}
 	b.qmu.Lock()
 	defer b.qmu.Unlock()
 	rows, err := b.pagedEncode(p, seqs)
@@ -186,7 +250,7 @@ func (b *Backend) pagedAppend(p *pagedPool, layer int, q, k, v backend.Buffer, s
 	if rows == 0 {
 		return
 	}
-	at, err := b.pagedSlot()
+	base, at, err := b.pagedSlot()
 	if err != nil {
 		b.setErr(err)
 		return
@@ -201,7 +265,7 @@ func (b *Backend) pagedAppend(p *pagedPool, layer int, q, k, v backend.Buffer, s
 	}
 	b.q.keep = append(b.q.keep, p, q, k, v, freqs)
 	o := op{kind: opKernel, name: "paged_append", fn: fn, grid: [3]uint32{uint32(rows), 1, 1}, block: 256, pdl: pdlKernel("paged_append")}
-	o.setParams(qp, ptr(k), ptr(v), kp, vp, b.dyn.ptr, at, heads, s.KVHeads, s.HeadDim, fp, half, scale, inter)
+	o.setParams(qp, ptr(k), ptr(v), kp, vp, base, at, heads, s.KVHeads, s.HeadDim, fp, half, scale, inter)
 	b.push(o)
 }
 
@@ -278,13 +342,17 @@ func (b *Backend) PagedAttention(out, q backend.Buffer, pool backend.BlockPool, 
 	if fn == 0 {
 		return
 	}
+	if err := b.pagedBig(pagedSlots(seqs)); err != nil {
+		b.setErr(err)
+		return
+	}
 	b.qmu.Lock()
 	defer b.qmu.Unlock()
 	if _, err := b.pagedEncode(p, seqs); err != nil {
 		b.setErr(err)
 		return
 	}
-	at, err := b.pagedSlot()
+	base, at, err := b.pagedSlot()
 	if err != nil {
 		b.setErr(err)
 		return
@@ -298,7 +366,7 @@ func (b *Backend) PagedAttention(out, q backend.Buffer, pool backend.BlockPool, 
 	gb := G / hgroups
 	o := op{kind: opKernel, name: name, fn: fn, grid: [3]uint32{uint32(blocks), uint32(splits), 1}, block: 32 * pagedWarps,
 		shared: uint32(4 * pagedWarps * gb * (s.HeadDim + 2)), pdl: pdlKernel(name)}
-	o.setParams(ptr(out), ptr(q), kp, vp, b.dyn.ptr, at, s.Heads, s.KVHeads, s.HeadDim, hgroups, s.Scale, s.Window,
+	o.setParams(ptr(out), ptr(q), kp, vp, base, at, s.Heads, s.KVHeads, s.HeadDim, hgroups, s.Scale, s.Window,
 		ps.BlockSize, keys, partPtr)
 	b.push(o)
 	if splits > 1 {

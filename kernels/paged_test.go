@@ -275,3 +275,79 @@ func BenchmarkPagedAttention(b *testing.B) {
 		})
 	}
 }
+
+// TestPagedTablesPastStepValues: block tables too long for the queue's
+// step values (pagedBigSlots) go to a device array of their own, copied
+// once while the tables stay the same (two layers, then a step that
+// changes them), and attention over them matches the reference.
+func TestPagedTablesPastStepValues(t *testing.T) {
+	g := newGPU(t)
+	const bs, n = 1, 18000 // blocks of one position: a table entry a position
+	s := layers.AttentionShape{Heads: 2, KVHeads: 1, HeadDim: 8, Scale: 0.35}
+	w := s.KVHeads * s.HeadDim
+	blocks := 2*n + 4
+	pool, err := g.NewBlockPool(backend.PagedShape{Layers: 2, KVHeads: s.KVHeads, HeadDim: s.HeadDim, BlockSize: bs, Blocks: blocks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	rnd := func(n int) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(rng.NormFloat64())
+		}
+		return v
+	}
+	up := func(v []float32) backend.Buffer {
+		x := g.NewBuffer(len(v))
+		g.Write(x, 0, v)
+		return x
+	}
+	perm := rng.Perm(blocks)
+	seqs := make([]layers.PagedSeq, 2)
+	for i := range seqs {
+		tab := make([]int32, n)
+		for j := range tab {
+			tab[j] = int32(perm[i*n+j])
+		}
+		seqs[i] = layers.PagedSeq{Table: tab, Pos0: n - 1 - 100*i, Rows: 1}
+	}
+	if pagedSlots(seqs) <= pagedBigSlots {
+		t.Fatalf("tables of %d values fit the step values", pagedSlots(seqs))
+	}
+	kRef, vRef := make([][]float32, 2), make([][]float32, 2)
+	for l := range 2 {
+		kRef[l], vRef[l] = make([]float32, blocks*bs*w), make([]float32, blocks*bs*w)
+		for _, sq := range seqs {
+			k, v := rnd((sq.Pos0+1)*w), rnd((sq.Pos0+1)*w)
+			layers.PagedWrite(kRef[l], k, sq.Table, bs, w, 0, sq.Pos0+1)
+			layers.PagedWrite(vRef[l], v, sq.Table, bs, w, 0, sq.Pos0+1)
+			g.PagedAppend(pool, l, up(k), up(v), sq.Table, 0, sq.Pos0+1)
+		}
+	}
+	for step := range 2 {
+		if step == 1 { // the tables change: sequence 1 one position on
+			seqs[1].Pos0++
+		}
+		q := rnd(2 * s.Heads * s.HeadDim)
+		qb := up(q)
+		outs := []backend.Buffer{g.NewBuffer(len(q)), g.NewBuffer(len(q))}
+		for l := range 2 {
+			g.PagedAttention(outs[l], qb, pool, l, seqs, s)
+		}
+		for l := range 2 {
+			want := make([]float32, len(q))
+			layers.PagedAttention(want, q, kRef[l], vRef[l], seqs, bs, s)
+			got := make([]float32, len(q))
+			g.Read(got, outs[l], 0)
+			if err := g.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			for i := range got {
+				if d := math.Abs(float64(got[i] - want[i])); d > 1e-4 || math.IsNaN(d) {
+					t.Fatalf("step %d, layer %d: value %d is %g, want %g", step, l, i, got[i], want[i])
+				}
+			}
+		}
+	}
+}
