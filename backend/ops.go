@@ -180,7 +180,10 @@ type PagedAttentionOps interface {
 	// Backend.RoPE by r (nil: none) of its q rows and its k rows at
 	// positions Pos0.. (stride HeadDim, offset 0, forward) and then
 	// PagedAppend of its k and v rows: a batched step's rotations and
-	// appends in one call.
+	// appends in one call. Where a PagedAttention of q over the same rows
+	// follows, the backend may do both in that call, leaving q and k
+	// unrotated in memory (as Backend.Attention takes in a RoPE of q and k
+	// queued just before it): callers read them only through it.
 	PagedAppendRoPE(p BlockPool, layer int, q, k, v Buffer, seqs []layers.PagedSeq, heads int, r *layers.RoPE)
 	// PagedAttention is layers.PagedAttention: q [sum Rows, Heads, HeadDim]
 	// (the rows of seqs[0], then seqs[1], ...) into out of the same shape,

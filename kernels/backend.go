@@ -96,29 +96,30 @@ type Backend struct {
 // path's; each names a kernel or a launch shape that a default path takes
 // for some shape or GPU. The zero value forces nothing.
 type variants struct {
-	gemvOff     bool   // NVFP4 matmuls on the GEMM (gemm.go) even at m = 1 (the default where the decode kernels do not take the shape)
-	gemvPipe    bool   // m = 1: activations streamed with the weights (gemv_nvfp4_m1_d1; the default where x does not fit beside the ring)
-	gemvOneTile bool   // m = 1: one tile a block (gemv_nvfp4_s1_d1_lb) where several would be taken (gemv_nvfp4_s1_d1_mt)
-	gemvTiles   int    // m = 1: tiles a block forced (> 1) where they fit
-	noGemvTMA   bool   // m = 1: the staged kernels where gemv_nvfp4_tma8* would run (the default when K % 2048 != 0)
-	tmaSlots    int    // gemv_nvfp4_tma8*: ring depth forced (> 0; a deep K leaves fewer slots)
-	tmaTPB      int    // gemv_nvfp4_tma8*: tiles a block (> 0) instead of the persistent grid
-	tmaRows     bool   // gemv_nvfp4_tma8 (row copies) where the tensor copies (gemv_nvfp4_tma8_tm) would run
-	tmaMapsAll  bool   // gemv_nvfp4_tma8_tm in launches of every size (the default from tmaMapsMin weights)
-	bf16Kernel  string // the aligned bf16 matmul kernel ("" picks by shape)
-	gemmK128    bool   // the NVFP4 GEMM in stages of 128 elements even where 256 fit
-	gemmK256    bool   // ... of 256 elements even where 512 would be taken
-	topkPath    int    // a top-k path (topkMany, topkOneBlock)
-	attnMMAOff  bool   // dsa_attend_split and v4_attention4 where the mma kernels would run
-	attnMMA8    bool   // the mma kernels' 8-warp blocks where 16 would run
-	tkc8        bool   // the cluster top-k in clusters of 8 where 16 would run
-	idxMMAOff   bool   // idx_scores_tile where idx_scores_mma would run
-	attnKV      bool   // one-row attention on attention_kv instead of attn_short / attn_decode
-	attnGlobal  bool   // attn_decode's splits merged through global memory, not in a cluster (the default past 8 splits)
-	attnNoShort bool   // one-row attention on attn_decode where attn_short would run (the default at long contexts)
-	attnNoCast  bool   // attn_short's blocks each copy the rows, not multicast (the default with one head group or two shares)
-	mhcTailOff  bool   // MHCCoeffsPre in four launches at every token count
-	pagedKeys   int    // paged attention split into shares of this many keys (> 0), merged by attn_combine (the default where rows leave the GPU short of blocks)
+	gemvOff      bool   // NVFP4 matmuls on the GEMM (gemm.go) even at m = 1 (the default where the decode kernels do not take the shape)
+	gemvPipe     bool   // m = 1: activations streamed with the weights (gemv_nvfp4_m1_d1; the default where x does not fit beside the ring)
+	gemvOneTile  bool   // m = 1: one tile a block (gemv_nvfp4_s1_d1_lb) where several would be taken (gemv_nvfp4_s1_d1_mt)
+	gemvTiles    int    // m = 1: tiles a block forced (> 1) where they fit
+	noGemvTMA    bool   // m = 1: the staged kernels where gemv_nvfp4_tma8* would run (the default when K % 2048 != 0)
+	tmaSlots     int    // gemv_nvfp4_tma8*: ring depth forced (> 0; a deep K leaves fewer slots)
+	tmaTPB       int    // gemv_nvfp4_tma8*: tiles a block (> 0) instead of the persistent grid
+	tmaRows      bool   // gemv_nvfp4_tma8 (row copies) where the tensor copies (gemv_nvfp4_tma8_tm) would run
+	tmaMapsAll   bool   // gemv_nvfp4_tma8_tm in launches of every size (the default from tmaMapsMin weights)
+	bf16Kernel   string // the aligned bf16 matmul kernel ("" picks by shape)
+	gemmK128     bool   // the NVFP4 GEMM in stages of 128 elements even where 256 fit
+	gemmK256     bool   // ... of 256 elements even where 512 would be taken
+	topkPath     int    // a top-k path (topkMany, topkOneBlock)
+	attnMMAOff   bool   // dsa_attend_split and v4_attention4 where the mma kernels would run
+	attnMMA8     bool   // the mma kernels' 8-warp blocks where 16 would run
+	tkc8         bool   // the cluster top-k in clusters of 8 where 16 would run
+	idxMMAOff    bool   // idx_scores_tile where idx_scores_mma would run
+	attnKV       bool   // one-row attention on attention_kv instead of attn_short / attn_decode
+	attnGlobal   bool   // attn_decode's splits merged through global memory, not in a cluster (the default past 8 splits)
+	attnNoShort  bool   // one-row attention on attn_decode where attn_short would run (the default at long contexts)
+	attnNoCast   bool   // attn_short's blocks each copy the rows, not multicast (the default with one head group or two shares)
+	mhcTailOff   bool   // MHCCoeffsPre in four launches at every token count
+	pagedKeys    int    // paged attention split into shares of this many keys (> 0), merged by attn_combine (the default where rows leave the GPU short of blocks)
+	pagedUnfused bool   // paged decode attention after its own paged_append where the append would move into it (the default when some row is not a decode row)
 }
 
 var _ backend.Backend = (*Backend)(nil)

@@ -46,4 +46,5 @@ var conformanceVariants = []struct {
 	{"top-k-one-block", variants{topkPath: topkOneBlock}},
 	{"top-k-clusters-of-8", variants{tkc8: true}},
 	{"paged-attention-split", variants{pagedKeys: 8}},
+	{"paged-decode-unfused", variants{pagedUnfused: true}},
 }

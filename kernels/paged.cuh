@@ -78,11 +78,22 @@ struct Pga {
     }
 };
 
-template <int HD, int GM>
-__device__ __forceinline__ void paged_attn_body(float* out, const float* q, const float* kp, const float* vp,
-                                                const int* dyn, int enc, int heads, int kvHeads, int hd, int hgroups,
-                                                float scale, int window, int bs, int keys, float* part) {
-    extern __shared__ float pga_sh[]; // [PGA_WARPS][gb][hd + 2]
+//
+// FUSED (paged_attn_*_rope, every row a decode row: its sequence's only
+// row this step): the launch is also paged_append of the rows. A block
+// rotates its query heads (from q, as rope_dyn at the row's position;
+// half == 0: no rotation) in shared memory, q itself left as it was; the
+// blocks whose share holds the row's position p rotate its key (from knew)
+// the same way and take it and its value (vnew) from shared memory, not
+// the pool, which those of head group 0 write them to. No other block
+// reads row p of the pool.
+template <int HD, int GM, bool FUSED>
+__device__ __forceinline__ void paged_attn_body(float* out, const float* q, float* kp, float* vp, const int* dyn,
+                                                int enc, int heads, int kvHeads, int hd, int hgroups, float scale,
+                                                int window, int bs, int keys, float* part, const float* knew,
+                                                const float* vnew, const float* inv_freq, int half, float rscale,
+                                                int inter) {
+    extern __shared__ float pga_sh[]; // [PGA_WARPS][gb][hd + 2], then FUSED's new key and value [2][hd]
     using P = Pga<HD>;
     constexpr int NE = P::NE;
     if (HD) hd = HD;
@@ -102,6 +113,43 @@ __device__ __forceinline__ void paged_attn_body(float* out, const float* q, cons
     const int h0 = kh * G + hg * gb;
     const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
 
+    // FUSED: whether this block's share holds the new key; the query heads
+    // staged (in the merge area, free until the end) and the new row.
+    const bool owner = FUSED && pos >= split * keys && pos < (split + 1) * keys;
+    float* qs = pga_sh;
+    float* kn = pga_sh + PGA_WARPS * gb * (hd + 2);
+    float* vn = kn + hd;
+    if constexpr (FUSED) {
+        for (int i = threadIdx.x; i < gb * hd; i += blockDim.x) qs[i] = q[((size_t)r * heads + h0) * hd + i];
+        if (owner) {
+            for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+                kn[i] = knew[(size_t)r * W + (size_t)kh * hd + i];
+                vn[i] = vnew[(size_t)r * W + (size_t)kh * hd + i];
+            }
+        }
+        __syncthreads();
+        if (half > 0) {
+            const int nv = gb + (owner ? 1 : 0);
+            for (int idx = threadIdx.x; idx < nv * half; idx += blockDim.x) {
+                const int i = idx % half, hh = idx / half;
+                const float a = (float)pos * inv_freq[i];
+                const float c = cosf(a) * rscale, sn = sinf(a) * rscale;
+                float* x = hh < gb ? qs + hh * hd : kn;
+                const int i0 = inter ? 2 * i : i, i1 = inter ? 2 * i + 1 : i + half;
+                const float p0 = x[i0], p1 = x[i1];
+                x[i0] = p0 * c - p1 * sn;
+                x[i1] = p1 * c + p0 * sn;
+            }
+            __syncthreads();
+        }
+        if (owner && hg == 0) {
+            const size_t dst = (size_t)E[3 * r + 1] * W + (size_t)kh * hd;
+            for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+                kp[dst + i] = kn[i];
+                vp[dst + i] = vn[i];
+            }
+        }
+    }
     float qv[GM][NE], acc[GM][NE], mx[GM], sm[GM];
 #pragma unroll
     for (int g = 0; g < GM; g++) {
@@ -110,10 +158,11 @@ __device__ __forceinline__ void paged_attn_body(float* out, const float* q, cons
 #pragma unroll
         for (int e = 0; e < NE; e++) {
             const int c = P::chan(lane, e);
-            qv[g][e] = g < gb && c < hd ? q[((size_t)r * heads + h0 + g) * hd + c] : 0.f;
+            qv[g][e] = g < gb && c < hd ? (FUSED ? qs[g * hd + c] : q[((size_t)r * heads + h0 + g) * hd + c]) : 0.f;
             acc[g][e] = 0.f;
         }
     }
+    if constexpr (FUSED) __syncthreads(); // every warp has its heads before any writes the merge area
     // weigh folds key row kv and value row vv into every head's softmax.
     auto weigh = [&](const float (&kv)[NE], const float (&vv)[NE]) {
 #pragma unroll
@@ -132,8 +181,11 @@ __device__ __forceinline__ void paged_attn_body(float* out, const float* q, cons
         }
     };
     auto rowOf = [&](int t) { return ((size_t)table[t / bs] * bs + t % bs) * W + (size_t)kh * hd; };
+    // FUSED: the new key (at hi - 1 when this block owns it) comes last,
+    // from shared memory.
+    const int end = owner ? hi - 1 : hi;
     int t = lo + w;
-    for (; t + PGA_WARPS < hi; t += 2 * PGA_WARPS) {
+    for (; t + PGA_WARPS < end; t += 2 * PGA_WARPS) {
         const size_t r0 = rowOf(t), r1 = rowOf(t + PGA_WARPS);
         float k0[NE], v0[NE], k1[NE], v1[NE];
         P::load(k0, kp + r0, lane, hd);
@@ -143,11 +195,17 @@ __device__ __forceinline__ void paged_attn_body(float* out, const float* q, cons
         weigh(k0, v0);
         weigh(k1, v1);
     }
-    if (t < hi) {
+    if (t < end) {
         const size_t r0 = rowOf(t);
         float k0[NE], v0[NE];
         P::load(k0, kp + r0, lane, hd);
         P::load(v0, vp + r0, lane, hd);
+        weigh(k0, v0);
+    }
+    if (owner && w == 0) {
+        float k0[NE], v0[NE];
+        P::load(k0, kn, lane, hd);
+        P::load(v0, vn, lane, hd);
         weigh(k0, v0);
     }
     const int rs = hd + 2;
@@ -197,17 +255,31 @@ __device__ __forceinline__ void paged_attn_body(float* out, const float* q, cons
 
 #define PAGED_ATTN(NAME, HD, GM)                                                                                      \
     extern "C" __global__ void __launch_bounds__(PGA_WARPS * WARP)                                                    \
-        NAME(float* out, const float* q, const float* kp, const float* vp, const int* dyn, int enc, int heads,        \
-             int kvHeads, int hd, int hgroups, float scale, int window, int bs, int keys, float* part) {              \
-        paged_attn_body<HD, GM>(out, q, kp, vp, dyn, enc, heads, kvHeads, hd, hgroups, scale, window, bs, keys, part); \
+        NAME(float* out, const float* q, float* kp, float* vp, const int* dyn, int enc, int heads, int kvHeads,       \
+             int hd, int hgroups, float scale, int window, int bs, int keys, float* part) {                           \
+        paged_attn_body<HD, GM, false>(out, q, kp, vp, dyn, enc, heads, kvHeads, hd, hgroups, scale, window, bs,      \
+                                       keys, part, nullptr, nullptr, nullptr, 0, 1.f, 0);                             \
+    }
+#define PAGED_ATTN_ROPE(NAME, HD, GM)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(PGA_WARPS * WARP)                                                    \
+        NAME(float* out, const float* q, float* kp, float* vp, const int* dyn, int enc, int heads, int kvHeads,       \
+             int hd, int hgroups, float scale, int window, int bs, int keys, float* part, const float* knew,          \
+             const float* vnew, const float* inv_freq, int half, float rscale, int inter) {                           \
+        paged_attn_body<HD, GM, true>(out, q, kp, vp, dyn, enc, heads, kvHeads, hd, hgroups, scale, window, bs, keys, \
+                                      part, knew, vnew, inv_freq, half, rscale, inter);                               \
     }
 // _g4: at most 4 query heads a block (gb <= 4: the 8B shapes' 32 heads on 8
-// kv heads), in half the registers.
+// kv heads), in half the registers. _rope: FUSED.
 PAGED_ATTN(paged_attn_64, 64, PGA_GMAX)
 PAGED_ATTN(paged_attn_128, 128, PGA_GMAX)
 PAGED_ATTN(paged_attn_64_g4, 64, 4)
 PAGED_ATTN(paged_attn_128_g4, 128, 4)
 PAGED_ATTN(paged_attn_any, 0, PGA_GMAX)
+PAGED_ATTN_ROPE(paged_attn_64_rope, 64, PGA_GMAX)
+PAGED_ATTN_ROPE(paged_attn_128_rope, 128, PGA_GMAX)
+PAGED_ATTN_ROPE(paged_attn_64_g4_rope, 64, 4)
+PAGED_ATTN_ROPE(paged_attn_128_g4_rope, 128, 4)
+PAGED_ATTN_ROPE(paged_attn_any_rope, 0, PGA_GMAX)
 
 // paged_copy copies block src to block dst in each of the pool's planes
 // (a layer's keys or values), plane floats apart, of blockFloats floats a

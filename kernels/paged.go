@@ -338,13 +338,17 @@ func (b *Backend) PagedAttention(out, q backend.Buffer, pool backend.BlockPool, 
 			name += "_g4"
 		}
 	}
-	fn := b.function(name)
-	if fn == 0 {
+	fn, fused := b.function(name), b.function(name+"_rope")
+	if fn == 0 || fused == 0 {
 		return
 	}
 	if err := b.pagedBig(pagedSlots(seqs)); err != nil {
 		b.setErr(err)
 		return
+	}
+	decode := true // every row its sequence's only one
+	for _, sq := range seqs {
+		decode = decode && sq.Rows <= 1
 	}
 	b.qmu.Lock()
 	defer b.qmu.Unlock()
@@ -368,12 +372,48 @@ func (b *Backend) PagedAttention(out, q backend.Buffer, pool backend.BlockPool, 
 		shared: uint32(4 * pagedWarps * gb * (s.HeadDim + 2)), pdl: pdlKernel(name)}
 	o.setParams(ptr(out), ptr(q), kp, vp, base, at, s.Heads, s.KVHeads, s.HeadDim, hgroups, s.Scale, s.Window,
 		ps.BlockSize, keys, partPtr)
+	if app := b.pagedAppendOf(ptr(q), kp, vp, base, at, rows, s); decode && app != nil && !b.force.pagedUnfused {
+		// The append (and its RoPE) queued just before, of these rows:
+		// it moves into the launch (paged_attn_*_rope), q and k left
+		// unrotated in memory.
+		o.name, o.fn, o.pdl = name+"_rope", fused, pdlKernel(name+"_rope")
+		o.shared += uint32(4 * 2 * s.HeadDim)
+		o.params = append(o.params, app[1], app[2], app[10], app[11], app[12], app[13])
+		for i := range 6 {
+			o.offs = append(o.offs, uint16(len(o.params)-6+i))
+		}
+		b.q.ops = b.q.ops[:len(b.q.ops)-1]
+		b.pushed-- // never launched
+	}
 	b.push(o)
 	if splits > 1 {
 		o := op{kind: opKernel, name: "attn_combine", fn: b.fn["attn_combine"], grid: [3]uint32{uint32(s.Heads), uint32(rows), 1}, block: 128, pdl: pdlKernel("attn_combine")}
 		o.setParams(ptr(out), partPtr, s.Heads, s.HeadDim, splits)
 		b.push(o)
 	}
+}
+
+// pagedAppendOf returns the parameters of the paged_append queued last
+// when it appends (and rotates, q with them where it rotates) the rows
+// that a paged attention of q over pool planes kp and vp, described at
+// (base, at), runs: q, k, v, kp, vp, base, at, heads, kvHeads, hd, freqs,
+// half, scale, interleaved; nil otherwise. qmu held.
+func (b *Backend) pagedAppendOf(q, kp, vp, base uint64, at, rows int, s layers.AttentionShape) []uint64 {
+	n := len(b.q.ops)
+	if n == 0 {
+		return nil
+	}
+	o := &b.q.ops[n-1]
+	if o.kind != opKernel || o.name != "paged_append" || len(o.params) != 14 || int(o.grid[0]) != rows {
+		return nil
+	}
+	p := o.params
+	rotates := p[11] != 0
+	if rotates && (p[0] != q || int(int32(p[7])) != s.Heads) || p[3] != kp || p[4] != vp || p[5] != base ||
+		int(int32(p[6])) != at || int(int32(p[8])) != s.KVHeads || int(int32(p[9])) != s.HeadDim {
+		return nil
+	}
+	return p
 }
 
 // CopyBlock copies block src to dst in every layer's keys and values

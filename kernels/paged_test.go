@@ -176,8 +176,11 @@ func argmaxF32(v []float32) int {
 // Qwen3-8B attention shape (32 query heads, 8 kv heads of 128, blocks of
 // 16 positions, tables shuffled over the pool) after ctx positions each,
 // and reports the keys and values read per second (GB/s; float32 cache).
-// unpaged: Backend.Attention of one sequence in its own cache (attn_short
-// or attn_decode, the single-stream path) for comparison at c = 1.
+// The append moves into the attention (paged_attn_*_rope) as the default
+// path takes it; -unfused keeps them apart (paged_append, then paged_attn).
+// unpaged: Backend.RoPE and Backend.Attention of one sequence in its own
+// cache (attn_short or attn_decode with the RoPE moved in, the
+// single-stream path) for comparison at c = 1.
 func BenchmarkPagedAttention(b *testing.B) {
 	g := newGPU(b)
 	g.SetGraphs(GraphsOff)
@@ -199,47 +202,52 @@ func BenchmarkPagedAttention(b *testing.B) {
 	}
 	for _, ctxLen := range []int{512, 768, 2048} {
 		for _, c := range []int{1, 8, 32, 128, 256} {
-			per := (ctxLen + 1 + bs - 1) / bs
-			if int64(c*per*bs*kvHeads*hd)*8 > 24<<30 { // the pool's two planes
-				continue
-			}
-			b.Run(fmt.Sprintf("ctx=%d/c=%d", ctxLen, c), func(b *testing.B) {
-				pool, err := g.NewBlockPool(backend.PagedShape{Layers: 1, KVHeads: kvHeads, HeadDim: hd, BlockSize: bs, Blocks: c * per})
-				if err != nil {
-					b.Fatal(err)
+			for _, unfused := range []bool{false, true} {
+				per := (ctxLen + 1 + bs - 1) / bs
+				if int64(c*per*bs*kvHeads*hd)*8 > 24<<30 { // the pool's two planes
+					continue
 				}
-				perm := rng.Perm(c * per)
-				seqs := make([]layers.PagedSeq, c)
-				for i := range seqs {
-					t := make([]int32, per)
-					for j := range t {
-						t[j] = int32(perm[i*per+j])
+				variant := map[bool]string{false: "", true: "-unfused"}[unfused]
+				b.Run(fmt.Sprintf("ctx=%d/c=%d%s", ctxLen, c, variant), func(b *testing.B) {
+					g.force.pagedUnfused = unfused
+					defer func() { g.force.pagedUnfused = false }()
+					pool, err := g.NewBlockPool(backend.PagedShape{Layers: 1, KVHeads: kvHeads, HeadDim: hd, BlockSize: bs, Blocks: c * per})
+					if err != nil {
+						b.Fatal(err)
 					}
-					seqs[i] = layers.PagedSeq{Table: t, Pos0: ctxLen, Rows: 1}
-				}
-				q, k, v, out := fill(c*heads*hd), fill(c*kvHeads*hd), fill(c*kvHeads*hd), g.NewBuffer(c*heads*hd)
-				step := func() {
-					g.PagedAppendRoPE(pool, 0, q, k, v, seqs, heads, rope)
-					g.PagedAttention(out, q, pool, 0, seqs, s)
-				}
-				step()
-				if err := g.Sync(); err != nil {
-					b.Fatal(err)
-				}
-				b.ResetTimer()
-				start := time.Now()
-				for range b.N {
+					perm := rng.Perm(c * per)
+					seqs := make([]layers.PagedSeq, c)
+					for i := range seqs {
+						t := make([]int32, per)
+						for j := range t {
+							t[j] = int32(perm[i*per+j])
+						}
+						seqs[i] = layers.PagedSeq{Table: t, Pos0: ctxLen, Rows: 1}
+					}
+					q, k, v, out := fill(c*heads*hd), fill(c*kvHeads*hd), fill(c*kvHeads*hd), g.NewBuffer(c*heads*hd)
+					step := func() {
+						g.PagedAppendRoPE(pool, 0, q, k, v, seqs, heads, rope)
+						g.PagedAttention(out, q, pool, 0, seqs, s)
+					}
 					step()
-				}
-				if err := g.Sync(); err != nil {
-					b.Fatal(err)
-				}
-				sec := time.Since(start).Seconds() / float64(b.N)
-				bytes := float64(c*(ctxLen+1)*kvHeads*hd) * 8
-				b.ReportMetric(sec*1e6, "us/layer")
-				b.ReportMetric(bytes/sec/1e9, "KV-GB/s")
-				fmt.Printf("RESULT paged-attention ctx=%d c=%d us_per_layer=%.1f kv_GBps=%.0f\n", ctxLen, c, sec*1e6, bytes/sec/1e9)
-			})
+					if err := g.Sync(); err != nil {
+						b.Fatal(err)
+					}
+					b.ResetTimer()
+					start := time.Now()
+					for range b.N {
+						step()
+					}
+					if err := g.Sync(); err != nil {
+						b.Fatal(err)
+					}
+					sec := time.Since(start).Seconds() / float64(b.N)
+					bytes := float64(c*(ctxLen+1)*kvHeads*hd) * 8
+					b.ReportMetric(sec*1e6, "us/layer")
+					b.ReportMetric(bytes/sec/1e9, "KV-GB/s")
+					fmt.Printf("RESULT paged-attention%s ctx=%d c=%d us_per_layer=%.1f kv_GBps=%.0f\n", variant, ctxLen, c, sec*1e6, bytes/sec/1e9)
+				})
+			}
 		}
 		b.Run(fmt.Sprintf("ctx=%d/unpaged", ctxLen), func(b *testing.B) {
 			cache, err := g.NewKVCache(backend.KVShape{Layers: 1, KVHeads: kvHeads, HeadDim: hd, Capacity: ctxLen + 1})

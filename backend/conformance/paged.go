@@ -49,6 +49,11 @@ func pagedCases() []Case {
 		{16, 16, 2, 64, 1, false, []pagedSeq{{37, 1, 0}, {0, 5, 0}, {16, 1, 0}}},          // decode and a prompt, Llama's rotation, 8 query heads a kv head
 		{4, 6, 2, 128, 1, false, []pagedSeq{{9, 1, 0}, {3, 2, 0}, {0, 1, 0}, {11, 1, 0}}}, // head groups of 3
 		{3, 4, 1, 40, 0.5, true, []pagedSeq{{7, 3, 0}, {2, 1, 0}}},                        // partial, interleaved
+		// Decode rows only: the append may move into the attention.
+		{16, 32, 8, 128, 1, false, []pagedSeq{{700, 1, 0}, {5, 1, 0}, {130, 1, 0}, {0, 1, 0}}}, // the 8B shape, split over the keys
+		{16, 16, 2, 64, 1, false, []pagedSeq{{37, 1, 0}, {3, 1, 0}}},                           // 8 query heads a kv head
+		{8, 24, 2, 128, 1, false, []pagedSeq{{50, 1, 0}, {8, 1, 0}}},                           // 12: two blocks of 6
+		{3, 4, 1, 40, 0.5, true, []pagedSeq{{7, 1, 0}, {2, 1, 0}}},                             // partial, interleaved, odd heads
 	} {
 		var sh []string
 		for _, s := range c.seqs {
@@ -129,13 +134,26 @@ func pagedAttention(b backend.Backend, ops backend.PagedAttentionOps, rng *rand.
 
 // pagedAppendRoPE fills a pool (layer 0 runs) with every sequence's context
 // by PagedAppend, then rotates and appends the rows that query, all
-// sequences in one PagedAppendRoPE call, and attends them: it returns the
-// rotated q and k and the attention's output.
+// sequences in one PagedAppendRoPE call, and attends them. Where some
+// sequence runs several rows it reads q and k back between the two calls
+// and returns them and the attention's output. Where every sequence runs
+// one row (decode: a backend may move the append into the attention, q
+// and k then left unrotated in memory) it returns the attention's output
+// only, of that step and of a second one a position on, which reads the
+// keys the first appended.
 func pagedAppendRoPE(b backend.Backend, ops backend.PagedAttentionOps, rng *rand.Rand, bs int, s layers.AttentionShape, r *layers.RoPE, seqs []pagedSeq) ([]float32, []float32) {
 	w, qw := s.KVHeads*s.HeadDim, s.Heads*s.HeadDim
+	decode := true
+	for _, sq := range seqs {
+		decode = decode && sq.rows == 1
+	}
+	steps := 1
+	if decode {
+		steps = 2
+	}
 	blocks := 1
 	for _, sq := range seqs {
-		blocks += (sq.pos0 + sq.rows + bs - 1) / bs
+		blocks += (sq.pos0 + sq.rows + steps - 1 + bs - 1) / bs
 	}
 	pool, err := ops.NewBlockPool(backend.PagedShape{Layers: 1, KVHeads: s.KVHeads, HeadDim: s.HeadDim, BlockSize: bs, Blocks: blocks})
 	if err != nil {
@@ -144,10 +162,9 @@ func pagedAppendRoPE(b backend.Backend, ops backend.PagedAttentionOps, rng *rand
 	kRef, vRef := make([]float32, blocks*bs*w), make([]float32, blocks*bs*w)
 	free := rng.Perm(blocks)
 	var calls []layers.PagedSeq
-	var q, k, v []float32
 	for _, sq := range seqs {
 		var table []int32
-		for len(table)*bs < sq.pos0+sq.rows {
+		for len(table)*bs < sq.pos0+sq.rows+steps-1 {
 			table, free = append(table, int32(free[0])), free[1:]
 		}
 		if sq.pos0 > 0 { // the context, rotated already
@@ -157,24 +174,39 @@ func pagedAppendRoPE(b backend.Backend, ops backend.PagedAttentionOps, rng *rand
 			ops.PagedAppend(pool, 0, upload(b, kc), upload(b, vc), table, 0, sq.pos0)
 		}
 		calls = append(calls, layers.PagedSeq{Table: table, Pos0: sq.pos0, Rows: sq.rows})
-		q = append(q, rnd(rng, sq.rows*qw, 1)...)
-		k = append(k, rnd(rng, sq.rows*w, 1)...)
-		v = append(v, rnd(rng, sq.rows*w, 1)...)
 	}
-	qb, kb, vb := upload(b, q), upload(b, k), upload(b, v)
-	row := 0
-	for _, sq := range calls {
-		layers.ApplyRoPE(q[row*qw:(row+sq.Rows)*qw], sq.Rows, s.Heads, s.HeadDim, 0, sq.Pos0, r, false)
-		layers.ApplyRoPE(k[row*w:(row+sq.Rows)*w], sq.Rows, s.KVHeads, s.HeadDim, 0, sq.Pos0, r, false)
-		layers.PagedWrite(kRef, k[row*w:], sq.Table, bs, w, sq.Pos0, sq.Rows)
-		layers.PagedWrite(vRef, v[row*w:], sq.Table, bs, w, sq.Pos0, sq.Rows)
-		row += sq.Rows
+	var got, want []float32
+	for step := range steps {
+		if step > 0 {
+			for i := range calls {
+				calls[i].Pos0++
+			}
+		}
+		var q, k, v []float32
+		for _, sq := range calls {
+			q = append(q, rnd(rng, sq.Rows*qw, 1)...)
+			k = append(k, rnd(rng, sq.Rows*w, 1)...)
+			v = append(v, rnd(rng, sq.Rows*w, 1)...)
+		}
+		qb, kb, vb := upload(b, q), upload(b, k), upload(b, v)
+		row := 0
+		for _, sq := range calls {
+			layers.ApplyRoPE(q[row*qw:(row+sq.Rows)*qw], sq.Rows, s.Heads, s.HeadDim, 0, sq.Pos0, r, false)
+			layers.ApplyRoPE(k[row*w:(row+sq.Rows)*w], sq.Rows, s.KVHeads, s.HeadDim, 0, sq.Pos0, r, false)
+			layers.PagedWrite(kRef, k[row*w:], sq.Table, bs, w, sq.Pos0, sq.Rows)
+			layers.PagedWrite(vRef, v[row*w:], sq.Table, bs, w, sq.Pos0, sq.Rows)
+			row += sq.Rows
+		}
+		att := make([]float32, len(q))
+		layers.PagedAttention(att, q, kRef, vRef, calls, bs, s)
+		out := b.NewBuffer(len(q))
+		ops.PagedAppendRoPE(pool, 0, qb, kb, vb, calls, s.Heads, r)
+		if !decode {
+			got = append(append(got, read(b, qb)...), read(b, kb)...)
+			want = append(append(want, q...), k...)
+		}
+		ops.PagedAttention(out, qb, pool, 0, calls, s)
+		got, want = append(got, read(b, out)...), append(want, att...)
 	}
-	att := make([]float32, len(q))
-	layers.PagedAttention(att, q, kRef, vRef, calls, bs, s)
-	out := b.NewBuffer(len(q))
-	ops.PagedAppendRoPE(pool, 0, qb, kb, vb, calls, s.Heads, r)
-	ops.PagedAttention(out, qb, pool, 0, calls, s)
-	got := append(append(read(b, qb), read(b, kb)...), read(b, out)...)
-	return got, append(append(q, k...), att...)
+	return got, want
 }
