@@ -118,7 +118,7 @@ type variants struct {
 	attnNoShort  bool   // one-row attention on attn_decode where attn_short would run (the default at long contexts)
 	attnNoCast   bool   // attn_short's blocks each copy the rows, not multicast (the default with one head group or two shares)
 	mhcTailOff   bool   // MHCCoeffsPre in four launches at every token count
-	pagedKeys    int    // paged attention split into shares of this many keys (> 0), merged by attn_combine (the default where rows leave the GPU short of blocks)
+	pagedKeys    int    // paged attention split into shares of this many keys (> 0), merged by the last to finish (the default where rows leave the GPU short of blocks)
 	pagedUnfused bool   // paged decode attention after its own paged_append where the append would move into it (the default when some row is not a decode row)
 }
 

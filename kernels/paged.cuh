@@ -50,8 +50,9 @@ extern "C" __global__ void paged_append(float* q, float* k, const float* v, floa
 // softmax (max, sum, output) per head; a lane holds NE channels of each
 // (pga_chan: consecutive ones, loaded as one vector, for heads of 64 and
 // 128). The block merges its warps' in shared memory. With one split it
-// writes out, else its (output, max, sum) to part for attn_combine (an
-// empty share writes max -inf and sum 0).
+// writes out, else its (output, max, sum) to part (an empty share writes
+// max -inf and sum 0), and the last of a row of splits to finish
+// (ticket[blockIdx.x], reset by it) merges them.
 #define PGA_WARPS 4
 #define PGA_GMAX 8
 template <int HD>
@@ -90,7 +91,8 @@ struct Pga {
 template <int HD, int GM, bool FUSED>
 __device__ __forceinline__ void paged_attn_body(float* out, const float* q, float* kp, float* vp, const int* dyn,
                                                 int enc, int heads, int kvHeads, int hd, int hgroups, float scale,
-                                                int window, int bs, int keys, float* part, const float* knew,
+                                                int window, int bs, int keys, float* part, int* ticket,
+                                                const float* knew,
                                                 const float* vnew, const float* inv_freq, int half, float rscale,
                                                 int inter) {
     extern __shared__ float pga_sh[]; // [PGA_WARPS][gb][hd + 2], then FUSED's new key and value [2][hd]
@@ -251,22 +253,48 @@ __device__ __forceinline__ void paged_attn_body(float* out, const float* q, floa
             }
         }
     }
+    if (splits == 1) return;
+    // The last of the row's splits to finish merges them (as attn_decode).
+    __shared__ int pga_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) pga_last = atomicAdd(ticket + blockIdx.x, 1) == splits - 1;
+    __syncthreads();
+    if (!pga_last) return;
+    __threadfence();
+    if (threadIdx.x == 0) ticket[blockIdx.x] = 0;
+    for (int idx = threadIdx.x; idx < gb * hd; idx += blockDim.x) {
+        const int g = idx / hd, c = idx % hd;
+        const size_t qh = (size_t)r * heads + h0 + g;
+        const float* ph = part + qh * splits * rs;
+        float M = -INFINITY;
+        for (int s2 = 0; s2 < splits; s2++) M = fmaxf(M, __ldcg(ph + s2 * rs + hd));
+        float den = 0.f, o = 0.f;
+        for (int s2 = 0; s2 < splits; s2++) {
+            const float mx = __ldcg(ph + s2 * rs + hd);
+            if (mx == -INFINITY) continue; // an empty share
+            const float e = __expf(mx - M);
+            den += e * __ldcg(ph + s2 * rs + hd + 1);
+            o += e * __ldcg(ph + s2 * rs + c);
+        }
+        out[qh * hd + c] = o / den;
+    }
 }
 
 #define PAGED_ATTN(NAME, HD, GM)                                                                                      \
     extern "C" __global__ void __launch_bounds__(PGA_WARPS * WARP)                                                    \
         NAME(float* out, const float* q, float* kp, float* vp, const int* dyn, int enc, int heads, int kvHeads,       \
-             int hd, int hgroups, float scale, int window, int bs, int keys, float* part) {                           \
+             int hd, int hgroups, float scale, int window, int bs, int keys, float* part, int* ticket) {              \
         paged_attn_body<HD, GM, false>(out, q, kp, vp, dyn, enc, heads, kvHeads, hd, hgroups, scale, window, bs,      \
-                                       keys, part, nullptr, nullptr, nullptr, 0, 1.f, 0);                             \
+                                       keys, part, ticket, nullptr, nullptr, nullptr, 0, 1.f, 0);                     \
     }
 #define PAGED_ATTN_ROPE(NAME, HD, GM)                                                                                 \
     extern "C" __global__ void __launch_bounds__(PGA_WARPS * WARP)                                                    \
         NAME(float* out, const float* q, float* kp, float* vp, const int* dyn, int enc, int heads, int kvHeads,       \
-             int hd, int hgroups, float scale, int window, int bs, int keys, float* part, const float* knew,          \
-             const float* vnew, const float* inv_freq, int half, float rscale, int inter) {                           \
+             int hd, int hgroups, float scale, int window, int bs, int keys, float* part, int* ticket,                \
+             const float* knew, const float* vnew, const float* inv_freq, int half, float rscale, int inter) {        \
         paged_attn_body<HD, GM, true>(out, q, kp, vp, dyn, enc, heads, kvHeads, hd, hgroups, scale, window, bs, keys, \
-                                      part, knew, vnew, inv_freq, half, rscale, inter);                               \
+                                      part, ticket, knew, vnew, inv_freq, half, rscale, inter);                       \
     }
 // _g4: at most 4 query heads a block (gb <= 4: the 8B shapes' 32 heads on 8
 // kv heads), in half the registers. _rope: FUSED.

@@ -53,7 +53,7 @@ const pagedWarps = 4
 // made only while the grid is short of two blocks a multiprocessor.
 const pagedMinKeys = 64
 
-// pagedMaxSplits bounds the splits of a launch (attn_combine's loop).
+// pagedMaxSplits bounds the splits of a launch (the merge's loops).
 const pagedMaxSplits = 64
 
 // pagedState is where the queue's step values hold the rows of the last
@@ -290,8 +290,8 @@ func (b *Backend) pagedSplits(blocks, longest int) (splits, keys int) {
 }
 
 // PagedAttention attends every sequence's rows over its keys in one launch
-// of paged_attn (split over the keys, and merged by attn_combine, where the
-// rows and heads alone leave the GPU short of blocks).
+// of paged_attn (split over the keys where the rows and heads alone leave
+// the GPU short of blocks, the last split of a row to finish merging them).
 func (b *Backend) PagedAttention(out, q backend.Buffer, pool backend.BlockPool, layer int, seqs []layers.PagedSeq, s layers.AttentionShape) {
 	p := pool.(*pagedPool)
 	ps := p.shape
@@ -323,10 +323,10 @@ func (b *Backend) PagedAttention(out, q backend.Buffer, pool backend.BlockPool, 
 	}
 	blocks := rows * s.KVHeads * hgroups
 	splits, keys := b.pagedSplits(blocks, longest)
-	var part *allocation
+	var part, ticket *allocation
 	if splits > 1 {
 		var err error
-		if part, _, err = b.attnScratch(rows*s.Heads*splits*(s.HeadDim+2), 0); err != nil {
+		if part, ticket, err = b.attnScratch(rows*s.Heads*splits*(s.HeadDim+2), blocks); err != nil {
 			b.setErr(err)
 			return
 		}
@@ -362,16 +362,16 @@ func (b *Backend) PagedAttention(out, q backend.Buffer, pool backend.BlockPool, 
 		return
 	}
 	kp, vp := p.planes(layer)
-	var partPtr uint64
+	var partPtr, ticketPtr uint64
 	if part != nil {
-		partPtr = part.ptr
+		partPtr, ticketPtr = part.ptr, ticket.ptr
 	}
-	b.q.keep = append(b.q.keep, p, out, q, part)
+	b.q.keep = append(b.q.keep, p, out, q, part, ticket)
 	gb := G / hgroups
 	o := op{kind: opKernel, name: name, fn: fn, grid: [3]uint32{uint32(blocks), uint32(splits), 1}, block: 32 * pagedWarps,
 		shared: uint32(4 * pagedWarps * gb * (s.HeadDim + 2)), pdl: pdlKernel(name)}
 	o.setParams(ptr(out), ptr(q), kp, vp, base, at, s.Heads, s.KVHeads, s.HeadDim, hgroups, s.Scale, s.Window,
-		ps.BlockSize, keys, partPtr)
+		ps.BlockSize, keys, partPtr, ticketPtr)
 	if app := b.pagedAppendOf(ptr(q), kp, vp, base, at, rows, s); decode && app != nil && !b.force.pagedUnfused {
 		// The append (and its RoPE) queued just before, of these rows:
 		// it moves into the launch (paged_attn_*_rope), q and k left
@@ -386,11 +386,6 @@ func (b *Backend) PagedAttention(out, q backend.Buffer, pool backend.BlockPool, 
 		b.pushed-- // never launched
 	}
 	b.push(o)
-	if splits > 1 {
-		o := op{kind: opKernel, name: "attn_combine", fn: b.fn["attn_combine"], grid: [3]uint32{uint32(s.Heads), uint32(rows), 1}, block: 128, pdl: pdlKernel("attn_combine")}
-		o.setParams(ptr(out), partPtr, s.Heads, s.HeadDim, splits)
-		b.push(o)
-	}
 }
 
 // pagedAppendOf returns the parameters of the paged_append queued last
