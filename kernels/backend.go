@@ -120,6 +120,7 @@ type variants struct {
 	mhcTailOff   bool   // MHCCoeffsPre in four launches at every token count
 	pagedKeys    int    // paged attention split into shares of this many keys (> 0), merged by the last to finish (the default where rows leave the GPU short of blocks)
 	pagedUnfused bool   // paged decode attention after its own paged_append where the append would move into it (the default when some row is not a decode row)
+	pagedNoTiles bool   // paged attention of prompt chunks on paged_attn a row a block where paged_prefill would tile them (the default for other head sizes and short chunks)
 }
 
 var _ backend.Backend = (*Backend)(nil)

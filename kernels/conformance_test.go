@@ -47,4 +47,5 @@ var conformanceVariants = []struct {
 	{"top-k-clusters-of-8", variants{tkc8: true}},
 	{"paged-attention-split", variants{pagedKeys: 8}},
 	{"paged-decode-unfused", variants{pagedUnfused: true}},
+	{"paged-chunks-untiled", variants{pagedNoTiles: true}},
 }

@@ -52,7 +52,9 @@ extern "C" __global__ void paged_append(float* q, float* k, const float* v, floa
 // 128). The block merges its warps' in shared memory. With one split it
 // writes out, else its (output, max, sum) to part (an empty share writes
 // max -inf and sum 0), and the last of a row of splits to finish
-// (ticket[blockIdx.x], reset by it) merges them.
+// (ticket[blockIdx.x], reset by it) merges them. list >= 0: the launch
+// runs the rows listed from slot enc + list (block row i: row E[list + i])
+// and leaves the others to paged_prefill.
 #define PGA_WARPS 4
 #define PGA_GMAX 8
 template <int HD>
@@ -91,7 +93,7 @@ struct Pga {
 template <int HD, int GM, bool FUSED>
 __device__ __forceinline__ void paged_attn_body(float* out, const float* q, float* kp, float* vp, const int* dyn,
                                                 int enc, int heads, int kvHeads, int hd, int hgroups, float scale,
-                                                int window, int bs, int keys, float* part, int* ticket,
+                                                int window, int bs, int keys, float* part, int* ticket, int list,
                                                 const float* knew,
                                                 const float* vnew, const float* inv_freq, int half, float rscale,
                                                 int inter) {
@@ -104,9 +106,10 @@ __device__ __forceinline__ void paged_attn_body(float* out, const float* q, floa
     int bx = blockIdx.x;
     const int hg = bx % hgroups;
     bx /= hgroups;
-    const int kh = bx % kvHeads, r = bx / kvHeads;
+    const int kh = bx % kvHeads;
     const int split = blockIdx.y, splits = gridDim.y;
     const int* E = dyn + enc;
+    const int r = list >= 0 ? E[list + bx / kvHeads] : bx / kvHeads; // list: the rows to run, from slot enc + list
     const int pos = E[3 * r];
     const int* table = E + E[3 * r + 2];
     const int start = window > 0 ? max(0, pos - window + 1) : 0;
@@ -284,17 +287,17 @@ __device__ __forceinline__ void paged_attn_body(float* out, const float* q, floa
 #define PAGED_ATTN(NAME, HD, GM)                                                                                      \
     extern "C" __global__ void __launch_bounds__(PGA_WARPS * WARP)                                                    \
         NAME(float* out, const float* q, float* kp, float* vp, const int* dyn, int enc, int heads, int kvHeads,       \
-             int hd, int hgroups, float scale, int window, int bs, int keys, float* part, int* ticket) {              \
+             int hd, int hgroups, float scale, int window, int bs, int keys, float* part, int* ticket, int list) {    \
         paged_attn_body<HD, GM, false>(out, q, kp, vp, dyn, enc, heads, kvHeads, hd, hgroups, scale, window, bs,      \
-                                       keys, part, ticket, nullptr, nullptr, nullptr, 0, 1.f, 0);                     \
+                                       keys, part, ticket, list, nullptr, nullptr, nullptr, 0, 1.f, 0);               \
     }
 #define PAGED_ATTN_ROPE(NAME, HD, GM)                                                                                 \
     extern "C" __global__ void __launch_bounds__(PGA_WARPS * WARP)                                                    \
         NAME(float* out, const float* q, float* kp, float* vp, const int* dyn, int enc, int heads, int kvHeads,       \
-             int hd, int hgroups, float scale, int window, int bs, int keys, float* part, int* ticket,                \
+             int hd, int hgroups, float scale, int window, int bs, int keys, float* part, int* ticket, int list,      \
              const float* knew, const float* vnew, const float* inv_freq, int half, float rscale, int inter) {        \
         paged_attn_body<HD, GM, true>(out, q, kp, vp, dyn, enc, heads, kvHeads, hd, hgroups, scale, window, bs, keys, \
-                                      part, ticket, knew, vnew, inv_freq, half, rscale, inter);                       \
+                                      part, ticket, list, knew, vnew, inv_freq, half, rscale, inter);                 \
     }
 // _g4: at most 4 query heads a block (gb <= 4: the 8B shapes' 32 heads on 8
 // kv heads), in half the registers. _rope: FUSED.
@@ -308,6 +311,154 @@ PAGED_ATTN_ROPE(paged_attn_128_rope, 128, PGA_GMAX)
 PAGED_ATTN_ROPE(paged_attn_64_g4_rope, 64, 4)
 PAGED_ATTN_ROPE(paged_attn_128_g4_rope, 128, 4)
 PAGED_ATTN_ROPE(paged_attn_any_rope, 0, PGA_GMAX)
+
+// paged_prefill_{64,128}: attn_prefill (decode.cuh) over a paged cache, for
+// the sequences of a call that run many rows (prompt chunks): a block per
+// (query head, tile), a tile 64 consecutive rows of one sequence, listed
+// from slot enc + tiles as (first row, rows); every key, the tile's own
+// included, comes from the pool through the sequence's block table
+// (paged_append ran before). Grid (heads, tiles), 256 threads; shared
+// memory as attn_prefill.
+template <int HD>
+__device__ __forceinline__ void paged_prefill_body(float* out, const float* q, const float* kp, const float* vp,
+                                                   const int* dyn, int enc, int tiles, int heads, int kvHeads,
+                                                   float scale, int window, int bs) {
+    constexpr int S = HD + 4, PS = APF_ROWS + 4, C4 = HD / 64; // row strides (floats); float4 channels per thread
+    extern __shared__ __align__(16) float ppf[];
+    float* Qs = ppf;
+    float* Ks = Qs + APF_ROWS * S;
+    float* Vs = Ks + APF_ROWS * S;
+    float* Ps = Vs + APF_ROWS * S;
+    pdl_entry();
+    const int* E = dyn + enc;
+    const int h = blockIdx.x, i0 = E[tiles + 2 * blockIdx.y], rows = E[tiles + 2 * blockIdx.y + 1];
+    const int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
+    const int pos0 = E[3 * i0];
+    const int* table = E + E[3 * i0 + 2];
+    const size_t row = (size_t)kvHeads * HD;
+    const int kh = h / (heads / kvHeads);
+    for (int e = tid; e < APF_ROWS * (HD / 4); e += 256) {
+        const int r = e / (HD / 4), j = 4 * (e % (HD / 4));
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r < rows) {
+            v = *reinterpret_cast<const float4*>(q + ((size_t)(i0 + r) * heads + h) * HD + j);
+            v = make_float4(v.x * scale, v.y * scale, v.z * scale, v.w * scale);
+        }
+        *reinterpret_cast<float4*>(Qs + r * S + j) = v;
+    }
+    // The rows' positions and the keys any of them sees.
+    const int pfirst = pos0, plast = pos0 + rows - 1;
+    const int kfirst = window > 0 ? max(0, pfirst - window + 1) : 0;
+    float mrow[4], lrow[4], o[4][4 * C4];
+#pragma unroll
+    for (int a = 0; a < 4; a++) {
+        mrow[a] = -INFINITY, lrow[a] = 0.f;
+#pragma unroll
+        for (int c = 0; c < 4 * C4; c++) o[a][c] = 0.f;
+    }
+    for (int k0 = kfirst; k0 <= plast; k0 += APF_ROWS) {
+        __syncthreads(); // the previous tile's K, V and P are no longer read
+        for (int e = tid; e < APF_ROWS * (HD / 4); e += 256) {
+            const int r = e / (HD / 4), j = 4 * (e % (HD / 4)), t = k0 + r;
+            float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
+            if (t <= plast) {
+                const size_t at = ((size_t)table[t / bs] * bs + t % bs) * row + (size_t)kh * HD + j;
+                kv = *reinterpret_cast<const float4*>(kp + at);
+                vv = *reinterpret_cast<const float4*>(vp + at);
+            }
+            *reinterpret_cast<float4*>(Ks + r * S + j) = kv;
+            *reinterpret_cast<float4*>(Vs + r * S + j) = vv;
+        }
+        __syncthreads();
+        // Scores of rows 4ty + a against keys tx + 16b.
+        float sc[4][4];
+#pragma unroll
+        for (int a = 0; a < 4; a++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) sc[a][b] = 0.f;
+#pragma unroll 4
+        for (int d = 0; d < HD; d += 4) {
+            float4 qa[4], kb[4];
+#pragma unroll
+            for (int a = 0; a < 4; a++) qa[a] = *reinterpret_cast<const float4*>(Qs + (4 * ty + a) * S + d);
+#pragma unroll
+            for (int b = 0; b < 4; b++) kb[b] = *reinterpret_cast<const float4*>(Ks + (tx + 16 * b) * S + d);
+#pragma unroll
+            for (int a = 0; a < 4; a++)
+#pragma unroll
+                for (int b = 0; b < 4; b++)
+                    sc[a][b] += qa[a].x * kb[b].x + qa[a].y * kb[b].y + qa[a].z * kb[b].z + qa[a].w * kb[b].w;
+        }
+        // Online softmax: the 16 threads of a row are lanes of one half warp.
+#pragma unroll
+        for (int a = 0; a < 4; a++) {
+            const int p = pos0 + 4 * ty + a, lo = window > 0 ? max(0, p - window + 1) : 0;
+            float mx = -INFINITY;
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                const int t = k0 + tx + 16 * b;
+                if (t > p || t < lo) sc[a][b] = -INFINITY;
+                mx = fmaxf(mx, sc[a][b]);
+            }
+#pragma unroll
+            for (int off = 1; off < 16; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, off));
+            const float mnew = fmaxf(mrow[a], mx);
+            const float corr = mnew == -INFINITY ? 1.f : __expf(mrow[a] - mnew);
+            float sum = 0.f;
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                const float e = sc[a][b] == -INFINITY ? 0.f : __expf(sc[a][b] - mnew);
+                Ps[(4 * ty + a) * PS + tx + 16 * b] = e;
+                sum += e;
+            }
+#pragma unroll
+            for (int off = 1; off < 16; off <<= 1) sum += __shfl_xor_sync(0xffffffff, sum, off);
+            mrow[a] = mnew;
+            lrow[a] = lrow[a] * corr + sum;
+#pragma unroll
+            for (int c = 0; c < 4 * C4; c++) o[a][c] *= corr;
+        }
+        __syncthreads();
+        // Weighted values: rows 4ty + a, channels 4tx + 64c' .. + 3.
+#pragma unroll 4
+        for (int j = 0; j < APF_ROWS; j++) {
+            float pa[4];
+#pragma unroll
+            for (int a = 0; a < 4; a++) pa[a] = Ps[(4 * ty + a) * PS + j];
+#pragma unroll
+            for (int cc = 0; cc < C4; cc++) {
+                const float4 v = *reinterpret_cast<const float4*>(Vs + j * S + 64 * cc + 4 * tx);
+#pragma unroll
+                for (int a = 0; a < 4; a++) {
+                    o[a][4 * cc] += pa[a] * v.x;
+                    o[a][4 * cc + 1] += pa[a] * v.y;
+                    o[a][4 * cc + 2] += pa[a] * v.z;
+                    o[a][4 * cc + 3] += pa[a] * v.w;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int a = 0; a < 4; a++) {
+        const int r = 4 * ty + a;
+        if (r >= rows) continue;
+        const float inv = 1.f / lrow[a];
+        float* op = out + ((size_t)(i0 + r) * heads + h) * HD;
+#pragma unroll
+        for (int cc = 0; cc < C4; cc++)
+            *reinterpret_cast<float4*>(op + 64 * cc + 4 * tx) =
+                make_float4(o[a][4 * cc] * inv, o[a][4 * cc + 1] * inv, o[a][4 * cc + 2] * inv, o[a][4 * cc + 3] * inv);
+    }
+}
+
+#define PAGED_PREFILL(NAME, HD)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(256)                                                                 \
+        NAME(float* out, const float* q, const float* kp, const float* vp, const int* dyn, int enc, int tiles,        \
+             int heads, int kvHeads, float scale, int window, int bs) {                                               \
+        paged_prefill_body<HD>(out, q, kp, vp, dyn, enc, tiles, heads, kvHeads, scale, window, bs);                   \
+    }
+PAGED_PREFILL(paged_prefill_64, 64)
+PAGED_PREFILL(paged_prefill_128, 128)
 
 // paged_copy copies block src to block dst in each of the pool's planes
 // (a layer's keys or values), plane floats apart, of blockFloats floats a

@@ -289,9 +289,44 @@ func (b *Backend) pagedSplits(blocks, longest int) (splits, keys int) {
 	return splits, vb / splits
 }
 
-// PagedAttention attends every sequence's rows over its keys in one launch
-// of paged_attn (split over the keys where the rows and heads alone leave
-// the GPU short of blocks, the last split of a row to finish merging them).
+// pagedTileRows is the most rows of paged_prefill's tile (APF_ROWS in
+// decode.cuh); sequences that run attnPrefillRows rows or more take it.
+const pagedTileRows = 64
+
+// pagedPlan splits seqs' rows between paged_prefill, in tiles of up to
+// pagedTileRows consecutive rows of a sequence running attnPrefillRows or
+// more (heads of 64 and 128; first row, rows), and paged_attn, the rest
+// (their row indices; all of them, list nil, when no tile is made), and
+// returns the longest sequence those rows belong to.
+func (b *Backend) pagedPlan(seqs []layers.PagedSeq, hd int) (list, tiles []int32, longest int) {
+	tiled := (hd == 64 || hd == 128) && !b.force.pagedNoTiles
+	row := 0
+	for _, sq := range seqs {
+		if tiled && sq.Rows >= attnPrefillRows {
+			for i := 0; i < sq.Rows; i += pagedTileRows {
+				tiles = append(tiles, int32(row+i), int32(min(pagedTileRows, sq.Rows-i)))
+			}
+		} else {
+			for i := range sq.Rows {
+				list = append(list, int32(row+i))
+			}
+			if sq.Rows > 0 {
+				longest = max(longest, sq.Pos0+sq.Rows)
+			}
+		}
+		row += sq.Rows
+	}
+	if len(tiles) == 0 {
+		list = nil
+	}
+	return list, tiles, longest
+}
+
+// PagedAttention attends every sequence's rows over its keys: the rows of
+// prompt chunks in tiles that share each key they load (paged_prefill), the
+// others in one launch of paged_attn (split over the keys where the rows
+// and heads alone leave the GPU short of blocks, the last split of a row to
+// finish merging them).
 func (b *Backend) PagedAttention(out, q backend.Buffer, pool backend.BlockPool, layer int, seqs []layers.PagedSeq, s layers.AttentionShape) {
 	p := pool.(*pagedPool)
 	ps := p.shape
@@ -309,10 +344,11 @@ func (b *Backend) PagedAttention(out, q backend.Buffer, pool backend.BlockPool, 
 	for G/hgroups > pagedGMax || G%hgroups != 0 {
 		hgroups++
 	}
-	rows, longest := 0, 0
+	rows := 0
+	decode := true // every row its sequence's only one
 	for _, sq := range seqs {
 		rows += sq.Rows
-		longest = max(longest, sq.Pos0+sq.Rows)
+		decode = decode && sq.Rows <= 1
 	}
 	if rows == 0 {
 		return
@@ -321,9 +357,17 @@ func (b *Backend) PagedAttention(out, q backend.Buffer, pool backend.BlockPool, 
 		b.setErr(fmt.Errorf("kernels: paged attention of %d rows of %d heads of %d: out %d, q %d values", rows, s.Heads, s.HeadDim, out.Len(), q.Len()))
 		return
 	}
-	blocks := rows * s.KVHeads * hgroups
-	splits, keys := b.pagedSplits(blocks, longest)
+	list, tiles, longest := b.pagedPlan(seqs, s.HeadDim)
+	attnRows := rows
+	if list != nil || len(tiles) > 0 {
+		attnRows = len(list)
+	}
+	blocks := attnRows * s.KVHeads * hgroups
+	splits, keys := 1, 0
 	var part, ticket *allocation
+	if attnRows > 0 {
+		splits, keys = b.pagedSplits(blocks, longest)
+	}
 	if splits > 1 {
 		var err error
 		if part, ticket, err = b.attnScratch(rows*s.Heads*splits*(s.HeadDim+2), blocks); err != nil {
@@ -338,17 +382,14 @@ func (b *Backend) PagedAttention(out, q backend.Buffer, pool backend.BlockPool, 
 			name += "_g4"
 		}
 	}
+	prefill := fmt.Sprintf("paged_prefill_%d", s.HeadDim)
 	fn, fused := b.function(name), b.function(name+"_rope")
-	if fn == 0 || fused == 0 {
+	if fn == 0 || fused == 0 || len(tiles) > 0 && b.function(prefill) == 0 {
 		return
 	}
-	if err := b.pagedBig(pagedSlots(seqs)); err != nil {
+	if err := b.pagedBig(pagedSlots(seqs) + len(list) + len(tiles)); err != nil {
 		b.setErr(err)
 		return
-	}
-	decode := true // every row its sequence's only one
-	for _, sq := range seqs {
-		decode = decode && sq.Rows <= 1
 	}
 	b.qmu.Lock()
 	defer b.qmu.Unlock()
@@ -356,22 +397,37 @@ func (b *Backend) PagedAttention(out, q backend.Buffer, pool backend.BlockPool, 
 		b.setErr(err)
 		return
 	}
+	// The lists follow the description (its slots from its start).
+	listAt, tilesAt := -1, len(b.paged.enc)+len(list)
+	if list != nil {
+		listAt = len(b.paged.enc)
+	}
+	b.paged.enc = append(append(b.paged.enc, list...), tiles...)
 	base, at, err := b.pagedSlot()
 	if err != nil {
 		b.setErr(err)
 		return
 	}
 	kp, vp := p.planes(layer)
+	b.q.keep = append(b.q.keep, p, out, q, part, ticket)
+	if len(tiles) > 0 {
+		o := op{kind: opKernel, name: prefill, fn: b.function(prefill), grid: [3]uint32{uint32(s.Heads), uint32(len(tiles) / 2), 1},
+			block: 256, shared: uint32(4 * (3*pagedTileRows*(s.HeadDim+4) + pagedTileRows*(pagedTileRows+4))), pdl: pdlKernel(prefill)}
+		o.setParams(ptr(out), ptr(q), kp, vp, base, at, tilesAt, s.Heads, s.KVHeads, s.Scale, s.Window, ps.BlockSize)
+		b.push(o)
+	}
+	if attnRows == 0 {
+		return
+	}
 	var partPtr, ticketPtr uint64
 	if part != nil {
 		partPtr, ticketPtr = part.ptr, ticket.ptr
 	}
-	b.q.keep = append(b.q.keep, p, out, q, part, ticket)
 	gb := G / hgroups
 	o := op{kind: opKernel, name: name, fn: fn, grid: [3]uint32{uint32(blocks), uint32(splits), 1}, block: 32 * pagedWarps,
 		shared: uint32(4 * pagedWarps * gb * (s.HeadDim + 2)), pdl: pdlKernel(name)}
 	o.setParams(ptr(out), ptr(q), kp, vp, base, at, s.Heads, s.KVHeads, s.HeadDim, hgroups, s.Scale, s.Window,
-		ps.BlockSize, keys, partPtr, ticketPtr)
+		ps.BlockSize, keys, partPtr, ticketPtr, listAt)
 	if app := b.pagedAppendOf(ptr(q), kp, vp, base, at, rows, s); decode && app != nil && !b.force.pagedUnfused {
 		// The append (and its RoPE) queued just before, of these rows:
 		// it moves into the launch (paged_attn_*_rope), q and k left

@@ -21,13 +21,16 @@ func pagedCases() []Case {
 		bs, heads, kv, hd, window int
 		seqs                      []pagedSeq
 	}{
-		{16, 4, 2, 64, 0, []pagedSeq{{0, 7, 0}}},                                    // one prefill, inside a block
-		{1, 2, 1, 8, 0, []pagedSeq{{4, 2, 0}}},                                      // blocks of one position
-		{5, 8, 2, 100, 0, []pagedSeq{{13, 1, 0}, {0, 9, 0}, {40, 1, 0}, {6, 3, 0}}}, // decode and prefill, lengths off every multiple
-		{3, 4, 4, 33, 7, []pagedSeq{{20, 2, 0}, {1, 1, 0}}},                         // sliding window
-		{4, 4, 2, 16, 0, []pagedSeq{{10, 3, 0}, {12, 2, 10}, {9, 1, 8}}},            // a shared prefix: full blocks shared, a partial one copied
-		{8, 12, 1, 128, 0, []pagedSeq{{70, 1, 0}, {5, 4, 0}}},                       // 12 query heads a kv head (the GPU: two blocks of 6)
-		{16, 8, 2, 128, 0, []pagedSeq{{300, 1, 0}, {20, 1, 0}, {150, 2, 0}}},        // decode at longer contexts (the GPU: split over the keys)
+		{16, 4, 2, 64, 0, []pagedSeq{{0, 7, 0}}},                                         // one prefill, inside a block
+		{1, 2, 1, 8, 0, []pagedSeq{{4, 2, 0}}},                                           // blocks of one position
+		{5, 8, 2, 100, 0, []pagedSeq{{13, 1, 0}, {0, 9, 0}, {40, 1, 0}, {6, 3, 0}}},      // decode and prefill, lengths off every multiple
+		{3, 4, 4, 33, 7, []pagedSeq{{20, 2, 0}, {1, 1, 0}}},                              // sliding window
+		{4, 4, 2, 16, 0, []pagedSeq{{10, 3, 0}, {12, 2, 10}, {9, 1, 8}}},                 // a shared prefix: full blocks shared, a partial one copied
+		{8, 12, 1, 128, 0, []pagedSeq{{70, 1, 0}, {5, 4, 0}}},                            // 12 query heads a kv head (the GPU: two blocks of 6)
+		{16, 8, 2, 128, 0, []pagedSeq{{300, 1, 0}, {20, 1, 0}, {150, 2, 0}}},             // decode at longer contexts (the GPU: split over the keys)
+		{16, 8, 2, 128, 0, []pagedSeq{{0, 100, 0}, {40, 1, 0}, {30, 70, 0}, {7, 31, 0}}}, // prompt chunks beside decode rows (the GPU: tiles of 64 rows)
+		{16, 4, 2, 64, 50, []pagedSeq{{10, 40, 0}, {3, 1, 0}}},                           // a chunk under a sliding window
+		{8, 8, 4, 64, 0, []pagedSeq{{0, 33, 0}, {64, 64, 0}}},                            // chunks only
 	} {
 		var sh []string
 		for _, s := range c.seqs {
@@ -49,6 +52,7 @@ func pagedCases() []Case {
 		{16, 16, 2, 64, 1, false, []pagedSeq{{37, 1, 0}, {0, 5, 0}, {16, 1, 0}}},          // decode and a prompt, Llama's rotation, 8 query heads a kv head
 		{4, 6, 2, 128, 1, false, []pagedSeq{{9, 1, 0}, {3, 2, 0}, {0, 1, 0}, {11, 1, 0}}}, // head groups of 3
 		{3, 4, 1, 40, 0.5, true, []pagedSeq{{7, 3, 0}, {2, 1, 0}}},                        // partial, interleaved
+		{16, 8, 2, 128, 1, false, []pagedSeq{{0, 48, 0}, {60, 1, 0}}},                     // a prompt chunk
 		// Decode rows only: the append may move into the attention.
 		{16, 32, 8, 128, 1, false, []pagedSeq{{700, 1, 0}, {5, 1, 0}, {130, 1, 0}, {0, 1, 0}}}, // the 8B shape, split over the keys
 		{16, 16, 2, 64, 1, false, []pagedSeq{{37, 1, 0}, {3, 1, 0}}},                           // 8 query heads a kv head
