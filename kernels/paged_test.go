@@ -359,3 +359,86 @@ func TestPagedTablesPastStepValues(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkPagedPrefill times one layer's RoPE, append and attention of a
+// 512-row prompt chunk after pos0 positions at the 8B attention shape:
+// paged (paged_prefill's tiles; -untiled: paged_attn a row a block) and
+// unpaged (Backend.Attention: attn_prefill), in one run.
+func BenchmarkPagedPrefill(b *testing.B) {
+	g := newGPU(b)
+	g.SetGraphs(GraphsOff)
+	const heads, kvHeads, hd, bs, m = 32, 8, 128, 16, 512
+	s := layers.AttentionShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: float32(1 / math.Sqrt(hd))}
+	rope, err := layers.NewRoPE(layers.RoPEParams{Theta: 5e5}, hd)
+	if err != nil {
+		b.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 3))
+	fill := func(n int) backend.Buffer {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(rng.NormFloat64())
+		}
+		buf := g.NewBuffer(n)
+		g.Write(buf, 0, v)
+		return buf
+	}
+	q, k, v, out := fill(m*heads*hd), fill(m*kvHeads*hd), fill(m*kvHeads*hd), g.NewBuffer(m*heads*hd)
+	timeIt := func(b *testing.B, name string, step func()) {
+		step()
+		if err := g.Sync(); err != nil {
+			b.Fatal(err)
+		}
+		b.ResetTimer()
+		start := time.Now()
+		for range b.N {
+			step()
+		}
+		if err := g.Sync(); err != nil {
+			b.Fatal(err)
+		}
+		sec := time.Since(start).Seconds() / float64(b.N)
+		b.ReportMetric(sec*1e6, "us/layer")
+		fmt.Printf("RESULT paged-prefill %s us_per_layer=%.1f\n", name, sec*1e6)
+	}
+	for _, pos0 := range []int{0, 1536} {
+		per := (pos0 + m + bs - 1) / bs
+		pool, err := g.NewBlockPool(backend.PagedShape{Layers: 1, KVHeads: kvHeads, HeadDim: hd, BlockSize: bs, Blocks: per})
+		if err != nil {
+			b.Fatal(err)
+		}
+		perm := rng.Perm(per)
+		table := make([]int32, per)
+		for j := range table {
+			table[j] = int32(perm[j])
+		}
+		seqs := []layers.PagedSeq{{Table: table, Pos0: pos0, Rows: m}}
+		for _, untiled := range []bool{false, true} {
+			name := fmt.Sprintf("pos0=%d/paged%s", pos0, map[bool]string{false: "", true: "-untiled"}[untiled])
+			b.Run(name, func(b *testing.B) {
+				g.force.pagedNoTiles = untiled
+				defer func() { g.force.pagedNoTiles = false }()
+				timeIt(b, name, func() {
+					g.PagedAppendRoPE(pool, 0, q, k, v, seqs, heads, rope)
+					g.PagedAttention(out, q, pool, 0, seqs, s)
+				})
+			})
+		}
+		name := fmt.Sprintf("pos0=%d/unpaged", pos0)
+		b.Run(name, func(b *testing.B) {
+			cache, err := g.NewKVCache(backend.KVShape{Layers: 1, KVHeads: kvHeads, HeadDim: hd, Capacity: pos0 + m})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if pos0 > 0 {
+				g.Attention(g.NewBuffer(pos0*heads*hd), fill(pos0*heads*hd), fill(pos0*kvHeads*hd), fill(pos0*kvHeads*hd), cache, 0, 0, pos0, s)
+			}
+			timeIt(b, name, func() {
+				cache.Truncate(pos0)
+				g.RoPE(q, m, heads, hd, 0, pos0, rope, false)
+				g.RoPE(k, m, kvHeads, hd, 0, pos0, rope, false)
+				g.Attention(out, q, k, v, cache, 0, pos0, m, s)
+			})
+		})
+	}
+}
