@@ -171,7 +171,9 @@ func (b *Backend) pagedSlot() (base uint64, at int, err error) {
 		if big == nil || b.paged.bigCap < len(enc) {
 			return 0, 0, fmt.Errorf("kernels: paged block tables of %d values without their device array", len(enc))
 		}
-		if !slices.Equal(b.paged.bigEnc, enc) {
+		// Held already when it begins what the array holds (an append's
+		// rows, the attention's with its lists after them).
+		if held := b.paged.bigEnc; len(held) < len(enc) || !slices.Equal(held[:len(enc)], enc) {
 			b.d.onContext(b.ctx, func() {
 				b.flushLocked()
 				b.setErr(b.d.check("cuMemcpyHtoDAsync (block tables)",
