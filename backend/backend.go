@@ -264,6 +264,25 @@ type PendingToken interface {
 	Wait() (int, error)
 }
 
+// SamplePick is one pick of BatchTokenSampler.SampleTokens: the row of
+// logits it reads and TokenSampler.SampleToken's options.
+type SamplePick struct {
+	Row         int
+	Temperature float32
+	TopK        int
+	U           float64
+}
+
+// BatchTokenSampler is implemented by backends that pick the tokens of
+// several rows of logits at once (the sequences of a batched step), each
+// with its own options, where the logits are: only the ids come back.
+type BatchTokenSampler interface {
+	// SampleTokens sets ids[i] to SampleToken of row picks[i].Row of
+	// logits ([rows, vocab]) with picks[i]'s options. A NaN logit in a
+	// picked row is an error naming the row and the logit.
+	SampleTokens(ids []int, logits Buffer, vocab int, picks []SamplePick) error
+}
+
 // MaxSampleTopK bounds TokenSampler's topK.
 const MaxSampleTopK = 256
 

@@ -175,6 +175,16 @@ type PagedAttentionOps interface {
 	// into layer's key and value blocks at positions pos0..pos0+m-1 of the
 	// sequence whose block table is table.
 	PagedAppend(p BlockPool, layer int, k, v Buffer, table []int32, pos0, m int)
+	// PagedAppendRoPE is, for each sequence of seqs in turn (its rows of q
+	// [sum Rows, heads, HeadDim], k and v as PagedAttention takes them),
+	// Backend.RoPE by r (nil: none) of its q rows and its k rows at
+	// positions Pos0.. (stride HeadDim, offset 0, forward) and then
+	// PagedAppend of its k and v rows: a batched step's rotations and
+	// appends in one call. Where a PagedAttention of q over the same rows
+	// follows, the backend may do both in that call, leaving q and k
+	// unrotated in memory (as Backend.Attention takes in a RoPE of q and k
+	// queued just before it): callers read them only through it.
+	PagedAppendRoPE(p BlockPool, layer int, q, k, v Buffer, seqs []layers.PagedSeq, heads int, r *layers.RoPE)
 	// PagedAttention is layers.PagedAttention: q [sum Rows, Heads, HeadDim]
 	// (the rows of seqs[0], then seqs[1], ...) into out of the same shape,
 	// row i of a sequence at position Pos0+i seeing its keys [0, Pos0+i]
@@ -190,6 +200,7 @@ type PagedAttentionOps interface {
 // field is a group the backend lacks.
 type Capabilities struct {
 	Sampler         TokenSampler
+	BatchSampler    BatchTokenSampler
 	Pipeliner       TokenPipeliner
 	SparseMLA       SparseMLAOps
 	Compressed      CompressedAttentionOps
@@ -214,6 +225,7 @@ type MemoryReporter interface {
 func CapabilitiesOf(b Backend) Capabilities {
 	var c Capabilities
 	c.Sampler, _ = b.(TokenSampler)
+	c.BatchSampler, _ = b.(BatchTokenSampler)
 	c.Pipeliner, _ = b.(TokenPipeliner)
 	c.SparseMLA, _ = b.(SparseMLAOps)
 	c.Compressed, _ = b.(CompressedAttentionOps)

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/model"
 )
 
@@ -68,9 +69,11 @@ type BatchStats struct {
 type batchRequest struct {
 	ctx    context.Context
 	st     model.State
-	ids    []int32 // tokens to run
-	ran    int     // of ids, run so far
+	ids    []int32             // tokens to run
+	ran    int                 // of ids, run so far
+	pick   *backend.SamplePick // the device picks the token with these options (its Row set by step); nil: the logits come to the host
 	logits []float32
+	id     int // the pick, when pick is set
 	err    error
 	done   chan struct{}
 }
@@ -81,6 +84,11 @@ type scheduler struct {
 	bf    model.BatchForwarder
 	vocab int
 	opts  BatchOptions
+	// Picks on the device: the step's logits stay on b, and the tokens of
+	// the requests that ask for it are picked there (nil: none).
+	b   backend.Backend
+	dbf model.BatchDeviceForwarder
+	bs  backend.BatchTokenSampler
 
 	mu      sync.Mutex
 	queue   []*batchRequest // arrival order
@@ -90,13 +98,22 @@ type scheduler struct {
 	stats   BatchStats
 }
 
-func newScheduler(net model.Model, o BatchOptions) *scheduler {
+func newScheduler(net model.Model, o BatchOptions, b backend.Backend) *scheduler {
 	bf, ok := net.(model.BatchForwarder)
 	if !ok || o.Off {
 		return nil
 	}
-	return &scheduler{bf: bf, vocab: net.Config().VocabSize, opts: o.withDefaults(), arrived: make(chan struct{}, 1)}
+	s := &scheduler{bf: bf, vocab: net.Config().VocabSize, opts: o.withDefaults(), arrived: make(chan struct{}, 1)}
+	if dbf, ok := net.(model.BatchDeviceForwarder); ok {
+		if bs := backend.CapabilitiesOf(b).BatchSampler; bs != nil {
+			s.b, s.dbf, s.bs = b, dbf, bs
+		}
+	}
+	return s
 }
+
+// picksOnDevice reports whether forwardPick picks on the device.
+func (s *scheduler) picksOnDevice() bool { return s.bs != nil }
 
 // enter and leave bracket a session's generation: while it generates, a
 // step waits (up to Gather) for its tokens.
@@ -135,6 +152,20 @@ func (s *scheduler) signal() {
 // in a goroutine of their own.
 func (s *scheduler) forward(ctx context.Context, st model.State, ids []int32) ([]float32, error) {
 	r := &batchRequest{ctx: ctx, st: st, ids: ids, done: make(chan struct{})}
+	s.run(r)
+	return r.logits, r.err
+}
+
+// forwardPick is forward where the device picks the next token with p's
+// options (picksOnDevice) and only its id comes back.
+func (s *scheduler) forwardPick(ctx context.Context, st model.State, ids []int32, p backend.SamplePick) (int, error) {
+	r := &batchRequest{ctx: ctx, st: st, ids: ids, pick: &p, done: make(chan struct{})}
+	s.run(r)
+	return r.id, r.err
+}
+
+// run queues r and returns once it is done.
+func (s *scheduler) run(r *batchRequest) {
 	s.mu.Lock()
 	s.queue = append(s.queue, r)
 	lead := !s.running
@@ -146,7 +177,6 @@ func (s *scheduler) forward(ctx context.Context, st model.State, ids []int32) ([
 		s.signal()
 	}
 	<-r.done
-	return r.logits, r.err
 }
 
 // Stats returns the counts.
@@ -289,7 +319,19 @@ func (s *scheduler) step(reqs []*batchRequest, toks [][]int32) {
 		sts[i] = r.st
 		rows += len(toks[i])
 	}
-	logits, err := s.bf.ForwardBatch(context.Background(), sts, toks)
+	var rowOf func(i int) []float32 // request i's logits
+	var ids []int
+	var pickErr []error // a request's own pick's error
+	var err error
+	if picks := s.picks(reqs, toks); picks != nil {
+		var host [][]float32
+		host, ids, pickErr, err = s.forwardDevice(reqs, sts, toks, picks)
+		rowOf = func(i int) []float32 { return host[i] }
+	} else {
+		var logits []float32
+		logits, err = s.bf.ForwardBatch(context.Background(), sts, toks)
+		rowOf = func(i int) []float32 { return logits[i*s.vocab : (i+1)*s.vocab : (i+1)*s.vocab] }
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stats.Steps++
@@ -302,8 +344,12 @@ func (s *scheduler) step(reqs []*batchRequest, toks [][]int32) {
 		switch {
 		case err != nil:
 			r.err = err
+		case pickErr != nil && pickErr[i] != nil:
+			r.err = pickErr[i]
+		case r.ran == len(r.ids) && r.pick != nil:
+			r.id = ids[i]
 		case r.ran == len(r.ids):
-			r.logits = logits[i*s.vocab : (i+1)*s.vocab : (i+1)*s.vocab]
+			r.logits = rowOf(i)
 		default:
 			continue
 		}
@@ -318,4 +364,62 @@ func (s *scheduler) step(reqs []*batchRequest, toks [][]int32) {
 	}
 	clear(s.queue[len(live):])
 	s.queue = live
+}
+
+// picks returns, for a step whose requests ask the device to pick a token
+// once it has run (and picksOnDevice), each request's pick (the zero value
+// for the others); nil when no request of the step ends in a device pick.
+func (s *scheduler) picks(reqs []*batchRequest, toks [][]int32) []backend.SamplePick {
+	if s.bs == nil {
+		return nil
+	}
+	var picks []backend.SamplePick
+	for i, r := range reqs {
+		if r.pick != nil && r.ran+len(toks[i]) == len(r.ids) {
+			if picks == nil {
+				picks = make([]backend.SamplePick, len(reqs))
+			}
+			picks[i] = *r.pick
+		}
+	}
+	return picks
+}
+
+// forwardDevice runs the step leaving the logits on the device, picks
+// there the tokens of the requests that end in a pick (ids, by request)
+// and reads back the logits of the others that end (host, by request; nil
+// for the rest). When the picks fail (a NaN logit), each is tried alone,
+// so that only those that fail get their error (pickErr, by request).
+func (s *scheduler) forwardDevice(reqs []*batchRequest, sts []model.State, toks [][]int32, picks []backend.SamplePick) (host [][]float32, ids []int, pickErr []error, err error) {
+	dev, err := s.dbf.ForwardBatchDevice(context.Background(), sts, toks)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	var rows []backend.SamplePick
+	var at []int // the request of each of rows
+	host = make([][]float32, len(reqs))
+	for i, r := range reqs {
+		switch {
+		case r.ran+len(toks[i]) != len(r.ids): // more chunks to run
+		case r.pick != nil:
+			p := picks[i]
+			p.Row = i
+			rows, at = append(rows, p), append(at, i)
+		default:
+			host[i] = make([]float32, s.vocab)
+			s.b.Read(host[i], dev, i*s.vocab)
+		}
+	}
+	got := make([]int, len(rows))
+	if err := s.bs.SampleTokens(got, dev, s.vocab, rows); err != nil {
+		pickErr = make([]error, len(reqs))
+		for j, i := range at {
+			pickErr[i] = s.bs.SampleTokens(got[j:j+1], dev, s.vocab, rows[j:j+1])
+		}
+	}
+	ids = make([]int, len(reqs))
+	for j, i := range at {
+		ids[i] = got[j]
+	}
+	return host, ids, pickErr, s.b.Sync()
 }

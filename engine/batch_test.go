@@ -52,7 +52,8 @@ func testPrompt(seed, n, vocab int) []int {
 // step's token budget, so its prefill is chunked between the others'
 // decode steps; two sharing a prefix), each give the tokens they give
 // alone, and their steps were batched. On the GPU (skipped without one)
-// "alone" picks each token on the device, the batched steps on the host.
+// "alone" picks each token on the device with the single-row sampler, the
+// batched steps with the batched one (backend.BatchTokenSampler).
 func TestBatchedGenerateMatchesAlone(t *testing.T) {
 	for _, tc := range []struct {
 		device string

@@ -176,7 +176,7 @@ func Load(dir string, opts Options) (*Model, error) {
 	if f.Quant != nil {
 		algo = f.Quant.Algo
 	}
-	return &Model{dir: dir, cfg: cfg, gen: gen, folder: f, backend: b, caps: backend.CapabilitiesOf(b), net: net, tok: tok, ctxLen: ctxLen, deviceNote: note, sched: newScheduler(net, opts.Batch), specOpts: opts.Speculative,
+	return &Model{dir: dir, cfg: cfg, gen: gen, folder: f, backend: b, caps: backend.CapabilitiesOf(b), net: net, tok: tok, ctxLen: ctxLen, deviceNote: note, sched: newScheduler(net, opts.Batch, b), specOpts: opts.Speculative,
 		info: checkpointInfo(f.Checkpoint, algo), loadTime: time.Since(start), cacheBytesPerToken: sync.OnceValues(func() (int64, error) {
 			st, err := net.NewState(1)
 			if err != nil {

@@ -338,13 +338,39 @@ func (s *Session) picker(sampler *Sampler, lp logProbOptions, con Constraint) fu
 		return device
 	}
 	// While other sessions generate, the step is batched with theirs and
-	// the token picked on the host; alone, it is picked on the device.
+	// the token picked with theirs on the device where the backend picks
+	// batches (backend.BatchTokenSampler), else on the host; alone, it is
+	// picked on the device.
 	return func(ctx context.Context, tokens []int, more bool) (Token, error) {
 		if s.m.sched.crowded() {
+			if s.m.sched.picksOnDevice() {
+				return s.pickBatched(ctx, tokens, sampler)
+			}
 			return host(ctx, tokens, more)
 		}
 		return device(ctx, tokens, more)
 	}
+}
+
+// pickBatched appends tokens to the session through the scheduler's
+// batched steps, the next token picked on the device with the others of
+// its step (scheduler.forwardPick), one draw of sampler's random stream a
+// pick as on every other path.
+func (s *Session) pickBatched(ctx context.Context, tokens []int, sampler *Sampler) (Token, error) {
+	o := sampler.opts
+	p := backend.SamplePick{Temperature: float32(o.Temperature), TopK: o.TopK}
+	if o.Temperature > 0 {
+		p.U = sampler.rng.Float64()
+	}
+	if s.st.Len() > len(s.tokens) { // a run queued ahead (picker) that is not kept
+		s.st.Truncate(len(s.tokens))
+	}
+	var id int
+	err := s.run(ctx, tokens, func(ids []int32) (err error) {
+		id, err = s.m.sched.forwardPick(ctx, s.st, ids, p)
+		return err
+	})
+	return Token{ID: id}, err
 }
 
 // devicePicker is picker's function for a backend that picks the token

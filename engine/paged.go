@@ -9,7 +9,8 @@ import (
 
 // page makes the pool's paged cache where the model and the backend can
 // page one and the options allow it; a backend without the op group
-// (backend.PagedAttentionOps: the CUDA backend) keeps a cache a session.
+// (backend.PagedAttentionOps, which the CPU and CUDA backends have) keeps a
+// cache a session.
 func (p *Pool) page() error {
 	o := &p.opts
 	if o.BlockSize < 0 || o.Blocks < 0 {

@@ -31,7 +31,7 @@ type PoolOptions struct {
 	MaxQueue int
 	// BlockSize is the positions of a block of the paged KV cache that the
 	// sessions share where the model and the backend can page it
-	// (model.Pager; the CPU can, the CUDA backend not yet) (0: 16).
+	// (model.Pager; the CPU and the CUDA backend can) (0: 16).
 	BlockSize int
 	// Blocks is the blocks of that cache (0: as many as Sessions caches of
 	// ContextLength positions take, the memory of unpaged sessions).

@@ -82,6 +82,7 @@ type Backend struct {
 	fp8           fp8Scratch  // the FP8 GEMM's (fp8.go; guarded by partMu)
 	g16           g16Scratch  // the bf16 GEMM's (bf16.go; guarded by partMu)
 	g16v          g16vFns     // the joined bf16 matvecs' kernels (bf16.go; guarded by qmu)
+	paged         pagedState  // where the step values hold the last paged call's rows (paged.go; guarded by qmu)
 
 	// force: tests force a variant a default path can choose (for other
 	// shapes, or on other GPUs), so that the conformance tests cover every
@@ -98,32 +99,35 @@ type Backend struct {
 // path's; each names a kernel or a launch shape that a default path takes
 // for some shape or GPU. The zero value forces nothing.
 type variants struct {
-	gemvOff     bool   // NVFP4 matmuls on the GEMM (gemm.go) even at m = 1 (the default where the decode kernels do not take the shape)
-	gemvPipe    bool   // m = 1: activations streamed with the weights (gemv_nvfp4_m1_d1; the default where x does not fit beside the ring)
-	gemvOneTile bool   // m = 1: one tile a block (gemv_nvfp4_s1_d1_lb) where several would be taken (gemv_nvfp4_s1_d1_mt)
-	gemvTiles   int    // m = 1: tiles a block forced (> 1) where they fit
-	noGemvTMA   bool   // m = 1: the staged kernels where gemv_nvfp4_tma8* would run (the default when K % 2048 != 0)
-	tmaSlots    int    // gemv_nvfp4_tma8*: ring depth forced (> 0; a deep K leaves fewer slots)
-	tmaTPB      int    // gemv_nvfp4_tma8*: tiles a block (> 0) instead of the persistent grid
-	tmaRows     bool   // gemv_nvfp4_tma8 (row copies) where the tensor copies (gemv_nvfp4_tma8_tm) would run
-	tmaMapsAll  bool   // gemv_nvfp4_tma8_tm in launches of every size (the default from tmaMapsMin weights)
-	bf16Kernel  string // the aligned bf16 matmul kernel below g16MinM tokens ("" picks by shape; gemv_bf16_pf is only forced yet)
-	g16All      bool   // bf16 matmuls of every m > 1 on the GEMM (bf16.go), not gemv_bf16_u4 below g16MinM
-	g16Tile     int    // the bf16 GEMM's token tile (16, 32, 64, 128) instead of the smallest holding m
-	g16Splits   int    // the bf16 GEMM's K split this many ways (> 0) instead of filling the multiprocessors
-	gemmK128    bool   // the NVFP4 GEMM in stages of 128 elements even where 256 fit
-	gemmK256    bool   // ... of 256 elements even where 512 would be taken
-	topkPath    int    // a top-k path (topkMany, topkOneBlock)
-	attnMMAOff  bool   // dsa_attend_split and v4_attention4 where the mma kernels would run
-	attnMMA8    bool   // the mma kernels' 8-warp blocks where 16 would run
-	tkc8        bool   // the cluster top-k in clusters of 8 where 16 would run
-	idxMMAOff   bool   // idx_scores_tile where idx_scores_mma would run
-	attnKV      bool   // one-row attention on attention_kv instead of attn_short / attn_decode
-	attnGlobal  bool   // attn_decode's splits merged through global memory, not in a cluster (the default past 8 splits)
-	attnNoShort bool   // one-row attention on attn_decode where attn_short would run (the default at long contexts)
-	attnNoCast  bool   // attn_short's blocks each copy the rows, not multicast (the default with one head group or two shares)
-	mhcTailOff  bool   // MHCCoeffsPre in four launches at every token count
-	fp8         int    // FP8 weights: fp8ForceGEMV or fp8ForceGEMM at every m, or fp8Widen (uploaded as bf16/f32, as before the FP8 kernels)
+	gemvOff      bool   // NVFP4 matmuls on the GEMM (gemm.go) even at m = 1 (the default where the decode kernels do not take the shape)
+	gemvPipe     bool   // m = 1: activations streamed with the weights (gemv_nvfp4_m1_d1; the default where x does not fit beside the ring)
+	gemvOneTile  bool   // m = 1: one tile a block (gemv_nvfp4_s1_d1_lb) where several would be taken (gemv_nvfp4_s1_d1_mt)
+	gemvTiles    int    // m = 1: tiles a block forced (> 1) where they fit
+	noGemvTMA    bool   // m = 1: the staged kernels where gemv_nvfp4_tma8* would run (the default when K % 2048 != 0)
+	tmaSlots     int    // gemv_nvfp4_tma8*: ring depth forced (> 0; a deep K leaves fewer slots)
+	tmaTPB       int    // gemv_nvfp4_tma8*: tiles a block (> 0) instead of the persistent grid
+	tmaRows      bool   // gemv_nvfp4_tma8 (row copies) where the tensor copies (gemv_nvfp4_tma8_tm) would run
+	tmaMapsAll   bool   // gemv_nvfp4_tma8_tm in launches of every size (the default from tmaMapsMin weights)
+	bf16Kernel   string // the aligned bf16 matmul kernel below g16MinM tokens ("" picks by shape; gemv_bf16_pf is only forced yet)
+	g16All       bool   // bf16 matmuls of every m > 1 on the GEMM (bf16.go), not gemv_bf16_u4 below g16MinM
+	g16Tile      int    // the bf16 GEMM's token tile (16, 32, 64, 128) instead of the smallest holding m
+	g16Splits    int    // the bf16 GEMM's K split this many ways (> 0) instead of filling the multiprocessors
+	gemmK128     bool   // the NVFP4 GEMM in stages of 128 elements even where 256 fit
+	gemmK256     bool   // ... of 256 elements even where 512 would be taken
+	topkPath     int    // a top-k path (topkMany, topkOneBlock)
+	attnMMAOff   bool   // dsa_attend_split and v4_attention4 where the mma kernels would run
+	attnMMA8     bool   // the mma kernels' 8-warp blocks where 16 would run
+	tkc8         bool   // the cluster top-k in clusters of 8 where 16 would run
+	idxMMAOff    bool   // idx_scores_tile where idx_scores_mma would run
+	attnKV       bool   // one-row attention on attention_kv instead of attn_short / attn_decode
+	attnGlobal   bool   // attn_decode's splits merged through global memory, not in a cluster (the default past 8 splits)
+	attnNoShort  bool   // one-row attention on attn_decode where attn_short would run (the default at long contexts)
+	attnNoCast   bool   // attn_short's blocks each copy the rows, not multicast (the default with one head group or two shares)
+	mhcTailOff   bool   // MHCCoeffsPre in four launches at every token count
+	fp8          int    // FP8 weights: fp8ForceGEMV or fp8ForceGEMM at every m, or fp8Widen (uploaded as bf16/f32, as before the FP8 kernels)
+	pagedKeys    int    // paged attention split into shares of this many keys (> 0), merged by the last to finish (the default where rows leave the GPU short of blocks)
+	pagedUnfused bool   // paged decode attention after its own paged_append where the append would move into it (the default when some row is not a decode row)
+	pagedNoTiles bool   // paged attention of prompt chunks on paged_attn a row a block where paged_prefill would tile them (the default for other head sizes and short chunks)
 }
 
 // The values of variants.fp8 (fp8.go).

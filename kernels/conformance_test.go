@@ -51,4 +51,7 @@ var conformanceVariants = []struct {
 	{"top-k-clusters-of-8", variants{tkc8: true}},
 	{"fp8-gemv-every-m", variants{fp8: fp8ForceGEMV}},
 	{"fp8-gemm-every-m", variants{fp8: fp8ForceGEMM}},
+	{"paged-attention-split", variants{pagedKeys: 8}},
+	{"paged-decode-unfused", variants{pagedUnfused: true}},
+	{"paged-chunks-untiled", variants{pagedNoTiles: true}},
 }

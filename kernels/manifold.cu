@@ -479,3 +479,4 @@ __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32
 #include "bf16.cuh"  // the bf16 and f16 GEMM
 #include "moe.cuh"  // e4m3x2_lo from gemv.cuh
 #include "decode.cuh"
+#include "paged.cuh"  // warp_sum, pdl_entry

@@ -60,8 +60,8 @@ __device__ void block_topk(const float* vals, const int* ids, int n, int k, unsi
 
 // Stage 1: block b takes logits [b*chunk, (b+1)*chunk) and writes its top k
 // candidates (id -1 past the slice) to cand[b*k ...].
-extern "C" __global__ void sample_partial(const float* logits, int n, int chunk, int k, float* candv, int* candi) {
-    pdl_entry();
+__device__ __forceinline__ void sample_partial_body(const float* logits, int n, int chunk, int k, float* candv,
+                                                    int* candi) {
     extern __shared__ float sh[];
     int lo = blockIdx.x * chunk, len = max(0, min(chunk, n - lo));
     float* vals = sh;
@@ -79,11 +79,15 @@ extern "C" __global__ void sample_partial(const float* logits, int n, int chunk,
     }
 }
 
+extern "C" __global__ void sample_partial(const float* logits, int n, int chunk, int k, float* candv, int* candi) {
+    pdl_entry();
+    sample_partial_body(logits, n, chunk, k, candv, candi);
+}
+
 // Stage 2: one block merges m candidates, keeps the top k and draws.
 // temperature <= 0: the best one.
-extern "C" __global__ void sample_final(const float* candv, const int* candi, int m, int k, float temperature, double u,
-                                        int* out) {
-    pdl_entry();
+__device__ __forceinline__ void sample_final_body(const float* candv, const int* candi, int m, int k,
+                                                  float temperature, double u, int* out) {
     extern __shared__ float sh[];
     float* vals = sh;
     int* ids = (int*)(sh + m);
@@ -119,4 +123,34 @@ extern "C" __global__ void sample_final(const float* candv, const int* candi, in
         r -= p[i];
     }
     out[0] = ti[n - 1];
+}
+
+extern "C" __global__ void sample_final(const float* candv, const int* candi, int m, int k, float temperature, double u,
+                                        int* out) {
+    pdl_entry();
+    sample_final_body(candv, candi, m, k, temperature, u, out);
+}
+
+// Batched picks (SampleTokens, kernels/sample.go): pick i's options are the
+// 5 step values from dyn[enc + 5i]: its row of logits ([rows, n]), its k (1
+// when greedy), its temperature's bits and the low and high words of u. Its
+// candidates take cand[i*SAMPLE_BLOCKS*kmax ...], its id out[i].
+// sample_partial_rows: grid (SAMPLE_BLOCKS, picks), as sample_partial for
+// each pick; sample_final_rows: grid (picks), as sample_final.
+#define SAMPLE_BLOCKS 64
+extern "C" __global__ void sample_partial_rows(const float* logits, int n, int chunk, int kmax, float* candv,
+                                              int* candi, const int* dyn, int enc) {
+    pdl_entry();
+    const int* a = dyn + enc + 5 * blockIdx.y;
+    const size_t at = (size_t)blockIdx.y * SAMPLE_BLOCKS * kmax;
+    sample_partial_body(logits + (size_t)a[0] * n, n, chunk, a[1], candv + at, candi + at);
+}
+
+extern "C" __global__ void sample_final_rows(const float* candv, const int* candi, int kmax, const int* dyn, int enc,
+                                            int* out) {
+    pdl_entry();
+    const int* a = dyn + enc + 5 * blockIdx.x;
+    const size_t at = (size_t)blockIdx.x * SAMPLE_BLOCKS * kmax;
+    sample_final_body(candv + at, candi + at, SAMPLE_BLOCKS * a[1], a[1], __int_as_float(a[2]),
+                      __hiloint2double(a[4], a[3]), out + blockIdx.x);
 }

@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"fmt"
+	"math"
 	"runtime"
 	"unsafe"
 
@@ -28,6 +29,10 @@ type sampler struct {
 	host   unsafe.Pointer
 	events [sampleSlots]uintptr
 	picks  uint64 // SampleTokenTo calls so far: the next one uses slot picks % sampleSlots
+
+	// SampleTokens' candidates (rowsLen floats, then as many ints) and ids.
+	rows, ids       *allocation
+	rowsLen, idsLen int
 }
 
 // cuEventDisableTiming is CU_EVENT_DISABLE_TIMING: the lightest event.
@@ -185,5 +190,100 @@ func (b *Backend) queueSample(out uint64, logits backend.Buffer, temperature flo
 	b.launch("sample_partial", [3]int{sampleBlocks, 1, 1}, 256, chunk*9, ptr(logits), n, chunk, k, candv, candi)
 	m := sampleBlocks * k
 	b.launch("sample_final", [3]int{1, 1, 1}, 256, m*9, candv, candi, m, k, temperature, u, out)
+	return nil
+}
+
+var _ backend.BatchTokenSampler = (*Backend)(nil)
+
+// SampleTokens picks the tokens of several rows of logits in two launches
+// (sample_partial_rows, sample_final_rows: SampleToken's two stages, a row
+// of blocks a pick), the picks' options in the queue's step values; the ids
+// come back in one copy.
+func (b *Backend) SampleTokens(ids []int, logits backend.Buffer, vocab int, picks []backend.SamplePick) error {
+	if len(ids) != len(picks) {
+		return fmt.Errorf("kernels: %d ids for %d picks", len(ids), len(picks))
+	}
+	if len(picks) == 0 {
+		return nil
+	}
+	if vocab <= 0 || logits.Len()%vocab != 0 {
+		return fmt.Errorf("kernels: sampling rows of %d from %d logits", vocab, logits.Len())
+	}
+	chunk := (vocab + sampleBlocks - 1) / sampleBlocks
+	if 9*chunk > samplePartialShared {
+		return fmt.Errorf("kernels: a vocabulary of %d is too large for the device sampler", vocab)
+	}
+	rows := logits.Len() / vocab
+	args := make([]int32, 0, 5*len(picks))
+	kmax := 1
+	for i, p := range picks {
+		k := 1
+		if p.Temperature > 0 {
+			if p.TopK <= 0 || p.TopK > backend.MaxSampleTopK {
+				return fmt.Errorf("kernels: pick %d: top-k %d outside [1, %d]", i, p.TopK, backend.MaxSampleTopK)
+			}
+			k = p.TopK
+		}
+		if p.Row < 0 || p.Row >= rows {
+			return fmt.Errorf("kernels: pick %d of row %d of %d", i, p.Row, rows)
+		}
+		kmax = max(kmax, k)
+		u := math.Float64bits(p.U)
+		args = append(args, int32(p.Row), int32(k), int32(math.Float32bits(p.Temperature)), int32(uint32(u)), int32(uint32(u>>32)))
+	}
+	partial, final := b.function("sample_partial_rows"), b.function("sample_final_rows")
+	if partial == 0 || final == 0 {
+		return b.takeErr()
+	}
+	b.sampleMu.Lock()
+	defer b.sampleMu.Unlock()
+	need := len(picks) * sampleBlocks * kmax
+	if b.sample.rowsLen < need {
+		cand, err := b.alloc(2 * 4 * need)
+		if err != nil {
+			return err
+		}
+		b.sample.rows, b.sample.rowsLen = cand, need
+	}
+	if b.sample.idsLen < len(picks) {
+		out, err := b.alloc(4 * len(picks))
+		if err != nil {
+			return err
+		}
+		b.sample.ids, b.sample.idsLen = out, len(picks)
+	}
+	candv := b.sample.rows.ptr
+	candi := candv + 4*uint64(need)
+	b.qmu.Lock()
+	at, ok := b.stepIDs(args)
+	if !ok {
+		b.qmu.Unlock()
+		return fmt.Errorf("kernels: %d picks take more step values than there are", len(picks))
+	}
+	b.q.keep = append(b.q.keep, logits, b.sample.rows, b.sample.ids)
+	o := op{kind: opKernel, name: "sample_partial_rows", fn: partial, grid: [3]uint32{sampleBlocks, uint32(len(picks)), 1},
+		block: 256, shared: uint32(9 * chunk), pdl: pdlKernel("sample_partial_rows")}
+	o.setParams(ptr(logits), vocab, chunk, kmax, candv, candi, b.dyn.ptr, int(at-b.dyn.ptr)/4)
+	b.push(o)
+	o = op{kind: opKernel, name: "sample_final_rows", fn: final, grid: [3]uint32{uint32(len(picks)), 1, 1},
+		block: 256, shared: uint32(9 * sampleBlocks * kmax), pdl: pdlKernel("sample_final_rows")}
+	o.setParams(candv, candi, kmax, b.dyn.ptr, int(at-b.dyn.ptr)/4, b.sample.ids.ptr)
+	b.push(o)
+	b.qmu.Unlock()
+	got := make([]int32, len(picks))
+	b.onContext(func() {
+		b.setErr(b.d.check("cuMemcpyDtoH", b.d.cuMemcpyDtoH(unsafe.Pointer(&got[0]), b.sample.ids.ptr, uintptr(4*len(got)))))
+	})
+	runtime.KeepAlive(logits)
+	if err := b.Sync(); err != nil {
+		return err
+	}
+	for i, id := range got {
+		v, err := pickedID(id)
+		if err != nil {
+			return fmt.Errorf("kernels: pick %d (row %d): %w", i, picks[i].Row, err)
+		}
+		ids[i] = v
+	}
 	return nil
 }

@@ -279,12 +279,12 @@ func (m *Llama) attend(s *llamaState, l int, att, q, k, v backend.Buffer, pos0, 
 		m.htree.attention(m, att, q, k, v, s.cache, l, pos0, n)
 		return
 	}
-	b.RoPE(q, n, c.NumHeads, c.HeadDim, 0, pos0, m.rope, false)
-	b.RoPE(k, n, c.NumKVHeads, c.HeadDim, 0, pos0, m.rope, false)
-	if p := pagedOf(s); p != nil {
+	if p := pagedOf(s); p != nil { // RoPE in the append
 		m.attendPaged(p.c, l, att, q, k, v, []layers.PagedSeq{{Table: p.seq.Table(), Pos0: pos0, Rows: n}})
 		return
 	}
+	b.RoPE(q, n, c.NumHeads, c.HeadDim, 0, pos0, m.rope, false)
+	b.RoPE(k, n, c.NumKVHeads, c.HeadDim, 0, pos0, m.rope, false)
 	b.Attention(att, q, k, v, s.cache, l, pos0, n, m.attn[l])
 }
 

@@ -21,6 +21,23 @@ type llamaBatch struct {
 // them, RoPE and attention over each sequence's rows, at its own positions
 // and in its own cache.
 func (m *Llama) ForwardBatch(ctx context.Context, sts []State, tokens [][]int32) ([]float32, error) {
+	m.batchMu.Lock() // the logits buffer is the next batch's too
+	defer m.batchMu.Unlock()
+	logits, err := m.forwardBatch(ctx, sts, tokens)
+	return hostLogits(m.b, logits, err)
+}
+
+// ForwardBatchDevice is ForwardBatch leaving the logits on the backend
+// (BatchDeviceForwarder).
+func (m *Llama) ForwardBatchDevice(ctx context.Context, sts []State, tokens [][]int32) (backend.Buffer, error) {
+	m.batchMu.Lock()
+	defer m.batchMu.Unlock()
+	return m.forwardBatch(ctx, sts, tokens)
+}
+
+// forwardBatch runs the step (m.batchMu held) and returns the logits on
+// the backend.
+func (m *Llama) forwardBatch(ctx context.Context, sts []State, tokens [][]int32) (backend.Buffer, error) {
 	if len(sts) == 0 || len(sts) != len(tokens) {
 		return nil, fmt.Errorf("model: forward batch of %d states and %d token lists", len(sts), len(tokens))
 	}
@@ -52,8 +69,6 @@ func (m *Llama) ForwardBatch(ctx context.Context, sts []State, tokens [][]int32)
 		return nil, err
 	}
 
-	m.batchMu.Lock()
-	defer m.batchMu.Unlock()
 	bt := &m.batch
 	m.grow(&bt.llamaBuffers, n)
 	if bt.seqs < seqs {
@@ -93,8 +108,7 @@ func (m *Llama) ForwardBatch(ctx context.Context, sts []State, tokens [][]int32)
 		x = b.View(bt.last, 0, seqs*c.HiddenSize)
 		b.GatherRows(x, sc.x, last, c.HiddenSize)
 	}
-	logits := m.head.logits(b, c, x, b.View(sc.h, 0, seqs*c.HiddenSize), bt.logits, seqs, true)
-	return hostLogits(b, logits, nil)
+	return m.head.logits(b, c, x, b.View(sc.h, 0, seqs*c.HiddenSize), bt.logits, seqs, true), nil
 }
 
 // reservePaged makes room for each paged state's tokens (undoing them all
@@ -131,16 +145,9 @@ func reservePaged(ss []*llamaState, tokens [][]int32) (*PagedCache, error) {
 // attendBatchPaged runs layer l's attention of every sequence's rows
 // through their block tables of c in one call.
 func (m *Llama) attendBatchPaged(c *PagedCache, ss []*llamaState, l int, att, q, k, v backend.Buffer, pos0 []int, tokens [][]int32) {
-	cf, b := m.cfg, m.b
-	qw, kw := cf.NumHeads*cf.HeadDim, cf.NumKVHeads*cf.HeadDim
 	seqs := make([]layers.PagedSeq, len(ss))
-	row := 0
 	for i, s := range ss {
-		r := len(tokens[i])
-		b.RoPE(b.View(q, row*qw, r*qw), r, cf.NumHeads, cf.HeadDim, 0, pos0[i], m.rope, false)
-		b.RoPE(b.View(k, row*kw, r*kw), r, cf.NumKVHeads, cf.HeadDim, 0, pos0[i], m.rope, false)
-		seqs[i] = layers.PagedSeq{Table: pagedOf(s).seq.Table(), Pos0: pos0[i], Rows: r}
-		row += r
+		seqs[i] = layers.PagedSeq{Table: pagedOf(s).seq.Table(), Pos0: pos0[i], Rows: len(tokens[i])}
 	}
 	m.attendPaged(c, l, att, q, k, v, seqs)
 }

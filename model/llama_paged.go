@@ -128,17 +128,12 @@ func (p *pagedKV) reserve(tokens []int32) error {
 	return nil
 }
 
-// attendPaged appends the keys and values of each sequence's rows (k and
-// v: the rows of seqs[0], then seqs[1], ...; RoPE applied) to layer l of
-// the pool and attends all the rows of q in one call.
+// attendPaged rotates each sequence's rows of q and k (the rows of
+// seqs[0], then seqs[1], ...; RoPE not yet applied) at their positions,
+// appends the keys and values to layer l of the pool and attends all the
+// rows of q: two calls for every sequence of a step.
 func (m *Llama) attendPaged(c *PagedCache, l int, att, q, k, v backend.Buffer, seqs []layers.PagedSeq) {
-	b := m.b
-	kw := m.cfg.NumKVHeads * m.cfg.HeadDim
-	row := 0
-	for _, s := range seqs {
-		c.ops.PagedAppend(c.pool, l, b.View(k, row*kw, s.Rows*kw), b.View(v, row*kw, s.Rows*kw), s.Table, s.Pos0, s.Rows)
-		row += s.Rows
-	}
+	c.ops.PagedAppendRoPE(c.pool, l, q, k, v, seqs, m.cfg.NumHeads, m.rope)
 	c.ops.PagedAttention(att, q, c.pool, l, seqs, m.attn[l])
 }
 

@@ -55,6 +55,15 @@ type BatchForwarder interface {
 	ForwardBatch(ctx context.Context, sts []State, tokens [][]int32) ([]float32, error)
 }
 
+// BatchDeviceForwarder is implemented by BatchForwarders that can leave a
+// step's logits on the backend, so that a backend.BatchTokenSampler picks
+// the sequences' tokens there and only their ids come back.
+type BatchDeviceForwarder interface {
+	// ForwardBatchDevice is ForwardBatch returning the logits ([len(sts),
+	// vocab]) as a backend buffer, valid until the next batched call.
+	ForwardBatchDevice(ctx context.Context, sts []State, tokens [][]int32) (backend.Buffer, error)
+}
+
 // hostLogits is the end of a model's Forward: the pass's logits, read back
 // to the host, or the pass's error.
 func hostLogits(b backend.Backend, logits backend.Buffer, err error) ([]float32, error) {

@@ -207,6 +207,8 @@ func Cases() []Case {
 	cs = append(cs, compressedCases()...)
 	cs = append(cs, pagedCases()...)
 	cs = append(cs, fp8Cases()...)
+	cs = append(cs, batchedCases()...)
+	cs = append(cs, sampleCases()...)
 	return cs
 }
 

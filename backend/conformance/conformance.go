@@ -105,6 +105,8 @@ func has(c backend.Capabilities, group string) bool {
 		return c.HyperConnection != nil
 	case "PagedAttentionOps":
 		return c.Paged != nil
+	case "BatchTokenSampler":
+		return c.BatchSampler != nil
 	}
 	return false
 }

@@ -48,6 +48,24 @@ func (b *Backend) PagedAppend(pool backend.BlockPool, layer int, k, v backend.Bu
 	layers.PagedWrite(p.v[layer], v.(Buffer), table, s.BlockSize, w, pos0, m)
 }
 
+// PagedAppendRoPE rotates and appends each sequence's rows in turn, as
+// RoPE and PagedAppend do (the same bits).
+func (b *Backend) PagedAppendRoPE(pool backend.BlockPool, layer int, q, k, v backend.Buffer, seqs []layers.PagedSeq, heads int, r *layers.RoPE) {
+	s := pool.(*blockPool).shape
+	hd := s.HeadDim
+	qw, kw := heads*hd, s.KVHeads*hd
+	row := 0
+	for _, sq := range seqs {
+		qs, ks := b.View(q, row*qw, sq.Rows*qw), b.View(k, row*kw, sq.Rows*kw)
+		if r != nil {
+			b.RoPE(qs, sq.Rows, heads, hd, 0, sq.Pos0, r, false)
+			b.RoPE(ks, sq.Rows, s.KVHeads, hd, 0, sq.Pos0, r, false)
+		}
+		b.PagedAppend(pool, layer, ks, b.View(v, row*kw, sq.Rows*kw), sq.Table, sq.Pos0, sq.Rows)
+		row += sq.Rows
+	}
+}
+
 // CopyBlock copies block src to dst in every layer.
 func (b *Backend) CopyBlock(pool backend.BlockPool, dst, src int) {
 	p := pool.(*blockPool)

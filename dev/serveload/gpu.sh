@@ -8,9 +8,11 @@
 #   bash dev/serveload/gpu.sh
 #
 # It writes a random Llama-3.2-1B-shape NVFP4 checkpoint (no tokenizer: the
-# requests are token ids), serves it batched and with -no-batch in turn, and
-# prints for each the output tokens/s, mean batch, p50/p99 time to first
-# token and inter-token latency at 1, 8, 32 and 64 concurrent streams.
+# requests are token ids), serves it batched over the paged KV cache (the
+# default), batched with a cache a session (-block-size -1) and with
+# -no-batch in turn, and prints for each the output tokens/s, mean batch,
+# p50/p99 time to first token and inter-token latency at 1, 8, 32 and 64
+# concurrent streams (MODES picks and orders the modes).
 # A dry run on the CPU: DEVICE=cpu SHAPE=tiny-llama CLIENTS=1,4 MAX_TOKENS=8.
 set -euo pipefail
 B=.device/serve
@@ -18,8 +20,9 @@ DEVICE=${DEVICE:-cuda}
 SHAPE=${SHAPE:-llama3.2-1b}
 DIR=${MODEL_DIR:-/tmp/serve-$SHAPE}
 $B/bench -random "$SHAPE" -keep "$DIR" -device "$DEVICE" -p 8 -n 8 -r 1 -warmup=false >/dev/null
-for mode in batched no-batch batched no-batch; do
+for mode in ${MODES:-paged unpaged no-batch paged unpaged no-batch}; do
 	extra=()
+	[ "$mode" = unpaged ] && extra=(-block-size -1)
 	[ "$mode" = no-batch ] && extra=(-no-batch)
 	$B/serve -model "$DIR" -device "$DEVICE" -addr 127.0.0.1:18080 -sessions 64 -ctx 512 "${extra[@]}" 2>"$B/serve-$mode.log" &
 	pid=$!

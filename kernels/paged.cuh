@@ -1,0 +1,472 @@
+// Paged KV cache (kernels/paged.go; reference layers/paged.go): the pool
+// is one allocation of [layer][k, v][blocks*bs rows][kvHeads*hd] floats,
+// and a call's rows are described in the queue's step values (dyn), from
+// slot enc on: for query row r, E[3r] is its position, E[3r+1] the pool row
+// its key and value go to, and E[3r+2] the slot (from enc) of its sequence's
+// block table, position t of which lies in pool row table[t/bs]*bs + t%bs.
+
+// paged_append rotates row r's query heads (q, null: none) and key heads in
+// place as rope_dyn does at position E[3r] (half == 0: no rotation), then
+// writes the row's key and value to pool row E[3r+1] of kp and vp.
+// Grid (rows), 256 threads.
+extern "C" __global__ void paged_append(float* q, float* k, const float* v, float* kp, float* vp, const int* dyn,
+                                        int enc, int heads, int kvHeads, int hd, const float* inv_freq, int half,
+                                        float scale, int interleaved) {
+    pdl_entry();
+    const int r = blockIdx.x;
+    const int* E = dyn + enc;
+    const int pos = E[3 * r];
+    const size_t W = (size_t)kvHeads * hd;
+    float* kr = k + (size_t)r * W;
+    if (half > 0) {
+        const int nh = (q ? heads : 0) + kvHeads;
+        for (int idx = threadIdx.x; idx < nh * half; idx += blockDim.x) {
+            int i = idx % half, hh = idx / half;
+            float a = (float)pos * inv_freq[i];
+            float c = cosf(a) * scale, s = sinf(a) * scale;
+            float* x = q && hh < heads ? q + ((size_t)r * heads + hh) * hd : kr + (size_t)(hh - (q ? heads : 0)) * hd;
+            int i0 = interleaved ? 2 * i : i, i1 = interleaved ? 2 * i + 1 : i + half;
+            float p = x[i0], o = x[i1];
+            x[i0] = p * c - o * s;
+            x[i1] = o * c + p * s;
+        }
+        __syncthreads(); // the rotated key, written by other threads of the block
+    }
+    const size_t dst = (size_t)E[3 * r + 1] * W;
+    const float* vr = v + (size_t)r * W;
+    for (size_t j = threadIdx.x; j < W; j += blockDim.x) {
+        kp[dst + j] = kr[j];
+        vp[dst + j] = vr[j];
+    }
+}
+
+// paged_attn_{64,128,any}: causal attention of query rows over their
+// sequences' keys read through the block tables. Grid (rows * kvHeads *
+// hgroups, splits), PGA_WARPS warps: block (r, kh, j) takes the gb = G /
+// hgroups query heads kh*G + j*gb .. of kv head kh (G = heads / kvHeads,
+// gb <= GM <= PGA_GMAX), over keys [split*keys, (split+1)*keys) of the visible
+// [start, pos]. Warp w weighs keys lo + w, lo + w + PGA_WARPS, ..., two at
+// a time (both rows loaded before either is weighed), keeping an online
+// softmax (max, sum, output) per head; a lane holds NE channels of each
+// (pga_chan: consecutive ones, loaded as one vector, for heads of 64 and
+// 128). The block merges its warps' in shared memory. With one split it
+// writes out, else its (output, max, sum) to part (an empty share writes
+// max -inf and sum 0), and the last of a row of splits to finish
+// (ticket[blockIdx.x], reset by it) merges them. list >= 0: the launch
+// runs the rows listed from slot enc + list (block row i: row E[list + i])
+// and leaves the others to paged_prefill.
+#define PGA_WARPS 4
+#define PGA_GMAX 8
+template <int HD>
+struct Pga {
+    static constexpr int NE = HD ? HD / WARP : 8; // channels a lane
+    // chan is the channel of a lane's e-th value.
+    static __device__ __forceinline__ int chan(int lane, int e) { return HD ? lane * NE + e : lane + WARP * e; }
+    // load reads a lane's channels of the row at p (16-byte aligned for HD
+    // 128, 8 for 64; channels past hd read as 0).
+    static __device__ __forceinline__ void load(float (&x)[NE], const float* p, int lane, int hd) {
+        if constexpr (HD == 128) {
+            const float4 t = reinterpret_cast<const float4*>(p)[lane];
+            x[0] = t.x, x[1] = t.y, x[2] = t.z, x[3] = t.w;
+        } else if constexpr (HD == 64) {
+            const float2 t = reinterpret_cast<const float2*>(p)[lane];
+            x[0] = t.x, x[1] = t.y;
+        } else {
+#pragma unroll
+            for (int e = 0; e < NE; e++) {
+                const int c = chan(lane, e);
+                x[e] = c < hd ? p[c] : 0.f;
+            }
+        }
+    }
+};
+
+//
+// FUSED (paged_attn_*_rope, every row a decode row: its sequence's only
+// row this step): the launch is also paged_append of the rows. A block
+// rotates its query heads (from q, as rope_dyn at the row's position;
+// half == 0: no rotation) in shared memory, q itself left as it was; the
+// blocks whose share holds the row's position p rotate its key (from knew)
+// the same way and take it and its value (vnew) from shared memory, not
+// the pool, which those of head group 0 write them to. No other block
+// reads row p of the pool.
+template <int HD, int GM, bool FUSED>
+__device__ __forceinline__ void paged_attn_body(float* out, const float* q, float* kp, float* vp, const int* dyn,
+                                                int enc, int heads, int kvHeads, int hd, int hgroups, float scale,
+                                                int window, int bs, int keys, float* part, int* ticket, int list,
+                                                const float* knew,
+                                                const float* vnew, const float* inv_freq, int half, float rscale,
+                                                int inter) {
+    extern __shared__ float pga_sh[]; // [PGA_WARPS][gb][hd + 2], then FUSED's new key and value [2][hd]
+    using P = Pga<HD>;
+    constexpr int NE = P::NE;
+    if (HD) hd = HD;
+    pdl_entry();
+    const int G = heads / kvHeads, gb = G / hgroups;
+    int bx = blockIdx.x;
+    const int hg = bx % hgroups;
+    bx /= hgroups;
+    const int kh = bx % kvHeads;
+    const int split = blockIdx.y, splits = gridDim.y;
+    const int* E = dyn + enc;
+    const int r = list >= 0 ? E[list + bx / kvHeads] : bx / kvHeads; // list: the rows to run, from slot enc + list
+    const int pos = E[3 * r];
+    const int* table = E + E[3 * r + 2];
+    const int start = window > 0 ? max(0, pos - window + 1) : 0;
+    const int lo = max(start, split * keys), hi = min(pos + 1, (split + 1) * keys);
+    const size_t W = (size_t)kvHeads * hd;
+    const int h0 = kh * G + hg * gb;
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+
+    // FUSED: whether this block's share holds the new key; the query heads
+    // staged (in the merge area, free until the end) and the new row.
+    const bool owner = FUSED && pos >= split * keys && pos < (split + 1) * keys;
+    float* qs = pga_sh;
+    float* kn = pga_sh + PGA_WARPS * gb * (hd + 2);
+    float* vn = kn + hd;
+    if constexpr (FUSED) {
+        for (int i = threadIdx.x; i < gb * hd; i += blockDim.x) qs[i] = q[((size_t)r * heads + h0) * hd + i];
+        if (owner) {
+            for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+                kn[i] = knew[(size_t)r * W + (size_t)kh * hd + i];
+                vn[i] = vnew[(size_t)r * W + (size_t)kh * hd + i];
+            }
+        }
+        __syncthreads();
+        if (half > 0) {
+            const int nv = gb + (owner ? 1 : 0);
+            for (int idx = threadIdx.x; idx < nv * half; idx += blockDim.x) {
+                const int i = idx % half, hh = idx / half;
+                const float a = (float)pos * inv_freq[i];
+                const float c = cosf(a) * rscale, sn = sinf(a) * rscale;
+                float* x = hh < gb ? qs + hh * hd : kn;
+                const int i0 = inter ? 2 * i : i, i1 = inter ? 2 * i + 1 : i + half;
+                const float p0 = x[i0], p1 = x[i1];
+                x[i0] = p0 * c - p1 * sn;
+                x[i1] = p1 * c + p0 * sn;
+            }
+            __syncthreads();
+        }
+        if (owner && hg == 0) {
+            const size_t dst = (size_t)E[3 * r + 1] * W + (size_t)kh * hd;
+            for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+                kp[dst + i] = kn[i];
+                vp[dst + i] = vn[i];
+            }
+        }
+    }
+    float qv[GM][NE], acc[GM][NE], mx[GM], sm[GM];
+#pragma unroll
+    for (int g = 0; g < GM; g++) {
+        mx[g] = -INFINITY;
+        sm[g] = 0.f;
+#pragma unroll
+        for (int e = 0; e < NE; e++) {
+            const int c = P::chan(lane, e);
+            qv[g][e] = g < gb && c < hd ? (FUSED ? qs[g * hd + c] : q[((size_t)r * heads + h0 + g) * hd + c]) : 0.f;
+            acc[g][e] = 0.f;
+        }
+    }
+    if constexpr (FUSED) __syncthreads(); // every warp has its heads before any writes the merge area
+    // weigh folds key row kv and value row vv into every head's softmax.
+    auto weigh = [&](const float (&kv)[NE], const float (&vv)[NE]) {
+#pragma unroll
+        for (int g = 0; g < GM; g++) {
+            if (g >= gb) break;
+            float d = 0.f;
+#pragma unroll
+            for (int e = 0; e < NE; e++) d += qv[g][e] * kv[e];
+            const float s = warp_sum(d) * scale;
+            const float m = fmaxf(mx[g], s);
+            const float corr = expf(mx[g] - m), p = expf(s - m);
+            mx[g] = m;
+            sm[g] = sm[g] * corr + p;
+#pragma unroll
+            for (int e = 0; e < NE; e++) acc[g][e] = acc[g][e] * corr + p * vv[e];
+        }
+    };
+    auto rowOf = [&](int t) { return ((size_t)table[t / bs] * bs + t % bs) * W + (size_t)kh * hd; };
+    // FUSED: the new key (at hi - 1 when this block owns it) comes last,
+    // from shared memory.
+    const int end = owner ? hi - 1 : hi;
+    int t = lo + w;
+    for (; t + PGA_WARPS < end; t += 2 * PGA_WARPS) {
+        const size_t r0 = rowOf(t), r1 = rowOf(t + PGA_WARPS);
+        float k0[NE], v0[NE], k1[NE], v1[NE];
+        P::load(k0, kp + r0, lane, hd);
+        P::load(v0, vp + r0, lane, hd);
+        P::load(k1, kp + r1, lane, hd);
+        P::load(v1, vp + r1, lane, hd);
+        weigh(k0, v0);
+        weigh(k1, v1);
+    }
+    if (t < end) {
+        const size_t r0 = rowOf(t);
+        float k0[NE], v0[NE];
+        P::load(k0, kp + r0, lane, hd);
+        P::load(v0, vp + r0, lane, hd);
+        weigh(k0, v0);
+    }
+    if (owner && w == 0) {
+        float k0[NE], v0[NE];
+        P::load(k0, kn, lane, hd);
+        P::load(v0, vn, lane, hd);
+        weigh(k0, v0);
+    }
+    const int rs = hd + 2;
+#pragma unroll
+    for (int g = 0; g < GM; g++) {
+        if (g >= gb) break;
+        float* sh = pga_sh + (size_t)(w * gb + g) * rs;
+#pragma unroll
+        for (int e = 0; e < NE; e++) {
+            const int c = P::chan(lane, e);
+            if (c < hd) sh[c] = acc[g][e];
+        }
+        if (lane == 0) {
+            sh[hd] = mx[g];
+            sh[hd + 1] = sm[g];
+        }
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < gb * hd; idx += blockDim.x) {
+        const int g = idx / hd, c = idx % hd;
+        float M = -INFINITY;
+        for (int u = 0; u < PGA_WARPS; u++) M = fmaxf(M, pga_sh[(u * gb + g) * rs + hd]);
+        float L = 0.f, O = 0.f;
+        if (M > -INFINITY) {
+            for (int u = 0; u < PGA_WARPS; u++) {
+                const float* sh = pga_sh + (u * gb + g) * rs;
+                if (sh[hd] > -INFINITY) {
+                    const float f = expf(sh[hd] - M);
+                    L += sh[hd + 1] * f;
+                    O += sh[c] * f;
+                }
+            }
+        }
+        const size_t qh = (size_t)r * heads + h0 + g;
+        if (splits == 1) {
+            out[qh * hd + c] = O / L;
+        } else {
+            float* pp = part + (qh * splits + split) * rs;
+            pp[c] = O;
+            if (c == 0) {
+                pp[hd] = M;
+                pp[hd + 1] = L;
+            }
+        }
+    }
+    if (splits == 1) return;
+    // The last of the row's splits to finish merges them (as attn_decode).
+    __shared__ int pga_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) pga_last = atomicAdd(ticket + blockIdx.x, 1) == splits - 1;
+    __syncthreads();
+    if (!pga_last) return;
+    __threadfence();
+    if (threadIdx.x == 0) ticket[blockIdx.x] = 0;
+    for (int idx = threadIdx.x; idx < gb * hd; idx += blockDim.x) {
+        const int g = idx / hd, c = idx % hd;
+        const size_t qh = (size_t)r * heads + h0 + g;
+        const float* ph = part + qh * splits * rs;
+        float M = -INFINITY;
+        for (int s2 = 0; s2 < splits; s2++) M = fmaxf(M, __ldcg(ph + s2 * rs + hd));
+        float den = 0.f, o = 0.f;
+        for (int s2 = 0; s2 < splits; s2++) {
+            const float mx = __ldcg(ph + s2 * rs + hd);
+            if (mx == -INFINITY) continue; // an empty share
+            const float e = __expf(mx - M);
+            den += e * __ldcg(ph + s2 * rs + hd + 1);
+            o += e * __ldcg(ph + s2 * rs + c);
+        }
+        out[qh * hd + c] = o / den;
+    }
+}
+
+#define PAGED_ATTN(NAME, HD, GM)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(PGA_WARPS * WARP)                                                    \
+        NAME(float* out, const float* q, float* kp, float* vp, const int* dyn, int enc, int heads, int kvHeads,       \
+             int hd, int hgroups, float scale, int window, int bs, int keys, float* part, int* ticket, int list) {    \
+        paged_attn_body<HD, GM, false>(out, q, kp, vp, dyn, enc, heads, kvHeads, hd, hgroups, scale, window, bs,      \
+                                       keys, part, ticket, list, nullptr, nullptr, nullptr, 0, 1.f, 0);               \
+    }
+#define PAGED_ATTN_ROPE(NAME, HD, GM)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(PGA_WARPS * WARP)                                                    \
+        NAME(float* out, const float* q, float* kp, float* vp, const int* dyn, int enc, int heads, int kvHeads,       \
+             int hd, int hgroups, float scale, int window, int bs, int keys, float* part, int* ticket, int list,      \
+             const float* knew, const float* vnew, const float* inv_freq, int half, float rscale, int inter) {        \
+        paged_attn_body<HD, GM, true>(out, q, kp, vp, dyn, enc, heads, kvHeads, hd, hgroups, scale, window, bs, keys, \
+                                      part, ticket, list, knew, vnew, inv_freq, half, rscale, inter);                 \
+    }
+// _g4: at most 4 query heads a block (gb <= 4: the 8B shapes' 32 heads on 8
+// kv heads), in half the registers. _rope: FUSED.
+PAGED_ATTN(paged_attn_64, 64, PGA_GMAX)
+PAGED_ATTN(paged_attn_128, 128, PGA_GMAX)
+PAGED_ATTN(paged_attn_64_g4, 64, 4)
+PAGED_ATTN(paged_attn_128_g4, 128, 4)
+PAGED_ATTN(paged_attn_any, 0, PGA_GMAX)
+PAGED_ATTN_ROPE(paged_attn_64_rope, 64, PGA_GMAX)
+PAGED_ATTN_ROPE(paged_attn_128_rope, 128, PGA_GMAX)
+PAGED_ATTN_ROPE(paged_attn_64_g4_rope, 64, 4)
+PAGED_ATTN_ROPE(paged_attn_128_g4_rope, 128, 4)
+PAGED_ATTN_ROPE(paged_attn_any_rope, 0, PGA_GMAX)
+
+// paged_prefill_{64,128}: attn_prefill (decode.cuh) over a paged cache, for
+// the sequences of a call that run many rows (prompt chunks): a block per
+// (query head, tile), a tile 64 consecutive rows of one sequence, listed
+// from slot enc + tiles as (first row, rows); every key, the tile's own
+// included, comes from the pool through the sequence's block table
+// (paged_append ran before). Grid (heads, tiles), 256 threads; shared
+// memory as attn_prefill.
+template <int HD>
+__device__ __forceinline__ void paged_prefill_body(float* out, const float* q, const float* kp, const float* vp,
+                                                   const int* dyn, int enc, int tiles, int heads, int kvHeads,
+                                                   float scale, int window, int bs) {
+    constexpr int S = HD + 4, PS = APF_ROWS + 4, C4 = HD / 64; // row strides (floats); float4 channels per thread
+    extern __shared__ __align__(16) float ppf[];
+    float* Qs = ppf;
+    float* Ks = Qs + APF_ROWS * S;
+    float* Vs = Ks + APF_ROWS * S;
+    float* Ps = Vs + APF_ROWS * S;
+    pdl_entry();
+    const int* E = dyn + enc;
+    const int h = blockIdx.x, i0 = E[tiles + 2 * blockIdx.y], rows = E[tiles + 2 * blockIdx.y + 1];
+    const int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
+    const int pos0 = E[3 * i0];
+    const int* table = E + E[3 * i0 + 2];
+    const size_t row = (size_t)kvHeads * HD;
+    const int kh = h / (heads / kvHeads);
+    for (int e = tid; e < APF_ROWS * (HD / 4); e += 256) {
+        const int r = e / (HD / 4), j = 4 * (e % (HD / 4));
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r < rows) {
+            v = *reinterpret_cast<const float4*>(q + ((size_t)(i0 + r) * heads + h) * HD + j);
+            v = make_float4(v.x * scale, v.y * scale, v.z * scale, v.w * scale);
+        }
+        *reinterpret_cast<float4*>(Qs + r * S + j) = v;
+    }
+    // The rows' positions and the keys any of them sees.
+    const int pfirst = pos0, plast = pos0 + rows - 1;
+    const int kfirst = window > 0 ? max(0, pfirst - window + 1) : 0;
+    float mrow[4], lrow[4], o[4][4 * C4];
+#pragma unroll
+    for (int a = 0; a < 4; a++) {
+        mrow[a] = -INFINITY, lrow[a] = 0.f;
+#pragma unroll
+        for (int c = 0; c < 4 * C4; c++) o[a][c] = 0.f;
+    }
+    for (int k0 = kfirst; k0 <= plast; k0 += APF_ROWS) {
+        __syncthreads(); // the previous tile's K, V and P are no longer read
+        for (int e = tid; e < APF_ROWS * (HD / 4); e += 256) {
+            const int r = e / (HD / 4), j = 4 * (e % (HD / 4)), t = k0 + r;
+            float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
+            if (t <= plast) {
+                const size_t at = ((size_t)table[t / bs] * bs + t % bs) * row + (size_t)kh * HD + j;
+                kv = *reinterpret_cast<const float4*>(kp + at);
+                vv = *reinterpret_cast<const float4*>(vp + at);
+            }
+            *reinterpret_cast<float4*>(Ks + r * S + j) = kv;
+            *reinterpret_cast<float4*>(Vs + r * S + j) = vv;
+        }
+        __syncthreads();
+        // Scores of rows 4ty + a against keys tx + 16b.
+        float sc[4][4];
+#pragma unroll
+        for (int a = 0; a < 4; a++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) sc[a][b] = 0.f;
+#pragma unroll 4
+        for (int d = 0; d < HD; d += 4) {
+            float4 qa[4], kb[4];
+#pragma unroll
+            for (int a = 0; a < 4; a++) qa[a] = *reinterpret_cast<const float4*>(Qs + (4 * ty + a) * S + d);
+#pragma unroll
+            for (int b = 0; b < 4; b++) kb[b] = *reinterpret_cast<const float4*>(Ks + (tx + 16 * b) * S + d);
+#pragma unroll
+            for (int a = 0; a < 4; a++)
+#pragma unroll
+                for (int b = 0; b < 4; b++)
+                    sc[a][b] += qa[a].x * kb[b].x + qa[a].y * kb[b].y + qa[a].z * kb[b].z + qa[a].w * kb[b].w;
+        }
+        // Online softmax: the 16 threads of a row are lanes of one half warp.
+#pragma unroll
+        for (int a = 0; a < 4; a++) {
+            const int p = pos0 + 4 * ty + a, lo = window > 0 ? max(0, p - window + 1) : 0;
+            float mx = -INFINITY;
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                const int t = k0 + tx + 16 * b;
+                if (t > p || t < lo) sc[a][b] = -INFINITY;
+                mx = fmaxf(mx, sc[a][b]);
+            }
+#pragma unroll
+            for (int off = 1; off < 16; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, off));
+            const float mnew = fmaxf(mrow[a], mx);
+            const float corr = mnew == -INFINITY ? 1.f : __expf(mrow[a] - mnew);
+            float sum = 0.f;
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                const float e = sc[a][b] == -INFINITY ? 0.f : __expf(sc[a][b] - mnew);
+                Ps[(4 * ty + a) * PS + tx + 16 * b] = e;
+                sum += e;
+            }
+#pragma unroll
+            for (int off = 1; off < 16; off <<= 1) sum += __shfl_xor_sync(0xffffffff, sum, off);
+            mrow[a] = mnew;
+            lrow[a] = lrow[a] * corr + sum;
+#pragma unroll
+            for (int c = 0; c < 4 * C4; c++) o[a][c] *= corr;
+        }
+        __syncthreads();
+        // Weighted values: rows 4ty + a, channels 4tx + 64c' .. + 3.
+#pragma unroll 4
+        for (int j = 0; j < APF_ROWS; j++) {
+            float pa[4];
+#pragma unroll
+            for (int a = 0; a < 4; a++) pa[a] = Ps[(4 * ty + a) * PS + j];
+#pragma unroll
+            for (int cc = 0; cc < C4; cc++) {
+                const float4 v = *reinterpret_cast<const float4*>(Vs + j * S + 64 * cc + 4 * tx);
+#pragma unroll
+                for (int a = 0; a < 4; a++) {
+                    o[a][4 * cc] += pa[a] * v.x;
+                    o[a][4 * cc + 1] += pa[a] * v.y;
+                    o[a][4 * cc + 2] += pa[a] * v.z;
+                    o[a][4 * cc + 3] += pa[a] * v.w;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int a = 0; a < 4; a++) {
+        const int r = 4 * ty + a;
+        if (r >= rows) continue;
+        const float inv = 1.f / lrow[a];
+        float* op = out + ((size_t)(i0 + r) * heads + h) * HD;
+#pragma unroll
+        for (int cc = 0; cc < C4; cc++)
+            *reinterpret_cast<float4*>(op + 64 * cc + 4 * tx) =
+                make_float4(o[a][4 * cc] * inv, o[a][4 * cc + 1] * inv, o[a][4 * cc + 2] * inv, o[a][4 * cc + 3] * inv);
+    }
+}
+
+#define PAGED_PREFILL(NAME, HD)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(256)                                                                 \
+        NAME(float* out, const float* q, const float* kp, const float* vp, const int* dyn, int enc, int tiles,        \
+             int heads, int kvHeads, float scale, int window, int bs) {                                               \
+        paged_prefill_body<HD>(out, q, kp, vp, dyn, enc, tiles, heads, kvHeads, scale, window, bs);                   \
+    }
+PAGED_PREFILL(paged_prefill_64, 64)
+PAGED_PREFILL(paged_prefill_128, 128)
+
+// paged_copy copies block src to block dst in each of the pool's planes
+// (a layer's keys or values), plane floats apart, of blockFloats floats a
+// block. Grid (planes, chunks), 256 threads.
+extern "C" __global__ void paged_copy(float* pool, unsigned long long plane, int blockFloats, int dst, int src) {
+    pdl_entry();
+    float* p = pool + (size_t)blockIdx.x * plane;
+    const float* s = p + (size_t)src * blockFloats;
+    float* d = p + (size_t)dst * blockFloats;
+    for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < blockFloats; j += gridDim.y * blockDim.x) d[j] = s[j];
+}
