@@ -3,12 +3,16 @@ package engine
 import (
 	"context"
 	"fmt"
+	"os"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/manifoldlm/manifold/internal/testmodel"
 	"github.com/manifoldlm/manifold/kernels"
+	"github.com/manifoldlm/manifold/weights"
 )
 
 // TestPoolPagedBatchedGPU: on the GPU, a pool's sessions (a paged cache:
@@ -91,6 +95,95 @@ func TestPoolPagedBatchedGPU(t *testing.T) {
 				t.Errorf("no step was batched: %+v", st)
 			}
 			t.Logf("%+v: mean batch %.1f", st, float64(st.Sequences)/float64(st.Steps))
+		})
+	}
+}
+
+// BenchmarkPoolLlama8B is issue 60's serving benchmark in process: c
+// requests at once through a Pool (c sessions), each a distinct 512-token
+// prompt and 256 greedy output tokens, at the Llama-3-8B shape (NVFP4
+// linears, random weights), with the paged cache (the default: paged
+// kernels, batched steps, batched picks on the device) and with a cache a
+// session (PoolOptions.Unpaged), alternating, in one run; it reports the
+// output tokens/s of each (prefill included) and their ratio.
+// MANIFOLD_BENCH_DIR may name BenchmarkDecodeLlama8B's checkpoint folder.
+func BenchmarkPoolLlama8B(b *testing.B) {
+	benchPool(b, "llama3-8b", "MANIFOLD_BENCH_DIR", testmodel.Llama{Layers: 32, Hidden: 4096, FFN: 14336, Heads: 32, KVHeads: 8, Vocab: 128256,
+		DType: weights.BF16, NVFP4: true, Seed: 1})
+}
+
+// BenchmarkPoolQwen3_8B is BenchmarkPoolLlama8B at the Qwen3-8B shape (36
+// layers, FFN 12288, q/k norms, vocab 151936). MANIFOLD_BENCH_DIR_QWEN3
+// may name a folder for its checkpoint.
+func BenchmarkPoolQwen3_8B(b *testing.B) {
+	benchPool(b, "qwen3-8b", "MANIFOLD_BENCH_DIR_QWEN3", testmodel.Llama{Layers: 36, Hidden: 4096, FFN: 12288, Heads: 32, KVHeads: 8, HeadDim: 128,
+		Vocab: 151936, DType: weights.BF16, NVFP4: true, Qwen3: true, Seed: 1})
+}
+
+// benchPool runs the pool benchmark on spec's checkpoint (in env's folder
+// where set); each pool is dropped and collected before the next, whose
+// cache then has the GPU's memory (at c = 256 a cache takes 50 GB).
+func benchPool(b *testing.B, name, env string, spec testmodel.Llama) {
+	if !kernels.Available() {
+		b.Skip("no CUDA driver or GPU")
+	}
+	dir := os.Getenv(env)
+	if dir == "" {
+		dir = b.TempDir()
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := os.Stat(dir + "/model.safetensors"); err != nil {
+		if err := spec.Write(dir); err != nil {
+			b.Fatal(err)
+		}
+	}
+	const prompt, output = 512, 256
+	m, err := Load(dir, Options{Device: "cuda", ContextLength: prompt + output})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	for _, c := range []int{1, 8, 32, 128, 256} {
+		b.Run(fmt.Sprintf("c=%d", c), func(b *testing.B) {
+			var rates [2]float64 // paged, unpaged
+			for b.Loop() {
+				for i, unpaged := range []bool{false, true} {
+					p, err := m.NewPool(PoolOptions{Sessions: c, ContextLength: prompt + output, Unpaged: unpaged})
+					if err != nil {
+						b.Fatal(err)
+					}
+					start := time.Now()
+					var wg sync.WaitGroup
+					for j := range c {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							ids := testPrompt(1000*i+j, prompt, spec.Vocab)
+							s, n, err := p.Acquire(context.Background(), ids)
+							if err == nil {
+								_, err = s.Generate(context.Background(), ids[n:], GenerateOptions{MaxTokens: output, StopTokens: []int{}}, nil)
+								p.Release(s)
+							}
+							if err != nil {
+								b.Error(err)
+							}
+						}()
+					}
+					wg.Wait()
+					rates[i] = float64(c*output) / time.Since(start).Seconds()
+					p.Close()
+					p = nil
+					runtime.GC() // the cache's device memory goes back once collected
+					runtime.GC()
+					time.Sleep(200 * time.Millisecond)
+				}
+			}
+			b.ReportMetric(rates[0], "paged-tok/s")
+			b.ReportMetric(rates[1], "unpaged-tok/s")
+			b.ReportMetric(rates[0]/rates[1], "ratio")
+			fmt.Printf("RESULT pool %s c=%d paged_tok_s=%.0f unpaged_tok_s=%.0f ratio=%.2f\n", name, c, rates[0], rates[1], rates[0]/rates[1])
 		})
 	}
 }
