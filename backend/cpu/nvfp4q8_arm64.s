@@ -40,13 +40,12 @@ GLOBL q8tbl<>(SB), RODATA|NOPTR, $16
 	VTBL hi.B16, [V10.B16], hi.B16
 
 // WSCALE(lo, hi): the 8 q8Scale codes of a row and group loaded into lo
-// (low 8 bytes) turned into float32: lo = positions 0..3, hi = 4..7.
+// (low 8 bytes) turned into float32: lo = positions 0..3, hi = 4..7 (the
+// shift by 20 split over the two widenings, at most 15 each).
 #define WSCALE(lo, hi) \
-	VUXTL lo.B8, lo.H8; \
-	VUXTL2 lo.H8, hi.S4; \
-	VUXTL lo.H4, lo.S4; \
-	VSHL $20, lo.S4, lo.S4; \
-	VSHL $20, hi.S4, hi.S4; \
+	VUSHLL $5, lo.B8, lo.H8; \
+	VUSHLL2 $15, lo.H8, hi.S4; \
+	VUSHLL $15, lo.H4, lo.S4; \
 	VADD V26.S4, lo.S4, lo.S4; \
 	VADD V26.S4, hi.S4, hi.S4
 
