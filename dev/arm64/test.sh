@@ -9,8 +9,9 @@
 #       runs the whole op table through pure-Go attention under emulation:
 #       tens of minutes)
 #   -b  also run BenchmarkQ8Kernels once on each emulated processor (a
-#       smoke test: under qemu the timings mean nothing) and print the
-#       kernels' static instruction counts (insns.sh)
+#       smoke test: under qemu the timings mean nothing; neon=true is the
+#       SMULL kernel forced, neon=false the one the processor picks) and
+#       print the kernels' static instruction counts (insns.sh)
 #
 # What it does:
 #  1. dev/arm64/words.sh: the WORD-encoded instructions match GNU as;
