@@ -23,6 +23,10 @@ trap 'rm -rf "$tmp"' EXIT
 re='WORD \$0x[0-9a-fA-F]+ /\* ([^*]+) \*/'
 bad=0
 for f in "${files[@]}"; do
+	if grep -nE 'WORD \$0x[0-9a-fA-F]+' "$f" | grep -vE "$re" >&2; then
+		echo "$f: a WORD above has no /* instruction */ comment" >&2
+		bad=1
+	fi
 	grep -oE "$re" "$f" | sed -E "s#$re#\1#" | sort -u >"$tmp/insns" || true
 	[[ -s $tmp/insns ]] || continue
 	$AS -march=armv8.2-a+dotprod -o "$tmp/o" "$tmp/insns"
