@@ -1,6 +1,9 @@
 package kernels
 
 import (
+	"fmt"
+	"sort"
+	"strings"
 	"testing"
 
 	"github.com/manifoldlm/manifold/backend/conformance"
@@ -54,4 +57,75 @@ var conformanceVariants = []struct {
 	{"paged-attention-split", variants{pagedKeys: 8}},
 	{"paged-decode-unfused", variants{pagedUnfused: true}},
 	{"paged-chunks-untiled", variants{pagedNoTiles: true}},
+}
+
+// TestConformanceCoverage runs the table once more with the default kernel
+// choices, profiled (so launched one by one, without programmatic dependent
+// launch), and logs the production image's kernels it did not launch. The
+// variants of TestConformance force some of those; the others are reached
+// only by paths outside the table, which a change's closing note lists.
+func TestConformanceCoverage(t *testing.T) {
+	g := newGPU(t)
+	names, err := moduleFunctions(g)
+	if err != nil {
+		t.Skip(err)
+	}
+	g.StartProfile()
+	conformance.Run(t, g)
+	launched := map[string]bool{}
+	for _, k := range g.StopProfile() {
+		launched[k.Name] = true
+	}
+	var missing []string
+	for _, n := range names {
+		if !launched[n] {
+			missing = append(missing, n)
+		}
+	}
+	sort.Strings(missing)
+	t.Logf("the table launched %d of the image's %d kernels with the default choices; not launched: %s",
+		len(names)-len(missing), len(names), strings.Join(missing, " "))
+}
+
+// moduleFunctions lists the kernels of b's image (cuModuleEnumerateFunctions,
+// CUDA 12.4 drivers and later).
+func moduleFunctions(b *Backend) ([]string, error) {
+	lib, err := openDriver()
+	if err != nil {
+		return nil, err
+	}
+	var (
+		count func(n *uint32, mod uintptr) int32
+		enum  func(fns *uintptr, n uint32, mod uintptr) int32
+		name  func(s **byte, fn uintptr) int32
+	)
+	for _, f := range []struct {
+		fn   any
+		name string
+	}{{&count, "cuModuleGetFunctionCount"}, {&enum, "cuModuleEnumerateFunctions"}, {&name, "cuFuncGetName"}} {
+		sym, err := driverSym(lib, f.name)
+		if err != nil {
+			return nil, fmt.Errorf("libcuda lacks %s: %v", f.name, err)
+		}
+		bindFunc(f.fn, sym)
+	}
+	var out []string
+	b.d.onContext(b.ctx, func() {
+		var n uint32
+		if err = b.d.check("cuModuleGetFunctionCount", count(&n, b.module)); err != nil || n == 0 {
+			return
+		}
+		fns := make([]uintptr, n)
+		if err = b.d.check("cuModuleEnumerateFunctions", enum(&fns[0], n, b.module)); err != nil {
+			return
+		}
+		for _, f := range fns {
+			var s *byte
+			if err = b.d.check("cuFuncGetName", name(&s, f)); err != nil {
+				return
+			}
+			out = append(out, goString(s))
+		}
+	})
+	return out, err
 }
