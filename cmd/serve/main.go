@@ -74,7 +74,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		{&o.sessions, "sessions", 16, "the most requests generating at once (lowered to fit the CPU's memory)"},
 		{&o.queue, "queue", 0, "the most requests waiting for a session (0: 4 x sessions; -1: none)"},
 		{&o.maxBatch, "max-batch", 0, "the most sequences of one batched step (0: 64)"},
-		{&o.stepTokens, "step-tokens", 0, "the most tokens of one batched step, prompt chunks included (0: 256)"},
+		{&o.stepTokens, "step-tokens", 0, "the most tokens of one batched step, prompt chunks included (0: 512)"},
 		{&o.maxTokens, "max-tokens", 0, "max_tokens of a chat request that gives none (0: until a stop or the context's end)"},
 		{&o.blockSize, "block-size", 0, "positions of a block of the paged KV cache the sessions share, where the backend pages it (0: 16; -1: a cache a session)"},
 		{&o.blocks, "blocks", 0, "blocks of the paged KV cache (0: the memory of -sessions caches of -ctx positions)"},
