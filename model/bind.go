@@ -142,6 +142,26 @@ func (l *Loader) hostLinear(module string, rows, cols int) (*backend.HostWeight,
 	return h, nil
 }
 
+// storedFormat is the format module's weight is stored in, as hostLinear
+// reads it (not the format a backend keeps it in: the GPU re-blocks MXFP4
+// into NVFP4 at upload). Dense weights are 0.
+func (l *Loader) storedFormat(module string) (backend.Format, error) {
+	module = l.name(module)
+	w, err := l.ck.Tensor(module + ".weight")
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case w.DType == weights.F8E4M3:
+		return backend.FP8Block, nil
+	case (w.DType == weights.U8 || w.DType == weights.I8) && nvfp4ckpt.IsMXFP4(l.ck, module):
+		return backend.MXFP4, nil
+	case w.DType == weights.U8 || w.DType == weights.I8:
+		return backend.NVFP4, nil
+	}
+	return 0, nil
+}
+
 // linearShape reports a quantized linear whose shape is not the config's.
 func linearShape(l *Loader, format, module string, r, c, rows, cols int) error {
 	if r != rows || c != cols {

@@ -311,7 +311,7 @@ func (m *DeepseekV4) loadBlock(l *Loader, prefix string, blk *v4Block, kind, mlp
 		if err := l.Bind(fmt.Sprintf("%sffn.experts.%d.", prefix, e), &blk.Experts[e], dims); err != nil {
 			return err
 		}
-		if err := v.checkExpertFormat(l, fmt.Sprintf("%sffn.experts.%d.", prefix, e), &blk.Experts[e]); err != nil {
+		if err := v.checkExpertFormat(l, fmt.Sprintf("%sffn.experts.%d.", prefix, e)); err != nil {
 			return err
 		}
 	}

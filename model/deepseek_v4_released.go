@@ -50,7 +50,7 @@ func v4ReleasedNames(ck *weights.Checkpoint) func(string) string {
 // when they are given: "fp4" is MXFP4 (or NVFP4 where moe_quant_algo says
 // so), "fp8" FP8 block-scaled. A contradiction is an ErrConfig naming the
 // tensor and the field.
-func (v *v4Config) checkExpertFormat(l *Loader, prefix string, ex *v4Expert) error {
+func (v *v4Config) checkExpertFormat(l *Loader, prefix string) error {
 	want, field, value := backend.Format(0), "expert_dtype", v.ExpertDType
 	switch strings.ToLower(v.ExpertDType) {
 	case "":
@@ -67,13 +67,16 @@ func (v *v4Config) checkExpertFormat(l *Loader, prefix string, ex *v4Expert) err
 	if want == 0 {
 		return nil
 	}
-	for _, w := range []struct {
-		name string
-		w    backend.Weight
-	}{{"w1", ex.W1}, {"w3", ex.W3}, {"w2", ex.W2}} {
-		if got := w.w.Format(); got != want {
+	for _, w := range []string{"w1", "w3", "w2"} {
+		// The stored format, not the bound weight's: a backend may keep it
+		// in another (the GPU re-blocks MXFP4 into NVFP4).
+		got, err := l.storedFormat(prefix + w)
+		if err != nil {
+			return err
+		}
+		if got != want {
 			return fmt.Errorf("%w: %s: field %q is %q, but tensor %q is stored as %s, not %s",
-				ErrConfig, l.ck.Dir(), field, value, l.name(prefix+w.name+".weight"), got, want)
+				ErrConfig, l.ck.Dir(), field, value, l.name(prefix+w+".weight"), got, want)
 		}
 	}
 	return nil
