@@ -37,19 +37,19 @@ func BenchmarkCopy(b *testing.B) {
 }
 
 // benchFormats are the weight formats and kernels the benchmarks compare:
-// nvfp4 is the int8-activation kernel (AVX-512 VNNI where the processor has
-// it), nvfp4-avx2 the same with the AVX2 kernels forced, nvfp4-ref the
-// float32 reference.
+// nvfp4 is the int8-activation kernel (AVX-512 VNNI or SDOT where the
+// processor has it), nvfp4-avx2 (amd64) or nvfp4-neon (arm64) the same with
+// the base kernels forced (q8ForceBase), nvfp4-ref the float32 reference.
 var benchFormats = []struct {
 	name   string
 	format backend.Format
 	opt    Options
-	avx2   bool // q8ForceAVX2
+	base   bool // q8ForceBase
 }{
 	{"f32", backend.F32, Options{}, false},
 	{"bf16", backend.BF16, Options{}, false},
 	{"nvfp4", backend.NVFP4, Options{}, false},
-	{"nvfp4-avx2", backend.NVFP4, Options{}, true},
+	{"nvfp4-" + q8BaseName, backend.NVFP4, Options{}, true},
 	{"nvfp4-ref", backend.NVFP4, Options{ReferenceNVFP4: true}, false},
 }
 
@@ -65,8 +65,8 @@ func BenchmarkMatVec(b *testing.B) {
 	for _, c := range benchFormats {
 		format := c.format
 		b.Run(c.name, func(b *testing.B) {
-			q8ForceAVX2 = c.avx2
-			defer func() { q8ForceAVX2 = false }()
+			q8ForceBase = c.base
+			defer func() { q8ForceBase = false }()
 			be := NewWithOptions(c.opt)
 			bytes := float64(N*K) * format.BytesPerValue()
 			var ws []backend.Weight
@@ -121,8 +121,8 @@ func BenchmarkMatMulPrefill(b *testing.B) {
 	x := randn(rng, m*K)
 	for _, c := range benchFormats {
 		b.Run(c.name, func(b *testing.B) {
-			q8ForceAVX2 = c.avx2
-			defer func() { q8ForceAVX2 = false }()
+			q8ForceBase = c.base
+			defer func() { q8ForceBase = false }()
 			be := NewWithOptions(c.opt)
 			w, err := be.Upload(benchWeight(rng, c.format, N, K))
 			if err != nil {

@@ -4,7 +4,10 @@
 // Buffers are plain []float32 slices; weights keep their stored format (f32 and
 // bf16 weights are used in place, straight from the checkpoint's memory map,
 // NVFP4 weights are decoded block by block inside the matmul). The package owns
-// the CPU kernels only; it reads no files and knows no architecture.
+// the CPU kernels only; it reads no files and knows no model architecture.
+// Its inner loops have assembly versions for amd64 (AVX2, AVX-512 VNNI) and
+// arm64 (NEON, SDOT), chosen at start-up from the processor's features
+// (*_amd64.s, *_arm64.s), and portable Go versions the tests hold them to.
 package cpu
 
 import (

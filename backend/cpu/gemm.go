@@ -16,7 +16,8 @@ const (
 )
 
 // dot4x3Go is the portable 4x3 kernel: out[(3r+t)*8] holds the whole sum
-// (the AVX2 kernels leave 8 partial sums per pair, which the caller adds).
+// (the AVX2 kernels leave 8 partial sums per pair, the NEON ones 4 and 4
+// zeros, which the caller adds).
 func dot4x3Go[T float32 | uint16](w []T, ldw int, x []float32, ldx, k int, out *[96]float32) {
 	*out = [96]float32{}
 	for r := range gemmNR {

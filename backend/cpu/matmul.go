@@ -5,8 +5,9 @@ import "math"
 // The matmul kernels compute out[i, r] = Σ_k x[i, k]·w[r, k] for output features
 // r in [lo, hi). Each weight row is read from memory once and dotted with all
 // m input rows while it is in cache. The dot products use AVX2/FMA assembly
-// where the processor has it (dot_amd64.s) and the portable Go loops below
-// otherwise; the tests hold both to the float64 definition.
+// where the processor has it (dot_amd64.s), NEON on arm64 (dot_arm64.s), and
+// the portable Go loops below otherwise; the tests hold both to the float64
+// definition.
 
 func matmulF32(out, x, w []float32, m, K, N, lo, hi int) {
 	for r := lo; r < hi; r++ {

@@ -27,6 +27,10 @@ import (
 //     adds it times (weight scale * activation scale) to a float32
 //     accumulator; the row's sum times GlobalScale/2 is the result.
 //
+// The kernels: AVX2 and AVX-512 VNNI (nvfp4q8_amd64.s), NEON with SDOT or
+// SMULL (nvfp4q8_arm64.s: a TBL decodes 16 codes, the block sums come out of
+// ADDP in the same scale order), the portable Go ones below elsewhere.
+//
 // The float32 reference (quant.NVFP4.MatVecRows / MatMulRows) stays for
 // tests and for Embed; the error of this path against it is the activation
 // rounding, about 0.3% of the dot product's scale (see nvfp4q8_test.go).

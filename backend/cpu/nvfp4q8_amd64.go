@@ -6,8 +6,14 @@ import "golang.org/x/sys/cpu"
 // AVX-512 VNNI, and the int8 kernels use their VPDPBUSD versions.
 var hasVNNI512 = hasAVX2 && cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512VNNI
 
-// q8ForceAVX2 is a test hook: the AVX2 kernels even where hasVNNI512.
-var q8ForceAVX2 bool
+// q8ForceBase is a test hook: the AVX2 kernels even where hasVNNI512.
+var q8ForceBase bool
+
+// q8BaseName names the kernels q8ForceBase forces, in benchmark names.
+const q8BaseName = "avx2"
+
+// hasSDOT: no arm64 SDOT kernels here.
+const hasSDOT = false
 
 //go:noescape
 func row4Q8AVX2(codes, scales *byte, x *int8, xs *float32, xsum *int32, groups int, out *[4]float32)
@@ -29,7 +35,7 @@ func dot4Q8(codes, scales []byte, a q8Act, groups int, out *[4]float32) {
 		return
 	}
 	_, _ = codes[groups*4*q8GroupB-1], scales[groups*4*q8Blocks-1]
-	if hasVNNI512 && !q8ForceAVX2 {
+	if hasVNNI512 && !q8ForceBase {
 		_, _, _ = a.x5[groups*q8Group-1], a.sc[groups*q8Blocks-1], a.c5[groups*q8Group/4-1]
 		dot4Q8VNNI(&codes[0], &scales[0], &a.x5[0], &a.sc[0], &a.c5[0], groups, out)
 		return
@@ -48,7 +54,7 @@ func row4Q8(codes, scales []byte, a []q8Act, groups int, out *[4]float32) {
 	}
 	_, _ = codes[(groups-1)*4*q8GroupB+q8GroupB-1], scales[(groups-1)*4*q8Blocks+q8Blocks-1]
 	n, nb := groups*q8Group, groups*q8Blocks
-	if hasVNNI512 && !q8ForceAVX2 {
+	if hasVNNI512 && !q8ForceBase {
 		n5 := groups * q8Group / 4
 		x, xs, xsum := a[0].x5[:4*n], a[0].sc[:4*nb], a[0].c5[:4*n5]
 		if &x[3*n] != &a[3].x5[0] || &xs[3*nb] != &a[3].sc[0] || &xsum[3*n5] != &a[3].c5[0] {

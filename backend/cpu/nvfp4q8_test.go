@@ -31,11 +31,12 @@ func TestQ8Scale(t *testing.T) {
 	}
 }
 
-// TestQ8MatMul holds the int8-activation NVFP4 kernels (AVX2 where present,
-// and the portable Go kernel) to the float64 product of the dequantized
+// TestQ8MatMul holds the int8-activation NVFP4 kernels (AVX-512 VNNI and
+// AVX2, or NEON with and without SDOT, where present, and the portable Go
+// kernel) to the float64 product of the dequantized
 // weights and the unquantized x. The error is the activations' rounding to
 // int8: its RMS over the outputs must stay under 0.5% of the RMS of the
-// outputs, the AVX2 and Go kernels within 1e-5 of that RMS of each other. Shapes are
+// outputs, the assembly and Go kernels within 1e-5 of that RMS of each other. Shapes are
 // off the 128-column group and the 4-row quad; some block scales are
 // negated, zeroed or subnormal to take every re-encoding path.
 func TestQ8MatMul(t *testing.T) {
@@ -82,24 +83,25 @@ func TestQ8MatMul(t *testing.T) {
 		for i := range m {
 			quantizeQ8(acts[i], x[i*cols:(i+1)*cols], qw.groups)
 		}
-		for _, forceAVX2 := range q8Paths() {
-			q8ForceAVX2 = forceAVX2
-			checkQ8Kernels(t, fmt.Sprint(s, " avx2:", forceAVX2), qw, acts, want, wantSq)
+		for _, forceBase := range q8Paths() {
+			q8ForceBase = forceBase
+			checkQ8Kernels(t, fmt.Sprint(s, " ", q8BaseName, ":", forceBase), qw, acts, want, wantSq)
 		}
-		q8ForceAVX2 = false
+		q8ForceBase = false
 	}
 }
 
-// q8Paths are the values of q8ForceAVX2 that pick distinct kernels here:
-// both the AVX-512 VNNI and the AVX2 kernels where the processor has both.
+// q8Paths are the values of q8ForceBase that pick distinct kernels here:
+// both the AVX-512 VNNI and the AVX2 kernels where the processor has both,
+// both the SDOT and the SMULL kernels on arm64 with SDOT.
 func q8Paths() []bool {
-	if hasVNNI512 {
+	if hasVNNI512 || hasSDOT {
 		return []bool{false, true}
 	}
 	return []bool{false}
 }
 
-// checkQ8Kernels runs matmulQ8 (the kernels q8ForceAVX2 picks) against want
+// checkQ8Kernels runs matmulQ8 (the kernels q8ForceBase picks) against want
 // (their float64 product, squared sum wantSq) and the kernels against the
 // portable Go ones.
 func checkQ8Kernels(t *testing.T, s string, qw *q8Weight, acts []q8Act, want []float64, wantSq float64) {
@@ -159,11 +161,11 @@ func BenchmarkQ8Kernels(b *testing.B) {
 		quantizeQ8(acts[i], randn(rng, cols), qw.groups)
 	}
 	G := qw.groups
-	for _, forceAVX2 := range q8Paths() {
+	for _, forceBase := range q8Paths() {
 		for _, kernel := range []string{"dot", "row"} {
-			b.Run(fmt.Sprintf("%s/avx2=%v", kernel, forceAVX2), func(b *testing.B) {
-				q8ForceAVX2 = forceAVX2
-				defer func() { q8ForceAVX2 = false }()
+			b.Run(fmt.Sprintf("%s/%s=%v", kernel, q8BaseName, forceBase), func(b *testing.B) {
+				q8ForceBase = forceBase
+				defer func() { q8ForceBase = false }()
 				var o [4]float32
 				for b.Loop() {
 					for quad := range rows / 4 {

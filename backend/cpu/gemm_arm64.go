@@ -1,0 +1,50 @@
+package cpu
+
+//go:noescape
+func dot4x3BF16NEON(w *uint16, ldw int, x *float32, ldx int, k int, out *[96]float32)
+
+//go:noescape
+func dot4x3F32NEON(w *float32, ldw int, x *float32, ldx int, k int, out *[96]float32)
+
+//go:noescape
+func dot4BF16NEON(w *uint16, ldw int, x *float32, k int, out *[4]float32)
+
+// dot4x3 is dot4x3Go with the NEON kernels; k is a multiple of 8.
+func dot4x3[T float32 | uint16](w []T, ldw int, x []float32, ldx, k int, out *[96]float32) {
+	if !hasNEON || k == 0 {
+		dot4x3Go(w, ldw, x, ldx, k, out)
+		return
+	}
+	_, _ = w[3*ldw+k-1], x[2*ldx+k-1]
+	switch w := any(w).(type) {
+	case []uint16:
+		dot4x3BF16NEON(&w[0], ldw, &x[0], ldx, k, out)
+	case []float32:
+		dot4x3F32NEON(&w[0], ldw, &x[0], ldx, k, out)
+	}
+}
+
+// matvecBF16 computes out[r] = x · w[r] for rows [lo, hi) of a bf16 matrix
+// with K columns: 4 rows a pass (dot4BF16NEON: x loaded once for the 4,
+// four streams of weights in flight), the rest and the tail of K in Go.
+func matvecBF16(out, x []float32, w []uint16, K, lo, hi int) {
+	if !hasNEON {
+		matmulBF16(out, x, w, 1, K, len(out), lo, hi)
+		return
+	}
+	k8 := K &^ 7
+	var acc [4]float32
+	r := lo
+	for ; r+4 <= hi && k8 > 0; r += 4 {
+		_ = w[(r+3)*K+k8-1]
+		dot4BF16NEON(&w[r*K], K, &x[0], k8, &acc)
+		for j := range 4 {
+			s := acc[j]
+			if k8 < K {
+				s += dotBF16Go(x[k8:K], w[(r+j)*K+k8:(r+j+1)*K])
+			}
+			out[r+j] = s
+		}
+	}
+	matmulBF16(out, x, w, 1, K, len(out), r, hi)
+}
