@@ -46,7 +46,9 @@ type DeepseekV4 struct {
 	blocks []v4Block
 	mtp    *v4MTP // the MTP block (mtp.go), nil unless loaded
 
-	maxChunk int // rows a forward pass runs (0: chunkRows's bound; tests set it)
+	// Tests set these: the rows a forward pass runs (0: chunkRows's bound),
+	// the indexer scores one pass may hold (0: v4ScoreBudget).
+	maxChunk, scoreBudget int
 }
 
 // v4Block is one decoder layer's weights.
@@ -380,8 +382,12 @@ func (m *DeepseekV4) chunkRows(pos0 int) int {
 	if rate == 0 {
 		return v4MaxChunk
 	}
+	budget := v4ScoreBudget
+	if m.scoreBudget > 0 {
+		budget = m.scoreBudget
+	}
 	entries := max(1, (pos0+v4MaxChunk)/rate)
-	return max(v4MinChunk, min(v4MaxChunk, v4ScoreBudget/entries))
+	return max(v4MinChunk, min(v4MaxChunk, budget/entries))
 }
 
 // Forward runs tokens at positions Len().. and appends them to the state. On
