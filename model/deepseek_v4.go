@@ -492,7 +492,9 @@ func (m *DeepseekV4) forward(ctx context.Context, s *v4State, tokens []int32, wa
 	b, cfg, v := m.b, m.cfg, m.v
 	n, pos0 := len(tokens), s.done
 	D, nh := cfg.HiddenSize, v.HCMult
-	m.growState(s, n)
+	if err := m.growState(s, n); err != nil {
+		return nil, fmt.Errorf("model: deepseek_v4: %w", err)
+	}
 	s.takeSnap()
 	sc := &s.scratch
 	view := func(buf backend.Buffer, width int) backend.Buffer { return b.View(buf, 0, n*width) }

@@ -294,7 +294,9 @@ func (m *DeepseekV4) NewState(capacity int) (State, error) {
 			ls.index = m.newComp(blk.Indexer.Comp, capacity)
 		}
 	}
-	m.growState(s, 1)
+	if err := m.growState(s, 1); err != nil {
+		return nil, fmt.Errorf("model: deepseek_v4: a state of %d positions (about %.2f GiB): %w", capacity, float64(m.StateBytes(capacity))/(1<<30), err)
+	}
 	if m.mtp != nil {
 		s.mtp = &v4MTPState{saved: mtpRows{width: m.v.HCMult * m.cfg.HiddenSize}}
 		s.mtp.ls.extra = MaxDraft
@@ -314,10 +316,14 @@ func (m *DeepseekV4) newComp(c *v4Compressor, capacity int) *v4Comp {
 	}
 }
 
-// growState makes the per-chunk buffers hold n new rows.
-func (m *DeepseekV4) growState(s *v4State, n int) {
+// growState makes the per-chunk buffers hold n new rows. Where the backend
+// could not allocate them (a GPU out of memory: its Sync reports it) the
+// caches, whose rows the new buffers were to take over, are emptied, so
+// that the next forward pass replays the state's tokens; the error says
+// how many rows were asked for.
+func (m *DeepseekV4) growState(s *v4State, n int) error {
 	if s.rows >= n {
-		return
+		return nil
 	}
 	b, v := m.b, m.v
 	hd := v.HeadDim
@@ -355,6 +361,12 @@ func (m *DeepseekV4) growState(s *v4State, n int) {
 	s.hostLog = make([]float32, n*v.NRoutedExperts)
 	s.hostIdx = make([]int32, n*v.NumExpertsPerTok)
 	s.hostW = make([]float32, n*v.NumExpertsPerTok)
+	if err := b.Sync(); err != nil {
+		s.rows = 0
+		s.reset()
+		return fmt.Errorf("allocating buffers for passes of %d rows: %w", n, err)
+	}
+	return nil
 }
 
 // v4LocalRows is the rows of each sliding-window buffer for passes of n
