@@ -364,7 +364,7 @@ func (m *DeepseekV4) growState(s *v4State, n int) error {
 	if err := b.Sync(); err != nil {
 		s.rows = 0
 		s.reset()
-		return fmt.Errorf("allocating buffers for passes of %d rows: %w", n, err)
+		return fmt.Errorf("allocating the caches and the scratch of %d-row passes: %w", n, err)
 	}
 	return nil
 }

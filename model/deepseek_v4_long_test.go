@@ -206,3 +206,78 @@ func (r rowwise) GroupedMatMul(dst, x backend.Buffer, ws []backend.Weight, m int
 		r.allocCounter.GroupedMatMul(r.View(dst, i*out, out), r.View(x, i*in, in), ws, 1)
 	}
 }
+
+// oomBackend is the CPU backend failing every allocation of more than
+// limit floats as a GPU out of memory does: a buffer of no length, and the
+// error at the next Sync.
+type oomBackend struct {
+	*cpu.Backend
+	limit int
+	err   error
+}
+
+func (o *oomBackend) NewBuffer(n int) backend.Buffer {
+	if n > o.limit {
+		if o.err == nil {
+			o.err = fmt.Errorf("out of memory: %d floats", n)
+		}
+		return o.Backend.NewBuffer(0)
+	}
+	return o.Backend.NewBuffer(n)
+}
+
+func (o *oomBackend) Sync() error {
+	err := o.err
+	o.err = nil
+	return err
+}
+
+// TestDeepseekV4OutOfMemory: a state or a pass whose buffers cannot be
+// allocated is an error, not a panic, and leaves the state as it was: once
+// memory is there, the same call gives what a state that never failed
+// gives.
+func TestDeepseekV4OutOfMemory(t *testing.T) {
+	dir := t.TempDir()
+	writeV4Checkpoint(t, dir, longV4Spec, 5)
+	o := &oomBackend{Backend: cpu.New(0), limit: 1 << 30}
+	m := loadV4On(t, dir, o)
+	ids := randTokens(rand.New(rand.NewPCG(8, 8)), 600, longV4Spec.Vocab)
+	ctx := context.Background()
+
+	o.limit = 1000
+	if _, err := m.NewState(1 << 20); err == nil {
+		t.Fatal("a state past memory: no error")
+	} else {
+		t.Log(err)
+	}
+	o.limit = 1 << 30
+	st, err := m.NewState(len(ids))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Forward(ctx, st, ids[:10], false); err != nil {
+		t.Fatal(err)
+	}
+	o.limit = 20000 // 10-row passes fit, 512-row ones do not
+	if _, err := m.Forward(ctx, st, ids[10:], false); err == nil {
+		t.Fatal("a pass past memory: no error")
+	} else if st.Len() != 10 {
+		t.Fatalf("after a failed pass the state holds %d positions, want 10", st.Len())
+	}
+	o.limit = 1 << 30
+	got, err := m.Forward(ctx, st, ids[10:], false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, _ := m.NewState(len(ids))
+	if _, err := m.Forward(ctx, ref, ids[:10], false); err != nil {
+		t.Fatal(err)
+	}
+	want, err := m.Forward(ctx, ref, ids[10:], false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := maxAbsDiff(got, want); d > 1e-6 {
+		t.Errorf("after the failed pass: logits differ from a state that never failed by %.3g", d)
+	}
+}
