@@ -492,8 +492,18 @@ func (m *DeepseekV4) forward(ctx context.Context, s *v4State, tokens []int32, wa
 	b, cfg, v := m.b, m.cfg, m.v
 	n, pos0 := len(tokens), s.done
 	D, nh := cfg.HiddenSize, v.HCMult
+	rows := min(max(want, 1), n) // the rows whose logits are returned
 	if err := m.growState(s, n); err != nil {
 		return nil, fmt.Errorf("model: deepseek_v4: %w", err)
+	}
+	if rows > s.logitRows {
+		// The logits of the rows asked for only (a prompt's passes want one).
+		s.scratch.finalLogits = b.NewBuffer(rows * cfg.VocabSize)
+		if err := b.Sync(); err != nil {
+			s.scratch.finalLogits, s.logitRows = nil, 0
+			return nil, fmt.Errorf("model: deepseek_v4: allocating the logits of %d rows: %w", rows, err)
+		}
+		s.logitRows = rows
 	}
 	s.takeSnap()
 	sc := &s.scratch
@@ -528,7 +538,6 @@ func (m *DeepseekV4) forward(ctx context.Context, s *v4State, tokens []int32, wa
 	}
 	s.done += n
 
-	rows := min(max(want, 1), n)
 	xs := b.View(x, (n-rows)*nh*D, rows*nh*D)
 	logits := b.View(sc.finalLogits, 0, rows*cfg.VocabSize)
 	m.head(logits, b.View(sc.headLogits, 0, rows*nh), b.View(sc.final, 0, rows*D), xs, m.hcHeadFn, m.hcHeadBase, m.hcHeadScale, m.norm, rows)

@@ -74,6 +74,7 @@ type v4State struct {
 	snapValid bool
 	layers    []v4LayerState
 	rows      int // scratch rows
+	logitRows int // rows of scratch.finalLogits (forward allocates those asked for)
 	scratch   v4Scratch
 	hostIdx   []int32
 	hostW     []float32
@@ -395,7 +396,7 @@ func (m *DeepseekV4) scratchSizes(sc *v4Scratch, n, k int, f func(*backend.Buffe
 		{&sc.qres, n * v.QLoraRank}, {&sc.q, n * H * hd}, {&sc.att, n * H * hd}, {&sc.u, n * v.OGroups * v.OLoraRank},
 		{&sc.router, n * v.NRoutedExperts}, {&sc.xe, n * D}, {&sc.ge, n * I}, {&sc.ue, n * I}, {&sc.ye, n * D},
 		{&sc.sg, n * I}, {&sc.su, n * I}, {&sc.moeOut, n * D},
-		{&sc.headLogits, n * nh}, {&sc.final, n * D}, {&sc.finalLogits, n * cfg.VocabSize},
+		{&sc.headLogits, n * nh}, {&sc.final, n * D},
 	} {
 		f(b.p, b.floats)
 	}
@@ -445,6 +446,7 @@ func (m *DeepseekV4) StateBytes(capacity int) int64 {
 	floats := m.cacheFloats(capacity, rows)
 	var sc v4Scratch
 	m.scratchSizes(&sc, rows, min(m.v.IndexTopK, capacity), func(_ *backend.Buffer, f int) { floats += int64(f) })
+	floats += int64(m.cfg.VocabSize)                                       // the last row's logits (a Forward asking for every row's holds more)
 	host := int64(rows) * int64(m.v.NRoutedExperts+2*m.v.NumExpertsPerTok) // routing on the host
 	for _, blk := range m.blocks {
 		if blk.Indexer != nil {
