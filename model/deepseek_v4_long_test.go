@@ -281,3 +281,42 @@ func TestDeepseekV4OutOfMemory(t *testing.T) {
 		t.Errorf("after the failed pass: logits differ from a state that never failed by %.3g", d)
 	}
 }
+
+// TestDeepseekV4CancelBetweenPasses cancels a Forward whose prompt runs in
+// several passes after its first passes are done: the state is left as it
+// was (its length, and the logits of the same call made again are those of
+// a state that was never canceled).
+func TestDeepseekV4CancelBetweenPasses(t *testing.T) {
+	dir := t.TempDir()
+	writeV4Checkpoint(t, dir, longV4Spec, 5)
+	m := loadV4(t, dir)
+	m.maxChunk = 64
+	ids := randTokens(rand.New(rand.NewPCG(6, 6)), 300, longV4Spec.Vocab)
+	ctx := context.Background()
+	st, _ := m.NewState(len(ids))
+	if _, err := m.Forward(ctx, st, ids[:40], false); err != nil {
+		t.Fatal(err)
+	}
+	// Each pass asks ctx.Err once and once a layer: this fails in the third pass.
+	if _, err := m.Forward(&cancelAfter{Context: ctx, n: 2*(1+longV4Spec.Layers) + 2}, st, ids[40:], false); err == nil {
+		t.Fatal("canceled Forward: no error")
+	}
+	if st.Len() != 40 {
+		t.Fatalf("after a canceled Forward the state holds %d positions, want 40", st.Len())
+	}
+	got, err := m.Forward(ctx, st, ids[40:], false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, _ := m.NewState(len(ids))
+	if _, err := m.Forward(ctx, ref, ids[:40], false); err != nil {
+		t.Fatal(err)
+	}
+	want, err := m.Forward(ctx, ref, ids[40:], false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := maxAbsDiff(got, want); d > 1e-6 {
+		t.Errorf("after the canceled Forward: logits differ from an uncanceled state's by %.3g", d)
+	}
+}
