@@ -97,14 +97,14 @@ func (m *Model) NewPool(o PoolOptions) (*Pool, error) {
 		o.ContextLength = m.ctxLen
 	}
 	if mem := m.caps.Memory; mem != nil && mem.MemoryBytes() > 0 {
-		per, err := m.cacheBytesPerToken()
+		need, _, err := m.stateBytes(o.ContextLength)
 		if err != nil {
 			return nil, fmt.Errorf("engine: pool: %w", err)
 		}
-		if fit := mem.MemoryBytes() / 2 / max(1, per*int64(o.ContextLength)); fit < int64(o.Sessions) {
+		if fit := mem.MemoryBytes() / 2 / max(1, need); fit < int64(o.Sessions) {
 			if fit < 1 {
-				return nil, fmt.Errorf("engine: pool: one session of %d positions needs %d bytes of cache, more than half of %s's memory",
-					o.ContextLength, per*int64(o.ContextLength), m.Device())
+				return nil, fmt.Errorf("engine: pool: one session of %d positions (PoolOptions.ContextLength) needs %d bytes of cache, more than half of %s's memory",
+					o.ContextLength, need, m.Device())
 			}
 			o.Sessions = int(fit)
 		}

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/manifoldlm/manifold/backend"
@@ -47,26 +48,47 @@ func (m *Model) NewSession(contextLength int) (*Session, error) {
 }
 
 // fits refuses a context whose caches would take more than the backend's
-// memory, where the backend says how much it has (the CPU's physical memory):
-// allocating them would end the process instead of returning an error.
+// memory, where the backend says how much it has: the CPU's physical memory
+// (allocating past it would end the process instead of returning an
+// error), a GPU's free memory. A model that sizes its states
+// (model.StateSizer: DeepSeek-V4's compressed caches and bounded windows)
+// is checked by that estimate, others by their per-position cost.
 func (m *Model) fits(positions int) error {
-	mem := m.caps.Memory
-	if mem == nil {
-		return nil // the GPU's allocations fail with an error of their own
+	var limit int64
+	what := "memory"
+	if mem := m.caps.Memory; mem != nil {
+		limit = mem.MemoryBytes()
+	} else if f, ok := m.backend.(interface{ FreeMemoryBytes() int64 }); ok {
+		limit, what = f.FreeMemoryBytes(), "free memory"
 	}
-	limit := mem.MemoryBytes()
 	if limit <= 0 {
-		return nil
+		return nil // unknown: an allocation that fails returns its own error
 	}
-	per, err := m.cacheBytesPerToken()
+	need, per, err := m.stateBytes(positions)
 	if err != nil {
 		return fmt.Errorf("engine: new session: %w", err)
 	}
-	if per > 0 && int64(positions) > limit/per {
-		return fmt.Errorf("engine: new session: a context of %d positions needs %.1f GiB of cache (%d bytes a position), more than the %.1f GiB of memory of %s: ask for fewer positions",
-			positions, float64(per)*float64(positions)/(1<<30), per, float64(limit)/(1<<30), m.Device())
+	if need > limit {
+		return fmt.Errorf("engine: new session: a context of %d positions (NewSession's contextLength, else Options.ContextLength) needs %.1f GiB of cache (%d bytes a position), more than the %.1f GiB of %s of %s: ask for fewer positions",
+			positions, float64(need)/(1<<30), per, float64(limit)/(1<<30), what, m.Device())
 	}
 	return nil
+}
+
+// stateBytes is the memory a session of positions takes (the model's own
+// estimate where it has one, else positions times per) and per, the cost of
+// one more position.
+func (m *Model) stateBytes(positions int) (need, per int64, err error) {
+	if per, err = m.cacheBytesPerToken(); err != nil {
+		return 0, 0, err
+	}
+	if sz, ok := m.net.(model.StateSizer); ok {
+		return sz.StateBytes(positions), per, nil
+	}
+	if per > 0 && int64(positions) > math.MaxInt64/per {
+		return math.MaxInt64, per, nil
+	}
+	return per * int64(positions), per, nil
 }
 
 // Len is the number of tokens in the session.

@@ -237,6 +237,20 @@ func New(ordinal int, o Options) (*Backend, error) {
 // Name is "cuda: <GPU name>".
 func (b *Backend) Name() string { return "cuda: " + b.name }
 
+// FreeMemoryBytes is the GPU memory free now (cuMemGetInfo; 0 if the
+// driver does not say), which the engine checks a session's caches against
+// before allocating them. Buffers dropped but not yet collected still count
+// as used.
+func (b *Backend) FreeMemoryBytes() int64 {
+	var free, total uintptr
+	var r int32 = -1
+	b.d.onContext(b.ctx, func() { r = b.d.cuMemGetInfo(&free, &total) })
+	if r != 0 {
+		return 0
+	}
+	return int64(free)
+}
+
 func (b *Backend) setErr(err error) {
 	if err == nil {
 		return

@@ -40,6 +40,8 @@ type DeepseekV32 struct {
 	head
 	Blocks []v32Block
 	mtp    *v32MTP // the MTP block (mtp_v3.go), nil unless loaded
+
+	maxChunk int // rows a forward pass runs (0: chunkRows's bound; tests set it)
 }
 
 // v32Config holds DeepSeek-V3.2's own config.json fields, initialized with

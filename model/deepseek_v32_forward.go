@@ -61,7 +61,33 @@ func (m *DeepseekV32) absorb(n, L int) bool {
 	return absorbed <= naive
 }
 
-// Forward runs the decoder over tokens at positions st.Len()...
+// A long prompt runs in passes of at most v32MaxChunk rows, fewer where the
+// context is long: the lightning indexer scores each row of a pass against
+// every cached token (the GPU holds a pass's [rows, tokens] scores and
+// three times as much top-k scratch at once), so a pass takes about
+// v32ScoreBudget / tokens rows, at least v32MinChunk. No pass materializes
+// a [prompt, prompt] matrix, and the scratch a prefill needs beyond its
+// caches stays bounded.
+const (
+	v32MaxChunk    = 512
+	v32MinChunk    = 16
+	v32ScoreBudget = 1 << 24 // indexer scores per pass (floats): 64 MiB
+)
+
+// chunkRows is the most rows one forward pass runs from position pos0.
+func (m *DeepseekV32) chunkRows(pos0 int) int {
+	if m.maxChunk > 0 {
+		return m.maxChunk
+	}
+	if !m.indexer {
+		return v32MaxChunk
+	}
+	return max(v32MinChunk, min(v32MaxChunk, v32ScoreBudget/(pos0+v32MaxChunk)))
+}
+
+// Forward runs the decoder over tokens at positions st.Len()..., in passes
+// of at most chunkRows rows. On error (cancellation included) the state is
+// left as it was.
 func (m *DeepseekV32) Forward(ctx context.Context, st State, tokens []int32, all bool) ([]float32, error) {
 	s, ok := st.(*v32State)
 	if !ok {
@@ -70,6 +96,33 @@ func (m *DeepseekV32) Forward(ctx context.Context, st State, tokens []int32, all
 	if err := checkForward(m.cfg, st, tokens); err != nil {
 		return nil, err
 	}
+	if n := m.chunkRows(s.n); len(tokens) <= n {
+		return m.forward(ctx, s, tokens, all)
+	}
+	start := s.n
+	var out []float32
+	if all {
+		out = make([]float32, 0, len(tokens)*m.cfg.VocabSize)
+	}
+	for lo := 0; lo < len(tokens); {
+		hi := min(len(tokens), lo+m.chunkRows(s.n))
+		logits, err := m.forward(ctx, s, tokens[lo:hi], all)
+		if err != nil {
+			s.Truncate(start)
+			return nil, err
+		}
+		if all {
+			out = append(out, logits...)
+		} else {
+			out = logits
+		}
+		lo = hi
+	}
+	return out, nil
+}
+
+// forward is one pass of Forward.
+func (m *DeepseekV32) forward(ctx context.Context, s *v32State, tokens []int32, all bool) ([]float32, error) {
 	c, b := m.cfg, m.b
 	n, pos0, H := len(tokens), s.n, c.HiddenSize
 	m.grow(s, n)

@@ -45,6 +45,10 @@ type DeepseekV4 struct {
 
 	blocks []v4Block
 	mtp    *v4MTP // the MTP block (mtp.go), nil unless loaded
+
+	// Tests set these: the rows a forward pass runs (0: chunkRows's bound),
+	// the indexer scores one pass may hold (0: v4ScoreBudget).
+	maxChunk, scoreBudget int
 }
 
 // v4Block is one decoder layer's weights.
@@ -350,22 +354,73 @@ func (m *DeepseekV4) Config() *Config { return m.cfg }
 // replays its tokens.
 const v4ReplayChunk = 512
 
+// A long prompt runs in forward passes of at most v4MaxChunk rows, fewer
+// where the context is long: the indexer scores each row of a pass against
+// every compressed entry of the CSA layers (a backend may hold the scores of
+// a whole pass at once: the GPU keeps [rows, entries] scores and three
+// times as much top-k scratch), so a pass takes at most about
+// v4ScoreBudget / entries rows, at least v4MinChunk. The memory a prefill
+// needs beyond its caches is thus bounded whatever the prompt's length, and
+// no pass materializes a [prompt, prompt/rate] matrix.
+const (
+	v4MaxChunk    = 512
+	v4MinChunk    = 16
+	v4ScoreBudget = 1 << 24 // indexer scores per pass (floats): 64 MiB
+)
+
+// chunkRows is the most rows one forward pass runs from position pos0.
+func (m *DeepseekV4) chunkRows(pos0 int) int {
+	if m.maxChunk > 0 {
+		return m.maxChunk
+	}
+	rate := 0
+	for _, blk := range m.blocks {
+		if blk.Indexer != nil && (rate == 0 || blk.rate < rate) {
+			rate = blk.rate
+		}
+	}
+	if rate == 0 {
+		return v4MaxChunk
+	}
+	budget := v4ScoreBudget
+	if m.scoreBudget > 0 {
+		budget = m.scoreBudget
+	}
+	entries := max(1, (pos0+v4MaxChunk)/rate)
+	return max(v4MinChunk, min(v4MaxChunk, budget/entries))
+}
+
 // Forward runs tokens at positions Len().. and appends them to the state. On
-// error (cancellation included) the state is left as it was.
+// error (cancellation included) the state is left as it was. A long run of
+// tokens goes through the model in passes of chunkRows rows; with all, the
+// logits of each pass are read back before the next one.
 func (m *DeepseekV4) Forward(ctx context.Context, st State, tokens []int32, all bool) ([]float32, error) {
-	logits, err := m.run(ctx, st, tokens, all)
-	return hostLogits(m.b, logits, err)
+	if !all {
+		logits, err := m.run(ctx, st, tokens, false, nil)
+		return hostLogits(m.b, logits, err)
+	}
+	out := make([]float32, 0, len(tokens)*m.cfg.VocabSize)
+	_, err := m.run(ctx, st, tokens, true, func(logits backend.Buffer) {
+		out = out[:len(out)+logits.Len()]
+		m.b.Read(out[len(out)-logits.Len():], logits, 0)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // ForwardDevice runs the decoder over tokens and leaves the last token's
 // logits on the backend (valid until the next call with st), so that a
 // backend that samples picks the token there.
 func (m *DeepseekV4) ForwardDevice(ctx context.Context, st State, tokens []int32) (backend.Buffer, error) {
-	return m.run(ctx, st, tokens, false)
+	return m.run(ctx, st, tokens, false, nil)
 }
 
-// run is Forward up to the logits, which stay on the backend.
-func (m *DeepseekV4) run(ctx context.Context, st State, tokens []int32, all bool) (backend.Buffer, error) {
+// run is Forward up to the logits, which stay on the backend: the last
+// token's, or with all every token's, passed to emit pass by pass (the
+// returned buffer is then the last pass's).
+func (m *DeepseekV4) run(ctx context.Context, st State, tokens []int32, all bool, emit func(backend.Buffer)) (backend.Buffer, error) {
 	s, ok := st.(*v4State)
 	if !ok || s.m != m {
 		return nil, fmt.Errorf("model: state of type %T is not a state of this %s model", st, m.cfg.ModelType)
@@ -375,30 +430,53 @@ func (m *DeepseekV4) run(ctx context.Context, st State, tokens []int32, all bool
 	}
 	start := len(s.hist)
 	s.hist = append(s.hist, tokens...)
-	want := 1
-	if all {
-		want = len(tokens)
-	}
-	if s.done < start && len(s.hist)-s.done <= v4ReplayChunk {
-		// A short replay (a rollback into the last call, as speculative
-		// decoding's) runs in the same pass as the new tokens.
-		logits, err := m.forward(ctx, s, s.hist[s.done:], want)
+	// pass runs hist[done:done+n], keeping the logits of its last want rows.
+	pass := func(n, want int) (backend.Buffer, error) {
+		logits, err := m.forward(ctx, s, s.hist[s.done:s.done+n], want)
 		if err != nil {
-			s.hist = s.hist[:start]
+			// The failed pass has rewound itself; earlier passes of this
+			// call are cut away (or replayed later) by Truncate.
+			if s.done > start {
+				s.Truncate(start)
+			} else {
+				s.hist = s.hist[:start]
+			}
 			return nil, err
 		}
 		return logits, nil
 	}
+	if s.done < start && len(s.hist)-s.done <= min(v4ReplayChunk, m.chunkRows(s.done)) {
+		// A short replay (a rollback into the last call, as speculative
+		// decoding's) runs in the same pass as the new tokens.
+		want := 1
+		if all {
+			want = len(tokens)
+		}
+		logits, err := pass(len(s.hist)-s.done, want)
+		if err == nil && emit != nil {
+			emit(logits)
+		}
+		return logits, err
+	}
 	for s.done < start { // replay what a rewind left out
-		if _, err := m.forward(ctx, s, s.hist[s.done:min(s.done+v4ReplayChunk, start)], 1); err != nil {
-			s.hist = s.hist[:start]
+		if _, err := pass(min(v4ReplayChunk, m.chunkRows(s.done), start-s.done), 1); err != nil {
 			return nil, err
 		}
 	}
-	logits, err := m.forward(ctx, s, tokens, want)
-	if err != nil {
-		s.hist = s.hist[:start]
-		return nil, err
+	var logits backend.Buffer
+	for s.done < len(s.hist) {
+		n := min(m.chunkRows(s.done), len(s.hist)-s.done)
+		want := 1
+		if all {
+			want = n
+		}
+		var err error
+		if logits, err = pass(n, want); err != nil {
+			return nil, err
+		}
+		if emit != nil {
+			emit(logits)
+		}
 	}
 	return logits, nil
 }
@@ -414,7 +492,19 @@ func (m *DeepseekV4) forward(ctx context.Context, s *v4State, tokens []int32, wa
 	b, cfg, v := m.b, m.cfg, m.v
 	n, pos0 := len(tokens), s.done
 	D, nh := cfg.HiddenSize, v.HCMult
-	m.growState(s, n)
+	rows := min(max(want, 1), n) // the rows whose logits are returned
+	if err := m.growState(s, n); err != nil {
+		return nil, fmt.Errorf("model: deepseek_v4: %w", err)
+	}
+	if rows > s.logitRows {
+		// The logits of the rows asked for only (a prompt's passes want one).
+		s.scratch.finalLogits = b.NewBuffer(rows * cfg.VocabSize)
+		if err := b.Sync(); err != nil {
+			s.scratch.finalLogits, s.logitRows = nil, 0
+			return nil, fmt.Errorf("model: deepseek_v4: allocating the logits of %d rows: %w", rows, err)
+		}
+		s.logitRows = rows
+	}
 	s.takeSnap()
 	sc := &s.scratch
 	view := func(buf backend.Buffer, width int) backend.Buffer { return b.View(buf, 0, n*width) }
@@ -448,7 +538,6 @@ func (m *DeepseekV4) forward(ctx context.Context, s *v4State, tokens []int32, wa
 	}
 	s.done += n
 
-	rows := min(max(want, 1), n)
 	xs := b.View(x, (n-rows)*nh*D, rows*nh*D)
 	logits := b.View(sc.finalLogits, 0, rows*cfg.VocabSize)
 	m.head(logits, b.View(sc.headLogits, 0, rows*nh), b.View(sc.final, 0, rows*D), xs, m.hcHeadFn, m.hcHeadBase, m.hcHeadScale, m.norm, rows)

@@ -74,6 +74,7 @@ type v4State struct {
 	snapValid bool
 	layers    []v4LayerState
 	rows      int // scratch rows
+	logitRows int // rows of scratch.finalLogits (forward allocates those asked for)
 	scratch   v4Scratch
 	hostIdx   []int32
 	hostW     []float32
@@ -294,7 +295,9 @@ func (m *DeepseekV4) NewState(capacity int) (State, error) {
 			ls.index = m.newComp(blk.Indexer.Comp, capacity)
 		}
 	}
-	m.growState(s, 1)
+	if err := m.growState(s, 1); err != nil {
+		return nil, fmt.Errorf("model: deepseek_v4: a state of %d positions (about %.2f GiB): %w", capacity, float64(m.StateBytes(capacity))/(1<<30), err)
+	}
 	if m.mtp != nil {
 		s.mtp = &v4MTPState{saved: mtpRows{width: m.v.HCMult * m.cfg.HiddenSize}}
 		s.mtp.ls.extra = MaxDraft
@@ -314,18 +317,22 @@ func (m *DeepseekV4) newComp(c *v4Compressor, capacity int) *v4Comp {
 	}
 }
 
-// growState makes the per-chunk buffers hold n new rows.
-func (m *DeepseekV4) growState(s *v4State, n int) {
+// growState makes the per-chunk buffers hold n new rows. Where the backend
+// could not allocate them (a GPU out of memory: its Sync reports it) the
+// caches, whose rows the new buffers were to take over, are emptied, so
+// that the next forward pass replays the state's tokens; the error says
+// how many rows were asked for.
+func (m *DeepseekV4) growState(s *v4State, n int) error {
 	if s.rows >= n {
-		return
+		return nil
 	}
-	b, v, cfg := m.b, m.v, m.cfg
-	D, nh, H, hd := cfg.HiddenSize, v.HCMult, cfg.NumHeads, v.HeadDim
+	b, v := m.b, m.v
+	hd := v.HeadDim
 	for i := range s.layers {
 		ls := &s.layers[i]
 		// Local rows: window tail (sliding_window-1), n new rows and as many
 		// again as the window (the slack the tail moves through).
-		rows := 2*s.window() - 1 + n
+		rows := v4LocalRows(s.window(), n)
 		for j := range ls.local {
 			nb := b.NewBuffer(rows * hd)
 			if ls.local[j] != nil && j == ls.cur && ls.win > 0 {
@@ -338,10 +345,7 @@ func (m *DeepseekV4) growState(s *v4State, n int) {
 			if c == nil {
 				continue
 			}
-			rate := m.blocks[i].rate
-			// Previous window + tail (< rate) + new rows + the slack the
-			// kept rows move through (at least v4CompSlack rows, a window).
-			rows := 2*rate + n + max(rate, min(v4CompSlack, 4*rate))
+			rows := v4CompRows(m.blocks[i].rate, n)
 			for j := 0; j < 2; j++ {
 				nk, ng := b.NewBuffer(rows*c.rowWidth), b.NewBuffer(rows*c.rowWidth)
 				if keep := c.prev + c.tail; c.kv[j] != nil && j == c.cur && keep > 0 {
@@ -354,40 +358,109 @@ func (m *DeepseekV4) growState(s *v4State, n int) {
 		}
 	}
 	s.rows = n
-	mix := m.mixer.Config().MixDim()
-	sc := &s.scratch
-	sc.x = b.NewBuffer(n * nh * D)
-	sc.emb = b.NewBuffer(n * D)
-	sc.c = b.NewBuffer(n * D)
-	sc.h = b.NewBuffer(n * D)
-	sc.a = b.NewBuffer(n * D)
-	sc.logits = b.NewBuffer(n * mix)
-	sc.pre = b.NewBuffer(n * nh)
-	sc.post = b.NewBuffer(n * nh)
-	sc.res = b.NewBuffer(n * nh * nh)
-	sc.qres = b.NewBuffer(n * v.QLoraRank)
-	sc.q = b.NewBuffer(n * H * hd)
-	sc.att = b.NewBuffer(n * H * hd)
-	sc.u = b.NewBuffer(n * v.OGroups * v.OLoraRank)
-	if slices.Contains(v.LayerTypes, v4CSA) {
-		sc.iq = b.NewBuffer(n * v.IndexNHeads * v.IndexHeadDim)
-		sc.iw = b.NewBuffer(n * v.IndexNHeads)
-		sc.idx = b.NewBuffer(n * s.indexTopK())
-	}
-	sc.router = b.NewBuffer(n * v.NRoutedExperts)
-	sc.xe = b.NewBuffer(n * D)
-	sc.ge = b.NewBuffer(n * v.MoEIntermediateSize)
-	sc.ue = b.NewBuffer(n * v.MoEIntermediateSize)
-	sc.ye = b.NewBuffer(n * D)
-	sc.sg = b.NewBuffer(n * v.MoEIntermediateSize)
-	sc.su = b.NewBuffer(n * v.MoEIntermediateSize)
-	sc.moeOut = b.NewBuffer(n * D)
-	sc.headLogits = b.NewBuffer(n * nh)
-	sc.final = b.NewBuffer(n * D)
-	sc.finalLogits = b.NewBuffer(n * cfg.VocabSize)
+	m.scratchSizes(&s.scratch, n, s.indexTopK(), func(p *backend.Buffer, floats int) { *p = b.NewBuffer(floats) })
 	s.hostLog = make([]float32, n*v.NRoutedExperts)
 	s.hostIdx = make([]int32, n*v.NumExpertsPerTok)
 	s.hostW = make([]float32, n*v.NumExpertsPerTok)
+	if err := b.Sync(); err != nil {
+		s.rows = 0
+		s.reset()
+		return fmt.Errorf("allocating the caches and the scratch of %d-row passes: %w", n, err)
+	}
+	return nil
+}
+
+// v4LocalRows is the rows of each sliding-window buffer for passes of n
+// rows: the window tail (window-1), n new rows and as many again as the
+// window (the slack the tail moves through).
+func v4LocalRows(window, n int) int { return 2*window - 1 + n }
+
+// v4CompRows is the rows of each compressor source buffer for passes of n
+// rows: the previous window and the tail (< rate), n new rows, and the
+// slack the kept rows move through (at least v4CompSlack rows, a window).
+func v4CompRows(rate, n int) int { return 2*rate + n + max(rate, min(v4CompSlack, 4*rate)) }
+
+// scratchSizes calls f with each per-pass scratch buffer of sc and its
+// floats for passes of n rows (index_topk k), as growState allocates them
+// and StateBytes counts them.
+func (m *DeepseekV4) scratchSizes(sc *v4Scratch, n, k int, f func(*backend.Buffer, int)) {
+	v, cfg := m.v, m.cfg
+	D, nh, H, hd, I := cfg.HiddenSize, v.HCMult, cfg.NumHeads, v.HeadDim, v.MoEIntermediateSize
+	mix := m.mixer.Config().MixDim()
+	for _, b := range []struct {
+		p      *backend.Buffer
+		floats int
+	}{
+		{&sc.x, n * nh * D}, {&sc.emb, n * D}, {&sc.c, n * D}, {&sc.h, n * D}, {&sc.a, n * D},
+		{&sc.logits, n * mix}, {&sc.pre, n * nh}, {&sc.post, n * nh}, {&sc.res, n * nh * nh},
+		{&sc.qres, n * v.QLoraRank}, {&sc.q, n * H * hd}, {&sc.att, n * H * hd}, {&sc.u, n * v.OGroups * v.OLoraRank},
+		{&sc.router, n * v.NRoutedExperts}, {&sc.xe, n * D}, {&sc.ge, n * I}, {&sc.ue, n * I}, {&sc.ye, n * D},
+		{&sc.sg, n * I}, {&sc.su, n * I}, {&sc.moeOut, n * D},
+		{&sc.headLogits, n * nh}, {&sc.final, n * D},
+	} {
+		f(b.p, b.floats)
+	}
+	if slices.Contains(v.LayerTypes, v4CSA) {
+		f(&sc.iq, n*v.IndexNHeads*v.IndexHeadDim)
+		f(&sc.iw, n*v.IndexNHeads)
+		f(&sc.idx, n*k)
+	}
+}
+
+// cacheFloats is the floats of the caches (as CacheBytes counts them,
+// without the MTP block's) of a state of capacity positions whose buffers
+// hold passes of rows rows.
+func (m *DeepseekV4) cacheFloats(capacity, rows int) int64 {
+	window := min(m.v.SlidingWindow, capacity)
+	var n int64
+	for _, blk := range m.blocks {
+		n += int64(2 * v4LocalRows(window, rows) * m.v.HeadDim)
+		for _, c := range []*v4Compressor{blk.Comp, indexComp(blk.Indexer)} {
+			if c != nil {
+				n += int64(4*v4CompRows(c.rate, rows)*c.rowWidth() + max(1, capacity/c.rate)*c.width)
+			}
+		}
+	}
+	return n
+}
+
+func indexComp(ix *v4Indexer) *v4Compressor {
+	if ix == nil {
+		return nil
+	}
+	return ix.Comp
+}
+
+// StateBytes is the memory a state of capacity positions takes once it
+// has run a prompt: its caches (the compressed entries of every position
+// it may hold, the sliding windows and the compressors' pending rows, which
+// do not grow with it) and the scratch of its largest forward pass (the
+// engine's prefill chunk, at most v4MaxChunk rows: the indexer's scores
+// and a GPU's top-k scratch included), the MTP block's rows included. The engine checks it against the backend's memory before
+// NewState allocates.
+func (m *DeepseekV4) StateBytes(capacity int) int64 {
+	if capacity <= 0 {
+		return 0
+	}
+	rows := min(v4MaxChunk, capacity)
+	floats := m.cacheFloats(capacity, rows)
+	var sc v4Scratch
+	m.scratchSizes(&sc, rows, min(m.v.IndexTopK, capacity), func(_ *backend.Buffer, f int) { floats += int64(f) })
+	floats += int64(m.cfg.VocabSize)                                       // the last row's logits (a Forward asking for every row's holds more)
+	host := int64(rows) * int64(m.v.NRoutedExperts+2*m.v.NumExpertsPerTok) // routing on the host
+	for _, blk := range m.blocks {
+		if blk.Indexer != nil {
+			// A pass's indexer scores and the top-k scratch a GPU holds with them.
+			floats += 4 * min(int64(v4ScoreBudget), int64(rows)*int64(max(1, capacity/blk.rate)))
+			break
+		}
+	}
+	if m.mtp != nil {
+		// Its saved streams (window + a pass), its window buffers and scratch.
+		w, D := min(m.v.SlidingWindow, capacity), int64(m.v.HCMult*m.cfg.HiddenSize)
+		floats += 2*int64(w+rows)*D + int64(2*v4LocalRows(w, rows)*m.v.HeadDim) + int64(rows)*(2*D+int64(m.cfg.HiddenSize)) + int64(m.cfg.VocabSize)
+	}
+	return 4 * (floats + host)
 }
 
 // slide makes room for n new rows of width floats after the keep rows at

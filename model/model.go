@@ -23,6 +23,17 @@ type Model interface {
 	Forward(ctx context.Context, st State, tokens []int32, all bool) ([]float32, error)
 }
 
+// StateSizer is implemented by models whose states' memory is not
+// proportional to their capacity (DeepSeek-V4: compressed caches that grow
+// by a fraction of a key a position, plus sliding windows and compressor
+// rows that do not grow), so that a caller can check a capacity against the
+// memory it has before NewState allocates it.
+type StateSizer interface {
+	// StateBytes is the memory a state of capacity positions takes on the
+	// backend once it has run a prompt (caches and forward-pass scratch).
+	StateBytes(capacity int) int64
+}
+
 // DeviceForwarder is implemented by models that can leave the logits on the
 // backend, so that a backend.TokenSampler picks the next token there.
 type DeviceForwarder interface {

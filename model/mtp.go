@@ -293,7 +293,9 @@ func (m *DeepseekV4) mtpStep(s *v4State, hid backend.Buffer, tokens []int32) ([]
 	n, nh, D := len(tokens), v.HCMult, cfg.HiddenSize
 	eps := cfg.RMSNormEps
 	m.growMTP(s, n)
-	m.growState(s, n) // the scratch it shares with the main model
+	if err := m.growState(s, n); err != nil { // the scratch it shares with the main model
+		return nil, fmt.Errorf("model: deepseek_v4 MTP: %w", err)
+	}
 	sc := &s.scratch
 	view := func(buf backend.Buffer, width int) backend.Buffer { return b.View(buf, 0, n*width) }
 
