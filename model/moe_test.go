@@ -256,6 +256,7 @@ func TestMoEConfigErrors(t *testing.T) {
 		{qw, "decoder_sparse_step", 0},
 		{qw, "mlp_only_layers", []int{7}},
 		{qw, "num_experts_per_tok", 9},
+		{qw, "num_local_experts", 3}, // transformers 5's name for num_experts, contradicting it
 	} {
 		t.Run(tc.field, func(t *testing.T) {
 			dir := rewrite(t, tc.dir, map[string]any{tc.field: tc.value}, keep)

@@ -25,6 +25,22 @@ func newQwen3MoE(b backend.Backend, cfg *Config, l *Loader, o Options) (Model, e
 	if err := json.Unmarshal(cfg.Raw, &moe); err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", ErrConfig, cfg.Path, err)
 	}
+	// transformers 5 saves the expert count as num_local_experts (its
+	// attribute map reads num_experts through it); the released configs
+	// say num_experts. Either is taken; both must agree.
+	var alias struct {
+		NumExperts      *int `json:"num_experts"`
+		NumLocalExperts *int `json:"num_local_experts"`
+	}
+	if err := json.Unmarshal(cfg.Raw, &alias); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrConfig, cfg.Path, err)
+	}
+	if n := alias.NumLocalExperts; n != nil {
+		if alias.NumExperts != nil && *alias.NumExperts != *n {
+			return nil, configErr(cfg.Path, "num_local_experts", "%d contradicts num_experts %d", *n, *alias.NumExperts)
+		}
+		moe.NumExperts = *n
+	}
 	if err := moe.check(cfg); err != nil {
 		return nil, err
 	}
