@@ -27,12 +27,18 @@ const fp8Tile = 128
 // fp8Format is the FP8 weight's code for weight_at (dsa.cuh) and weightArgs.
 const fp8Format = 3
 
-// fp8GemvMaxM is the largest m the CUDA-core GEMV (gemv_fp8_m*) takes by
-// default; larger m take the tensor cores (gemm_fp8_t*). The CUDA cores
-// issue a float32 FMA per weight and token: from m = 3 or so the m * 16
-// FMA per 16-byte chunk outrun the weight stream (BenchmarkFP8GEMV measures
-// both kernels at every m for the choice).
-const fp8GemvMaxM = 2
+// fp8GemvMaxM and fp8GemvMaxK bound what the CUDA-core GEMV (gemv_fp8_m*)
+// takes by default; the rest take the tensor cores (gemm_fp8_t*). Measured
+// on an H100 (BenchmarkFP8GEMV, both kernels at every m): at m = 2 the GEMM
+// was faster at all six V3/V4 shapes (74.7 against 103.3 us at 18432 x
+// 7168), and at m = 1 with K = 18432 (59.1 against 92.7 us), whose rows the
+// GEMV splits too little; at m = 1 and K <= 7168 the GEMV was faster where
+// N is large (60.5 against 74.0 us at 18432 x 7168) and within 25% where
+// it was not.
+const (
+	fp8GemvMaxM = 1
+	fp8GemvMaxK = 8192
+)
 
 // fp8Scales returns h's tile scales as float32 bytes, row-major [ceil(N/128),
 // ceil(K/128)].
@@ -61,15 +67,15 @@ type fp8Scratch struct {
 }
 
 // fp8Kernel is the kernel matmulFP8 takes for m tokens: "gemv" (CUDA cores)
-// or "gemm" (tensor cores), as forced by b.force.fp8 or else by m.
-func (b *Backend) fp8Kernel(m int) string {
+// or "gemm" (tensor cores), as forced by b.force.fp8 or else by m and K.
+func (b *Backend) fp8Kernel(m, K int) string {
 	switch b.force.fp8 {
 	case fp8ForceGEMV:
 		return "gemv"
 	case fp8ForceGEMM:
 		return "gemm"
 	}
-	if m <= fp8GemvMaxM {
+	if m <= fp8GemvMaxM && K <= fp8GemvMaxK {
 		return "gemv"
 	}
 	return "gemm"
@@ -93,7 +99,7 @@ func (b *Backend) matmulFP8(dst, x *Buffer, w *Weight, m int) {
 		b.enqueueFx(fx, "gemv_fp8_any", grid1(N, 8), 256, 0, w.data.ptr, w.scales.ptr, x.ptr, dst.ptr, bias, N, K, m)
 		return
 	}
-	if b.fp8Kernel(m) == "gemv" {
+	if b.fp8Kernel(m, K) == "gemv" {
 		b.queueFP8Gemv(dst, x, w, m, bias)
 		return
 	}
