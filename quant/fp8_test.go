@@ -240,6 +240,45 @@ func TestFP8BlockRoundTrip(t *testing.T) {
 	}
 }
 
+// TestFP8BlockPartialTileRows pins DeepSeek's tiling where a dimension is
+// not a multiple of the block: scale row i covers rows [128i, 128i+128), the
+// last tile short. V4's grouped wo_a at o_groups*o_lora = 192 has a [2, 1]
+// grid; transformers 5.17's CPU dequant derives the block from the grid
+// (192/2 = 96 rows) and scales rows 96..127 by the second tile's scale
+// (model/testdata/gen_v4_released.py, TF_GRID_BLOCKS). Columns likewise.
+func TestFP8BlockPartialTileRows(t *testing.T) {
+	one := byte(0x38)             // E4M3 1.0
+	tile := func(i int) float32 { // scale of the tile holding index i
+		if i < 128 {
+			return 0.5
+		}
+		return 1
+	}
+	for _, c := range []struct {
+		rows, cols int
+		scales     []byte // E8M0: 126 = 0.5, 127 = 1
+		want       func(r, k int) float32
+	}{
+		{192, 128, []byte{126, 127}, func(r, _ int) float32 { return tile(r) }},
+		{128, 192, []byte{126, 127}, func(_, k int) float32 { return tile(k) }},
+	} {
+		data := make([]byte, c.rows*c.cols)
+		for i := range data {
+			data[i] = one
+		}
+		m, err := NewFP8Block(c.rows, c.cols, 128, 128, data, c.scales, ScaleE8M0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := m.Dequantize()
+		for i, v := range d {
+			if r, k := i/c.cols, i%c.cols; v != c.want(r, k) {
+				t.Fatalf("%dx%d: [%d, %d] = %g, want %g", c.rows, c.cols, r, k, v, c.want(r, k))
+			}
+		}
+	}
+}
+
 func TestFP8BlockValidate(t *testing.T) {
 	good := func() *FP8Block {
 		return &FP8Block{Rows: 130, Cols: 200, BlockRows: 128, BlockCols: 128, Data: make([]byte, 130*200), Scales: []byte{127, 127, 127, 127}, ScaleDType: ScaleE8M0}
