@@ -342,6 +342,31 @@ func BenchmarkSpeculativeV4(b *testing.B) {
 	}
 }
 
+// loadPrefilled loads the model in dir with o and runs prompt through a
+// fresh state of 256 positions, returning the model (for the caller to
+// close), the state and the prompt's ids.
+func loadPrefilled(b *testing.B, dir string, o Options, prompt []int) (*Model, model.State, []int32) {
+	b.Helper()
+	m, err := Load(dir, o)
+	if err != nil {
+		b.Fatal(err)
+	}
+	st, err := m.net.NewState(256)
+	if err != nil {
+		m.Close()
+		b.Fatal(err)
+	}
+	ids := make([]int32, len(prompt))
+	for i, t := range prompt {
+		ids[i] = int32(t)
+	}
+	if _, err := m.net.Forward(context.Background(), st, ids, false); err != nil {
+		m.Close()
+		b.Fatal(err)
+	}
+	return m, st, ids
+}
+
 func benchSpeculativeV4(b *testing.B, device string) {
 	var d testmodel.Writer = testmodel.DeepseekV4{Vocab: 4096, Hidden: 512, Layers: 6, Heads: 8, HeadDim: 64, QLora: 256, OGroups: 4, OLora: 128,
 		Window: 64, IndexHeads: 4, IndexDim: 64, IndexTopK: 32, HCMult: 4, HCIters: 20, Experts: 16, TopK: 4, MoEFFN: 256,
@@ -392,22 +417,8 @@ func benchSpeculativeV4(b *testing.B, device string) {
 	}
 	for _, k := range []int{1, 2, 3} {
 		b.Run(fmt.Sprintf("draft-k=%d", k), func(b *testing.B) {
-			m, err := Load(dir, Options{Device: device, Speculative: SpeculativeOptions{Mode: "on", Tokens: k}})
-			if err != nil {
-				b.Fatal(err)
-			}
+			m, st, _ := loadPrefilled(b, dir, Options{Device: device, Speculative: SpeculativeOptions{Mode: "on", Tokens: k}}, prompt)
 			defer m.Close()
-			st, err := m.net.NewState(256)
-			if err != nil {
-				b.Fatal(err)
-			}
-			ids := make([]int32, len(prompt))
-			for i, t := range prompt {
-				ids[i] = int32(t)
-			}
-			if _, err := m.net.Forward(context.Background(), st, ids, false); err != nil {
-				b.Fatal(err)
-			}
 			dr := m.net.(model.Drafter)
 			greedy := func(_ int, l []float32) (int32, error) { return int32(layers.Argmax(l)), nil }
 			if _, err := dr.Draft(context.Background(), st, 1, k, greedy); err != nil { // the prompt's catch-up
@@ -427,23 +438,9 @@ func benchSpeculativeV4(b *testing.B, device string) {
 		// published acceptance of 88%: a step keeps 1 + a + ... + a^k
 		// tokens on average.
 		b.Run(fmt.Sprintf("implied-k=%d", k), func(b *testing.B) {
-			m, err := Load(dir, Options{Device: device, Speculative: SpeculativeOptions{Mode: "on", Tokens: k}})
-			if err != nil {
-				b.Fatal(err)
-			}
+			m, st, _ := loadPrefilled(b, dir, Options{Device: device, Speculative: SpeculativeOptions{Mode: "on", Tokens: k}}, prompt)
 			defer m.Close()
-			st, err := m.net.NewState(256)
-			if err != nil {
-				b.Fatal(err)
-			}
-			ids := make([]int32, len(prompt))
-			for i, t := range prompt {
-				ids[i] = int32(t)
-			}
 			ctx := context.Background()
-			if _, err := m.net.Forward(ctx, st, ids, false); err != nil {
-				b.Fatal(err)
-			}
 			dr := m.net.(model.Drafter)
 			greedy := func(_ int, l []float32) (int32, error) { return int32(layers.Argmax(l)), nil }
 			L := len(prompt)
@@ -477,22 +474,8 @@ func benchSpeculativeV4(b *testing.B, device string) {
 	}
 	for _, rows := range []int{1, 2, 3, 4} {
 		b.Run(fmt.Sprintf("verify-n=%d", rows), func(b *testing.B) {
-			m, err := Load(dir, Options{Device: device})
-			if err != nil {
-				b.Fatal(err)
-			}
+			m, st, ids := loadPrefilled(b, dir, Options{Device: device}, prompt)
 			defer m.Close()
-			st, err := m.net.NewState(256)
-			if err != nil {
-				b.Fatal(err)
-			}
-			ids := make([]int32, len(prompt))
-			for i, t := range prompt {
-				ids[i] = int32(t)
-			}
-			if _, err := m.net.Forward(context.Background(), st, ids, false); err != nil {
-				b.Fatal(err)
-			}
 			step := ids[:rows]
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
