@@ -238,15 +238,7 @@ var v4Specs = map[string]v4Spec{
 
 func loadV4(t testing.TB, dir string) *DeepseekV4 {
 	t.Helper()
-	cfg, err := LoadConfig(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ck, err := weights.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ck.Close() })
+	cfg, ck := openFolder(t, dir)
 	m, err := loadDeepseekV4(cpu.New(0), cfg, NewLoader(cpu.New(0), ck))
 	if err != nil {
 		t.Fatal(err)
@@ -1354,4 +1346,20 @@ func TestV4ReleasedConverted(t *testing.T) {
 	} else {
 		t.Logf("converted vs released last-token logits: cosine %.3f", cos)
 	}
+}
+
+// openFolder reads dir's config and opens its checkpoint, closed when the
+// test ends.
+func openFolder(t testing.TB, dir string) (*Config, *weights.Checkpoint) {
+	t.Helper()
+	cfg, err := LoadConfig(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, err := weights.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ck.Close() })
+	return cfg, ck
 }

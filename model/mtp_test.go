@@ -51,15 +51,7 @@ func refMTP(t *testing.T, dir string, s v4Spec, hIn []float64, toks []int32) ([]
 
 func loadV4MTP(t *testing.T, dir string) *DeepseekV4 {
 	t.Helper()
-	cfg, err := LoadConfig(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ck, err := weights.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ck.Close() })
+	cfg, ck := openFolder(t, dir)
 	b := cpu.New(0)
 	m, err := loadDeepseekV4With(b, cfg, NewLoader(b, ck), true)
 	if err != nil {
@@ -172,15 +164,7 @@ func TestDeepseekV4MTP(t *testing.T) {
 // and the block's output (the one-layer model's residual) of the last.
 func v3MTPRef(t *testing.T, dir string, h [][]float64, toks []int32) ([]float32, []float32) {
 	t.Helper()
-	cfg, err := LoadConfig(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ck, err := weights.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ck.Close()
+	cfg, ck := openFolder(t, dir)
 	W := refW{t: t, ck: ck}
 	D, V, N := cfg.HiddenSize, cfg.VocabSize, cfg.NumLayers
 	p := fmt.Sprintf("model.layers.%d.", N)
@@ -301,15 +285,7 @@ func TestDeepseekV3MTP(t *testing.T) {
 	d := testmodel.DeepseekV3{Layers: 2, DenseLayers: 1, Hidden: 64, FFN: 96, Heads: 2, Vocab: 80, QLora: 32, KVLora: 32,
 		Nope: 16, Rope: 8, VDim: 16, Experts: 4, Shared: 1, TopK: 2, MoEFFN: 32, Groups: 2, TopKGroups: 1, MTP: true, Seed: 3}
 	dir := testmodel.WriteTemp(t, d)
-	cfg, err := LoadConfig(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ck, err := weights.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ck.Close() })
+	cfg, ck := openFolder(t, dir)
 	net, err := Build(cpu.New(0), &Folder{Dir: dir, Config: cfg, Checkpoint: ck}, Options{MTP: true})
 	if err != nil {
 		t.Fatal(err)
