@@ -104,15 +104,7 @@ func BenchmarkGEMV(b *testing.B) {
 			// uploaded by the variant's first benchmark the filter runs.
 			bytes := float64(N*K) * h.Format.BytesPerValue()
 			var ws []backend.Weight
-			upload := func(b *testing.B) {
-				for len(ws) < max(1, int(math.Ceil(200e6/bytes))) {
-					w, err := g.Upload(h)
-					if err != nil {
-						b.Fatal(err)
-					}
-					ws = append(ws, w)
-				}
-			}
+			upload := func(b *testing.B) { ws = weightCopies(b, g, h, ws, bytes) }
 			v.set()
 			for _, m := range v.ms {
 				b.Run(fmt.Sprintf("%s/%dx%d/m=%d", v.name, N, K, m), func(b *testing.B) {
@@ -123,17 +115,10 @@ func BenchmarkGEMV(b *testing.B) {
 					if err := g.Sync(); err != nil {
 						b.Fatal(err)
 					}
-					x, y := g.NewBuffer(m*K), g.NewBuffer(m*N)
-					g.Write(x, 0, randn(rng, m*K))
-					for _, w := range ws { // every copy once: first-use work (tensor maps) stays out of the timing
-						g.MatMul(y, x, w, m)
-					}
-					i := 0
-					d := deviceTime(g, 50, func() { i++; g.MatMul(y, x, ws[i%len(ws)], m) })
+					d, next := timeMatMul(g, ws, rng, m, N, K)
 					hs := time.Now() // the host's cost of queueing and launching one
 					for range 50 {
-						i++
-						g.MatMul(y, x, ws[i%len(ws)], m)
+						next()
 					}
 					g.onContext(func() {})
 					host := time.Since(hs) / 50
@@ -227,4 +212,34 @@ type gemvVariant struct {
 	h    *backend.HostWeight
 	ms   []int
 	set  func()
+}
+
+// weightCopies appends uploads of h to ws until the copies take 200 MB
+// (devBytes each on the device): taken in turn, no launch finds its weights
+// in L2 (50 MB on an H100), as a decode step never does.
+func weightCopies(b *testing.B, g *Backend, h *backend.HostWeight, ws []backend.Weight, devBytes float64) []backend.Weight {
+	b.Helper()
+	for len(ws) < max(1, int(math.Ceil(200e6/devBytes))) {
+		w, err := g.Upload(h)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ws = append(ws, w)
+	}
+	return ws
+}
+
+// timeMatMul times y = x·wᵀ for m random rows x of K through the weights ws
+// taken in turn: after every copy once (first-use work such as tensor maps
+// stays out of the timing), the device time of one (deviceTime over 50).
+// next queues the following one.
+func timeMatMul(g *Backend, ws []backend.Weight, rng *rand.Rand, m, N, K int) (d time.Duration, next func()) {
+	x, y := g.NewBuffer(m*K), g.NewBuffer(m*N)
+	g.Write(x, 0, randn(rng, m*K))
+	for _, w := range ws {
+		g.MatMul(y, x, w, m)
+	}
+	i := 0
+	next = func() { i++; g.MatMul(y, x, ws[i%len(ws)], m) }
+	return deviceTime(g, 50, next), next
 }

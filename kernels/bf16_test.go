@@ -3,7 +3,6 @@ package kernels
 import (
 	"encoding/binary"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"runtime"
 	"testing"
@@ -248,20 +247,8 @@ func BenchmarkBF16GEMM(b *testing.B) {
 				g.SetPDL(v.pdl)
 				defer func() { g.force.bf16Kernel = ""; g.SetPDL(false) }()
 				runtime.GC()
-				for len(ws) < max(1, int(math.Ceil(200e6/bytes))) {
-					w, err := g.Upload(h)
-					if err != nil {
-						b.Fatal(err)
-					}
-					ws = append(ws, w)
-				}
-				x, y := g.NewBuffer(m*K), g.NewBuffer(m*N)
-				g.Write(x, 0, randn(rng, m*K))
-				for _, w := range ws {
-					g.MatMul(y, x, w, m)
-				}
-				i := 0
-				d := deviceTime(g, 50, func() { i++; g.MatMul(y, x, ws[i%len(ws)], m) })
+				ws = weightCopies(b, g, h, ws, bytes)
+				d, _ := timeMatMul(g, ws, rng, m, N, K)
 				if err := g.Sync(); err != nil {
 					b.Fatal(err)
 				}

@@ -191,24 +191,11 @@ func BenchmarkFP8GEMV(b *testing.B) {
 				b.Run(fmt.Sprintf("%s/%dx%d/m=%d", v.name, N, K, m), func(b *testing.B) {
 					runtime.GC()
 					// Copies of the weights, taken in turn, so that none is found in L2.
-					for len(ws) < max(1, int(math.Ceil(200e6/devBytes))) {
-						w, err := g.Upload(h)
-						if err != nil {
-							b.Fatal(err)
-						}
-						ws = append(ws, w)
-					}
-					x, y := g.NewBuffer(m*K), g.NewBuffer(m*N)
-					g.Write(x, 0, randn(rng, m*K))
-					for _, w := range ws {
-						g.MatMul(y, x, w, m)
-					}
-					i := 0
-					d := deviceTime(g, 50, func() { i++; g.MatMul(y, x, ws[i%len(ws)], m) })
+					ws = weightCopies(b, g, h, ws, devBytes)
+					d, next := timeMatMul(g, ws, rng, m, N, K)
 					hs := time.Now()
 					for range 50 {
-						i++
-						g.MatMul(y, x, ws[i%len(ws)], m)
+						next()
 					}
 					g.onContext(func() {})
 					host := time.Since(hs) / 50
