@@ -100,14 +100,7 @@ func testBF16Joined(t *testing.T, graphs GraphMode, m int, limit float32) {
 		if bias {
 			h.Bias = randn(rng, n)
 		}
-		wc, err := c.Upload(h)
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg, err := g.Upload(h)
-		if err != nil {
-			t.Fatal(err)
-		}
+		wc, wg := uploadBoth(t, g, c, h)
 		return pair{wc, wg}
 	}
 	wq, wk, wv, wo := mk(qn, hidden, true), mk(kvn, hidden, true), mk(kvn, hidden, false), mk(hidden, qn, false)

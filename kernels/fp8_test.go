@@ -107,14 +107,7 @@ func TestFP8MLA(t *testing.T) {
 	m := 2
 	for _, sd := range []quant.ScaleDType{quant.ScaleE8M0, quant.ScaleF32} {
 		h := fp8Weight(t, rng, s.Heads*(s.NopeDim+s.VDim), s.KVLoraRank, sd, false)
-		wg, err := g.Upload(h)
-		if err != nil {
-			t.Fatal(err)
-		}
-		wc, err := c.Upload(h)
-		if err != nil {
-			t.Fatal(err)
-		}
+		wc, wg := uploadBoth(t, g, c, h)
 		q, ol := randn(rng, m*s.Heads*s.QKDim()), randn(rng, m*s.Heads*s.KVLoraRank)
 		qg, olg := g.NewBuffer(len(q)), g.NewBuffer(len(ol))
 		g.Write(qg, 0, q)
@@ -240,6 +233,21 @@ func TestFP8GemvParams(t *testing.T) {
 	}
 }
 
+// queuedFP8Groups is the number of weights of each gemv_fp8_m1 launch
+// queued on g.
+func queuedFP8Groups(g *Backend) []int {
+	g.qmu.Lock()
+	defer g.qmu.Unlock()
+	var launches []int
+	for _, o := range g.q.ops {
+		if o.name == "gemv_fp8_m1" {
+			p, _ := fp8GemvOf(o.params)
+			launches = append(launches, p.groups)
+		}
+	}
+	return launches
+}
+
 // TestFP8Join queues four m = 1 FP8 matmuls of one x (as DeepSeek-V3's
 // q_a and kv_a projections): the first three join in one launch of
 // gemv_fp8_m1, the fourth starts the next; each output is held to the CPU
@@ -257,14 +265,7 @@ func TestFP8Join(t *testing.T) {
 	var ys []backend.Buffer
 	var wgs, wcs []backend.Weight
 	for _, h := range hs {
-		wg, err := g.Upload(h)
-		if err != nil {
-			t.Fatal(err)
-		}
-		wc, err := c.Upload(h)
-		if err != nil {
-			t.Fatal(err)
-		}
+		wc, wg := uploadBoth(t, g, c, h)
 		wgs, wcs = append(wgs, wg), append(wcs, wc)
 		ys = append(ys, g.NewBuffer(h.Rows))
 	}
@@ -274,15 +275,7 @@ func TestFP8Join(t *testing.T) {
 	for i := range hs {
 		g.MatMul(ys[i], x, wgs[i], 1)
 	}
-	g.qmu.Lock()
-	var launches []int
-	for _, o := range g.q.ops {
-		if o.name == "gemv_fp8_m1" {
-			p, _ := fp8GemvOf(o.params)
-			launches = append(launches, p.groups)
-		}
-	}
-	g.qmu.Unlock()
+	launches := queuedFP8Groups(g)
 	if len(launches) != 2 || launches[0] != 3 || launches[1] != 1 {
 		t.Errorf("queued gemv_fp8_m1 launches of %v weights, want [3 1]", launches)
 	}
@@ -321,14 +314,7 @@ func TestFP8GroupMoE(t *testing.T) {
 		for range tc.experts {
 			for j, shape := range [][2]int{{tc.ffn, tc.dim}, {tc.ffn, tc.dim}, {tc.dim, tc.ffn}} {
 				h := fp8Weight(t, rng, shape[0], shape[1], tc.sd, false)
-				wg, err := g.Upload(h)
-				if err != nil {
-					t.Fatal(err)
-				}
-				wc, err := c.Upload(h)
-				if err != nil {
-					t.Fatal(err)
-				}
+				wc, wg := uploadBoth(t, g, c, h)
 				gw[j], cw[j] = append(gw[j], wg), append(cw[j], wc)
 			}
 		}
@@ -373,14 +359,7 @@ func TestFP8JoinStrided(t *testing.T) {
 	var wgs, wcs []backend.Weight
 	for range G {
 		h := fp8Weight(t, rng, rows, cols, quant.ScaleE8M0, false)
-		wg, err := g.Upload(h)
-		if err != nil {
-			t.Fatal(err)
-		}
-		wc, err := c.Upload(h)
-		if err != nil {
-			t.Fatal(err)
-		}
+		wc, wg := uploadBoth(t, g, c, h)
 		wgs, wcs = append(wgs, wg), append(wcs, wc)
 	}
 	xv := randn(rng, G*cols)
@@ -390,15 +369,7 @@ func TestFP8JoinStrided(t *testing.T) {
 		t.Fatal(err)
 	}
 	g.GroupedMatMul(y, x, wgs, 1)
-	g.qmu.Lock()
-	var launches []int
-	for _, o := range g.q.ops {
-		if o.name == "gemv_fp8_m1" {
-			p, _ := fp8GemvOf(o.params)
-			launches = append(launches, p.groups)
-		}
-	}
-	g.qmu.Unlock()
+	launches := queuedFP8Groups(g)
 	if !slices.Equal(launches, []int{3, 2}) {
 		t.Errorf("queued gemv_fp8_m1 launches of %v weights, want [3 2]", launches)
 	}
