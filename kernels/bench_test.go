@@ -42,10 +42,7 @@ func randomNVFP4(rng *rand.Rand, n, k int) *quant.NVFP4 {
 // force one. 128256x4096 is the 8B model's LM head. The dev build adds its
 // experiments (bench_dev_test.go: gemvDevVariants).
 func BenchmarkGEMV(b *testing.B) {
-	g := newGPU(b)
-	g.SetGraphs(GraphsOff) // every launch timed as launched
-	g.SetPDL(false)        // no overlap between consecutive launches
-	copyBW := g.CopyBandwidth()
+	g, copyBW := benchGPU(b, false)
 	b.Logf("device copy bandwidth (read+write): %.0f GB/s", copyBW/1e9)
 	fmt.Printf("RESULT copy copy_GBps=%.0f\n", copyBW/1e9)
 	rng := rand.New(rand.NewPCG(1, 1))
@@ -59,12 +56,7 @@ func BenchmarkGEMV(b *testing.B) {
 	}
 	for _, shape := range [][2]int{{4096, 14336}, {14336, 4096}, {6144, 4096}, {128256, 4096}, {16384, 14336}} {
 		N, K := shape[0], shape[1]
-		bf := make([]byte, 2*N*K)
-		for i := range bf[:1<<20] {
-			bf[i] = byte(rng.Uint32() & 0x3f) // small finite bf16 values
-		}
-		for i := 1 << 20; i < len(bf); i += copy(bf[i:], bf[:1<<20]) {
-		}
+		bf := repeatMiB(make([]byte, 2*N*K), func() byte { return byte(rng.Uint32() & 0x3f) }) // small finite bf16 values
 		bfw := &backend.HostWeight{Name: "bf16", Rows: N, Cols: K, Format: backend.BF16, Data: bf}
 		var vs []variant
 		if N == 16384 { // 132 MB of NVFP4: the kernels' rate with launch and ramp amortized
@@ -147,10 +139,7 @@ func BenchmarkGEMV(b *testing.B) {
 // as the step runs them, each launch after the other kind (ffn), and the
 // gate and up launch alone, chained with itself (gateup).
 func BenchmarkFFNChain(b *testing.B) {
-	g := newGPU(b)
-	g.SetGraphs(GraphsOff)
-	g.SetPDL(true)
-	copyBW := g.CopyBandwidth()
+	g, copyBW := benchGPU(b, true)
 	rng := rand.New(rand.NewPCG(3, 3))
 	const hidden, ffn = 4096, 14336
 	type ffnWeights struct{ gate, up, down backend.Weight }
@@ -242,4 +231,24 @@ func timeMatMul(g *Backend, ws []backend.Weight, rng *rand.Rand, m, N, K int) (d
 	i := 0
 	next = func() { i++; g.MatMul(y, x, ws[i%len(ws)], m) }
 	return deviceTime(g, 50, next), next
+}
+
+// repeatMiB fills p's first MiB with gen's bytes and repeats it over the
+// rest: benchmark weights, quick to make, random enough.
+func repeatMiB(p []byte, gen func() byte) []byte {
+	for i := range p[:1<<20] {
+		p[i] = gen()
+	}
+	for i := 1 << 20; i < len(p); i += copy(p[i:], p[:1<<20]) {
+	}
+	return p
+}
+
+// benchGPU is the GPU backend of a matmul benchmark, every launch timed as
+// launched (no graphs), with or without PDL, and its copy bandwidth.
+func benchGPU(b *testing.B, pdl bool) (*Backend, float64) {
+	g := newGPU(b)
+	g.SetGraphs(GraphsOff)
+	g.SetPDL(pdl)
+	return g, g.CopyBandwidth()
 }

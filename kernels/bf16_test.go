@@ -206,20 +206,12 @@ func gemm16Weight(t *testing.T, g *Backend, rng *rand.Rand, n, k int, f16 bool) 
 // that no launch finds its weights in L2. dev/torch/bench_torch.py times
 // cuBLAS at the same shapes.
 func BenchmarkBF16GEMM(b *testing.B) {
-	g := newGPU(b)
-	g.SetGraphs(GraphsOff)
-	g.SetPDL(false)
-	copyBW := g.CopyBandwidth()
+	g, copyBW := benchGPU(b, false)
 	fmt.Printf("RESULT copy copy_GBps=%.0f\n", copyBW/1e9)
 	rng := rand.New(rand.NewPCG(3, 3))
 	for _, shape := range [][2]int{{4096, 4096}, {1024, 4096}, {14336, 4096}, {4096, 14336}, {12288, 4096}, {4096, 12288}, {151936, 4096}} {
 		N, K := shape[0], shape[1]
-		bf := make([]byte, 2*N*K)
-		for i := range bf[:1<<20] {
-			bf[i] = byte(rng.Uint32() & 0x3f) // small finite bf16 values
-		}
-		for i := 1 << 20; i < len(bf); i += copy(bf[i:], bf[:1<<20]) {
-		}
+		bf := repeatMiB(make([]byte, 2*N*K), func() byte { return byte(rng.Uint32() & 0x3f) }) // small finite bf16 values
 		h := &backend.HostWeight{Name: "bf16", Rows: N, Cols: K, Format: backend.BF16, Data: bf}
 		bytes := float64(2 * N * K)
 		var ws []backend.Weight
@@ -265,19 +257,11 @@ func BenchmarkBF16GEMM(b *testing.B) {
 // their own launches (nine), as before the joins. RESULT bf16_block: time
 // and the weight bytes a second against the copy bandwidth.
 func BenchmarkBF16Block(b *testing.B) {
-	g := newGPU(b)
-	g.SetGraphs(GraphsOff)
-	g.SetPDL(true)
-	copyBW := g.CopyBandwidth()
+	g, copyBW := benchGPU(b, true)
 	rng := rand.New(rand.NewPCG(4, 4))
 	const hidden, q, kv, ffn = 4096, 4096, 1024, 14336
 	upload := func(n, k int) backend.Weight {
-		bf := make([]byte, 2*n*k)
-		for i := range bf[:1<<20] {
-			bf[i] = byte(rng.Uint32() & 0x3f) // small finite bf16 values
-		}
-		for i := 1 << 20; i < len(bf); i += copy(bf[i:], bf[:1<<20]) {
-		}
+		bf := repeatMiB(make([]byte, 2*n*k), func() byte { return byte(rng.Uint32() & 0x3f) }) // small finite bf16 values
 		w, err := g.Upload(&backend.HostWeight{Name: "bf16", Rows: n, Cols: k, Format: backend.BF16, Data: bf})
 		if err != nil {
 			b.Fatal(err)

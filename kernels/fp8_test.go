@@ -143,20 +143,13 @@ func TestFP8MLA(t *testing.T) {
 // the ratios compare time). m = 512 is a prefill chunk. RESULT lines as
 // BenchmarkGEMV's.
 func BenchmarkFP8GEMV(b *testing.B) {
-	g := newGPU(b)
-	g.SetGraphs(GraphsOff)
-	g.SetPDL(false)
-	copyBW := g.CopyBandwidth()
+	g, copyBW := benchGPU(b, false)
 	fmt.Printf("RESULT copy copy_GBps=%.0f\n", copyBW/1e9)
 	rng := rand.New(rand.NewPCG(58, 1))
 	for _, shape := range [][2]int{{18432, 7168}, {7168, 18432}, {4096, 7168}, {24576, 1536}, {2048, 4096}, {4096, 2048}} {
 		N, K := shape[0], shape[1]
 		q := &quant.FP8Block{Rows: N, Cols: K, BlockRows: 128, BlockCols: 128, Data: make([]byte, N*K), ScaleDType: quant.ScaleE8M0}
-		for i := range q.Data[:1<<20] {
-			q.Data[i] = byte(rng.Uint32()) & 0xf7 // no NaN codes (0x7f, 0xff)
-		}
-		for i := 1 << 20; i < len(q.Data); i += copy(q.Data[i:], q.Data[:1<<20]) {
-		}
+		repeatMiB(q.Data, func() byte { return byte(rng.Uint32()) & 0xf7 }) // no NaN codes (0x7f, 0xff)
 		sr, sc := q.ScaleShape()
 		q.Scales = make([]byte, sr*sc)
 		for i := range q.Scales {

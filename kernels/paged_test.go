@@ -162,6 +162,25 @@ func testPagedBatch(t *testing.T, m model.Model, vocab int) {
 	t.Logf("largest logit difference from alone: %.3g", worst)
 }
 
+// timeSteps runs step once (first-use work stays out of the timing), then
+// b.N times, and returns the seconds of one.
+func timeSteps(b *testing.B, g *Backend, step func()) float64 {
+	b.Helper()
+	step()
+	if err := g.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	start := time.Now()
+	for range b.N {
+		step()
+	}
+	if err := g.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	return time.Since(start).Seconds() / float64(b.N)
+}
+
 // attention8B is the Llama-3-8B and Qwen3-8B attention shape the paged
 // benchmarks time (32 query heads, 8 kv heads of 128) and its RoPE.
 func attention8B(b *testing.B) (layers.AttentionShape, *layers.RoPE) {
@@ -220,19 +239,7 @@ func BenchmarkPagedAttention(b *testing.B) {
 						g.PagedAppendRoPE(pool, 0, q, k, v, seqs, heads, rope)
 						g.PagedAttention(out, q, pool, 0, seqs, s)
 					}
-					step()
-					if err := g.Sync(); err != nil {
-						b.Fatal(err)
-					}
-					b.ResetTimer()
-					start := time.Now()
-					for range b.N {
-						step()
-					}
-					if err := g.Sync(); err != nil {
-						b.Fatal(err)
-					}
-					sec := time.Since(start).Seconds() / float64(b.N)
+					sec := timeSteps(b, g, step)
 					bytes := float64(c*(ctxLen+1)*kvHeads*hd) * 8
 					b.ReportMetric(sec*1e6, "us/layer")
 					b.ReportMetric(bytes/sec/1e9, "KV-GB/s")
@@ -254,19 +261,7 @@ func BenchmarkPagedAttention(b *testing.B) {
 				g.RoPE(k, 1, kvHeads, hd, 0, ctxLen, rope, false)
 				g.Attention(out, q, k, v, cache, 0, ctxLen, 1, s)
 			}
-			step()
-			if err := g.Sync(); err != nil {
-				b.Fatal(err)
-			}
-			b.ResetTimer()
-			start := time.Now()
-			for range b.N {
-				step()
-			}
-			if err := g.Sync(); err != nil {
-				b.Fatal(err)
-			}
-			sec := time.Since(start).Seconds() / float64(b.N)
+			sec := timeSteps(b, g, step)
 			bytes := float64((ctxLen+1)*kvHeads*hd) * 8
 			b.ReportMetric(sec*1e6, "us/layer")
 			b.ReportMetric(bytes/sec/1e9, "KV-GB/s")
@@ -354,19 +349,7 @@ func BenchmarkPagedPrefill(b *testing.B) {
 	fill := func(n int) backend.Buffer { return upload(g, testnum.Normal(rng, n, 0, 1)) }
 	q, k, v, out := fill(m*heads*hd), fill(m*kvHeads*hd), fill(m*kvHeads*hd), g.NewBuffer(m*heads*hd)
 	timeIt := func(b *testing.B, name string, step func()) {
-		step()
-		if err := g.Sync(); err != nil {
-			b.Fatal(err)
-		}
-		b.ResetTimer()
-		start := time.Now()
-		for range b.N {
-			step()
-		}
-		if err := g.Sync(); err != nil {
-			b.Fatal(err)
-		}
-		sec := time.Since(start).Seconds() / float64(b.N)
+		sec := timeSteps(b, g, step)
 		b.ReportMetric(sec*1e6, "us/layer")
 		fmt.Printf("RESULT paged-prefill %s us_per_layer=%.1f\n", name, sec*1e6)
 	}
