@@ -154,29 +154,17 @@ func (m *DeepseekV32) Draft(ctx context.Context, st State, next int32, k int, pi
 	ms.pos = from
 	logits := m.mtpStep(s, hid, toks)
 	ms.exact = L
-	var drafts []int32
-	for step := 0; ; step++ {
+	synced := func(step int, logits []float32) (int32, error) { // mtpStep's logits are valid after a Sync
 		if err := b.Sync(); err != nil {
-			return drafts, err
+			return 0, err
 		}
-		d, err := pick(step, logits)
-		if err != nil {
-			return drafts, err
-		}
-		if d < 0 || int(d) >= m.cfg.VocabSize {
-			return drafts, fmt.Errorf("model: draft token %d is outside the vocabulary [0, %d)", d, m.cfg.VocabSize)
-		}
-		drafts = append(drafts, d)
-		if len(drafts) == k {
-			return drafts, nil
-		}
-		if err := ctx.Err(); err != nil {
-			return drafts, err
-		}
+		return pick(step, logits)
+	}
+	return draftLoop(ctx, k, m.cfg.VocabSize, synced, logits, func(d int32) ([]float32, error) {
 		last := b.View(ms.hn, 0, D)
 		b.Copy(last, b.View(ms.x, (ms.lastRows-1)*D, D))
-		logits = m.mtpStep(s, last, []int32{d})
-	}
+		return m.mtpStep(s, last, []int32{d}), nil
+	})
 }
 
 // mtpStep runs the block at positions ms.pos.. over the hidden states hid
