@@ -218,11 +218,8 @@ func (m *DeepseekV4) Draft(ctx context.Context, st State, next int32, k int, pic
 	if m.mtp == nil {
 		return nil, fmt.Errorf("model: %s: no MTP block loaded (the checkpoint lacks mtp.0.*, or Options.MTP is off)", m.cfg.Path)
 	}
-	if k < 0 || k > MaxDraft {
-		return nil, fmt.Errorf("model: draft of %d tokens: want 0 to %d", k, MaxDraft)
-	}
-	if next < 0 || int(next) >= m.cfg.VocabSize {
-		return nil, fmt.Errorf("model: draft after token %d, outside the vocabulary [0, %d)", next, m.cfg.VocabSize)
+	if err := checkDraft(k, next, m.cfg.VocabSize); err != nil {
+		return nil, err
 	}
 	L := len(s.hist)
 	// Room for next and the drafts after it.
@@ -265,6 +262,18 @@ func (m *DeepseekV4) Draft(ctx context.Context, st State, next int32, k int, pic
 		// next position.
 		return m.mtpStep(s, b.View(ms.x, (ms.lastRows-1)*nh*D, nh*D), []int32{d})
 	})
+}
+
+// checkDraft checks a Draft call's k (0 to MaxDraft) and next (in the
+// vocabulary [0, vocab)).
+func checkDraft(k int, next int32, vocab int) error {
+	if k < 0 || k > MaxDraft {
+		return fmt.Errorf("model: draft of %d tokens: want 0 to %d", k, MaxDraft)
+	}
+	if next < 0 || int(next) >= vocab {
+		return fmt.Errorf("model: draft after token %d, outside the vocabulary [0, %d)", next, vocab)
+	}
+	return nil
 }
 
 // draftLoop asks pick for k drafts, the first from logits and each next

@@ -119,11 +119,8 @@ func (m *DeepseekV32) Draft(ctx context.Context, st State, next int32, k int, pi
 		}
 		return nil, fmt.Errorf("model: %s: no MTP block loaded (the checkpoint lacks model.layers.%d.*, or Options.MTP is off)", m.cfg.Path, m.cfg.NumLayers)
 	}
-	if k < 0 || k > MaxDraft {
-		return nil, fmt.Errorf("model: draft of %d tokens: want 0 to %d", k, MaxDraft)
-	}
-	if next < 0 || int(next) >= m.cfg.VocabSize {
-		return nil, fmt.Errorf("model: draft after token %d, outside the vocabulary [0, %d)", next, m.cfg.VocabSize)
+	if err := checkDraft(k, next, m.cfg.VocabSize); err != nil {
+		return nil, err
 	}
 	L := s.n
 	k = min(k, s.cap-L-1)
