@@ -23,21 +23,16 @@ import (
 )
 
 // withMTP copies the DeepSeek-V4 checkpoint src into a new folder and adds
-// a random MTP block (mtp.0.*, float32) of its shapes.
+// a random MTP block (mtp.0.*, float32) of its shapes after its tensors.
 func withMTP(t testing.TB, src string, seed uint64) string {
 	t.Helper()
 	dst := t.TempDir()
-	for _, f := range []string{"config.json", "generation_config.json"} {
-		b, err := os.ReadFile(filepath.Join(src, f))
-		if err != nil {
-			if os.IsNotExist(err) {
-				continue
-			}
+	if b, err := os.ReadFile(filepath.Join(src, "generation_config.json")); err == nil {
+		if err := os.WriteFile(filepath.Join(dst, "generation_config.json"), b, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(dst, f), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
+	} else if !os.IsNotExist(err) {
+		t.Fatal(err)
 	}
 	var c struct {
 		Hidden  int `json:"hidden_size"`
@@ -54,24 +49,7 @@ func withMTP(t testing.TB, src string, seed uint64) string {
 	if err := json.Unmarshal(cj, &c); err != nil {
 		t.Fatal(err)
 	}
-	ck, err := weights.Open(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ck.Close()
-	w, err := weights.Create(filepath.Join(dst, "model.safetensors"), map[string]string{"format": "pt"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, name := range ck.Names() {
-		tn, err := ck.Tensor(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := w.Add(name, tn.DType, tn.Shape, tn.Data); err != nil {
-			t.Fatal(err)
-		}
-	}
+	var mtp []*weights.Tensor
 	rng := rand.New(rand.NewPCG(seed, 9))
 	add := func(name string, mean, std float64, shape ...int) {
 		n := 1
@@ -82,9 +60,7 @@ func withMTP(t testing.TB, src string, seed uint64) string {
 		for i := 0; i < n; i++ {
 			binary.LittleEndian.PutUint32(buf[4*i:], math.Float32bits(float32(mean+std*rng.NormFloat64())))
 		}
-		if err := w.Add(name, weights.F32, shape, buf); err != nil {
-			t.Fatal(err)
-		}
+		mtp = append(mtp, &weights.Tensor{Name: name, DType: weights.F32, Shape: shape, Data: buf})
 	}
 	D, n, hq := c.Hidden, c.HC, c.Heads*c.HeadDim
 	mix := (2 + n) * n
@@ -124,7 +100,19 @@ func withMTP(t testing.TB, src string, seed uint64) string {
 	add(p+"hc_head_fn", 0, 0.1, n, n*D)
 	add(p+"hc_head_base", 0, 0.3, n)
 	add(p+"hc_head_scale", 1, 0.1, 1)
-	if err := w.Close(); err != nil {
+	ck, err := weights.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := ck.Names()[len(ck.Names())-1]
+	ck.Close()
+	err = testmodel.RewriteTensors(src, dst, func(_ *weights.Checkpoint, tn *weights.Tensor) []*weights.Tensor {
+		if tn.Name == last {
+			return append([]*weights.Tensor{tn}, mtp...)
+		}
+		return []*weights.Tensor{tn}
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 	return dst
