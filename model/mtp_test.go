@@ -128,14 +128,8 @@ func TestDeepseekV4MTP(t *testing.T) {
 
 	// A verify pass over a..b-1, rolled back to a+2: the next draft
 	// catches up over positions a and a+1 from the verify pass's streams.
-	if _, err := m.Forward(ctx, st, ids[a:b], true); err != nil {
-		t.Fatal(err)
-	}
-	st.Truncate(a + 2)
 	got = got[:0]
-	if _, err := m.Draft(ctx, st, ids[a+2], 1, pick); err != nil {
-		t.Fatal(err)
-	}
+	rollbackDraft(t, m, st, ids, a, b, pick)
 	if r := st.(*v4State).mtp.lastRows; r != 2 {
 		t.Errorf("the draft after the rollback ran the block over %d positions, want 2 (a and a+1)", r)
 	}
@@ -151,6 +145,23 @@ func TestDeepseekV4MTP(t *testing.T) {
 	want := refV4Forward(t, dir, spec, ids, 0)
 	if d := maxAbsDiff(main, want[(a+2)*V:]); d > tol {
 		t.Errorf("main logits after the rollback differ from the reference by %.3g", d)
+	}
+}
+
+// rollbackDraft runs a verify pass over ids[a:b] on st, rolls st back to
+// a+2 and drafts one token after ids[a+2] with pick.
+func rollbackDraft(t *testing.T, m interface {
+	Model
+	Drafter
+}, st State, ids []int32, a, b int, pick func(step int, logits []float32) (int32, error)) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := m.Forward(ctx, st, ids[a:b], true); err != nil {
+		t.Fatal(err)
+	}
+	st.Truncate(a + 2)
+	if _, err := m.Draft(ctx, st, ids[a+2], 1, pick); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -326,14 +337,8 @@ func TestDeepseekV3MTP(t *testing.T) {
 		t.Errorf("second draft: logits differ from the block run as a model by %.3g", dd)
 	}
 
-	if _, err := m.Forward(ctx, st, ids[a:b], true); err != nil {
-		t.Fatal(err)
-	}
-	st.Truncate(a + 2)
 	got = got[:0]
-	if _, err := m.Draft(ctx, st, ids[a+2], 1, pick); err != nil {
-		t.Fatal(err)
-	}
+	rollbackDraft(t, m, st, ids, a, b, pick)
 	want, _ = v3MTPRef(t, dir, hidden[:a+2], ids[1:a+3])
 	if dd := maxAbsDiff(got[0], want[(a+1)*V:]); dd > tol {
 		t.Errorf("draft after a rollback: logits differ from the block run as a model by %.3g", dd)
