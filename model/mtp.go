@@ -222,13 +222,9 @@ func (m *DeepseekV4) Draft(ctx context.Context, st State, next int32, k int, pic
 		return nil, err
 	}
 	L := len(s.hist)
-	// Room for next and the drafts after it.
-	k = min(k, s.cap-L-1)
 	ms := s.mtp
-	if k <= 0 || L == 0 || ms.saved.rows == 0 || ms.saved.pos0+ms.saved.rows != L {
-		return nil, nil
-	}
-	if err := ctx.Err(); err != nil {
+	k, err := draftRoom(ctx, k, L, s.cap, &ms.saved)
+	if k <= 0 || err != nil {
 		return nil, err
 	}
 	// Drop the last call's draft steps, and the entry of position L-1 if a
@@ -274,6 +270,21 @@ func checkDraft(k int, next int32, vocab int) error {
 		return fmt.Errorf("model: draft after token %d, outside the vocabulary [0, %d)", next, vocab)
 	}
 	return nil
+}
+
+// draftRoom is the number of drafts a call may make after L positions of a
+// state of capacity positions: k, fewer where the context ends (room for
+// next and the drafts after it), 0 where saved does not end at position L
+// (the streams of the last position are gone) or ctx is done (its error).
+func draftRoom(ctx context.Context, k, L, capacity int, saved *mtpRows) (int, error) {
+	k = min(k, capacity-L-1)
+	if k <= 0 || L == 0 || saved.rows == 0 || saved.pos0+saved.rows != L {
+		return 0, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	return k, nil
 }
 
 // draftLoop asks pick for k drafts, the first from logits and each next

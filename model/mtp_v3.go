@@ -123,12 +123,9 @@ func (m *DeepseekV32) Draft(ctx context.Context, st State, next int32, k int, pi
 		return nil, err
 	}
 	L := s.n
-	k = min(k, s.cap-L-1)
 	ms := s.mtp
-	if k <= 0 || L == 0 || ms.saved.rows == 0 || ms.saved.pos0+ms.saved.rows != L {
-		return nil, nil
-	}
-	if err := ctx.Err(); err != nil {
+	k, err := draftRoom(ctx, k, L, s.cap, &ms.saved)
+	if k <= 0 || err != nil {
 		return nil, err
 	}
 	ms.truncate(min(ms.exact, L-1))
