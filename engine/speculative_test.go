@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/manifoldlm/manifold/internal/golden"
 	"github.com/manifoldlm/manifold/internal/testmodel"
+	"github.com/manifoldlm/manifold/internal/testnum"
 	"github.com/manifoldlm/manifold/kernels"
 	"github.com/manifoldlm/manifold/layers"
 	"github.com/manifoldlm/manifold/model"
@@ -52,15 +52,9 @@ func withMTP(t testing.TB, src string, seed uint64) string {
 	var mtp []*weights.Tensor
 	rng := rand.New(rand.NewPCG(seed, 9))
 	add := func(name string, mean, std float64, shape ...int) {
-		n := 1
-		for _, d := range shape {
-			n *= d
-		}
-		buf := make([]byte, 4*n)
-		for i := 0; i < n; i++ {
-			binary.LittleEndian.PutUint32(buf[4*i:], math.Float32bits(float32(mean+std*rng.NormFloat64())))
-		}
-		mtp = append(mtp, &weights.Tensor{Name: name, DType: weights.F32, Shape: shape, Data: buf})
+		tn := &weights.Tensor{Name: name, DType: weights.F32, Shape: shape}
+		tn.Data = testnum.NormalF32Bytes(rng, tn.NumElements(), mean, std)
+		mtp = append(mtp, tn)
 	}
 	D, n, hq := c.Hidden, c.HC, c.Heads*c.HeadDim
 	mix := (2 + n) * n

@@ -16,6 +16,7 @@ import (
 
 	"github.com/manifoldlm/manifold/backend/cpu"
 	"github.com/manifoldlm/manifold/internal/testmodel"
+	"github.com/manifoldlm/manifold/internal/testnum"
 	"github.com/manifoldlm/manifold/layers"
 	"github.com/manifoldlm/manifold/layers/mhc"
 	"github.com/manifoldlm/manifold/quant"
@@ -125,11 +126,7 @@ func writeV4Checkpoint(t testing.TB, dir string, s v4Spec, seed uint64) {
 			}
 			return
 		}
-		buf := make([]byte, 4*n)
-		for i := 0; i < n; i++ {
-			binary.LittleEndian.PutUint32(buf[4*i:], math.Float32bits(float32(mean+std*rng.NormFloat64())))
-		}
-		if err := w.Add(name, weights.F32, shape, buf); err != nil {
+		if err := w.Add(name, weights.F32, shape, testnum.NormalF32Bytes(rng, n, mean, std)); err != nil {
 			t.Fatal(err)
 		}
 	}
