@@ -47,6 +47,61 @@ func testPrompt(seed, n, vocab int) []int {
 	return p
 }
 
+// mixedPrompts are prompts of lengths 1 to 300 tokens (index 2 longer than
+// a step's token budget, so its prefill is chunked) in [2, vocab), prompt 4
+// starting with prompt 3's first shared tokens.
+func mixedPrompts(vocab, shared int) [][]int {
+	lengths := []int{1, 7, 300, 20, 20, 3, 60, 9}
+	prompts := make([][]int, len(lengths))
+	for i, n := range lengths {
+		prompts[i] = testPrompt(i, n, vocab)
+	}
+	prompts[4] = append(slices.Clone(prompts[3][:shared]), prompts[4][:5]...)
+	return prompts
+}
+
+// aloneTokens generates each prompt with opts(i) in a session of its own
+// (512 positions) of m, one after another.
+func aloneTokens(t *testing.T, m *Model, prompts [][]int, opts func(i int) GenerateOptions) [][]int {
+	t.Helper()
+	want := make([][]int, len(prompts))
+	for i, p := range prompts {
+		s, err := m.NewSession(512)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := s.Generate(context.Background(), p, opts(i), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[i] = res.Tokens
+	}
+	return want
+}
+
+// concurrentTokens runs gen for every prompt at once, the goroutines
+// joining up to 6 ms apart (mid-run), and returns what each generated (nil
+// where gen failed, the error reported).
+func concurrentTokens(t *testing.T, prompts [][]int, gen func(i int, p []int) ([]int, error)) [][]int {
+	got := make([][]int, len(prompts))
+	var wg sync.WaitGroup
+	for i, p := range prompts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			time.Sleep(time.Duration(i%3) * 3 * time.Millisecond) // join mid-run
+			toks, err := gen(i, p)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			got[i] = toks
+		}()
+	}
+	wg.Wait()
+	return got
+}
+
 // TestBatchedGenerateMatchesAlone: sessions generating at once, joining at
 // different times with prompts of different lengths (one longer than a
 // step's token budget, so its prefill is chunked between the others'
@@ -65,46 +120,20 @@ func TestBatchedGenerateMatchesAlone(t *testing.T) {
 			}
 			batched, alone := batchModelOn(t, tc.qwen3, tc.device)
 			vocab := batched.Config().VocabSize
-			lengths := []int{1, 7, 300, 20, 20, 3, 60, 9}
-			prompts := make([][]int, len(lengths))
-			for i, n := range lengths {
-				prompts[i] = testPrompt(i, n, vocab)
-			}
-			prompts[4] = append(slices.Clone(prompts[3][:15]), prompts[4][:5]...) // shares 15 tokens with 3
+			prompts := mixedPrompts(vocab, 15) // 4 shares 15 tokens with 3
 			opts := GenerateOptions{MaxTokens: 24, StopTokens: []int{}}
-			want := make([][]int, len(prompts))
-			for i, p := range prompts {
-				s, err := alone.NewSession(512)
+			want := aloneTokens(t, alone, prompts, func(int) GenerateOptions { return opts })
+			got := concurrentTokens(t, prompts, func(_ int, p []int) ([]int, error) {
+				s, err := batched.NewSession(512)
 				if err != nil {
-					t.Fatal(err)
+					return nil, err
 				}
 				res, err := s.Generate(context.Background(), p, opts, nil)
 				if err != nil {
-					t.Fatal(err)
+					return nil, err
 				}
-				want[i] = res.Tokens
-			}
-			got := make([][]int, len(prompts))
-			var wg sync.WaitGroup
-			for i, p := range prompts {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					time.Sleep(time.Duration(i%3) * 3 * time.Millisecond) // join mid-run
-					s, err := batched.NewSession(512)
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					res, err := s.Generate(context.Background(), p, opts, nil)
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					got[i] = res.Tokens
-				}()
-			}
-			wg.Wait()
+				return res.Tokens, nil
+			})
 			for i := range prompts {
 				if !slices.Equal(got[i], want[i]) {
 					t.Errorf("session %d (%d prompt tokens): batched %v, alone %v", i, len(prompts[i]), got[i], want[i])

@@ -38,16 +38,10 @@ func BenchmarkDecodeLlama1B(b *testing.B) {
 		DType: weights.BF16, NVFP4: true, Seed: 1})
 }
 
-// benchDecodeLlama runs the decode benchmark on the checkpoint spec
-// describes, written once into its folder; tag ends the RESULT names.
-func benchDecodeLlama(b *testing.B, tag string, spec testmodel.Llama) {
-	if !kernels.Available() {
-		b.Skip("no CUDA driver or GPU")
-	}
-	env := "MANIFOLD_BENCH_DIR"
-	if tag != "8b" {
-		env += "_" + strings.ToUpper(tag)
-	}
+// benchCheckpoint is the folder of spec's random checkpoint: env's folder
+// where set (written there once, kept for later runs), else a temporary one.
+func benchCheckpoint(b *testing.B, env string, spec testmodel.Llama) string {
+	b.Helper()
 	dir := os.Getenv(env)
 	if dir == "" {
 		dir = b.TempDir()
@@ -62,6 +56,20 @@ func benchDecodeLlama(b *testing.B, tag string, spec testmodel.Llama) {
 		}
 		b.Logf("wrote the random checkpoint in %s", time.Since(start))
 	}
+	return dir
+}
+
+// benchDecodeLlama runs the decode benchmark on the checkpoint spec
+// describes, written once into its folder; tag ends the RESULT names.
+func benchDecodeLlama(b *testing.B, tag string, spec testmodel.Llama) {
+	if !kernels.Available() {
+		b.Skip("no CUDA driver or GPU")
+	}
+	env := "MANIFOLD_BENCH_DIR"
+	if tag != "8b" {
+		env += "_" + strings.ToUpper(tag)
+	}
+	dir := benchCheckpoint(b, env, spec)
 	m, err := Load(dir, Options{Device: "cuda", ContextLength: 1024})
 	if err != nil {
 		b.Fatal(err)

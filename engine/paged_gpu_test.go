@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"fmt"
-	"os"
 	"runtime"
 	"slices"
 	"sync"
@@ -31,12 +30,7 @@ func TestPoolPagedBatchedGPU(t *testing.T) {
 		t.Run(fmt.Sprintf("qwen3=%v", qwen3), func(t *testing.T) {
 			batched, alone := batchModelOn(t, qwen3, "cuda")
 			vocab := batched.Config().VocabSize
-			lengths := []int{1, 7, 300, 20, 20, 3, 60, 9}
-			prompts := make([][]int, len(lengths))
-			for i, n := range lengths {
-				prompts[i] = testPrompt(i, n, vocab)
-			}
-			prompts[4] = append(slices.Clone(prompts[3][:17]), prompts[4][:5]...) // shares a block of 16 with 3
+			prompts := mixedPrompts(vocab, 17) // 4 shares a block of 16 with 3
 			opts := func(i int) GenerateOptions {
 				o := GenerateOptions{MaxTokens: 24, StopTokens: []int{}}
 				if i%2 == 1 {
@@ -44,18 +38,7 @@ func TestPoolPagedBatchedGPU(t *testing.T) {
 				}
 				return o
 			}
-			want := make([][]int, len(prompts))
-			for i, p := range prompts {
-				s, err := alone.NewSession(512)
-				if err != nil {
-					t.Fatal(err)
-				}
-				res, err := s.Generate(context.Background(), p, opts(i), nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				want[i] = res.Tokens
-			}
+			want := aloneTokens(t, alone, prompts, opts)
 			pool, err := batched.NewPool(PoolOptions{Sessions: len(prompts), ContextLength: 512, BlockSize: 16})
 			if err != nil {
 				t.Fatal(err)
@@ -63,28 +46,18 @@ func TestPoolPagedBatchedGPU(t *testing.T) {
 			if st := pool.Stats(); !st.Paged {
 				t.Fatalf("the pool's cache is not paged on the GPU: %+v", st)
 			}
-			got := make([][]int, len(prompts))
-			var wg sync.WaitGroup
-			for i, p := range prompts {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					time.Sleep(time.Duration(i%3) * 3 * time.Millisecond) // join mid-run
-					s, n, err := pool.Acquire(context.Background(), p)
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					defer pool.Release(s)
-					res, err := s.Generate(context.Background(), p[n:], opts(i), nil)
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					got[i] = res.Tokens
-				}()
-			}
-			wg.Wait()
+			got := concurrentTokens(t, prompts, func(i int, p []int) ([]int, error) {
+				s, n, err := pool.Acquire(context.Background(), p)
+				if err != nil {
+					return nil, err
+				}
+				defer pool.Release(s)
+				res, err := s.Generate(context.Background(), p[n:], opts(i), nil)
+				if err != nil {
+					return nil, err
+				}
+				return res.Tokens, nil
+			})
 			for i := range prompts {
 				if !slices.Equal(got[i], want[i]) {
 					t.Errorf("session %d (%d prompt tokens, %+v): batched %v, alone %v", i, len(prompts[i]), opts(i).Sampling, got[i], want[i])
@@ -127,18 +100,7 @@ func benchPool(b *testing.B, name, env string, spec testmodel.Llama) {
 	if !kernels.Available() {
 		b.Skip("no CUDA driver or GPU")
 	}
-	dir := os.Getenv(env)
-	if dir == "" {
-		dir = b.TempDir()
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := os.Stat(dir + "/model.safetensors"); err != nil {
-		if err := spec.Write(dir); err != nil {
-			b.Fatal(err)
-		}
-	}
+	dir := benchCheckpoint(b, env, spec)
 	const prompt, output = 512, 256
 	m, err := Load(dir, Options{Device: "cuda", ContextLength: prompt + output})
 	if err != nil {

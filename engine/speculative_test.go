@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/manifoldlm/manifold/internal/golden"
 	"github.com/manifoldlm/manifold/internal/testmodel"
+	"github.com/manifoldlm/manifold/internal/testnum"
 	"github.com/manifoldlm/manifold/kernels"
 	"github.com/manifoldlm/manifold/layers"
 	"github.com/manifoldlm/manifold/model"
@@ -23,21 +23,16 @@ import (
 )
 
 // withMTP copies the DeepSeek-V4 checkpoint src into a new folder and adds
-// a random MTP block (mtp.0.*, float32) of its shapes.
+// a random MTP block (mtp.0.*, float32) of its shapes after its tensors.
 func withMTP(t testing.TB, src string, seed uint64) string {
 	t.Helper()
 	dst := t.TempDir()
-	for _, f := range []string{"config.json", "generation_config.json"} {
-		b, err := os.ReadFile(filepath.Join(src, f))
-		if err != nil {
-			if os.IsNotExist(err) {
-				continue
-			}
+	if b, err := os.ReadFile(filepath.Join(src, "generation_config.json")); err == nil {
+		if err := os.WriteFile(filepath.Join(dst, "generation_config.json"), b, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(dst, f), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
+	} else if !os.IsNotExist(err) {
+		t.Fatal(err)
 	}
 	var c struct {
 		Hidden  int `json:"hidden_size"`
@@ -54,37 +49,12 @@ func withMTP(t testing.TB, src string, seed uint64) string {
 	if err := json.Unmarshal(cj, &c); err != nil {
 		t.Fatal(err)
 	}
-	ck, err := weights.Open(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ck.Close()
-	w, err := weights.Create(filepath.Join(dst, "model.safetensors"), map[string]string{"format": "pt"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, name := range ck.Names() {
-		tn, err := ck.Tensor(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := w.Add(name, tn.DType, tn.Shape, tn.Data); err != nil {
-			t.Fatal(err)
-		}
-	}
+	var mtp []*weights.Tensor
 	rng := rand.New(rand.NewPCG(seed, 9))
 	add := func(name string, mean, std float64, shape ...int) {
-		n := 1
-		for _, d := range shape {
-			n *= d
-		}
-		buf := make([]byte, 4*n)
-		for i := 0; i < n; i++ {
-			binary.LittleEndian.PutUint32(buf[4*i:], math.Float32bits(float32(mean+std*rng.NormFloat64())))
-		}
-		if err := w.Add(name, weights.F32, shape, buf); err != nil {
-			t.Fatal(err)
-		}
+		tn := &weights.Tensor{Name: name, DType: weights.F32, Shape: shape}
+		tn.Data = testnum.NormalF32Bytes(rng, tn.NumElements(), mean, std)
+		mtp = append(mtp, tn)
 	}
 	D, n, hq := c.Hidden, c.HC, c.Heads*c.HeadDim
 	mix := (2 + n) * n
@@ -124,7 +94,19 @@ func withMTP(t testing.TB, src string, seed uint64) string {
 	add(p+"hc_head_fn", 0, 0.1, n, n*D)
 	add(p+"hc_head_base", 0, 0.3, n)
 	add(p+"hc_head_scale", 1, 0.1, 1)
-	if err := w.Close(); err != nil {
+	ck, err := weights.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := ck.Names()[len(ck.Names())-1]
+	ck.Close()
+	err = testmodel.RewriteTensors(src, dst, func(_ *weights.Checkpoint, tn *weights.Tensor) []*weights.Tensor {
+		if tn.Name == last {
+			return append([]*weights.Tensor{tn}, mtp...)
+		}
+		return []*weights.Tensor{tn}
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 	return dst
@@ -342,6 +324,31 @@ func BenchmarkSpeculativeV4(b *testing.B) {
 	}
 }
 
+// loadPrefilled loads the model in dir with o and runs prompt through a
+// fresh state of 256 positions, returning the model (for the caller to
+// close), the state and the prompt's ids.
+func loadPrefilled(b *testing.B, dir string, o Options, prompt []int) (*Model, model.State, []int32) {
+	b.Helper()
+	m, err := Load(dir, o)
+	if err != nil {
+		b.Fatal(err)
+	}
+	st, err := m.net.NewState(256)
+	if err != nil {
+		m.Close()
+		b.Fatal(err)
+	}
+	ids := make([]int32, len(prompt))
+	for i, t := range prompt {
+		ids[i] = int32(t)
+	}
+	if _, err := m.net.Forward(context.Background(), st, ids, false); err != nil {
+		m.Close()
+		b.Fatal(err)
+	}
+	return m, st, ids
+}
+
 func benchSpeculativeV4(b *testing.B, device string) {
 	var d testmodel.Writer = testmodel.DeepseekV4{Vocab: 4096, Hidden: 512, Layers: 6, Heads: 8, HeadDim: 64, QLora: 256, OGroups: 4, OLora: 128,
 		Window: 64, IndexHeads: 4, IndexDim: 64, IndexTopK: 32, HCMult: 4, HCIters: 20, Experts: 16, TopK: 4, MoEFFN: 256,
@@ -392,22 +399,8 @@ func benchSpeculativeV4(b *testing.B, device string) {
 	}
 	for _, k := range []int{1, 2, 3} {
 		b.Run(fmt.Sprintf("draft-k=%d", k), func(b *testing.B) {
-			m, err := Load(dir, Options{Device: device, Speculative: SpeculativeOptions{Mode: "on", Tokens: k}})
-			if err != nil {
-				b.Fatal(err)
-			}
+			m, st, _ := loadPrefilled(b, dir, Options{Device: device, Speculative: SpeculativeOptions{Mode: "on", Tokens: k}}, prompt)
 			defer m.Close()
-			st, err := m.net.NewState(256)
-			if err != nil {
-				b.Fatal(err)
-			}
-			ids := make([]int32, len(prompt))
-			for i, t := range prompt {
-				ids[i] = int32(t)
-			}
-			if _, err := m.net.Forward(context.Background(), st, ids, false); err != nil {
-				b.Fatal(err)
-			}
 			dr := m.net.(model.Drafter)
 			greedy := func(_ int, l []float32) (int32, error) { return int32(layers.Argmax(l)), nil }
 			if _, err := dr.Draft(context.Background(), st, 1, k, greedy); err != nil { // the prompt's catch-up
@@ -427,23 +420,9 @@ func benchSpeculativeV4(b *testing.B, device string) {
 		// published acceptance of 88%: a step keeps 1 + a + ... + a^k
 		// tokens on average.
 		b.Run(fmt.Sprintf("implied-k=%d", k), func(b *testing.B) {
-			m, err := Load(dir, Options{Device: device, Speculative: SpeculativeOptions{Mode: "on", Tokens: k}})
-			if err != nil {
-				b.Fatal(err)
-			}
+			m, st, _ := loadPrefilled(b, dir, Options{Device: device, Speculative: SpeculativeOptions{Mode: "on", Tokens: k}}, prompt)
 			defer m.Close()
-			st, err := m.net.NewState(256)
-			if err != nil {
-				b.Fatal(err)
-			}
-			ids := make([]int32, len(prompt))
-			for i, t := range prompt {
-				ids[i] = int32(t)
-			}
 			ctx := context.Background()
-			if _, err := m.net.Forward(ctx, st, ids, false); err != nil {
-				b.Fatal(err)
-			}
 			dr := m.net.(model.Drafter)
 			greedy := func(_ int, l []float32) (int32, error) { return int32(layers.Argmax(l)), nil }
 			L := len(prompt)
@@ -477,22 +456,8 @@ func benchSpeculativeV4(b *testing.B, device string) {
 	}
 	for _, rows := range []int{1, 2, 3, 4} {
 		b.Run(fmt.Sprintf("verify-n=%d", rows), func(b *testing.B) {
-			m, err := Load(dir, Options{Device: device})
-			if err != nil {
-				b.Fatal(err)
-			}
+			m, st, ids := loadPrefilled(b, dir, Options{Device: device}, prompt)
 			defer m.Close()
-			st, err := m.net.NewState(256)
-			if err != nil {
-				b.Fatal(err)
-			}
-			ids := make([]int32, len(prompt))
-			for i, t := range prompt {
-				ids[i] = int32(t)
-			}
-			if _, err := m.net.Forward(context.Background(), st, ids, false); err != nil {
-				b.Fatal(err)
-			}
 			step := ids[:rows]
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {

@@ -84,9 +84,7 @@ func gemvDevVariants(g *Backend, N int, nv, bfw *backend.HostWeight) []gemvVaria
 // shows where a launch's time goes between the copies and the consumers.
 func BenchmarkGEMVTimeline(b *testing.B) {
 	g := newGPU(b)
-	if g.fn["gemv_nvfp4_tma8_trace"] == 0 {
-		b.Skip("the tracing instances are in the dev image only: kernels/build.sh dev, then MANIFOLD_KERNEL_IMAGE=<repo>/kernels/manifold-dev.fatbin")
-	}
+	needDevKernels(b, g, "gemv_nvfp4_tma8_trace")
 	g.SetGraphs(GraphsOff)
 	g.SetPDL(true)
 	rng := rand.New(rand.NewPCG(1, 1))

@@ -42,10 +42,7 @@ func randomNVFP4(rng *rand.Rand, n, k int) *quant.NVFP4 {
 // force one. 128256x4096 is the 8B model's LM head. The dev build adds its
 // experiments (bench_dev_test.go: gemvDevVariants).
 func BenchmarkGEMV(b *testing.B) {
-	g := newGPU(b)
-	g.SetGraphs(GraphsOff) // every launch timed as launched
-	g.SetPDL(false)        // no overlap between consecutive launches
-	copyBW := g.CopyBandwidth()
+	g, copyBW := benchGPU(b, false)
 	b.Logf("device copy bandwidth (read+write): %.0f GB/s", copyBW/1e9)
 	fmt.Printf("RESULT copy copy_GBps=%.0f\n", copyBW/1e9)
 	rng := rand.New(rand.NewPCG(1, 1))
@@ -59,12 +56,7 @@ func BenchmarkGEMV(b *testing.B) {
 	}
 	for _, shape := range [][2]int{{4096, 14336}, {14336, 4096}, {6144, 4096}, {128256, 4096}, {16384, 14336}} {
 		N, K := shape[0], shape[1]
-		bf := make([]byte, 2*N*K)
-		for i := range bf[:1<<20] {
-			bf[i] = byte(rng.Uint32() & 0x3f) // small finite bf16 values
-		}
-		for i := 1 << 20; i < len(bf); i += copy(bf[i:], bf[:1<<20]) {
-		}
+		bf := repeatMiB(make([]byte, 2*N*K), func() byte { return byte(rng.Uint32() & 0x3f) }) // small finite bf16 values
 		bfw := &backend.HostWeight{Name: "bf16", Rows: N, Cols: K, Format: backend.BF16, Data: bf}
 		var vs []variant
 		if N == 16384 { // 132 MB of NVFP4: the kernels' rate with launch and ramp amortized
@@ -104,15 +96,7 @@ func BenchmarkGEMV(b *testing.B) {
 			// uploaded by the variant's first benchmark the filter runs.
 			bytes := float64(N*K) * h.Format.BytesPerValue()
 			var ws []backend.Weight
-			upload := func(b *testing.B) {
-				for len(ws) < max(1, int(math.Ceil(200e6/bytes))) {
-					w, err := g.Upload(h)
-					if err != nil {
-						b.Fatal(err)
-					}
-					ws = append(ws, w)
-				}
-			}
+			upload := func(b *testing.B) { ws = weightCopies(b, g, h, ws, bytes) }
 			v.set()
 			for _, m := range v.ms {
 				b.Run(fmt.Sprintf("%s/%dx%d/m=%d", v.name, N, K, m), func(b *testing.B) {
@@ -123,17 +107,10 @@ func BenchmarkGEMV(b *testing.B) {
 					if err := g.Sync(); err != nil {
 						b.Fatal(err)
 					}
-					x, y := g.NewBuffer(m*K), g.NewBuffer(m*N)
-					g.Write(x, 0, randn(rng, m*K))
-					for _, w := range ws { // every copy once: first-use work (tensor maps) stays out of the timing
-						g.MatMul(y, x, w, m)
-					}
-					i := 0
-					d := deviceTime(g, 50, func() { i++; g.MatMul(y, x, ws[i%len(ws)], m) })
+					d, next := timeMatMul(g, ws, rng, m, N, K)
 					hs := time.Now() // the host's cost of queueing and launching one
 					for range 50 {
-						i++
-						g.MatMul(y, x, ws[i%len(ws)], m)
+						next()
 					}
 					g.onContext(func() {})
 					host := time.Since(hs) / 50
@@ -162,10 +139,7 @@ func BenchmarkGEMV(b *testing.B) {
 // as the step runs them, each launch after the other kind (ffn), and the
 // gate and up launch alone, chained with itself (gateup).
 func BenchmarkFFNChain(b *testing.B) {
-	g := newGPU(b)
-	g.SetGraphs(GraphsOff)
-	g.SetPDL(true)
-	copyBW := g.CopyBandwidth()
+	g, copyBW := benchGPU(b, true)
 	rng := rand.New(rand.NewPCG(3, 3))
 	const hidden, ffn = 4096, 14336
 	type ffnWeights struct{ gate, up, down backend.Weight }
@@ -227,4 +201,54 @@ type gemvVariant struct {
 	h    *backend.HostWeight
 	ms   []int
 	set  func()
+}
+
+// weightCopies appends uploads of h to ws until the copies take 200 MB
+// (devBytes each on the device): taken in turn, no launch finds its weights
+// in L2 (50 MB on an H100), as a decode step never does.
+func weightCopies(b *testing.B, g *Backend, h *backend.HostWeight, ws []backend.Weight, devBytes float64) []backend.Weight {
+	b.Helper()
+	for len(ws) < max(1, int(math.Ceil(200e6/devBytes))) {
+		w, err := g.Upload(h)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ws = append(ws, w)
+	}
+	return ws
+}
+
+// timeMatMul times y = x·wᵀ for m random rows x of K through the weights ws
+// taken in turn: after every copy once (first-use work such as tensor maps
+// stays out of the timing), the device time of one (deviceTime over 50).
+// next queues the following one.
+func timeMatMul(g *Backend, ws []backend.Weight, rng *rand.Rand, m, N, K int) (d time.Duration, next func()) {
+	x, y := g.NewBuffer(m*K), g.NewBuffer(m*N)
+	g.Write(x, 0, randn(rng, m*K))
+	for _, w := range ws {
+		g.MatMul(y, x, w, m)
+	}
+	i := 0
+	next = func() { i++; g.MatMul(y, x, ws[i%len(ws)], m) }
+	return deviceTime(g, 50, next), next
+}
+
+// repeatMiB fills p's first MiB with gen's bytes and repeats it over the
+// rest: benchmark weights, quick to make, random enough.
+func repeatMiB(p []byte, gen func() byte) []byte {
+	for i := range p[:1<<20] {
+		p[i] = gen()
+	}
+	for i := 1 << 20; i < len(p); i += copy(p[i:], p[:1<<20]) {
+	}
+	return p
+}
+
+// benchGPU is the GPU backend of a matmul benchmark, every launch timed as
+// launched (no graphs), with or without PDL, and its copy bandwidth.
+func benchGPU(b *testing.B, pdl bool) (*Backend, float64) {
+	g := newGPU(b)
+	g.SetGraphs(GraphsOff)
+	g.SetPDL(pdl)
+	return g, g.CopyBandwidth()
 }

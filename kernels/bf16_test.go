@@ -3,7 +3,6 @@ package kernels
 import (
 	"encoding/binary"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"runtime"
 	"testing"
@@ -101,14 +100,7 @@ func testBF16Joined(t *testing.T, graphs GraphMode, m int, limit float32) {
 		if bias {
 			h.Bias = randn(rng, n)
 		}
-		wc, err := c.Upload(h)
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg, err := g.Upload(h)
-		if err != nil {
-			t.Fatal(err)
-		}
+		wc, wg := uploadBoth(t, g, c, h)
 		return pair{wc, wg}
 	}
 	wq, wk, wv, wo := mk(qn, hidden, true), mk(kvn, hidden, true), mk(kvn, hidden, false), mk(hidden, qn, false)
@@ -214,20 +206,12 @@ func gemm16Weight(t *testing.T, g *Backend, rng *rand.Rand, n, k int, f16 bool) 
 // that no launch finds its weights in L2. dev/torch/bench_torch.py times
 // cuBLAS at the same shapes.
 func BenchmarkBF16GEMM(b *testing.B) {
-	g := newGPU(b)
-	g.SetGraphs(GraphsOff)
-	g.SetPDL(false)
-	copyBW := g.CopyBandwidth()
+	g, copyBW := benchGPU(b, false)
 	fmt.Printf("RESULT copy copy_GBps=%.0f\n", copyBW/1e9)
 	rng := rand.New(rand.NewPCG(3, 3))
 	for _, shape := range [][2]int{{4096, 4096}, {1024, 4096}, {14336, 4096}, {4096, 14336}, {12288, 4096}, {4096, 12288}, {151936, 4096}} {
 		N, K := shape[0], shape[1]
-		bf := make([]byte, 2*N*K)
-		for i := range bf[:1<<20] {
-			bf[i] = byte(rng.Uint32() & 0x3f) // small finite bf16 values
-		}
-		for i := 1 << 20; i < len(bf); i += copy(bf[i:], bf[:1<<20]) {
-		}
+		bf := repeatMiB(make([]byte, 2*N*K), func() byte { return byte(rng.Uint32() & 0x3f) }) // small finite bf16 values
 		h := &backend.HostWeight{Name: "bf16", Rows: N, Cols: K, Format: backend.BF16, Data: bf}
 		bytes := float64(2 * N * K)
 		var ws []backend.Weight
@@ -248,20 +232,8 @@ func BenchmarkBF16GEMM(b *testing.B) {
 				g.SetPDL(v.pdl)
 				defer func() { g.force.bf16Kernel = ""; g.SetPDL(false) }()
 				runtime.GC()
-				for len(ws) < max(1, int(math.Ceil(200e6/bytes))) {
-					w, err := g.Upload(h)
-					if err != nil {
-						b.Fatal(err)
-					}
-					ws = append(ws, w)
-				}
-				x, y := g.NewBuffer(m*K), g.NewBuffer(m*N)
-				g.Write(x, 0, randn(rng, m*K))
-				for _, w := range ws {
-					g.MatMul(y, x, w, m)
-				}
-				i := 0
-				d := deviceTime(g, 50, func() { i++; g.MatMul(y, x, ws[i%len(ws)], m) })
+				ws = weightCopies(b, g, h, ws, bytes)
+				d, _ := timeMatMul(g, ws, rng, m, N, K)
 				if err := g.Sync(); err != nil {
 					b.Fatal(err)
 				}
@@ -285,19 +257,11 @@ func BenchmarkBF16GEMM(b *testing.B) {
 // their own launches (nine), as before the joins. RESULT bf16_block: time
 // and the weight bytes a second against the copy bandwidth.
 func BenchmarkBF16Block(b *testing.B) {
-	g := newGPU(b)
-	g.SetGraphs(GraphsOff)
-	g.SetPDL(true)
-	copyBW := g.CopyBandwidth()
+	g, copyBW := benchGPU(b, true)
 	rng := rand.New(rand.NewPCG(4, 4))
 	const hidden, q, kv, ffn = 4096, 4096, 1024, 14336
 	upload := func(n, k int) backend.Weight {
-		bf := make([]byte, 2*n*k)
-		for i := range bf[:1<<20] {
-			bf[i] = byte(rng.Uint32() & 0x3f) // small finite bf16 values
-		}
-		for i := 1 << 20; i < len(bf); i += copy(bf[i:], bf[:1<<20]) {
-		}
+		bf := repeatMiB(make([]byte, 2*n*k), func() byte { return byte(rng.Uint32() & 0x3f) }) // small finite bf16 values
 		w, err := g.Upload(&backend.HostWeight{Name: "bf16", Rows: n, Cols: k, Format: backend.BF16, Data: bf})
 		if err != nil {
 			b.Fatal(err)

@@ -128,14 +128,7 @@ func TestMatMul(t *testing.T) {
 			}
 			h := hostWeight(rng, f, sh.n, sh.k)
 			x := randn(rng, sh.m*sh.k)
-			wc, err := c.Upload(h)
-			if err != nil {
-				t.Fatal(err)
-			}
-			wg, err := g.Upload(h)
-			if err != nil {
-				t.Fatal(err)
-			}
+			wc, wg := uploadBoth(t, g, c, h)
 			want := make([]float32, sh.m*sh.n)
 			c.MatMul(cpu.Buffer(want), cpu.Buffer(x), wc, sh.m)
 			out := g.NewBuffer(sh.m * sh.n)

@@ -23,7 +23,7 @@ import (
 
 // needDevKernels skips the test when the loaded image lacks a kernel only
 // the dev image has.
-func needDevKernels(t *testing.T, g *Backend, names ...string) {
+func needDevKernels(t testing.TB, g *Backend, names ...string) {
 	t.Helper()
 	for _, name := range names {
 		if g.fn[name] == 0 {

@@ -71,14 +71,7 @@ func testDecodeStep(t *testing.T, seed uint64, graphs GraphMode, tiles int, set 
 	}
 	upload := func(n, k int, f backend.Format) (backend.Weight, backend.Weight) {
 		h := scaledWeight(rng, f, n, k)
-		wc, err := c.Upload(h)
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg, err := g.Upload(h)
-		if err != nil {
-			t.Fatal(err)
-		}
+		wc, wg := uploadBoth(t, g, c, h)
 		return wc, wg
 	}
 	nv := backend.NVFP4

@@ -25,9 +25,7 @@ import (
 // kernels/gpu.sh run, or MANIFOLD_KERNEL_IMAGE).
 func BenchmarkFP8TensorCores(b *testing.B) {
 	g := newGPU(b)
-	if g.fn["gemm_fp8q_t64"] == 0 {
-		b.Skip("gemm_fp8q_t64 is in the dev image only: kernels/build.sh dev, then MANIFOLD_KERNEL_IMAGE=<repo>/kernels/manifold-dev.fatbin")
-	}
+	needDevKernels(b, g, "gemm_fp8q_t64")
 	g.SetGraphs(GraphsOff)
 	g.SetPDL(false)
 	rng := rand.New(rand.NewPCG(58, 2))

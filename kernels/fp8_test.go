@@ -107,14 +107,7 @@ func TestFP8MLA(t *testing.T) {
 	m := 2
 	for _, sd := range []quant.ScaleDType{quant.ScaleE8M0, quant.ScaleF32} {
 		h := fp8Weight(t, rng, s.Heads*(s.NopeDim+s.VDim), s.KVLoraRank, sd, false)
-		wg, err := g.Upload(h)
-		if err != nil {
-			t.Fatal(err)
-		}
-		wc, err := c.Upload(h)
-		if err != nil {
-			t.Fatal(err)
-		}
+		wc, wg := uploadBoth(t, g, c, h)
 		q, ol := randn(rng, m*s.Heads*s.QKDim()), randn(rng, m*s.Heads*s.KVLoraRank)
 		qg, olg := g.NewBuffer(len(q)), g.NewBuffer(len(ol))
 		g.Write(qg, 0, q)
@@ -150,20 +143,13 @@ func TestFP8MLA(t *testing.T) {
 // the ratios compare time). m = 512 is a prefill chunk. RESULT lines as
 // BenchmarkGEMV's.
 func BenchmarkFP8GEMV(b *testing.B) {
-	g := newGPU(b)
-	g.SetGraphs(GraphsOff)
-	g.SetPDL(false)
-	copyBW := g.CopyBandwidth()
+	g, copyBW := benchGPU(b, false)
 	fmt.Printf("RESULT copy copy_GBps=%.0f\n", copyBW/1e9)
 	rng := rand.New(rand.NewPCG(58, 1))
 	for _, shape := range [][2]int{{18432, 7168}, {7168, 18432}, {4096, 7168}, {24576, 1536}, {2048, 4096}, {4096, 2048}} {
 		N, K := shape[0], shape[1]
 		q := &quant.FP8Block{Rows: N, Cols: K, BlockRows: 128, BlockCols: 128, Data: make([]byte, N*K), ScaleDType: quant.ScaleE8M0}
-		for i := range q.Data[:1<<20] {
-			q.Data[i] = byte(rng.Uint32()) & 0xf7 // no NaN codes (0x7f, 0xff)
-		}
-		for i := 1 << 20; i < len(q.Data); i += copy(q.Data[i:], q.Data[:1<<20]) {
-		}
+		repeatMiB(q.Data, func() byte { return byte(rng.Uint32()) & 0xf7 }) // no NaN codes (0x7f, 0xff)
 		sr, sc := q.ScaleShape()
 		q.Scales = make([]byte, sr*sc)
 		for i := range q.Scales {
@@ -191,24 +177,11 @@ func BenchmarkFP8GEMV(b *testing.B) {
 				b.Run(fmt.Sprintf("%s/%dx%d/m=%d", v.name, N, K, m), func(b *testing.B) {
 					runtime.GC()
 					// Copies of the weights, taken in turn, so that none is found in L2.
-					for len(ws) < max(1, int(math.Ceil(200e6/devBytes))) {
-						w, err := g.Upload(h)
-						if err != nil {
-							b.Fatal(err)
-						}
-						ws = append(ws, w)
-					}
-					x, y := g.NewBuffer(m*K), g.NewBuffer(m*N)
-					g.Write(x, 0, randn(rng, m*K))
-					for _, w := range ws {
-						g.MatMul(y, x, w, m)
-					}
-					i := 0
-					d := deviceTime(g, 50, func() { i++; g.MatMul(y, x, ws[i%len(ws)], m) })
+					ws = weightCopies(b, g, h, ws, devBytes)
+					d, next := timeMatMul(g, ws, rng, m, N, K)
 					hs := time.Now()
 					for range 50 {
-						i++
-						g.MatMul(y, x, ws[i%len(ws)], m)
+						next()
 					}
 					g.onContext(func() {})
 					host := time.Since(hs) / 50
@@ -253,6 +226,21 @@ func TestFP8GemvParams(t *testing.T) {
 	}
 }
 
+// queuedFP8Groups is the number of weights of each gemv_fp8_m1 launch
+// queued on g.
+func queuedFP8Groups(g *Backend) []int {
+	g.qmu.Lock()
+	defer g.qmu.Unlock()
+	var launches []int
+	for _, o := range g.q.ops {
+		if o.name == "gemv_fp8_m1" {
+			p, _ := fp8GemvOf(o.params)
+			launches = append(launches, p.groups)
+		}
+	}
+	return launches
+}
+
 // TestFP8Join queues four m = 1 FP8 matmuls of one x (as DeepSeek-V3's
 // q_a and kv_a projections): the first three join in one launch of
 // gemv_fp8_m1, the fourth starts the next; each output is held to the CPU
@@ -270,14 +258,7 @@ func TestFP8Join(t *testing.T) {
 	var ys []backend.Buffer
 	var wgs, wcs []backend.Weight
 	for _, h := range hs {
-		wg, err := g.Upload(h)
-		if err != nil {
-			t.Fatal(err)
-		}
-		wc, err := c.Upload(h)
-		if err != nil {
-			t.Fatal(err)
-		}
+		wc, wg := uploadBoth(t, g, c, h)
 		wgs, wcs = append(wgs, wg), append(wcs, wc)
 		ys = append(ys, g.NewBuffer(h.Rows))
 	}
@@ -287,15 +268,7 @@ func TestFP8Join(t *testing.T) {
 	for i := range hs {
 		g.MatMul(ys[i], x, wgs[i], 1)
 	}
-	g.qmu.Lock()
-	var launches []int
-	for _, o := range g.q.ops {
-		if o.name == "gemv_fp8_m1" {
-			p, _ := fp8GemvOf(o.params)
-			launches = append(launches, p.groups)
-		}
-	}
-	g.qmu.Unlock()
+	launches := queuedFP8Groups(g)
 	if len(launches) != 2 || launches[0] != 3 || launches[1] != 1 {
 		t.Errorf("queued gemv_fp8_m1 launches of %v weights, want [3 1]", launches)
 	}
@@ -334,14 +307,7 @@ func TestFP8GroupMoE(t *testing.T) {
 		for range tc.experts {
 			for j, shape := range [][2]int{{tc.ffn, tc.dim}, {tc.ffn, tc.dim}, {tc.dim, tc.ffn}} {
 				h := fp8Weight(t, rng, shape[0], shape[1], tc.sd, false)
-				wg, err := g.Upload(h)
-				if err != nil {
-					t.Fatal(err)
-				}
-				wc, err := c.Upload(h)
-				if err != nil {
-					t.Fatal(err)
-				}
+				wc, wg := uploadBoth(t, g, c, h)
 				gw[j], cw[j] = append(gw[j], wg), append(cw[j], wc)
 			}
 		}
@@ -386,14 +352,7 @@ func TestFP8JoinStrided(t *testing.T) {
 	var wgs, wcs []backend.Weight
 	for range G {
 		h := fp8Weight(t, rng, rows, cols, quant.ScaleE8M0, false)
-		wg, err := g.Upload(h)
-		if err != nil {
-			t.Fatal(err)
-		}
-		wc, err := c.Upload(h)
-		if err != nil {
-			t.Fatal(err)
-		}
+		wc, wg := uploadBoth(t, g, c, h)
 		wgs, wcs = append(wgs, wg), append(wcs, wc)
 	}
 	xv := randn(rng, G*cols)
@@ -403,15 +362,7 @@ func TestFP8JoinStrided(t *testing.T) {
 		t.Fatal(err)
 	}
 	g.GroupedMatMul(y, x, wgs, 1)
-	g.qmu.Lock()
-	var launches []int
-	for _, o := range g.q.ops {
-		if o.name == "gemv_fp8_m1" {
-			p, _ := fp8GemvOf(o.params)
-			launches = append(launches, p.groups)
-		}
-	}
-	g.qmu.Unlock()
+	launches := queuedFP8Groups(g)
 	if !slices.Equal(launches, []int{3, 2}) {
 		t.Errorf("queued gemv_fp8_m1 launches of %v weights, want [3 2]", launches)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/internal/testmodel"
+	"github.com/manifoldlm/manifold/internal/testnum"
 	"github.com/manifoldlm/manifold/layers"
 	"github.com/manifoldlm/manifold/model"
 	"github.com/manifoldlm/manifold/weights"
@@ -93,7 +94,7 @@ func testPagedBatch(t *testing.T, m model.Model, vocab int) {
 				t.Fatal(err)
 			}
 			want[i] = append(want[i], logits)
-			tok := int32(argmaxF32(logits))
+			tok := int32(layers.Argmax(logits))
 			tokens[i] = append(tokens[i], tok)
 			in = []int32{tok}
 		}
@@ -153,7 +154,7 @@ func testPagedBatch(t *testing.T, m model.Model, vocab int) {
 			if d > 2e-2 {
 				t.Errorf("sequence %d, its step %d (batch step %d of %d sequences): logits %g from alone's", i, k, step, len(sts), d)
 			}
-			if b := argmaxF32(got); int32(b) != tokens[i][k] && w[tokens[i][k]]-w[b] > greedyTieTol {
+			if b := layers.Argmax(got); int32(b) != tokens[i][k] && w[tokens[i][k]]-w[b] > greedyTieTol {
 				t.Errorf("sequence %d, its step %d: batched picks %d, alone %d (alone's gap %g)", i, k, b, tokens[i][k], w[tokens[i][k]]-w[b])
 			}
 		}
@@ -161,14 +162,35 @@ func testPagedBatch(t *testing.T, m model.Model, vocab int) {
 	t.Logf("largest logit difference from alone: %.3g", worst)
 }
 
-func argmaxF32(v []float32) int {
-	best := 0
-	for i, x := range v {
-		if x > v[best] {
-			best = i
-		}
+// timeSteps runs step once (first-use work stays out of the timing), then
+// b.N times, and returns the seconds of one.
+func timeSteps(b *testing.B, g *Backend, step func()) float64 {
+	b.Helper()
+	step()
+	if err := g.Sync(); err != nil {
+		b.Fatal(err)
 	}
-	return best
+	b.ResetTimer()
+	start := time.Now()
+	for range b.N {
+		step()
+	}
+	if err := g.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	return time.Since(start).Seconds() / float64(b.N)
+}
+
+// attention8B is the Llama-3-8B and Qwen3-8B attention shape the paged
+// benchmarks time (32 query heads, 8 kv heads of 128) and its RoPE.
+func attention8B(b *testing.B) (layers.AttentionShape, *layers.RoPE) {
+	b.Helper()
+	const heads, kvHeads, hd = 32, 8, 128
+	rope, err := layers.NewRoPE(layers.RoPEParams{Theta: 5e5}, hd)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return layers.AttentionShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: float32(1 / math.Sqrt(hd))}, rope
 }
 
 // BenchmarkPagedAttention times one layer's PagedAppendRoPE and
@@ -185,21 +207,9 @@ func BenchmarkPagedAttention(b *testing.B) {
 	g := newGPU(b)
 	g.SetGraphs(GraphsOff)
 	const heads, kvHeads, hd, bs = 32, 8, 128, 16
-	s := layers.AttentionShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: float32(1 / math.Sqrt(hd))}
-	rope, err := layers.NewRoPE(layers.RoPEParams{Theta: 5e5}, hd)
-	if err != nil {
-		b.Fatal(err)
-	}
+	s, rope := attention8B(b)
 	rng := rand.New(rand.NewPCG(1, 2))
-	fill := func(n int) backend.Buffer {
-		v := make([]float32, n)
-		for i := range v {
-			v[i] = float32(rng.NormFloat64())
-		}
-		buf := g.NewBuffer(n)
-		g.Write(buf, 0, v)
-		return buf
-	}
+	fill := func(n int) backend.Buffer { return upload(g, testnum.Normal(rng, n, 0, 1)) }
 	for _, ctxLen := range []int{512, 768, 2048} {
 		for _, c := range []int{1, 8, 32, 128, 256} {
 			for _, unfused := range []bool{false, true} {
@@ -229,19 +239,7 @@ func BenchmarkPagedAttention(b *testing.B) {
 						g.PagedAppendRoPE(pool, 0, q, k, v, seqs, heads, rope)
 						g.PagedAttention(out, q, pool, 0, seqs, s)
 					}
-					step()
-					if err := g.Sync(); err != nil {
-						b.Fatal(err)
-					}
-					b.ResetTimer()
-					start := time.Now()
-					for range b.N {
-						step()
-					}
-					if err := g.Sync(); err != nil {
-						b.Fatal(err)
-					}
-					sec := time.Since(start).Seconds() / float64(b.N)
+					sec := timeSteps(b, g, step)
 					bytes := float64(c*(ctxLen+1)*kvHeads*hd) * 8
 					b.ReportMetric(sec*1e6, "us/layer")
 					b.ReportMetric(bytes/sec/1e9, "KV-GB/s")
@@ -263,19 +261,7 @@ func BenchmarkPagedAttention(b *testing.B) {
 				g.RoPE(k, 1, kvHeads, hd, 0, ctxLen, rope, false)
 				g.Attention(out, q, k, v, cache, 0, ctxLen, 1, s)
 			}
-			step()
-			if err := g.Sync(); err != nil {
-				b.Fatal(err)
-			}
-			b.ResetTimer()
-			start := time.Now()
-			for range b.N {
-				step()
-			}
-			if err := g.Sync(); err != nil {
-				b.Fatal(err)
-			}
-			sec := time.Since(start).Seconds() / float64(b.N)
+			sec := timeSteps(b, g, step)
 			bytes := float64((ctxLen+1)*kvHeads*hd) * 8
 			b.ReportMetric(sec*1e6, "us/layer")
 			b.ReportMetric(bytes/sec/1e9, "KV-GB/s")
@@ -299,18 +285,8 @@ func TestPagedTablesPastStepValues(t *testing.T) {
 		t.Fatal(err)
 	}
 	rng := rand.New(rand.NewPCG(3, 4))
-	rnd := func(n int) []float32 {
-		v := make([]float32, n)
-		for i := range v {
-			v[i] = float32(rng.NormFloat64())
-		}
-		return v
-	}
-	up := func(v []float32) backend.Buffer {
-		x := g.NewBuffer(len(v))
-		g.Write(x, 0, v)
-		return x
-	}
+	rnd := func(n int) []float32 { return testnum.Normal(rng, n, 0, 1) }
+	up := func(v []float32) backend.Buffer { return upload(g, v) }
 	perm := rng.Perm(blocks)
 	seqs := make([]layers.PagedSeq, 2)
 	for i := range seqs {
@@ -368,36 +344,12 @@ func BenchmarkPagedPrefill(b *testing.B) {
 	g := newGPU(b)
 	g.SetGraphs(GraphsOff)
 	const heads, kvHeads, hd, bs, m = 32, 8, 128, 16, 512
-	s := layers.AttentionShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: float32(1 / math.Sqrt(hd))}
-	rope, err := layers.NewRoPE(layers.RoPEParams{Theta: 5e5}, hd)
-	if err != nil {
-		b.Fatal(err)
-	}
+	s, rope := attention8B(b)
 	rng := rand.New(rand.NewPCG(1, 3))
-	fill := func(n int) backend.Buffer {
-		v := make([]float32, n)
-		for i := range v {
-			v[i] = float32(rng.NormFloat64())
-		}
-		buf := g.NewBuffer(n)
-		g.Write(buf, 0, v)
-		return buf
-	}
+	fill := func(n int) backend.Buffer { return upload(g, testnum.Normal(rng, n, 0, 1)) }
 	q, k, v, out := fill(m*heads*hd), fill(m*kvHeads*hd), fill(m*kvHeads*hd), g.NewBuffer(m*heads*hd)
 	timeIt := func(b *testing.B, name string, step func()) {
-		step()
-		if err := g.Sync(); err != nil {
-			b.Fatal(err)
-		}
-		b.ResetTimer()
-		start := time.Now()
-		for range b.N {
-			step()
-		}
-		if err := g.Sync(); err != nil {
-			b.Fatal(err)
-		}
-		sec := time.Since(start).Seconds() / float64(b.N)
+		sec := timeSteps(b, g, step)
 		b.ReportMetric(sec*1e6, "us/layer")
 		fmt.Printf("RESULT paged-prefill %s us_per_layer=%.1f\n", name, sec*1e6)
 	}

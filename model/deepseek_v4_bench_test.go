@@ -9,7 +9,6 @@ import (
 	"github.com/manifoldlm/manifold/backend/cpu"
 	"github.com/manifoldlm/manifold/internal/golden"
 	"github.com/manifoldlm/manifold/layers/mhc"
-	"github.com/manifoldlm/manifold/weights"
 )
 
 // mhcTimer is the CPU backend with the time spent in its mHC ops recorded
@@ -59,15 +58,7 @@ func (b *mhcTimer) MHCExpand(dst, emb backend.Buffer, rows, n, hidden int) {
 // benchV4Decode prefills prompt tokens, then times one decode token per
 // iteration, reporting the share of time in mHC and the cache growth.
 func benchV4Decode(b *testing.B, dir string, prompt int) {
-	cfg, err := LoadConfig(dir)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ck, err := weights.Open(dir)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ck.Close()
+	cfg, ck := openFolder(b, dir)
 	be := &mhcTimer{Backend: cpu.New(0)}
 	m, err := loadDeepseekV4(be, cfg, NewLoader(be, ck))
 	if err != nil {

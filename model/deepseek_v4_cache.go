@@ -52,6 +52,19 @@ type v4LayerState struct {
 	index   *v4Comp
 }
 
+// growLocal makes the local buffers rows of hd each, the window tail moved
+// to the front of the current one, with room for n new rows past it.
+func (ls *v4LayerState) growLocal(b backend.Backend, rows, hd, n int) {
+	for j := range ls.local {
+		nb := b.NewBuffer(rows * hd)
+		if ls.local[j] != nil && j == ls.cur && ls.win > 0 {
+			b.Copy(b.View(nb, 0, ls.win*hd), b.View(ls.local[j], ls.start*hd, ls.win*hd))
+		}
+		ls.local[j] = nb
+	}
+	ls.start, ls.capRows = 0, n
+}
+
 // indexTopK is the number of compressed entries each CSA query keeps:
 // index_topk, or the state's capacity when that is smaller (no context it
 // holds has more entries; the selection is the same, and the index scratch
@@ -333,14 +346,7 @@ func (m *DeepseekV4) growState(s *v4State, n int) error {
 		// Local rows: window tail (sliding_window-1), n new rows and as many
 		// again as the window (the slack the tail moves through).
 		rows := v4LocalRows(s.window(), n)
-		for j := range ls.local {
-			nb := b.NewBuffer(rows * hd)
-			if ls.local[j] != nil && j == ls.cur && ls.win > 0 {
-				b.Copy(b.View(nb, 0, ls.win*hd), b.View(ls.local[j], ls.start*hd, ls.win*hd))
-			}
-			ls.local[j] = nb
-		}
-		ls.start, ls.capRows = 0, n
+		ls.growLocal(b, rows, hd, n)
 		for _, c := range []*v4Comp{ls.comp, ls.index} {
 			if c == nil {
 				continue

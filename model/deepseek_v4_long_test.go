@@ -9,7 +9,6 @@ import (
 	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/backend/cpu"
 	"github.com/manifoldlm/manifold/layers/dsv4"
-	"github.com/manifoldlm/manifold/weights"
 )
 
 // longV4Spec is a reduced V4 for long contexts on the CPU: both compressed
@@ -46,15 +45,7 @@ func (c *allocCounter) peak() int64 { return c.floats + 4*c.maxScores }
 
 func loadV4On(t testing.TB, dir string, b backend.Backend) *DeepseekV4 {
 	t.Helper()
-	cfg, err := LoadConfig(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ck, err := weights.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ck.Close() })
+	cfg, ck := openFolder(t, dir)
 	m, err := loadDeepseekV4(b, cfg, NewLoader(b, ck))
 	if err != nil {
 		t.Fatal(err)
@@ -265,21 +256,7 @@ func TestDeepseekV4OutOfMemory(t *testing.T) {
 		t.Fatalf("after a failed pass the state holds %d positions, want 10", st.Len())
 	}
 	o.limit = 1 << 30
-	got, err := m.Forward(ctx, st, ids[10:], false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ref, _ := m.NewState(len(ids))
-	if _, err := m.Forward(ctx, ref, ids[:10], false); err != nil {
-		t.Fatal(err)
-	}
-	want, err := m.Forward(ctx, ref, ids[10:], false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d := maxAbsDiff(got, want); d > 1e-6 {
-		t.Errorf("after the failed pass: logits differ from a state that never failed by %.3g", d)
-	}
+	checkResumes(t, m, st, ids, 10, "after the failed pass")
 }
 
 // TestDeepseekV4CancelBetweenPasses cancels a Forward whose prompt runs in
@@ -304,19 +281,28 @@ func TestDeepseekV4CancelBetweenPasses(t *testing.T) {
 	if st.Len() != 40 {
 		t.Fatalf("after a canceled Forward the state holds %d positions, want 40", st.Len())
 	}
-	got, err := m.Forward(ctx, st, ids[40:], false)
+	checkResumes(t, m, st, ids, 40, "after the canceled Forward")
+}
+
+// checkResumes runs ids[n:] on st, which holds ids[:n] after a pass that
+// failed or was canceled (what), and checks its logits against those of a
+// state that never failed.
+func checkResumes(t *testing.T, m *DeepseekV4, st State, ids []int32, n int, what string) {
+	t.Helper()
+	ctx := context.Background()
+	got, err := m.Forward(ctx, st, ids[n:], false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ref, _ := m.NewState(len(ids))
-	if _, err := m.Forward(ctx, ref, ids[:40], false); err != nil {
+	if _, err := m.Forward(ctx, ref, ids[:n], false); err != nil {
 		t.Fatal(err)
 	}
-	want, err := m.Forward(ctx, ref, ids[40:], false)
+	want, err := m.Forward(ctx, ref, ids[n:], false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if d := maxAbsDiff(got, want); d > 1e-6 {
-		t.Errorf("after the canceled Forward: logits differ from an uncanceled state's by %.3g", d)
+		t.Errorf("%s: logits differ from a state that never failed by %.3g", what, d)
 	}
 }

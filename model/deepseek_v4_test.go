@@ -16,6 +16,7 @@ import (
 
 	"github.com/manifoldlm/manifold/backend/cpu"
 	"github.com/manifoldlm/manifold/internal/testmodel"
+	"github.com/manifoldlm/manifold/internal/testnum"
 	"github.com/manifoldlm/manifold/layers"
 	"github.com/manifoldlm/manifold/layers/mhc"
 	"github.com/manifoldlm/manifold/quant"
@@ -125,11 +126,7 @@ func writeV4Checkpoint(t testing.TB, dir string, s v4Spec, seed uint64) {
 			}
 			return
 		}
-		buf := make([]byte, 4*n)
-		for i := 0; i < n; i++ {
-			binary.LittleEndian.PutUint32(buf[4*i:], math.Float32bits(float32(mean+std*rng.NormFloat64())))
-		}
-		if err := w.Add(name, weights.F32, shape, buf); err != nil {
+		if err := w.Add(name, weights.F32, shape, testnum.NormalF32Bytes(rng, n, mean, std)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -238,15 +235,7 @@ var v4Specs = map[string]v4Spec{
 
 func loadV4(t testing.TB, dir string) *DeepseekV4 {
 	t.Helper()
-	cfg, err := LoadConfig(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ck, err := weights.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ck.Close() })
+	cfg, ck := openFolder(t, dir)
 	m, err := loadDeepseekV4(cpu.New(0), cfg, NewLoader(cpu.New(0), ck))
 	if err != nil {
 		t.Fatal(err)
@@ -1357,4 +1346,20 @@ func TestV4ReleasedConverted(t *testing.T) {
 	} else {
 		t.Logf("converted vs released last-token logits: cosine %.3f", cos)
 	}
+}
+
+// openFolder reads dir's config and opens its checkpoint, closed when the
+// test ends.
+func openFolder(t testing.TB, dir string) (*Config, *weights.Checkpoint) {
+	t.Helper()
+	cfg, err := LoadConfig(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, err := weights.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ck.Close() })
+	return cfg, ck
 }

@@ -218,20 +218,13 @@ func (m *DeepseekV4) Draft(ctx context.Context, st State, next int32, k int, pic
 	if m.mtp == nil {
 		return nil, fmt.Errorf("model: %s: no MTP block loaded (the checkpoint lacks mtp.0.*, or Options.MTP is off)", m.cfg.Path)
 	}
-	if k < 0 || k > MaxDraft {
-		return nil, fmt.Errorf("model: draft of %d tokens: want 0 to %d", k, MaxDraft)
-	}
-	if next < 0 || int(next) >= m.cfg.VocabSize {
-		return nil, fmt.Errorf("model: draft after token %d, outside the vocabulary [0, %d)", next, m.cfg.VocabSize)
+	if err := checkDraft(k, next, m.cfg.VocabSize); err != nil {
+		return nil, err
 	}
 	L := len(s.hist)
-	// Room for next and the drafts after it.
-	k = min(k, s.cap-L-1)
 	ms := s.mtp
-	if k <= 0 || L == 0 || ms.saved.rows == 0 || ms.saved.pos0+ms.saved.rows != L {
-		return nil, nil
-	}
-	if err := ctx.Err(); err != nil {
+	k, err := draftRoom(ctx, k, L, s.cap, &ms.saved)
+	if k <= 0 || err != nil {
 		return nil, err
 	}
 	// Drop the last call's draft steps, and the entry of position L-1 if a
@@ -260,14 +253,55 @@ func (m *DeepseekV4) Draft(ctx context.Context, st State, next int32, k int, pic
 		return nil, err
 	}
 	ms.exact = L
+	return draftLoop(ctx, k, m.cfg.VocabSize, pick, logits, func(d int32) ([]float32, error) {
+		// The block's output streams stand in for the main model's at the
+		// next position.
+		return m.mtpStep(s, b.View(ms.x, (ms.lastRows-1)*nh*D, nh*D), []int32{d})
+	})
+}
+
+// checkDraft checks a Draft call's k (0 to MaxDraft) and next (in the
+// vocabulary [0, vocab)).
+func checkDraft(k int, next int32, vocab int) error {
+	if k < 0 || k > MaxDraft {
+		return fmt.Errorf("model: draft of %d tokens: want 0 to %d", k, MaxDraft)
+	}
+	if next < 0 || int(next) >= vocab {
+		return fmt.Errorf("model: draft after token %d, outside the vocabulary [0, %d)", next, vocab)
+	}
+	return nil
+}
+
+// draftRoom is the number of drafts a call may make after L positions of a
+// state of capacity positions: k, fewer where the context ends (room for
+// next and the drafts after it), 0 where saved does not end at position L
+// (the streams of the last position are gone) or ctx is done (its error).
+func draftRoom(ctx context.Context, k, L, capacity int, saved *mtpRows) (int, error) {
+	k = min(k, capacity-L-1)
+	if k <= 0 || L == 0 || saved.rows == 0 || saved.pos0+saved.rows != L {
+		return 0, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	return k, nil
+}
+
+// draftLoop asks pick for k drafts, the first from logits and each next
+// one from the logits next returns for the draft before it (the block run
+// over it), checking each is in the vocabulary [0, vocab) and ctx between
+// steps. It returns the drafts taken, fewer than k with the error that
+// stopped it.
+func draftLoop(ctx context.Context, k, vocab int, pick func(step int, logits []float32) (int32, error), logits []float32,
+	next func(d int32) ([]float32, error)) ([]int32, error) {
 	var drafts []int32
 	for step := 0; ; step++ {
 		d, err := pick(step, logits)
 		if err != nil {
 			return drafts, err
 		}
-		if d < 0 || int(d) >= m.cfg.VocabSize {
-			return drafts, fmt.Errorf("model: draft token %d is outside the vocabulary [0, %d)", d, m.cfg.VocabSize)
+		if d < 0 || int(d) >= vocab {
+			return drafts, fmt.Errorf("model: draft token %d is outside the vocabulary [0, %d)", d, vocab)
 		}
 		drafts = append(drafts, d)
 		if len(drafts) == k {
@@ -276,10 +310,7 @@ func (m *DeepseekV4) Draft(ctx context.Context, st State, next int32, k int, pic
 		if err := ctx.Err(); err != nil {
 			return drafts, err
 		}
-		// The block's output streams stand in for the main model's at the
-		// next position.
-		last := b.View(ms.x, (ms.lastRows-1)*nh*D, nh*D)
-		if logits, err = m.mtpStep(s, last, []int32{d}); err != nil {
+		if logits, err = next(d); err != nil {
 			return drafts, err
 		}
 	}
@@ -344,14 +375,7 @@ func (m *DeepseekV4) growMTP(s *v4State, n int) {
 	// Window tail with its extra rows, n new rows and as many again as the
 	// tail (the slack it moves through).
 	rows := 2*(s.window()-1+ls.extra) + n
-	for j := range ls.local {
-		nb := b.NewBuffer(rows * hd)
-		if ls.local[j] != nil && j == ls.cur && ls.win > 0 {
-			b.Copy(b.View(nb, 0, ls.win*hd), b.View(ls.local[j], ls.start*hd, ls.win*hd))
-		}
-		ls.local[j] = nb
-	}
-	ls.start, ls.capRows = 0, n
+	ls.growLocal(b, rows, hd, n)
 	ms.rows, ms.keepMax = n, s.window()-1+ls.extra
 	ms.x = b.NewBuffer(n * nh * D)
 	ms.hn = b.NewBuffer(n * nh * D)

@@ -51,15 +51,7 @@ func refMTP(t *testing.T, dir string, s v4Spec, hIn []float64, toks []int32) ([]
 
 func loadV4MTP(t *testing.T, dir string) *DeepseekV4 {
 	t.Helper()
-	cfg, err := LoadConfig(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ck, err := weights.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ck.Close() })
+	cfg, ck := openFolder(t, dir)
 	b := cpu.New(0)
 	m, err := loadDeepseekV4With(b, cfg, NewLoader(b, ck), true)
 	if err != nil {
@@ -136,14 +128,8 @@ func TestDeepseekV4MTP(t *testing.T) {
 
 	// A verify pass over a..b-1, rolled back to a+2: the next draft
 	// catches up over positions a and a+1 from the verify pass's streams.
-	if _, err := m.Forward(ctx, st, ids[a:b], true); err != nil {
-		t.Fatal(err)
-	}
-	st.Truncate(a + 2)
 	got = got[:0]
-	if _, err := m.Draft(ctx, st, ids[a+2], 1, pick); err != nil {
-		t.Fatal(err)
-	}
+	rollbackDraft(t, m, st, ids, a, b, pick)
 	if r := st.(*v4State).mtp.lastRows; r != 2 {
 		t.Errorf("the draft after the rollback ran the block over %d positions, want 2 (a and a+1)", r)
 	}
@@ -162,6 +148,23 @@ func TestDeepseekV4MTP(t *testing.T) {
 	}
 }
 
+// rollbackDraft runs a verify pass over ids[a:b] on st, rolls st back to
+// a+2 and drafts one token after ids[a+2] with pick.
+func rollbackDraft(t *testing.T, m interface {
+	Model
+	Drafter
+}, st State, ids []int32, a, b int, pick func(step int, logits []float32) (int32, error)) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := m.Forward(ctx, st, ids[a:b], true); err != nil {
+		t.Fatal(err)
+	}
+	st.Truncate(a + 2)
+	if _, err := m.Draft(ctx, st, ids[a+2], 1, pick); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // v3MTPRef computes DeepSeek-V3's MTP block with the model's own decoder:
 // a one-layer model whose layer is the block's, whose final norm and head
 // are shared_head's and whose embedding rows are the block's inputs
@@ -172,15 +175,7 @@ func TestDeepseekV4MTP(t *testing.T) {
 // and the block's output (the one-layer model's residual) of the last.
 func v3MTPRef(t *testing.T, dir string, h [][]float64, toks []int32) ([]float32, []float32) {
 	t.Helper()
-	cfg, err := LoadConfig(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ck, err := weights.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ck.Close()
+	cfg, ck := openFolder(t, dir)
 	W := refW{t: t, ck: ck}
 	D, V, N := cfg.HiddenSize, cfg.VocabSize, cfg.NumLayers
 	p := fmt.Sprintf("model.layers.%d.", N)
@@ -301,15 +296,7 @@ func TestDeepseekV3MTP(t *testing.T) {
 	d := testmodel.DeepseekV3{Layers: 2, DenseLayers: 1, Hidden: 64, FFN: 96, Heads: 2, Vocab: 80, QLora: 32, KVLora: 32,
 		Nope: 16, Rope: 8, VDim: 16, Experts: 4, Shared: 1, TopK: 2, MoEFFN: 32, Groups: 2, TopKGroups: 1, MTP: true, Seed: 3}
 	dir := testmodel.WriteTemp(t, d)
-	cfg, err := LoadConfig(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ck, err := weights.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ck.Close() })
+	cfg, ck := openFolder(t, dir)
 	net, err := Build(cpu.New(0), &Folder{Dir: dir, Config: cfg, Checkpoint: ck}, Options{MTP: true})
 	if err != nil {
 		t.Fatal(err)
@@ -350,14 +337,8 @@ func TestDeepseekV3MTP(t *testing.T) {
 		t.Errorf("second draft: logits differ from the block run as a model by %.3g", dd)
 	}
 
-	if _, err := m.Forward(ctx, st, ids[a:b], true); err != nil {
-		t.Fatal(err)
-	}
-	st.Truncate(a + 2)
 	got = got[:0]
-	if _, err := m.Draft(ctx, st, ids[a+2], 1, pick); err != nil {
-		t.Fatal(err)
-	}
+	rollbackDraft(t, m, st, ids, a, b, pick)
 	want, _ = v3MTPRef(t, dir, hidden[:a+2], ids[1:a+3])
 	if dd := maxAbsDiff(got[0], want[(a+1)*V:]); dd > tol {
 		t.Errorf("draft after a rollback: logits differ from the block run as a model by %.3g", dd)

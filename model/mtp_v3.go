@@ -119,19 +119,13 @@ func (m *DeepseekV32) Draft(ctx context.Context, st State, next int32, k int, pi
 		}
 		return nil, fmt.Errorf("model: %s: no MTP block loaded (the checkpoint lacks model.layers.%d.*, or Options.MTP is off)", m.cfg.Path, m.cfg.NumLayers)
 	}
-	if k < 0 || k > MaxDraft {
-		return nil, fmt.Errorf("model: draft of %d tokens: want 0 to %d", k, MaxDraft)
-	}
-	if next < 0 || int(next) >= m.cfg.VocabSize {
-		return nil, fmt.Errorf("model: draft after token %d, outside the vocabulary [0, %d)", next, m.cfg.VocabSize)
+	if err := checkDraft(k, next, m.cfg.VocabSize); err != nil {
+		return nil, err
 	}
 	L := s.n
-	k = min(k, s.cap-L-1)
 	ms := s.mtp
-	if k <= 0 || L == 0 || ms.saved.rows == 0 || ms.saved.pos0+ms.saved.rows != L {
-		return nil, nil
-	}
-	if err := ctx.Err(); err != nil {
+	k, err := draftRoom(ctx, k, L, s.cap, &ms.saved)
+	if k <= 0 || err != nil {
 		return nil, err
 	}
 	ms.truncate(min(ms.exact, L-1))
@@ -154,29 +148,17 @@ func (m *DeepseekV32) Draft(ctx context.Context, st State, next int32, k int, pi
 	ms.pos = from
 	logits := m.mtpStep(s, hid, toks)
 	ms.exact = L
-	var drafts []int32
-	for step := 0; ; step++ {
+	synced := func(step int, logits []float32) (int32, error) { // mtpStep's logits are valid after a Sync
 		if err := b.Sync(); err != nil {
-			return drafts, err
+			return 0, err
 		}
-		d, err := pick(step, logits)
-		if err != nil {
-			return drafts, err
-		}
-		if d < 0 || int(d) >= m.cfg.VocabSize {
-			return drafts, fmt.Errorf("model: draft token %d is outside the vocabulary [0, %d)", d, m.cfg.VocabSize)
-		}
-		drafts = append(drafts, d)
-		if len(drafts) == k {
-			return drafts, nil
-		}
-		if err := ctx.Err(); err != nil {
-			return drafts, err
-		}
+		return pick(step, logits)
+	}
+	return draftLoop(ctx, k, m.cfg.VocabSize, synced, logits, func(d int32) ([]float32, error) {
 		last := b.View(ms.hn, 0, D)
 		b.Copy(last, b.View(ms.x, (ms.lastRows-1)*D, D))
-		logits = m.mtpStep(s, last, []int32{d})
-	}
+		return m.mtpStep(s, last, []int32{d}), nil
+	})
 }
 
 // mtpStep runs the block at positions ms.pos.. over the hidden states hid

@@ -1,13 +1,12 @@
 package conformance
 
 import (
-	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"slices"
 
 	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/backend/cpu"
 )
 
 // batchedCases are the NVFP4 matmuls of a batched decode step (issue 60):
@@ -40,7 +39,7 @@ func batchedCases() []Case {
 // step's logits: greedy and top-k draws mixed, rows skipped and picked out
 // of order, k up to MaxSampleTopK, ties (logits rounded to a coarse grid)
 // going to the lower id, vocabularies off the GPU's 64 slices. The ids must
-// be exactly the reference's (sampleRef, backend/cpu.SampleToken's rule).
+// be exactly the reference's (backend/cpu.SampleToken).
 func sampleCases() []Case {
 	var cs []Case
 	for _, c := range []struct {
@@ -73,40 +72,14 @@ func sampleCases() []Case {
 				got, want := make([]float32, len(picks)), make([]float32, len(picks))
 				for i, p := range picks {
 					got[i] = float32(ids[i])
-					want[i] = float32(sampleRef(logits[p.Row*c.vocab:(p.Row+1)*c.vocab], p.Temperature, p.TopK, p.U))
+					id, err := cpu.SampleToken(logits[p.Row*c.vocab:(p.Row+1)*c.vocab], p.Temperature, p.TopK, p.U)
+					if err != nil {
+						panic(err)
+					}
+					want[i] = float32(id)
 				}
 				return got, want
 			}})
 	}
 	return cs
-}
-
-// sampleRef is TokenSampler's rule (backend/cpu.SampleToken): the first
-// maximum when temperature <= 0, else a draw by u from the softmax of
-// logits/temperature over the topK largest, largest first, ties to the
-// lower id.
-func sampleRef(l []float32, temperature float32, topK int, u float64) int {
-	ids := make([]int, len(l))
-	for i := range ids {
-		ids[i] = i
-	}
-	slices.SortStableFunc(ids, func(a, c int) int { return cmp.Compare(l[c], l[a]) })
-	if temperature <= 0 {
-		return ids[0]
-	}
-	ids = ids[:min(topK, len(ids))]
-	p := make([]float64, len(ids))
-	var sum float64
-	for i, id := range ids {
-		p[i] = math.Exp(float64((l[id] - l[ids[0]]) / temperature))
-		sum += p[i]
-	}
-	r := u * sum
-	for i, id := range ids {
-		if r < p[i] {
-			return id
-		}
-		r -= p[i]
-	}
-	return ids[len(ids)-1]
 }

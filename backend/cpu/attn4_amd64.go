@@ -9,22 +9,10 @@ func values4AVX2(acc, w, v *float32, stride, n, hd int)
 // attn4Asm says whether the AVX2 kernels take n rows of hd floats.
 func attn4Asm(n, hd int) bool { return hasAVX2 && n > 0 && hd > 0 && hd%16 == 0 }
 
-// scores4 is scores4Go with the AVX2 kernel where it applies.
-func scores4(q, k []float32, stride, n, hd int, scale float32, out []float32) {
-	if !attn4Asm(n, hd) {
-		scores4Go(q, k, stride, n, hd, scale, out)
-		return
-	}
-	_, _, _ = q[4*hd-1], k[(n-1)*stride+hd-1], out[4*n-1]
-	scores4AVX2(&q[0], &k[0], stride, n, hd, scale, &out[0])
+// scores4Kernel and values4Kernel are the AVX2 kernels (attn4_simd.go
+// checks their inputs).
+func scores4Kernel(q, k *float32, stride, n, hd int, scale float32, out *float32) {
+	scores4AVX2(q, k, stride, n, hd, scale, out)
 }
 
-// values4 is values4Go with the AVX2 kernel where it applies.
-func values4(acc, w, v []float32, stride, n, hd int) {
-	if !attn4Asm(n, hd) {
-		values4Go(acc, w, v, stride, n, hd)
-		return
-	}
-	_, _, _ = acc[4*hd-1], w[4*n-1], v[(n-1)*stride+hd-1]
-	values4AVX2(&acc[0], &w[0], &v[0], stride, n, hd)
-}
+func values4Kernel(acc, w, v *float32, stride, n, hd int) { values4AVX2(acc, w, v, stride, n, hd) }

@@ -3,6 +3,7 @@
 package testnum
 
 import (
+	"encoding/binary"
 	"math"
 	"math/rand/v2"
 )
@@ -32,4 +33,14 @@ func MaxAbsDiff(a, b []float32) float64 {
 		d = max(d, math.Abs(float64(a[i])-float64(b[i])))
 	}
 	return d
+}
+
+// NormalF32Bytes is n values drawn as Normal draws them, as little-endian
+// float32 bytes (a safetensors F32 tensor's data).
+func NormalF32Bytes(rng *rand.Rand, n int, mean, std float64) []byte {
+	buf := make([]byte, 4*n)
+	for i := 0; i < n; i++ {
+		binary.LittleEndian.PutUint32(buf[4*i:], math.Float32bits(float32(mean+std*rng.NormFloat64())))
+	}
+	return buf
 }
