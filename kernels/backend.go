@@ -79,8 +79,8 @@ type Backend struct {
 	attnTicket    *allocation // attn_decode's counts of finished splits, one per row of blocks (zero between launches)
 	attnTicketLen int
 	gemm          gemmScratch // the NVFP4 GEMM's (gemm.go; guarded by partMu)
-	fp8           gemmScratch // the FP8 GEMM's (fp8.go; guarded by partMu)
-	g16           gemmScratch // the bf16 GEMM's (bf16.go; guarded by partMu)
+	fp8           fp8Scratch  // the FP8 GEMM's (fp8.go; guarded by partMu)
+	g16           g16Scratch  // the bf16 GEMM's (bf16.go; guarded by partMu)
 	g16v          g16vFns     // the joined bf16 matvecs' kernels (bf16.go; guarded by qmu)
 	paged         pagedState  // where the step values hold the last paged call's rows (paged.go; guarded by qmu)
 
@@ -602,7 +602,10 @@ func (b *Backend) stepIDs(ids []int32) (at uint64, ok bool) {
 func (b *Backend) MatMul(dst, x backend.Buffer, wt backend.Weight, m int) {
 	w := wt.(*Weight)
 	N, K := w.rows, w.cols
-	bias := w.biasPtr()
+	bias := uint64(0)
+	if w.bias != nil {
+		bias = w.bias.ptr
+	}
 	const warps = 8
 	g := grid1(N, warps)
 	xp := ptr(x)

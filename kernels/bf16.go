@@ -2,6 +2,15 @@ package kernels
 
 import "fmt"
 
+// g16Scratch is the 16-bit GEMM's device memory (bf16.cuh), grown as needed
+// and shared by its launches (which run one after another on the stream): x
+// split into two 16-bit parts, the split partials and the tickets (zero
+// between launches).
+type g16Scratch struct {
+	xh, part, ticket          *allocation
+	xhLen, partLen, ticketLen int
+}
+
 // g16Kernel is one of bf16.cuh's gemm16 variants: its token tile (bt), warps
 // along the features and the tokens (wf, wt), elements of K per stage (bk),
 // ring stages (ns) and blocks per multiprocessor (occ), as its GEMM16_TILE
@@ -73,26 +82,42 @@ func (b *Backend) gemm16(dst, x *Buffer, w *Weight, m int, f16 bool) {
 		cps = (stages + b.force.g16Splits - 1) / b.force.g16Splits
 		splits = (stages + cps - 1) / cps
 	}
-	// x split into two 16-bit parts a value: m*K words.
-	u, err := b.scratch(&b.g16, m*K, mtiles*ntiles*splits*k.bt*128, mtiles*ntiles, splits)
+	b.partMu.Lock()
+	s := &b.g16
+	err := b.grow(&s.xh, &s.xhLen, m*K) // two 16-bit parts a value: words
+	if err == nil && splits > 1 {
+		if err = b.grow(&s.part, &s.partLen, mtiles*ntiles*splits*k.bt*128); err == nil {
+			err = b.grow(&s.ticket, &s.ticketLen, mtiles*ntiles) // zeroed by alloc; each launch leaves it zero
+		}
+	}
+	xh, part, ticket := s.xh, s.part, s.ticket
+	b.partMu.Unlock()
 	if err != nil {
 		b.setErr(fmt.Errorf("kernels: 16-bit matmul scratch for %d x %d, m = %d: %w", N, K, m, err))
 		return
+	}
+	var pp, tp uint64
+	if splits > 1 {
+		pp, tp = part.ptr, ticket.ptr
+	}
+	bias := uint64(0)
+	if w.bias != nil {
+		bias = w.bias.ptr
 	}
 	units := m * K / 8
 	conv := "gemm16_x_bf16"
 	if f16 {
 		conv = "gemm16_x_f16"
 	}
-	b.launch(conv, [3]int{max(1, min((units+255)/256, 4*b.sms)), 1, 1}, 256, 0, u.xh.ptr, x.ptr, units)
+	b.launch(conv, [3]int{max(1, min((units+255)/256, 4*b.sms)), 1, 1}, 256, 0, xh.ptr, x.ptr, units)
 	name, shared := k.name(f16), k.shared()
 	if !f16 && b.exp.gemm16Hi() {
 		name, shared = name+"_hi", k.ns*(128+k.bt)*(k.bk+8)*2
 	}
 	b.launch(name, [3]int{ntiles * splits, mtiles, 1}, k.threads(), shared,
-		w.data.ptr, u.xh.ptr, dst.ptr, w.biasPtr(), u.pp, u.tp, N, K, m, cps)
+		w.data.ptr, xh.ptr, dst.ptr, bias, pp, tp, N, K, m, cps)
 	b.qmu.Lock()
-	b.q.keep = append(b.q.keep, u.xh, u.part, u.ticket, w, x, dst)
+	b.q.keep = append(b.q.keep, xh, part, ticket, w, x, dst)
 	b.qmu.Unlock()
 }
 
@@ -144,13 +169,25 @@ func (b *Backend) queueGemv16(dst, x *Buffer, w *Weight, m int) {
 	q := &b.q
 	y := span{dst.ptr, dst.ptr + uint64(4*m*w.rows)}
 	xs := span{x.ptr, x.ptr + uint64(4*m*w.cols)}
-	bias := w.biasPtr()
+	bias := uint64(0)
+	if w.bias != nil {
+		bias = w.bias.ptr
+	}
 	q.keep = append(q.keep, dst, x, w)
 	var fx effects
 	fx.read(xs)
 	fx.write(y)
-	if b.epilogue(fx, func(g *gemvOp) bool { return joinGroup(g, xs, y, w, bias, m) }) {
-		return
+	for _, i := range b.candidates() {
+		g := q.ops[i].gemv
+		if g == nil {
+			continue
+		}
+		if !b.movable(i, &fx) {
+			break
+		}
+		if joinGroup(g, xs, y, w, bias, m) {
+			return
+		}
 	}
 	b.push(op{kind: opKernel, name: name, fn: fn, pdl: pdlKernel(name), grid: [3]uint32{uint32(grid), 1, 1}, block: 256,
 		gemv: &gemvOp{x: xs, m: m, K: w.cols, groups: []gemvGroup{{w: w, y: y, bias: bias}}}})

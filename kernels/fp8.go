@@ -59,6 +59,13 @@ func (b *Backend) uploadFP8(w *Weight, h *backend.HostWeight) (err error) {
 	return err
 }
 
+// fp8Scratch is gemm_fp8's x in fp16 (t64), split partials and tickets
+// (zero between launches), grown as needed; guarded by Backend.partMu.
+type fp8Scratch struct {
+	xh, part, ticket          *allocation
+	xhLen, partLen, ticketLen int
+}
+
 // fp8Kernel is the kernel matmulFP8 takes for m tokens: "gemv" (CUDA cores)
 // or "gemm" (tensor cores), as forced by b.force.fp8 or else by m and K.
 func (b *Backend) fp8Kernel(m, K int) string {
@@ -77,7 +84,10 @@ func (b *Backend) fp8Kernel(m, K int) string {
 // matmulFP8 queues dst[m, N] = x[m, K]·wᵀ (+ bias) for an FP8 weight.
 func (b *Backend) matmulFP8(dst, x *Buffer, w *Weight, m int) {
 	N, K := w.rows, w.cols
-	bias := w.biasPtr()
+	bias := uint64(0)
+	if w.bias != nil {
+		bias = w.bias.ptr
+	}
 	// The weights are constant, so x and dst are all the launches touch that
 	// others may (the split GEMM's scratch is its own launches' alone, which
 	// run in order): the fusion pass may move operations past them.
@@ -99,16 +109,27 @@ func (b *Backend) matmulFP8(dst, x *Buffer, w *Weight, m int) {
 	}
 	ntiles, mtiles, kt := (N+127)/128, (m+bm-1)/bm, (K+fp8Tile-1)/fp8Tile
 	splits, cps := gemmSplits(ntiles*mtiles, kt, 2*b.sms, 2)
-	xhWords := 0 // t64 takes x in fp16: K/2 words a token
+	b.partMu.Lock()
+	s := &b.fp8
+	var err error
 	if bm == 64 {
-		xhWords = mtiles * bm * K / 2
+		err = b.grow(&s.xh, &s.xhLen, mtiles*bm*K/2) // fp16: K/2 words a token
 	}
-	u, err := b.scratch(&b.fp8, xhWords, splits*m*N, ntiles*mtiles, splits)
+	if err == nil && splits > 1 {
+		if err = b.grow(&s.part, &s.partLen, splits*m*N); err == nil {
+			err = b.grow(&s.ticket, &s.ticketLen, ntiles*mtiles) // zeroed by alloc; each launch leaves it zero
+		}
+	}
+	xh, part, ticket := s.xh, s.part, s.ticket
+	b.partMu.Unlock()
 	if err != nil {
 		b.setErr(fmt.Errorf("kernels: FP8 matmul scratch for %d x %d, m = %d: %w", N, K, m, err))
 		return
 	}
-	xh := u.xh
+	var pp, tp uint64
+	if splits > 1 {
+		pp, tp = part.ptr, ticket.ptr
+	}
 	xp := x.ptr
 	if bm == 64 {
 		units := mtiles * bm * K / 8
@@ -118,9 +139,9 @@ func (b *Backend) matmulFP8(dst, x *Buffer, w *Weight, m int) {
 		xp, fx = xh.ptr, fxOf([]*Buffer{dst}, xhb)
 	}
 	b.qmu.Lock()
-	b.q.keep = append(b.q.keep, u.xh, u.part, u.ticket)
+	b.q.keep = append(b.q.keep, xh, part, ticket)
 	b.qmu.Unlock()
-	b.enqueueFx(fx, name, [3]int{ntiles, mtiles, splits}, 256, fp8GemmShared, w.data.ptr, w.scales.ptr, xp, dst.ptr, bias, u.pp, u.tp, N, K, m, cps)
+	b.enqueueFx(fx, name, [3]int{ntiles, mtiles, splits}, 256, fp8GemmShared, w.data.ptr, w.scales.ptr, xp, dst.ptr, bias, pp, tp, N, K, m, cps)
 }
 
 // fp8GemmShared is gemm_fp8_t*'s dynamic shared memory, its ring of stages

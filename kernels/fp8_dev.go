@@ -35,7 +35,10 @@ func (b *Backend) matmulFP8Q(dst, x *Buffer, w *Weight, m int) error {
 	if err := b.grow(&s.sx, &s.sxLen, mpad*kt); err != nil {
 		return err
 	}
-	bias := w.biasPtr()
+	bias := uint64(0)
+	if w.bias != nil {
+		bias = w.bias.ptr
+	}
 	b.launch("fp8_act_quant", [3]int{min((mpad*kt+7)/8, 8*b.sms), 1, 1}, 256, 0, s.xq.ptr, s.sx.ptr, x.ptr, m, mpad, K)
 	b.launch("gemm_fp8q_t64", [3]int{(N + 127) / 128, mpad / 64, 1}, 256, 3*(128+64)*160,
 		w.data.ptr, w.scales.ptr, s.xq.ptr, s.sx.ptr, dst.ptr, bias, N, K, m)

@@ -79,7 +79,10 @@ func (b *Backend) queueGemv(dst, x *Buffer, w *Weight, m int) {
 	q := &b.q
 	y := span{dst.ptr, dst.ptr + uint64(4*m*w.rows)}
 	xs := span{x.ptr, x.ptr + uint64(4*m*w.cols)}
-	bias := w.biasPtr()
+	bias := uint64(0)
+	if w.bias != nil {
+		bias = w.bias.ptr
+	}
 	q.keep = append(q.keep, dst, x, w)
 	if n := len(q.ops); n > 0 && q.ops[n-1].norm != nil && m == 1 && (b.exp.normStaged() || b.exp.normTMA() && b.tmaStages(w.cols) > 0) {
 		// RMSNorm(x, r, nw) then x·wᵀ: the matmul normalizes r while staging it
@@ -100,10 +103,17 @@ func (b *Backend) queueGemv(dst, x *Buffer, w *Weight, m int) {
 	var fx effects
 	fx.read(xs)
 	fx.write(y)
-	if b.epilogue(fx, func(g *gemvOp) bool {
-		return b.joinStrided(g, xs, y, w, bias, m) || joinGroup(g, xs, y, w, bias, m)
-	}) {
-		return
+	for _, i := range b.candidates() {
+		g := q.ops[i].gemv
+		if g == nil {
+			continue
+		}
+		if !b.movable(i, &fx) {
+			break // nor past the same operations to an older one
+		}
+		if b.joinStrided(g, xs, y, w, bias, m) || joinGroup(g, xs, y, w, bias, m) {
+			return
+		}
 	}
 	b.push(op{kind: opKernel, gemv: &gemvOp{x: xs, m: m, K: w.cols,
 		groups: []gemvGroup{{w: w, y: y, bias: bias}}}})
@@ -263,10 +273,9 @@ func (b *Backend) fuseAdd(dst, a, c *Buffer) bool {
 	})
 }
 
-// epilogue offers an op with effects fx (an elementwise op, or a matmul to
-// join) to the queued matmuls, newest first, while it can run at their place
-// (not past an operation it cannot move over to an older one): take reports
-// whether a matmul took it in (and makes it so). qmu held.
+// epilogue offers an elementwise op with effects fx to the queued matmuls,
+// newest first, while it can run at their place: take reports whether a
+// matmul took it in (and makes it so). qmu held.
 func (b *Backend) epilogue(fx effects, take func(g *gemvOp) bool) bool {
 	for _, i := range b.candidates() {
 		g := b.q.ops[i].gemv

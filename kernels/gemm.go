@@ -2,51 +2,12 @@ package kernels
 
 import "fmt"
 
-// gemmScratch is a split GEMM's device memory (the NVFP4, FP8 and bf16
-// GEMMs have one each), grown as needed and shared by its launches (which run
-// one after another on the stream): x converted for the kernel, the split
-// partials and the tickets (zero between launches).
+// gemmScratch is the NVFP4 GEMM's device memory, grown as needed and shared
+// by its launches (which run one after another on the stream): x as fp16
+// pairs, the split partials and the tickets (zero between launches).
 type gemmScratch struct {
 	xh, part, ticket          *allocation
 	xhLen, partLen, ticketLen int
-}
-
-// gemmScratchUse is what one split GEMM launch takes of a gemmScratch: the
-// allocations (kept alive until launched) and the partials' and tickets'
-// pointers, 0 without a split.
-type gemmScratchUse struct {
-	xh, part, ticket *allocation
-	pp, tp           uint64
-}
-
-// scratch grows s, with partMu held, to xhWords words of converted x (left
-// as it is when xhWords is 0) and, when splits > 1, partWords words of
-// partials and tickets tickets.
-func (b *Backend) scratch(s *gemmScratch, xhWords, partWords, tickets, splits int) (gemmScratchUse, error) {
-	b.partMu.Lock()
-	var err error
-	if xhWords > 0 {
-		err = b.grow(&s.xh, &s.xhLen, xhWords)
-	}
-	if err == nil && splits > 1 {
-		if err = b.grow(&s.part, &s.partLen, partWords); err == nil {
-			err = b.grow(&s.ticket, &s.ticketLen, tickets) // zeroed by alloc; each launch leaves it zero
-		}
-	}
-	u := gemmScratchUse{xh: s.xh, part: s.part, ticket: s.ticket}
-	b.partMu.Unlock()
-	if err == nil && splits > 1 {
-		u.pp, u.tp = u.part.ptr, u.ticket.ptr
-	}
-	return u, err
-}
-
-// biasPtr is the device address of w's bias, 0 without one.
-func (w *Weight) biasPtr() uint64 {
-	if w.bias != nil {
-		return w.bias.ptr
-	}
-	return 0
 }
 
 // gemmKernel is one of gemm.cuh's gemm_nvfp4 variants: its token tile
@@ -135,17 +96,33 @@ func (b *Backend) gemmNVFP4(dst, x *Buffer, w *Weight, m int) {
 	bm := k.bm
 	mtiles, ntiles := (m+bm-1)/bm, (N+127)/128
 	splits, cps := gemmSplits(mtiles*ntiles, K/k.kc, k.occ*b.sms, 512/k.kc)
-	// x as fp16 pairs: K/2 words per token.
-	u, err := b.scratch(&b.gemm, mtiles*bm*K/2, mtiles*ntiles*splits*bm*128, mtiles*ntiles, splits)
+	b.partMu.Lock()
+	s := &b.gemm
+	err := b.grow(&s.xh, &s.xhLen, mtiles*bm*K/2) // fp16: K/2 words per token
+	if err == nil && splits > 1 {
+		if err = b.grow(&s.part, &s.partLen, mtiles*ntiles*splits*bm*128); err == nil {
+			err = b.grow(&s.ticket, &s.ticketLen, mtiles*ntiles) // zeroed by alloc; each launch leaves it zero
+		}
+	}
+	xh, part, ticket := s.xh, s.part, s.ticket
+	b.partMu.Unlock()
 	if err != nil {
 		b.setErr(fmt.Errorf("kernels: NVFP4 matmul scratch for %d x %d, m = %d: %w", N, K, m, err))
 		return
 	}
+	var pp, tp uint64
+	if splits > 1 {
+		pp, tp = part.ptr, ticket.ptr
+	}
+	bias := uint64(0)
+	if w.bias != nil {
+		bias = w.bias.ptr
+	}
 	units := mtiles * bm * K / 8
-	b.launch("gemm_x_h8", [3]int{min((units+255)/256, 4*b.sms), 1, 1}, 256, 0, u.xh.ptr, x.ptr, m, mtiles*bm, K)
+	b.launch("gemm_x_h8", [3]int{min((units+255)/256, 4*b.sms), 1, 1}, 256, 0, xh.ptr, x.ptr, m, mtiles*bm, K)
 	b.launch(k.name(), [3]int{ntiles * splits, mtiles, 1}, 256/k.fg, k.shared(),
-		w.data.ptr, w.scales.ptr, w.global*64, u.xh.ptr, dst.ptr, w.biasPtr(), u.pp, u.tp, N, K, m, cps)
+		w.data.ptr, w.scales.ptr, w.global*64, xh.ptr, dst.ptr, bias, pp, tp, N, K, m, cps)
 	b.qmu.Lock()
-	b.q.keep = append(b.q.keep, u.xh, u.part, u.ticket, w, x, dst)
+	b.q.keep = append(b.q.keep, xh, part, ticket, w, x, dst)
 	b.qmu.Unlock()
 }
