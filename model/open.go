@@ -60,6 +60,9 @@ type Options struct {
 	// carry one (DeepSeek-V4's mtp.0.*), for speculative decoding
 	// (Drafter); without it the block is not read.
 	MTP bool
+	// Experts places the routed experts on the device or in host memory
+	// (DeepSeek-V4; offload.go). The zero value plans from free memory.
+	Experts ExpertPlacement
 }
 
 // Build makes the architecture named by the folder's config on backend b.
