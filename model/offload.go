@@ -140,16 +140,23 @@ func (p *ExpertPlan) TokenSeconds() float64 {
 
 // String is the load note: the split and its expected cost per token.
 func (p *ExpertPlan) String() string {
-	const gib = 1 << 30
 	d, h := p.TokenBytes()
-	s := fmt.Sprintf("routed experts: %d on the device (%.2f GiB), %d on the host (%.2f GiB); dense weights %.2f GiB",
-		p.DeviceExperts(), float64(p.ExpertBytesOn(false))/gib, p.HostExperts(), float64(p.ExpertBytesOn(true))/gib, float64(p.DenseBytes)/gib)
+	s := fmt.Sprintf("routed experts: %d on the device (%s), %d on the host (%s); dense weights %s",
+		p.DeviceExperts(), sizeOf(float64(p.ExpertBytesOn(false))), p.HostExperts(), sizeOf(float64(p.ExpertBytesOn(true))), sizeOf(float64(p.DenseBytes)))
 	if p.FreeBytes >= 0 {
-		s += fmt.Sprintf(", %.2f GiB free before the experts, %.2f GiB kept for caches", float64(p.FreeBytes)/gib, float64(p.CacheBytes)/gib)
+		s += fmt.Sprintf(", %s free before the experts, %s kept for a session's caches", sizeOf(float64(p.FreeBytes)), sizeOf(float64(p.CacheBytes)))
 	}
 	t := p.TokenSeconds()
-	return s + fmt.Sprintf("; a token reads %.2f GiB on the device at %.0f GB/s + %.2f GiB on the host at %.0f GB/s: %.2f ms, %.1f tokens/s at most",
-		d/gib, p.DeviceBandwidth/1e9, h/gib, p.HostBandwidth/1e9, t*1e3, 1/t)
+	return s + fmt.Sprintf("; a decode token reads %s on the device at %.0f GB/s + %s on the host at %.0f GB/s: %.3f ms, at most %.1f tokens/s",
+		sizeOf(d), p.DeviceBandwidth/1e9, sizeOf(h), p.HostBandwidth/1e9, t*1e3, 1/t)
+}
+
+// sizeOf writes a byte count in GiB, or MiB below one GiB.
+func sizeOf(n float64) string {
+	if n >= 1<<30 {
+		return fmt.Sprintf("%.2f GiB", n/(1<<30))
+	}
+	return fmt.Sprintf("%.2f MiB", n/(1<<20))
 }
 
 // planExperts fills p.Device by o over layers of E experts whose bytes are
