@@ -78,8 +78,10 @@ type ExpertPlan struct {
 	Experts, TopK int
 	// ExpertBytes is the stored bytes of one routed expert of each layer.
 	ExpertBytes []int64
-	// DenseBytes is the weights other than the routed experts.
-	DenseBytes int64
+	// DenseBytes is the weights other than the routed experts, EmbedBytes
+	// the embedding table among them (a token reads one row of it, when the
+	// model has its own output head).
+	DenseBytes, EmbedBytes int64
 	// FreeBytes is the device's free memory before the experts were
 	// uploaded (-1: the backend does not say); CacheBytes the caches the
 	// automatic plan left room for.
@@ -118,7 +120,7 @@ func (p *ExpertPlan) ExpertBytesOn(host bool) int64 {
 // memory (the dense weights and its routed experts there) and from host
 // memory (its routed experts there), each layer's K experts taken uniformly.
 func (p *ExpertPlan) TokenBytes() (device, host float64) {
-	device = float64(p.DenseBytes)
+	device = float64(p.DenseBytes - p.EmbedBytes)
 	if p.Experts == 0 {
 		return device, 0
 	}
@@ -244,13 +246,15 @@ var routedExpertRE = regexp.MustCompile(`^(?:model\.)?layers\.(\d+)\.(?:ffn|mlp)
 
 // expertBytes sums the checkpoint's stored bytes: those of each decoder
 // layer's routed experts (of layers layers) and the rest (the MTP block's
-// only when mtp is set).
-func expertBytes(l *Loader, layers int, mtp bool) (perLayer []int64, dense int64, err error) {
+// only when mtp is set), and of the embedding table where a separate output
+// head is stored (so a token reads one row of it).
+func expertBytes(l *Loader, layers int, mtp bool) (perLayer []int64, dense, embed int64, err error) {
 	perLayer = make([]int64, layers)
+	head := l.Has("head.weight") || l.Has("lm_head.weight")
 	for _, name := range l.ck.Names() {
 		t, err := l.ck.Tensor(name)
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, 0, err
 		}
 		n := int64(len(t.Data))
 		if m := routedExpertRE.FindStringSubmatch(name); m != nil {
@@ -263,8 +267,11 @@ func expertBytes(l *Loader, layers int, mtp bool) (perLayer []int64, dense int64
 			continue
 		}
 		dense += n
+		if head && (name == "embed.weight" || name == "model.embed_tokens.weight") {
+			embed += n
+		}
 	}
-	return perLayer, dense, nil
+	return perLayer, dense, embed, nil
 }
 
 // freeMemory is the backend's free memory, or -1 when it does not say.
@@ -289,12 +296,12 @@ func (m *DeepseekV4) ExpertPlan() *ExpertPlan { return m.plan }
 
 // planV4 makes the model's placement once its other weights are loaded.
 func (m *DeepseekV4) planV4(l *Loader, o ExpertPlacement, mtp bool) error {
-	per, dense, err := expertBytes(l, len(m.blocks), mtp && m.mtp != nil)
+	per, dense, embed, err := expertBytes(l, len(m.blocks), mtp && m.mtp != nil)
 	if err != nil {
 		return err
 	}
 	E := m.v.NRoutedExperts
-	p := &ExpertPlan{Experts: E, TopK: m.v.NumExpertsPerTok, ExpertBytes: make([]int64, len(per)), DenseBytes: dense}
+	p := &ExpertPlan{Experts: E, TopK: m.v.NumExpertsPerTok, ExpertBytes: make([]int64, len(per)), DenseBytes: dense, EmbedBytes: embed}
 	for i, b := range per {
 		p.ExpertBytes[i] = b / int64(max(E, 1))
 	}

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/manifoldlm/manifold/backend"
@@ -75,6 +76,10 @@ func TestPlanExperts(t *testing.T) {
 			}
 			if p.String() == "" {
 				t.Error("empty plan note")
+			}
+			p.EmbedBytes = 400 // a token reads one row of it: not in its bytes
+			if d2, _ := p.TokenBytes(); d2 != d-400 {
+				t.Errorf("token device bytes %g with a 400-byte embedding, want %g", d2, d-400)
 			}
 		})
 	}
@@ -150,6 +155,9 @@ func TestV4OffloadMatchesDevice(t *testing.T) {
 	for name, dir := range dirs {
 		ref := buildV4Placed(t, dir, ExpertPlacement{Mode: "device"})
 		refUploads := ref.b.(*countingCPU).uploads
+		if p, total := ref.ExpertPlan(), checkpointBytes(t, dir); p.DenseBytes+p.ExpertBytesOn(false)+p.ExpertBytesOn(true) != total || p.EmbedBytes <= 0 {
+			t.Errorf("%s: plan of %d dense (%d embedding) and %d expert bytes, checkpoint %d bytes", name, p.DenseBytes, p.EmbedBytes, p.ExpertBytesOn(false), total)
+		}
 		L, E := len(ref.blocks), ref.v.NRoutedExperts
 		rng := rand.New(rand.NewPCG(5, 9))
 		prompt := randTokens(rng, 11, ref.cfg.VocabSize)
@@ -186,6 +194,28 @@ func TestV4OffloadMatchesDevice(t *testing.T) {
 			t.Logf("%s: %d of %d experts on the host: max |logit diff| %g; %s", name, L*E-count, L*E, worst, p)
 		}
 	}
+}
+
+// checkpointBytes is the stored bytes of the checkpoint in dir but its MTP
+// block's.
+func checkpointBytes(t *testing.T, dir string) int64 {
+	f, err := ReadFolder(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var n int64
+	for _, name := range f.Checkpoint.Names() {
+		if strings.HasPrefix(name, "mtp.") {
+			continue
+		}
+		tn, err := f.Checkpoint.Tensor(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += int64(len(tn.Data))
+	}
+	return n
 }
 
 // TestV4OffloadErrors: a plan with host experts and no host backend, and bad
