@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/manifoldlm/manifold/internal/golden"
@@ -23,8 +24,12 @@ func TestExpertsOffloaded(t *testing.T) {
 	if kernels.Available() {
 		devices = append(devices, "cuda")
 	}
-	run := func(device string, place model.ExpertPlacement) ([]float32, []int, *model.ExpertPlan) {
-		m, err := Load(dir, Options{Device: device, Experts: place})
+	run := func(device string, place model.ExpertPlacement, spec ...SpeculativeOptions) ([]float32, []int, *model.ExpertPlan) {
+		o := Options{Device: device, Experts: place}
+		if len(spec) > 0 {
+			o.Speculative = spec[0]
+		}
+		m, err := Load(dir, o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -67,6 +72,9 @@ func TestExpertsOffloaded(t *testing.T) {
 					t.Errorf("%s %s %d: greedy %v, want %v", device, place.Mode, place.Count, toks, wantToks)
 					break
 				}
+			}
+			if _, specToks, _ := run(device, place, SpeculativeOptions{Mode: "on", Tokens: 2}); !slices.Equal(specToks, toks) {
+				t.Errorf("%s %s %d: greedy with MTP drafts %v, without %v", device, place.Mode, place.Count, specToks, toks)
 			}
 			t.Logf("%s, %d of %d experts on the host: max |logit diff| %g; %s", device, plan.HostExperts(), plan.HostExperts()+plan.DeviceExperts(), worst, plan)
 		}
