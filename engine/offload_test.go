@@ -24,12 +24,13 @@ func TestExpertsOffloaded(t *testing.T) {
 	if kernels.Available() {
 		devices = append(devices, "cuda")
 	}
+	mtpDir := withMTP(t, dir, 1)
 	run := func(device string, place model.ExpertPlacement, spec ...SpeculativeOptions) ([]float32, []int, *model.ExpertPlan) {
-		o := Options{Device: device, Experts: place}
+		o, d := Options{Device: device, Experts: place}, dir
 		if len(spec) > 0 {
-			o.Speculative = spec[0]
+			o.Speculative, d = spec[0], mtpDir
 		}
-		m, err := Load(dir, o)
+		m, err := Load(d, o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -46,6 +47,9 @@ func TestExpertsOffloaded(t *testing.T) {
 		res, err := s.Generate(context.Background(), prompt, GenerateOptions{MaxTokens: 8, StopTokens: []int{}}, nil)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if len(spec) > 0 && m.SpeculativeStats().Drafted == 0 {
+			t.Errorf("%s %+v: no token drafted", device, place)
 		}
 		return logits, res.Tokens, m.ExpertPlan()
 	}
