@@ -10,6 +10,7 @@ import (
 
 	"github.com/manifoldlm/manifold/internal/golden"
 	"github.com/manifoldlm/manifold/kernels"
+	"github.com/manifoldlm/manifold/model"
 )
 
 // TestKnobsKeepGoldenOutputs: no knob that leaves the model's arithmetic
@@ -23,7 +24,7 @@ import (
 // never).
 func TestKnobsKeepGoldenOutputs(t *testing.T) {
 	root := golden.Dir(t)
-	cpuKnobs := []Options{{Threads: 1}, {Threads: 2}}
+	cpuKnobs := []Options{{Threads: 1}, {Threads: 2}, {Experts: model.ExpertPlacement{Mode: "host"}}} // host experts: on the CPU the same kernels, in the same order
 	var gpuKnobs []Options
 	for _, graphs := range []kernels.GraphMode{kernels.GraphsAuto, kernels.GraphsOn, kernels.GraphsOff} {
 		for _, noPDL := range []bool{false, true} {
