@@ -238,3 +238,35 @@ func TestV4OffloadErrors(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkV4OffloadDecode times a decode step of the tiny released V4 on
+// the CPU with its routed experts on the "device" (a CPU backend) and on the
+// host (a second one): the cost of the round trip (rows read back, outputs
+// written back) and of routing on the host.
+func BenchmarkV4OffloadDecode(b *testing.B) {
+	d := tinyReleasedV4
+	d.Released = testmodel.V4FP8NVFP4
+	dir := b.TempDir()
+	if err := d.Write(dir); err != nil {
+		b.Fatal(err)
+	}
+	for _, mode := range []string{"device", "host"} {
+		b.Run(mode, func(b *testing.B) {
+			m := buildV4Placed(b, dir, ExpertPlacement{Mode: mode})
+			st, err := m.NewState(b.N + 9)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			if _, err := m.Forward(ctx, st, []int32{1, 2, 3, 4, 5, 6, 7, 8}, false); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for i := range b.N {
+				if _, err := m.Forward(ctx, st, []int32{int32(i % 300)}, false); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
