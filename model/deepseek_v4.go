@@ -827,6 +827,9 @@ func (m *DeepseekV4) moe(s *v4State, blk *v4Block, h backend.Buffer, tokens []in
 		m.b.ScatterAddRows(out, ye, rows, s.expScale[e], D)
 	}
 	if hostRows > 0 {
+		if f, ok := b.(interface{ Flush() }); ok {
+			f.Flush() // the device's experts run while the host computes its own
+		}
 		off := m.runHostExperts(s, blk, n, first, limit)
 		for e, rows := range s.expRows[first:] {
 			if cnt := len(rows); cnt > 0 {
