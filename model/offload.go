@@ -67,6 +67,25 @@ const (
 // ErrPlacement is wrapped by the errors of a bad ExpertPlacement.
 var ErrPlacement = errors.New("bad expert placement")
 
+// validate checks what needs no model: the mode and the signs.
+func (o ExpertPlacement) validate() error {
+	switch o.Mode {
+	case "", "auto", "device", "host", "count", "budget":
+	default:
+		return fmt.Errorf("%w: mode %q: want auto, device, host, count or budget", ErrPlacement, o.Mode)
+	}
+	if o.Count < 0 || o.Budget < 0 || o.Context < 0 || o.Reserve < 0 || o.DeviceBandwidth < 0 || o.HostBandwidth < 0 {
+		return fmt.Errorf("%w: count %d, budget %d, context %d, reserve %d, bandwidths %g and %g: want none negative",
+			ErrPlacement, o.Count, o.Budget, o.Context, o.Reserve, o.DeviceBandwidth, o.HostBandwidth)
+	}
+	return nil
+}
+
+// offloads reports whether o asks for experts in host memory explicitly.
+func (o ExpertPlacement) offloads() bool {
+	return o.Mode == "host" || o.Mode == "count" || o.Mode == "budget"
+}
+
 // ExpertPlan is where a model's routed experts live and what a token is
 // expected to cost for it.
 type ExpertPlan struct {

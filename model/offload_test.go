@@ -196,6 +196,23 @@ func TestV4OffloadMatchesDevice(t *testing.T) {
 	}
 }
 
+// TestExpertsOtherArchitectures: a placement that asks for host experts
+// is an error on an architecture that keeps every weight on the device; the
+// automatic one and "device" are not.
+func TestExpertsOtherArchitectures(t *testing.T) {
+	f, err := ReadFolder(golden.Path(t, "llama"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, o := range []ExpertPlacement{{}, {Mode: "device"}, {Mode: "host", Host: cpu.New(1)}} {
+		_, err := Build(cpu.New(1), f, Options{Experts: o})
+		if o.offloads() != errors.Is(err, ErrPlacement) {
+			t.Errorf("%q: err = %v", o.Mode, err)
+		}
+	}
+}
+
 // checkpointBytes is the stored bytes of the checkpoint in dir but its MTP
 // block's.
 func checkpointBytes(t *testing.T, dir string) int64 {
@@ -232,6 +249,8 @@ func TestV4OffloadErrors(t *testing.T) {
 		{Mode: "count", Count: 1},
 		{Mode: "count", Count: 1 << 20, Host: cpu.New(1)},
 		{Mode: "nowhere", Host: cpu.New(1)},
+		{Mode: "budget", Budget: -5, Host: cpu.New(1)},
+		{Reserve: -1, Host: cpu.New(1)},
 	} {
 		if _, err := Build(cpu.New(1), f, Options{Experts: o}); !errors.Is(err, ErrPlacement) {
 			t.Errorf("%+v: err = %v, want ErrPlacement", o, err)
