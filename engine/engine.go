@@ -69,6 +69,12 @@ type Options struct {
 	// SpeculativeOptions. Output is the same distribution (greedy: the
 	// same tokens) either way.
 	Speculative SpeculativeOptions
+	// Experts places DeepSeek-V4's routed experts on the device or in host
+	// memory, where the CPU computes them (model.ExpertPlacement; the zero
+	// value plans from the GPU's free memory, all on the device on the
+	// CPU). Its Host, when nil, is a CPU backend of Threads threads.
+	// ExpertPlan reports the split and its expected cost.
+	Experts model.ExpertPlacement
 }
 
 // DefaultContext caps the default session length, so that a model with a
@@ -221,7 +227,14 @@ func buildOn[B backend.Backend](open func(int) (B, error), opts Options, f *mode
 	if err != nil {
 		return nil, nil, err
 	}
-	net, err := model.Build(b, f, model.Options{Attention: opts.Attention, MTP: opts.Speculative.on()})
+	place := opts.Experts
+	if place.Host == nil {
+		place.Host = cpu.New(opts.Threads)
+	}
+	if place.Context == 0 {
+		place.Context = opts.ContextLength
+	}
+	net, err := model.Build(b, f, model.Options{Attention: opts.Attention, MTP: opts.Speculative.on(), Experts: place})
 	if err != nil {
 		b.Close()
 		return nil, nil, err
@@ -242,6 +255,16 @@ func (m *Model) Device() string {
 		return m.backend.Name() + "; " + m.deviceNote
 	}
 	return m.backend.Name()
+}
+
+// ExpertPlan is where the model's routed experts live (device or host
+// memory) and the decode step's expected cost for it, as planned at Load;
+// nil for models without a placement (all but DeepSeek-V4).
+func (m *Model) ExpertPlan() *model.ExpertPlan {
+	if p, ok := m.net.(model.ExpertPlanner); ok {
+		return p.ExpertPlan()
+	}
+	return nil
 }
 
 // Backend is the compute backend the model runs on (a *cpu.Backend or a

@@ -45,32 +45,7 @@ func BenchmarkDecodeDeepseekV4(b *testing.B) {
 	if !kernels.Available() {
 		b.Skip("no CUDA driver or GPU")
 	}
-	spec := testmodel.DeepseekV4{Experts: 32, Seed: 1}
-	if v := os.Getenv("MANIFOLD_BENCH_V4_EXPERTS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 6 {
-			b.Fatalf("MANIFOLD_BENCH_V4_EXPERTS=%q: want an integer of at least 6 (the top-k)", v)
-		}
-		spec.Experts = n
-	}
-	dir := os.Getenv("MANIFOLD_BENCH_DIR")
-	if dir == "" {
-		dir = b.TempDir()
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		b.Fatal(err)
-	}
-	want, err := spec.Config()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if have, err := os.ReadFile(filepath.Join(dir, "config.json")); err != nil || !bytes.Equal(have, want) {
-		start := time.Now()
-		if err := spec.Write(dir); err != nil {
-			b.Fatal(err)
-		}
-		b.Logf("wrote the random checkpoint (%.1f GB) in %s", float64(spec.CheckpointBytes())/1e9, time.Since(start))
-	}
+	spec, dir := v4BenchCheckpoint(b)
 	const prompt, tokens = 1024, 128
 	loadStart := time.Now()
 	m, err := Load(dir, Options{Device: "cuda", ContextLength: 2048})
@@ -156,4 +131,37 @@ func BenchmarkDecodeDeepseekV4(b *testing.B) {
 	fmt.Printf("RESULT decodev4_profile steps=%d wall_ms_per_tok=%.2f kernel_ms_per_tok=%.2f kernel_share_of_wall=%.3f\n",
 		profiled, wall.Seconds()*1e3/profiled, dev.Seconds()*1e3/profiled, dev.Seconds()/wall.Seconds())
 	fmt.Print(kernels.FormatProfile(prof))
+}
+
+// v4BenchCheckpoint writes (or finds in MANIFOLD_BENCH_DIR) the random
+// DeepSeek-V4-shape checkpoint the V4 benchmarks load: 32 routed experts a
+// layer, or MANIFOLD_BENCH_V4_EXPERTS.
+func v4BenchCheckpoint(b *testing.B) (testmodel.DeepseekV4, string) {
+	spec := testmodel.DeepseekV4{Experts: 32, Seed: 1}
+	if v := os.Getenv("MANIFOLD_BENCH_V4_EXPERTS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 6 {
+			b.Fatalf("MANIFOLD_BENCH_V4_EXPERTS=%q: want an integer of at least 6 (the top-k)", v)
+		}
+		spec.Experts = n
+	}
+	dir := os.Getenv("MANIFOLD_BENCH_DIR")
+	if dir == "" {
+		dir = b.TempDir()
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	want, err := spec.Config()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if have, err := os.ReadFile(filepath.Join(dir, "config.json")); err != nil || !bytes.Equal(have, want) {
+		start := time.Now()
+		if err := spec.Write(dir); err != nil {
+			b.Fatal(err)
+		}
+		b.Logf("wrote the random checkpoint (%.1f GB) in %s", float64(spec.CheckpointBytes())/1e9, time.Since(start))
+	}
+	return spec, dir
 }

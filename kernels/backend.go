@@ -262,6 +262,11 @@ func (b *Backend) setErr(err error) {
 	b.mu.Unlock()
 }
 
+// Flush launches the queued work without waiting for it, so that the GPU
+// runs it while the host goes on (model/offload.go computes the
+// host-resident experts of a layer meanwhile).
+func (b *Backend) Flush() { b.onContext(func() {}) }
+
 // Sync waits for queued work and returns the first error seen since the last Sync.
 func (b *Backend) Sync() error {
 	b.onContext(func() { b.setErr(b.d.check("cuStreamSynchronize", b.d.cuStreamSynchronize(b.stream))) })

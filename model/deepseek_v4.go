@@ -46,6 +46,13 @@ type DeepseekV4 struct {
 	blocks []v4Block
 	mtp    *v4MTP // the MTP block (mtp.go), nil unless loaded
 
+	// The placement of the routed experts (offload.go), the backend holding
+	// those on the host and its loader (nil when every expert is on the
+	// device).
+	plan       *ExpertPlan
+	host       backend.Backend
+	hostLoader *Loader
+
 	// Tests set these: the rows a forward pass runs (0: chunkRows's bound),
 	// the indexer scores one pass may hold (0: v4ScoreBudget).
 	maxChunk, scoreBudget int
@@ -63,7 +70,8 @@ type v4Block struct {
 	Comp    *v4Compressor
 	Indexer *v4Indexer
 	FFN     v4FFN
-	Experts []v4Expert
+	Experts []v4Expert      // [0, E-host) on the device backend, the rest on the host backend
+	host    int             // routed experts in host memory: the last host of them
 	dev     backend.Experts // the routed experts bound for the device MoE, or nil
 }
 
@@ -126,7 +134,7 @@ func newDeepseekV4(b backend.Backend, cfg *Config, l *Loader, o Options) (Model,
 	if o.Attention.Kind == "htree" {
 		return nil, fmt.Errorf("model: %s does not support htree attention (llama and qwen3 do)", cfg.ModelType)
 	}
-	return loadDeepseekV4With(b, cfg, l, o.MTP)
+	return loadDeepseekV4Placed(b, cfg, l, o.MTP, o.Experts)
 }
 
 func loadDeepseekV4(b backend.Backend, cfg *Config, l *Loader) (*DeepseekV4, error) {
@@ -136,6 +144,12 @@ func loadDeepseekV4(b backend.Backend, cfg *Config, l *Loader) (*DeepseekV4, err
 // loadDeepseekV4With loads the model, and its MTP block (mtp.0.*) when mtp
 // is set and the checkpoint carries it (model/mtp.go).
 func loadDeepseekV4With(b backend.Backend, cfg *Config, l *Loader, mtp bool) (*DeepseekV4, error) {
+	return loadDeepseekV4Placed(b, cfg, l, mtp, ExpertPlacement{})
+}
+
+// loadDeepseekV4Placed loads the model: its weights but the routed experts,
+// then the routed experts where the placement plan puts them (offload.go).
+func loadDeepseekV4Placed(b backend.Backend, cfg *Config, l *Loader, mtp bool, place ExpertPlacement) (*DeepseekV4, error) {
 	hc := l.caps.HyperConnection
 	if hc == nil {
 		return nil, fmt.Errorf("model: deepseek_v4 needs hyper-connection ops (backend.HyperConnectionOps); backend %s lacks them", b.Name())
@@ -216,6 +230,16 @@ func loadDeepseekV4With(b backend.Backend, cfg *Config, l *Loader, mtp bool) (*D
 	}
 	if mtp {
 		if m.mtp, err = m.loadMTP(l, dims); err != nil {
+			return nil, err
+		}
+	}
+	if err := m.planV4(l, place, mtp); err != nil {
+		return nil, err
+	}
+	for i := range m.blocks {
+		blk := &m.blocks[i]
+		blk.host = m.v.NRoutedExperts - m.plan.Device[i]
+		if err := m.loadRoutedExperts(l, fmt.Sprintf("model.layers.%d.", i), blk, dims); err != nil {
 			return nil, err
 		}
 	}
@@ -310,16 +334,30 @@ func (m *DeepseekV4) loadBlock(l *Loader, prefix string, blk *v4Block, kind, mlp
 			return err
 		}
 	}
+	return nil
+}
+
+// loadRoutedExperts binds the routed experts of the layer under prefix:
+// the first E-blk.host on the device backend (bound for its MoE when it has
+// one and every expert is there), the others on the host backend.
+func (m *DeepseekV4) loadRoutedExperts(l *Loader, prefix string, blk *v4Block, dims map[string]int) error {
+	v := m.v
+	E := v.NRoutedExperts
 	blk.Experts = make([]v4Expert, E)
 	for e := range blk.Experts {
-		if err := l.Bind(fmt.Sprintf("%sffn.experts.%d.", prefix, e), &blk.Experts[e], dims); err != nil {
+		el := l
+		if e >= E-blk.host {
+			el = m.hostLoader
+		}
+		if err := el.Bind(fmt.Sprintf("%sffn.experts.%d.", prefix, e), &blk.Experts[e], dims); err != nil {
 			return err
 		}
 		if err := v.checkExpertFormat(l, fmt.Sprintf("%sffn.experts.%d.", prefix, e)); err != nil {
 			return err
 		}
 	}
-	if m.moeOps != nil {
+	if m.moeOps != nil && blk.host == 0 {
+		var err error
 		w1, w3, w2 := make([]backend.Weight, E), make([]backend.Weight, E), make([]backend.Weight, E)
 		for e, ex := range blk.Experts {
 			w1[e], w3[e], w2[e] = ex.W1, ex.W3, ex.W2
@@ -739,7 +777,7 @@ func (m *DeepseekV4) moe(s *v4State, blk *v4Block, h backend.Buffer, tokens []in
 		}
 	}
 	route := dsv4.RouteArgs{M: n, Experts: E, K: K, Scoring: v.scoring, Scale: float32(v.RoutedScalingFactor)}
-	if blk.dev != nil && n <= m.moeOps.MaxDeviceMoETokens() {
+	if blk.dev != nil && n <= m.moeOps.MaxDeviceMoETokens() { // (nil where experts are on the host)
 		m.moeOps.RoutedMoE(out, h, router, hash, blk.dev, route, limit)
 		return out
 	}
@@ -759,7 +797,18 @@ func (m *DeepseekV4) moe(s *v4State, blk *v4Block, h backend.Buffer, tokens []in
 			s.expScale[e] = append(s.expScale[e], w[i*K+j])
 		}
 	}
-	for e, rows := range s.expRows {
+	// The host experts are the last blk.host: h goes to the host before the
+	// device experts are queued, so that the host computes while the device
+	// runs its experts; their outputs are added after the device's, in
+	// expert order as the all-device path adds them.
+	first, hostRows := E-blk.host, 0
+	for _, rows := range s.expRows[first:] {
+		hostRows += len(rows)
+	}
+	if hostRows > 0 {
+		b.Read(s.host.in[:n*D], h, 0)
+	}
+	for e, rows := range s.expRows[:first] {
 		cnt := len(rows)
 		if cnt == 0 {
 			continue
@@ -776,6 +825,17 @@ func (m *DeepseekV4) moe(s *v4State, blk *v4Block, h backend.Buffer, tokens []in
 		b.SwiGLU(ge, ge, ue, limit)
 		b.MatMul(ye, ge, ex.W2, cnt)
 		m.b.ScatterAddRows(out, ye, rows, s.expScale[e], D)
+	}
+	if hostRows > 0 {
+		if f, ok := b.(interface{ Flush() }); ok {
+			f.Flush() // the device's experts run while the host computes its own
+		}
+		off := m.runHostExperts(s, blk, n, first, limit)
+		for e, rows := range s.expRows[first:] {
+			if cnt := len(rows); cnt > 0 {
+				b.ScatterAddRows(out, b.View(s.host.outDev, off[e]*D, cnt*D), rows, s.expScale[first+e], D)
+			}
+		}
 	}
 	return out
 }

@@ -94,6 +94,8 @@ type v4State struct {
 	hostLog   []float32
 	expRows   [][]int32
 	expScale  [][]float32
+	host      v4HostScratch // the host experts' scratch (offload.go), when the model has some
+	hostOff   []int
 	mtp       *v4MTPState // nil without an MTP block (mtp.go)
 }
 
@@ -368,6 +370,7 @@ func (m *DeepseekV4) growState(s *v4State, n int) error {
 	s.hostLog = make([]float32, n*v.NRoutedExperts)
 	s.hostIdx = make([]int32, n*v.NumExpertsPerTok)
 	s.hostW = make([]float32, n*v.NumExpertsPerTok)
+	m.growHost(&s.host, n)
 	if err := b.Sync(); err != nil {
 		s.rows = 0
 		s.reset()
@@ -466,7 +469,7 @@ func (m *DeepseekV4) StateBytes(capacity int) int64 {
 		w, D := min(m.v.SlidingWindow, capacity), int64(m.v.HCMult*m.cfg.HiddenSize)
 		floats += 2*int64(w+rows)*D + int64(2*v4LocalRows(w, rows)*m.v.HeadDim) + int64(rows)*(2*D+int64(m.cfg.HiddenSize)) + int64(m.cfg.VocabSize)
 	}
-	return 4 * (floats + host)
+	return 4*(floats+host) + m.hostStateBytes(rows)
 }
 
 // slide makes room for n new rows of width floats after the keep rows at

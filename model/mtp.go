@@ -169,6 +169,9 @@ func (m *DeepseekV4) loadMTP(l *Loader, dims map[string]int) (*v4MTP, error) {
 	if err := m.loadBlock(&ml, prefix, &mt.blk, v4Sliding, v4MoE, dims); err != nil {
 		return nil, fmt.Errorf("model: MTP block: %w", err)
 	}
+	if err := m.loadRoutedExperts(&ml, prefix, &mt.blk, dims); err != nil {
+		return nil, fmt.Errorf("model: MTP block: %w", err)
+	}
 	var err error
 	if mt.eProj, err = ml.Linear(prefix+"e_proj", D, D); err != nil {
 		return nil, err

@@ -60,6 +60,9 @@ type Options struct {
 	// carry one (DeepSeek-V4's mtp.0.*), for speculative decoding
 	// (Drafter); without it the block is not read.
 	MTP bool
+	// Experts places the routed experts on the device or in host memory
+	// (DeepSeek-V4; offload.go). The zero value plans from free memory.
+	Experts ExpertPlacement
 }
 
 // Build makes the architecture named by the folder's config on backend b.
@@ -74,6 +77,9 @@ func Build(b backend.Backend, f *Folder, o Options) (Model, error) {
 	if err := o.Attention.validate(); err != nil {
 		return nil, err
 	}
+	if err := o.Experts.validate(); err != nil {
+		return nil, fmt.Errorf("model: %s: %w", cfg.Path, err)
+	}
 	if err := checkSizes(cfg, f.Checkpoint); err != nil {
 		return nil, err
 	}
@@ -81,7 +87,14 @@ func Build(b backend.Backend, f *Folder, o Options) (Model, error) {
 	if f.Quant != nil {
 		l.fp8Block = f.Quant.BlockSize // FP8 tiles: weight_block_size (zero: the default)
 	}
-	return ctor(b, cfg, l, o)
+	m, err := ctor(b, cfg, l, o)
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := m.(ExpertPlanner); !ok && o.Experts.offloads() {
+		return nil, fmt.Errorf("model: %s: %w: mode %q: %s keeps every weight on the device (DeepSeek-V4 places its routed experts)", cfg.Path, ErrPlacement, o.Experts.Mode, cfg.ModelType)
+	}
+	return m, nil
 }
 
 // Open reads the folder dir and builds its architecture on b: ReadFolder

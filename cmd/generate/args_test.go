@@ -20,6 +20,7 @@ import (
 	"github.com/manifoldlm/manifold/internal/modeltest"
 	"github.com/manifoldlm/manifold/internal/testmodel"
 	"github.com/manifoldlm/manifold/internal/testproc"
+	"github.com/manifoldlm/manifold/model"
 	"github.com/manifoldlm/manifold/weights"
 )
 
@@ -342,5 +343,36 @@ func TestEchoWordBoundary(t *testing.T) {
 	}
 	if out.String() != whole+"\n" {
 		t.Errorf("stdout %q, want %q", out.String(), whole+"\n")
+	}
+}
+
+func TestParseExperts(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want model.ExpertPlacement
+		bad  bool
+	}{
+		{in: "auto", want: model.ExpertPlacement{Mode: "auto"}},
+		{in: "host", want: model.ExpertPlacement{Mode: "host"}},
+		{in: "device", want: model.ExpertPlacement{Mode: "device"}},
+		{in: "120", want: model.ExpertPlacement{Mode: "count", Count: 120}},
+		{in: "40GiB", want: model.ExpertPlacement{Mode: "budget", Budget: 40 << 30}},
+		{in: "1.5GiB", want: model.ExpertPlacement{Mode: "budget", Budget: 3 << 29}},
+		{in: "500MiB", want: model.ExpertPlacement{Mode: "budget", Budget: 500 << 20}},
+		{in: "-1", bad: true},
+		{in: "-2GiB", bad: true},
+		{in: "gpu", bad: true},
+		{in: "", bad: true},
+	} {
+		got, err := parseExperts(tc.in)
+		if tc.bad {
+			if err == nil || !strings.Contains(err.Error(), "-experts") {
+				t.Errorf("%q: err %v, want one naming -experts", tc.in, err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("%q: %+v, %v; want %+v", tc.in, got, err, tc.want)
+		}
 	}
 }

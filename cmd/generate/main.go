@@ -123,6 +123,7 @@ type options struct {
 	stops             []string
 	attention         model.AttentionOptions
 	draft             int // -draft: tokens drafted a step (0: off)
+	experts           model.ExpertPlacement
 }
 
 func newFlagSet(o *options) *flag.FlagSet {
@@ -164,7 +165,38 @@ func newFlagSet(o *options) *flag.FlagSet {
 			o.attention, err = parseAttention(v)
 			return err
 		})
+	fs.Func("experts", "where DeepSeek-V4's routed experts live: auto (from the GPU's free memory), device, host,\n"+
+		"a count of experts on the device, or a budget of device memory for them (40GiB, 500MiB); host experts run on the CPU",
+		func(v string) (err error) {
+			o.experts, err = parseExperts(v)
+			return err
+		})
 	return fs
+}
+
+// parseExperts reads -experts: a mode, a count, or a budget in GiB or MiB.
+func parseExperts(v string) (model.ExpertPlacement, error) {
+	switch v {
+	case "auto", "device", "host":
+		return model.ExpertPlacement{Mode: v}, nil
+	}
+	for _, u := range []struct {
+		suffix string
+		scale  float64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}} {
+		if n, ok := strings.CutSuffix(v, u.suffix); ok {
+			f, err := strconv.ParseFloat(n, 64)
+			if err != nil || f < 0 {
+				return model.ExpertPlacement{}, fmt.Errorf("-experts %q: want a non-negative budget such as 40GiB", v)
+			}
+			return model.ExpertPlacement{Mode: "budget", Budget: int64(f * u.scale)}, nil
+		}
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return model.ExpertPlacement{}, fmt.Errorf("-experts %q: want auto, device, host, a count of experts or a budget such as 40GiB", v)
+	}
+	return model.ExpertPlacement{Mode: "count", Count: n}, nil
 }
 
 // parseFlags reads the arguments and checks what needs no model folder. A
@@ -416,12 +448,15 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	m, err := engine.Load(o.model, engine.Options{Device: o.device, Threads: o.threads, ContextLength: o.ctx, Attention: o.attention,
-		Speculative: o.speculative()})
+		Speculative: o.speculative(), Experts: o.experts})
 	if err != nil {
 		return err
 	}
 	defer m.Close()
 	fmt.Fprintf(stderr, "loaded %s (%s) in %.2fs on %s\n", o.model, m.Config().ModelType, m.LoadTime().Seconds(), m.Device())
+	if p := m.ExpertPlan(); p != nil {
+		fmt.Fprintf(stderr, "%s\n", p)
+	}
 	prompt := o.ids
 	if o.promptSet {
 		if prompt, err = m.Encode(o.prompt, o.chat); err != nil {
