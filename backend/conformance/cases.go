@@ -209,6 +209,10 @@ func Cases() []Case {
 	cs = append(cs, fp8Cases()...)
 	cs = append(cs, batchedCases()...)
 	cs = append(cs, sampleCases()...)
+	cs = append(cs, moeCases()...)
+	cs = append(cs, mlaCases()...)
+	cs = append(cs, mhcCases()...)
+	cs = append(cs, bf16JoinCases()...)
 	return cs
 }
 
