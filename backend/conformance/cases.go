@@ -213,6 +213,7 @@ func Cases() []Case {
 	cs = append(cs, mlaCases()...)
 	cs = append(cs, mhcCases()...)
 	cs = append(cs, bf16JoinCases()...)
+	cs = append(cs, dsaCases()...)
 	return cs
 }
 
