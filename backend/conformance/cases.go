@@ -214,6 +214,8 @@ func Cases() []Case {
 	cs = append(cs, mhcCases()...)
 	cs = append(cs, bf16JoinCases()...)
 	cs = append(cs, dsaCases()...)
+	cs = append(cs, v4AttentionCases()...)
+	cs = append(cs, htreeCases()...)
 	return cs
 }
 

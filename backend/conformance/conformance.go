@@ -103,6 +103,8 @@ func has(c backend.Capabilities, group string) bool {
 		return c.Compressed != nil
 	case "HyperConnectionOps":
 		return c.HyperConnection != nil
+	case "TreeAttentionOps":
+		return c.TreeAttention != nil
 	case "PagedAttentionOps":
 		return c.Paged != nil
 	case "BatchTokenSampler":
