@@ -216,6 +216,7 @@ func Cases() []Case {
 	cs = append(cs, dsaCases()...)
 	cs = append(cs, v4AttentionCases()...)
 	cs = append(cs, htreeCases()...)
+	cs = append(cs, embedCases()...)
 	return cs
 }
 
