@@ -193,19 +193,39 @@ func row4Q16Go(codes, scales []byte, a []q16Act, groups int, out *[4]float32) {
 	}
 }
 
+// row8Q16Go is the portable prefill kernel for 8 tokens.
+func row8Q16Go(codes, scales []byte, a []q16Act, groups int, out *[8]float32) {
+	for t := range 8 {
+		out[t] = rowQ16Go(codes, scales, a[t], groups)
+	}
+}
+
 // matmulQ16 is matmulQ8 for the block-per-lane layout: out[i*N + r] for the
 // m rows of acts and rows r in quads [qlo, qhi) of w, tiles of quads held
-// in cache while the tokens run over them 4 at a time, the last m%4 one at
+// in cache while the tokens run over them 8 at a time (row8Q16: each
+// supergroup of a row decoded once for the 8), then 4, the last m%4 one at
 // a time.
 func matmulQ16(out []float32, acts []q16Act, w *q16Weight, qlo, qhi int) {
 	const tile = 8 // quads a tile: 32 rows, 16*K bytes of codes
 	G, N := w.groups, w.rows
 	qstrideC, qstrideS := G*4*q16GroupB, G*4*q16Blocks
-	m4 := len(acts) &^ 3
+	m8, m4 := len(acts)&^7, len(acts)&^3
 	var o [4]float32
+	var o8 [8]float32
 	for t0 := qlo; t0 < qhi; t0 += tile {
 		t1 := min(t0+tile, qhi)
-		for i := 0; i < m4; i += 4 {
+		for i := 0; i < m8; i += 8 {
+			for quad := t0; quad < t1; quad++ {
+				for j := range min(4, N-quad*4) {
+					row8Q16(w.codes[quad*qstrideC+j*q16GroupB:(quad+1)*qstrideC], w.scales[quad*qstrideS+j*q16Blocks:(quad+1)*qstrideS], acts[i:i+8], G, &o8)
+					r := quad*4 + j
+					for t := range 8 {
+						out[(i+t)*N+r] = o8[t] * w.mul
+					}
+				}
+			}
+		}
+		for i := m8; i < m4; i += 4 {
 			for quad := t0; quad < t1; quad++ {
 				for j := range min(4, N-quad*4) {
 					row4Q16(w.codes[quad*qstrideC+j*q16GroupB:(quad+1)*qstrideC], w.scales[quad*qstrideS+j*q16Blocks:(quad+1)*qstrideS], acts[i:i+4], G, &o)

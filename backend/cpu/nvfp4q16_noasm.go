@@ -12,3 +12,7 @@ func dot4Q16(codes, scales []byte, a q16Act, groups int, out *[4]float32) {
 func row4Q16(codes, scales []byte, a []q16Act, groups int, out *[4]float32) {
 	row4Q16Go(codes, scales, a, groups, out)
 }
+
+func row8Q16(codes, scales []byte, a []q16Act, groups int, out *[8]float32) {
+	row8Q16Go(codes, scales, a, groups, out)
+}

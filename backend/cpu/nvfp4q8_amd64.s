@@ -399,3 +399,54 @@ r16loop:
 
 r16done:
 	Q5STORE
+
+// NEXTTOK moves the token pointers (R11 x, R12 xs, R14 xc) on by one token.
+#define NEXTTOK ADDQ BX, R11; ADDQ R13, R12; ADDQ R13, R14
+
+// HSUM4(a, ya, b, yb, c, yc, d, yd, off): the horizontal sums of the ZMMs
+// a..d (ya..yd their low halves) to off(AX)..off+12(AX), through Y12-Y15
+// (VHADDPS has no EVEX form).
+#define HSUM4(a, ya, b, yb, c, yc, d, yd, off) \
+	VEXTRACTF64X4 $1, a, Y0; VADDPS Y0, ya, Y12; \
+	VEXTRACTF64X4 $1, b, Y0; VADDPS Y0, yb, Y13; \
+	VEXTRACTF64X4 $1, c, Y0; VADDPS Y0, yc, Y14; \
+	VEXTRACTF64X4 $1, d, Y0; VADDPS Y0, yd, Y15; \
+	VHADDPS Y13, Y12, Y12; VHADDPS Y15, Y14, Y14; VHADDPS Y14, Y12, Y12; \
+	VEXTRACTF128 $1, Y12, X13; VADDPS X13, X12, X12; VMOVUPS X12, off(AX)
+
+// func row8Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups int, out *[8]float32)
+// row4Q16VNNI for 8 tokens: each supergroup of the row decoded once for
+// the 8 (accumulators Z23-Z30).
+TEXT ·row8Q16VNNI(SB), NOSPLIT, $0-56
+	Q8ARGS
+	MOVQ CX, BX
+	SHLQ $8, BX              // x token stride: groups*256 bytes
+	MOVQ CX, R13
+	SHLQ $6, R13             // xs, xc token stride: groups*64 bytes
+	Q16CONSTS
+	VPXORD Z23, Z23, Z23; VPXORD Z24, Z24, Z24; VPXORD Z25, Z25, Z25; VPXORD Z26, Z26, Z26
+	VPXORD Z27, Z27, Z27; VPXORD Z28, Z28, Z28; VPXORD Z29, Z29, Z29; VPXORD Z30, Z30, Z30
+
+r8loop:
+	TESTQ CX, CX
+	JE    r8done
+	NIBBLES(VMOVDQU64, VPANDD, Z6, Z5, 0, Z16, Z17)
+	NIBBLES(VMOVDQU64, VPANDD, Z6, Z5, 64, Z18, Z19)
+	WSCALE16(0, Z22)
+	MOVQ SI, R11; MOVQ R8, R12; MOVQ R9, R14
+	TOK16(R11, (R12), (R14), Z23); NEXTTOK
+	TOK16(R11, (R12), (R14), Z24); NEXTTOK
+	TOK16(R11, (R12), (R14), Z25); NEXTTOK
+	TOK16(R11, (R12), (R14), Z26); NEXTTOK
+	TOK16(R11, (R12), (R14), Z27); NEXTTOK
+	TOK16(R11, (R12), (R14), Z28); NEXTTOK
+	TOK16(R11, (R12), (R14), Z29); NEXTTOK
+	TOK16(R11, (R12), (R14), Z30)
+	Q16NEXT
+	JMP r8loop
+
+r8done:
+	HSUM4(Z23, Y23, Z24, Y24, Z25, Y25, Z26, Y26, 0)
+	HSUM4(Z27, Y27, Z28, Y28, Z29, Y29, Z30, Y30, 16)
+	VZEROUPPER
+	RET
