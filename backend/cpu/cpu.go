@@ -124,6 +124,7 @@ type Weight struct {
 	q          *quant.NVFP4
 	dq         quant.RowDecoder // FP8Block, MXFP4 (fp8.go)
 	q8         *q8Weight        // q repacked for the int8 kernels (nil: reference kernels)
+	q16        *q16Weight       // q repacked for the AVX-512 VNNI kernels (instead of q8)
 	bias       []float32
 }
 
@@ -174,8 +175,13 @@ func (b *Backend) Upload(h *backend.HostWeight) (backend.Weight, error) {
 		}
 	case backend.NVFP4:
 		w.q = h.Q
-		if !b.opt.ReferenceNVFP4 {
-			w.q8 = newQ8Weight(h.Q, func(n int, fn func(lo, hi int)) { b.parallel(n, 64, fn) })
+		par := func(n int, fn func(lo, hi int)) { b.parallel(n, 64, fn) }
+		switch {
+		case b.opt.ReferenceNVFP4:
+		case useQ16():
+			w.q16 = newQ16Weight(h.Q, par)
+		default:
+			w.q8 = newQ8Weight(h.Q, par)
 		}
 	default:
 		w.dq = decodedWeight(h)
@@ -213,6 +219,9 @@ func (b *Backend) MatMul(dst, x backend.Buffer, wt backend.Weight, m int) {
 	out, in := dst.(Buffer), x.(Buffer)
 	K, N := w.cols, w.rows
 	switch {
+	case w.q16 != nil:
+		b.matmulQ16(out, in, w, m)
+		return
 	case w.q8 != nil:
 		b.matmulQ8(out, in, w, m)
 		return

@@ -45,8 +45,7 @@ func widen[T float32 | uint16](v T) float32 {
 // (all present: r0+4 <= N, i0+3 <= m).
 func gemmTile[T float32 | uint16](out []float32, w []T, x []float32, K, N, i0, r0 int) {
 	var acc [96]float32
-	k8 := K &^ 7
-	dot4x3(w[r0*K:], K, x[i0*K:], K, k8, &acc)
+	k8 := dot4x3(w[r0*K:], K, x[i0*K:], K, K&^7, &acc)
 	for r := range gemmNR {
 		wr := w[(r0+r)*K : (r0+r+1)*K]
 		for t := range gemmMR {

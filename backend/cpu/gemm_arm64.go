@@ -10,10 +10,10 @@ func dot4x3F32NEON(w *float32, ldw int, x *float32, ldx int, k int, out *[96]flo
 func dot4BF16NEON(w *uint16, ldw int, x *float32, k int, out *[4]float32)
 
 // dot4x3 is dot4x3Go with the NEON kernels; k is a multiple of 8.
-func dot4x3[T float32 | uint16](w []T, ldw int, x []float32, ldx, k int, out *[96]float32) {
+func dot4x3[T float32 | uint16](w []T, ldw int, x []float32, ldx, k int, out *[96]float32) int {
 	if !hasNEON || k == 0 {
 		dot4x3Go(w, ldw, x, ldx, k, out)
-		return
+		return k
 	}
 	_, _ = w[3*ldw+k-1], x[2*ldx+k-1]
 	switch w := any(w).(type) {
@@ -22,6 +22,7 @@ func dot4x3[T float32 | uint16](w []T, ldw int, x []float32, ldx, k int, out *[9
 	case []float32:
 		dot4x3F32NEON(&w[0], ldw, &x[0], ldx, k, out)
 	}
+	return k
 }
 
 // matvecBF16 computes out[r] = x · w[r] for rows [lo, hi) of a bf16 matrix
@@ -48,3 +49,6 @@ func matvecBF16(out, x []float32, w []uint16, K, lo, hi int) {
 	}
 	matmulBF16(out, x, w, 1, K, len(out), r, hi)
 }
+
+// bf16ForceAVX2 (the amd64 test hook) changes nothing here.
+var bf16ForceAVX2 bool

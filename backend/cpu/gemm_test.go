@@ -13,8 +13,17 @@ import (
 // matvec (matvecBF16: 4-row passes, leftover rows and the tail of K in Go),
 // and MatMul's GEMM path (gemmRows) for K and row counts off the tiles.
 // Tolerance: float32 accumulation over K terms of unit size, 1e-5*K (as
-// TestMatMul).
+// TestMatMul). On amd64 with AVX-512 both its kernels and the AVX2 ones
+// (bf16ForceAVX2).
 func TestFloatKernels(t *testing.T) {
+	for _, force := range []bool{false, true} {
+		bf16ForceAVX2 = force
+		testFloatKernels(t)
+	}
+	bf16ForceAVX2 = false
+}
+
+func testFloatKernels(t *testing.T) {
 	rng := rand.New(rand.NewPCG(61, 64))
 	for _, s := range []struct{ m, K, N int }{{3, 8, 4}, {3, 64, 4}, {7, 136, 9}, {1, 1000, 11}, {8, 1027, 6}, {5, 4096, 5}} {
 		w := randn(rng, s.N*s.K)
@@ -32,14 +41,15 @@ func TestFloatKernels(t *testing.T) {
 			return d
 		}
 		tol := 1e-5 * float64(s.K)
-		name := fmt.Sprintf("%+v", s)
+		name := fmt.Sprintf("%+v avx2=%v", s, bf16ForceAVX2)
 		if k8 := s.K &^ 7; s.m >= 3 && s.N >= 4 && k8 > 0 {
 			var acc [96]float32
 			for _, bf16 := range []bool{false, true} {
+				var kd int // the part of k8 the kernel covered
 				if bf16 {
-					dot4x3(wb, s.K, x, s.K, k8, &acc)
+					kd = dot4x3(wb, s.K, x, s.K, k8, &acc)
 				} else {
-					dot4x3(w, s.K, x, s.K, k8, &acc)
+					kd = dot4x3(w, s.K, x, s.K, k8, &acc)
 				}
 				for r := range 4 {
 					for tk := range 3 {
@@ -47,7 +57,7 @@ func TestFloatKernels(t *testing.T) {
 						for _, v := range acc[(3*r+tk)*8 : (3*r+tk+1)*8] {
 							got += float64(v)
 						}
-						for k := range k8 {
+						for k := range kd {
 							wv := w[r*s.K+k]
 							if bf16 {
 								wv = w16[r*s.K+k]

@@ -41,8 +41,21 @@ func BenchmarkKernels(b *testing.B) {
 	for i := range acts {
 		quantizeQ8(acts[i], x[i*K:(i+1)*K], qw.groups)
 	}
+	q16 := newQ16Weight(q, func(n int, fn func(lo, hi int)) { fn(0, n) })
+	a16 := newQ16Act(q16.groups, 4)
+	for i := range a16 {
+		quantizeQ16(a16[i], x[i*K:(i+1)*K], q16.groups)
+	}
 	var acc [96]float32
 	var o [4]float32
+	var o8 [8]float32
+	a8 := newQ16Act(q16.groups, 8) // x holds 6 tokens: tokens 6, 7 repeat 0, 1
+	for i := range a8 {
+		quantizeQ16(a8[i], x[i%6*K:(i%6+1)*K], q16.groups)
+	}
+	avx2 := func(fn func()) func() {
+		return func() { bf16ForceAVX2 = true; fn(); bf16ForceAVX2 = false }
+	}
 	for _, c := range []struct {
 		name string
 		work float64
@@ -51,10 +64,16 @@ func BenchmarkKernels(b *testing.B) {
 		{"f32-4x3", 12 * K, func() { dot4x3(wf, K, x, K, K, &acc) }},
 		{"bf16-4x3", 12 * K, func() { dot4x3(wb, K, x, K, K, &acc) }},
 		{"bf16-4x1", 4 * K, func() { matvecBF16(o[:], x[:K], wb, K, 0, 4) }},
+		{"bf16-4x3-avx2", 12 * K, avx2(func() { dot4x3(wb, K, x, K, K, &acc) })},
+		{"bf16-4x1-avx2", 4 * K, avx2(func() { matvecBF16(o[:], x[:K], wb, K, 0, 4) })},
+		{"nvfp4-q16-row4", 4 * K, func() { row4Q16(q16.codes, q16.scales, a16[:4], q16.groups, &o) }},
+		{"nvfp4-q16-row8", 8 * K, func() { row8Q16(q16.codes, q16.scales, a8, q16.groups, &o8) }},
+		{"nvfp4-q16-dot4", 4 * K, func() { dot4Q16(q16.codes, q16.scales, a16[0], q16.groups, &o) }},
 		{"nvfp4-row4", 4 * K, func() { row4Q8(qw.codes, qw.scales, acts, qw.groups, &o) }},
 		{"nvfp4-dot4", 4 * K, func() { dot4Q8(qw.codes, qw.scales, acts[0], qw.groups, &o) }},
 		{"nvfp4-ref", 4 * K, func() { q.MatVecRows(o[:], x, 0, 4) }},
 		{"quantize", K, func() { quantizeQ8(acts[0], x[:K], qw.groups) }},
+		{"quantize-q16", K, func() { quantizeQ16(a16[0], x[:K], q16.groups) }},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			runtime.LockOSThread()

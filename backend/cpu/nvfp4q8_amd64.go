@@ -69,3 +69,63 @@ func row4Q8(codes, scales []byte, a []q8Act, groups int, out *[4]float32) {
 	}
 	row4Q8AVX2(&codes[0], &scales[0], &x[0], &xs[0], &xsum[0], groups, out)
 }
+
+// useQ16 says whether NVFP4 weights are repacked into the block-per-lane
+// layout (nvfp4q16.go), whose kernels need AVX-512 VNNI; q8ForceBase (the
+// test hook) keeps the 128-element layout's AVX2 kernels.
+func useQ16() bool { return hasVNNI512 && !q8ForceBase }
+
+//go:noescape
+func dot4Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups int, out *[4]float32)
+
+//go:noescape
+func row4Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups int, out *[4]float32)
+
+// dot4Q16 is dot4Q16Go with the AVX-512 VNNI kernel where the processor
+// has it.
+func dot4Q16(codes, scales []byte, a q16Act, groups int, out *[4]float32) {
+	if !hasVNNI512 || groups == 0 {
+		dot4Q16Go(codes, scales, a, groups, out)
+		return
+	}
+	_, _ = codes[groups*4*q16GroupB-1], scales[groups*4*q16Blocks-1]
+	_, _, _ = a.x[groups*q16Group-1], a.sc[groups*q16Blocks-1], a.c[groups*q16Blocks-1]
+	dot4Q16VNNI(&codes[0], &scales[0], &a.x[0], &a.sc[0], &a.c[0], groups, out)
+}
+
+//go:noescape
+func row8Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups int, out *[8]float32)
+
+// row8Q16 is row8Q16Go with the AVX-512 VNNI kernel where the processor
+// has it. The 8 tokens' activations must be consecutive in one allocation
+// (newQ16Act).
+func row8Q16(codes, scales []byte, a []q16Act, groups int, out *[8]float32) {
+	if !hasVNNI512 || groups == 0 {
+		row8Q16Go(codes, scales, a, groups, out)
+		return
+	}
+	_, _ = codes[(groups-1)*4*q16GroupB+q16GroupB-1], scales[(groups-1)*4*q16Blocks+q16Blocks-1]
+	n, nb := groups*q16Group, groups*q16Blocks
+	x, xs, xc := a[0].x[:8*n], a[0].sc[:8*nb], a[0].c[:8*nb]
+	if &x[7*n] != &a[7].x[0] || &xs[7*nb] != &a[7].sc[0] || &xc[7*nb] != &a[7].c[0] {
+		panic("cpu: row8Q16: the activations are not consecutive")
+	}
+	row8Q16VNNI(&codes[0], &scales[0], &x[0], &xs[0], &xc[0], groups, out)
+}
+
+// row4Q16 is row4Q16Go with the AVX-512 VNNI kernel where the processor
+// has it. The 4 tokens' activations must be consecutive in one allocation
+// (newQ16Act).
+func row4Q16(codes, scales []byte, a []q16Act, groups int, out *[4]float32) {
+	if !hasVNNI512 || groups == 0 {
+		row4Q16Go(codes, scales, a, groups, out)
+		return
+	}
+	_, _ = codes[(groups-1)*4*q16GroupB+q16GroupB-1], scales[(groups-1)*4*q16Blocks+q16Blocks-1]
+	n, nb := groups*q16Group, groups*q16Blocks
+	x, xs, xc := a[0].x[:4*n], a[0].sc[:4*nb], a[0].c[:4*nb]
+	if &x[3*n] != &a[3].x[0] || &xs[3*nb] != &a[3].sc[0] || &xc[3*nb] != &a[3].c[0] {
+		panic("cpu: row4Q16: the activations are not consecutive")
+	}
+	row4Q16VNNI(&codes[0], &scales[0], &x[0], &xs[0], &xc[0], groups, out)
+}

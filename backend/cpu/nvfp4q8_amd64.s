@@ -288,3 +288,165 @@ r5loop:
 
 r5done:
 	Q5STORE
+
+// The block-per-lane kernels (nvfp4q16.go): per supergroup of 256 elements
+// a row's 128 code bytes decode (NIBBLES) into 4 ZMMs that VPDPBUSD with
+// the activation's 4 chunks of 64, every product of block l landing in
+// int32 lane l; the lanes start from the offset's correction (xc), turn
+// into float32 once, and meet the product of the 16 weight block scales
+// (VPMOVZXBD: one byte a lane, then shift and bias as in WSCALE) and the
+// 16 activation block scales in one fused multiply-add.
+
+// Q16CONSTS: Z4 bias, Z5 table, Z6 nibble mask; zeroes Z12-Z15.
+#define Q16CONSTS \
+	VPBROADCASTD q8bias<>(SB), Z4; VBROADCASTI64X4 q8lut<>(SB), Z5; VBROADCASTI64X4 q8nib<>(SB), Z6; \
+	VPXORD Z12, Z12, Z12; VPXORD Z13, Z13, Z13; VPXORD Z14, Z14, Z14; VPXORD Z15, Z15, Z15
+
+// WSCALE16(soff, W): the 16 weight block scales at soff(DX) as float32.
+#define WSCALE16(soff, W) \
+	VPMOVZXBD soff(DX), W; \
+	VPSLLD $20, W, W; \
+	VPADDD Z4, W, W
+
+// ROW16(j, ACC): row j of the quad, one supergroup, into ACC (the token's
+// activations at SI, their scales at R8, corrections at R9). Uses Z16-Z21.
+#define ROW16(j, ACC) \
+	VMOVDQU64 (R9), Z20; \
+	NIBBLES(VMOVDQU64, VPANDD, Z6, Z5, j*128, Z16, Z17); \
+	VPDPBUSD 0(SI), Z16, Z20; \
+	VPDPBUSD 64(SI), Z17, Z20; \
+	NIBBLES(VMOVDQU64, VPANDD, Z6, Z5, j*128+64, Z18, Z19); \
+	VPDPBUSD 128(SI), Z18, Z20; \
+	VPDPBUSD 192(SI), Z19, Z20; \
+	WSCALE16(j*16, Z21); \
+	VMULPS (R8), Z21, Z21; \
+	VCVTDQ2PS Z20, Z20; \
+	VFMADD231PS Z21, Z20, ACC
+
+// Q16NEXT moves the pointers on by one supergroup and counts it.
+#define Q16NEXT \
+	ADDQ $512, DI; ADDQ $64, DX; ADDQ $256, SI; ADDQ $64, R8; ADDQ $64, R9; DECQ CX
+
+// func dot4Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups int, out *[4]float32)
+// out[j] = the dot product of row j of the quad (codes and scales at the
+// quad: supergroups 512 and 64 bytes apart) with one token's activations,
+// before the global scale.
+TEXT ·dot4Q16VNNI(SB), NOSPLIT, $0-56
+	Q8ARGS
+	Q16CONSTS
+
+d16loop:
+	TESTQ CX, CX
+	JE    d16done
+	// 4 supergroups ahead, as dot4Q8VNNI's 8 groups.
+	PREFETCHT0 2048(DI); PREFETCHT0 2112(DI); PREFETCHT0 2176(DI); PREFETCHT0 2240(DI)
+	PREFETCHT0 2304(DI); PREFETCHT0 2368(DI); PREFETCHT0 2432(DI); PREFETCHT0 2496(DI)
+	PREFETCHT0 256(DX)
+	ROW16(0, Z12)
+	ROW16(1, Z13)
+	ROW16(2, Z14)
+	ROW16(3, Z15)
+	Q16NEXT
+	JMP d16loop
+
+d16done:
+	Q5STORE
+
+// TOK16(XP, SP, CP, ACC): one token of the row's supergroup: the decoded
+// Z16-Z19 with the activations at (XP), from the corrections at CP, times
+// the weight scales Z22 and the activation scales at SP, into ACC. Uses
+// Z20, Z21.
+#define TOK16(XP, SP, CP, ACC) \
+	VMOVDQU64 CP, Z20; \
+	VPDPBUSD 0(XP), Z16, Z20; \
+	VPDPBUSD 64(XP), Z17, Z20; \
+	VPDPBUSD 128(XP), Z18, Z20; \
+	VPDPBUSD 192(XP), Z19, Z20; \
+	VMULPS SP, Z22, Z21; \
+	VCVTDQ2PS Z20, Z20; \
+	VFMADD231PS Z21, Z20, ACC
+
+// func row4Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups int, out *[4]float32)
+// out[t] = the dot product of one weight row (codes and scales at the row's
+// place in its quad: supergroups 512 and 64 bytes apart) with 4 tokens'
+// activations (x groups*256 bytes apart, xs and xc groups*64), before the
+// global scale. Each supergroup of the row is decoded once for the 4.
+TEXT ·row4Q16VNNI(SB), NOSPLIT, $0-56
+	Q8ARGS
+	MOVQ CX, BX
+	SHLQ $8, BX              // x token stride: groups*256 bytes
+	LEAQ (BX)(BX*2), R14     // 3 of them
+	MOVQ CX, R13
+	SHLQ $6, R13             // xs, xc token stride: groups*64 bytes
+	LEAQ (R13)(R13*2), R10   // 3 of them
+	Q16CONSTS
+
+r16loop:
+	TESTQ CX, CX
+	JE    r16done
+	NIBBLES(VMOVDQU64, VPANDD, Z6, Z5, 0, Z16, Z17)
+	NIBBLES(VMOVDQU64, VPANDD, Z6, Z5, 64, Z18, Z19)
+	WSCALE16(0, Z22)
+	TOK16(SI, (R8), (R9), Z12)
+	LEAQ (SI)(BX*1), R11
+	TOK16(R11, (R8)(R13*1), (R9)(R13*1), Z13)
+	LEAQ (SI)(BX*2), R11
+	TOK16(R11, (R8)(R13*2), (R9)(R13*2), Z14)
+	LEAQ (SI)(R14*1), R11
+	TOK16(R11, (R8)(R10*1), (R9)(R10*1), Z15)
+	Q16NEXT
+	JMP r16loop
+
+r16done:
+	Q5STORE
+
+// NEXTTOK moves the token pointers (R11 x, R12 xs, R14 xc) on by one token.
+#define NEXTTOK ADDQ BX, R11; ADDQ R13, R12; ADDQ R13, R14
+
+// HSUM4(a, ya, b, yb, c, yc, d, yd, off): the horizontal sums of the ZMMs
+// a..d (ya..yd their low halves) to off(AX)..off+12(AX), through Y12-Y15
+// (VHADDPS has no EVEX form).
+#define HSUM4(a, ya, b, yb, c, yc, d, yd, off) \
+	VEXTRACTF64X4 $1, a, Y0; VADDPS Y0, ya, Y12; \
+	VEXTRACTF64X4 $1, b, Y0; VADDPS Y0, yb, Y13; \
+	VEXTRACTF64X4 $1, c, Y0; VADDPS Y0, yc, Y14; \
+	VEXTRACTF64X4 $1, d, Y0; VADDPS Y0, yd, Y15; \
+	VHADDPS Y13, Y12, Y12; VHADDPS Y15, Y14, Y14; VHADDPS Y14, Y12, Y12; \
+	VEXTRACTF128 $1, Y12, X13; VADDPS X13, X12, X12; VMOVUPS X12, off(AX)
+
+// func row8Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups int, out *[8]float32)
+// row4Q16VNNI for 8 tokens: each supergroup of the row decoded once for
+// the 8 (accumulators Z23-Z30).
+TEXT ·row8Q16VNNI(SB), NOSPLIT, $0-56
+	Q8ARGS
+	MOVQ CX, BX
+	SHLQ $8, BX              // x token stride: groups*256 bytes
+	MOVQ CX, R13
+	SHLQ $6, R13             // xs, xc token stride: groups*64 bytes
+	Q16CONSTS
+	VPXORD Z23, Z23, Z23; VPXORD Z24, Z24, Z24; VPXORD Z25, Z25, Z25; VPXORD Z26, Z26, Z26
+	VPXORD Z27, Z27, Z27; VPXORD Z28, Z28, Z28; VPXORD Z29, Z29, Z29; VPXORD Z30, Z30, Z30
+
+r8loop:
+	TESTQ CX, CX
+	JE    r8done
+	NIBBLES(VMOVDQU64, VPANDD, Z6, Z5, 0, Z16, Z17)
+	NIBBLES(VMOVDQU64, VPANDD, Z6, Z5, 64, Z18, Z19)
+	WSCALE16(0, Z22)
+	MOVQ SI, R11; MOVQ R8, R12; MOVQ R9, R14
+	TOK16(R11, (R12), (R14), Z23); NEXTTOK
+	TOK16(R11, (R12), (R14), Z24); NEXTTOK
+	TOK16(R11, (R12), (R14), Z25); NEXTTOK
+	TOK16(R11, (R12), (R14), Z26); NEXTTOK
+	TOK16(R11, (R12), (R14), Z27); NEXTTOK
+	TOK16(R11, (R12), (R14), Z28); NEXTTOK
+	TOK16(R11, (R12), (R14), Z29); NEXTTOK
+	TOK16(R11, (R12), (R14), Z30)
+	Q16NEXT
+	JMP r8loop
+
+r8done:
+	HSUM4(Z23, Y23, Z24, Y24, Z25, Y25, Z26, Y26, 0)
+	HSUM4(Z27, Y27, Z28, Y28, Z29, Y29, Z30, Y30, 16)
+	VZEROUPPER
+	RET

@@ -1,0 +1,267 @@
+package cpu
+
+import (
+	"math"
+
+	"github.com/manifoldlm/manifold/quant"
+)
+
+// The block-per-lane NVFP4 layout (q16Weight) for the AVX-512 VNNI kernels:
+// the same codes and activations as q8Weight/q8Act (same int8 values, same
+// scales, same integer products), arranged so that one 512-bit lane holds
+// one block of 16 from the first VPDPBUSD to the conversion to float32.
+// A supergroup is 256 elements, 16 blocks; each of its 4 VPDPBUSD adds 4
+// products of every block into that block's lane, so a supergroup costs one
+// int32-to-float32 conversion and one fused multiply-add per row and token
+// where the 128-element layout costs four (lanes 4 to a block) plus the
+// permutes that spread the block scales over them: at decode 20 vector
+// instructions per row and supergroup instead of 36, at prefill 7 per token
+// instead of 18.
+//
+//   - codes: rows in quads as in q8Weight, each quad one stream of
+//     supergroups (row 0's 128 bytes, row 1's, row 2's, row 3's); byte
+//     64h+4l+i of a row's supergroup holds element 16l+8h+i in its low
+//     nibble and 16l+8h+4+i in its high nibble (h < 2, block l < 16, i < 4);
+//     negative block scales folded into the codes' signs, zero ones into
+//     zero codes (q8Scale);
+//   - scales: 16 bytes per row and supergroup, block l at l, as q8Scale
+//     codes;
+//   - activations (q16Act): per token and supergroup 256 int8 in 4 chunks
+//     of 64, chunk k byte 4l+i = element 16l+4k+i (the chunk that meets the
+//     low nibbles of the codes' first 64 bytes, then their high nibbles,
+//     then the second 64 bytes'), 16 float32 block scales and 16 int32
+//     -12 times each block's sum (the codes' +12 offset, nvfp4q8_amd64.s).
+const (
+	q16Group  = 256 // elements per supergroup
+	q16GroupB = q16Group / 2
+	q16Blocks = q16Group / quant.NVFP4BlockSize // 16
+)
+
+// q16Weight is an NVFP4 matrix repacked for the block-per-lane kernels.
+type q16Weight struct {
+	rows, cols int
+	groups     int     // ceil(cols/256)
+	codes      []byte  // quads x groups x 4 rows x 128 bytes
+	scales     []byte  // quads x groups x 4 rows x 16 bytes
+	mul        float32 // GlobalScale/2 (the codes are 2*e2m1)
+}
+
+// newQ16Weight repacks q (see q16Weight), rows split over par.
+func newQ16Weight(q *quant.NVFP4, par func(n int, fn func(lo, hi int))) *q16Weight {
+	K := q.Cols
+	G := (K + q16Group - 1) / q16Group
+	quads := (q.Rows + 3) / 4
+	w := &q16Weight{rows: q.Rows, cols: K, groups: G, mul: q.GlobalScale / 2,
+		codes: hugeBytes(quads * G * 4 * q16GroupB), scales: make([]byte, quads*G*4*q16Blocks)}
+	par(q.Rows, func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			w.repackRow(q, r)
+		}
+	})
+	return w
+}
+
+// repackRow writes row r of q into w.
+func (w *q16Weight) repackRow(q *quant.NVFP4, r int) {
+	K, G := w.cols, w.groups
+	nb := K / quant.NVFP4BlockSize
+	packed := q.Packed[r*K/2 : (r+1)*K/2]
+	sc := q.Scales[r*nb : (r+1)*nb]
+	quad, j := r/4, r%4
+	// code is element k's 4-bit code with its block's sign and zero folded in.
+	code := func(k int, flip, keep byte) byte {
+		if k >= K {
+			return 0
+		}
+		return (packed[k/2]>>(4*(k&1))&0xf ^ flip) & keep
+	}
+	for g := range G {
+		at := (quad*G+g)*4 + j
+		out := w.codes[at*q16GroupB : (at+1)*q16GroupB]
+		for l := range q16Blocks {
+			c, flip, keep := byte(1<<3), byte(0), byte(0)
+			if kb := g*q16Blocks + l; kb < nb {
+				t := q8ScaleTable[sc[kb]]
+				c = t.code
+				if t.neg {
+					flip = 8
+				}
+				if !t.zero {
+					keep = 0xf
+				}
+			}
+			w.scales[at*q16Blocks+l] = c
+			k0 := g*q16Group + 16*l
+			for h := range 2 {
+				for i := range 4 {
+					out[64*h+4*l+i] = code(k0+8*h+i, flip, keep) | code(k0+8*h+4+i, flip, keep)<<4
+				}
+			}
+		}
+	}
+}
+
+// q16Act is a row of activations in the block-per-lane form (see
+// q16Weight): groups*256 int8, groups*16 float32 scales and groups*16 int32
+// offset corrections.
+type q16Act struct {
+	x  []int8
+	sc []float32
+	c  []int32
+}
+
+// newQ16Act returns m rows of activations in one allocation each for x, sc
+// and c, consecutive (the prefill kernel steps from one token to the next
+// by a fixed stride).
+func newQ16Act(groups, m int) []q16Act {
+	n, nb := groups*q16Group, groups*q16Blocks
+	x, sc, c := make([]int8, m*n), make([]float32, m*nb), make([]int32, m*nb)
+	a := make([]q16Act, m)
+	for i := range a {
+		a[i] = q16Act{x: x[i*n : (i+1)*n], sc: sc[i*nb : (i+1)*nb], c: c[i*nb : (i+1)*nb]}
+	}
+	return a
+}
+
+// quantizeQ16 quantizes x (len <= groups*256) into a as quantizeQ8 does:
+// per block of 16, scale amax/127, each value rounded to the nearest
+// integer (halves away from zero).
+func quantizeQ16(a q16Act, x []float32, groups int) {
+	clear(a.x)
+	for blk := range groups * q16Blocks {
+		a.sc[blk], a.c[blk] = 0, 0
+		lo := blk * quant.NVFP4BlockSize
+		if lo >= len(x) {
+			continue
+		}
+		v := x[lo:min(len(x), lo+quant.NVFP4BlockSize)]
+		var amax uint32 // bits of |v|: they order like the values
+		for _, f := range v {
+			amax = max(amax, math.Float32bits(f)&0x7fffffff)
+		}
+		s := math.Float32frombits(amax) / 127
+		if s == 0 {
+			continue
+		}
+		a.sc[blk] = s
+		inv := 1 / s
+		g, l := blk/q16Blocks, blk%q16Blocks
+		dst := a.x[g*q16Group+4*l:]
+		var sum int32
+		for e, f := range v {
+			r := f * inv
+			h := math.Float32frombits(math.Float32bits(r)&0x80000000 | 0x3f000000) // ±0.5
+			c := int32(r + h)
+			dst[64*(e>>2)+e&3] = int8(c)
+			sum += c
+		}
+		a.c[blk] = -12 * sum
+	}
+}
+
+// rowQ16Go is the portable kernel: one row's dot product with a (codes and
+// scales at the row's place in its quad: supergroups 4*128 and 4*16 bytes
+// apart), before the global scale.
+func rowQ16Go(codes, scales []byte, a q16Act, groups int) float32 {
+	var acc float32
+	for g := range groups {
+		c := codes[g*4*q16GroupB : g*4*q16GroupB+q16GroupB]
+		x := a.x[g*q16Group : (g+1)*q16Group]
+		var sums [q16Blocks]int32
+		for p, b := range c {
+			h, l := p/64, p%64/4
+			sums[l] += e2m1x2[b&0xf]*int32(x[128*h+p%64]) + e2m1x2[b>>4]*int32(x[128*h+64+p%64])
+		}
+		for l, s := range sums {
+			acc += float32(s) * (q8ScaleValue(scales[g*4*q16Blocks+l]) * a.sc[g*q16Blocks+l])
+		}
+	}
+	return acc
+}
+
+// dot4Q16Go is the portable decode kernel: the quad's 4 rows with a.
+func dot4Q16Go(codes, scales []byte, a q16Act, groups int, out *[4]float32) {
+	for j := range 4 {
+		out[j] = rowQ16Go(codes[j*q16GroupB:], scales[j*q16Blocks:], a, groups)
+	}
+}
+
+// row4Q16Go is the portable prefill kernel: one row with 4 tokens.
+func row4Q16Go(codes, scales []byte, a []q16Act, groups int, out *[4]float32) {
+	for t := range 4 {
+		out[t] = rowQ16Go(codes, scales, a[t], groups)
+	}
+}
+
+// row8Q16Go is the portable prefill kernel for 8 tokens.
+func row8Q16Go(codes, scales []byte, a []q16Act, groups int, out *[8]float32) {
+	for t := range 8 {
+		out[t] = rowQ16Go(codes, scales, a[t], groups)
+	}
+}
+
+// matmulQ16 is matmulQ8 for the block-per-lane layout: out[i*N + r] for the
+// m rows of acts and rows r in quads [qlo, qhi) of w, tiles of quads held
+// in cache while the tokens run over them 8 at a time (row8Q16: each
+// supergroup of a row decoded once for the 8), then 4, the last m%4 one at
+// a time.
+func matmulQ16(out []float32, acts []q16Act, w *q16Weight, qlo, qhi int) {
+	const tile = 8 // quads a tile: 32 rows, 16*K bytes of codes
+	G, N := w.groups, w.rows
+	qstrideC, qstrideS := G*4*q16GroupB, G*4*q16Blocks
+	m8, m4 := len(acts)&^7, len(acts)&^3
+	var o [4]float32
+	var o8 [8]float32
+	for t0 := qlo; t0 < qhi; t0 += tile {
+		t1 := min(t0+tile, qhi)
+		for i := 0; i < m8; i += 8 {
+			for quad := t0; quad < t1; quad++ {
+				for j := range min(4, N-quad*4) {
+					row8Q16(w.codes[quad*qstrideC+j*q16GroupB:(quad+1)*qstrideC], w.scales[quad*qstrideS+j*q16Blocks:(quad+1)*qstrideS], acts[i:i+8], G, &o8)
+					r := quad*4 + j
+					for t := range 8 {
+						out[(i+t)*N+r] = o8[t] * w.mul
+					}
+				}
+			}
+		}
+		for i := m8; i < m4; i += 4 {
+			for quad := t0; quad < t1; quad++ {
+				for j := range min(4, N-quad*4) {
+					row4Q16(w.codes[quad*qstrideC+j*q16GroupB:(quad+1)*qstrideC], w.scales[quad*qstrideS+j*q16Blocks:(quad+1)*qstrideS], acts[i:i+4], G, &o)
+					r := quad*4 + j
+					for t := range 4 {
+						out[(i+t)*N+r] = o[t] * w.mul
+					}
+				}
+			}
+		}
+		for i := m4; i < len(acts); i++ {
+			row := out[i*N : (i+1)*N]
+			for quad := t0; quad < t1; quad++ {
+				dot4Q16(w.codes[quad*qstrideC:(quad+1)*qstrideC], w.scales[quad*qstrideS:(quad+1)*qstrideS], acts[i], G, &o)
+				r := quad * 4
+				for j := range min(4, N-r) {
+					row[r+j] = o[j] * w.mul
+				}
+			}
+		}
+	}
+}
+
+// matmulQ16 is MatMul for an NVFP4 weight in the block-per-lane layout.
+func (b *Backend) matmulQ16(out, x []float32, w *Weight, m int) {
+	q, K, N := w.q16, w.cols, w.rows
+	acts := newQ16Act(q.groups, m)
+	b.parallel(m, 1, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			quantizeQ16(acts[i], x[i*K:(i+1)*K], q.groups)
+		}
+	})
+	quads := (N + 3) / 4
+	grain := max(1, (1<<14)/(K*max(m, 1))) // at least ~64k products per goroutine
+	b.parallel(quads, grain, func(lo, hi int) {
+		matmulQ16(out, acts, q, lo, hi)
+		w.addBias(out, m, lo*4, min(hi*4, N))
+	})
+}
