@@ -395,23 +395,7 @@ func hyperCases() []Case {
 	for _, s := range [][3]int{{1, 4, 256}, {7, 4, 100}, {3, 2, 4096}} {
 		rows, n, hidden := s[0], s[1], s[2]
 		shape := fmt.Sprintf("rows=%d/n=%d/C=%d", rows, n, hidden)
-		cs = append(cs, Case{Op: "HyperConnectionOps.MHCPre,MHCPost,MHCExpand", Shape: shape, Tol: 1e-5, Needs: "HyperConnectionOps",
-			Run: func(b backend.Backend, caps backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
-				x, pre, post, res := rnd(rng, rows*n*hidden, 1), rnd(rng, rows*n, 0.5), rnd(rng, rows*n, 0.5), rnd(rng, rows*n*n, 0.5)
-				out, emb := rnd(rng, rows*hidden, 1), rnd(rng, rows*hidden, 1)
-				wPre, wPost, wExp := make([]float32, rows*hidden), make([]float32, rows*n*hidden), make([]float32, rows*n*hidden)
-				mhc.Pre(wPre, x, pre, rows, n, hidden)
-				mhc.Post(wPost, x, out, post, res, make([]float32, n*hidden), rows, n, hidden)
-				mhc.Expand(wExp, emb, rows, n, hidden)
-				h := caps.HyperConnection
-				gPre, gPost, gExp := b.NewBuffer(len(wPre)), b.NewBuffer(len(wPost)), b.NewBuffer(len(wExp))
-				xb := upload(b, x)
-				h.MHCPre(gPre, xb, upload(b, pre), rows, n, hidden)
-				h.MHCPost(gPost, xb, upload(b, out), upload(b, post), upload(b, res), rows, n, hidden)
-				h.MHCExpand(gExp, upload(b, emb), rows, n, hidden)
-				got := append(append(read(b, gPre), read(b, gPost)...), read(b, gExp)...)
-				return got, append(append(wPre, wPost...), wExp...)
-			}})
+		cs = append(cs, mhcPrePostCase(rows, n, hidden))
 		cs = append(cs, Case{Op: "HyperConnectionOps.MHCHeadActivate", Shape: shape, Tol: 1e-6, Needs: "HyperConnectionOps",
 			Run: func(b backend.Backend, caps backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
 				pre, base := rnd(rng, rows*n, 2), rnd(rng, n, 1)
@@ -506,34 +490,8 @@ func compressedCases() []Case {
 	for _, s := range []struct{ m, heads, pos0, window, rate, topK, entries int }{
 		{1, 8, 70, 32, 0, 0, 0}, {1, 8, 70, 32, 16, 0, 4}, {4, 4, 37, 16, 4, 6, 9}, {1, 16, 300, 128, 4, 32, 75},
 	} {
-		cs = append(cs, Case{Op: "CompressedAttentionOps.CompressedAttention", Shape: fmt.Sprintf("m=%d/h=%d/pos=%d/win=%d/rate=%d/k=%d", s.m, s.heads, s.pos0, s.window, s.rate, s.topK), Tol: 2e-5, Needs: "CompressedAttentionOps",
-			Run: func(b backend.Backend, caps backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
-				const dim = 64
-				lo := max(0, s.pos0-s.window+1)
-				a := dsv4.AttnArgs{M: s.m, Heads: s.heads, Dim: dim, Pos0: s.pos0, Lo: lo, Window: s.window, Rate: s.rate, TopK: s.topK, Entries: s.entries, Scale: 1 / 8.0}
-				q, local, sinks := rnd(rng, s.m*s.heads*dim, 1), rnd(rng, (s.pos0+s.m-lo)*dim, 1), rnd(rng, s.heads, 1)
-				comp := rnd(rng, max(1, s.entries)*dim, 1)
-				var idx []float32
-				var idxB backend.Buffer
-				if s.topK > 0 {
-					idx = make([]float32, s.m*s.topK)
-					for i := range idx {
-						idx[i] = -1
-					}
-					for i := range s.m {
-						vis := dsv4.Visible(s.pos0+i, s.rate)
-						for j := 0; j < min(s.topK, vis); j++ {
-							idx[i*s.topK+j] = float32((j * 7) % vis)
-						}
-					}
-					idxB = upload(b, idx)
-				}
-				want := make([]float32, len(q))
-				dsv4.Attention(want, q, local, comp, idx, sinks, a, make([]float32, a.MaxKeys()*dim), make([]float32, a.MaxKeys()))
-				out := b.NewBuffer(len(q))
-				caps.Compressed.CompressedAttention(out, upload(b, q), upload(b, local), upload(b, comp), idxB, upload(b, sinks), a)
-				return read(b, out), want
-			}})
+		cs = append(cs, v4AttentionCase(fmt.Sprintf("m=%d/h=%d/pos=%d/win=%d/rate=%d/k=%d", s.m, s.heads, s.pos0, s.window, s.rate, s.topK),
+			s.m, s.heads, 64, s.pos0, s.window, s.rate, s.topK, s.entries))
 	}
 	return cs
 }
