@@ -108,28 +108,25 @@ func (l *Loader) matrix(module, name string, rows, cols int) (backend.Weight, er
 // or names the scale tensor they lack.
 func (l *Loader) hostLinear(module string, rows, cols int) (*backend.HostWeight, error) {
 	module = l.name(module)
-	w, err := l.ck.Tensor(module + ".weight")
+	f, err := l.formatOf(module)
 	if err != nil {
 		return nil, err
 	}
-	h := &backend.HostWeight{Name: module, Rows: rows, Cols: cols}
-	switch {
-	case w.DType == weights.F8E4M3:
+	h := &backend.HostWeight{Name: module, Rows: rows, Cols: cols, Format: f}
+	switch f {
+	case backend.FP8Block:
 		block := l.fp8Block
 		if block == [2]int{} {
 			block = nvfp4ckpt.DefaultFP8Block
 		}
-		h.Format = backend.FP8Block
 		if h.FP8, err = nvfp4ckpt.LoadFP8Block(l.ck, module, block); err == nil {
 			err = linearShape(l, "FP8", module, h.FP8.Rows, h.FP8.Cols, rows, cols)
 		}
-	case (w.DType == weights.U8 || w.DType == weights.I8) && nvfp4ckpt.IsMXFP4(l.ck, module):
-		h.Format = backend.MXFP4
+	case backend.MXFP4:
 		if h.MX, err = nvfp4ckpt.LoadMXFP4(l.ck, module); err == nil {
 			err = linearShape(l, "MXFP4", module, h.MX.Rows, h.MX.Cols, rows, cols)
 		}
-	case w.DType == weights.U8 || w.DType == weights.I8:
-		h.Format = backend.NVFP4
+	case backend.NVFP4:
 		if h.Q, err = nvfp4ckpt.Load(l.ck, module); err == nil {
 			err = linearShape(l, "NVFP4", module, h.Q.Rows, h.Q.Cols, rows, cols)
 		}
@@ -146,7 +143,12 @@ func (l *Loader) hostLinear(module string, rows, cols int) (*backend.HostWeight,
 // reads it (not the format a backend keeps it in: the GPU re-blocks MXFP4
 // into NVFP4 at upload). Dense weights are 0.
 func (l *Loader) storedFormat(module string) (backend.Format, error) {
-	module = l.name(module)
+	return l.formatOf(l.name(module))
+}
+
+// formatOf is storedFormat for a module already named as the checkpoint
+// names it.
+func (l *Loader) formatOf(module string) (backend.Format, error) {
 	w, err := l.ck.Tensor(module + ".weight")
 	if err != nil {
 		return 0, err
