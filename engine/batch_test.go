@@ -222,9 +222,7 @@ func BenchmarkBatchedDecode(b *testing.B) {
 // BenchmarkBatchedDecodeGPU is BenchmarkBatchedDecode on the GPU at the
 // Llama-3.2-1B shape (NVFP4), up to 64 sessions.
 func BenchmarkBatchedDecodeGPU(b *testing.B) {
-	if !kernels.Available() {
-		b.Skip("no CUDA driver or GPU")
-	}
+	skipWithoutGPU(b)
 	spec, err := testmodel.Shape("llama3.2-1b")
 	if err != nil {
 		b.Fatal(err)

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/manifoldlm/manifold/internal/testmodel"
-	"github.com/manifoldlm/manifold/kernels"
 	"github.com/manifoldlm/manifold/layers"
 )
 
@@ -30,9 +29,7 @@ import (
 // layer (two here): about 2·10^14 multiply-adds at 32k, 16 times that at
 // 128k.
 func BenchmarkLongContextDeepseekV4(b *testing.B) {
-	if !kernels.Available() {
-		b.Skip("no CUDA driver or GPU")
-	}
+	skipWithoutGPU(b)
 	contexts := []int{4096, 16384, 32768}
 	if v := os.Getenv("MANIFOLD_BENCH_V4_CONTEXTS"); v != "" {
 		contexts = contexts[:0]

@@ -21,9 +21,7 @@ import (
 // plan's floor: its device bytes a token at the measured copy bandwidth
 // plus its host bytes at the measured host read bandwidth.
 func BenchmarkDecodeDeepseekV4Offload(b *testing.B) {
-	if !kernels.Available() {
-		b.Skip("no CUDA driver or GPU")
-	}
+	skipWithoutGPU(b)
 	spec, dir := v4BenchCheckpoint(b)
 	cfg, err := model.LoadConfig(dir)
 	if err != nil {

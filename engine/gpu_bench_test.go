@@ -62,9 +62,7 @@ func benchCheckpoint(b *testing.B, env string, spec testmodel.Llama) string {
 // benchDecodeLlama runs the decode benchmark on the checkpoint spec
 // describes, written once into its folder; tag ends the RESULT names.
 func benchDecodeLlama(b *testing.B, tag string, spec testmodel.Llama) {
-	if !kernels.Available() {
-		b.Skip("no CUDA driver or GPU")
-	}
+	skipWithoutGPU(b)
 	env := "MANIFOLD_BENCH_DIR"
 	if tag != "8b" {
 		env += "_" + strings.ToUpper(tag)

@@ -42,9 +42,7 @@ import (
 // MANIFOLD_BENCH_DIR may name a folder to write the checkpoint into (kept
 // and reused while its config.json matches the shape).
 func BenchmarkDecodeDeepseekV4(b *testing.B) {
-	if !kernels.Available() {
-		b.Skip("no CUDA driver or GPU")
-	}
+	skipWithoutGPU(b)
 	spec, dir := v4BenchCheckpoint(b)
 	const prompt, tokens = 1024, 128
 	loadStart := time.Now()

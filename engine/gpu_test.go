@@ -16,6 +16,24 @@ import (
 // (kernels/gpu.sh run).
 func init() { testimage.FromEnv() }
 
+// skipWithoutGPU skips the test or benchmark where there is no CUDA driver
+// or GPU.
+func skipWithoutGPU(tb testing.TB) {
+	tb.Helper()
+	if !kernels.Available() {
+		tb.Skip("no CUDA driver or GPU")
+	}
+}
+
+// testDevices are the devices a test runs on: the CPU, and the GPU where
+// there is one.
+func testDevices() []string {
+	if kernels.Available() {
+		return []string{"cpu", "cuda"}
+	}
+	return []string{"cpu"}
+}
+
 // TestDeviceSamplingMatchesHost generates on the GPU, where greedy and top-k
 // sampling run on the device (the model's ForwardDevice leaves the logits
 // there), and on the CPU, where the engine samples on the host: the same seed
@@ -23,9 +41,7 @@ func init() { testimage.FromEnv() }
 // GPU kernels (mHC, sparse attention, routing) sum in other orders than the
 // CPU and a draw or a pick near a boundary could differ.
 func TestDeviceSamplingMatchesHost(t *testing.T) {
-	if !kernels.Available() {
-		t.Skip("no CUDA driver or GPU")
-	}
+	skipWithoutGPU(t)
 	for _, tc := range []struct {
 		arch   string
 		tokens int
@@ -63,9 +79,7 @@ func TestDeviceSamplingMatchesHost(t *testing.T) {
 // stay on the device (kernels.Backend.SampleTokenTo), with dense and htree
 // attention.
 func TestPipelinedGenerate(t *testing.T) {
-	if !kernels.Available() {
-		t.Skip("no CUDA driver or GPU")
-	}
+	skipWithoutGPU(t)
 	for _, arch := range []string{"llama", "qwen3"} {
 		for _, att := range []model.AttentionOptions{{}, {Kind: "htree", HTree: htree.Options{Rate: 2, TopK: 1, TopCandidates: 2}}} {
 			m, err := Load(golden.Path(t, arch), Options{Device: "cuda", Attention: att})

@@ -46,9 +46,7 @@ func TestKnobsKeepGoldenOutputs(t *testing.T) {
 			checkKnobs(t, dir, ref.InputIDs, "cpu", knobs)
 		})
 		t.Run(arch+"/cuda", func(t *testing.T) {
-			if !kernels.Available() {
-				t.Skip("no CUDA driver or GPU")
-			}
+			skipWithoutGPU(t)
 			checkKnobs(t, dir, ref.InputIDs, "cuda", gpuKnobs)
 		})
 	}

@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/manifoldlm/manifold/internal/golden"
-	"github.com/manifoldlm/manifold/kernels"
 )
 
 // TestCloseDuringGenerate closes the model from another goroutine while a
@@ -19,9 +18,7 @@ func TestCloseDuringGenerate(t *testing.T) { checkCloseDuringGenerate(t, "cpu") 
 // TestCloseDuringGenerateGPU is TestCloseDuringGenerate on the GPU, where
 // the backend's memory (weights and caches) must outlive the calls in flight.
 func TestCloseDuringGenerateGPU(t *testing.T) {
-	if !kernels.Available() {
-		t.Skip("no CUDA driver or GPU")
-	}
+	skipWithoutGPU(t)
 	checkCloseDuringGenerate(t, "cuda")
 }
 

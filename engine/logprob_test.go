@@ -9,7 +9,6 @@ import (
 	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/backend/cpu"
 	"github.com/manifoldlm/manifold/internal/golden"
-	"github.com/manifoldlm/manifold/kernels"
 	"github.com/manifoldlm/manifold/layers"
 	"github.com/manifoldlm/manifold/model"
 )
@@ -133,9 +132,7 @@ func TestLogProbsEdgeCases(t *testing.T) {
 // TestLogProbsGPU: on the GPU, where picks stay on the device unless
 // log-probabilities are asked for, the numbers match the CPU's.
 func TestLogProbsGPU(t *testing.T) {
-	if !kernels.Available() {
-		t.Skip("no CUDA driver or GPU")
-	}
+	skipWithoutGPU(t)
 	dir := golden.Path(t, "llama")
 	ref := golden.Load(t, dir)
 	var runs [2][]Token

@@ -11,7 +11,6 @@ import (
 
 	"github.com/manifoldlm/manifold/internal/golden"
 	"github.com/manifoldlm/manifold/internal/testmodel"
-	"github.com/manifoldlm/manifold/kernels"
 	"github.com/manifoldlm/manifold/weights"
 )
 
@@ -44,10 +43,7 @@ func TestLongRoPE(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := testmodel.WriteTemp(t, spec)
-	devices := []string{"cpu"}
-	if kernels.Available() {
-		devices = append(devices, "cuda")
-	}
+	devices := testDevices()
 	for _, device := range devices {
 		t.Run(device, func(t *testing.T) {
 			limit := len(ids)

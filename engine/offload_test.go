@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/manifoldlm/manifold/internal/golden"
-	"github.com/manifoldlm/manifold/kernels"
 	"github.com/manifoldlm/manifold/model"
 )
 
@@ -20,10 +19,7 @@ func TestExpertsOffloaded(t *testing.T) {
 	dir := golden.Path(t, "deepseek_v4")
 	ref := golden.Load(t, dir)
 	prompt := ints(ref.InputIDs[:min(20, len(ref.InputIDs))])
-	devices := []string{"cpu"}
-	if kernels.Available() {
-		devices = append(devices, "cuda")
-	}
+	devices := testDevices()
 	mtpDir := withMTP(t, dir, 1)
 	run := func(device string, place model.ExpertPlacement, spec ...SpeculativeOptions) ([]float32, []int, *model.ExpertPlan) {
 		o, d := Options{Device: device, Experts: place}, dir

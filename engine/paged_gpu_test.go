@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/manifoldlm/manifold/internal/testmodel"
-	"github.com/manifoldlm/manifold/kernels"
 	"github.com/manifoldlm/manifold/weights"
 )
 
@@ -23,9 +22,7 @@ import (
 // and the single-row sampler). Skipped without a GPU; the CPU runs the
 // same pool in TestPoolPagedSharing and TestBatchedGenerateMatchesAlone.
 func TestPoolPagedBatchedGPU(t *testing.T) {
-	if !kernels.Available() {
-		t.Skip("no CUDA driver or GPU")
-	}
+	skipWithoutGPU(t)
 	for _, qwen3 := range []bool{false, true} {
 		t.Run(fmt.Sprintf("qwen3=%v", qwen3), func(t *testing.T) {
 			batched, alone := batchModelOn(t, qwen3, "cuda")
@@ -97,9 +94,7 @@ func BenchmarkPoolQwen3_8B(b *testing.B) {
 // where set); each pool is dropped and collected before the next, whose
 // cache then has the GPU's memory (at c = 256 a cache takes 50 GB).
 func benchPool(b *testing.B, name, env string, spec testmodel.Llama) {
-	if !kernels.Available() {
-		b.Skip("no CUDA driver or GPU")
-	}
+	skipWithoutGPU(b)
 	dir := benchCheckpoint(b, env, spec)
 	const prompt, output = 512, 256
 	m, err := Load(dir, Options{Device: "cuda", ContextLength: prompt + output})
