@@ -256,23 +256,15 @@ func benchBatched(b *testing.B, device string, spec testmodel.Llama, levels []in
 			for b.Loop() {
 				for range rounds {
 					for i, m := range models {
-						start := time.Now()
-						var wg sync.WaitGroup
-						for j := range c {
-							wg.Add(1)
-							go func() {
-								defer wg.Done()
-								s, err := m.NewSession(0)
-								if err == nil {
-									_, err = s.Generate(context.Background(), testPrompt(j, 8, spec.Vocab), GenerateOptions{MaxTokens: tokens, StopTokens: []int{}}, nil)
-								}
-								if err != nil {
-									b.Error(err)
-								}
-							}()
-						}
-						wg.Wait()
-						rates[i] = append(rates[i], float64(c*tokens)/time.Since(start).Seconds())
+						rate := concurrentRate(b, c, tokens, func(j int) error {
+							s, err := m.NewSession(0)
+							if err != nil {
+								return err
+							}
+							_, err = s.Generate(context.Background(), testPrompt(j, 8, spec.Vocab), GenerateOptions{MaxTokens: tokens, StopTokens: []int{}}, nil)
+							return err
+						})
+						rates[i] = append(rates[i], rate)
 					}
 				}
 			}
@@ -285,4 +277,23 @@ func benchBatched(b *testing.B, device string, spec testmodel.Llama, levels []in
 			b.ReportMetric(rates[0][len(rates[0])/2]/rates[1][len(rates[1])/2], "ratio-median")
 		})
 	}
+}
+
+// concurrentRate runs gen(j) for every j in [0, c) at once, each
+// generating tokens, and returns the output tokens/s of them all (an error
+// from gen is reported to b).
+func concurrentRate(b *testing.B, c, tokens int, gen func(j int) error) float64 {
+	start := time.Now()
+	var wg sync.WaitGroup
+	for j := range c {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := gen(j); err != nil {
+				b.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	return float64(c*tokens) / time.Since(start).Seconds()
 }

@@ -63,10 +63,7 @@ func BenchmarkLongContextDeepseekV4(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		ids := make([]int, L)
-		for i := range ids {
-			ids[i] = (i*7919 + 13) % spec.Vocab
-		}
+		ids := benchPrompt(L, spec.Vocab)
 		start := time.Now()
 		logits, err := s.Append(ctx, ids)
 		if err != nil {

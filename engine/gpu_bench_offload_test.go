@@ -46,22 +46,15 @@ func BenchmarkDecodeDeepseekV4Offload(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		ids := make([]int, prompt)
-		for i := range ids {
-			ids[i] = (i*7919 + 13) % m.Config().VocabSize
-		}
-		logits, err := s.Append(ctx, ids)
-		if err != nil {
-			b.Fatal(err)
-		}
-		next := layers.Argmax(logits)
+		next := benchPrefill(b, s, prompt)
 		var per time.Duration
 		for i := range tokens + 5 {
 			if i == 5 {
 				per = 0
 			}
 			start := time.Now()
-			if logits, err = s.Append(ctx, []int{next}); err != nil {
+			logits, err := s.Append(ctx, []int{next})
+			if err != nil {
 				b.Fatal(err)
 			}
 			per += time.Since(start)

@@ -124,14 +124,7 @@ func benchDecodeLlama(b *testing.B, tag string, spec testmodel.Llama) {
 	const tokens = 192
 	measure := func() time.Duration { // from the same 8-token context each time
 		s.Truncate(8)
-		for range 5 {
-			step()
-		}
-		start := time.Now()
-		for range tokens {
-			step()
-		}
-		return time.Since(start) / tokens
+		return timeSteps(step, tokens)
 	}
 	timeDecode(b, gb, "decode"+tag, spec.WeightBytes(), "", measure)
 	benchGenerate(b, s, gb, "decode"+tag, 8, tokens)
@@ -144,6 +137,19 @@ func benchDecodeLlama(b *testing.B, tag string, spec testmodel.Llama) {
 	// The dev build's attn_decode timeline (MANIFOLD_ATTN_TRACE=1:
 	// gpu_bench_dev_test.go).
 	attnTraceSteps(b, s, gb, step)
+}
+
+// timeSteps runs step 5 times (warm-up), then tokens times, and returns the
+// mean time of the latter.
+func timeSteps(step func(), tokens int) time.Duration {
+	for range 5 {
+		step()
+	}
+	start := time.Now()
+	for range tokens {
+		step()
+	}
+	return time.Since(start) / time.Duration(tokens)
 }
 
 // benchGenerate times the engine's own loop: Generate, greedy, from the

@@ -57,15 +57,7 @@ func BenchmarkDecodeDeepseekV4(b *testing.B) {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	ids := make([]int, prompt)
-	for i := range ids {
-		ids[i] = (i*7919 + 13) % m.Config().VocabSize
-	}
-	logits, err := s.Append(ctx, ids)
-	if err != nil {
-		b.Fatal(err)
-	}
-	first := layers.Argmax(logits)
+	first := benchPrefill(b, s, prompt)
 	gb := m.Backend().(*kernels.Backend)
 	df, onDevice := m.net.(model.DeviceForwarder)
 	path := "host"
@@ -95,14 +87,7 @@ func BenchmarkDecodeDeepseekV4(b *testing.B) {
 	measure := func() time.Duration { // from the same prompt each time (the first warm-up step replays it)
 		s.Truncate(prompt)
 		next = first
-		for range 5 {
-			step()
-		}
-		start := time.Now()
-		for range tokens {
-			step()
-		}
-		return time.Since(start) / tokens
+		return timeSteps(step, tokens)
 	}
 	timeDecode(b, gb, "decodev4", spec.WeightBytes(),
 		fmt.Sprintf(" path=%s layers=%d experts=%d top_k=6 context=%d", path, m.Config().NumLayers, spec.Experts, prompt), measure)
@@ -129,6 +114,26 @@ func BenchmarkDecodeDeepseekV4(b *testing.B) {
 	fmt.Printf("RESULT decodev4_profile steps=%d wall_ms_per_tok=%.2f kernel_ms_per_tok=%.2f kernel_share_of_wall=%.3f\n",
 		profiled, wall.Seconds()*1e3/profiled, dev.Seconds()*1e3/profiled, dev.Seconds()/wall.Seconds())
 	fmt.Print(kernels.FormatProfile(prof))
+}
+
+// benchPrompt is the V4 benchmarks' prompt: n token ids spread over [0,
+// vocab).
+func benchPrompt(n, vocab int) []int {
+	ids := make([]int, n)
+	for i := range ids {
+		ids[i] = (i*7919 + 13) % vocab
+	}
+	return ids
+}
+
+// benchPrefill appends a benchmark prompt of n tokens to s and returns the
+// greedy pick after it.
+func benchPrefill(b *testing.B, s *Session, n int) int {
+	logits, err := s.Append(context.Background(), benchPrompt(n, s.m.Config().VocabSize))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return layers.Argmax(logits)
 }
 
 // v4BenchCheckpoint writes (or finds in MANIFOLD_BENCH_DIR) the random

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -111,25 +110,16 @@ func benchPool(b *testing.B, name, env string, spec testmodel.Llama) {
 					if err != nil {
 						b.Fatal(err)
 					}
-					start := time.Now()
-					var wg sync.WaitGroup
-					for j := range c {
-						wg.Add(1)
-						go func() {
-							defer wg.Done()
-							ids := testPrompt(1000*i+j, prompt, spec.Vocab)
-							s, n, err := p.Acquire(context.Background(), ids)
-							if err == nil {
-								_, err = s.Generate(context.Background(), ids[n:], GenerateOptions{MaxTokens: output, StopTokens: []int{}}, nil)
-								p.Release(s)
-							}
-							if err != nil {
-								b.Error(err)
-							}
-						}()
-					}
-					wg.Wait()
-					rates[i] = float64(c*output) / time.Since(start).Seconds()
+					rates[i] = concurrentRate(b, c, output, func(j int) error {
+						ids := testPrompt(1000*i+j, prompt, spec.Vocab)
+						s, n, err := p.Acquire(context.Background(), ids)
+						if err != nil {
+							return err
+						}
+						defer p.Release(s)
+						_, err = s.Generate(context.Background(), ids[n:], GenerateOptions{MaxTokens: output, StopTokens: []int{}}, nil)
+						return err
+					})
 					p.Close()
 					p = nil
 					runtime.GC() // the cache's device memory goes back once collected
