@@ -7,8 +7,6 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/manifoldlm/manifold/backend"
-	"github.com/manifoldlm/manifold/backend/cpu"
 	"github.com/manifoldlm/manifold/internal/golden"
 	"github.com/manifoldlm/manifold/model"
 )
@@ -32,12 +30,7 @@ func TestCancelKeepsStreamedTokens(t *testing.T) {
 		}
 		t.Cleanup(func() { m.Close() })
 		if path != "host" {
-			hb := heldCPU{cpu.New(1), new(int)}
-			net, err := model.Build(hb, m.folder, model.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			m.backend, m.caps, m.net = hb, backend.CapabilitiesOf(hb), net
+			onHeldCPU(t, m, model.Options{})
 		}
 		for _, o := range []SamplingOptions{{}, {Temperature: 0.9, TopK: 40, Seed: 5}} {
 			for _, how := range []string{"context", "callback"} {

@@ -6,8 +6,6 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/manifoldlm/manifold/backend"
-	"github.com/manifoldlm/manifold/backend/cpu"
 	"github.com/manifoldlm/manifold/internal/golden"
 	"github.com/manifoldlm/manifold/layers"
 	"github.com/manifoldlm/manifold/model"
@@ -29,12 +27,7 @@ func TestLogProbs(t *testing.T) {
 			t.Fatal(err)
 		}
 		if path == "pipelined" {
-			hb := heldCPU{cpu.New(1), new(int)}
-			net, err := model.Build(hb, m.folder, model.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			m.backend, m.caps, m.net = hb, backend.CapabilitiesOf(hb), net
+			onHeldCPU(t, m, model.Options{})
 		}
 		for _, o := range []SamplingOptions{{}, {Temperature: 0.7, TopK: 30, Seed: 2},
 			{Temperature: 1.3, TopP: 0.8, RepetitionPenalty: 1.3, Seed: 9}} {

@@ -44,6 +44,19 @@ func (h heldCPU) EmbedToken(dst backend.Buffer, table backend.Weight, src backen
 	h.Embed(dst, table, []int32{int32(math.Float32bits(src.(cpu.Buffer)[0]))})
 }
 
+// onHeldCPU rebuilds m's network with o on a heldCPU backend, so that m
+// generates on the pipelined path without a GPU, and returns the backend.
+func onHeldCPU(t testing.TB, m *Model, o model.Options) heldCPU {
+	t.Helper()
+	hb := heldCPU{cpu.New(1), new(int)}
+	net, err := model.Build(hb, m.folder, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.backend, m.caps, m.net = hb, backend.CapabilitiesOf(hb), net
+	return hb
+}
+
 // TestPipelinedGenerateCPU runs checkPipelined on heldCPU, with dense
 // attention and with an htree coarse enough to select (so that a cache
 // left wrong by a dropped run would show).
@@ -54,12 +67,7 @@ func TestPipelinedGenerateCPU(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			hb := heldCPU{cpu.New(1), new(int)}
-			net, err := model.Build(hb, m.folder, model.Options{Attention: att})
-			if err != nil {
-				t.Fatal(err)
-			}
-			m.backend, m.caps, m.net = hb, backend.CapabilitiesOf(hb), net
+			hb := onHeldCPU(t, m, model.Options{Attention: att})
 			checkPipelined(t, m, arch)
 			if *hb.held < 20 {
 				t.Errorf("%s %+v: %d tokens ran ahead", arch, att, *hb.held)
