@@ -17,13 +17,7 @@ func BenchmarkDecode(b *testing.B) {
 	for _, dt := range []weights.DType{weights.F32, weights.BF16} {
 		b.Run(dt.String(), func(b *testing.B) {
 			spec := testmodel.Llama{Layers: 12, Hidden: 1024, FFN: 2816, Heads: 16, KVHeads: 4, Vocab: 32000, DType: dt, Seed: 1}
-			dir := testmodel.WriteTemp(b, spec)
-			m, err := Load(dir, Options{ContextLength: 2048})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer m.Close()
-			s, _ := m.NewSession(0)
+			_, s := openSession(b, testmodel.WriteTemp(b, spec), Options{ContextLength: 2048})
 			prompt := make([]int, 32)
 			for i := range prompt {
 				prompt[i] = i + 2

@@ -252,34 +252,26 @@ func TestSampler(t *testing.T) {
 }
 
 func TestRandomModelLoads(t *testing.T) {
-	spec := testmodel.Llama{Layers: 2, Hidden: 64, FFN: 96, Heads: 4, KVHeads: 2, Vocab: 100, DType: weights.BF16, Seed: 3}
-	dir := testmodel.WriteTemp(t, spec)
-	m, err := Load(dir, Options{ContextLength: 32})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	s, _ := m.NewSession(0)
-	if res, err := s.Generate(context.Background(), []int{5, 6, 7}, GenerateOptions{MaxTokens: 4, StopTokens: []int{}}, nil); err != nil || len(res.Tokens) != 4 {
-		t.Fatalf("%v %v", res, err)
-	}
+	s := randomModelGenerates(t, false, Options{ContextLength: 32})
 	if got, want := s.CacheBytesPerToken(), int64(2*2*2*16*4); got != want {
 		t.Errorf("cache bytes per token %d, want %d", got, want)
 	}
 }
 
 func TestRandomNVFP4ModelLoads(t *testing.T) {
-	spec := testmodel.Llama{Layers: 2, Hidden: 64, FFN: 96, Heads: 4, KVHeads: 2, Vocab: 100, DType: weights.BF16, NVFP4: true, Seed: 3}
-	dir := testmodel.WriteTemp(t, spec)
-	m, err := Load(dir, Options{ContextLength: 32, Device: "cpu"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	s, _ := m.NewSession(0)
+	randomModelGenerates(t, true, Options{ContextLength: 32, Device: "cpu"})
+}
+
+// randomModelGenerates loads a small random Llama (NVFP4 linears or not)
+// with o, checks that a session of it generates 4 tokens and returns it.
+func randomModelGenerates(t *testing.T, nvfp4 bool, o Options) *Session {
+	t.Helper()
+	spec := testmodel.Llama{Layers: 2, Hidden: 64, FFN: 96, Heads: 4, KVHeads: 2, Vocab: 100, DType: weights.BF16, NVFP4: nvfp4, Seed: 3}
+	_, s := openSession(t, testmodel.WriteTemp(t, spec), o)
 	if res, err := s.Generate(context.Background(), []int{5, 6, 7}, GenerateOptions{MaxTokens: 4, StopTokens: []int{}}, nil); err != nil || len(res.Tokens) != 4 {
 		t.Fatalf("%v %v", res, err)
 	}
+	return s
 }
 
 // TestNaNLogitsAreAnError: a checkpoint whose final norm holds a NaN makes

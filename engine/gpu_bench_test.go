@@ -68,15 +68,7 @@ func benchDecodeLlama(b *testing.B, tag string, spec testmodel.Llama) {
 		env += "_" + strings.ToUpper(tag)
 	}
 	dir := benchCheckpoint(b, env, spec)
-	m, err := Load(dir, Options{Device: "cuda", ContextLength: 1024})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer m.Close()
-	s, err := m.NewSession(0)
-	if err != nil {
-		b.Fatal(err)
-	}
+	m, s := openSession(b, dir, Options{Device: "cuda", ContextLength: 1024})
 	ctx := context.Background()
 	gb := m.Backend().(*kernels.Backend)
 	// Prefill: a 512-token prompt into an empty session (one chunk, so every

@@ -26,15 +26,7 @@ func TestExpertsOffloaded(t *testing.T) {
 		if len(spec) > 0 {
 			o.Speculative, d = spec[0], mtpDir
 		}
-		m, err := Load(d, o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer m.Close()
-		s, err := m.NewSession(0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		m, s := openSession(t, d, o)
 		logits, err := s.Append(context.Background(), prompt)
 		if err != nil {
 			t.Fatal(err)
