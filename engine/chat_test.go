@@ -15,14 +15,9 @@ import (
 // without BOS; Model.GenerateText gives what a session does.
 func TestGenerateText(t *testing.T) {
 	dir, tok := modelWithTokenizer(t, "llama2") // adds a BOS token
-	m, err := Load(dir, Options{Device: "cpu", ContextLength: 256})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m, s := openSession(t, dir, Options{Device: "cpu", ContextLength: 256})
 	ctx := context.Background()
 	opts := GenerateOptions{MaxTokens: 10, StopTokens: []int{}, Sampling: SamplingOptions{Temperature: 1, Seed: 3}}
-	s, _ := m.NewSession(0)
 	var streamed strings.Builder
 	res, err := s.GenerateText(ctx, "Hello, world", opts, func(t Token) error { streamed.WriteString(t.Text); return nil })
 	if err != nil {

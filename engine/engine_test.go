@@ -292,12 +292,7 @@ func TestNaNLogitsAreAnError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := Load(dir, Options{Device: "cpu"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	s, _ := m.NewSession(0)
+	_, s := openSession(t, dir, Options{Device: "cpu"})
 	_, err = s.Generate(context.Background(), []int{1, 2}, GenerateOptions{MaxTokens: 3}, nil)
 	if err == nil || !strings.Contains(err.Error(), "NaN") {
 		t.Fatalf("Generate over NaN logits: %v, want an error naming NaN", err)

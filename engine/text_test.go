@@ -38,11 +38,7 @@ func TestTextInTextOut(t *testing.T) {
 	for _, name := range []string{"llama2", "qwen3"} {
 		t.Run(name, func(t *testing.T) {
 			dir, tok := modelWithTokenizer(t, name)
-			m, err := Load(dir, Options{Device: "cpu", ContextLength: 256})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer m.Close()
+			m, s := openSession(t, dir, Options{Device: "cpu", ContextLength: 256})
 			ids, err := m.Encode("Hello, world", false)
 			if err != nil {
 				t.Fatal(err)
@@ -57,7 +53,6 @@ func TestTextInTextOut(t *testing.T) {
 			if !slices.Equal(ids, want) {
 				t.Errorf("Encode = %v, want %v", ids, want)
 			}
-			s, _ := m.NewSession(0)
 			var streamed strings.Builder
 			res, err := s.Generate(context.Background(), ids, GenerateOptions{MaxTokens: 12, StopTokens: []int{},
 				Sampling: SamplingOptions{Temperature: 1, Seed: 3}}, func(t Token) error {
