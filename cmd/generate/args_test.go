@@ -221,11 +221,7 @@ func TestSeedAndEcho(t *testing.T) {
 	base := []string{"-model", dir, "-ids", "5,6,7", "-max-tokens", "6", "-ignore-eos", "-device", "cpu", "-temperature", "1.5", "-top-k", "0", "-min-p", "0"}
 	gen := func(args ...string) (string, string) {
 		t.Helper()
-		var out, errOut bytes.Buffer
-		if err := run(append(append([]string{}, base...), args...), &out, &errOut); err != nil {
-			t.Fatal(err, errOut.String())
-		}
-		return out.String(), errOut.String()
+		return runOK(t, append(append([]string{}, base...), args...)...)
 	}
 	out, errOut := gen()
 	m := regexp.MustCompile(`seed (\d+) \(-seed (\d+) repeats this run\)`).FindStringSubmatch(errOut)
@@ -325,10 +321,7 @@ func TestEchoWordBoundary(t *testing.T) {
 		t.Fatal(err)
 	}
 	args := []string{"-model", dir, "-ids", "3,4", "-max-tokens", "5", "-ignore-eos", "-seed", "1", "-device", "cpu"}
-	var out, errOut bytes.Buffer
-	if err := run(args, &out, &errOut); err != nil {
-		t.Fatal(err, errOut.String())
-	}
+	out, _ := runOK(t, args...)
 	// The same generation through the API, decoded in one piece.
 	m, s := modeltest.Open(t, dir, engine.Options{Device: "cpu"})
 	o, _ := parseFlags(args, io.Discard)
@@ -341,8 +334,8 @@ func TestEchoWordBoundary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out.String() != whole+"\n" {
-		t.Errorf("stdout %q, want %q", out.String(), whole+"\n")
+	if out != whole+"\n" {
+		t.Errorf("stdout %q, want %q", out, whole+"\n")
 	}
 }
 
