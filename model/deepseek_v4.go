@@ -54,7 +54,7 @@ type DeepseekV4 struct {
 	hostLoader *Loader
 
 	// Tests set these: the rows a forward pass runs (0: chunkRows's bound),
-	// the indexer scores one pass may hold (0: v4ScoreBudget).
+	// the indexer scores one pass may hold (0: chunkScoreBudget).
 	maxChunk, scoreBudget int
 }
 
@@ -400,21 +400,8 @@ func (m *DeepseekV4) Config() *Config { return m.cfg }
 // replays its tokens.
 const v4ReplayChunk = 512
 
-// A long prompt runs in forward passes of at most v4MaxChunk rows, fewer
-// where the context is long: the indexer scores each row of a pass against
-// every compressed entry of the CSA layers (a backend may hold the scores of
-// a whole pass at once: the GPU keeps [rows, entries] scores and three
-// times as much top-k scratch), so a pass takes at most about
-// v4ScoreBudget / entries rows, at least v4MinChunk. The memory a prefill
-// needs beyond its caches is thus bounded whatever the prompt's length, and
-// no pass materializes a [prompt, prompt/rate] matrix.
-const (
-	v4MaxChunk    = 512
-	v4MinChunk    = 16
-	v4ScoreBudget = 1 << 24 // indexer scores per pass (floats): 64 MiB
-)
-
-// chunkRows is the most rows one forward pass runs from position pos0.
+// chunkRows is the most rows one forward pass runs from position pos0
+// (indexedChunkRows over the densest indexed layer's entries).
 func (m *DeepseekV4) chunkRows(pos0 int) int {
 	if m.maxChunk > 0 {
 		return m.maxChunk
@@ -425,15 +412,11 @@ func (m *DeepseekV4) chunkRows(pos0 int) int {
 			rate = blk.rate
 		}
 	}
-	if rate == 0 {
-		return v4MaxChunk
-	}
-	budget := v4ScoreBudget
+	budget := chunkScoreBudget
 	if m.scoreBudget > 0 {
 		budget = m.scoreBudget
 	}
-	entries := max(1, (pos0+v4MaxChunk)/rate)
-	return max(v4MinChunk, min(v4MaxChunk, budget/entries))
+	return indexedChunkRows(pos0, rate, budget)
 }
 
 // Forward runs tokens at positions Len().. and appends them to the state. On
