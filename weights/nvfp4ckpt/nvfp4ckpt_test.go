@@ -11,17 +11,14 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/manifoldlm/manifold/internal/testnum"
 	"github.com/manifoldlm/manifold/quant"
 	"github.com/manifoldlm/manifold/weights"
 )
 
+// gaussian is n standard normal values of the stream seed picks.
 func gaussian(seed uint64, n int) []float32 {
-	r := rand.New(rand.NewPCG(seed, 1))
-	w := make([]float32, n)
-	for i := range w {
-		w[i] = float32(r.NormFloat64())
-	}
-	return w
+	return testnum.Normal(rand.New(rand.NewPCG(seed, 1)), n, 0, 1)
 }
 
 func f32Bytes(v ...float32) []byte {
