@@ -16,11 +16,6 @@ import (
 	"github.com/manifoldlm/manifold/weights"
 )
 
-// gaussian is n standard normal values of the stream seed picks.
-func gaussian(seed uint64, n int) []float32 {
-	return testnum.Normal(rand.New(rand.NewPCG(seed, 1)), n, 0, 1)
-}
-
 func f32Bytes(v ...float32) []byte {
 	b := make([]byte, 4*len(v))
 	for i, f := range v {
@@ -64,7 +59,7 @@ const prefix = "model.layers.0.mlp.down_proj"
 
 func quantized(t *testing.T, rows, cols int) *quant.NVFP4 {
 	t.Helper()
-	m, err := quant.QuantizeNVFP4(gaussian(uint64(rows*cols), rows*cols), rows, cols)
+	m, err := quant.QuantizeNVFP4(testnum.Normal(rand.New(rand.NewPCG(uint64(rows*cols), 1)), rows*cols, 0, 1), rows, cols)
 	if err != nil {
 		t.Fatal(err)
 	}
