@@ -2,7 +2,6 @@ package model
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -24,11 +23,7 @@ import (
 // hidden]), toks the token after each. It returns the logits of every
 // position and the block's output streams.
 func refMTP(t *testing.T, dir string, s v4Spec, hIn []float64, toks []int32) ([]float32, []float64) {
-	ck, err := weights.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ck.Close()
+	ck := openCheckpoint(t, dir)
 	W := refW{t: t, ck: ck, spec: s}
 	T, D, n, eps := len(toks), s.Hidden, s.HC, 1e-6
 	emb := W.get("model.embed_tokens.weight")
@@ -204,11 +199,7 @@ func v3MTPRef(t *testing.T, dir string, h [][]float64, toks []int32) ([]float32,
 	if err != nil {
 		t.Fatal(err)
 	}
-	buf := make([]byte, 4*len(table))
-	for i, v := range table {
-		binary.LittleEndian.PutUint32(buf[4*i:], math.Float32bits(v))
-	}
-	if err := w.Add("model.embed_tokens.weight", weights.F32, []int{V, D}, buf); err != nil {
+	if err := w.Add("model.embed_tokens.weight", weights.F32, []int{V, D}, f32Bytes(table)); err != nil {
 		t.Fatal(err)
 	}
 	for _, name := range ck.Names() {
@@ -234,15 +225,7 @@ func v3MTPRef(t *testing.T, dir string, h [][]float64, toks []int32) ([]float32,
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	m, err := LoadConfig(m2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ck2, err := weights.Open(m2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ck2.Close()
+	m, ck2 := openFolder(t, m2)
 	net, err := Build(cpu.New(0), &Folder{Dir: m2, Config: m, Checkpoint: ck2}, Options{})
 	if err != nil {
 		t.Fatal(err)
