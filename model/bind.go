@@ -181,18 +181,25 @@ func (l *Loader) dense(name string, rows, cols int) (*backend.HostWeight, error)
 	if err := checkShape(t, []int{rows, cols}); err != nil {
 		return nil, err
 	}
-	h := &backend.HostWeight{Name: name, Rows: rows, Cols: cols, Data: t.Data}
+	f, err := denseFormat(t, "F32, BF16 or F16 (or NVFP4)")
+	if err != nil {
+		return nil, err
+	}
+	return &backend.HostWeight{Name: name, Rows: rows, Cols: cols, Data: t.Data, Format: f}, nil
+}
+
+// denseFormat is the backend format of t, stored as F32, BF16 or F16; any
+// other dtype is a dtypeErr naming allowed.
+func denseFormat(t *weights.Tensor, allowed string) (backend.Format, error) {
 	switch t.DType {
 	case weights.F32:
-		h.Format = backend.F32
+		return backend.F32, nil
 	case weights.BF16:
-		h.Format = backend.BF16
+		return backend.BF16, nil
 	case weights.F16:
-		h.Format = backend.F16
-	default:
-		return nil, dtypeErr(t, "F32, BF16 or F16 (or NVFP4)")
+		return backend.F16, nil
 	}
-	return h, nil
+	return 0, dtypeErr(t, allowed)
 }
 
 // dtypeErr reports a linear weight stored in a dtype the backends cannot

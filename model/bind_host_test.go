@@ -69,11 +69,7 @@ func TestLinearSplit(t *testing.T) {
 	if err := cw.Close(); err != nil {
 		t.Fatal(err)
 	}
-	ck, err := weights.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ck.Close()
+	ck := openCheckpoint(t, dir)
 	b := cpu.New(1)
 	l := NewLoader(b, ck)
 	x := make([]float32, cols)

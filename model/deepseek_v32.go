@@ -376,20 +376,13 @@ func uploadRows(b backend.Backend, l *Loader, name string, shape []int, r0, rows
 		return nil, shapeErr(t, shape)
 	}
 	cols := shape[len(shape)-1]
-	h := &backend.HostWeight{Name: fmt.Sprintf("%s[rows %d:%d]", name, r0, r0+rows), Rows: rows, Cols: cols}
-	switch t.DType {
-	case weights.F32:
-		h.Format = backend.F32
-	case weights.BF16:
-		h.Format = backend.BF16
-	case weights.F16:
-		h.Format = backend.F16
-	default:
-		return nil, dtypeErr(t, "F32, BF16 or F16")
+	f, err := denseFormat(t, "F32, BF16 or F16")
+	if err != nil {
+		return nil, err
 	}
 	size := t.DType.Size()
-	h.Data = t.Data[r0*cols*size : (r0+rows)*cols*size]
-	return b.Upload(h)
+	return b.Upload(&backend.HostWeight{Name: fmt.Sprintf("%s[rows %d:%d]", name, r0, r0+rows), Rows: rows, Cols: cols, Format: f,
+		Data: t.Data[r0*cols*size : (r0+rows)*cols*size]})
 }
 
 // Config is the model's config.

@@ -61,28 +61,42 @@ func (m *DeepseekV32) absorb(n, L int) bool {
 	return absorbed <= naive
 }
 
-// A long prompt runs in passes of at most v32MaxChunk rows, fewer where the
-// context is long: the lightning indexer scores each row of a pass against
-// every cached token (the GPU holds a pass's [rows, tokens] scores and
-// three times as much top-k scratch at once), so a pass takes about
-// v32ScoreBudget / tokens rows, at least v32MinChunk. No pass materializes
-// a [prompt, prompt] matrix, and the scratch a prefill needs beyond its
-// caches stays bounded.
+// A long prompt runs in passes of at most chunkMax rows, fewer where the
+// context is long: an indexed model's (V3.2's, V4's) lightning indexer
+// scores each row of a pass against every cached entry (one per token for
+// V3.2, one per rate tokens for V4's compressed layers; the GPU holds a
+// pass's [rows, entries] scores and three times as much top-k scratch at
+// once), so a pass takes about chunkScoreBudget / entries rows, at least
+// chunkMin. No pass materializes a [prompt, prompt/rate] matrix, and the
+// scratch a prefill needs beyond its caches stays bounded whatever the
+// prompt's length.
 const (
-	v32MaxChunk    = 512
-	v32MinChunk    = 16
-	v32ScoreBudget = 1 << 24 // indexer scores per pass (floats): 64 MiB
+	chunkMax         = 512
+	chunkMin         = 16
+	chunkScoreBudget = 1 << 24 // indexer scores per pass (floats): 64 MiB
 )
+
+// indexedChunkRows is the most rows of a pass from position pos0 whose
+// indexer scores at most budget floats, its entries one per rate tokens
+// (rate 0: no indexer, chunkMax).
+func indexedChunkRows(pos0, rate, budget int) int {
+	if rate == 0 {
+		return chunkMax
+	}
+	entries := max(1, (pos0+chunkMax)/rate)
+	return max(chunkMin, min(chunkMax, budget/entries))
+}
 
 // chunkRows is the most rows one forward pass runs from position pos0.
 func (m *DeepseekV32) chunkRows(pos0 int) int {
 	if m.maxChunk > 0 {
 		return m.maxChunk
 	}
-	if !m.indexer {
-		return v32MaxChunk
+	rate := 0
+	if m.indexer {
+		rate = 1
 	}
-	return max(v32MinChunk, min(v32MaxChunk, v32ScoreBudget/(pos0+v32MaxChunk)))
+	return indexedChunkRows(pos0, rate, chunkScoreBudget)
 }
 
 // Forward runs the decoder over tokens at positions st.Len()..., in passes

@@ -76,12 +76,12 @@ func TestDeepseekV32LongPrefillChunks(t *testing.T) {
 		}
 		return out
 	}
-	got := run(0, int64(v32MaxChunk)*T)
-	want := run(v32MaxChunk, int64(v32MaxChunk)*T)
+	got := run(0, int64(chunkMax)*T)
+	want := run(chunkMax, int64(chunkMax)*T)
 	if len(got) != T*cfg.VocabSize {
 		t.Fatalf("%d logits, want %d", len(got), T*cfg.VocabSize)
 	}
 	if d := maxAbsDiff(got, want); d > 1e-6 {
-		t.Errorf("one Forward vs the caller's %d-row passes: max |diff| %.3g", v32MaxChunk, d)
+		t.Errorf("one Forward vs the caller's %d-row passes: max |diff| %.3g", chunkMax, d)
 	}
 }

@@ -12,7 +12,6 @@ import (
 
 	"github.com/manifoldlm/manifold/backend/cpu"
 	"github.com/manifoldlm/manifold/internal/golden"
-	"github.com/manifoldlm/manifold/weights"
 )
 
 // v32Dirs lists the fixture folders (f32 and bf16) of deepseek_v32 models.
@@ -58,11 +57,7 @@ func loadV32(t testing.TB, dir string, edit func(map[string]any)) (*DeepseekV32,
 	if err != nil {
 		return nil, err
 	}
-	ck, err := weights.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ck.Close() })
+	ck := openCheckpoint(t, dir)
 	m, err := Build(cpu.New(0), &Folder{Dir: dir, Config: cfg, Checkpoint: ck}, Options{})
 	if err != nil {
 		return nil, err

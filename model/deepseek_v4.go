@@ -54,7 +54,7 @@ type DeepseekV4 struct {
 	hostLoader *Loader
 
 	// Tests set these: the rows a forward pass runs (0: chunkRows's bound),
-	// the indexer scores one pass may hold (0: v4ScoreBudget).
+	// the indexer scores one pass may hold (0: chunkScoreBudget).
 	maxChunk, scoreBudget int
 }
 
@@ -117,17 +117,25 @@ type v4Indexer struct {
 }
 
 type v4FFN struct {
-	Gate backend.Weight // ffn.gate.weight [experts, hidden], no bias: ffn.gate.bias only selects
-	Bias []float32      // ffn.gate.bias (moe layers): the host route reads it, BindExperts uploads it
-	W1   backend.Weight `w:"ffn.shared_experts.w1" shape:"ffn,hidden"`
-	W3   backend.Weight `w:"ffn.shared_experts.w3" shape:"ffn,hidden"`
-	W2   backend.Weight `w:"ffn.shared_experts.w2" shape:"hidden,ffn"`
+	Gate   backend.Weight // ffn.gate.weight [experts, hidden], no bias: ffn.gate.bias only selects
+	Bias   []float32      // ffn.gate.bias (moe layers): the host route reads it, BindExperts uploads it
+	Shared v4Expert       // ffn.shared_experts.
 }
 
+// v4Expert is one SwiGLU expert, routed or shared.
 type v4Expert struct {
 	W1 backend.Weight `w:"w1" shape:"ffn,hidden"`
 	W3 backend.Weight `w:"w3" shape:"ffn,hidden"`
 	W2 backend.Weight `w:"w2" shape:"hidden,ffn"`
+}
+
+// forward writes W2 · SwiGLU(W1·x, W3·x) (clamped at limit) of n rows of x
+// into out, through g and u ([n, ffn] scratch, g left holding the SwiGLU).
+func (ex *v4Expert) forward(b backend.Backend, out, g, u, x backend.Buffer, n int, limit float32) {
+	b.MatMul(g, x, ex.W1, n)
+	b.MatMul(u, x, ex.W3, n)
+	b.SwiGLU(g, g, u, limit)
+	b.MatMul(out, g, ex.W2, n)
 }
 
 func newDeepseekV4(b backend.Backend, cfg *Config, l *Loader, o Options) (Model, error) {
@@ -306,7 +314,7 @@ func (m *DeepseekV4) loadBlock(l *Loader, prefix string, blk *v4Block, kind, mlp
 	if blk.FFN.Gate, err = l.Matrix(prefix+"ffn.gate.weight", E, D); err != nil {
 		return err
 	}
-	if err := l.Bind(prefix, &blk.FFN, dims); err != nil {
+	if err := l.Bind(prefix+"ffn.shared_experts.", &blk.FFN.Shared, dims); err != nil {
 		return err
 	}
 	if mlpKind == v4HashMoE {
@@ -392,21 +400,8 @@ func (m *DeepseekV4) Config() *Config { return m.cfg }
 // replays its tokens.
 const v4ReplayChunk = 512
 
-// A long prompt runs in forward passes of at most v4MaxChunk rows, fewer
-// where the context is long: the indexer scores each row of a pass against
-// every compressed entry of the CSA layers (a backend may hold the scores of
-// a whole pass at once: the GPU keeps [rows, entries] scores and three
-// times as much top-k scratch), so a pass takes at most about
-// v4ScoreBudget / entries rows, at least v4MinChunk. The memory a prefill
-// needs beyond its caches is thus bounded whatever the prompt's length, and
-// no pass materializes a [prompt, prompt/rate] matrix.
-const (
-	v4MaxChunk    = 512
-	v4MinChunk    = 16
-	v4ScoreBudget = 1 << 24 // indexer scores per pass (floats): 64 MiB
-)
-
-// chunkRows is the most rows one forward pass runs from position pos0.
+// chunkRows is the most rows one forward pass runs from position pos0
+// (indexedChunkRows over the densest indexed layer's entries).
 func (m *DeepseekV4) chunkRows(pos0 int) int {
 	if m.maxChunk > 0 {
 		return m.maxChunk
@@ -417,15 +412,11 @@ func (m *DeepseekV4) chunkRows(pos0 int) int {
 			rate = blk.rate
 		}
 	}
-	if rate == 0 {
-		return v4MaxChunk
-	}
-	budget := v4ScoreBudget
+	budget := chunkScoreBudget
 	if m.scoreBudget > 0 {
 		budget = m.scoreBudget
 	}
-	entries := max(1, (pos0+v4MaxChunk)/rate)
-	return max(v4MinChunk, min(v4MaxChunk, budget/entries))
+	return indexedChunkRows(pos0, rate, budget)
 }
 
 // Forward runs tokens at positions Len().. and appends them to the state. On
@@ -762,10 +753,7 @@ func (m *DeepseekV4) moe(s *v4State, blk *v4Block, h backend.Buffer, tokens []in
 	limit := float32(v.SwigluLimit)
 	out := b.View(sc.moeOut, 0, n*D)
 	sg, su := b.View(sc.sg, 0, n*I), b.View(sc.su, 0, n*I)
-	b.MatMul(sg, h, blk.FFN.W1, n)
-	b.MatMul(su, h, blk.FFN.W3, n)
-	b.SwiGLU(sg, sg, su, limit)
-	b.MatMul(out, sg, blk.FFN.W2, n)
+	blk.FFN.Shared.forward(b, out, sg, su, h, n, limit)
 
 	router := b.View(sc.router, 0, n*E)
 	b.MatMul(router, h, blk.FFN.Gate, n)
@@ -819,11 +807,7 @@ func (m *DeepseekV4) moe(s *v4State, blk *v4Block, h backend.Buffer, tokens []in
 			m.b.GatherRows(xe, h, rows, D)
 		}
 		ge, ue, ye := b.View(sc.ge, 0, cnt*I), b.View(sc.ue, 0, cnt*I), b.View(sc.ye, 0, cnt*D)
-		ex := &blk.Experts[e]
-		b.MatMul(ge, xe, ex.W1, cnt)
-		b.MatMul(ue, xe, ex.W3, cnt)
-		b.SwiGLU(ge, ge, ue, limit)
-		b.MatMul(ye, ge, ex.W2, cnt)
+		blk.Experts[e].forward(b, ye, ge, ue, xe, cnt, limit)
 		m.b.ScatterAddRows(out, ye, rows, s.expScale[e], D)
 	}
 	if hostRows > 0 {

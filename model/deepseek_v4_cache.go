@@ -444,14 +444,14 @@ func indexComp(ix *v4Indexer) *v4Compressor {
 // has run a prompt: its caches (the compressed entries of every position
 // it may hold, the sliding windows and the compressors' pending rows, which
 // do not grow with it) and the scratch of its largest forward pass (the
-// engine's prefill chunk, at most v4MaxChunk rows: the indexer's scores
+// engine's prefill chunk, at most chunkMax rows: the indexer's scores
 // and a GPU's top-k scratch included), the MTP block's rows included. The engine checks it against the backend's memory before
 // NewState allocates.
 func (m *DeepseekV4) StateBytes(capacity int) int64 {
 	if capacity <= 0 {
 		return 0
 	}
-	rows := min(v4MaxChunk, capacity)
+	rows := min(chunkMax, capacity)
 	floats := m.cacheFloats(capacity, rows)
 	var sc v4Scratch
 	m.scratchSizes(&sc, rows, min(m.v.IndexTopK, capacity), func(_ *backend.Buffer, f int) { floats += int64(f) })
@@ -460,7 +460,7 @@ func (m *DeepseekV4) StateBytes(capacity int) int64 {
 	for _, blk := range m.blocks {
 		if blk.Indexer != nil {
 			// A pass's indexer scores and the top-k scratch a GPU holds with them.
-			floats += 4 * min(int64(v4ScoreBudget), int64(rows)*int64(max(1, capacity/blk.rate)))
+			floats += 4 * min(int64(chunkScoreBudget), int64(rows)*int64(max(1, capacity/blk.rate)))
 			break
 		}
 	}

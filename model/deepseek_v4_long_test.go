@@ -68,7 +68,7 @@ func TestDeepseekV4LongPrefillChunks(t *testing.T) {
 	dir := t.TempDir()
 	writeV4Checkpoint(t, dir, longV4Spec, 5)
 	ids := randTokens(rand.New(rand.NewPCG(9, 9)), T, longV4Spec.Vocab)
-	for _, c := range []struct{ maxChunk, budget, ref int }{{0, 0, v4MaxChunk}, {T, 0, 0}, {333, 0, 333}, {0, 1, v4MinChunk}} {
+	for _, c := range []struct{ maxChunk, budget, ref int }{{0, 0, chunkMax}, {T, 0, 0}, {333, 0, 333}, {0, 1, chunkMin}} {
 		t.Run(fmt.Sprintf("chunk=%d/budget=%d", c.maxChunk, c.budget), func(t *testing.T) {
 			b := &allocCounter{Backend: cpu.New(0)}
 			m := loadV4On(t, dir, b)

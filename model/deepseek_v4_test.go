@@ -654,29 +654,28 @@ func refHC(h []float64, n int, fn, base, scale []float64, iters int, lite bool) 
 			comb[i][j] = comb[i][j]/sum + 1e-6
 		}
 	}
-	colNorm := func() {
-		for j := 0; j < n; j++ {
-			s := 0.0
-			for i := 0; i < n; i++ {
-				s += comb[i][j]
+	// norm divides each row of comb (rows) or each column by its sum + 1e-6.
+	norm := func(rows bool) {
+		for a := 0; a < n; a++ {
+			at := func(b int) *float64 {
+				if rows {
+					return &comb[a][b]
+				}
+				return &comb[b][a]
 			}
-			for i := 0; i < n; i++ {
-				comb[i][j] /= s + 1e-6
+			s := 0.0
+			for b := 0; b < n; b++ {
+				s += *at(b)
+			}
+			for b := 0; b < n; b++ {
+				*at(b) /= s + 1e-6
 			}
 		}
 	}
-	colNorm()
+	norm(false)
 	for it := 0; it < iters-1; it++ {
-		for i := 0; i < n; i++ {
-			s := 0.0
-			for j := 0; j < n; j++ {
-				s += comb[i][j]
-			}
-			for j := 0; j < n; j++ {
-				comb[i][j] /= s + 1e-6
-			}
-		}
-		colNorm()
+		norm(true)
+		norm(false)
 	}
 	return pre, post, comb
 }
@@ -757,11 +756,7 @@ func refV4Forward(t testing.TB, dir string, s v4Spec, ids []int32, chunk int) []
 // refV4Run is the reference forward pass: its logits and the residual
 // streams before hc_head ([T, hc, hidden]).
 func refV4Run(t testing.TB, dir string, s v4Spec, ids []int32, chunk int) ([]float32, []float64) {
-	ck, err := weights.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ck.Close()
+	ck := openCheckpoint(t, dir)
 	W := refW{t: t, ck: ck, spec: s}
 	T, D, n := len(ids), s.Hidden, s.HC
 	emb := W.get("model.embed_tokens.weight")
@@ -1356,10 +1351,5 @@ func openFolder(t testing.TB, dir string) (*Config, *weights.Checkpoint) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ck, err := weights.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ck.Close() })
-	return cfg, ck
+	return cfg, openCheckpoint(t, dir)
 }

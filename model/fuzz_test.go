@@ -214,6 +214,7 @@ func seedConfig(t testing.TB, ck *weights.Checkpoint) []byte {
 
 // openCheckpoint opens the checkpoint of the folder dir until the test ends.
 func openCheckpoint(t testing.TB, dir string) *weights.Checkpoint {
+	t.Helper()
 	ck, err := weights.Open(dir)
 	if err != nil {
 		t.Fatal(err)

@@ -2,13 +2,9 @@ package model
 
 import (
 	"context"
-	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -24,11 +20,7 @@ import (
 // hidden]), toks the token after each. It returns the logits of every
 // position and the block's output streams.
 func refMTP(t *testing.T, dir string, s v4Spec, hIn []float64, toks []int32) ([]float32, []float64) {
-	ck, err := weights.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ck.Close()
+	ck := openCheckpoint(t, dir)
 	W := refW{t: t, ck: ck, spec: s}
 	T, D, n, eps := len(toks), s.Hidden, s.HC, 1e-6
 	emb := W.get("model.embed_tokens.weight")
@@ -189,60 +181,27 @@ func v3MTPRef(t *testing.T, dir string, h [][]float64, toks []int32) ([]float32,
 			table[i*D+c] = float32(x[c])
 		}
 	}
-	m2 := t.TempDir()
-	var raw map[string]any
-	data, _ := os.ReadFile(filepath.Join(dir, "config.json"))
-	if err := json.Unmarshal(data, &raw); err != nil {
-		t.Fatal(err)
-	}
-	raw["num_hidden_layers"], raw["first_k_dense_replace"] = 1, 0
-	data, _ = json.Marshal(raw)
-	if err := os.WriteFile(filepath.Join(m2, "config.json"), data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	w, err := weights.Create(filepath.Join(m2, "model.safetensors"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 4*len(table))
-	for i, v := range table {
-		binary.LittleEndian.PutUint32(buf[4*i:], math.Float32bits(v))
-	}
-	if err := w.Add("model.embed_tokens.weight", weights.F32, []int{V, D}, buf); err != nil {
-		t.Fatal(err)
-	}
-	for _, name := range ck.Names() {
-		rest, ok := strings.CutPrefix(name, p)
+	m2 := rewrite(t, dir, map[string]any{"num_hidden_layers": 1, "first_k_dense_replace": 0}, func(_ *weights.Checkpoint, tn *weights.Tensor) []*weights.Tensor {
+		if tn.Name == "model.embed_tokens.weight" {
+			return []*weights.Tensor{{Name: tn.Name, DType: weights.F32, Shape: []int{V, D}, Data: f32Bytes(table)}}
+		}
+		rest, ok := strings.CutPrefix(tn.Name, p)
 		var to string
 		switch {
 		case !ok:
-			continue
+			return nil
 		case rest == "shared_head.norm.weight":
 			to = "model.norm.weight"
 		case rest == "shared_head.head.weight":
 			to = "lm_head.weight"
 		case strings.HasPrefix(rest, "enorm") || strings.HasPrefix(rest, "hnorm") || strings.HasPrefix(rest, "eh_proj") || strings.HasPrefix(rest, "shared_head"):
-			continue
+			return nil
 		default:
 			to = "model.layers.0." + rest
 		}
-		tn, _ := ck.Tensor(name)
-		if err := w.Add(to, tn.DType, tn.Shape, tn.Data); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	m, err := LoadConfig(m2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ck2, err := weights.Open(m2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ck2.Close()
+		return []*weights.Tensor{{Name: to, DType: tn.DType, Shape: tn.Shape, Data: tn.Data}}
+	})
+	m, ck2 := openFolder(t, m2)
 	net, err := Build(cpu.New(0), &Folder{Dir: m2, Config: m, Checkpoint: ck2}, Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -397,11 +397,7 @@ func (m *DeepseekV4) runHostExperts(s *v4State, blk *v4Block, n, first int, limi
 			hb.GatherRows(xe, hs.h, s.expRows[e], D)
 		}
 		ge, ue, ye := hb.View(hs.ge, 0, cnt*I), hb.View(hs.ue, 0, cnt*I), hb.View(hs.ye, 0, cnt*D)
-		ex := &blk.Experts[e]
-		hb.MatMul(ge, xe, ex.W1, cnt)
-		hb.MatMul(ue, xe, ex.W3, cnt)
-		hb.SwiGLU(ge, ge, ue, limit)
-		hb.MatMul(ye, ge, ex.W2, cnt)
+		blk.Experts[e].forward(hb, ye, ge, ue, xe, cnt, limit)
 		hb.Read(hs.out[rows*D:(rows+cnt)*D], ye, 0)
 		rows += cnt
 	}

@@ -6,15 +6,13 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/manifoldlm/manifold/internal/testnum"
 )
 
+// gaussian is n standard normal values of the stream seed picks.
 func gaussian(seed uint64, n int) []float32 {
-	r := rand.New(rand.NewPCG(seed, 0x6e7666))
-	w := make([]float32, n)
-	for i := range w {
-		w[i] = float32(r.NormFloat64())
-	}
-	return w
+	return testnum.Normal(rand.New(rand.NewPCG(seed, 0x6e7666)), n, 0, 1)
 }
 
 // TestQuantizeNVFP4HandWorked quantizes two 16-element rows whose results are

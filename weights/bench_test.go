@@ -58,20 +58,26 @@ func BenchmarkOpenReadAll(b *testing.B) {
 	path, size := writeBenchCheckpoint(b, 32, 1<<20)
 	b.SetBytes(size)
 	for b.Loop() {
-		c, err := Open(path)
+		readAll(b, path)
+	}
+}
+
+// readAll opens the checkpoint at path, converts every tensor to float32
+// and closes it.
+func readAll(b *testing.B, path string) {
+	c, err := Open(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	for _, name := range c.Names() {
+		t, err := c.Tensor(name)
 		if err != nil {
 			b.Fatal(err)
 		}
-		for _, name := range c.Names() {
-			t, err := c.Tensor(name)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if _, err := t.Float32(); err != nil {
-				b.Fatal(err)
-			}
+		if _, err := t.Float32(); err != nil {
+			b.Fatal(err)
 		}
-		c.Close()
 	}
 }
 
@@ -80,17 +86,7 @@ func BenchmarkOpenReadAll(b *testing.B) {
 func BenchmarkOpenReadAllGolden(b *testing.B) {
 	dir := filepath.Join(goldenDir(b), "llama")
 	for b.Loop() {
-		c, err := Open(dir)
-		if err != nil {
-			b.Fatal(err)
-		}
-		for _, name := range c.Names() {
-			t, _ := c.Tensor(name)
-			if _, err := t.Float32(); err != nil {
-				b.Fatal(err)
-			}
-		}
-		c.Close()
+		readAll(b, dir)
 	}
 }
 

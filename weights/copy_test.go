@@ -12,29 +12,12 @@ import (
 	"testing"
 )
 
-// writeSample writes sampleTensors to path.
-func writeSample(t *testing.T, path string) {
-	t.Helper()
-	w, err := Create(path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, tt := range sampleTensors() {
-		if err := w.Add(tt.name, tt.dtype, tt.shape, tt.bytes()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestOpenCopy: with OpenOptions.Copy a checkpoint, single or sharded,
 // reads as a mapped one does, and a file truncated and rewritten in place
 // after the open changes nothing that was read into memory.
 func TestOpenCopy(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "x.safetensors")
-	writeSample(t, path)
+	writeFile(t, path, sampleTensors())
 	c, err := OpenWith(path, OpenOptions{Copy: true})
 	if err != nil {
 		t.Fatal(err)
@@ -91,7 +74,7 @@ func TestTruncatedWhileOpen(t *testing.T) {
 	}
 	for _, copied := range []bool{false, true} {
 		path := filepath.Join(t.TempDir(), "x.safetensors")
-		writeSample(t, path)
+		writeFile(t, path, sampleTensors())
 		cmd := exec.Command(os.Args[0], "-test.run=^TestTruncatedWhileOpen$", "-test.count=1")
 		cmd.Env = append(os.Environ(), "MANIFOLD_WEIGHTS_TRUNCATE="+path)
 		if copied {

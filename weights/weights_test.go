@@ -187,6 +187,35 @@ func (tt testTensor) bytes() []byte {
 	return b
 }
 
+// tensorWriter is a Writer or a ShardedWriter.
+type tensorWriter interface {
+	Add(name string, dtype DType, shape []int, data []byte) error
+	Close() error
+}
+
+// writeAll adds ts to w and closes it, failing t on an error.
+func writeAll(t testing.TB, w tensorWriter, ts []testTensor) {
+	t.Helper()
+	for _, tt := range ts {
+		if err := w.Add(tt.name, tt.dtype, tt.shape, tt.bytes()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// writeFile writes ts to a new file at path.
+func writeFile(t testing.TB, path string, ts []testTensor) {
+	t.Helper()
+	w, err := Create(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeAll(t, w, ts)
+}
+
 func sampleTensors() []testTensor {
 	return []testTensor{
 		{"f32", F32, []int{2, 3}, []float32{1, -2, 3.5, 0, 1e-30, -7}, nil},
@@ -404,15 +433,7 @@ func TestShardedWriter(t *testing.T) {
 	t.Run("one shard", func(t *testing.T) {
 		dir := t.TempDir()
 		writeTemp(t, dir, IndexFileName, []byte(`{"weight_map":{"stale":"x.safetensors"}}`))
-		s := NewShardedWriter(dir, 1<<30, nil)
-		for _, tt := range want {
-			if err := s.Add(tt.name, tt.dtype, tt.shape, tt.bytes()); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := s.Close(); err != nil {
-			t.Fatal(err)
-		}
+		writeAll(t, NewShardedWriter(dir, 1<<30, nil), want)
 		files, _ := filepath.Glob(filepath.Join(dir, "*"))
 		if len(files) != 1 || filepath.Base(files[0]) != SingleFileName {
 			t.Fatalf("files %v, want only %s", files, SingleFileName)
@@ -445,18 +466,11 @@ func TestShardedWriter(t *testing.T) {
 func writeShards(t *testing.T, dir string, shards map[string][]string, index string) {
 	t.Helper()
 	for file, names := range shards {
-		w, err := Create(filepath.Join(dir, file), nil)
-		if err != nil {
-			t.Fatal(err)
+		ts := make([]testTensor, len(names))
+		for i, n := range names {
+			ts[i] = testTensor{name: n, dtype: U8, shape: []int{1}, ints: []int64{7}}
 		}
-		for _, n := range names {
-			if err := w.Add(n, U8, []int{1}, []byte{7}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := w.Close(); err != nil {
-			t.Fatal(err)
-		}
+		writeFile(t, filepath.Join(dir, file), ts)
 	}
 	if index != "" {
 		writeTemp(t, dir, IndexFileName, []byte(index))
@@ -589,16 +603,8 @@ func TestDType(t *testing.T) {
 
 func TestConcurrentReads(t *testing.T) {
 	dir := t.TempDir()
-	s := NewShardedWriter(dir, 64, nil)
 	want := sampleTensors()
-	for _, tt := range want {
-		if err := s.Add(tt.name, tt.dtype, tt.shape, tt.bytes()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
+	writeAll(t, NewShardedWriter(dir, 64, nil), want)
 	c, err := Open(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -637,18 +643,7 @@ func TestConcurrentReads(t *testing.T) {
 func TestTruncatedFile(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "full.safetensors")
-	w, err := Create(path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, tt := range sampleTensors()[:3] {
-		if err := w.Add(tt.name, tt.dtype, tt.shape, tt.bytes()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
+	writeFile(t, path, sampleTensors()[:3])
 	full, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)

@@ -23,8 +23,25 @@ type Writer struct {
 	entries  []tensorInfo
 	names    map[string]struct{}
 	size     int64 // bytes of data written
-	err      error // sticky I/O error
-	closed   bool
+	addState
+}
+
+// addState is what Writer and ShardedWriter hold to refuse an Add.
+type addState struct {
+	err    error // sticky I/O error
+	closed bool
+}
+
+// admit checks a tensor about to be added to file: ErrClosed after Close,
+// the sticky error of an earlier failed write, else validateAdd's verdict.
+func (a *addState) admit(file, name string, dtype DType, shape []int, data []byte) error {
+	if a.closed {
+		return errf(file, name, ErrClosed, "")
+	}
+	if a.err != nil {
+		return a.err
+	}
+	return validateAdd(file, name, dtype, shape, data)
 }
 
 // Create starts a safetensors file at path with the given __metadata__
@@ -61,13 +78,7 @@ func validateAdd(file, name string, dtype DType, shape []int, data []byte) error
 // An invalid tensor (size mismatch, duplicate name, bad dtype) is rejected
 // with an error and leaves the writer usable.
 func (w *Writer) Add(name string, dtype DType, shape []int, data []byte) error {
-	if w.closed {
-		return errf(w.path, name, ErrClosed, "")
-	}
-	if w.err != nil {
-		return w.err
-	}
-	if err := validateAdd(w.path, name, dtype, shape, data); err != nil {
+	if err := w.admit(w.path, name, dtype, shape, data); err != nil {
 		return err
 	}
 	if _, dup := w.names[name]; dup {
@@ -208,8 +219,7 @@ type ShardedWriter struct {
 	shards   []string       // temporary paths of shards, in order
 	where    map[string]int // tensor -> shard index
 	total    int64          // bytes of tensor data
-	err      error          // sticky
-	closed   bool
+	addState
 }
 
 // NewShardedWriter starts a sharded checkpoint in dir (created if needed).
@@ -225,13 +235,7 @@ func (s *ShardedWriter) shardTemp(i int) string {
 // exceed the shard size. Validation as for Writer.Add, and names must be
 // unique across all shards.
 func (s *ShardedWriter) Add(name string, dtype DType, shape []int, data []byte) error {
-	if s.closed {
-		return errf(s.dir, name, ErrClosed, "")
-	}
-	if s.err != nil {
-		return s.err
-	}
-	if err := validateAdd(s.dir, name, dtype, shape, data); err != nil {
+	if err := s.admit(s.dir, name, dtype, shape, data); err != nil {
 		return err
 	}
 	if i, dup := s.where[name]; dup {

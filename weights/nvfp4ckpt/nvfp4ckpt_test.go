@@ -11,18 +11,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/manifoldlm/manifold/internal/testnum"
 	"github.com/manifoldlm/manifold/quant"
 	"github.com/manifoldlm/manifold/weights"
 )
-
-func gaussian(seed uint64, n int) []float32 {
-	r := rand.New(rand.NewPCG(seed, 1))
-	w := make([]float32, n)
-	for i := range w {
-		w[i] = float32(r.NormFloat64())
-	}
-	return w
-}
 
 func f32Bytes(v ...float32) []byte {
 	b := make([]byte, 4*len(v))
@@ -67,7 +59,7 @@ const prefix = "model.layers.0.mlp.down_proj"
 
 func quantized(t *testing.T, rows, cols int) *quant.NVFP4 {
 	t.Helper()
-	m, err := quant.QuantizeNVFP4(gaussian(uint64(rows*cols), rows*cols), rows, cols)
+	m, err := quant.QuantizeNVFP4(testnum.Normal(rand.New(rand.NewPCG(uint64(rows*cols), 1)), rows*cols, 0, 1), rows, cols)
 	if err != nil {
 		t.Fatal(err)
 	}
