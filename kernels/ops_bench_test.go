@@ -27,15 +27,7 @@ type opsBackend interface {
 }
 
 func opsBackends(b *testing.B) []opsBackend {
-	if !Available() {
-		b.Skip("no CUDA driver or GPU")
-	}
-	g, err := New(0, Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { g.Close() })
-	return []opsBackend{g, refCPU()}
+	return []opsBackend{newGPU(b), refCPU()}
 }
 
 func upload(be backend.Backend, v []float32) backend.Buffer {

@@ -25,14 +25,7 @@ import (
 //	kernels.test -test.run '^$' -test.bench 'OpsFloor|OpsVsDense' -test.benchtime 3x
 
 func floorGPU(b *testing.B) (*Backend, float64) {
-	if !Available() {
-		b.Skip("no CUDA driver or GPU")
-	}
-	g, err := New(0, Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { g.Close() })
+	g := newGPU(b)
 	bw := g.CopyBandwidth()
 	if err := g.Sync(); err != nil {
 		b.Fatal(err)
