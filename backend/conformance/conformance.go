@@ -131,6 +131,32 @@ func holds(b backend.Backend, needs string) bool {
 	return false
 }
 
+// rows makes a Case of each spec of a table by one constructor.
+func rows[S any](specs []S, row func(S) Case) []Case {
+	cs := make([]Case, 0, len(specs))
+	for _, s := range specs {
+		cs = append(cs, row(s))
+	}
+	return cs
+}
+
+// must returns v, or panics with err: a Case's setup (an upload, a
+// reference's constructor) has no error to return.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+// formatName names f in a shape: fp8BlockF32 as "fp8block-f32".
+func formatName(f backend.Format) string {
+	if f == fp8BlockF32 {
+		return "fp8block-f32"
+	}
+	return f.String()
+}
+
 // rnd returns n values of a normal distribution times scale.
 func rnd(rng *rand.Rand, n int, scale float64) []float32 {
 	v := make([]float32, n)

@@ -24,34 +24,35 @@ import (
 // dsa_attend_combine where the selection is split over blocks, or
 // dsa_attend (other ranks).
 func dsaCases() []Case {
-	var cs []Case
-	for _, s := range []struct {
-		m, nKeys        int
-		ix              dsa.IndexerShape
-		rank, rope, hds int
-	}{
+	return rows([]dsaRow{
 		{1, 300, dsa.IndexerShape{Heads: 8, HeadDim: 32, RopeDim: 16, TopK: 200}, 512, 64, 4}, // idx_scores_mma, dsa_attend_mma16 (+combine)
 		{3, 77, dsa.IndexerShape{Heads: 5, HeadDim: 64, RopeDim: 16, TopK: 16}, 192, 16, 3},   // idx_scores_mma, dsa_attend_mma
 		{4, 150, dsa.IndexerShape{Heads: 6, HeadDim: 36, RopeDim: 16, TopK: 40}, 200, 16, 18}, // idx_scores_tile, dsa_attend_split (heads off 16)
 		{2, 90, dsa.IndexerShape{Heads: 3, HeadDim: 30, RopeDim: 10, TopK: 100}, 130, 6, 2},   // idx_scores, dsa_attend (latent)
 		{5, 260, dsa.IndexerShape{Heads: 72, HeadDim: 32, RopeDim: 16, TopK: 64}, 256, 32, 4}, // 72 heads: idx_scores_tile
-	} {
-		shape := fmt.Sprintf("m=%d/keys=%d/idx-h=%d/idx-d=%d/k=%d/rank=%d/rope=%d/h=%d", s.m, s.nKeys, s.ix.Heads, s.ix.HeadDim, s.ix.TopK, s.rank, s.rope, s.hds)
-		cs = append(cs, Case{Op: "SparseMLAOps.IndexerSelect,SparseMLAAttention,SparseLatentAttention", Shape: shape, Tol: 2e-5, Needs: "SparseMLAOps",
-			Run: func(b backend.Backend, caps backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
-				return dsaAttend(b, caps, rng, s.ix, s.m, s.nKeys, layers.MLAShape{Heads: s.hds, KVLoraRank: s.rank, NopeDim: 24, RopeDim: s.rope, VDim: 20})
-			}})
-	}
-	return cs
+	}, dsaCase)
+}
+
+// dsaRow is m queries over nKeys keys, the indexer of shape ix, and MLA of
+// hds heads at KV LoRA rank rank and RoPE width rope.
+type dsaRow struct {
+	m, nKeys        int
+	ix              dsa.IndexerShape
+	rank, rope, hds int
+}
+
+func dsaCase(s dsaRow) Case {
+	shape := fmt.Sprintf("m=%d/keys=%d/idx-h=%d/idx-d=%d/k=%d/rank=%d/rope=%d/h=%d", s.m, s.nKeys, s.ix.Heads, s.ix.HeadDim, s.ix.TopK, s.rank, s.rope, s.hds)
+	return Case{Op: "SparseMLAOps.IndexerSelect,SparseMLAAttention,SparseLatentAttention", Shape: shape, Tol: 2e-5, Needs: "SparseMLAOps",
+		Run: func(b backend.Backend, caps backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+			return dsaAttend(b, caps, rng, s.ix, s.m, s.nKeys, layers.MLAShape{Heads: s.hds, KVLoraRank: s.rank, NopeDim: 24, RopeDim: s.rope, VDim: 20})
+		}}
 }
 
 func dsaAttend(b backend.Backend, caps backend.Capabilities, rng *rand.Rand, ix dsa.IndexerShape, m, L int, ms layers.MLAShape) ([]float32, []float32) {
 	pos0 := L - m
 	iq, iw, ik := rnd(rng, m*ix.Heads*ix.HeadDim, 1), rnd(rng, m*ix.Heads, 1), rnd(rng, L*ix.HeadDim, 1)
-	ref, err := dsa.NewIndexer(ix, 1)
-	if err != nil {
-		panic(err)
-	}
+	ref := must(dsa.NewIndexer(ix, 1))
 	wp := append([]float32(nil), iw...)
 	dsa.PrepareWeights(wp, ix)
 	var sel dsa.Selection
@@ -76,10 +77,7 @@ func dsaAttend(b backend.Backend, caps backend.Capabilities, rng *rand.Rand, ix 
 	}
 
 	ops := caps.SparseMLA
-	gi, err := ops.NewIndices(ix)
-	if err != nil {
-		panic(err)
-	}
+	gi := must(ops.NewIndices(ix))
 	ops.IndexerSelect(gi, upload(b, iq), upload(b, iw), upload(b, ik), m, L, pos0)
 	qb, krb := upload(b, q), upload(b, kr)
 	om, ol := b.NewBuffer(len(wantMLA)), b.NewBuffer(len(wantLat))

@@ -14,32 +14,31 @@ import (
 // embed_ids (format 1 bf16, 2 NVFP4); the image's "embed" kernel is looked
 // up at load but no Go path launches it.
 func embedCases() []Case {
-	var cs []Case
-	for _, s := range []struct {
-		f           backend.Format
-		vocab, cols int
-		n           int
-	}{{backend.BF16, 1000, 200, 300}, {backend.BF16, 50, 4100, 3}, {backend.NVFP4, 37, 80, 5}, {backend.NVFP4, 300, 2064, 17}} {
-		cs = append(cs, Case{Op: "Embed", Shape: fmt.Sprintf("%s/%dof%dx%d", s.f, s.n, s.vocab, s.cols), Tol: 1e-6,
-			Run: func(b backend.Backend, _ backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
-				table, hw := weight(rng, s.f, s.vocab, s.cols)
-				w, err := b.Upload(hw)
-				if err != nil {
-					panic(err)
-				}
-				ids := []int32{0, int32(s.vocab - 1)}
-				for len(ids) < s.n {
-					ids = append(ids, int32(rng.IntN(s.vocab)))
-				}
-				ids = ids[:s.n]
-				want := make([]float32, 0, s.n*s.cols)
-				for _, id := range ids {
-					want = append(want, table[int(id)*s.cols:(int(id)+1)*s.cols]...)
-				}
-				dst := b.NewBuffer(s.n * s.cols)
-				b.Embed(dst, w, ids)
-				return read(b, dst), want
-			}})
-	}
-	return cs
+	return rows([]embedRow{{backend.BF16, 1000, 200, 300}, {backend.BF16, 50, 4100, 3}, {backend.NVFP4, 37, 80, 5}, {backend.NVFP4, 300, 2064, 17}}, embedCase)
+}
+
+// embedRow is n ids looked up in a vocab x cols table of format f.
+type embedRow struct {
+	f              backend.Format
+	vocab, cols, n int
+}
+
+func embedCase(s embedRow) Case {
+	return Case{Op: "Embed", Shape: fmt.Sprintf("%s/%dof%dx%d", s.f, s.n, s.vocab, s.cols), Tol: 1e-6,
+		Run: func(b backend.Backend, _ backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+			table, hw := weight(rng, s.f, s.vocab, s.cols)
+			w := must(b.Upload(hw))
+			ids := []int32{0, int32(s.vocab - 1)}
+			for len(ids) < s.n {
+				ids = append(ids, int32(rng.IntN(s.vocab)))
+			}
+			ids = ids[:s.n]
+			want := make([]float32, 0, s.n*s.cols)
+			for _, id := range ids {
+				want = append(want, table[int(id)*s.cols:(int(id)+1)*s.cols]...)
+			}
+			dst := b.NewBuffer(s.n * s.cols)
+			b.Embed(dst, w, ids)
+			return read(b, dst), want
+		}}
 }
