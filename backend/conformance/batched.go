@@ -72,10 +72,7 @@ func sampleCases() []Case {
 				got, want := make([]float32, len(picks)), make([]float32, len(picks))
 				for i, p := range picks {
 					got[i] = float32(ids[i])
-					id, err := cpu.SampleToken(logits[p.Row*c.vocab:(p.Row+1)*c.vocab], p.Temperature, p.TopK, p.U)
-					if err != nil {
-						panic(err)
-					}
+					id := must(cpu.SampleToken(logits[p.Row*c.vocab:(p.Row+1)*c.vocab], p.Temperature, p.TopK, p.U))
 					want[i] = float32(id)
 				}
 				return got, want

@@ -110,10 +110,7 @@ func Cases() []Case {
 	}{{1, 4, 64, 0, 37, false, false}, {7, 3, 128, 0, 0, false, false}, {3, 2, 64, 32, 1000, true, false}, {2, 5, 64, 0, 30000, false, true}} {
 		cs = append(cs, Case{Op: "RoPE", Shape: fmt.Sprintf("%dx%dx%d/off=%d/pos=%d/inter=%v/inv=%v", s.rows, s.heads, s.hd, s.off, s.pos0, s.inter, s.inverse), Tol: 2e-5,
 			Run: func(b backend.Backend, _ backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
-				r, err := layers.NewRoPE(layers.RoPEParams{Theta: 1e6, PartialRotaryFactor: float64(s.hd-s.off) / float64(s.hd)}, s.hd)
-				if err != nil {
-					panic(err)
-				}
+				r := must(layers.NewRoPE(layers.RoPEParams{Theta: 1e6, PartialRotaryFactor: float64(s.hd-s.off) / float64(s.hd)}, s.hd))
 				r.Interleaved = s.inter
 				stride := s.heads * s.hd
 				x := rnd(rng, s.rows*stride, 1)
@@ -155,10 +152,7 @@ func Cases() []Case {
 			Run: func(b backend.Backend, _ backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
 				const V, C = 37, 72
 				table, hw := weight(rng, f, V, C)
-				w, err := b.Upload(hw)
-				if err != nil {
-					panic(err)
-				}
+				w := must(b.Upload(hw))
 				ids := []int32{0, 36, 5, 5, 17}
 				want := make([]float32, 0, len(ids)*C)
 				for _, id := range ids {
@@ -229,26 +223,19 @@ const fp8BlockF32 = backend.Format(255)
 func weight(rng *rand.Rand, f backend.Format, rows, cols int) ([]float32, *backend.HostWeight) {
 	v := rnd(rng, rows*cols, 1/math.Sqrt(float64(cols)))
 	hw := &backend.HostWeight{Name: "w", Rows: rows, Cols: cols, Format: f}
-	var err error
 	switch f {
 	case backend.FP8Block, fp8BlockF32:
 		sd := quant.ScaleE8M0
 		if f == fp8BlockF32 {
 			sd, hw.Format = quant.ScaleF32, backend.FP8Block
 		}
-		if hw.FP8, err = quant.QuantizeFP8Block(v, rows, cols, 128, 128, sd); err != nil {
-			panic(err)
-		}
+		hw.FP8 = must(quant.QuantizeFP8Block(v, rows, cols, 128, 128, sd))
 		v = hw.FP8.Dequantize()
 	case backend.MXFP4:
-		if hw.MX, err = quant.QuantizeMXFP4(v, rows, cols); err != nil {
-			panic(err)
-		}
+		hw.MX = must(quant.QuantizeMXFP4(v, rows, cols))
 		v = hw.MX.Dequantize()
 	case backend.F32:
-		for _, x := range v {
-			hw.Data = binary.LittleEndian.AppendUint32(hw.Data, math.Float32bits(x))
-		}
+		hw.Data = f32Data(v)
 	case backend.BF16:
 		hw.Data = make([]byte, 2*len(v))
 		quant.EncodeBF16(hw.Data, v)
@@ -258,14 +245,19 @@ func weight(rng *rand.Rand, f backend.Format, rows, cols int) ([]float32, *backe
 		quant.EncodeF16(hw.Data, v)
 		quant.DecodeF16(v, hw.Data)
 	case backend.NVFP4:
-		q, err := quant.QuantizeNVFP4(v, rows, cols)
-		if err != nil {
-			panic(err)
-		}
-		hw.Q = q
-		v = q.Dequantize()
+		hw.Q = must(quant.QuantizeNVFP4(v, rows, cols))
+		v = hw.Q.Dequantize()
 	}
 	return v, hw
+}
+
+// f32Data is v as an F32 weight's Data: little-endian float32 bits.
+func f32Data(v []float32) []byte {
+	d := make([]byte, 0, 4*len(v))
+	for _, x := range v {
+		d = binary.LittleEndian.AppendUint32(d, math.Float32bits(x))
+	}
+	return d
 }
 
 func matmul(b backend.Backend, rng *rand.Rand, f backend.Format, m, rows, cols int, bias bool) ([]float32, []float32) {
@@ -273,10 +265,7 @@ func matmul(b backend.Backend, rng *rand.Rand, f backend.Format, m, rows, cols i
 	if bias {
 		hw.Bias = rnd(rng, rows, 1)
 	}
-	w, err := b.Upload(hw)
-	if err != nil {
-		panic(err)
-	}
+	w := must(b.Upload(hw))
 	x := rnd(rng, m*cols, 1)
 	want := make([]float32, m*rows)
 	refMatMul(want, x, wv, hw.Bias, m, rows, cols, cols, rows)
@@ -310,10 +299,7 @@ func attention(b backend.Backend, rng *rand.Rand, s layers.AttentionShape, pos0,
 	q := rnd(rng, m*s.Heads*s.HeadDim, 1)
 	want := make([]float32, len(q))
 	layers.Attention(want, q, keys, values, m, pos0, s)
-	cache, err := b.NewKVCache(backend.KVShape{Layers: 1, KVHeads: s.KVHeads, HeadDim: s.HeadDim, Capacity: n})
-	if err != nil {
-		panic(err)
-	}
+	cache := must(b.NewKVCache(backend.KVShape{Layers: 1, KVHeads: s.KVHeads, HeadDim: s.HeadDim, Capacity: n}))
 	out := b.NewBuffer(len(q))
 	if pos0 > 0 { // the context, appended as a prefill whose output is dropped
 		pq := b.NewBuffer(pos0 * s.Heads * s.HeadDim)
@@ -374,10 +360,7 @@ func groupedMatMul(b backend.Backend, caps backend.Capabilities, rng *rand.Rand,
 	for j := range g {
 		var hw *backend.HostWeight
 		vals[j], hw = weight(rng, f, rows, cols)
-		w, err := b.Upload(hw)
-		if err != nil {
-			panic(err)
-		}
+		w := must(b.Upload(hw))
 		ws[j] = w
 	}
 	x := rnd(rng, m*g*cols, 1)
@@ -416,37 +399,12 @@ func moreHyperCases() []Case {
 		shape := fmt.Sprintf("rows=%d/n=%d/C=%d", rows, n, hidden)
 		cs = append(cs, Case{Op: "HyperConnectionOps.MHCProject,MHCActivate", Shape: shape, Tol: 2e-5, Needs: "HyperConnectionOps",
 			Run: func(b backend.Backend, caps backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
-				mx, err := mhc.New(mhc.Config{Streams: n, Hidden: hidden, SinkhornIters: 20, Eps: 1e-6, NormEps: 1e-6})
-				if err != nil {
-					panic(err)
-				}
+				mx := mhcMixer(n, hidden, mhc.Sinkhorn)
 				mix, width := mx.Config().MixDim(), n*hidden
 				x, fn := rnd(rng, rows*width, 1), rnd(rng, mix*width, 1/math.Sqrt(float64(width)))
-				base, scale := rnd(rng, mix, 0.5), []float32{0.8, 0.9, 1.1}
-				logits := make([]float32, rows*mix)
-				mhc.Project(logits, x, fn, rows, width, 1e-6)
-				co := mhc.Coeffs{Pre: make([]float32, rows*n), Post: make([]float32, rows*n), Res: make([]float32, rows*n*n)}
-				wantLogits := append([]float32(nil), logits...)
-				mx.Activate(co, logits, base, scale, rows)
-				want := append(append(append(wantLogits, co.Pre...), co.Post...), co.Res...)
-
-				_, hw := weight(rng, backend.F32, mix, width)
-				hw.Data = hw.Data[:0]
-				for _, v := range fn {
-					hw.Data = binary.LittleEndian.AppendUint32(hw.Data, math.Float32bits(v))
-				}
-				w, err := b.Upload(hw)
-				if err != nil {
-					panic(err)
-				}
-				h := caps.HyperConnection
-				lb := b.NewBuffer(rows * mix)
-				h.MHCProject(lb, upload(b, x), w, rows, 1e-6)
-				got := read(b, lb)
-				pre, post, res := b.NewBuffer(rows*n), b.NewBuffer(rows*n), b.NewBuffer(rows*n*n)
-				h.MHCActivate(mx, pre, post, res, lb, upload(b, base), upload(b, scale), rows)
-				got = append(append(append(got, read(b, pre)...), read(b, post)...), read(b, res)...)
-				return got, want
+				base := rnd(rng, mix, 0.5)
+				hw := &backend.HostWeight{Name: "w", Rows: mix, Cols: width, Format: backend.F32, Data: f32Data(fn)}
+				return mhcProjectActivate(b, caps.HyperConnection, mx, rows, x, fn, hw, base)
 			}})
 	}
 	return cs
@@ -454,10 +412,7 @@ func moreHyperCases() []Case {
 
 func compressedCases() []Case {
 	var cs []Case
-	rope, err := layers.NewRoPE(layers.RoPEParams{Theta: 160000, PartialRotaryFactor: 0.25}, 64)
-	if err != nil {
-		panic(err)
-	}
+	rope := must(layers.NewRoPE(layers.RoPEParams{Theta: 160000, PartialRotaryFactor: 0.25}, 64))
 	for _, s := range []struct {
 		entries, rate, width int
 		overlap, prev        bool

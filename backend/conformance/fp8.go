@@ -55,10 +55,7 @@ func fp8Cases() []Case {
 // matmulAt is matmul with x read from a view off values into its buffer.
 func matmulAt(b backend.Backend, rng *rand.Rand, f backend.Format, m, rows, cols, off int) ([]float32, []float32) {
 	wv, hw := weight(rng, f, rows, cols)
-	w, err := b.Upload(hw)
-	if err != nil {
-		panic(err)
-	}
+	w := must(b.Upload(hw))
 	x := rnd(rng, off+m*cols, 1)
 	want := make([]float32, m*rows)
 	refMatMul(want, x[off:], wv, nil, m, rows, cols, cols, rows)

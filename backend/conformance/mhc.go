@@ -69,11 +69,7 @@ func mhcPrePostCase(rows, n, hidden int) Case {
 
 // mhcMixer makes a mixer of n streams of width hidden.
 func mhcMixer(n, hidden int, r mhc.Residual) *mhc.Mixer {
-	mx, err := mhc.New(mhc.Config{Streams: n, Hidden: hidden, SinkhornIters: 20, Eps: 1e-6, NormEps: 1e-6, Residual: r})
-	if err != nil {
-		panic(err)
-	}
-	return mx
+	return must(mhc.New(mhc.Config{Streams: n, Hidden: hidden, SinkhornIters: 20, Eps: 1e-6, NormEps: 1e-6, Residual: r}))
 }
 
 // mhcProjectCase is MHCProject then MHCActivate, fn in format f.
@@ -82,30 +78,33 @@ func mhcProjectCase(rows, n, hidden int, f backend.Format, r mhc.Residual) Case 
 	return Case{Op: "HyperConnectionOps.MHCProject,MHCActivate", Shape: shape, Tol: 2e-5, Needs: "HyperConnectionOps",
 		Run: func(b backend.Backend, caps backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
 			mx := mhcMixer(n, hidden, r)
-			mix, width := mx.Config().MixDim(), n*hidden
-			fn, hw := weight(rng, f, mix, width)
-			x := rnd(rng, rows*width, 1)
-			base, scale := rnd(rng, mix, 0.5), []float32{0.8, 0.9, 1.1}
-			logits := make([]float32, rows*mix)
-			mhc.Project(logits, x, fn, rows, width, 1e-6)
-			co := mhc.Coeffs{Pre: make([]float32, rows*n), Post: make([]float32, rows*n), Res: make([]float32, rows*n*n)}
-			wantLogits := append([]float32(nil), logits...)
-			mx.Activate(co, logits, base, scale, rows)
-			want := append(append(append(wantLogits, co.Pre...), co.Post...), co.Res...)
-
-			w, err := b.Upload(hw)
-			if err != nil {
-				panic(err)
-			}
-			h := caps.HyperConnection
-			lb := b.NewBuffer(rows * mix)
-			h.MHCProject(lb, upload(b, x), w, rows, 1e-6)
-			got := read(b, lb)
-			pre, post, res := b.NewBuffer(rows*n), b.NewBuffer(rows*n), b.NewBuffer(len(co.Res))
-			h.MHCActivate(mx, pre, post, res, lb, upload(b, base), upload(b, scale), rows)
-			got = append(append(append(got, read(b, pre)...), read(b, post)...), read(b, res)...)
-			return got, want
+			fn, hw := weight(rng, f, mx.Config().MixDim(), n*hidden)
+			x := rnd(rng, rows*n*hidden, 1)
+			return mhcProjectActivate(b, caps.HyperConnection, mx, rows, x, fn, hw, rnd(rng, mx.Config().MixDim(), 0.5))
 		}}
+}
+
+// mhcProjectActivate runs MHCProject (fn uploaded from hw) and MHCActivate
+// over rows of x against mhc.Project and mx.Activate, the activation's
+// base given and its scale 0.8, 0.9, 1.1.
+func mhcProjectActivate(b backend.Backend, h backend.HyperConnectionOps, mx *mhc.Mixer, rows int, x, fn []float32, hw *backend.HostWeight, base []float32) ([]float32, []float32) {
+	n, mix, width := mx.Config().Streams, mx.Config().MixDim(), mx.Config().Width()
+	scale := []float32{0.8, 0.9, 1.1}
+	logits := make([]float32, rows*mix)
+	mhc.Project(logits, x, fn, rows, width, 1e-6)
+	co := mhc.Coeffs{Pre: make([]float32, rows*n), Post: make([]float32, rows*n), Res: make([]float32, rows*n*n)}
+	wantLogits := append([]float32(nil), logits...)
+	mx.Activate(co, logits, base, scale, rows)
+	want := append(append(append(wantLogits, co.Pre...), co.Post...), co.Res...)
+
+	w := must(b.Upload(hw))
+	lb := b.NewBuffer(rows * mix)
+	h.MHCProject(lb, upload(b, x), w, rows, 1e-6)
+	got := read(b, lb)
+	pre, post, res := b.NewBuffer(rows*n), b.NewBuffer(rows*n), b.NewBuffer(len(co.Res))
+	h.MHCActivate(mx, pre, post, res, lb, upload(b, base), upload(b, scale), rows)
+	got = append(append(append(got, read(b, pre)...), read(b, post)...), read(b, res)...)
+	return got, want
 }
 
 // mhcCoeffsPreCase is the fused MHCCoeffsPre (or, without it, MHCProject,
@@ -128,10 +127,7 @@ func mhcCoeffsPreCase(rows, n, hidden int, f backend.Format) Case {
 			mhc.Pre(dst, x, co.Pre, rows, n, hidden)
 			want := append(append(append(append(logits, co.Pre...), co.Post...), co.Res...), dst...)
 
-			w, err := b.Upload(hw)
-			if err != nil {
-				panic(err)
-			}
+			w := must(b.Upload(hw))
 			lb, pre, post, res, db := b.NewBuffer(rows*mix), b.NewBuffer(rows*n), b.NewBuffer(rows*n), b.NewBuffer(len(co.Res)), b.NewBuffer(rows*hidden)
 			xb, bb, sb := upload(b, x), upload(b, base), upload(b, scale)
 			if caps.FusedHyper != nil {

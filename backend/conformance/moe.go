@@ -39,10 +39,6 @@ func moeCases() []Case {
 		{fp8BlockF32, 3, 16, 4, 256, 96, true, 0, true, false, 0},
 		{backend.FP8Block, 2, 32, 6, 448, 224, false, dsv4.ScoreSqrtSoftplus, true, false, 0},
 	} {
-		name := s.f.String()
-		if s.f == fp8BlockF32 {
-			name = "fp8block-f32"
-		}
 		op, route := "RoutedMoEOps.RoutedMoE", fmt.Sprintf("scoring=%d/bias=%v/hash=%v/limit=%g", s.scoring, s.bias, s.hash, s.limit)
 		if s.group {
 			op, route = "GroupMoEOps.GroupMoE", "groups=4/top=2"
@@ -51,7 +47,7 @@ func moeCases() []Case {
 		if s.f != backend.NVFP4 {
 			needs = "format:fp8block"
 		}
-		cs = append(cs, Case{Op: op, Shape: fmt.Sprintf("%s/m=%d/top-%d-of-%d/%dx%d/%s", name, s.m, s.k, s.experts, s.dim, s.ffn, route),
+		cs = append(cs, Case{Op: op, Shape: fmt.Sprintf("%s/m=%d/top-%d-of-%d/%dx%d/%s", formatName(s.f), s.m, s.k, s.experts, s.dim, s.ffn, route),
 			Tol: 2e-5, Q8Tol: nvfp4Q8Tol, Needs: needs,
 			Run: func(b backend.Backend, caps backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
 				var w [3][]backend.Weight
@@ -59,10 +55,7 @@ func moeCases() []Case {
 				for range s.experts {
 					for j, sh := range [][2]int{{s.ffn, s.dim}, {s.ffn, s.dim}, {s.dim, s.ffn}} {
 						wv, hw := weight(rng, s.f, sh[0], sh[1])
-						up, err := b.Upload(hw)
-						if err != nil {
-							panic(err)
-						}
+						up := must(b.Upload(hw))
 						w[j], v[j] = append(w[j], up), append(v[j], wv)
 					}
 				}
@@ -98,10 +91,7 @@ func moeCases() []Case {
 					binder = caps.RoutedMoE
 				}
 				if binder != nil {
-					ex, err := binder.BindExperts(w[0], w[1], w[2], bias)
-					if err != nil {
-						panic(err)
-					}
+					ex := must(binder.BindExperts(w[0], w[1], w[2], bias))
 					if ex != nil {
 						if s.group {
 							caps.GroupMoE.GroupMoE(out, xb, upload(b, logits), ex, ga)

@@ -67,15 +67,21 @@ func pagedCases() []Case {
 		cs = append(cs, Case{Op: "PagedAttentionOps.PagedAppendRoPE", Tol: 2e-5, Needs: "PagedAttentionOps",
 			Shape: fmt.Sprintf("bs=%d/h=%d/kv=%d/d=%d/rot=%g/inter=%v/seqs=%s", c.bs, c.heads, c.kv, c.hd, c.partial, c.inter, strings.Join(sh, ",")),
 			Run: func(b backend.Backend, caps backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
-				r, err := layers.NewRoPE(layers.RoPEParams{Theta: 5e5, PartialRotaryFactor: c.partial}, c.hd)
-				if err != nil {
-					panic(err)
-				}
+				r := must(layers.NewRoPE(layers.RoPEParams{Theta: 5e5, PartialRotaryFactor: c.partial}, c.hd))
 				r.Interleaved = c.inter
 				return pagedAppendRoPE(b, caps.Paged, rng, c.bs, as, r, c.seqs)
 			}})
 	}
 	return cs
+}
+
+// pagedPool makes a pool of blocks blocks of bs positions for s's KV heads
+// in nLayers layers, the host copies of one layer's keys and values, and
+// the pool's blocks shuffled, for the block tables to take.
+func pagedPool(ops backend.PagedAttentionOps, rng *rand.Rand, nLayers, bs, blocks int, s layers.AttentionShape) (pool backend.BlockPool, kRef, vRef []float32, free []int) {
+	pool = must(ops.NewBlockPool(backend.PagedShape{Layers: nLayers, KVHeads: s.KVHeads, HeadDim: s.HeadDim, BlockSize: bs, Blocks: blocks}))
+	w := s.KVHeads * s.HeadDim
+	return pool, make([]float32, blocks*bs*w), make([]float32, blocks*bs*w), rng.Perm(blocks)
 }
 
 // pagedAttention fills a pool of two layers (layer 1 runs) through shuffled
@@ -87,12 +93,7 @@ func pagedAttention(b backend.Backend, ops backend.PagedAttentionOps, rng *rand.
 		blocks += (sq.pos0 + sq.rows + bs - 1) / bs
 	}
 	blocks += 2 // unused blocks between
-	pool, err := ops.NewBlockPool(backend.PagedShape{Layers: 2, KVHeads: s.KVHeads, HeadDim: s.HeadDim, BlockSize: bs, Blocks: blocks})
-	if err != nil {
-		panic(err)
-	}
-	kRef, vRef := make([]float32, blocks*bs*w), make([]float32, blocks*bs*w)
-	free := rng.Perm(blocks)
+	pool, kRef, vRef, free := pagedPool(ops, rng, 2, bs, blocks, s)
 	var calls []layers.PagedSeq
 	var q []float32
 	for _, sq := range seqs {
@@ -159,12 +160,7 @@ func pagedAppendRoPE(b backend.Backend, ops backend.PagedAttentionOps, rng *rand
 	for _, sq := range seqs {
 		blocks += (sq.pos0 + sq.rows + steps - 1 + bs - 1) / bs
 	}
-	pool, err := ops.NewBlockPool(backend.PagedShape{Layers: 1, KVHeads: s.KVHeads, HeadDim: s.HeadDim, BlockSize: bs, Blocks: blocks})
-	if err != nil {
-		panic(err)
-	}
-	kRef, vRef := make([]float32, blocks*bs*w), make([]float32, blocks*bs*w)
-	free := rng.Perm(blocks)
+	pool, kRef, vRef, free := pagedPool(ops, rng, 1, bs, blocks, s)
 	var calls []layers.PagedSeq
 	for _, sq := range seqs {
 		var table []int32
