@@ -83,10 +83,7 @@ func gemvDevVariants(g *Backend, N int, nv, bfw *backend.HostWeight) []gemvVaria
 // kernel, x staged, each stage's copies issued and arrived, the end. It
 // shows where a launch's time goes between the copies and the consumers.
 func BenchmarkGEMVTimeline(b *testing.B) {
-	g := newGPU(b)
-	needDevKernels(b, g, "gemv_nvfp4_tma8_trace")
-	g.SetGraphs(GraphsOff)
-	g.SetPDL(true)
+	g := devBenchGPU(b, "gemv_nvfp4_tma8_trace", true)
 	rng := rand.New(rand.NewPCG(1, 1))
 	for _, shape := range [][2]int{{4096, 14336}, {14336, 4096}, {6144, 4096}} {
 		N, K := shape[0], shape[1]

@@ -177,19 +177,7 @@ func BenchmarkFFNChain(b *testing.B) {
 			}
 		}
 		b.Run(v.name, func(b *testing.B) {
-			for i := range len(sets) { // first-use work (tensor maps) out of the timing
-				block(i)
-			}
-			for i := 0; i < b.N; i++ {
-				n := 0
-				d := deviceTime(g, 50, func() { block(n); n++ })
-				if err := g.Sync(); err != nil {
-					b.Fatal(err)
-				}
-				b.ReportMetric(float64(d.Nanoseconds())/1e3, "us/block")
-				b.ReportMetric(mb/d.Seconds()/copyBW, "of-copy-bw")
-				fmt.Printf("RESULT ffn_chain %s time_us=%.2f weight_MB=%.1f of_copy=%.3f\n", v.name, float64(d.Nanoseconds())/1e3, mb/1e6, mb/d.Seconds()/copyBW)
-			}
+			timeBlocks(b, g, len(sets), 50, block, mb, copyBW, "ffn_chain "+v.name)
 		})
 	}
 }
@@ -246,6 +234,28 @@ func repeatMiB(p []byte, gen func() byte) []byte {
 
 // benchGPU is the GPU backend of a matmul benchmark, every launch timed as
 // launched (no graphs), with or without PDL, and its copy bandwidth.
+// timeBlocks runs block once on each of sets weight sets (first-use work,
+// such as tensor maps, out of the timing), then times iters blocks chained
+// over the sets in turn, b.N times: it reports the time a block and its
+// bytes (of weights) a second against the copy bandwidth, and prints them
+// as a RESULT line named result.
+func timeBlocks(b *testing.B, g *Backend, sets, iters int, block func(i int), bytes, copyBW float64, result string) {
+	for i := range sets {
+		block(i)
+	}
+	for i := 0; i < b.N; i++ {
+		n := 0
+		d := deviceTime(g, iters, func() { block(n); n++ })
+		if err := g.Sync(); err != nil {
+			b.Fatal(err)
+		}
+		us := float64(d.Nanoseconds()) / 1e3
+		b.ReportMetric(us, "us/block")
+		b.ReportMetric(bytes/d.Seconds()/copyBW, "of-copy-bw")
+		fmt.Printf("RESULT %s time_us=%.2f weight_MB=%.1f of_copy=%.3f\n", result, us, bytes/1e6, bytes/d.Seconds()/copyBW)
+	}
+}
+
 func benchGPU(b *testing.B, pdl bool) (*Backend, float64) {
 	g := newGPU(b)
 	g.SetGraphs(GraphsOff)

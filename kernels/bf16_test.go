@@ -295,20 +295,7 @@ func BenchmarkBF16Block(b *testing.B) {
 		b.Run(v.name, func(b *testing.B) {
 			g.force.bf16Kernel = v.kernel
 			defer func() { g.force.bf16Kernel = "" }()
-			for i := range len(sets) {
-				block(i)
-			}
-			for i := 0; i < b.N; i++ {
-				n := 0
-				d := deviceTime(g, 20, func() { block(n); n++ })
-				if err := g.Sync(); err != nil {
-					b.Fatal(err)
-				}
-				us := float64(d.Nanoseconds()) / 1e3
-				b.ReportMetric(us, "us/block")
-				b.ReportMetric(bytes/d.Seconds()/copyBW, "of-copy-bw")
-				fmt.Printf("RESULT bf16_block %s time_us=%.2f weight_MB=%.1f of_copy=%.3f\n", v.name, us, bytes/1e6, bytes/d.Seconds()/copyBW)
-			}
+			timeBlocks(b, g, len(sets), 20, block, bytes, copyBW, "bf16_block "+v.name)
 		})
 	}
 }

@@ -32,6 +32,17 @@ func needDevKernels(t testing.TB, g *Backend, names ...string) {
 	}
 }
 
+// devBenchGPU is the GPU of a benchmark of dev kernels (skipped where the
+// loaded image lacks kernel), CUDA graphs off, programmatic dependent
+// launch on or off.
+func devBenchGPU(b *testing.B, kernel string, pdl bool) *Backend {
+	g := newGPU(b)
+	needDevKernels(b, g, kernel)
+	g.SetGraphs(GraphsOff)
+	g.SetPDL(pdl)
+	return g
+}
+
 // needDevImage skips the test unless the loaded image is a dev image (which
 // the tracing instances mark).
 func needDevImage(t *testing.T, g *Backend) {

@@ -24,10 +24,7 @@ import (
 // err_rel: max |got - want| / max |want|. Needs the dev image (DEV=1
 // kernels/gpu.sh run, or MANIFOLD_KERNEL_IMAGE).
 func BenchmarkFP8TensorCores(b *testing.B) {
-	g := newGPU(b)
-	needDevKernels(b, g, "gemm_fp8q_t64")
-	g.SetGraphs(GraphsOff)
-	g.SetPDL(false)
+	g := devBenchGPU(b, "gemm_fp8q_t64", false)
 	rng := rand.New(rand.NewPCG(58, 2))
 	type cand struct {
 		name string

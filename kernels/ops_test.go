@@ -544,23 +544,8 @@ func TestDSAOps(t *testing.T) {
 	}{{16, 77, 1, backend.F32}, {16, 77, 5, backend.BF16}, {200, 77, 3, backend.NVFP4}, {8, 300, 4, backend.F32}} {
 		ix := dsa.IndexerShape{Heads: 8, HeadDim: 32, RopeDim: 16, TopK: tc.topk}
 		m, L := tc.m, tc.nKeys
-		pos0 := L - m
 		ic, gi, iq, iw, ik := selectBoth(t, c, g, rng, ix, m, L)
-		// The selection against the layers/dsa reference.
-		ref, _ := dsa.NewIndexer(ix, 1)
-		wp := append([]float32{}, iw...)
-		dsa.PrepareWeights(wp, ix)
-		var want dsa.Selection
-		ref.Select(&want, iq, wp, ik, m, L, func(i int) int { return pos0 + i + 1 })
-		got, err := gi.(*dsaIndices).read(g)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i := range m {
-			if !slices.Equal(got[i], want.Row(i)) {
-				t.Errorf("DSA select top-%d of %d, query %d: GPU %v, want %v", tc.topk, L, i, got[i], want.Row(i))
-			}
-		}
+		checkSelect(t, g, gi, ix, iq, iw, ik, m, L, fmt.Sprintf("DSA select top-%d of %d", tc.topk, L))
 		// Naive MLA over expanded keys and values.
 		q, kv, kr := randn(rng, m*s.Heads*qk), randn(rng, L*s.Heads*per), randn(rng, L*s.RopeDim)
 		scale := float32(1 / math.Sqrt(float64(qk)))
@@ -634,19 +619,7 @@ func TestDSASelectShapes(t *testing.T) {
 		pos0 := L - m
 		iq, iw, ik := randn(rng, m*ix.Heads*ix.HeadDim), randn(rng, m*ix.Heads), randn(rng, L*ix.HeadDim)
 		g.IndexerSelect(gi, toGPU(g, iq), toGPU(g, iw), toGPU(g, ik), m, L, pos0)
-		ref, _ := dsa.NewIndexer(ix, 1)
-		dsa.PrepareWeights(iw, ix)
-		var want dsa.Selection
-		ref.Select(&want, iq, iw, ik, m, L, func(i int) int { return pos0 + i + 1 })
-		got, err := gi.(*dsaIndices).read(g)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i := range m {
-			if !slices.Equal(got[i], want.Row(i)) {
-				t.Errorf("select heads=%d dim=%d top-%d of %d (mma off %v), query %d: GPU %v, want %v", tc.heads, tc.dim, tc.topk, L, g.force.idxMMAOff, i, got[i], want.Row(i))
-			}
-		}
+		checkSelect(t, g, gi, ix, iq, iw, ik, m, L, fmt.Sprintf("select heads=%d dim=%d top-%d of %d (mma off %v)", tc.heads, tc.dim, tc.topk, L, g.force.idxMMAOff))
 	}
 }
 
@@ -1086,6 +1059,28 @@ func TestGroupMoE(t *testing.T) {
 		out := toGPU(g, shared)
 		g.GroupMoE(out, toGPU(g, x), toGPU(g, logits), ex, a)
 		check(t, name, fromGPU(t, g, out), want, opsTol)
+	}
+}
+
+// checkSelect holds gi, the GPU's IndexerSelect of iq, iw and ik (m
+// queries, the last at position L-1), to the layers/dsa indexer's
+// selection; name leads each mismatch's error.
+func checkSelect(t *testing.T, g *Backend, gi backend.Indices, ix dsa.IndexerShape, iq, iw, ik []float32, m, L int, name string) {
+	t.Helper()
+	pos0 := L - m
+	ref, _ := dsa.NewIndexer(ix, 1)
+	wp := append([]float32{}, iw...)
+	dsa.PrepareWeights(wp, ix)
+	var want dsa.Selection
+	ref.Select(&want, iq, wp, ik, m, L, func(i int) int { return pos0 + i + 1 })
+	got, err := gi.(*dsaIndices).read(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range m {
+		if !slices.Equal(got[i], want.Row(i)) {
+			t.Errorf("%s, query %d: GPU %v, want %v", name, i, got[i], want.Row(i))
+		}
 	}
 }
 
