@@ -515,7 +515,7 @@ func TestAttnDecodeRoPE(t *testing.T) {
 }
 
 // uploadBoth puts h on the CPU and the GPU.
-func uploadBoth(t *testing.T, g *Backend, c *cpu.Backend, h *backend.HostWeight) (wc, wg backend.Weight) {
+func uploadBoth(t testing.TB, g *Backend, c *cpu.Backend, h *backend.HostWeight) (wc, wg backend.Weight) {
 	t.Helper()
 	wc, err := c.Upload(h)
 	if err == nil {

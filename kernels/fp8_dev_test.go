@@ -42,14 +42,7 @@ func BenchmarkFP8TensorCores(b *testing.B) {
 		N, K, m := 1024, 7168, 64
 		h := fp8Weight(b, rng, N, K, quant.ScaleF32, false) // float32 scales, as DeepSeek-V3's
 		c := cpu.New(runtime.NumCPU())
-		wc, err := c.Upload(h)
-		if err != nil {
-			b.Fatal(err)
-		}
-		wg, err := g.Upload(h)
-		if err != nil {
-			b.Fatal(err)
-		}
+		wc, wg := uploadBoth(b, g, c, h)
 		xv := randn(rng, m*K)
 		want := make(cpu.Buffer, m*N)
 		c.MatMul(want, cpu.Buffer(xv), wc, m)
