@@ -166,28 +166,9 @@ func (b *Backend) queueGemv16(dst, x *Buffer, w *Weight, m int) {
 	b.qmu.Lock()
 	defer b.qmu.Unlock()
 	b.g16v = g16vFns{grp, glu}
-	q := &b.q
-	y := span{dst.ptr, dst.ptr + uint64(4*m*w.rows)}
-	xs := span{x.ptr, x.ptr + uint64(4*m*w.cols)}
-	bias := uint64(0)
-	if w.bias != nil {
-		bias = w.bias.ptr
-	}
-	q.keep = append(q.keep, dst, x, w)
-	var fx effects
-	fx.read(xs)
-	fx.write(y)
-	for _, i := range b.candidates() {
-		g := q.ops[i].gemv
-		if g == nil {
-			continue
-		}
-		if !b.movable(i, &fx) {
-			break
-		}
-		if joinGroup(g, xs, y, w, bias, m) {
-			return
-		}
+	xs, y, bias := b.keepGemv(dst, x, w, m)
+	if b.joinQueued(xs, y, func(g *gemvOp) bool { return joinGroup(g, xs, y, w, bias, m) }) {
+		return
 	}
 	b.push(op{kind: opKernel, name: name, fn: fn, pdl: pdlKernel(name), grid: [3]uint32{uint32(grid), 1, 1}, block: 256,
 		gemv: &gemvOp{x: xs, m: m, K: w.cols, groups: []gemvGroup{{w: w, y: y, bias: bias}}}})

@@ -77,13 +77,7 @@ func gemvEligible(x, dst *Buffer, w *Weight, m int, smallM bool) bool {
 // queueGemv queues dst = x·wᵀ, joining the last queued matmul when it can. qmu held.
 func (b *Backend) queueGemv(dst, x *Buffer, w *Weight, m int) {
 	q := &b.q
-	y := span{dst.ptr, dst.ptr + uint64(4*m*w.rows)}
-	xs := span{x.ptr, x.ptr + uint64(4*m*w.cols)}
-	bias := uint64(0)
-	if w.bias != nil {
-		bias = w.bias.ptr
-	}
-	q.keep = append(q.keep, dst, x, w)
+	xs, y, bias := b.keepGemv(dst, x, w, m)
 	if n := len(q.ops); n > 0 && q.ops[n-1].norm != nil && m == 1 && (b.exp.normStaged() || b.exp.normTMA() && b.tmaStages(w.cols) > 0) {
 		// RMSNorm(x, r, nw) then x·wᵀ: the matmul normalizes r while staging it
 		// and writes x too; x must not overlap r (blocks read r while block 0 writes x).
@@ -97,26 +91,38 @@ func (b *Backend) queueGemv(dst, x *Buffer, w *Weight, m int) {
 		}
 	}
 	// Join a queued matmul of the same input (or, strided, of the next slice
-	// of it) among the last fuseWindow operations, when this one can run
-	// there: nothing queued since reads what it writes or writes what it
-	// reads (pass.go).
-	var fx effects
-	fx.read(xs)
-	fx.write(y)
-	for _, i := range b.candidates() {
-		g := q.ops[i].gemv
-		if g == nil {
-			continue
-		}
-		if !b.movable(i, &fx) {
-			break // nor past the same operations to an older one
-		}
-		if b.joinStrided(g, xs, y, w, bias, m) || joinGroup(g, xs, y, w, bias, m) {
-			return
-		}
+	// of it).
+	join := func(g *gemvOp) bool { return b.joinStrided(g, xs, y, w, bias, m) || joinGroup(g, xs, y, w, bias, m) }
+	if b.joinQueued(xs, y, join) {
+		return
 	}
 	b.push(op{kind: opKernel, gemv: &gemvOp{x: xs, m: m, K: w.cols,
 		groups: []gemvGroup{{w: w, y: y, bias: bias}}}})
+}
+
+// keepGemv keeps dst, x and w for the queue's life and returns the spans
+// the matmul dst = x·wᵀ of m rows reads and writes, and w's bias (0 for
+// none). qmu held.
+func (b *Backend) keepGemv(dst, x *Buffer, w *Weight, m int) (xs, y span, bias uint64) {
+	xs = span{x.ptr, x.ptr + uint64(4*m*w.cols)}
+	y = span{dst.ptr, dst.ptr + uint64(4*m*w.rows)}
+	if w.bias != nil {
+		bias = w.bias.ptr
+	}
+	b.q.keep = append(b.q.keep, dst, x, w)
+	return xs, y, bias
+}
+
+// joinQueued offers the matmul that reads xs and writes y to the queued
+// matmuls among the last fuseWindow operations as epilogue offers an
+// elementwise op (newest first, while nothing queued since reads what it
+// writes or writes what it reads: pass.go): join reports whether g took
+// it. qmu held.
+func (b *Backend) joinQueued(xs, y span, join func(g *gemvOp) bool) bool {
+	var fx effects
+	fx.read(xs)
+	fx.write(y)
+	return b.epilogue(fx, join)
 }
 
 // joinGroup adds the matmul x·wᵀ -> y to g when g reads the same x (up to
