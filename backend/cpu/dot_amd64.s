@@ -27,12 +27,6 @@
 	VHADDPS X0, X0, X0; \
 	VHADDPS X0, X0, X0
 
-// DOTRET returns X0's low lane.
-#define DOTRET \
-	VZEROUPPER; \
-	MOVSS X0, ret+24(FP); \
-	RET
-
 // func dotF32AVX2(x, w *float32, n int) float32
 // Σ x[i]·w[i] with four 8-wide FMA accumulators (32 floats a step).
 TEXT ·dotF32AVX2(SB), NOSPLIT, $0-28
@@ -75,7 +69,9 @@ f32tail:
 	JMP  f32tail
 
 f32done:
-	DOTRET
+	VZEROUPPER
+	MOVSS X0, ret+24(FP)
+	RET
 
 // func dotBF16AVX2(x *float32, w *uint16, n int) float32
 // Σ x[i]·bf16(w[i]): each bf16 is widened to float32 by a 16-bit left shift.
@@ -126,4 +122,6 @@ bftail:
 	JMP  bftail
 
 bfdone:
-	DOTRET
+	VZEROUPPER
+	MOVSS X0, ret+24(FP)
+	RET
