@@ -43,41 +43,7 @@ func TestQ8MatMul(t *testing.T) {
 	rng := rand.New(rand.NewPCG(61, 1))
 	for _, s := range [][3]int{{1, 7, 48}, {1, 257, 2048}, {3, 33, 80}, {17, 64, 400}, {5, 10, 4096}, {150, 9, 4096}} {
 		m, rows, cols := s[0], s[1], s[2]
-		w := make([]float32, rows*cols)
-		for i := range w {
-			w[i] = float32(rng.NormFloat64())
-		}
-		q, err := quant.QuantizeNVFP4(w, rows, cols)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i := range q.Scales {
-			switch i % 13 {
-			case 3:
-				q.Scales[i] |= 0x80 // negative
-			case 7:
-				q.Scales[i] = 0
-			case 11:
-				q.Scales[i] = byte(1 + i%7) // subnormal
-			}
-		}
-		x := make([]float32, m*cols)
-		for i := range x {
-			x[i] = float32(rng.NormFloat64())
-		}
-		deq := q.Dequantize()
-		want := make([]float64, m*rows)
-		var wantSq float64
-		for i := range m {
-			for r := range rows {
-				var d float64
-				for k := range cols {
-					d += float64(x[i*cols+k]) * float64(deq[r*cols+k])
-				}
-				want[i*rows+r] = d
-				wantSq += d * d
-			}
-		}
+		q, x, want, wantSq := nvfp4Case(t, rng, m, rows, cols)
 		qw := newQ8Weight(q, func(n int, fn func(lo, hi int)) { fn(0, n) })
 		acts := newQ8Act(qw.groups, m)
 		for i := range m {
@@ -91,6 +57,65 @@ func TestQ8MatMul(t *testing.T) {
 	}
 }
 
+// nvfp4Case is a rows x cols NVFP4 weight q and m x cols activations x for
+// the int8 kernels' tests, every 13th block scale from the 3rd negated,
+// from the 7th zeroed, from the 11th subnormal (every re-encoding path);
+// want is x times q's dequantized weight in float64, wantSq its squared
+// sum.
+func nvfp4Case(t *testing.T, rng *rand.Rand, m, rows, cols int) (q *quant.NVFP4, x []float32, want []float64, wantSq float64) {
+	t.Helper()
+	q, err := quant.QuantizeNVFP4(randn(rng, rows*cols), rows, cols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range q.Scales {
+		switch i % 13 {
+		case 3:
+			q.Scales[i] |= 0x80 // negative
+		case 7:
+			q.Scales[i] = 0
+		case 11:
+			q.Scales[i] = byte(1 + i%7) // subnormal
+		}
+	}
+	x = randn(rng, m*cols)
+	deq := q.Dequantize()
+	want = make([]float64, m*rows)
+	for i := range m {
+		for r := range rows {
+			var d float64
+			for k := range cols {
+				d += float64(x[i*cols+k]) * float64(deq[r*cols+k])
+			}
+			want[i*rows+r] = d
+			wantSq += d * d
+		}
+	}
+	return q, x, want, wantSq
+}
+
+// rmsError is the RMS of got - want over that of want (wantSq its squared
+// sum).
+func rmsError(got []float32, want []float64, wantSq float64) float64 {
+	var errSq float64
+	for i, g := range got {
+		d := float64(g) - want[i]
+		errSq += d * d
+	}
+	return math.Sqrt(errSq / wantSq)
+}
+
+// checkNear reports the outputs o of a kernel further than tol from og,
+// the portable Go kernel's.
+func checkNear(t *testing.T, what string, o, og []float32, tol float64) {
+	t.Helper()
+	for j := range o {
+		if d := math.Abs(float64(o[j] - og[j])); d > tol {
+			t.Errorf("%s %d: kernel %v, Go %v", what, j, o[j], og[j])
+		}
+	}
+}
+
 // q8Paths are the values of q8ForceBase that pick distinct kernels here:
 // both the AVX-512 VNNI and the AVX2 kernels where the processor has both,
 // both the SDOT and the SMULL kernels on arm64 with SDOT.
@@ -101,20 +126,15 @@ func q8Paths() []bool {
 	return []bool{false}
 }
 
-// checkQ8Kernels runs matmulQ8 (the kernels q8ForceBase picks) against want
+// checkQ8Kernels runs matmulQuads (the kernels q8ForceBase picks) against want
 // (their float64 product, squared sum wantSq) and the kernels against the
 // portable Go ones.
 func checkQ8Kernels(t *testing.T, s string, qw *q8Weight, acts []q8Act, want []float64, wantSq float64) {
 	t.Helper()
 	m, rows := len(acts), qw.rows
 	got := make([]float32, m*rows)
-	matmulQ8(got, acts, qw, 0, (rows+3)/4)
-	var errSq float64
-	for i, g := range got {
-		d := float64(g) - want[i]
-		errSq += d * d
-	}
-	if rel := math.Sqrt(errSq / wantSq); rel > 5e-3 {
+	matmulQuads(got, acts, &qw.quadWeight, 0, (rows+3)/4, &q8Kernels)
+	if rel := rmsError(got, want, wantSq); rel > 5e-3 {
 		t.Errorf("%v: RMS error %.3g of the output's RMS, want <= 5e-3", s, rel)
 	}
 	// The Go kernels against the ones MatMul dispatches to (float sums in
@@ -125,22 +145,14 @@ func checkQ8Kernels(t *testing.T, s string, qw *q8Weight, acts []q8Act, want []f
 	for quad := range (rows + 3) / 4 {
 		c := qw.codes[quad*G*4*q8GroupB : (quad+1)*G*4*q8GroupB]
 		sc := qw.scales[quad*G*4*q8Blocks : (quad+1)*G*4*q8Blocks]
+		tol := 1e-5 * rms / float64(qw.mul) // o, og: before the global scale
 		dot4Q8(c, sc, acts[m-1], G, &o)
 		dot4Q8Go(c, sc, acts[m-1], G, &og)
-		check := func(what string, j int) {
-			if d := math.Abs(float64(o[j] - og[j])); d > 1e-5*rms/float64(qw.mul) { // o, og: before the global scale
-				t.Errorf("%v quad %d %s %d: kernel %v, Go %v", s, quad, what, j, o[j], og[j])
-			}
-		}
-		for j := range 4 {
-			check("row", j)
-		}
+		checkNear(t, fmt.Sprintf("%v quad %d row", s, quad), o[:], og[:], tol)
 		if m >= 4 { // the prefill kernel: row 1 of the quad, tokens 0..3
 			row4Q8(c[q8GroupB:], sc[q8Blocks:], acts[:4], G, &o)
 			row4Q8Go(c[q8GroupB:], sc[q8Blocks:], acts[:4], G, &og)
-			for j := range 4 {
-				check("token", j)
-			}
+			checkNear(t, fmt.Sprintf("%v quad %d token", s, quad), o[:], og[:], tol)
 		}
 	}
 }
