@@ -23,7 +23,7 @@ func TestQ16MatMul(t *testing.T) {
 		rms := math.Sqrt(wantSq / float64(len(want)))
 		name := fmt.Sprint(s)
 
-		qw := newQ16Weight(q, func(n int, fn func(lo, hi int)) { fn(0, n) })
+		qw := newQ16Weight(q, serialPar)
 		acts := newQ16Act(qw.groups, m)
 		for i := range m {
 			quantizeQ16(acts[i], x[i*cols:(i+1)*cols], qw.groups)
@@ -38,7 +38,7 @@ func TestQ16MatMul(t *testing.T) {
 		}
 
 		// The 128-element layout's Go kernel on the same int8 values.
-		q8w := newQ8Weight(q, func(n int, fn func(lo, hi int)) { fn(0, n) })
+		q8w := newQ8Weight(q, serialPar)
 		a8 := newQ8Act(q8w.groups, m)
 		for i := range m {
 			quantizeQ8(a8[i], x[i*cols:(i+1)*cols], q8w.groups)
@@ -55,64 +55,13 @@ func TestQ16MatMul(t *testing.T) {
 		}
 
 		// The kernels MatMul dispatches to against the portable ones.
-		G := qw.groups
-		var o, og [4]float32
-		var o8, og8 [8]float32
-		tol := 1e-5 * rms / float64(qw.mul)
-		for quad := range (rows + 3) / 4 {
-			c := qw.codes[quad*G*4*q16GroupB : (quad+1)*G*4*q16GroupB]
-			sc := qw.scales[quad*G*4*q16Blocks : (quad+1)*G*4*q16Blocks]
-			dot4Q16(c, sc, acts[m-1], G, &o)
-			dot4Q16Go(c, sc, acts[m-1], G, &og)
-			checkNear(t, fmt.Sprintf("%v quad %d row", name, quad), o[:], og[:], tol)
-			if m >= 4 {
-				row4Q16(c[q16GroupB:], sc[q16Blocks:], acts[:4], G, &o)
-				row4Q16Go(c[q16GroupB:], sc[q16Blocks:], acts[:4], G, &og)
-				checkNear(t, fmt.Sprintf("%v quad %d token", name, quad), o[:], og[:], tol)
-			}
-			if m >= 8 {
-				row8Q16(c[2*q16GroupB:], sc[2*q16Blocks:], acts[m-8:], G, &o8)
-				row8Q16Go(c[2*q16GroupB:], sc[2*q16Blocks:], acts[m-8:], G, &og8)
-				checkNear(t, fmt.Sprintf("%v quad %d 8-token", name, quad), o8[:], og8[:], tol)
-			}
-		}
+		checkQuadKernels(t, name, &qw.quadWeight, acts, &q16Kernels, &q16GoKernels, 1e-5*rms/float64(qw.mul))
 	}
 }
 
-// BenchmarkQ16Kernels times the block-per-lane kernels on a 64 x 2048
-// weight held in cache, as BenchmarkQ8Kernels does the 128-element ones
-// (row8: twice row's products, 8 tokens instead of 4).
+// BenchmarkQ16Kernels times the block-per-lane kernels as
+// BenchmarkQ8Kernels does the 128-element ones.
 func BenchmarkQ16Kernels(b *testing.B) {
-	const rows, cols = 64, 2048
-	rng := rand.New(rand.NewPCG(61, 5))
-	q, err := quant.QuantizeNVFP4(randn(rng, rows*cols), rows, cols)
-	if err != nil {
-		b.Fatal(err)
-	}
-	qw := newQ16Weight(q, func(n int, fn func(lo, hi int)) { fn(0, n) })
-	G := qw.groups
-	acts := newQ16Act(qw.groups, 8)
-	for i := range acts {
-		quantizeQ16(acts[i], randn(rng, cols), qw.groups)
-	}
-	for _, kernel := range []string{"dot", "row", "row8"} {
-		b.Run(kernel, func(b *testing.B) {
-			var o [4]float32
-			var o8 [8]float32
-			for b.Loop() {
-				for quad := range rows / 4 {
-					c, sc := qw.codes[quad*G*4*q16GroupB:], qw.scales[quad*G*4*q16Blocks:]
-					switch kernel {
-					case "dot":
-						dot4Q16(c, sc, acts[0], G, &o)
-					case "row":
-						row4Q16(c, sc, acts[:4], G, &o)
-					default:
-						row8Q16(c, sc, acts, G, &o8)
-					}
-				}
-			}
-			b.SetBytes(rows * cols / 2)
-		})
-	}
+	repack := func(q *quant.NVFP4) *quadWeight { return &newQ16Weight(q, serialPar).quadWeight }
+	benchQuadKernels(b, "", repack, newQ16Act, &q16Kernels)
 }

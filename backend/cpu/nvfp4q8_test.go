@@ -44,7 +44,7 @@ func TestQ8MatMul(t *testing.T) {
 	for _, s := range [][3]int{{1, 7, 48}, {1, 257, 2048}, {3, 33, 80}, {17, 64, 400}, {5, 10, 4096}, {150, 9, 4096}} {
 		m, rows, cols := s[0], s[1], s[2]
 		q, x, want, wantSq := nvfp4Case(t, rng, m, rows, cols)
-		qw := newQ8Weight(q, func(n int, fn func(lo, hi int)) { fn(0, n) })
+		qw := newQ8Weight(q, serialPar)
 		acts := newQ8Act(qw.groups, m)
 		for i := range m {
 			quantizeQ8(acts[i], x[i*cols:(i+1)*cols], qw.groups)
@@ -140,57 +140,100 @@ func checkQ8Kernels(t *testing.T, s string, qw *q8Weight, acts []q8Act, want []f
 	// The Go kernels against the ones MatMul dispatches to (float sums in
 	// another order: within 1e-5 of the outputs' RMS).
 	rms := math.Sqrt(wantSq / float64(len(want)))
-	G := qw.groups
+	checkQuadKernels(t, s, &qw.quadWeight, acts, &q8Kernels, &q8GoKernels, 1e-5*rms/float64(qw.mul))
+}
+
+// q8GoKernels and q16GoKernels are the layouts' portable kernels.
+var (
+	q8GoKernels  = quadKernels[q8Act]{row4: row4Q8Go, dot4: dot4Q8Go}
+	q16GoKernels = quadKernels[q16Act]{row8: row8Q16Go, row4: row4Q16Go, dot4: dot4Q16Go}
+)
+
+// checkQuadKernels holds a layout's kernels k (those MatMul dispatches to)
+// to its portable ones kgo on w and the m tokens acts: per quad dot4 with
+// the last token, row4 on the quad's row 1 with tokens 0..3 (m >= 4), row8
+// on its row 2 with the last 8 (m >= 8, where the layout has one). The
+// outputs, before the global scale, must be within tol of each other.
+func checkQuadKernels[A any](t *testing.T, name string, w *quadWeight, acts []A, k, kgo *quadKernels[A], tol float64) {
+	t.Helper()
+	m, G := len(acts), w.groups
+	qstrideC, qstrideS := G*4*w.groupB, G*4*w.blocks
 	var o, og [4]float32
-	for quad := range (rows + 3) / 4 {
-		c := qw.codes[quad*G*4*q8GroupB : (quad+1)*G*4*q8GroupB]
-		sc := qw.scales[quad*G*4*q8Blocks : (quad+1)*G*4*q8Blocks]
-		tol := 1e-5 * rms / float64(qw.mul) // o, og: before the global scale
-		dot4Q8(c, sc, acts[m-1], G, &o)
-		dot4Q8Go(c, sc, acts[m-1], G, &og)
-		checkNear(t, fmt.Sprintf("%v quad %d row", s, quad), o[:], og[:], tol)
-		if m >= 4 { // the prefill kernel: row 1 of the quad, tokens 0..3
-			row4Q8(c[q8GroupB:], sc[q8Blocks:], acts[:4], G, &o)
-			row4Q8Go(c[q8GroupB:], sc[q8Blocks:], acts[:4], G, &og)
-			checkNear(t, fmt.Sprintf("%v quad %d token", s, quad), o[:], og[:], tol)
+	var o8, og8 [8]float32
+	for quad := range (w.rows + 3) / 4 {
+		c := w.codes[quad*qstrideC : (quad+1)*qstrideC]
+		sc := w.scales[quad*qstrideS : (quad+1)*qstrideS]
+		k.dot4(c, sc, acts[m-1], G, &o)
+		kgo.dot4(c, sc, acts[m-1], G, &og)
+		checkNear(t, fmt.Sprintf("%v quad %d row", name, quad), o[:], og[:], tol)
+		if m >= 4 {
+			k.row4(c[w.groupB:], sc[w.blocks:], acts[:4], G, &o)
+			kgo.row4(c[w.groupB:], sc[w.blocks:], acts[:4], G, &og)
+			checkNear(t, fmt.Sprintf("%v quad %d token", name, quad), o[:], og[:], tol)
+		}
+		if m >= 8 && k.row8 != nil {
+			k.row8(c[2*w.groupB:], sc[2*w.blocks:], acts[m-8:], G, &o8)
+			kgo.row8(c[2*w.groupB:], sc[2*w.blocks:], acts[m-8:], G, &og8)
+			checkNear(t, fmt.Sprintf("%v quad %d 8-token", name, quad), o8[:], og8[:], tol)
 		}
 	}
 }
 
-// BenchmarkQ8Kernels times the int8 kernels on a 64 x 2048 weight held in
-// cache (their compute rate, not memory's): dot4Q8 (decode, one token) and
-// row4Q8 (prefill, 4 tokens), each path the processor has.
+// BenchmarkQ8Kernels times the int8 kernels (benchQuadKernels), each path
+// the processor has.
 func BenchmarkQ8Kernels(b *testing.B) {
+	repack := func(q *quant.NVFP4) *quadWeight { return &newQ8Weight(q, serialPar).quadWeight }
+	for _, forceBase := range q8Paths() {
+		q8ForceBase = forceBase
+		benchQuadKernels(b, fmt.Sprintf("/%s=%v", q8BaseName, forceBase), repack, newQ8Act, &q8Kernels)
+	}
+	q8ForceBase = false
+}
+
+// serialPar runs fn over [0, n) in one call (the par of newQ8Weight and
+// newQ16Weight).
+func serialPar(n int, fn func(lo, hi int)) { fn(0, n) }
+
+// benchQuadKernels times a layout's kernels k on a 64 x 2048 weight held in
+// cache (their compute rate, not memory's), repacked by repack, its tokens'
+// activations made by newActs: dot (dot4, decode: one token), row (row4,
+// prefill: 4 tokens) and, where the layout has one, row8 (8 tokens, twice
+// row's products). The sub-benchmarks are named kernel+suffix.
+func benchQuadKernels[A any](b *testing.B, suffix string, repack func(*quant.NVFP4) *quadWeight, newActs func(groups, m int) []A, k *quadKernels[A]) {
 	const rows, cols = 64, 2048
 	rng := rand.New(rand.NewPCG(61, 5))
 	q, err := quant.QuantizeNVFP4(randn(rng, rows*cols), rows, cols)
 	if err != nil {
 		b.Fatal(err)
 	}
-	qw := newQ8Weight(q, func(n int, fn func(lo, hi int)) { fn(0, n) })
-	acts := newQ8Act(qw.groups, 4)
-	for i := range acts {
-		quantizeQ8(acts[i], randn(rng, cols), qw.groups)
+	w := repack(q)
+	G := w.groups
+	kernels := []string{"dot", "row"}
+	if k.row8 != nil {
+		kernels = append(kernels, "row8")
 	}
-	G := qw.groups
-	for _, forceBase := range q8Paths() {
-		for _, kernel := range []string{"dot", "row"} {
-			b.Run(fmt.Sprintf("%s/%s=%v", kernel, q8BaseName, forceBase), func(b *testing.B) {
-				q8ForceBase = forceBase
-				defer func() { q8ForceBase = false }()
-				var o [4]float32
-				for b.Loop() {
-					for quad := range rows / 4 {
-						c, sc := qw.codes[quad*G*4*q8GroupB:], qw.scales[quad*G*4*q8Blocks:]
-						if kernel == "dot" {
-							dot4Q8(c, sc, acts[0], G, &o)
-						} else {
-							row4Q8(c, sc, acts, G, &o)
-						}
+	acts := newActs(G, 4*(len(kernels)-1))
+	for i := range acts {
+		k.quantize(acts[i], randn(rng, cols), G)
+	}
+	for _, kernel := range kernels {
+		b.Run(kernel+suffix, func(b *testing.B) {
+			var o [4]float32
+			var o8 [8]float32
+			for b.Loop() {
+				for quad := range rows / 4 {
+					c, sc := w.codes[quad*G*4*w.groupB:], w.scales[quad*G*4*w.blocks:]
+					switch kernel {
+					case "dot":
+						k.dot4(c, sc, acts[0], G, &o)
+					case "row":
+						k.row4(c, sc, acts[:4], G, &o)
+					default:
+						k.row8(c, sc, acts, G, &o8)
 					}
 				}
-				b.SetBytes(rows * cols / 2)
-			})
-		}
+			}
+			b.SetBytes(rows * cols / 2)
+		})
 	}
 }
