@@ -1,16 +1,16 @@
 #include "textflag.h"
 #include "neon_arm64.h"
 
-// The NEON attention kernels (attn4.go): scores4NEON and values4NEON, and
+// The NEON attention kernels (attn4.go): scores4Kernel and values4Kernel, and
 // the DSA/htree inner loops axpyF32NEON and ropeDotNEON. Instructions Go's
 // assembler has no mnemonic for are WORDs with their GNU syntax in a
 // comment (dev/arm64/words.sh checks them).
 
-// func scores4NEON(q, k *float32, stride, n, hd int, scale float32, out *float32)
+// func scores4Kernel(q, k *float32, stride, n, hd int, scale float32, out *float32)
 // out[4t+g] = scale * Σ_j q[g*hd+j]·k[t*stride+j] for the 4 query rows q
 // (hd floats each, hd%8 == 0) and the n key rows k (stride floats apart):
 // 8 columns a step, two accumulators a query (V16..V23).
-TEXT ·scores4NEON(SB), NOSPLIT, $0-56
+TEXT ·scores4Kernel(SB), NOSPLIT, $0-56
 	MOVD  q+0(FP), R0
 	MOVD  k+8(FP), R1
 	MOVD  stride+16(FP), R2
@@ -62,11 +62,11 @@ s4col:
 s4done:
 	RET
 
-// func values4NEON(acc, w, v *float32, stride, n, hd int)
+// func values4Kernel(acc, w, v *float32, stride, n, hd int)
 // acc[g*hd+j] = Σ_t w[4t+g]·v[t*stride+j] for the 4 rows g (hd%16 == 0),
 // 16 columns at a time over all n value rows: 16 accumulators (V16..V31,
 // row g in V16+4g..V19+4g), FMLA by element of the row's 4 weights.
-TEXT ·values4NEON(SB), NOSPLIT, $0-48
+TEXT ·values4Kernel(SB), NOSPLIT, $0-48
 	MOVD acc+0(FP), R0
 	MOVD w+8(FP), R1
 	MOVD v+16(FP), R2
