@@ -294,6 +294,18 @@ func tokensGo[A any, O [4]float32 | [8]float32](row func(codes, scales []byte, a
 	}
 }
 
+// consecutive is first[:k*n], the activations of k tokens n elements each
+// from first (the first token's) to last (the k-th's), checked to be one
+// allocation (newQ8Act, newQ16Act): the prefill kernels step from one
+// token to the next by n elements.
+func consecutive[T any](first, last []T, k, n int) []T {
+	s := first[:k*n]
+	if &s[(k-1)*n] != &last[0] {
+		panic("cpu: a prefill kernel's activations are not consecutive")
+	}
+	return s
+}
+
 // dot4Q8Go and row4Q8Go are the portable dot4Q8 and row4Q8.
 func dot4Q8Go(codes, scales []byte, a q8Act, groups int, out *[4]float32) {
 	quadGo(rowQ8Go, q8GroupB, q8Blocks, codes, scales, a, groups, out)

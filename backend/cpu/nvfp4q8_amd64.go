@@ -54,19 +54,13 @@ func row4Q8(codes, scales []byte, a []q8Act, groups int, out *[4]float32) {
 	}
 	_, _ = codes[(groups-1)*4*q8GroupB+q8GroupB-1], scales[(groups-1)*4*q8Blocks+q8Blocks-1]
 	n, nb := groups*q8Group, groups*q8Blocks
+	xs := consecutive(a[0].sc, a[3].sc, 4, nb)
 	if hasVNNI512 && !q8ForceBase {
-		n5 := groups * q8Group / 4
-		x, xs, xsum := a[0].x5[:4*n], a[0].sc[:4*nb], a[0].c5[:4*n5]
-		if &x[3*n] != &a[3].x5[0] || &xs[3*nb] != &a[3].sc[0] || &xsum[3*n5] != &a[3].c5[0] {
-			panic("cpu: row4Q8: the activations are not consecutive")
-		}
+		x, xsum := consecutive(a[0].x5, a[3].x5, 4, n), consecutive(a[0].c5, a[3].c5, 4, n/4)
 		row4Q8VNNI(&codes[0], &scales[0], &x[0], &xs[0], &xsum[0], groups, out)
 		return
 	}
-	x, xs, xsum := a[0].q[:4*n], a[0].sc[:4*nb], a[0].sum[:4*nb]
-	if &x[3*n] != &a[3].q[0] || &xs[3*nb] != &a[3].sc[0] || &xsum[3*nb] != &a[3].sum[0] {
-		panic("cpu: row4Q8: the activations are not consecutive")
-	}
+	x, xsum := consecutive(a[0].q, a[3].q, 4, n), consecutive(a[0].sum, a[3].sum, 4, nb)
 	row4Q8AVX2(&codes[0], &scales[0], &x[0], &xs[0], &xsum[0], groups, out)
 }
 
@@ -106,10 +100,7 @@ func row8Q16(codes, scales []byte, a []q16Act, groups int, out *[8]float32) {
 	}
 	_, _ = codes[(groups-1)*4*q16GroupB+q16GroupB-1], scales[(groups-1)*4*q16Blocks+q16Blocks-1]
 	n, nb := groups*q16Group, groups*q16Blocks
-	x, xs, xc := a[0].x[:8*n], a[0].sc[:8*nb], a[0].c[:8*nb]
-	if &x[7*n] != &a[7].x[0] || &xs[7*nb] != &a[7].sc[0] || &xc[7*nb] != &a[7].c[0] {
-		panic("cpu: row8Q16: the activations are not consecutive")
-	}
+	x, xs, xc := consecutive(a[0].x, a[7].x, 8, n), consecutive(a[0].sc, a[7].sc, 8, nb), consecutive(a[0].c, a[7].c, 8, nb)
 	row8Q16VNNI(&codes[0], &scales[0], &x[0], &xs[0], &xc[0], groups, out)
 }
 
@@ -123,9 +114,6 @@ func row4Q16(codes, scales []byte, a []q16Act, groups int, out *[4]float32) {
 	}
 	_, _ = codes[(groups-1)*4*q16GroupB+q16GroupB-1], scales[(groups-1)*4*q16Blocks+q16Blocks-1]
 	n, nb := groups*q16Group, groups*q16Blocks
-	x, xs, xc := a[0].x[:4*n], a[0].sc[:4*nb], a[0].c[:4*nb]
-	if &x[3*n] != &a[3].x[0] || &xs[3*nb] != &a[3].sc[0] || &xc[3*nb] != &a[3].c[0] {
-		panic("cpu: row4Q16: the activations are not consecutive")
-	}
+	x, xs, xc := consecutive(a[0].x, a[3].x, 4, n), consecutive(a[0].sc, a[3].sc, 4, nb), consecutive(a[0].c, a[3].c, 4, nb)
 	row4Q16VNNI(&codes[0], &scales[0], &x[0], &xs[0], &xc[0], groups, out)
 }
