@@ -381,28 +381,31 @@ func matmulQuads[A any](out []float32, acts []A, w *quadWeight, qlo, qhi int, k 
 	if k.row8 != nil {
 		m8 = len(acts) &^ 7
 	}
+	// The kernels' outputs (before the global scale): called through func
+	// values, they are on the heap, allocated once here.
+	o8 := new([8]float32)
+	o4 := (*[4]float32)(o8[:4])
 	for t0 := qlo; t0 < qhi; t0 += quadTile {
 		t1 := min(t0+quadTile, qhi)
-		prefillQuads(out, acts[:m8], w, t0, t1, k.row8)
-		prefillQuads(out[m8*w.rows:], acts[m8:m4], w, t0, t1, k.row4)
-		decodeQuads(out[m4*w.rows:], acts[m4:], w, t0, t1, k.dot4)
+		prefillQuads(out, acts[:m8], w, t0, t1, k.row8, o8)
+		prefillQuads(out[m8*w.rows:], acts[m8:m4], w, t0, t1, k.row4, o4)
+		decodeQuads(out[m4*w.rows:], acts[m4:], w, t0, t1, k.dot4, o4)
 	}
 }
 
 // prefillQuads is matmulQuads for the tokens acts, len(acts) a multiple of
-// the kernel's len(out), and the quads [t0, t1).
-func prefillQuads[A any, O [4]float32 | [8]float32](out []float32, acts []A, w *quadWeight, t0, t1 int, row quadKernel[A, O]) {
+// len(*o), the kernel's outputs, and the quads [t0, t1).
+func prefillQuads[A any, O [4]float32 | [8]float32](out []float32, acts []A, w *quadWeight, t0, t1 int, row quadKernel[A, O], o *O) {
 	G, N := w.groups, w.rows
 	qstrideC, qstrideS := G*4*w.groupB, G*4*w.blocks
-	var o O
-	n := len(o)
+	n := len(*o)
 	for i := 0; i < len(acts); i += n {
 		for quad := t0; quad < t1; quad++ {
 			for j := range min(4, N-quad*4) {
-				row(w.codes[quad*qstrideC+j*w.groupB:(quad+1)*qstrideC], w.scales[quad*qstrideS+j*w.blocks:(quad+1)*qstrideS], acts[i:i+n], G, &o)
+				row(w.codes[quad*qstrideC+j*w.groupB:(quad+1)*qstrideC], w.scales[quad*qstrideS+j*w.blocks:(quad+1)*qstrideS], acts[i:i+n], G, o)
 				r := quad*4 + j
 				for t := range n {
-					out[(i+t)*N+r] = o[t] * w.mul
+					out[(i+t)*N+r] = (*o)[t] * w.mul
 				}
 			}
 		}
@@ -410,15 +413,14 @@ func prefillQuads[A any, O [4]float32 | [8]float32](out []float32, acts []A, w *
 }
 
 // decodeQuads is matmulQuads for the tokens acts one at a time and the
-// quads [t0, t1).
-func decodeQuads[A any](out []float32, acts []A, w *quadWeight, t0, t1 int, dot4 func(codes, scales []byte, a A, groups int, out *[4]float32)) {
+// quads [t0, t1), o the kernel's outputs.
+func decodeQuads[A any](out []float32, acts []A, w *quadWeight, t0, t1 int, dot4 func(codes, scales []byte, a A, groups int, out *[4]float32), o *[4]float32) {
 	G, N := w.groups, w.rows
 	qstrideC, qstrideS := G*4*w.groupB, G*4*w.blocks
-	var o [4]float32
 	for i := range acts {
 		row := out[i*N : (i+1)*N]
 		for quad := t0; quad < t1; quad++ {
-			dot4(w.codes[quad*qstrideC:(quad+1)*qstrideC], w.scales[quad*qstrideS:(quad+1)*qstrideS], acts[i], G, &o)
+			dot4(w.codes[quad*qstrideC:(quad+1)*qstrideC], w.scales[quad*qstrideS:(quad+1)*qstrideS], acts[i], G, o)
 			r := quad * 4
 			for j := range min(4, N-r) {
 				row[r+j] = o[j] * w.mul

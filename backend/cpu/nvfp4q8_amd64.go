@@ -75,6 +75,9 @@ func dot4Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups in
 //go:noescape
 func row4Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups int, out *[4]float32)
 
+//go:noescape
+func row8Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups int, out *[8]float32)
+
 // dot4Q16 is dot4Q16Go with the AVX-512 VNNI kernel where the processor
 // has it.
 func dot4Q16(codes, scales []byte, a q16Act, groups int, out *[4]float32) {
@@ -87,33 +90,32 @@ func dot4Q16(codes, scales []byte, a q16Act, groups int, out *[4]float32) {
 	dot4Q16VNNI(&codes[0], &scales[0], &a.x[0], &a.sc[0], &a.c[0], groups, out)
 }
 
-//go:noescape
-func row8Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups int, out *[8]float32)
-
-// row8Q16 is row8Q16Go with the AVX-512 VNNI kernel where the processor
-// has it. The 8 tokens' activations must be consecutive in one allocation
-// (newQ16Act).
-func row8Q16(codes, scales []byte, a []q16Act, groups int, out *[8]float32) {
-	if !hasVNNI512 || groups == 0 {
-		row8Q16Go(codes, scales, a, groups, out)
-		return
-	}
-	_, _ = codes[(groups-1)*4*q16GroupB+q16GroupB-1], scales[(groups-1)*4*q16Blocks+q16Blocks-1]
-	n, nb := groups*q16Group, groups*q16Blocks
-	x, xs, xc := consecutive(a[0].x, a[7].x, 8, n), consecutive(a[0].sc, a[7].sc, 8, nb), consecutive(a[0].c, a[7].c, 8, nb)
-	row8Q16VNNI(&codes[0], &scales[0], &x[0], &xs[0], &xc[0], groups, out)
+// row4Q16 and row8Q16 are row4Q16Go and row8Q16Go with the AVX-512 VNNI
+// kernels where the processor has them (tokensQ16).
+func row4Q16(codes, scales []byte, a []q16Act, groups int, out *[4]float32) {
+	tokensQ16(codes, scales, a, groups, out)
 }
 
-// row4Q16 is row4Q16Go with the AVX-512 VNNI kernel where the processor
-// has it. The 4 tokens' activations must be consecutive in one allocation
+func row8Q16(codes, scales []byte, a []q16Act, groups int, out *[8]float32) {
+	tokensQ16(codes, scales, a, groups, out)
+}
+
+// tokensQ16 is one row with the len(out) tokens of a: row4Q16VNNI or
+// row8Q16VNNI where the processor has AVX-512 VNNI, else the portable
+// kernel. The tokens' activations must be consecutive in one allocation
 // (newQ16Act).
-func row4Q16(codes, scales []byte, a []q16Act, groups int, out *[4]float32) {
+func tokensQ16[O [4]float32 | [8]float32](codes, scales []byte, a []q16Act, groups int, out *O) {
 	if !hasVNNI512 || groups == 0 {
-		row4Q16Go(codes, scales, a, groups, out)
+		tokensGo(rowQ16Go, codes, scales, a, groups, out)
 		return
 	}
 	_, _ = codes[(groups-1)*4*q16GroupB+q16GroupB-1], scales[(groups-1)*4*q16Blocks+q16Blocks-1]
-	n, nb := groups*q16Group, groups*q16Blocks
-	x, xs, xc := consecutive(a[0].x, a[3].x, 4, n), consecutive(a[0].sc, a[3].sc, 4, nb), consecutive(a[0].c, a[3].c, 4, nb)
-	row4Q16VNNI(&codes[0], &scales[0], &x[0], &xs[0], &xc[0], groups, out)
+	k, n, nb := len(*out), groups*q16Group, groups*q16Blocks
+	x, xs, xc := consecutive(a[0].x, a[k-1].x, k, n), consecutive(a[0].sc, a[k-1].sc, k, nb), consecutive(a[0].c, a[k-1].c, k, nb)
+	switch o := any(out).(type) {
+	case *[4]float32:
+		row4Q16VNNI(&codes[0], &scales[0], &x[0], &xs[0], &xc[0], groups, o)
+	case *[8]float32:
+		row8Q16VNNI(&codes[0], &scales[0], &x[0], &xs[0], &xc[0], groups, o)
+	}
 }
