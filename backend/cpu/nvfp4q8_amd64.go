@@ -15,6 +15,9 @@ const q8BaseName = "avx2"
 // hasSDOT: no arm64 SDOT kernels here.
 const hasSDOT = false
 
+// The kernels of nvfp4q8_amd64.s: AVX2 and AVX-512 VNNI for the
+// 128-element layout, AVX-512 VNNI for the block-per-lane one.
+
 //go:noescape
 func row4Q8AVX2(codes, scales *byte, x *int8, xs *float32, xsum *int32, groups int, out *[4]float32)
 
@@ -26,6 +29,15 @@ func row4Q8VNNI(codes, scales *byte, x *int8, xs *float32, xsum *int32, groups i
 
 //go:noescape
 func dot4Q8VNNI(codes, scales *byte, x *int8, xs *float32, xsum *int32, groups int, out *[4]float32)
+
+//go:noescape
+func dot4Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups int, out *[4]float32)
+
+//go:noescape
+func row4Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups int, out *[4]float32)
+
+//go:noescape
+func row8Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups int, out *[8]float32)
 
 // dot4Q8 is dot4Q8Go with the AVX-512 VNNI or AVX2 kernel where the
 // processor has them.
@@ -68,15 +80,6 @@ func row4Q8(codes, scales []byte, a []q8Act, groups int, out *[4]float32) {
 // layout (nvfp4q16.go), whose kernels need AVX-512 VNNI; q8ForceBase (the
 // test hook) keeps the 128-element layout's AVX2 kernels.
 func useQ16() bool { return hasVNNI512 && !q8ForceBase }
-
-//go:noescape
-func dot4Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups int, out *[4]float32)
-
-//go:noescape
-func row4Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups int, out *[4]float32)
-
-//go:noescape
-func row8Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups int, out *[8]float32)
 
 // dot4Q16 is dot4Q16Go with the AVX-512 VNNI kernel where the processor
 // has it.
