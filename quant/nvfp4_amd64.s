@@ -26,6 +26,17 @@ GLOBL nvfp4mask<>(SB), RODATA|NOPTR, $16
 	VCVTDQ2PS Ylo, Ylo; \
 	VCVTDQ2PS Yhi, Yhi
 
+// BLOCK16(coff, xlo, xhi, soff, Ylo, Yhi, P, S, ACC): one block of 16,
+// ACC += tbl[scale] * (its codes at coff(DI) · x at xlo(SI), xhi(SI)), the
+// scale code at soff(DX); P holds the block's dot product, S its scale.
+#define BLOCK16(coff, xlo, xhi, soff, Ylo, Yhi, P, S, ACC) \
+	DECODE16(coff, Ylo, Yhi); \
+	VMULPS xlo(SI), Ylo, P; \
+	VFMADD231PS xhi(SI), Yhi, P; \
+	MOVBLZX soff(DX), AX; \
+	VBROADCASTSS (R8)(AX*4), S; \
+	VFMADD231PS S, P, ACC
+
 // func nvfp4DotAVX2(packed, scales *byte, x *float32, nblocks int, tbl *float32) float32
 // Σ_b tbl[scales[b]] * Σ_{i<16} 2*e2m1(packed, 16b+i) * x[16b+i]; tbl holds
 // half the E4M3 values, so the result is the row's dot product before the
@@ -44,18 +55,8 @@ TEXT ·nvfp4DotAVX2(SB), NOSPLIT, $0-44
 loop2:
 	CMPQ CX, $2
 	JL   loop1
-	DECODE16(0, Y4, Y5)
-	VMULPS (SI), Y4, Y6
-	VFMADD231PS 32(SI), Y5, Y6
-	MOVBLZX (DX), AX
-	VBROADCASTSS (R8)(AX*4), Y9
-	VFMADD231PS Y9, Y6, Y0
-	DECODE16(8, Y10, Y11)
-	VMULPS 64(SI), Y10, Y12
-	VFMADD231PS 96(SI), Y11, Y12
-	MOVBLZX 1(DX), AX
-	VBROADCASTSS (R8)(AX*4), Y13
-	VFMADD231PS Y13, Y12, Y1
+	BLOCK16(0, 0, 32, 0, Y4, Y5, Y6, Y9, Y0)
+	BLOCK16(8, 64, 96, 1, Y10, Y11, Y12, Y13, Y1)
 	ADDQ $16, DI
 	ADDQ $2, DX
 	ADDQ $128, SI
@@ -65,12 +66,7 @@ loop2:
 loop1:
 	CMPQ CX, $0
 	JE   reduce
-	DECODE16(0, Y4, Y5)
-	VMULPS (SI), Y4, Y6
-	VFMADD231PS 32(SI), Y5, Y6
-	MOVBLZX (DX), AX
-	VBROADCASTSS (R8)(AX*4), Y9
-	VFMADD231PS Y9, Y6, Y0
+	BLOCK16(0, 0, 32, 0, Y4, Y5, Y6, Y9, Y0)
 
 reduce:
 	VADDPS Y1, Y0, Y0

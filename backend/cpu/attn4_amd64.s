@@ -1,9 +1,9 @@
 #include "textflag.h"
 
-// func scores4AVX2(q, k *float32, stride, n, hd int, scale float32, out *float32)
+// func scores4Kernel(q, k *float32, stride, n, hd int, scale float32, out *float32)
 // out[4t+g] = scale * Σ_j q[g*hd+j]·k[t*stride+j] for the 4 query rows q
 // (hd floats each, hd%16 == 0) and the n key rows k (stride floats apart).
-TEXT ·scores4AVX2(SB), NOSPLIT, $0-56
+TEXT ·scores4Kernel(SB), NOSPLIT, $0-56
 	MOVQ q+0(FP), SI; MOVQ k+8(FP), DI; MOVQ stride+16(FP), R8; MOVQ n+24(FP), CX
 	MOVQ hd+32(FP), R9; MOVQ out+48(FP), AX
 	VBROADCASTSS scale+40(FP), X6
@@ -51,10 +51,10 @@ s4done:
 	VZEROUPPER
 	RET
 
-// func values4AVX2(acc, w, v *float32, stride, n, hd int)
+// func values4Kernel(acc, w, v *float32, stride, n, hd int)
 // acc[g*hd+j] = Σ_t w[4t+g]·v[t*stride+j] for the 4 rows g (hd%16 == 0),
 // 16 columns at a time over all n value rows.
-TEXT ·values4AVX2(SB), NOSPLIT, $0-48
+TEXT ·values4Kernel(SB), NOSPLIT, $0-48
 	MOVQ acc+0(FP), AX; MOVQ w+8(FP), SI; MOVQ v+16(FP), DI; MOVQ stride+24(FP), R8
 	MOVQ n+32(FP), R9; MOVQ hd+40(FP), R10
 	SHLQ $2, R8

@@ -1,15 +1,16 @@
 #include "textflag.h"
+#include "neon_arm64.h"
 
-// The NEON attention kernels (attn4.go): scores4NEON and values4NEON, and
+// The NEON attention kernels (attn4.go): scores4Kernel and values4Kernel, and
 // the DSA/htree inner loops axpyF32NEON and ropeDotNEON. Instructions Go's
 // assembler has no mnemonic for are WORDs with their GNU syntax in a
 // comment (dev/arm64/words.sh checks them).
 
-// func scores4NEON(q, k *float32, stride, n, hd int, scale float32, out *float32)
+// func scores4Kernel(q, k *float32, stride, n, hd int, scale float32, out *float32)
 // out[4t+g] = scale * Σ_j q[g*hd+j]·k[t*stride+j] for the 4 query rows q
 // (hd floats each, hd%8 == 0) and the n key rows k (stride floats apart):
 // 8 columns a step, two accumulators a query (V16..V23).
-TEXT ·scores4NEON(SB), NOSPLIT, $0-56
+TEXT ·scores4Kernel(SB), NOSPLIT, $0-56
 	MOVD  q+0(FP), R0
 	MOVD  k+8(FP), R1
 	MOVD  stride+16(FP), R2
@@ -25,14 +26,8 @@ TEXT ·scores4NEON(SB), NOSPLIT, $0-56
 
 s4key:
 	CBZ  R3, s4done
-	VEOR V16.B16, V16.B16, V16.B16
-	VEOR V17.B16, V17.B16, V17.B16
-	VEOR V18.B16, V18.B16, V18.B16
-	VEOR V19.B16, V19.B16, V19.B16
-	VEOR V20.B16, V20.B16, V20.B16
-	VEOR V21.B16, V21.B16, V21.B16
-	VEOR V22.B16, V22.B16, V22.B16
-	VEOR V23.B16, V23.B16, V23.B16
+	ZERO4(V16, V17, V18, V19)
+	ZERO4(V20, V21, V22, V23)
 	MOVD R1, R9
 	MOVD R0, R10
 	MOVD R6, R11
@@ -57,13 +52,7 @@ s4col:
 	SUBS $32, R14, R14
 	BNE  s4col
 
-	WORD $0x4e31d610 /* fadd v16.4s, v16.4s, v17.4s */
-	WORD $0x4e33d652 /* fadd v18.4s, v18.4s, v19.4s */
-	WORD $0x4e35d694 /* fadd v20.4s, v20.4s, v21.4s */
-	WORD $0x4e37d6d6 /* fadd v22.4s, v22.4s, v23.4s */
-	WORD $0x6e32d610 /* faddp v16.4s, v16.4s, v18.4s */
-	WORD $0x6e36d694 /* faddp v20.4s, v20.4s, v22.4s */
-	WORD $0x6e34d610 /* faddp v16.4s, v16.4s, v20.4s */
+	SUM4ROWS
 	WORD $0x4f9e9210 /* fmul v16.4s, v16.4s, v30.s[0] */
 	VST1.P [V16.S4], 16(R5)
 	ADD  R2, R1, R1
@@ -73,11 +62,11 @@ s4col:
 s4done:
 	RET
 
-// func values4NEON(acc, w, v *float32, stride, n, hd int)
+// func values4Kernel(acc, w, v *float32, stride, n, hd int)
 // acc[g*hd+j] = Σ_t w[4t+g]·v[t*stride+j] for the 4 rows g (hd%16 == 0),
 // 16 columns at a time over all n value rows: 16 accumulators (V16..V31,
 // row g in V16+4g..V19+4g), FMLA by element of the row's 4 weights.
-TEXT ·values4NEON(SB), NOSPLIT, $0-48
+TEXT ·values4Kernel(SB), NOSPLIT, $0-48
 	MOVD acc+0(FP), R0
 	MOVD w+8(FP), R1
 	MOVD v+16(FP), R2
@@ -91,22 +80,10 @@ TEXT ·values4NEON(SB), NOSPLIT, $0-48
 v4chunk:
 	CMP  R5, R6
 	BGE  v4done
-	VEOR V16.B16, V16.B16, V16.B16
-	VEOR V17.B16, V17.B16, V17.B16
-	VEOR V18.B16, V18.B16, V18.B16
-	VEOR V19.B16, V19.B16, V19.B16
-	VEOR V20.B16, V20.B16, V20.B16
-	VEOR V21.B16, V21.B16, V21.B16
-	VEOR V22.B16, V22.B16, V22.B16
-	VEOR V23.B16, V23.B16, V23.B16
-	VEOR V24.B16, V24.B16, V24.B16
-	VEOR V25.B16, V25.B16, V25.B16
-	VEOR V26.B16, V26.B16, V26.B16
-	VEOR V27.B16, V27.B16, V27.B16
-	VEOR V28.B16, V28.B16, V28.B16
-	VEOR V29.B16, V29.B16, V29.B16
-	VEOR V30.B16, V30.B16, V30.B16
-	VEOR V31.B16, V31.B16, V31.B16
+	ZERO4(V16, V17, V18, V19)
+	ZERO4(V20, V21, V22, V23)
+	ZERO4(V24, V25, V26, V27)
+	ZERO4(V28, V29, V30, V31)
 	MOVD R1, R7
 	ADD  R6, R2, R8
 	MOVD R4, R9

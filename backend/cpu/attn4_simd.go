@@ -2,6 +2,15 @@
 
 package cpu
 
+// scores4Kernel and values4Kernel are the assembly kernels: AVX2 in
+// attn4_amd64.s, NEON in attn4_arm64.s.
+//
+//go:noescape
+func scores4Kernel(q, k *float32, stride, n, hd int, scale float32, out *float32)
+
+//go:noescape
+func values4Kernel(acc, w, v *float32, stride, n, hd int)
+
 // scores4 is scores4Go with the assembly kernel (attn4_amd64.s,
 // attn4_arm64.s) where it applies.
 func scores4(q, k []float32, stride, n, hd int, scale float32, out []float32) {

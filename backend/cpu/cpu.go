@@ -220,10 +220,10 @@ func (b *Backend) MatMul(dst, x backend.Buffer, wt backend.Weight, m int) {
 	K, N := w.cols, w.rows
 	switch {
 	case w.q16 != nil:
-		b.matmulQ16(out, in, w, m)
+		matmulRepacked(b, out, in, w, m, &w.q16.quadWeight, newQ16Act(w.q16.groups, m), &q16Kernels)
 		return
 	case w.q8 != nil:
-		b.matmulQ8(out, in, w, m)
+		matmulRepacked(b, out, in, w, m, &w.q8.quadWeight, newQ8Act(w.q8.groups, m), &q8Kernels)
 		return
 	case m >= gemmMinRows && (w.f32 != nil || w.bf16 != nil):
 		b.matmulGEMM(out, in, w, m)

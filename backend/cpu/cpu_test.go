@@ -21,10 +21,11 @@ func randn(rng *rand.Rand, n int) []float32 {
 	return v
 }
 
+// f32Bytes is v as little-endian float32 bytes (an F32 weight's data).
 func f32Bytes(v []float32) []byte {
-	b := make([]byte, 4*len(v))
-	for i, x := range v {
-		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+	b, err := binary.Append(nil, binary.LittleEndian, v)
+	if err != nil {
+		panic(err)
 	}
 	return b
 }

@@ -1,15 +1,36 @@
 #include "textflag.h"
 
+// DOTARGS: SI x, DI w, CX n; the accumulators Y0-Y3 zeroed.
+#define DOTARGS \
+	MOVQ x+0(FP), SI; \
+	MOVQ w+8(FP), DI; \
+	MOVQ n+16(FP), CX; \
+	VXORPS Y0, Y0, Y0; \
+	VXORPS Y1, Y1, Y1; \
+	VXORPS Y2, Y2, Y2; \
+	VXORPS Y3, Y3, Y3
+
+// FMA4(P): Y0..Y3 += Y4..Y7 times the 32 floats at (P).
+#define FMA4(P) \
+	VFMADD231PS (P), Y4, Y0; \
+	VFMADD231PS 32(P), Y5, Y1; \
+	VFMADD231PS 64(P), Y6, Y2; \
+	VFMADD231PS 96(P), Y7, Y3
+
+// HSUM4: Y0 + Y1 + Y2 + Y3, all lanes, into X0 (the low lane).
+#define HSUM4 \
+	VADDPS Y1, Y0, Y0; \
+	VADDPS Y3, Y2, Y2; \
+	VADDPS Y2, Y0, Y0; \
+	VEXTRACTF128 $1, Y0, X1; \
+	VADDPS X1, X0, X0; \
+	VHADDPS X0, X0, X0; \
+	VHADDPS X0, X0, X0
+
 // func dotF32AVX2(x, w *float32, n int) float32
 // Σ x[i]·w[i] with four 8-wide FMA accumulators (32 floats a step).
 TEXT ·dotF32AVX2(SB), NOSPLIT, $0-28
-	MOVQ x+0(FP), SI
-	MOVQ w+8(FP), DI
-	MOVQ n+16(FP), CX
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
+	DOTARGS
 
 f32loop32:
 	CMPQ CX, $32
@@ -18,10 +39,7 @@ f32loop32:
 	VMOVUPS 32(SI), Y5
 	VMOVUPS 64(SI), Y6
 	VMOVUPS 96(SI), Y7
-	VFMADD231PS (DI), Y4, Y0
-	VFMADD231PS 32(DI), Y5, Y1
-	VFMADD231PS 64(DI), Y6, Y2
-	VFMADD231PS 96(DI), Y7, Y3
+	FMA4(DI)
 	ADDQ $128, SI
 	ADDQ $128, DI
 	SUBQ $32, CX
@@ -38,13 +56,7 @@ f32loop8:
 	JMP  f32loop8
 
 f32reduce:
-	VADDPS Y1, Y0, Y0
-	VADDPS Y3, Y2, Y2
-	VADDPS Y2, Y0, Y0
-	VEXTRACTF128 $1, Y0, X1
-	VADDPS X1, X0, X0
-	VHADDPS X0, X0, X0
-	VHADDPS X0, X0, X0
+	HSUM4
 
 f32tail:
 	CMPQ CX, $0
@@ -64,13 +76,7 @@ f32done:
 // func dotBF16AVX2(x *float32, w *uint16, n int) float32
 // Σ x[i]·bf16(w[i]): each bf16 is widened to float32 by a 16-bit left shift.
 TEXT ·dotBF16AVX2(SB), NOSPLIT, $0-28
-	MOVQ x+0(FP), SI
-	MOVQ w+8(FP), DI
-	MOVQ n+16(FP), CX
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
+	DOTARGS
 
 bfloop32:
 	CMPQ CX, $32
@@ -83,10 +89,7 @@ bfloop32:
 	VPSLLD $16, Y5, Y5
 	VPSLLD $16, Y6, Y6
 	VPSLLD $16, Y7, Y7
-	VFMADD231PS (SI), Y4, Y0
-	VFMADD231PS 32(SI), Y5, Y1
-	VFMADD231PS 64(SI), Y6, Y2
-	VFMADD231PS 96(SI), Y7, Y3
+	FMA4(SI)
 	ADDQ $128, SI
 	ADDQ $64, DI
 	SUBQ $32, CX
@@ -104,13 +107,7 @@ bfloop8:
 	JMP  bfloop8
 
 bfreduce:
-	VADDPS Y1, Y0, Y0
-	VADDPS Y3, Y2, Y2
-	VADDPS Y2, Y0, Y0
-	VEXTRACTF128 $1, Y0, X1
-	VADDPS X1, X0, X0
-	VHADDPS X0, X0, X0
-	VHADDPS X0, X0, X0
+	HSUM4
 
 bftail:
 	CMPQ CX, $0

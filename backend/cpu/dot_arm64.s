@@ -1,4 +1,5 @@
 #include "textflag.h"
+#include "neon_arm64.h"
 
 // The NEON float32 and bf16 dot products: FMLA on 4 lanes, bf16 widened
 // to float32 by ZIP1/ZIP2 with a zero vector (the 16 bits into the high
@@ -13,19 +14,13 @@
 	WORD $0x6e30d610 /* faddp v16.4s, v16.4s, v16.4s */; \
 	WORD $0x7e30da10 /* faddp s16, v16.2s */
 
-#define ZERO16_19 \
-	VEOR V16.B16, V16.B16, V16.B16; \
-	VEOR V17.B16, V17.B16, V17.B16; \
-	VEOR V18.B16, V18.B16, V18.B16; \
-	VEOR V19.B16, V19.B16, V19.B16
-
 // func dotF32NEON(x, w *float32, n int) float32
 // Σ x[i]·w[i] for n a multiple of 4: four accumulators, 16 floats a step.
 TEXT ·dotF32NEON(SB), NOSPLIT, $0-28
 	MOVD x+0(FP), R0
 	MOVD w+8(FP), R1
 	MOVD n+16(FP), R2
-	ZERO16_19
+	ZERO4(V16, V17, V18, V19)
 
 f32loop16:
 	CMP  $16, R2
@@ -58,7 +53,7 @@ TEXT ·dotBF16NEON(SB), NOSPLIT, $0-28
 	MOVD x+0(FP), R0
 	MOVD w+8(FP), R1
 	MOVD n+16(FP), R2
-	ZERO16_19
+	ZERO4(V16, V17, V18, V19)
 	VEOR V31.B16, V31.B16, V31.B16
 
 bfloop16:
@@ -103,11 +98,8 @@ TEXT ·dot4BF16NEON(SB), NOSPLIT, $0-40
 	ADD  R9, R2, R3
 	MOVD x+16(FP), R4
 	MOVD k+24(FP), R5
-	ZERO16_19
-	VEOR V20.B16, V20.B16, V20.B16
-	VEOR V21.B16, V21.B16, V21.B16
-	VEOR V22.B16, V22.B16, V22.B16
-	VEOR V23.B16, V23.B16, V23.B16
+	ZERO4(V16, V17, V18, V19)
+	ZERO4(V20, V21, V22, V23)
 	VEOR V31.B16, V31.B16, V31.B16
 
 d4loop:
@@ -135,13 +127,7 @@ d4loop:
 	SUBS $8, R5, R5
 	BNE  d4loop
 
-	WORD $0x4e31d610 /* fadd v16.4s, v16.4s, v17.4s */
-	WORD $0x4e33d652 /* fadd v18.4s, v18.4s, v19.4s */
-	WORD $0x4e35d694 /* fadd v20.4s, v20.4s, v21.4s */
-	WORD $0x4e37d6d6 /* fadd v22.4s, v22.4s, v23.4s */
-	WORD $0x6e32d610 /* faddp v16.4s, v16.4s, v18.4s */
-	WORD $0x6e36d694 /* faddp v20.4s, v20.4s, v22.4s */
-	WORD $0x6e34d610 /* faddp v16.4s, v16.4s, v20.4s */
+	SUM4ROWS
 	MOVD out+32(FP), R6
 	VST1 [V16.S4], (R6)
 	RET

@@ -120,16 +120,7 @@ func softmaxRow(p []float32) {
 	for _, v := range p {
 		mx = max(mx, v)
 	}
-	var sum float64
-	for j, v := range p {
-		e := float32(math.Exp(float64(v - mx)))
-		p[j] = e
-		sum += float64(e)
-	}
-	inv := float32(1 / sum)
-	for j := range p {
-		p[j] *= inv
-	}
+	dsa.Normalize(p, mx)
 }
 
 // SparseMLAAttention is dsa.AttendMLA for each query, on AVX2 dots and axpys.

@@ -114,33 +114,12 @@ func (b *Backend) CompressedAttention(out, q, local, comp, idx, sinks backend.Bu
 		for job := lo; job < hi; job++ {
 			i, h := job/a.Heads, job%a.Heads
 			if i != last {
-				rows, last = v4KeyRows(rows[:0], loc, cs, ix, a, i), i
+				rows, last = dsv4.KeyRows(rows[:0], loc, cs, ix, a, i), i
 			}
 			off := job * a.Dim
 			v4SinkHead(o[off:off+a.Dim], qs[off:off+a.Dim], rows, sk[h], scores, a.Scale)
 		}
 	})
-}
-
-// v4KeyRows lists the key rows query i sees, as dsv4.GatherKeys gathers them.
-func v4KeyRows(rows [][]float32, local, comp, idx []float32, a dsv4.AttnArgs, i int) [][]float32 {
-	p := a.Pos0 + i
-	for s := max(a.Lo, p-a.Window+1); s <= p; s++ {
-		rows = append(rows, local[(s-a.Lo)*a.Dim:(s-a.Lo+1)*a.Dim])
-	}
-	switch {
-	case a.TopK > 0:
-		for _, w := range idx[i*a.TopK : (i+1)*a.TopK] {
-			if w >= 0 {
-				rows = append(rows, comp[int(w)*a.Dim:(int(w)+1)*a.Dim])
-			}
-		}
-	case a.Rate > 0:
-		for w := 0; w < min(dsv4.Visible(p, a.Rate), a.Entries); w++ {
-			rows = append(rows, comp[w*a.Dim:(w+1)*a.Dim])
-		}
-	}
-	return rows
 }
 
 // v4SinkHead is dsv4.SinkAttention for one head with the vector kernels.

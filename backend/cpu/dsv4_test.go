@@ -10,14 +10,6 @@ import (
 	"github.com/manifoldlm/manifold/layers/dsv4"
 )
 
-func v4Rand(rng *rand.Rand, n int) []float32 {
-	s := make([]float32, n)
-	for i := range s {
-		s[i] = float32(rng.NormFloat64())
-	}
-	return s
-}
-
 // TestV4CompressSplit checks that splitting the entries over threads (each
 // sub-range taking its predecessor window along) gives exactly the
 // single-call reference.
@@ -34,8 +26,8 @@ func TestV4CompressSplit(t *testing.T) {
 	} {
 		rng := rand.New(rand.NewPCG(1, uint64(a.Entries)))
 		rw := a.RowWidth()
-		kv, gate := v4Rand(rng, a.SourceRows()*rw), v4Rand(rng, a.SourceRows()*rw)
-		ape, norm := v4Rand(rng, a.Rate*rw), v4Rand(rng, a.Width)
+		kv, gate := randn(rng, a.SourceRows()*rw), randn(rng, a.SourceRows()*rw)
+		ape, norm := randn(rng, a.Rate*rw), randn(rng, a.Width)
 		want := make([]float32, a.Entries*a.Width)
 		dsv4.Compress(want, kv, gate, ape, norm, a)
 		for _, threads := range []int{1, 2, 5} {
@@ -51,7 +43,7 @@ func TestV4CompressSplit(t *testing.T) {
 func TestV4AttentionAndIndexSplit(t *testing.T) {
 	rng := rand.New(rand.NewPCG(2, 2))
 	ia := dsv4.IndexArgs{M: 9, Heads: 2, Dim: 4, Entries: 7, TopK: 3, Pos0: 20, Rate: 4, Scale: 0.5}
-	q, keys, w := v4Rand(rng, ia.M*ia.Heads*ia.Dim), v4Rand(rng, ia.Entries*ia.Dim), v4Rand(rng, ia.M*ia.Heads)
+	q, keys, w := randn(rng, ia.M*ia.Heads*ia.Dim), randn(rng, ia.Entries*ia.Dim), randn(rng, ia.M*ia.Heads)
 	want := make([]float32, ia.M*ia.TopK)
 	dsv4.IndexTopK(want, q, keys, w, make([]float32, ia.Entries), ia)
 	got := make(Buffer, len(want))
@@ -61,7 +53,7 @@ func TestV4AttentionAndIndexSplit(t *testing.T) {
 	}
 
 	aa := dsv4.AttnArgs{M: 9, Heads: 2, Dim: 4, Pos0: 20, Lo: 15, Window: 6, Rate: 4, TopK: 3, Entries: 7, Scale: 0.5}
-	qa, local, sinks := v4Rand(rng, aa.M*aa.Heads*aa.Dim), v4Rand(rng, (aa.Pos0+aa.M-aa.Lo)*aa.Dim), v4Rand(rng, aa.Heads)
+	qa, local, sinks := randn(rng, aa.M*aa.Heads*aa.Dim), randn(rng, (aa.Pos0+aa.M-aa.Lo)*aa.Dim), randn(rng, aa.Heads)
 	wantA := make([]float32, len(qa))
 	dsv4.Attention(wantA, qa, local, keys, want, sinks, aa, make([]float32, aa.MaxKeys()*aa.Dim), make([]float32, aa.MaxKeys()))
 	gotA := make(Buffer, len(qa))

@@ -1,5 +1,20 @@
 #include "textflag.h"
 
+// ROPE8(off, QA, QB, KA, KB, P, M, C, S): the 8 pairs at off: QA QB KA KB
+// loaded from qa (AX), qb (BX), ka (CX), kb (DX); P = qa·ka + qb·kb and
+// M = qb·ka − qa·kb, C += cos·P (cos at SI), S += sin·M (sin at DI).
+#define ROPE8(off, QA, QB, KA, KB, P, M, C, S) \
+	VMOVUPS off(AX), QA; \
+	VMOVUPS off(BX), QB; \
+	VMOVUPS off(CX), KA; \
+	VMOVUPS off(DX), KB; \
+	VMULPS  KA, QA, P; \
+	VFMADD231PS KB, QB, P; \
+	VFMADD231PS off(SI), P, C; \
+	VMULPS  KA, QB, M; \
+	VFNMADD231PS KB, QA, M; \
+	VFMADD231PS off(DI), M, S
+
 // func ropeDotAVX2(qa, qb, ka, kb, cos, sin *float32, n int) float32
 // Σ cos[j]·(qa[j]·ka[j] + qb[j]·kb[j]) + sin[j]·(qb[j]·ka[j] − qa[j]·kb[j])
 // for n a multiple of 8: the key rotated by (cos, sin) dotted with a rotated
@@ -20,26 +35,8 @@ TEXT ·ropeDotAVX2(SB), NOSPLIT, $0-60
 rope16:
 	CMPQ R8, $16
 	JL   rope8
-	VMOVUPS (AX), Y2
-	VMOVUPS (BX), Y3
-	VMOVUPS (CX), Y4
-	VMOVUPS (DX), Y5
-	VMULPS  Y4, Y2, Y6
-	VFMADD231PS Y5, Y3, Y6
-	VFMADD231PS (SI), Y6, Y0
-	VMULPS  Y4, Y3, Y7
-	VFNMADD231PS Y5, Y2, Y7
-	VFMADD231PS (DI), Y7, Y1
-	VMOVUPS 32(AX), Y10
-	VMOVUPS 32(BX), Y11
-	VMOVUPS 32(CX), Y12
-	VMOVUPS 32(DX), Y13
-	VMULPS  Y12, Y10, Y14
-	VFMADD231PS Y13, Y11, Y14
-	VFMADD231PS 32(SI), Y14, Y8
-	VMULPS  Y12, Y11, Y15
-	VFNMADD231PS Y13, Y10, Y15
-	VFMADD231PS 32(DI), Y15, Y9
+	ROPE8(0, Y2, Y3, Y4, Y5, Y6, Y7, Y0, Y1)
+	ROPE8(32, Y10, Y11, Y12, Y13, Y14, Y15, Y8, Y9)
 	ADDQ $64, AX
 	ADDQ $64, BX
 	ADDQ $64, CX
@@ -52,16 +49,7 @@ rope16:
 rope8:
 	CMPQ R8, $8
 	JL   ropereduce
-	VMOVUPS (AX), Y2
-	VMOVUPS (BX), Y3
-	VMOVUPS (CX), Y4
-	VMOVUPS (DX), Y5
-	VMULPS  Y4, Y2, Y6
-	VFMADD231PS Y5, Y3, Y6
-	VFMADD231PS (SI), Y6, Y0
-	VMULPS  Y4, Y3, Y7
-	VFNMADD231PS Y5, Y2, Y7
-	VFMADD231PS (DI), Y7, Y1
+	ROPE8(0, Y2, Y3, Y4, Y5, Y6, Y7, Y0, Y1)
 
 ropereduce:
 	VADDPS Y8, Y0, Y0

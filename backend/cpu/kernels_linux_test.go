@@ -36,12 +36,12 @@ func BenchmarkKernels(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	qw := newQ8Weight(q, func(n int, fn func(lo, hi int)) { fn(0, n) })
+	qw := newQ8Weight(q, serialPar)
 	acts := newQ8Act(qw.groups, 4)
 	for i := range acts {
 		quantizeQ8(acts[i], x[i*K:(i+1)*K], qw.groups)
 	}
-	q16 := newQ16Weight(q, func(n int, fn func(lo, hi int)) { fn(0, n) })
+	q16 := newQ16Weight(q, serialPar)
 	a16 := newQ16Act(q16.groups, 4)
 	for i := range a16 {
 		quantizeQ16(a16[i], x[i*K:(i+1)*K], q16.groups)

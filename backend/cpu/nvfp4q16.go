@@ -1,10 +1,6 @@
 package cpu
 
-import (
-	"math"
-
-	"github.com/manifoldlm/manifold/quant"
-)
+import "github.com/manifoldlm/manifold/quant"
 
 // The block-per-lane NVFP4 layout (q16Weight) for the AVX-512 VNNI kernels:
 // the same codes and activations as q8Weight/q8Act (same int8 values, same
@@ -37,22 +33,14 @@ const (
 	q16Blocks = q16Group / quant.NVFP4BlockSize // 16
 )
 
-// q16Weight is an NVFP4 matrix repacked for the block-per-lane kernels.
-type q16Weight struct {
-	rows, cols int
-	groups     int     // ceil(cols/256)
-	codes      []byte  // quads x groups x 4 rows x 128 bytes
-	scales     []byte  // quads x groups x 4 rows x 16 bytes
-	mul        float32 // GlobalScale/2 (the codes are 2*e2m1)
-}
+// q16Weight is an NVFP4 matrix repacked for the block-per-lane kernels:
+// supergroups of 256, codes quads x groups x 4 rows x 128 bytes, scales
+// quads x groups x 4 rows x 16 bytes.
+type q16Weight struct{ quadWeight }
 
 // newQ16Weight repacks q (see q16Weight), rows split over par.
 func newQ16Weight(q *quant.NVFP4, par func(n int, fn func(lo, hi int))) *q16Weight {
-	K := q.Cols
-	G := (K + q16Group - 1) / q16Group
-	quads := (q.Rows + 3) / 4
-	w := &q16Weight{rows: q.Rows, cols: K, groups: G, mul: q.GlobalScale / 2,
-		codes: hugeBytes(quads * G * 4 * q16GroupB), scales: make([]byte, quads*G*4*q16Blocks)}
+	w := &q16Weight{newQuadWeight(q, q16Blocks)}
 	par(q.Rows, func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			w.repackRow(q, r)
@@ -123,39 +111,19 @@ func newQ16Act(groups, m int) []q16Act {
 	return a
 }
 
-// quantizeQ16 quantizes x (len <= groups*256) into a as quantizeQ8 does:
-// per block of 16, scale amax/127, each value rounded to the nearest
-// integer (halves away from zero).
+// quantizeQ16 quantizes x (len <= groups*256) into a as quantizeQ8 does
+// (q8QuantizeBlock), each block's codes spread over the 4 chunks.
 func quantizeQ16(a q16Act, x []float32, groups int) {
 	clear(a.x)
 	for blk := range groups * q16Blocks {
-		a.sc[blk], a.c[blk] = 0, 0
-		lo := blk * quant.NVFP4BlockSize
-		if lo >= len(x) {
-			continue
-		}
-		v := x[lo:min(len(x), lo+quant.NVFP4BlockSize)]
-		var amax uint32 // bits of |v|: they order like the values
-		for _, f := range v {
-			amax = max(amax, math.Float32bits(f)&0x7fffffff)
-		}
-		s := math.Float32frombits(amax) / 127
-		if s == 0 {
-			continue
-		}
-		a.sc[blk] = s
-		inv := 1 / s
+		var q [quant.NVFP4BlockSize]int8
+		s, sum := q8QuantizeBlock(q[:], x, blk*quant.NVFP4BlockSize)
 		g, l := blk/q16Blocks, blk%q16Blocks
 		dst := a.x[g*q16Group+4*l:]
-		var sum int32
-		for e, f := range v {
-			r := f * inv
-			h := math.Float32frombits(math.Float32bits(r)&0x80000000 | 0x3f000000) // ±0.5
-			c := int32(r + h)
-			dst[64*(e>>2)+e&3] = int8(c)
-			sum += c
+		for e, c := range q {
+			dst[64*(e>>2)+e&3] = c
 		}
-		a.c[blk] = -12 * sum
+		a.sc[blk], a.c[blk] = s, -12*sum
 	}
 }
 
@@ -179,89 +147,21 @@ func rowQ16Go(codes, scales []byte, a q16Act, groups int) float32 {
 	return acc
 }
 
-// dot4Q16Go is the portable decode kernel: the quad's 4 rows with a.
+// dot4Q16Go, row4Q16Go and row8Q16Go are the portable decode and prefill
+// kernels (quadGo, tokensGo).
 func dot4Q16Go(codes, scales []byte, a q16Act, groups int, out *[4]float32) {
-	for j := range 4 {
-		out[j] = rowQ16Go(codes[j*q16GroupB:], scales[j*q16Blocks:], a, groups)
-	}
+	quadGo(rowQ16Go, q16GroupB, q16Blocks, codes, scales, a, groups, out)
 }
 
-// row4Q16Go is the portable prefill kernel: one row with 4 tokens.
 func row4Q16Go(codes, scales []byte, a []q16Act, groups int, out *[4]float32) {
-	for t := range 4 {
-		out[t] = rowQ16Go(codes, scales, a[t], groups)
-	}
+	tokensGo(rowQ16Go, codes, scales, a, groups, out)
 }
 
-// row8Q16Go is the portable prefill kernel for 8 tokens.
 func row8Q16Go(codes, scales []byte, a []q16Act, groups int, out *[8]float32) {
-	for t := range 8 {
-		out[t] = rowQ16Go(codes, scales, a[t], groups)
-	}
+	tokensGo(rowQ16Go, codes, scales, a, groups, out)
 }
 
-// matmulQ16 is matmulQ8 for the block-per-lane layout: out[i*N + r] for the
-// m rows of acts and rows r in quads [qlo, qhi) of w, tiles of quads held
-// in cache while the tokens run over them 8 at a time (row8Q16: each
-// supergroup of a row decoded once for the 8), then 4, the last m%4 one at
-// a time.
-func matmulQ16(out []float32, acts []q16Act, w *q16Weight, qlo, qhi int) {
-	const tile = 8 // quads a tile: 32 rows, 16*K bytes of codes
-	G, N := w.groups, w.rows
-	qstrideC, qstrideS := G*4*q16GroupB, G*4*q16Blocks
-	m8, m4 := len(acts)&^7, len(acts)&^3
-	var o [4]float32
-	var o8 [8]float32
-	for t0 := qlo; t0 < qhi; t0 += tile {
-		t1 := min(t0+tile, qhi)
-		for i := 0; i < m8; i += 8 {
-			for quad := t0; quad < t1; quad++ {
-				for j := range min(4, N-quad*4) {
-					row8Q16(w.codes[quad*qstrideC+j*q16GroupB:(quad+1)*qstrideC], w.scales[quad*qstrideS+j*q16Blocks:(quad+1)*qstrideS], acts[i:i+8], G, &o8)
-					r := quad*4 + j
-					for t := range 8 {
-						out[(i+t)*N+r] = o8[t] * w.mul
-					}
-				}
-			}
-		}
-		for i := m8; i < m4; i += 4 {
-			for quad := t0; quad < t1; quad++ {
-				for j := range min(4, N-quad*4) {
-					row4Q16(w.codes[quad*qstrideC+j*q16GroupB:(quad+1)*qstrideC], w.scales[quad*qstrideS+j*q16Blocks:(quad+1)*qstrideS], acts[i:i+4], G, &o)
-					r := quad*4 + j
-					for t := range 4 {
-						out[(i+t)*N+r] = o[t] * w.mul
-					}
-				}
-			}
-		}
-		for i := m4; i < len(acts); i++ {
-			row := out[i*N : (i+1)*N]
-			for quad := t0; quad < t1; quad++ {
-				dot4Q16(w.codes[quad*qstrideC:(quad+1)*qstrideC], w.scales[quad*qstrideS:(quad+1)*qstrideS], acts[i], G, &o)
-				r := quad * 4
-				for j := range min(4, N-r) {
-					row[r+j] = o[j] * w.mul
-				}
-			}
-		}
-	}
-}
-
-// matmulQ16 is MatMul for an NVFP4 weight in the block-per-lane layout.
-func (b *Backend) matmulQ16(out, x []float32, w *Weight, m int) {
-	q, K, N := w.q16, w.cols, w.rows
-	acts := newQ16Act(q.groups, m)
-	b.parallel(m, 1, func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			quantizeQ16(acts[i], x[i*K:(i+1)*K], q.groups)
-		}
-	})
-	quads := (N + 3) / 4
-	grain := max(1, (1<<14)/(K*max(m, 1))) // at least ~64k products per goroutine
-	b.parallel(quads, grain, func(lo, hi int) {
-		matmulQ16(out, acts, q, lo, hi)
-		w.addBias(out, m, lo*4, min(hi*4, N))
-	})
-}
+// q16Kernels are the block-per-lane layout's: the tokens run over the tiles
+// of quads 8 at a time (row8Q16: each supergroup of a row decoded once for
+// the 8), then 4, the last m%4 one at a time.
+var q16Kernels = quadKernels[q16Act]{quantize: quantizeQ16, row8: row8Q16, row4: row4Q16, dot4: dot4Q16}

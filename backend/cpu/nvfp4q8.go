@@ -46,13 +46,31 @@ const (
 // vector (the order VPHADDD leaves the block sums in).
 var q8Order = [q8Blocks]int{0, 4, 1, 5, 2, 6, 3, 7}
 
-// q8Weight is an NVFP4 matrix repacked for the int8 kernels.
-type q8Weight struct {
-	rows, cols int
-	groups     int     // ceil(cols/128)
-	codes      []byte  // quads x groups x 4 rows x 64 bytes
-	scales     []byte  // quads x groups x 4 rows x 8 bytes
-	mul        float32 // GlobalScale/2 (the codes are 2*e2m1)
+// q8Weight is an NVFP4 matrix repacked for the int8 kernels: groups of
+// 128, codes quads x groups x 4 rows x 64 bytes, scales quads x groups x
+// 4 rows x 8 bytes.
+type q8Weight struct{ quadWeight }
+
+// quadWeight is a repacked NVFP4 matrix (q8Weight, q16Weight) as
+// matmulQuads reads it: codes and scales in quads of 4 rows, each quad one
+// stream of groups (the 4 rows' groupB code bytes and blocks scale bytes
+// in turn).
+type quadWeight struct {
+	rows, cols     int
+	groups         int // ceil(cols/(2*groupB))
+	groupB, blocks int
+	codes, scales  []byte
+	mul            float32 // GlobalScale/2 (the codes are 2*e2m1)
+}
+
+// newQuadWeight is q's quadWeight for groups of blocks blocks, its codes
+// and scales allocated (zero).
+func newQuadWeight(q *quant.NVFP4, blocks int) quadWeight {
+	group := blocks * quant.NVFP4BlockSize
+	G := (q.Cols + group - 1) / group
+	quads := (q.Rows + 3) / 4
+	return quadWeight{rows: q.Rows, cols: q.Cols, groups: G, groupB: group / 2, blocks: blocks, mul: q.GlobalScale / 2,
+		codes: hugeBytes(quads * G * 4 * group / 2), scales: make([]byte, quads*G*4*blocks)}
 }
 
 // q8Scale re-encodes an E4M3 block scale code: the magnitude as
@@ -90,11 +108,8 @@ func q8ScaleValue(code byte) float32 { return math.Float32frombits(uint32(code)<
 // newQ8Weight repacks q (see q8Weight), rows split over par (which runs
 // fn over [0, n) in parallel ranges).
 func newQ8Weight(q *quant.NVFP4, par func(n int, fn func(lo, hi int))) *q8Weight {
-	K := q.Cols
-	G := (K + q8Group - 1) / q8Group
-	quads := (q.Rows + 3) / 4
-	w := &q8Weight{rows: q.Rows, cols: K, groups: G, mul: q.GlobalScale / 2,
-		codes: hugeBytes(quads * G * 4 * q8GroupB), scales: make([]byte, quads*G*4*q8Blocks)}
+	w := &q8Weight{newQuadWeight(q, q8Blocks)}
+	G := w.groups
 	par(q.Rows, func(lo, hi int) {
 		row := make([]byte, G*q8GroupB) // one row's packed codes, zero padded to whole groups
 		for r := lo; r < hi; r++ {
@@ -192,6 +207,35 @@ func expandQ8(a q8Act, groups int) {
 	}
 }
 
+// q8QuantizeBlock quantizes the block of 16 at lo of x (fewer at its end,
+// none past it) into q: scale s = amax/127, each value rounded to the
+// nearest integer (halves away from zero); sum is the sum of the codes.
+// Nothing is written, s and sum are 0, for a block of zeros.
+func q8QuantizeBlock(q []int8, x []float32, lo int) (s float32, sum int32) {
+	if lo >= len(x) {
+		return 0, 0
+	}
+	v := x[lo:min(len(x), lo+quant.NVFP4BlockSize)]
+	var amax uint32 // bits of |v|: they order like the values
+	for _, f := range v {
+		amax = max(amax, math.Float32bits(f)&0x7fffffff)
+	}
+	s = math.Float32frombits(amax) / 127
+	if s == 0 {
+		return 0, 0
+	}
+	inv := 1 / s
+	q = q[:len(v)]
+	for i, f := range v {
+		r := f * inv
+		h := math.Float32frombits(math.Float32bits(r)&0x80000000 | 0x3f000000) // ±0.5
+		c := int32(r + h)
+		q[i] = int8(c)
+		sum += c
+	}
+	return s, sum
+}
+
 // quantizeQ8 quantizes x (len <= groups*128) into a (sized for groups):
 // per block of 16, scale amax/127 and each value rounded to the nearest
 // integer (halves away from zero).
@@ -201,31 +245,8 @@ func quantizeQ8(a q8Act, x []float32, groups int) {
 		for b := range q8Blocks {
 			lo := g*q8Group + b*quant.NVFP4BlockSize
 			at := g*q8Blocks + q8Order[b]
-			a.sc[at], a.sum[at] = 0, 0
-			if lo >= len(x) {
-				continue
-			}
-			blk := x[lo:min(len(x), lo+quant.NVFP4BlockSize)]
-			var amax uint32 // bits of |v|: they order like the values
-			for _, v := range blk {
-				amax = max(amax, math.Float32bits(v)&0x7fffffff)
-			}
-			s := math.Float32frombits(amax) / 127
-			if s == 0 {
-				continue
-			}
-			a.sc[at] = s
-			inv := 1 / s
-			q := a.q[lo : lo+len(blk)]
-			var sum int32
-			for i, v := range blk {
-				r := v * inv
-				h := math.Float32frombits(math.Float32bits(r)&0x80000000 | 0x3f000000) // ±0.5
-				c := int32(r + h)
-				q[i] = int8(c)
-				sum += c
-			}
-			a.sum[at] = 12 * sum
+			s, sum := q8QuantizeBlock(a.q[lo:], x, lo)
+			a.sc[at], a.sum[at] = s, 12*sum
 		}
 	}
 	if a.x5 != nil {
@@ -255,20 +276,43 @@ func newQ8Act(groups, m int) []q8Act {
 // e2m1x2 is 2*e2m1 of each 4-bit code.
 var e2m1x2 = [16]int32{0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12}
 
-// dot4Q8Go is the portable kernel: the dot products of the quad's 4 rows
-// (codes and scales starting at the quad) with a, before the global scale.
-func dot4Q8Go(codes, scales []byte, a q8Act, groups int, out *[4]float32) {
+// quadGo is the portable decode kernel made of the one-row kernel row of a
+// layout (groupB code bytes and blocks scale bytes a row's group): the
+// dot products of the quad's 4 rows (codes and scales starting at the quad)
+// with a, before the global scale.
+func quadGo[A any](row func(codes, scales []byte, a A, groups int) float32, groupB, blocks int, codes, scales []byte, a A, groups int, out *[4]float32) {
 	for j := range 4 {
-		out[j] = rowQ8Go(codes[j*q8GroupB:], scales[j*q8Blocks:], a, groups)
+		out[j] = row(codes[j*groupB:], scales[j*blocks:], a, groups)
 	}
 }
 
-// row4Q8Go is the portable row4Q8: one row (codes and scales at its place
-// in its quad) with the 4 tokens of a.
-func row4Q8Go(codes, scales []byte, a []q8Act, groups int, out *[4]float32) {
-	for t := range 4 {
-		out[t] = rowQ8Go(codes, scales, a[t], groups)
+// tokensGo is the portable prefill kernel made of row: one row (codes and
+// scales at its place in its quad) with the len(out) tokens of a.
+func tokensGo[A any, O [4]float32 | [8]float32](row func(codes, scales []byte, a A, groups int) float32, codes, scales []byte, a []A, groups int, out *O) {
+	for t := range len(*out) {
+		(*out)[t] = row(codes, scales, a[t], groups)
 	}
+}
+
+// consecutive is first[:k*n], the activations of k tokens n elements each
+// from first (the first token's) to last (the k-th's), checked to be one
+// allocation (newQ8Act, newQ16Act): the prefill kernels step from one
+// token to the next by n elements.
+func consecutive[T any](first, last []T, k, n int) []T {
+	s := first[:k*n]
+	if &s[(k-1)*n] != &last[0] {
+		panic("cpu: a prefill kernel's activations are not consecutive")
+	}
+	return s
+}
+
+// dot4Q8Go and row4Q8Go are the portable dot4Q8 and row4Q8.
+func dot4Q8Go(codes, scales []byte, a q8Act, groups int, out *[4]float32) {
+	quadGo(rowQ8Go, q8GroupB, q8Blocks, codes, scales, a, groups, out)
+}
+
+func row4Q8Go(codes, scales []byte, a []q8Act, groups int, out *[4]float32) {
+	tokensGo(rowQ8Go, codes, scales, a, groups, out)
 }
 
 // rowQ8Go is one row's dot product with a, before the global scale; the
@@ -294,57 +338,97 @@ func rowQ8Go(codes, scales []byte, a q8Act, groups int) float32 {
 	return acc
 }
 
-// matmulQ8 computes out[i*N + r] for the m rows of x and rows r in quads
-// [qlo, qhi) of w. Tiles of quads are kept in cache while the tokens run
-// over them, 4 tokens at a time (row4Q8: each weight group decoded once
-// for the 4), the last m%4 one at a time (dot4Q8, the decode kernel).
-func matmulQ8(out []float32, acts []q8Act, w *q8Weight, qlo, qhi int) {
-	const tile = 8 // quads a tile: 32 rows, 16*K bytes of codes
-	G, N := w.groups, w.rows
-	qstrideC, qstrideS := G*4*q8GroupB, G*4*q8Blocks
-	m4 := len(acts) &^ 3
-	var o [4]float32
-	for t0 := qlo; t0 < qhi; t0 += tile {
-		t1 := min(t0+tile, qhi)
-		for i := 0; i < m4; i += 4 {
-			for quad := t0; quad < t1; quad++ {
-				for j := range min(4, N-quad*4) {
-					row4Q8(w.codes[quad*qstrideC+j*q8GroupB:(quad+1)*qstrideC], w.scales[quad*qstrideS+j*q8Blocks:(quad+1)*qstrideS], acts[i:i+4], G, &o)
-					r := quad*4 + j
-					for t := range 4 {
-						out[(i+t)*N+r] = o[t] * w.mul
-					}
-				}
-			}
+// quadTile is the number of quads of weight rows (32 rows, 16*K bytes of
+// codes) that matmulQuads keeps in cache while the tokens run over them.
+const quadTile = 8
+
+// quadKernel is a prefill kernel: one row (codes and scales at its place in
+// its quad) with len(out) consecutive tokens a.
+type quadKernel[A any, O [4]float32 | [8]float32] func(codes, scales []byte, a []A, groups int, out *O)
+
+// quadKernels are the kernels of a repacked layout whose activations are A.
+type quadKernels[A any] struct {
+	quantize func(a A, x []float32, groups int)
+	row8     quadKernel[A, [8]float32] // nil where the layout has none
+	row4     quadKernel[A, [4]float32]
+	dot4     func(codes, scales []byte, a A, groups int, out *[4]float32) // decode: a quad's 4 rows with one token
+}
+
+// matmulRepacked is MatMul for an NVFP4 weight w repacked as q, with k its
+// layout's kernels: the m rows of x are quantized into acts (in parallel
+// over rows), then the quads of weight rows are split over the threads.
+func matmulRepacked[A any](b *Backend, out, x []float32, w *Weight, m int, q *quadWeight, acts []A, k *quadKernels[A]) {
+	K, N := w.cols, w.rows
+	b.parallel(m, 1, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			k.quantize(acts[i], x[i*K:(i+1)*K], q.groups)
 		}
-		for i := m4; i < len(acts); i++ {
-			row := out[i*N : (i+1)*N]
-			for quad := t0; quad < t1; quad++ {
-				dot4Q8(w.codes[quad*qstrideC:(quad+1)*qstrideC], w.scales[quad*qstrideS:(quad+1)*qstrideS], acts[i], G, &o)
-				r := quad * 4
-				for j := range min(4, N-r) {
-					row[r+j] = o[j] * w.mul
+	})
+	quads := (N + 3) / 4
+	grain := max(1, (1<<14)/(K*max(m, 1))) // at least ~64k products per goroutine
+	b.parallel(quads, grain, func(lo, hi int) {
+		matmulQuads(out, acts, q, lo, hi, k)
+		w.addBias(out, m, lo*4, min(hi*4, N))
+	})
+}
+
+// matmulQuads computes out[i*N + r] for the m rows of acts and rows r in
+// quads [qlo, qhi) of w. Tiles of quads are kept in cache while the tokens
+// run over them 8 at a time (row8, each weight group decoded once for the
+// 8), then 4 (row4), the last m%4 one at a time (dot4).
+func matmulQuads[A any](out []float32, acts []A, w *quadWeight, qlo, qhi int, k *quadKernels[A]) {
+	m8, m4 := 0, len(acts)&^3
+	if k.row8 != nil {
+		m8 = len(acts) &^ 7
+	}
+	// The kernels' outputs (before the global scale): called through func
+	// values, they are on the heap, allocated once here.
+	o8 := new([8]float32)
+	o4 := (*[4]float32)(o8[:4])
+	for t0 := qlo; t0 < qhi; t0 += quadTile {
+		t1 := min(t0+quadTile, qhi)
+		prefillQuads(out, acts[:m8], w, t0, t1, k.row8, o8)
+		prefillQuads(out[m8*w.rows:], acts[m8:m4], w, t0, t1, k.row4, o4)
+		decodeQuads(out[m4*w.rows:], acts[m4:], w, t0, t1, k.dot4, o4)
+	}
+}
+
+// prefillQuads is matmulQuads for the tokens acts, len(acts) a multiple of
+// len(*o), the kernel's outputs, and the quads [t0, t1).
+func prefillQuads[A any, O [4]float32 | [8]float32](out []float32, acts []A, w *quadWeight, t0, t1 int, row quadKernel[A, O], o *O) {
+	G, N := w.groups, w.rows
+	qstrideC, qstrideS := G*4*w.groupB, G*4*w.blocks
+	n := len(*o)
+	for i := 0; i < len(acts); i += n {
+		for quad := t0; quad < t1; quad++ {
+			for j := range min(4, N-quad*4) {
+				row(w.codes[quad*qstrideC+j*w.groupB:(quad+1)*qstrideC], w.scales[quad*qstrideS+j*w.blocks:(quad+1)*qstrideS], acts[i:i+n], G, o)
+				r := quad*4 + j
+				for t := range n {
+					out[(i+t)*N+r] = (*o)[t] * w.mul
 				}
 			}
 		}
 	}
 }
 
-// matmulQ8 is MatMul for an NVFP4 weight with its repacked copy: the m
-// rows of x are quantized (in parallel over rows), then the quads of
-// weight rows are split over the threads.
-func (b *Backend) matmulQ8(out, x []float32, w *Weight, m int) {
-	q, K, N := w.q8, w.cols, w.rows
-	acts := newQ8Act(q.groups, m)
-	b.parallel(m, 1, func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			quantizeQ8(acts[i], x[i*K:(i+1)*K], q.groups)
+// decodeQuads is matmulQuads for the tokens acts one at a time and the
+// quads [t0, t1), o the kernel's outputs.
+func decodeQuads[A any](out []float32, acts []A, w *quadWeight, t0, t1 int, dot4 func(codes, scales []byte, a A, groups int, out *[4]float32), o *[4]float32) {
+	G, N := w.groups, w.rows
+	qstrideC, qstrideS := G*4*w.groupB, G*4*w.blocks
+	for i := range acts {
+		row := out[i*N : (i+1)*N]
+		for quad := t0; quad < t1; quad++ {
+			dot4(w.codes[quad*qstrideC:(quad+1)*qstrideC], w.scales[quad*qstrideS:(quad+1)*qstrideS], acts[i], G, o)
+			r := quad * 4
+			for j := range min(4, N-r) {
+				row[r+j] = o[j] * w.mul
+			}
 		}
-	})
-	quads := (N + 3) / 4
-	grain := max(1, (1<<14)/(K*max(m, 1))) // at least ~64k products per goroutine
-	b.parallel(quads, grain, func(lo, hi int) {
-		matmulQ8(out, acts, q, lo, hi)
-		w.addBias(out, m, lo*4, min(hi*4, N))
-	})
+	}
 }
+
+// q8Kernels are the 128-element layout's: row4Q8 for 4 tokens, dot4Q8 for
+// one.
+var q8Kernels = quadKernels[q8Act]{quantize: quantizeQ8, row4: row4Q8, dot4: dot4Q8}

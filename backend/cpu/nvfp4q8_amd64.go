@@ -15,6 +15,9 @@ const q8BaseName = "avx2"
 // hasSDOT: no arm64 SDOT kernels here.
 const hasSDOT = false
 
+// The kernels of nvfp4q8_amd64.s: AVX2 and AVX-512 VNNI for the
+// 128-element layout, AVX-512 VNNI for the block-per-lane one.
+
 //go:noescape
 func row4Q8AVX2(codes, scales *byte, x *int8, xs *float32, xsum *int32, groups int, out *[4]float32)
 
@@ -26,6 +29,15 @@ func row4Q8VNNI(codes, scales *byte, x *int8, xs *float32, xsum *int32, groups i
 
 //go:noescape
 func dot4Q8VNNI(codes, scales *byte, x *int8, xs *float32, xsum *int32, groups int, out *[4]float32)
+
+//go:noescape
+func dot4Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups int, out *[4]float32)
+
+//go:noescape
+func row4Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups int, out *[4]float32)
+
+//go:noescape
+func row8Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups int, out *[8]float32)
 
 // dot4Q8 is dot4Q8Go with the AVX-512 VNNI or AVX2 kernel where the
 // processor has them.
@@ -54,19 +66,13 @@ func row4Q8(codes, scales []byte, a []q8Act, groups int, out *[4]float32) {
 	}
 	_, _ = codes[(groups-1)*4*q8GroupB+q8GroupB-1], scales[(groups-1)*4*q8Blocks+q8Blocks-1]
 	n, nb := groups*q8Group, groups*q8Blocks
+	xs := consecutive(a[0].sc, a[3].sc, 4, nb)
 	if hasVNNI512 && !q8ForceBase {
-		n5 := groups * q8Group / 4
-		x, xs, xsum := a[0].x5[:4*n], a[0].sc[:4*nb], a[0].c5[:4*n5]
-		if &x[3*n] != &a[3].x5[0] || &xs[3*nb] != &a[3].sc[0] || &xsum[3*n5] != &a[3].c5[0] {
-			panic("cpu: row4Q8: the activations are not consecutive")
-		}
+		x, xsum := consecutive(a[0].x5, a[3].x5, 4, n), consecutive(a[0].c5, a[3].c5, 4, n/4)
 		row4Q8VNNI(&codes[0], &scales[0], &x[0], &xs[0], &xsum[0], groups, out)
 		return
 	}
-	x, xs, xsum := a[0].q[:4*n], a[0].sc[:4*nb], a[0].sum[:4*nb]
-	if &x[3*n] != &a[3].q[0] || &xs[3*nb] != &a[3].sc[0] || &xsum[3*nb] != &a[3].sum[0] {
-		panic("cpu: row4Q8: the activations are not consecutive")
-	}
+	x, xsum := consecutive(a[0].q, a[3].q, 4, n), consecutive(a[0].sum, a[3].sum, 4, nb)
 	row4Q8AVX2(&codes[0], &scales[0], &x[0], &xs[0], &xsum[0], groups, out)
 }
 
@@ -74,12 +80,6 @@ func row4Q8(codes, scales []byte, a []q8Act, groups int, out *[4]float32) {
 // layout (nvfp4q16.go), whose kernels need AVX-512 VNNI; q8ForceBase (the
 // test hook) keeps the 128-element layout's AVX2 kernels.
 func useQ16() bool { return hasVNNI512 && !q8ForceBase }
-
-//go:noescape
-func dot4Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups int, out *[4]float32)
-
-//go:noescape
-func row4Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups int, out *[4]float32)
 
 // dot4Q16 is dot4Q16Go with the AVX-512 VNNI kernel where the processor
 // has it.
@@ -93,39 +93,32 @@ func dot4Q16(codes, scales []byte, a q16Act, groups int, out *[4]float32) {
 	dot4Q16VNNI(&codes[0], &scales[0], &a.x[0], &a.sc[0], &a.c[0], groups, out)
 }
 
-//go:noescape
-func row8Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups int, out *[8]float32)
-
-// row8Q16 is row8Q16Go with the AVX-512 VNNI kernel where the processor
-// has it. The 8 tokens' activations must be consecutive in one allocation
-// (newQ16Act).
-func row8Q16(codes, scales []byte, a []q16Act, groups int, out *[8]float32) {
-	if !hasVNNI512 || groups == 0 {
-		row8Q16Go(codes, scales, a, groups, out)
-		return
-	}
-	_, _ = codes[(groups-1)*4*q16GroupB+q16GroupB-1], scales[(groups-1)*4*q16Blocks+q16Blocks-1]
-	n, nb := groups*q16Group, groups*q16Blocks
-	x, xs, xc := a[0].x[:8*n], a[0].sc[:8*nb], a[0].c[:8*nb]
-	if &x[7*n] != &a[7].x[0] || &xs[7*nb] != &a[7].sc[0] || &xc[7*nb] != &a[7].c[0] {
-		panic("cpu: row8Q16: the activations are not consecutive")
-	}
-	row8Q16VNNI(&codes[0], &scales[0], &x[0], &xs[0], &xc[0], groups, out)
+// row4Q16 and row8Q16 are row4Q16Go and row8Q16Go with the AVX-512 VNNI
+// kernels where the processor has them (tokensQ16).
+func row4Q16(codes, scales []byte, a []q16Act, groups int, out *[4]float32) {
+	tokensQ16(codes, scales, a, groups, out)
 }
 
-// row4Q16 is row4Q16Go with the AVX-512 VNNI kernel where the processor
-// has it. The 4 tokens' activations must be consecutive in one allocation
+func row8Q16(codes, scales []byte, a []q16Act, groups int, out *[8]float32) {
+	tokensQ16(codes, scales, a, groups, out)
+}
+
+// tokensQ16 is one row with the len(out) tokens of a: row4Q16VNNI or
+// row8Q16VNNI where the processor has AVX-512 VNNI, else the portable
+// kernel. The tokens' activations must be consecutive in one allocation
 // (newQ16Act).
-func row4Q16(codes, scales []byte, a []q16Act, groups int, out *[4]float32) {
+func tokensQ16[O [4]float32 | [8]float32](codes, scales []byte, a []q16Act, groups int, out *O) {
 	if !hasVNNI512 || groups == 0 {
-		row4Q16Go(codes, scales, a, groups, out)
+		tokensGo(rowQ16Go, codes, scales, a, groups, out)
 		return
 	}
 	_, _ = codes[(groups-1)*4*q16GroupB+q16GroupB-1], scales[(groups-1)*4*q16Blocks+q16Blocks-1]
-	n, nb := groups*q16Group, groups*q16Blocks
-	x, xs, xc := a[0].x[:4*n], a[0].sc[:4*nb], a[0].c[:4*nb]
-	if &x[3*n] != &a[3].x[0] || &xs[3*nb] != &a[3].sc[0] || &xc[3*nb] != &a[3].c[0] {
-		panic("cpu: row4Q16: the activations are not consecutive")
+	k, n, nb := len(*out), groups*q16Group, groups*q16Blocks
+	x, xs, xc := consecutive(a[0].x, a[k-1].x, k, n), consecutive(a[0].sc, a[k-1].sc, k, nb), consecutive(a[0].c, a[k-1].c, k, nb)
+	switch o := any(out).(type) {
+	case *[4]float32:
+		row4Q16VNNI(&codes[0], &scales[0], &x[0], &xs[0], &xc[0], groups, o)
+	case *[8]float32:
+		row8Q16VNNI(&codes[0], &scales[0], &x[0], &xs[0], &xc[0], groups, o)
 	}
-	row4Q16VNNI(&codes[0], &scales[0], &x[0], &xs[0], &xc[0], groups, out)
 }

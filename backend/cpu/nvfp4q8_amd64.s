@@ -352,6 +352,13 @@ d16loop:
 d16done:
 	Q5STORE
 
+// ROWDEC16: the row's supergroup decoded into Z16-Z19, its weight scales
+// into Z22.
+#define ROWDEC16 \
+	NIBBLES(VMOVDQU64, VPANDD, Z6, Z5, 0, Z16, Z17); \
+	NIBBLES(VMOVDQU64, VPANDD, Z6, Z5, 64, Z18, Z19); \
+	WSCALE16(0, Z22)
+
 // TOK16(XP, SP, CP, ACC): one token of the row's supergroup: the decoded
 // Z16-Z19 with the activations at (XP), from the corrections at CP, times
 // the weight scales Z22 and the activation scales at SP, into ACC. Uses
@@ -384,9 +391,7 @@ TEXT ·row4Q16VNNI(SB), NOSPLIT, $0-56
 r16loop:
 	TESTQ CX, CX
 	JE    r16done
-	NIBBLES(VMOVDQU64, VPANDD, Z6, Z5, 0, Z16, Z17)
-	NIBBLES(VMOVDQU64, VPANDD, Z6, Z5, 64, Z18, Z19)
-	WSCALE16(0, Z22)
+	ROWDEC16
 	TOK16(SI, (R8), (R9), Z12)
 	LEAQ (SI)(BX*1), R11
 	TOK16(R11, (R8)(R13*1), (R9)(R13*1), Z13)
@@ -430,9 +435,7 @@ TEXT ·row8Q16VNNI(SB), NOSPLIT, $0-56
 r8loop:
 	TESTQ CX, CX
 	JE    r8done
-	NIBBLES(VMOVDQU64, VPANDD, Z6, Z5, 0, Z16, Z17)
-	NIBBLES(VMOVDQU64, VPANDD, Z6, Z5, 64, Z18, Z19)
-	WSCALE16(0, Z22)
+	ROWDEC16
 	MOVQ SI, R11; MOVQ R8, R12; MOVQ R9, R14
 	TOK16(R11, (R12), (R14), Z23); NEXTTOK
 	TOK16(R11, (R12), (R14), Z24); NEXTTOK

@@ -52,11 +52,8 @@ func row4Q8(codes, scales []byte, a []q8Act, groups int, out *[4]float32) {
 		return
 	}
 	_, _ = codes[(groups-1)*4*q8GroupB+q8GroupB-1], scales[(groups-1)*4*q8Blocks+q8Blocks-1]
-	n, nb := groups*q8Group, groups*q8Blocks
-	x, xs := a[0].q[:4*n], a[0].sc[:4*nb]
-	if &x[3*n] != &a[3].q[0] || &xs[3*nb] != &a[3].sc[0] {
-		panic("cpu: row4Q8: the activations are not consecutive")
-	}
+	x := consecutive(a[0].q, a[3].q, 4, groups*q8Group)
+	xs := consecutive(a[0].sc, a[3].sc, 4, groups*q8Blocks)
 	if hasSDOT && !q8ForceBase {
 		row4Q8SDOT(&codes[0], &scales[0], &x[0], &xs[0], groups, out)
 		return

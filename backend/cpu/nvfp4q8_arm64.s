@@ -1,4 +1,5 @@
 #include "textflag.h"
+#include "neon_arm64.h"
 
 // The NEON int8 kernels of the NVFP4 path (nvfp4q8.go has the layout): the
 // repacked codes are decoded to 2*e2m1 int8 with one TBL per 16 nibbles
@@ -27,10 +28,7 @@ GLOBL q8tbl<>(SB), RODATA|NOPTR, $16
 	VMOVI $15, V11.B16; \
 	MOVW $0x3a800000, R8; \
 	VDUP R8, V26.S4; \
-	VEOR V12.B16, V12.B16, V12.B16; \
-	VEOR V13.B16, V13.B16, V13.B16; \
-	VEOR V14.B16, V14.B16, V14.B16; \
-	VEOR V15.B16, V15.B16, V15.B16
+	ZERO4(V12, V13, V14, V15)
 
 // DEC(c, lo, hi): lo, hi = 2*e2m1 of c's low and high nibbles.
 #define DEC(c, lo, hi) \
@@ -48,18 +46,6 @@ GLOBL q8tbl<>(SB), RODATA|NOPTR, $16
 	VUSHLL $15, lo.H4, lo.S4; \
 	VADD V26.S4, lo.S4, lo.S4; \
 	VADD V26.S4, hi.S4, hi.S4
-
-#define ZERO18_21 \
-	VEOR V18.B16, V18.B16, V18.B16; \
-	VEOR V19.B16, V19.B16, V19.B16; \
-	VEOR V20.B16, V20.B16, V20.B16; \
-	VEOR V21.B16, V21.B16, V21.B16
-
-#define ZERO27_30 \
-	VEOR V27.B16, V27.B16, V27.B16; \
-	VEOR V28.B16, V28.B16, V28.B16; \
-	VEOR V29.B16, V29.B16, V29.B16; \
-	VEOR V30.B16, V30.B16, V30.B16
 
 // DOT4END: the sums of V12..V15 into V12 (one lane each), stored at out.
 #define DOT4END \
@@ -87,7 +73,7 @@ GLOBL q8tbl<>(SB), RODATA|NOPTR, $16
 
 #define ROWSDOT(acc) \
 	VLD1.P 32(R0), [V16.B16, V17.B16]; \
-	ZERO18_21; \
+	ZERO4(V18, V19, V20, V21); \
 	DEC(V16, V24, V25); \
 	WORD $0x4e809712 /* sdot v18.4s, v24.16b, v0.16b */; \
 	WORD $0x4e829733 /* sdot v19.4s, v25.16b, v2.16b */; \
@@ -97,7 +83,7 @@ GLOBL q8tbl<>(SB), RODATA|NOPTR, $16
 	WORD $0x4eb3be56 /* addp v22.4s, v18.4s, v19.4s */; \
 	WORD $0x4eb5be97 /* addp v23.4s, v20.4s, v21.4s */; \
 	VLD1.P 32(R0), [V16.B16, V17.B16]; \
-	ZERO18_21; \
+	ZERO4(V18, V19, V20, V21); \
 	DEC(V16, V24, V25); \
 	WORD $0x4e849712 /* sdot v18.4s, v24.16b, v4.16b */; \
 	WORD $0x4e869733 /* sdot v19.4s, v25.16b, v6.16b */; \
@@ -231,14 +217,14 @@ neon4group:
 	VLD1 (R7), [V0.B16, V1.B16, V2.B16, V3.B16]; \
 	ADD $64, R7, R11; \
 	VLD1 (R11), [V4.B16, V5.B16, V6.B16, V7.B16]; \
-	ZERO27_30; \
+	ZERO4(V27, V28, V29, V30); \
 	WORD $0x4e80961b /* sdot v27.4s, v16.16b, v0.16b */; \
 	WORD $0x4e82963c /* sdot v28.4s, v17.16b, v2.16b */; \
 	WORD $0x4e81965d /* sdot v29.4s, v18.16b, v1.16b */; \
 	WORD $0x4e83967e /* sdot v30.4s, v19.16b, v3.16b */; \
 	WORD $0x4ebcbf68 /* addp v8.4s, v27.4s, v28.4s */; \
 	WORD $0x4ebebfa9 /* addp v9.4s, v29.4s, v30.4s */; \
-	ZERO27_30; \
+	ZERO4(V27, V28, V29, V30); \
 	WORD $0x4e84969b /* sdot v27.4s, v20.16b, v4.16b */; \
 	WORD $0x4e8696dc /* sdot v28.4s, v22.16b, v6.16b */; \
 	WORD $0x4e8596bd /* sdot v29.4s, v21.16b, v5.16b */; \

@@ -43,42 +43,8 @@ func TestQ8MatMul(t *testing.T) {
 	rng := rand.New(rand.NewPCG(61, 1))
 	for _, s := range [][3]int{{1, 7, 48}, {1, 257, 2048}, {3, 33, 80}, {17, 64, 400}, {5, 10, 4096}, {150, 9, 4096}} {
 		m, rows, cols := s[0], s[1], s[2]
-		w := make([]float32, rows*cols)
-		for i := range w {
-			w[i] = float32(rng.NormFloat64())
-		}
-		q, err := quant.QuantizeNVFP4(w, rows, cols)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i := range q.Scales {
-			switch i % 13 {
-			case 3:
-				q.Scales[i] |= 0x80 // negative
-			case 7:
-				q.Scales[i] = 0
-			case 11:
-				q.Scales[i] = byte(1 + i%7) // subnormal
-			}
-		}
-		x := make([]float32, m*cols)
-		for i := range x {
-			x[i] = float32(rng.NormFloat64())
-		}
-		deq := q.Dequantize()
-		want := make([]float64, m*rows)
-		var wantSq float64
-		for i := range m {
-			for r := range rows {
-				var d float64
-				for k := range cols {
-					d += float64(x[i*cols+k]) * float64(deq[r*cols+k])
-				}
-				want[i*rows+r] = d
-				wantSq += d * d
-			}
-		}
-		qw := newQ8Weight(q, func(n int, fn func(lo, hi int)) { fn(0, n) })
+		q, x, want, wantSq := nvfp4Case(t, rng, m, rows, cols)
+		qw := newQ8Weight(q, serialPar)
 		acts := newQ8Act(qw.groups, m)
 		for i := range m {
 			quantizeQ8(acts[i], x[i*cols:(i+1)*cols], qw.groups)
@@ -88,6 +54,65 @@ func TestQ8MatMul(t *testing.T) {
 			checkQ8Kernels(t, fmt.Sprint(s, " ", q8BaseName, ":", forceBase), qw, acts, want, wantSq)
 		}
 		q8ForceBase = false
+	}
+}
+
+// nvfp4Case is a rows x cols NVFP4 weight q and m x cols activations x for
+// the int8 kernels' tests, every 13th block scale from the 3rd negated,
+// from the 7th zeroed, from the 11th subnormal (every re-encoding path);
+// want is x times q's dequantized weight in float64, wantSq its squared
+// sum.
+func nvfp4Case(t *testing.T, rng *rand.Rand, m, rows, cols int) (q *quant.NVFP4, x []float32, want []float64, wantSq float64) {
+	t.Helper()
+	q, err := quant.QuantizeNVFP4(randn(rng, rows*cols), rows, cols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range q.Scales {
+		switch i % 13 {
+		case 3:
+			q.Scales[i] |= 0x80 // negative
+		case 7:
+			q.Scales[i] = 0
+		case 11:
+			q.Scales[i] = byte(1 + i%7) // subnormal
+		}
+	}
+	x = randn(rng, m*cols)
+	deq := q.Dequantize()
+	want = make([]float64, m*rows)
+	for i := range m {
+		for r := range rows {
+			var d float64
+			for k := range cols {
+				d += float64(x[i*cols+k]) * float64(deq[r*cols+k])
+			}
+			want[i*rows+r] = d
+			wantSq += d * d
+		}
+	}
+	return q, x, want, wantSq
+}
+
+// rmsError is the RMS of got - want over that of want (wantSq its squared
+// sum).
+func rmsError(got []float32, want []float64, wantSq float64) float64 {
+	var errSq float64
+	for i, g := range got {
+		d := float64(g) - want[i]
+		errSq += d * d
+	}
+	return math.Sqrt(errSq / wantSq)
+}
+
+// checkNear reports the outputs o of a kernel further than tol from og,
+// the portable Go kernel's.
+func checkNear(t *testing.T, what string, o, og []float32, tol float64) {
+	t.Helper()
+	for j := range o {
+		if d := math.Abs(float64(o[j] - og[j])); d > tol {
+			t.Errorf("%s %d: kernel %v, Go %v", what, j, o[j], og[j])
+		}
 	}
 }
 
@@ -101,84 +126,114 @@ func q8Paths() []bool {
 	return []bool{false}
 }
 
-// checkQ8Kernels runs matmulQ8 (the kernels q8ForceBase picks) against want
+// checkQ8Kernels runs matmulQuads (the kernels q8ForceBase picks) against want
 // (their float64 product, squared sum wantSq) and the kernels against the
 // portable Go ones.
 func checkQ8Kernels(t *testing.T, s string, qw *q8Weight, acts []q8Act, want []float64, wantSq float64) {
 	t.Helper()
 	m, rows := len(acts), qw.rows
 	got := make([]float32, m*rows)
-	matmulQ8(got, acts, qw, 0, (rows+3)/4)
-	var errSq float64
-	for i, g := range got {
-		d := float64(g) - want[i]
-		errSq += d * d
-	}
-	if rel := math.Sqrt(errSq / wantSq); rel > 5e-3 {
+	matmulQuads(got, acts, &qw.quadWeight, 0, (rows+3)/4, &q8Kernels)
+	if rel := rmsError(got, want, wantSq); rel > 5e-3 {
 		t.Errorf("%v: RMS error %.3g of the output's RMS, want <= 5e-3", s, rel)
 	}
 	// The Go kernels against the ones MatMul dispatches to (float sums in
 	// another order: within 1e-5 of the outputs' RMS).
 	rms := math.Sqrt(wantSq / float64(len(want)))
-	G := qw.groups
+	checkQuadKernels(t, s, &qw.quadWeight, acts, &q8Kernels, &q8GoKernels, 1e-5*rms/float64(qw.mul))
+}
+
+// q8GoKernels and q16GoKernels are the layouts' portable kernels.
+var (
+	q8GoKernels  = quadKernels[q8Act]{row4: row4Q8Go, dot4: dot4Q8Go}
+	q16GoKernels = quadKernels[q16Act]{row8: row8Q16Go, row4: row4Q16Go, dot4: dot4Q16Go}
+)
+
+// checkQuadKernels holds a layout's kernels k (those MatMul dispatches to)
+// to its portable ones kgo on w and the m tokens acts: per quad dot4 with
+// the last token, row4 on the quad's row 1 with tokens 0..3 (m >= 4), row8
+// on its row 2 with the last 8 (m >= 8, where the layout has one). The
+// outputs, before the global scale, must be within tol of each other.
+func checkQuadKernels[A any](t *testing.T, name string, w *quadWeight, acts []A, k, kgo *quadKernels[A], tol float64) {
+	t.Helper()
+	m, G := len(acts), w.groups
+	qstrideC, qstrideS := G*4*w.groupB, G*4*w.blocks
 	var o, og [4]float32
-	for quad := range (rows + 3) / 4 {
-		c := qw.codes[quad*G*4*q8GroupB : (quad+1)*G*4*q8GroupB]
-		sc := qw.scales[quad*G*4*q8Blocks : (quad+1)*G*4*q8Blocks]
-		dot4Q8(c, sc, acts[m-1], G, &o)
-		dot4Q8Go(c, sc, acts[m-1], G, &og)
-		check := func(what string, j int) {
-			if d := math.Abs(float64(o[j] - og[j])); d > 1e-5*rms/float64(qw.mul) { // o, og: before the global scale
-				t.Errorf("%v quad %d %s %d: kernel %v, Go %v", s, quad, what, j, o[j], og[j])
-			}
+	var o8, og8 [8]float32
+	for quad := range (w.rows + 3) / 4 {
+		c := w.codes[quad*qstrideC : (quad+1)*qstrideC]
+		sc := w.scales[quad*qstrideS : (quad+1)*qstrideS]
+		k.dot4(c, sc, acts[m-1], G, &o)
+		kgo.dot4(c, sc, acts[m-1], G, &og)
+		checkNear(t, fmt.Sprintf("%v quad %d row", name, quad), o[:], og[:], tol)
+		if m >= 4 {
+			k.row4(c[w.groupB:], sc[w.blocks:], acts[:4], G, &o)
+			kgo.row4(c[w.groupB:], sc[w.blocks:], acts[:4], G, &og)
+			checkNear(t, fmt.Sprintf("%v quad %d token", name, quad), o[:], og[:], tol)
 		}
-		for j := range 4 {
-			check("row", j)
-		}
-		if m >= 4 { // the prefill kernel: row 1 of the quad, tokens 0..3
-			row4Q8(c[q8GroupB:], sc[q8Blocks:], acts[:4], G, &o)
-			row4Q8Go(c[q8GroupB:], sc[q8Blocks:], acts[:4], G, &og)
-			for j := range 4 {
-				check("token", j)
-			}
+		if m >= 8 && k.row8 != nil {
+			k.row8(c[2*w.groupB:], sc[2*w.blocks:], acts[m-8:], G, &o8)
+			kgo.row8(c[2*w.groupB:], sc[2*w.blocks:], acts[m-8:], G, &og8)
+			checkNear(t, fmt.Sprintf("%v quad %d 8-token", name, quad), o8[:], og8[:], tol)
 		}
 	}
 }
 
-// BenchmarkQ8Kernels times the int8 kernels on a 64 x 2048 weight held in
-// cache (their compute rate, not memory's): dot4Q8 (decode, one token) and
-// row4Q8 (prefill, 4 tokens), each path the processor has.
+// BenchmarkQ8Kernels times the int8 kernels (benchQuadKernels), each path
+// the processor has.
 func BenchmarkQ8Kernels(b *testing.B) {
+	repack := func(q *quant.NVFP4) *quadWeight { return &newQ8Weight(q, serialPar).quadWeight }
+	for _, forceBase := range q8Paths() {
+		q8ForceBase = forceBase
+		benchQuadKernels(b, fmt.Sprintf("/%s=%v", q8BaseName, forceBase), repack, newQ8Act, &q8Kernels)
+	}
+	q8ForceBase = false
+}
+
+// serialPar runs fn over [0, n) in one call (the par of newQ8Weight and
+// newQ16Weight).
+func serialPar(n int, fn func(lo, hi int)) { fn(0, n) }
+
+// benchQuadKernels times a layout's kernels k on a 64 x 2048 weight held in
+// cache (their compute rate, not memory's), repacked by repack, its tokens'
+// activations made by newActs: dot (dot4, decode: one token), row (row4,
+// prefill: 4 tokens) and, where the layout has one, row8 (8 tokens, twice
+// row's products). The sub-benchmarks are named kernel+suffix.
+func benchQuadKernels[A any](b *testing.B, suffix string, repack func(*quant.NVFP4) *quadWeight, newActs func(groups, m int) []A, k *quadKernels[A]) {
 	const rows, cols = 64, 2048
 	rng := rand.New(rand.NewPCG(61, 5))
 	q, err := quant.QuantizeNVFP4(randn(rng, rows*cols), rows, cols)
 	if err != nil {
 		b.Fatal(err)
 	}
-	qw := newQ8Weight(q, func(n int, fn func(lo, hi int)) { fn(0, n) })
-	acts := newQ8Act(qw.groups, 4)
-	for i := range acts {
-		quantizeQ8(acts[i], randn(rng, cols), qw.groups)
+	w := repack(q)
+	G := w.groups
+	kernels := []string{"dot", "row"}
+	if k.row8 != nil {
+		kernels = append(kernels, "row8")
 	}
-	G := qw.groups
-	for _, forceBase := range q8Paths() {
-		for _, kernel := range []string{"dot", "row"} {
-			b.Run(fmt.Sprintf("%s/%s=%v", kernel, q8BaseName, forceBase), func(b *testing.B) {
-				q8ForceBase = forceBase
-				defer func() { q8ForceBase = false }()
-				var o [4]float32
-				for b.Loop() {
-					for quad := range rows / 4 {
-						c, sc := qw.codes[quad*G*4*q8GroupB:], qw.scales[quad*G*4*q8Blocks:]
-						if kernel == "dot" {
-							dot4Q8(c, sc, acts[0], G, &o)
-						} else {
-							row4Q8(c, sc, acts, G, &o)
-						}
+	acts := newActs(G, 4*(len(kernels)-1))
+	for i := range acts {
+		k.quantize(acts[i], randn(rng, cols), G)
+	}
+	for _, kernel := range kernels {
+		b.Run(kernel+suffix, func(b *testing.B) {
+			var o [4]float32
+			var o8 [8]float32
+			for b.Loop() {
+				for quad := range rows / 4 {
+					c, sc := w.codes[quad*G*4*w.groupB:], w.scales[quad*G*4*w.blocks:]
+					switch kernel {
+					case "dot":
+						k.dot4(c, sc, acts[0], G, &o)
+					case "row":
+						k.row4(c, sc, acts[:4], G, &o)
+					default:
+						k.row8(c, sc, acts, G, &o8)
 					}
 				}
-				b.SetBytes(rows * cols / 2)
-			})
-		}
+			}
+			b.SetBytes(rows * cols / 2)
+		})
 	}
 }

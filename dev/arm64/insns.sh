@@ -19,8 +19,8 @@ kernels=(
 	"dot4BF16NEON 32 bf16 matvec: 4 rows x 8 weights (64 bytes), 1 token"
 	"dot4x3F32NEON 96 f32 prefill tile: 4 rows x 8 weights, 3 tokens"
 	"dot4x3BF16NEON 96 bf16 prefill tile: 4 rows x 8 weights, 3 tokens"
-	"scores4NEON 32 attention scores: 4 query heads x 8 columns of a key"
-	"values4NEON 64 attention values: 4 heads x 16 columns of a value row"
+	"scores4Kernel 32 attention scores: 4 query heads x 8 columns of a key"
+	"values4Kernel 64 attention values: 4 heads x 16 columns of a value row"
 	"axpyF32NEON 16 axpy: 16 floats"
 	"ropeDotNEON 4 htree rotary dot: 4 pairs"
 )

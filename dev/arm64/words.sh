@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # words.sh: the NEON instructions Go's arm64 assembler has no mnemonic for
 # (SDOT, SMULL, SMLAL2, SADDLP, SCVTF, FMUL, FADD, FADDP, ...) are written in
-# backend/cpu/*_arm64.s as
+# backend/cpu/*_arm64.s (and the macros of backend/cpu/*_arm64.h) as
 #
 #     WORD $0x4e8b9620 /* sdot v0.4s, v17.16b, v11.16b */
 #
@@ -9,13 +9,13 @@
 # Debian's binutils-aarch64-linux-gnu) and checks that the word is its
 # encoding; with -w it rewrites the words instead (write $0x0 for a new one).
 #
-#   dev/arm64/words.sh [-w] [FILE.s ...]   (default: backend/cpu/*_arm64.s)
+#   dev/arm64/words.sh [-w] [FILE.s ...]   (default: backend/cpu/*_arm64.s and *_arm64.h)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 write=0
 if [[ ${1:-} == -w ]]; then write=1; shift; fi
 files=("$@")
-[[ ${#files[@]} -gt 0 ]] || files=(backend/cpu/*_arm64.s)
+[[ ${#files[@]} -gt 0 ]] || files=(backend/cpu/*_arm64.s backend/cpu/*_arm64.h)
 AS=${AS:-aarch64-linux-gnu-as}
 OBJDUMP=${OBJDUMP:-aarch64-linux-gnu-objdump}
 tmp=$(mktemp -d)

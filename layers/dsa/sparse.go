@@ -24,7 +24,7 @@ func Attend(out, q, keys, values []float32, idx []int32, heads, dk, dv, kStride,
 			p[j] = seqDot(qh, keys[int(t)*kStride+h*dk:][:dk]) * scale
 			m = max(m, p[j])
 		}
-		normalize(p, m)
+		Normalize(p, m)
 		o := out[h*dv : (h+1)*dv]
 		clear(o)
 		for j, t := range idx {
@@ -72,7 +72,7 @@ func AttendLatentHeads(out, qLat, qRope, latent, rope []float32, idx []int32, h0
 		for _, v := range ph {
 			m = max(m, v)
 		}
-		normalize(ph, m)
+		Normalize(ph, m)
 	}
 	clear(out[h0*rank : h1*rank])
 	for j, t := range idx {
@@ -101,8 +101,8 @@ func addScaled(o []float32, a float32, x []float32) {
 	}
 }
 
-// normalize turns logits p (max m) into softmax probabilities in place.
-func normalize(p []float32, m float32) {
+// Normalize turns logits p (max m) into softmax probabilities in place.
+func Normalize(p []float32, m float32) {
 	var sum float64
 	for j, v := range p {
 		e := float32(math.Exp(float64(v - m)))
@@ -146,7 +146,7 @@ func AttendMLAHeads(out, q, kv, kRope []float32, idx []int32, s layers.MLAShape,
 			p[j] = (dot + seqDot(qr, kRope[int(t)*rd:][:rd])) * scale
 			m = max(m, p[j])
 		}
-		normalize(p, m)
+		Normalize(p, m)
 		o := out[h*vd : (h+1)*vd]
 		clear(o)
 		for j, t := range idx {

@@ -252,6 +252,28 @@ func GatherKeys(keys, local, comp, idx []float32, a AttnArgs, i int) int {
 	return n
 }
 
+// KeyRows appends to rows the key rows query i sees, in place in local and
+// comp, in the order GatherKeys copies them.
+func KeyRows(rows [][]float32, local, comp, idx []float32, a AttnArgs, i int) [][]float32 {
+	p := a.Pos0 + i
+	for s := max(a.Lo, p-a.Window+1); s <= p; s++ {
+		rows = append(rows, local[(s-a.Lo)*a.Dim:(s-a.Lo+1)*a.Dim])
+	}
+	switch {
+	case a.TopK > 0:
+		for _, w := range idx[i*a.TopK : (i+1)*a.TopK] {
+			if w >= 0 {
+				rows = append(rows, comp[int(w)*a.Dim:(int(w)+1)*a.Dim])
+			}
+		}
+	case a.Rate > 0:
+		for w := 0; w < min(Visible(p, a.Rate), a.Entries); w++ {
+			rows = append(rows, comp[w*a.Dim:(w+1)*a.Dim])
+		}
+	}
+	return rows
+}
+
 // SinkAttention is attention of one query over entries shared key/value rows
 // with a per-head sink logit: q and out are [heads, dim], kv [entries, dim],
 // sinks [heads], scores scratch of entries values. Scores and the softmax are

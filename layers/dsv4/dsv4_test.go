@@ -189,23 +189,7 @@ func TestAttention(t *testing.T) {
 			out := make([]float32, len(q))
 			Attention(out, q, local, comp, idx, sinks, a, make([]float32, a.MaxKeys()*a.Dim), make([]float32, a.MaxKeys()))
 			for i := 0; i < a.M; i++ {
-				p := a.Pos0 + i
-				var keys [][]float32
-				for s := max(a.Lo, p-a.Window+1); s <= p; s++ {
-					keys = append(keys, local[(s-a.Lo)*a.Dim:(s-a.Lo+1)*a.Dim])
-				}
-				switch {
-				case a.TopK > 0:
-					for _, w := range idx[i*a.TopK : (i+1)*a.TopK] {
-						if w >= 0 {
-							keys = append(keys, comp[int(w)*a.Dim:(int(w)+1)*a.Dim])
-						}
-					}
-				case a.Rate > 0:
-					for w := 0; w < min((p+1)/a.Rate, a.Entries); w++ {
-						keys = append(keys, comp[w*a.Dim:(w+1)*a.Dim])
-					}
-				}
+				keys := KeyRows(nil, local, comp, idx, a, i)
 				for h := 0; h < a.Heads; h++ {
 					qv := q[(i*a.Heads+h)*a.Dim : (i*a.Heads+h+1)*a.Dim]
 					den := math.Exp(float64(sinks[h]))
