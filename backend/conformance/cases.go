@@ -211,6 +211,7 @@ func Cases() []Case {
 	cs = append(cs, v4AttentionCases()...)
 	cs = append(cs, htreeCases()...)
 	cs = append(cs, embedCases()...)
+	cs = append(cs, coverageCases()...)
 	return cs
 }
 

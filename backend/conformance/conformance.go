@@ -109,6 +109,8 @@ func has(c backend.Capabilities, group string) bool {
 		return c.Paged != nil
 	case "BatchTokenSampler":
 		return c.BatchSampler != nil
+	case "TokenSampler":
+		return c.Sampler != nil
 	}
 	return false
 }
