@@ -103,7 +103,7 @@ type variants struct {
 	gemvPipe     bool   // m = 1: activations streamed with the weights (gemv_nvfp4_m1_d1; the default where x does not fit beside the ring)
 	gemvOneTile  bool   // m = 1: one tile a block (gemv_nvfp4_s1_d1_lb) where several would be taken (gemv_nvfp4_s1_d1_mt)
 	gemvTiles    int    // m = 1: tiles a block forced (> 1) where they fit
-	noGemvTMA    bool   // m = 1: the staged kernels where gemv_nvfp4_tma8* would run (the default when K % 2048 != 0)
+	noGemvTMA    bool   // m = 1: the staged kernels where gemv_nvfp4_tma8* would run (the default where two ring slots and x do not fit)
 	tmaSlots     int    // gemv_nvfp4_tma8*: ring depth forced (> 0; a deep K leaves fewer slots)
 	tmaTPB       int    // gemv_nvfp4_tma8*: tiles a block (> 0) instead of the persistent grid
 	tmaRows      bool   // gemv_nvfp4_tma8 (row copies) where the tensor copies (gemv_nvfp4_tma8_tm) would run

@@ -39,8 +39,9 @@ func randomNVFP4(rng *rand.Rand, n, k int) *quant.NVFP4 {
 // tmaMapsMin elements), -x2-tpb1 and -x2-tpb2 with one or two tiles a block
 // instead of the persistent grid; bf16 picks its kernel by shape (one load
 // in flight per lane, four on tall matrices), bf16-1load and bf16-4loads
-// force one. 128256x4096 is the 8B model's LM head. The dev build adds its
-// experiments (bench_dev_test.go: gemvDevVariants).
+// force one. 128256x4096 is the 8B model's LM head; the shapes with K %
+// 2048 != 0 take the m = 1 variants nvfp4, -rows, -tm and -s1 only. The dev
+// build adds its experiments (bench_dev_test.go: gemvDevVariants).
 func BenchmarkGEMV(b *testing.B) {
 	g, copyBW := benchGPU(b, false)
 	b.Logf("device copy bandwidth (read+write): %.0f GB/s", copyBW/1e9)
@@ -54,7 +55,10 @@ func BenchmarkGEMV(b *testing.B) {
 		resetGEMVDev(g)
 		g.SetPDL(false)
 	}
-	for _, shape := range [][2]int{{4096, 14336}, {14336, 4096}, {6144, 4096}, {128256, 4096}, {16384, 14336}} {
+	// The last six: Qwen3-4B's, Qwen3-14B's, Llama-3.2-3B's and
+	// Qwen2.5-1.5B's FFN widths, K % 2048 != 0 (a partial last stage).
+	for _, shape := range [][2]int{{4096, 14336}, {14336, 4096}, {6144, 4096}, {128256, 4096}, {16384, 14336},
+		{9728, 2560}, {2560, 9728}, {17408, 5120}, {5120, 17408}, {8192, 3072}, {8960, 1536}} {
 		N, K := shape[0], shape[1]
 		bf := repeatMiB(make([]byte, 2*N*K), func() byte { return byte(rng.Uint32() & 0x3f) }) // small finite bf16 values
 		bfw := &backend.HostWeight{Name: "bf16", Rows: N, Cols: K, Format: backend.BF16, Data: bf}
@@ -64,6 +68,11 @@ func BenchmarkGEMV(b *testing.B) {
 			nv := &backend.HostWeight{Name: "nvfp4", Rows: N, Cols: K, Format: backend.NVFP4, Q: q}
 			vs = []variant{{"nvfp4", nv, []int{1}, reset}, {"nvfp4-s1", nv, []int{1}, func() { g.force.noGemvTMA = true }}}
 			vs = append(vs, gemvDevVariants(g, N, nv, bfw)...)
+		} else if K%2048 != 0 { // the m = 1 kernels only
+			q := randomNVFP4(rng, N, K)
+			nv := &backend.HostWeight{Name: "nvfp4", Rows: N, Cols: K, Format: backend.NVFP4, Q: q}
+			vs = []variant{{"nvfp4", nv, []int{1}, reset}, {"nvfp4-rows", nv, []int{1}, func() { g.force.tmaRows = true }},
+				{"nvfp4-tm", nv, []int{1}, func() { g.force.tmaMapsAll = true }}, {"nvfp4-s1", nv, []int{1}, func() { g.force.noGemvTMA = true }}}
 		} else if N == 128256 {
 			vs = []variant{{"bf16", bfw, []int{1}, reset}, {"bf16-1load", bfw, []int{1}, func() { g.force.bf16Kernel = "gemv_bf16" }}}
 		} else {

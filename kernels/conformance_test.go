@@ -31,8 +31,8 @@ var conformanceVariants = []struct {
 }{
 	{"default", variants{}},
 	{"gemm-at-m1", variants{gemvOff: true}},
-	{"m1-x-streamed", variants{gemvPipe: true}},
-	{"m1-one-tile", variants{gemvOneTile: true}},
+	{"m1-x-streamed", variants{gemvPipe: true, noGemvTMA: true}}, // (gemv_nvfp4_tma8 would take every K % 256 == 0)
+	{"m1-one-tile", variants{gemvOneTile: true, noGemvTMA: true}},
 	{"m1-without-bulk-copy", variants{noGemvTMA: true}},
 	{"m1-bulk-copy-rows", variants{tmaRows: true}},
 	{"m1-tensor-maps-all", variants{tmaMapsAll: true}},

@@ -113,6 +113,9 @@ func TestMatMul(t *testing.T) {
 		{1, 13, 128}, {17, 77, 384}, {70, 40, 256}, {130, 24, 128}, {5, 100, 512}, {1, 24, 256}, {9, 40, 768}, {8, 1000, 256},
 		// gemv_nvfp4_tma (K % 2048 == 0): one tile, a partial tile, more tiles than multiprocessors.
 		{1, 7, 2048}, {1, 300, 4096}, {1, 4133, 2048}, {1, 17, 14336},
+		// ... and a partial last stage (K % 2048 of 256 to 1536; K under 2048:
+		// that stage only), with partial tiles.
+		{1, 45, 512}, {1, 300, 1536}, {1, 1000, 2560}, {1, 77, 3072}, {1, 129, 5120}, {1, 33, 9728}, {1, 20, 2304},
 		// gemm_nvfp4_t*: K split over blocks (a partial feature tile, m not a
 		// multiple of 8), several token tiles, each token tile size, stages of
 		// 256 elements (K % 256 == 0) and of 128.

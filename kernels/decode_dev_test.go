@@ -70,9 +70,10 @@ func TestNormFusedStaged(t *testing.T) {
 	g, c := newGPU(t), refCPU()
 	g.exp.stagedNorm = true
 	rng := rand.New(rand.NewPCG(13, 14))
-	// {40, 4096} and {300, 6144} on gemv_nvfp4_tma8, then on the staged kernel.
+	// {300, 512} on the staged kernel (gemv_nvfp4_tma8 would take it), {40,
+	// 4096} and {300, 6144} on gemv_nvfp4_tma8, then on the staged kernel.
 	for i, sh := range [][2]int{{300, 512}, {40, 4096}, {300, 6144}, {40, 4096}, {300, 6144}} {
-		g.force.noGemvTMA = i >= 3
+		g.force.noGemvTMA = i == 0 || i >= 3
 		normThenMatMul(t, g, c, rng, sh[0], sh[1])
 	}
 }
@@ -145,7 +146,7 @@ func TestGemvTMADev(t *testing.T) {
 		{8, 2, 0, 0, 1, false, true, true, true}, {8, 2, 0, 0, 2, false, true, false, true}} {
 		g.exp.tmaWarps, g.exp.tmaOcc, g.force.tmaSlots, g.force.tmaTPB, g.exp.tmaUneven, g.exp.noEvict = v.warps, v.occ, v.slots, v.tpb, v.uneven, !v.evict
 		g.force.tmaRows, g.force.tmaMapsAll, g.exp.pace, g.exp.paceAll = !v.maps, v.maps, v.pace, v.paceAll
-		for _, sh := range [][2]int{{5, 2048}, {300, 6144}, {4133, 2048}, {700, 4096}, {64, 14336}} {
+		for _, sh := range gemvTMAShapes {
 			checkGemvTMA(t, g, c, rng, sh[0], sh[1], v.maps, fmt.Sprintf("%+v", v))
 		}
 	}

@@ -41,19 +41,27 @@ func TestDecodeStepFusedAndGraphed(t *testing.T) {
 		t.Run(fmt.Sprintf("tma-maps/graphs=%v", graphs), func(t *testing.T) { testDecodeStep(t, 1, graphs, -3, nil) })
 	}
 	t.Run("tma/attention_kv", func(t *testing.T) { testDecodeStep(t, 1, GraphsOn, -2, nil) })
+	// Widths whose tiles end in a partial stage (K % 2048 != 0): q, k, v and
+	// gate/up (RMSNorm fused, SwiGLU) at K = 2560, the down projection
+	// (residual add) at K = 1536, that stage only.
+	for _, graphs := range []GraphMode{GraphsOn, GraphsOff} {
+		t.Run(fmt.Sprintf("tma-tail/graphs=%v", graphs), func(t *testing.T) { testDecodeStep(t, 1, graphs, -4, nil) })
+		t.Run(fmt.Sprintf("tma-tail-maps/graphs=%v", graphs), func(t *testing.T) { testDecodeStep(t, 1, graphs, -5, nil) })
+	}
 }
 
 // testDecodeStep: tiles > 0 forces that many tiles per block (and, as
 // tiles 0, the staged kernels); -1 selects widths for gemv_nvfp4_tma8 (row
 // copies), -3 the same with tensor copies at every size, -2 with
-// attention_kv instead of attn_short and attn_decode. seed seeds the random
-// values; set, when not nil, changes g before the steps (the dev build's
-// variants).
+// attention_kv instead of attn_short and attn_decode, -4 and -5 as -1 and
+// -3 with hidden 2560 and ffn 1536 (partial last stages). seed seeds the
+// random values; set, when not nil, changes g before the steps (the dev
+// build's variants).
 func testDecodeStep(t *testing.T, seed uint64, graphs GraphMode, tiles int, set func(g *Backend)) {
 	g, c := newGPU(t), refCPU()
 	g.force.gemvTiles = max(tiles, 0)
 	g.force.noGemvTMA = tiles >= 0
-	g.force.tmaRows, g.force.tmaMapsAll = tiles == -1, tiles == -3
+	g.force.tmaRows, g.force.tmaMapsAll = tiles == -1 || tiles == -4, tiles == -3 || tiles == -5
 	g.force.attnKV = tiles == -2
 	if set != nil {
 		set(g)
@@ -63,6 +71,9 @@ func testDecodeStep(t *testing.T, seed uint64, graphs GraphMode, tiles int, set 
 	hidden, ffn, heads, kvHeads, hd, vocab := 512, 768, 8, 2, 64, 300
 	if tiles < 0 {
 		hidden, ffn, heads, kvHeads = 2048, 4096, 32, 4
+	}
+	if tiles <= -4 {
+		hidden, ffn = 2560, 1536
 	}
 	s := layers.AttentionShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: float32(1 / math.Sqrt(float64(hd)))}
 	rope, err := layers.NewRoPE(layers.RoPEParams{Theta: 10000}, hd)
@@ -208,12 +219,14 @@ func TestAttentionSplits(t *testing.T) {
 }
 
 // TestNormFusedIntoMatMul: RMSNorm of one row then an NVFP4 matmul of it run
-// as one kernel (gemv_nvfp4_tma8*, where K % 2048 == 0), which also writes
-// the normalized row; and apart where the matmul does not take it.
+// as one kernel (gemv_nvfp4_tma8*, where K % 256 == 0), which also writes
+// the normalized row; and apart where the matmul does not take it. Widths
+// with a partial last stage, that stage only (512, 1536), and x staged in
+// one pass (K <= 16384) or in a loop (17408).
 func TestNormFusedIntoMatMul(t *testing.T) {
 	g, c := newGPU(t), refCPU()
 	rng := rand.New(rand.NewPCG(13, 14))
-	for _, sh := range [][2]int{{300, 512}, {40, 4096}, {300, 6144}} {
+	for _, sh := range [][2]int{{300, 512}, {40, 4096}, {300, 6144}, {33, 1536}, {129, 2560}, {70, 9728}, {20, 17408}} {
 		normThenMatMul(t, g, c, rng, sh[0], sh[1])
 	}
 }
@@ -242,10 +255,12 @@ func normThenMatMul(t *testing.T, g *Backend, c *cpu.Backend, rng *rand.Rand, n,
 
 // TestGemvTilesPerBlock holds the m = 1 kernel with several tiles per block
 // (x staged once for them; forced here, since these shapes are too small for
-// the launch to choose it) to the CPU backend, tile counts that T does not
-// divide included; tolerance as TestMatMul's for NVFP4.
+// the launch to choose it, and gemv_nvfp4_tma8 kept out, which would take
+// them) to the CPU backend, tile counts that T does not divide included;
+// tolerance as TestMatMul's for NVFP4.
 func TestGemvTilesPerBlock(t *testing.T) {
 	g, c := newGPU(t), refCPU()
+	g.force.noGemvTMA = true
 	rng := rand.New(rand.NewPCG(17, 18))
 	for _, tiles := range []int{2, 3, 4, 8} {
 		for _, sh := range []struct{ n, k int }{{300, 1024}, {513, 1024}, {24, 256}, {1000, 4096}, {64, 2048}} {
@@ -268,9 +283,10 @@ func TestGemvTilesPerBlock(t *testing.T) {
 // takes to the CPU: persistent or a few tiles per block, a ring of 2 slots
 // (wrapping many times per tile) or the deepest that fits, row copies or
 // tensor copies (gemv_nvfp4_tma8_tm, its boxes past the last row filled with
-// zeros); the SwiGLU and residual epilogues are covered by
-// TestDecodeStepFusedAndGraphed, the dev build's variants (16 consumer
-// warps, three blocks a multiprocessor, other paces) by TestGemvTMADev.
+// zeros), at the widths of gemvTMAShapes; the SwiGLU and residual epilogues
+// are covered by TestDecodeStepFusedAndGraphed, the dev build's variants (16
+// consumer warps, three blocks a multiprocessor, other paces) by
+// TestGemvTMADev.
 func TestGemvTMA(t *testing.T) {
 	g, c := newGPU(t), refCPU()
 	rng := rand.New(rand.NewPCG(17, 18))
@@ -279,11 +295,18 @@ func TestGemvTMA(t *testing.T) {
 		maps       bool
 	}{{0, 0, false}, {2, 3, false}, {0, 0, true}, {2, 0, true}} {
 		g.force.tmaSlots, g.force.tmaTPB, g.force.tmaRows, g.force.tmaMapsAll = v.slots, v.tpb, !v.maps, v.maps
-		for _, sh := range [][2]int{{5, 2048}, {300, 6144}, {4133, 2048}, {700, 4096}, {64, 14336}} {
+		for _, sh := range gemvTMAShapes {
 			checkGemvTMA(t, g, c, rng, sh[0], sh[1], v.maps, fmt.Sprintf("%+v", v))
 		}
 	}
 }
+
+// gemvTMAShapes are the n x k of TestGemvTMA and TestGemvTMADev: a tile, a
+// partial tile, more tiles than blocks, deep K; then partial last stages
+// (K % 2048 of 256 to 1536, the whole K under 2048), tiles of 1 to 3 stages
+// wrapping a ring of 2 slots at odd offsets.
+var gemvTMAShapes = [][2]int{{5, 2048}, {300, 6144}, {4133, 2048}, {700, 4096}, {64, 14336},
+	{45, 512}, {300, 1536}, {1000, 2560}, {77, 3072}, {129, 5120}, {33, 9728}, {20, 2304}, {3000, 768}}
 
 // checkGemvTMA holds an m = 1 matmul n x k to the CPU and, when maps is
 // set, checks that the weight's tensor maps were encoded.
@@ -318,6 +341,7 @@ func TestGemvStridedRows(t *testing.T) {
 		{1024, 4096, 8, 4096, true}, // three launches (3 + 3 + 2 weights)
 		{1000, 2048, 3, 2560, true}, // a gap between the rows; a partial last tile
 		{64, 6144, 2, 6144, true},
+		{100, 1536, 3, 1536, true},   // a partial stage only
 		{3000, 2048, 3, 2048, false}, // 3 x 188 tiles: more than the blocks of one wave
 	} {
 		ws := make([]backend.Weight, tc.groups)

@@ -203,9 +203,10 @@ func tmaBalanced(total, slots int) int {
 }
 
 // longGemv reports whether an m = 1 launch's blocks have more stages to copy
-// than their ns ring slots: copies remain to be issued after its release, and
-// it keeps the memory busy to its end.
-func longGemv(K, total, grid, ns int) bool { return (total+grid-1)/grid*(K/2048) > ns }
+// (a partial last stage of a tile counted as one) than their ns ring slots:
+// copies remain to be issued after its release, and it keeps the memory busy
+// to its end.
+func longGemv(K, total, grid, ns int) bool { return (total+grid-1)/grid*((K+2047)/2048) > ns }
 
 // paceOf is the pace of an m = 1 launch's first ring fill (GemvArgs.flags
 // bits 25-27): defaultTMAPace for a long launch after a long launch, 0 (all at once)
@@ -311,15 +312,19 @@ const (
 )
 
 // tmaStages is the ring depth of gemv_nvfp4_tma8 for K, or 0 when the kernel
-// does not take it (forced off, K not a multiple of 2048, or under 2 slots
+// does not take it (forced off, K not a multiple of 256, or under 2 slots
 // fit). A block takes at most half the shared memory (tmaOcc blocks a
-// multiprocessor).
+// multiprocessor). Where K % 2048 != 0 the last stage of each tile is
+// partial (gemv.cuh): its copies of each row are multiples of 16 bytes (K %
+// 256 == 0), as bulk copies and the scales' tensor map's row stride need;
+// it still takes a whole ring slot, and x (2 bytes per element) is staged to
+// K only, so the sizes below hold as they are.
 func (b *Backend) tmaStages(K int) int { return b.tmaStagesOf(K, tmaStage, 0) }
 
 // tmaStagesOf is tmaStages for ring slots of stage bytes and extra bytes
 // of shared memory besides.
 func (b *Backend) tmaStagesOf(K, stage, extra int) int {
-	if b.force.noGemvTMA || K%2048 != 0 {
+	if b.force.noGemvTMA || K%256 != 0 {
 		return 0
 	}
 	share := (b.maxShare+1024)/tmaOcc - 1024
@@ -499,7 +504,9 @@ func (b *Backend) finalizeGemv(o *op, afterLong bool) {
 // bytes as [row][segment][32 words] (segments of 128 bytes, boxes of 8 rows x
 // 8 segments: one row block of a stage) and its scales as [row][words]
 // (boxes of 8 rows x 32 words: a row block's scales of a stage), both with
-// the 128-byte swizzle the kernel reads back.
+// the 128-byte swizzle the kernel reads back. A partial last stage's boxes
+// reach past K (as the last row block's past N): the copy fills those
+// elements with zeros and counts them toward the barrier's bytes.
 type tensorMaps struct{ w, s [16]uint64 }
 
 // The CUtensorMapEncodeTiled enums used here.
@@ -560,7 +567,7 @@ func (b *Backend) tensorMapsOf(w *Weight) *tensorMaps {
 	}
 	w.mapsTried = true
 	enc := b.d.cuTensorMapEncodeTiled
-	if enc == nil || w.format != backend.NVFP4 || w.cols%2048 != 0 || w.data.ptr%16 != 0 || w.scales.ptr%16 != 0 {
+	if enc == nil || w.format != backend.NVFP4 || w.cols%256 != 0 || w.data.ptr%16 != 0 || w.scales.ptr%16 != 0 {
 		return nil
 	}
 	K, N := uint64(w.cols), uint64(w.rows)

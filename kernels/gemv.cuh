@@ -477,15 +477,15 @@ extern "C" __global__ void __launch_bounds__(256, 4) gemv_bf16_u4(const uint16_t
 
 // ---------------------------------------------------------------------------
 // gemv_nvfp4_tma: the m = 1 NVFP4 matmul as a persistent kernel fed by bulk
-// copies (K % 2048 == 0; same GemvArgs, modes and epilogues as above).
+// copies (K % 256 == 0; same GemvArgs, modes and epilogues as above).
 //
 // One block per multiprocessor walks its tiles (16 weight rows each, numbered
 // as gemv_tile does; block b takes tiles b, b + grid, ...) in stages of 2048
-// elements of every row. Warp TMA_CW (the producer) copies a stage's 16 x 1024
-// weight bytes and 16 x 128 scale bytes into a ring of NS slots with
-// cp.async.bulk, the copies' arrival counted by the slot's "full" mbarrier,
-// and refills a slot once the TMA_CW consumer warps have released it on its
-// "empty" mbarrier. The copy engine keeps up to NS stages (up to 150 KB) in
+// elements of every row, the last one partial where K % 2048 != 0 (below).
+// Warp TMA_CW (the producer) copies a stage's 16 x 1024 weight bytes and
+// 16 x 128 scale bytes into a ring of NS slots with cp.async.bulk, the
+// copies' arrival counted by the slot's "full" mbarrier, and refills a slot
+// once the TMA_CW consumer warps have released it on its "empty" mbarrier. The copy engine keeps up to NS stages (up to 150 KB) in
 // flight per multiprocessor without registers or instructions per byte.
 //
 // Consumer warp w takes 128-element group w of every stage: lane (g, t) owns
@@ -496,6 +496,18 @@ extern "C" __global__ void __launch_bounds__(256, 4) gemv_bf16_u4(const uint16_t
 // D[r][c] is row r's unscaled dot product over block c. The lane holding
 // D[r][2t], D[r][2t+1] multiplies them by row r's scales of those blocks in
 // fp32: 4 FMA per 8 mma instead of a multiply per weight pair.
+//
+// A partial last stage (K % 2048 = 128 tg, tg even) holds groups 0 to tg - 1
+// of each row. Its row copies take only their bytes (64 tg of weights, 8 tg
+// of scales: multiples of 16, as a bulk copy needs), and the expected byte
+// count is theirs; its tensor copies take the whole boxes, the segments past
+// K filled with zeros, which count toward the transaction as the rows past N
+// do. Either way the slot past the tail holds bytes of no use (stale or
+// uninitialized: a scale byte 0x7F is NaN) and x is staged only to K, so a
+// consumer warp reads and adds nothing for its groups past the tail, yet
+// waits on the slot and releases it as in a full stage. The full stages keep
+// their loop as it was: the tail is one more pass of the same stage body,
+// after that loop, with the warp's count of groups in it.
 #define TMA_ROWSTRIDE 1088                         // a row's 1024 weight bytes, padded: rows g, g+1 on other banks
 #define TMA_SROW 144                               // a row's 128 scale bytes, padded likewise
 #define TMA_WBYTES (16 * TMA_ROWSTRIDE)
@@ -628,7 +640,8 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a, const Ten
     // TM: the ring 1024-aligned, as the swizzled copies need (the host adds 1 KB).
     unsigned char* tsm = TM ? tsm_raw + ((1024u - (smem_u32(tsm_raw) & 1023u)) & 1023u) : tsm_raw;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-    const int K = a.K, NS = (a.flags >> 16) & 0xff, stages = K / 2048, total = a.tiles[2];
+    // stages: the full stages of a tile; tail: the elements of its partial last stage (0: none).
+    const int K = a.K, NS = (a.flags >> 16) & 0xff, stages = K / 2048, tail = K % 2048, total = a.tiles[2];
     const bool swiglu = a.mode == 1;
     unsigned char* ring = tsm;
     uint4* xs = reinterpret_cast<uint4*>(tsm + NS * STAGE);
@@ -662,6 +675,8 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a, const Ten
         const int r = lane & 15;
         const bool wl = lane < 16;
         const uint32_t bytes = wl ? 1024u : 128u;
+        // A partial last stage: each row's bytes up to K (multiples of 16), and only those expected.
+        const uint32_t tbytes = wl ? tail / 2 : tail / 16, ttx = 16 * (tail / 2 + tail / 16);
         const uint32_t doff = wl ? r * TMA_ROWSTRIDE : TMA_WBYTES + r * TMA_SROW;
         const bool evict = (a.flags >> 24) & 1;  // weights marked evict-first in L2
         uint64_t policy = 0;
@@ -678,6 +693,7 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a, const Ten
             if (pace && n >= pace && n < NS) mbar_wait(full(n - pace), 0);
         };
         int ni = 0;  // stages issued
+        const int nst = stages + (tail != 0);  // stages a tile, the partial one included
         for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
             int gi, n0;
             gemv_tile(a, tile, gi, n0);
@@ -687,7 +703,7 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a, const Ten
                 if (tile == (int)blockIdx.x && lane < 2) {  // the descriptors on their way before the first copy
                     asm volatile("prefetch.tensormap [%0];\n" ::"l"(lane ? ts + g0 : tw + g0) : "memory");
                 }
-                for (int ks = 0; ks < stages; ks++, ni++) {
+                for (int ks = 0; ks < nst; ks++, ni++) {  // a partial stage's boxes past K arrive as zeros too
                     mbar_wait(empty(slot), phase ^ 1);
                     paced(ni);
                     if (lane == 0) {
@@ -709,15 +725,17 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a, const Ten
             int row = swiglu ? n0 + (r & 7) : n0 + r;
             row = row < a.N[gu] ? row : 0;
             const uint8_t* src = wl ? (const uint8_t*)a.P[gu] + (size_t)row * (K / 2) : (const uint8_t*)a.S[gu] + (size_t)row * (K / 16);
-            for (int ks = 0; ks < stages; ks++, ni++) {
+            for (int ks = 0; ks < nst; ks++, ni++) {
+                const bool part = ks == stages;
+                const uint32_t nb = part ? tbytes : bytes;
                 mbar_wait(empty(slot), phase ^ 1);
                 paced(ni);
-                if (lane == 0) mbar_expect_tx(full(slot), 16 * 1024 + 16 * 128);
+                if (lane == 0) mbar_expect_tx(full(slot), part ? ttx : 16 * 1024 + 16 * 128);
                 __syncwarp();
                 if (evict)
-                    bulk_g2s_stream(smem_u32(ring + slot * STAGE + doff), src + (size_t)ks * bytes, bytes, full(slot), policy);
+                    bulk_g2s_stream(smem_u32(ring + slot * STAGE + doff), src + (size_t)ks * bytes, nb, full(slot), policy);
                 else
-                    bulk_g2s(smem_u32(ring + slot * STAGE + doff), src + (size_t)ks * bytes, bytes, full(slot));
+                    bulk_g2s(smem_u32(ring + slot * STAGE + doff), src + (size_t)ks * bytes, nb, full(slot));
                 if (TRACE && tr && lane == 0 && trs < 24) tr[TMA_TR_ISSUE + trs] = gtime();
                 if (TRACE) trs++;
                 if (++slot == NS) slot = 0, phase ^= 1;
@@ -872,11 +890,19 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a, const Ten
     const uint32_t wo = wofs(0), so0 = sofs(0), so1 = sofs(GP - 1);
     uint32_t st = ring_u, fb = full(0), phase = 0;  // the slot's address, its full barrier, its parity
     const uint32_t eb = 8 * NS;                    // empty(s) - full(s)
+    // The partial last stage's groups (tail / 128, even) that are this warp's: groups
+    // warp + CW * gq for gq < tn.
+    int tn = 0;
+#pragma unroll
+    for (int gq = 0; gq < GP; gq++) tn += warp + CW * gq < tail / 128;
     int tl = 0;
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x, tl++) {
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
         uint32_t xa0 = xt0, xa1 = xt1;
-        for (int ks = 0; ks < stages; ks++) {
+        // One stage of the tile: the first ng of this warp's GP groups (GP
+        // but in a partial last stage, where it may be none: the warp still
+        // waits on the slot and releases it).
+        auto stage = [&](int ng) {
             mbar_wait(fb, phase);
             if (TRACE && tr && tid == 0 && trs < 24) tr[TMA_TR_FULL + trs] = gtime();
             if (TRACE) trs++;
@@ -885,9 +911,11 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a, const Ten
             // live across the release.
             uint4 wa[GP], wb[GP];
             uint32_t sa[GP], sb[GP];
-            const uint32_t w0 = st + wo, s0 = st + so0, s1 = st + so1;
+            // (Row copies: s1 is s0 plus a constant, sofs(GP - 1) - sofs(0), folded into the loads.)
+            const uint32_t w0 = st + wo, s0 = st + so0, s1 = TM ? st + so1 : s0 + CW * (GP - 1) * 8;
 #pragma unroll
             for (int gq = 0; gq < GP; gq++) {
+                if (gq >= ng) continue;  // (with ng == GP, as in every full stage, this folds away)
                 wa[gq] = lds128(w0 + gq * WG);
                 wb[gq] = lds128(w0 + gq * WG + W8);
                 sa[gq] = lds16(gq ? s1 : s0);
@@ -902,11 +930,12 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a, const Ten
             if (noDec) {
 #pragma unroll
                 for (int gq = 0; gq < GP; gq++)
-                    acc[0] += __uint_as_float((wa[gq].x ^ wb[gq].w ^ sa[gq] ^ lds128(xg0 + gq * XG + 16).y) & 0x3f800001u);
-                continue;
+                    if (gq < ng) acc[0] += __uint_as_float((wa[gq].x ^ wb[gq].w ^ sa[gq] ^ lds128(xg0 + gq * XG + 16).y) & 0x3f800001u);
+                return;
             }
 #pragma unroll
             for (int gq = 0; gq < GP; gq++) {
+                if (gq >= ng) continue;
                 const uint32_t wva[4] = {wa[gq].x, wa[gq].y, wa[gq].z, wa[gq].w}, wvb[4] = {wb[gq].x, wb[gq].y, wb[gq].z, wb[gq].w};
                 const uint4 xv[4] = {lds128(xg0 + gq * XG), lds128(xg0 + gq * XG + 16), lds128(xg1 + gq * XG), lds128(xg1 + gq * XG + 16)};
                 // One accumulator chain a group (8 mma): the consumers are bound by
@@ -931,7 +960,9 @@ __device__ __forceinline__ void gemv_nvfp4_tma_body(const GemvArgs& a, const Ten
                 acc[2] = fmaf(da[2], fb2.x, acc[2]);
                 acc[3] = fmaf(da[3], fb2.y, acc[3]);
             }
-        }
+        };
+        for (int ks = 0; ks < stages; ks++) stage(GP);
+        if (tail) stage(tn);
         // Rows g and g+8 of this warp's groups, summed over t, then over the warps.
         float vg = acc[0] + acc[1], v8 = acc[2] + acc[3];
         vg += __shfl_xor_sync(0xffffffff, vg, 1);

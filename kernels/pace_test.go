@@ -23,7 +23,8 @@ func TestPaceOf(t *testing.T) {
 		}
 	}
 	// Llama-3-8B's m = 1 shapes on 132 multiprocessors (two blocks each):
-	// rings of 4 slots at K = 14336 and 5 at K = 4096.
+	// rings of 4 slots at K = 14336 and 5 at K = 4096; a partial last stage
+	// counts as a stage.
 	for _, tc := range []struct {
 		name               string
 		K, total, grid, ns int
@@ -34,6 +35,8 @@ func TestPaceOf(t *testing.T) {
 		{"14336x4096", 4096, 896, 224, 5, true},
 		{"q, k, v 6144x4096", 4096, 384, 192, 5, false},
 		{"output 4096x4096", 4096, 256, 256, 5, false},
+		// Qwen3-4B's down projection: 4 full stages and a partial one a tile, 4 slots.
+		{"down 2560x9728", 9728, 160, 160, 4, true},
 	} {
 		if got := longGemv(tc.K, tc.total, tc.grid, tc.ns); got != tc.want {
 			t.Errorf("%s: long %v, want %v", tc.name, got, tc.want)

@@ -20,14 +20,17 @@ const nvfp4Q8Tol = 1e-2
 
 // Cases is the table: every op the models use, at shapes that cover each
 // kernel choice of the CUDA backend (m = 1 decode and m > 1 prefill; widths
-// with and without the bulk-copy kernel's K % 2048; sizes off every tile).
+// with and without the bulk-copy kernel's partial last stage, K % 2048 != 0;
+// sizes off every tile).
 func Cases() []Case {
 	var cs []Case
 	// MatMul in every weight format. m = 1 takes the decode kernels, m up
 	// to 16 the small-m ones, larger m the GEMM; K = 2048 and 4096 take the
-	// bulk-copy m = 1 kernel on the GPU.
+	// bulk-copy m = 1 kernel on the GPU, and K = 2560 and 1536 the same with
+	// a partial last stage of 512 and 1536 elements.
 	for _, f := range []backend.Format{backend.F32, backend.BF16, backend.F16, backend.NVFP4} {
-		for _, s := range [][3]int{{1, 7, 48}, {1, 257, 2048}, {1, 96, 4096}, {3, 33, 80}, {16, 130, 512}, {17, 64, 96}, {70, 200, 272}} {
+		for _, s := range [][3]int{{1, 7, 48}, {1, 257, 2048}, {1, 96, 4096}, {1, 45, 2560}, {1, 130, 1536}, {3, 33, 80}, {16, 130, 512},
+			{17, 64, 96}, {70, 200, 272}} {
 			m, rows, cols := s[0], s[1], s[2]
 			tol, q8 := 2e-5, 0.0
 			switch f {
