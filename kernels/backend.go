@@ -202,7 +202,7 @@ func New(ordinal int, o Options) (*Backend, error) {
 			return
 		}
 		for _, name := range []string{"gemv_f32", "gemv_bf16", "gemv_f32_any", "gemv_bf16_any",
-			"gemv_nvfp4_any", "embed", "rmsnorm", "rope", "attention", "swiglu", "add", "scale",
+			"gemv_nvfp4_any", "rmsnorm", "attention", "swiglu", "add", "scale",
 			"sample_partial", "sample_final", "embed_ids", "rope_dyn", "attention_kv", "attention_kv_64", "attention_kv_128", "attn_combine", "attn_decode_64", "attn_decode_128", "attn_short_64", "attn_short_128", "gemv_bf16_u4",
 			"gemv_nvfp4_m1_d1", "gemv_nvfp4_s1_d1_lb", "gemv_nvfp4_s1_d1_mt", "gemv_nvfp4_tma8", "gemv_nvfp4_tma8_tm"} {
 			var f uintptr

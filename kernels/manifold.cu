@@ -283,28 +283,9 @@ extern "C" __global__ void gemv_bf16_any(const uint16_t* W, const float* x, floa
 }
 
 // ---------------------------------------------------------------------------
-// Embedding gather: dst[i, :] = table[ids[i], :] as float32, for up to
-// kIdBlock rows per launch; the ids travel in the kernel's parameters.
+// Up to kIdBlock row ids travel by value in a kernel's parameters (rows_gather).
 #define kIdBlock 256
 struct IdBlock { int v[kIdBlock]; };
-
-// format: 0 f32, 1 bf16, 2 nvfp4 (P packed, S scales, global).
-extern "C" __global__ void embed(const void* table, const uint8_t* S, float global, int format, IdBlock ids,
-                                 float* dst, int n) {
-    pdl_entry();
-    int i = blockIdx.x;
-    size_t r = (size_t)ids.v[i];
-    for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        float v;
-        if (format == 0) v = ((const float*)table)[r * n + j];
-        else if (format == 1) v = bf16_to_f32(((const uint16_t*)table)[r * n + j]);
-        else {
-            uint8_t b = ((const uint8_t*)table)[r * (n / 2) + j / 2];
-            v = kE2M1[(b >> (4 * (j & 1))) & 0xf] * e4m3_to_f32(S[r * (n / 16) + j / 16]) * global;
-        }
-        dst[(size_t)i * n + j] = v;
-    }
-}
 
 // RMSNorm: one block per row of n values; dst may alias x.
 extern "C" __global__ void rmsnorm(float* dst, const float* x, const float* w, int n, float eps) {
@@ -318,26 +299,6 @@ extern "C" __global__ void rmsnorm(float* dst, const float* x, const float* w, i
     ss = block_sum(ss, red);
     float inv = rsqrtf(ss / n + eps);
     for (int j = threadIdx.x; j < n; j += blockDim.x) dr[j] = w[j] * (xr[j] * inv);
-}
-
-// RoPE on channels [off, off + 2*half) of rows*heads vectors `stride` apart;
-// row i at position pos0 + i. Angles as torch computes them: float32(pos) *
-// inv_freq in float32, cos/sin scaled by `scale`.
-extern "C" __global__ void rope(float* x, const float* inv_freq, int rows, int heads, int stride, int off, int half,
-                                int pos0, float scale, int interleaved, int inverse) {
-    pdl_entry();
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    int total = rows * heads * half;
-    if (idx >= total) return;
-    int i = idx % half, vec = idx / half, row = vec / heads;
-    float a = (float)(pos0 + row) * inv_freq[i];
-    float c = cosf(a) * scale, s = sinf(a) * scale;
-    if (inverse) s = -s;
-    float* v = x + (size_t)vec * stride + off;
-    int i0 = interleaved ? 2 * i : i, i1 = interleaved ? 2 * i + 1 : i + half;
-    float p = v[i0], q = v[i1];
-    v[i0] = p * c - q * s;
-    v[i1] = q * c + p * s;
 }
 
 // Causal attention: one block per (head, query row). Scores live in dynamic

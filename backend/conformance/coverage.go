@@ -18,8 +18,7 @@ import (
 // bf16.go, fuse.go, paged.go, dsv4.go, sample.go). The sizes follow an
 // H100's or H200's (132 multiprocessors, 227 KB of shared memory a block)
 // and keep clear of their thresholds. The image's kernels that no default path
-// launches have no row: embed and rope (looked up at load, never launched:
-// embed_ids and rope_dyn run instead), gemm16_f16_t* and gemm16_x_f16 (f16
+// launches have no row: gemm16_f16_t* and gemm16_x_f16 (f16
 // weights are widened to f32 at upload; only kernels' TestGemm16 runs
 // them), gemv_bf16_pf and gemv_fp8_m4 (only forced: TestConformance's
 // bf16-gemv-prefetch and fp8-gemv-every-m variants).
