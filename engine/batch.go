@@ -99,6 +99,7 @@ type scheduler struct {
 	running bool            // the loop's goroutine is up
 	arrived chan struct{}   // a request was queued (capacity 1)
 	stats   BatchStats
+	waited  int64 // gathers that ended at the Gather deadline (benchmarks)
 }
 
 func newScheduler(net model.Model, o BatchOptions, b backend.Backend) *scheduler {
@@ -244,6 +245,9 @@ func (s *scheduler) gather() {
 		select {
 		case <-s.arrived:
 		case <-deadline:
+			s.mu.Lock()
+			s.waited++
+			s.mu.Unlock()
 			return
 		}
 	}
