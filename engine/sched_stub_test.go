@@ -97,7 +97,9 @@ func (zeroPicks) SampleTokens(ids []int, _ backend.Buffer, _ int, _ []backend.Sa
 // (stubNet): c sessions each run a prompt of 8 tokens then decode 64
 // greedy tokens, their picks made on a device that costs nothing
 // (zeroPicks, the GPU's path: scheduler.forwardPick) or on the host
-// (the CPU's path: the logits of every sequence come back).
+// (the CPU's path: the logits of every sequence come back); with the
+// device's picks, also c prompts of 512 tokens (a step each) then 16
+// tokens.
 func BenchmarkSchedulerHost(b *testing.B) {
 	spec := testmodel.Llama{Layers: 1, Hidden: 16, FFN: 16, Heads: 1, KVHeads: 1, Vocab: 128256, DType: weights.F32, Seed: 3}
 	dir := b.TempDir()
@@ -122,6 +124,11 @@ func BenchmarkSchedulerHost(b *testing.B) {
 			}
 			for _, c := range []int{1, 8, 32, 64} {
 				b.Run(fmt.Sprintf("c=%d", c), func(b *testing.B) { benchSessions(b, m, c, 8, 64) })
+			}
+			if picks == "device" { // prompts of a step each (StepTokens)
+				for _, c := range []int{8, 32} {
+					b.Run(fmt.Sprintf("prompt=512/c=%d", c), func(b *testing.B) { benchSessions(b, m, c, 512, 16) })
+				}
 			}
 		})
 	}
