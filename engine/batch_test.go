@@ -60,6 +60,22 @@ func mixedPrompts(vocab, shared int) [][]int {
 	return prompts
 }
 
+// sessionTokens is concurrentTokens' gen that generates each prompt with
+// opts in a new session of m of capacity positions.
+func sessionTokens(m *Model, capacity int, opts GenerateOptions) func(int, []int) ([]int, error) {
+	return func(_ int, p []int) ([]int, error) {
+		s, err := m.NewSession(capacity)
+		if err != nil {
+			return nil, err
+		}
+		res, err := s.Generate(context.Background(), p, opts, nil)
+		if err != nil {
+			return nil, err
+		}
+		return res.Tokens, nil
+	}
+}
+
 // aloneTokens generates each prompt with opts(i) in a session of its own
 // (512 positions) of m, one after another.
 func aloneTokens(t *testing.T, m *Model, prompts [][]int, opts func(i int) GenerateOptions) [][]int {
@@ -123,17 +139,7 @@ func TestBatchedGenerateMatchesAlone(t *testing.T) {
 			prompts := mixedPrompts(vocab, 15) // 4 shares 15 tokens with 3
 			opts := GenerateOptions{MaxTokens: 24, StopTokens: []int{}}
 			want := aloneTokens(t, alone, prompts, func(int) GenerateOptions { return opts })
-			got := concurrentTokens(t, prompts, func(_ int, p []int) ([]int, error) {
-				s, err := batched.NewSession(512)
-				if err != nil {
-					return nil, err
-				}
-				res, err := s.Generate(context.Background(), p, opts, nil)
-				if err != nil {
-					return nil, err
-				}
-				return res.Tokens, nil
-			})
+			got := concurrentTokens(t, prompts, sessionTokens(batched, 512, opts))
 			for i := range prompts {
 				if !slices.Equal(got[i], want[i]) {
 					t.Errorf("session %d (%d prompt tokens): batched %v, alone %v", i, len(prompts[i]), got[i], want[i])
@@ -328,17 +334,7 @@ func TestBatchedNoGatherStall(t *testing.T) {
 	want := aloneTokens(t, alone, prompts, func(int) GenerateOptions { return opts })
 	done := make(chan [][]int)
 	go func() {
-		done <- concurrentTokens(t, prompts, func(_ int, p []int) ([]int, error) {
-			s, err := batched.NewSession(128)
-			if err != nil {
-				return nil, err
-			}
-			res, err := s.Generate(context.Background(), p, opts, nil)
-			if err != nil {
-				return nil, err
-			}
-			return res.Tokens, nil
-		})
+		done <- concurrentTokens(t, prompts, sessionTokens(batched, 128, opts))
 	}()
 	var got [][]int
 	select {

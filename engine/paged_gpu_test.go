@@ -111,14 +111,7 @@ func benchPool(b *testing.B, name, env string, spec testmodel.Llama) {
 						b.Fatal(err)
 					}
 					rates[i] = concurrentRate(b, c, output, func(j int) error {
-						ids := testPrompt(1000*i+j, prompt, spec.Vocab)
-						s, n, err := p.Acquire(context.Background(), ids)
-						if err != nil {
-							return err
-						}
-						defer p.Release(s)
-						_, err = s.Generate(context.Background(), ids[n:], GenerateOptions{MaxTokens: output, StopTokens: []int{}}, nil)
-						return err
+						return poolRequest(p, testPrompt(1000*i+j, prompt, spec.Vocab), output)
 					})
 					p.Close()
 					p = nil

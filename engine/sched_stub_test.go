@@ -6,7 +6,6 @@ import (
 	"runtime"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/backend/cpu"
@@ -144,39 +143,19 @@ func benchSessions(b *testing.B, m *Model, c, prompt, output int) {
 		b.Fatal(err)
 	}
 	defer p.Close()
-	var steps, seqs, toks int64
-	var wall time.Duration
+	var steps, seqs int64
 	var ms0, ms1 runtime.MemStats
 	runtime.ReadMemStats(&ms0)
 	waited0 := m.sched.gatherTimeouts()
 	for b.Loop() {
 		st0 := m.BatchStats()
-		start := time.Now()
-		var wg sync.WaitGroup
-		for j := range c {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				ids := testPrompt(j, prompt, m.cfg.VocabSize)
-				s, n, err := p.Acquire(context.Background(), ids)
-				if err != nil {
-					b.Error(err)
-					return
-				}
-				defer p.Release(s)
-				if _, err := s.Generate(context.Background(), ids[n:], GenerateOptions{MaxTokens: output, StopTokens: []int{}}, nil); err != nil {
-					b.Error(err)
-				}
-			}()
-		}
-		wg.Wait()
-		wall += time.Since(start)
+		concurrentRate(b, c, output, func(j int) error { return poolRequest(p, testPrompt(j, prompt, m.cfg.VocabSize), output) })
 		st1 := m.BatchStats()
 		steps += st1.Steps - st0.Steps
 		seqs += st1.Sequences - st0.Sequences
-		toks += int64(c * output)
 	}
 	runtime.ReadMemStats(&ms1)
+	wall := b.Elapsed()
 	if steps > 0 {
 		b.ReportMetric(float64(wall.Nanoseconds())/float64(steps), "ns/step")
 		b.ReportMetric(float64(ms1.Mallocs-ms0.Mallocs)/float64(steps), "allocs/step")
@@ -184,7 +163,19 @@ func benchSessions(b *testing.B, m *Model, c, prompt, output int) {
 		b.ReportMetric(float64(seqs)/float64(steps), "batch")
 		b.ReportMetric(float64(m.sched.gatherTimeouts()-waited0)/float64(steps), "timeouts/step")
 	}
-	b.ReportMetric(float64(toks)/wall.Seconds(), "tok/s")
+	b.ReportMetric(float64(c*output*b.N)/wall.Seconds(), "tok/s")
+}
+
+// poolRequest is a request of the serving benchmarks: a session of p for
+// the prompt ids, output greedy tokens after it, the session released.
+func poolRequest(p *Pool, ids []int, output int) error {
+	s, n, err := p.Acquire(context.Background(), ids)
+	if err != nil {
+		return err
+	}
+	defer p.Release(s)
+	_, err = s.Generate(context.Background(), ids[n:], GenerateOptions{MaxTokens: output, StopTokens: []int{}}, nil)
+	return err
 }
 
 // gatherTimeouts is the gathers that ended at the Gather deadline.
