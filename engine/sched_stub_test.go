@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/backend/cpu"
@@ -20,6 +21,7 @@ import (
 type stubNet struct {
 	cfg    *model.Config
 	b      backend.Backend
+	device time.Duration // a device pass's wait for the device (as for a GPU's step): a sleep
 	mu     sync.Mutex
 	logits backend.Buffer // [rows, vocab], zero
 }
@@ -60,6 +62,7 @@ func (m *stubNet) Forward(_ context.Context, st model.State, tokens []int32, _ b
 }
 
 func (m *stubNet) ForwardDevice(_ context.Context, st model.State, tokens []int32) (backend.Buffer, error) {
+	time.Sleep(m.device)
 	return m.buf(1), m.run(st, tokens)
 }
 
@@ -73,6 +76,7 @@ func (m *stubNet) ForwardBatch(_ context.Context, sts []model.State, tokens [][]
 }
 
 func (m *stubNet) ForwardBatchDevice(_ context.Context, sts []model.State, tokens [][]int32) (backend.Buffer, error) {
+	time.Sleep(m.device)
 	for i, st := range sts {
 		if err := m.run(st, tokens[i]); err != nil {
 			return nil, err
@@ -98,14 +102,16 @@ func (zeroPicks) SampleTokens(ids []int, _ backend.Buffer, _ int, _ []backend.Sa
 // (zeroPicks, the GPU's path: scheduler.forwardPick) or on the host
 // (the CPU's path: the logits of every sequence come back); with the
 // device's picks, also c prompts of 512 tokens (a step each) then 16
-// tokens.
+// tokens, and (step=1ms) device passes that wait 1 ms, as a GPU's step
+// keeps the host waiting: ns/step less 1 ms is then the time the device
+// would stand idle between steps.
 func BenchmarkSchedulerHost(b *testing.B) {
 	spec := testmodel.Llama{Layers: 1, Hidden: 16, FFN: 16, Heads: 1, KVHeads: 1, Vocab: 128256, DType: weights.F32, Seed: 3}
 	dir := b.TempDir()
 	if err := spec.Write(dir); err != nil {
 		b.Fatal(err)
 	}
-	for _, picks := range []string{"device", "host"} {
+	for _, picks := range []string{"device", "host", "device/step=1ms"} {
 		b.Run("picks="+picks, func(b *testing.B) {
 			m, err := Load(dir, Options{Device: "cpu", Threads: 1, ContextLength: 512})
 			if err != nil {
@@ -113,8 +119,12 @@ func BenchmarkSchedulerHost(b *testing.B) {
 			}
 			defer m.Close()
 			cb := m.backend.(*cpu.Backend)
-			m.net = &stubNet{cfg: m.cfg, b: cb}
-			if picks == "device" {
+			stub := &stubNet{cfg: m.cfg, b: cb}
+			if picks == "device/step=1ms" {
+				stub.device = time.Millisecond
+			}
+			m.net = stub
+			if picks != "host" {
 				zp := zeroPicks{cb}
 				m.caps.Sampler, m.caps.BatchSampler = zp, zp
 				m.sched = newScheduler(m.net, BatchOptions{}, zp)
