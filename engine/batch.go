@@ -99,6 +99,7 @@ type scheduler struct {
 	running bool            // the loop's goroutine is up
 	arrived chan struct{}   // a request was queued (capacity 1)
 	stats   BatchStats
+	waited  int64 // gathers that ended at the Gather deadline (benchmarks)
 }
 
 func newScheduler(net model.Model, o BatchOptions, b backend.Backend) *scheduler {
@@ -193,9 +194,15 @@ func (s *scheduler) Stats() BatchStats {
 
 // loop runs steps while requests are queued, then ends; with mine set, it
 // ends once mine is done too, passing the steps left to a new goroutine.
+// Once mine is done it does not gather: mine's session cannot queue its
+// next tokens before its goroutine leaves the loop, so a gather for every
+// active session would wait out Gather whenever another session had
+// queued already.
 func (s *scheduler) loop(mine *batchRequest) {
 	for {
-		s.gather()
+		if mine == nil || !closed(mine.done) {
+			s.gather()
+		}
 		s.mu.Lock()
 		if len(s.queue) == 0 {
 			s.running = false
@@ -244,6 +251,9 @@ func (s *scheduler) gather() {
 		select {
 		case <-s.arrived:
 		case <-deadline:
+			s.mu.Lock()
+			s.waited++
+			s.mu.Unlock()
 			return
 		}
 	}

@@ -60,6 +60,22 @@ func mixedPrompts(vocab, shared int) [][]int {
 	return prompts
 }
 
+// sessionTokens is concurrentTokens' gen that generates each prompt with
+// opts in a new session of m of capacity positions.
+func sessionTokens(m *Model, capacity int, opts GenerateOptions) func(int, []int) ([]int, error) {
+	return func(_ int, p []int) ([]int, error) {
+		s, err := m.NewSession(capacity)
+		if err != nil {
+			return nil, err
+		}
+		res, err := s.Generate(context.Background(), p, opts, nil)
+		if err != nil {
+			return nil, err
+		}
+		return res.Tokens, nil
+	}
+}
+
 // aloneTokens generates each prompt with opts(i) in a session of its own
 // (512 positions) of m, one after another.
 func aloneTokens(t *testing.T, m *Model, prompts [][]int, opts func(i int) GenerateOptions) [][]int {
@@ -123,17 +139,7 @@ func TestBatchedGenerateMatchesAlone(t *testing.T) {
 			prompts := mixedPrompts(vocab, 15) // 4 shares 15 tokens with 3
 			opts := GenerateOptions{MaxTokens: 24, StopTokens: []int{}}
 			want := aloneTokens(t, alone, prompts, func(int) GenerateOptions { return opts })
-			got := concurrentTokens(t, prompts, func(_ int, p []int) ([]int, error) {
-				s, err := batched.NewSession(512)
-				if err != nil {
-					return nil, err
-				}
-				res, err := s.Generate(context.Background(), p, opts, nil)
-				if err != nil {
-					return nil, err
-				}
-				return res.Tokens, nil
-			})
+			got := concurrentTokens(t, prompts, sessionTokens(batched, 512, opts))
 			for i := range prompts {
 				if !slices.Equal(got[i], want[i]) {
 					t.Errorf("session %d (%d prompt tokens): batched %v, alone %v", i, len(prompts[i]), got[i], want[i])
@@ -296,4 +302,55 @@ func concurrentRate(b *testing.B, c, tokens int, gen func(j int) error) float64 
 	}
 	wg.Wait()
 	return float64(c*tokens) / time.Since(start).Seconds()
+}
+
+// TestBatchedNoGatherStall: the session whose goroutine runs the steps
+// (scheduler.loop) does not make a step wait for its own next tokens once
+// its request is done (they cannot come before it leaves the loop): with
+// prompts longer than a step's budget, so that other requests are still
+// queued when the runner's ends, and a Gather of a minute, no gather ends
+// at its deadline and the tokens are those of each session alone.
+func TestBatchedNoGatherStall(t *testing.T) {
+	dir := t.TempDir()
+	spec := testmodel.Llama{Layers: 2, Hidden: 64, FFN: 96, Heads: 4, KVHeads: 2, Vocab: 128, DType: weights.BF16, Seed: 11}
+	if err := spec.Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	batched, err := Load(dir, Options{Device: "cpu", Threads: 2, Batch: BatchOptions{StepTokens: 16, Gather: time.Minute}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer batched.Close()
+	alone, err := Load(dir, Options{Device: "cpu", Threads: 2, Batch: BatchOptions{Off: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer alone.Close()
+	prompts := make([][]int, 6)
+	for i := range prompts {
+		prompts[i] = testPrompt(i, 40+3*i, spec.Vocab)
+	}
+	opts := GenerateOptions{MaxTokens: 8, StopTokens: []int{}}
+	want := aloneTokens(t, alone, prompts, func(int) GenerateOptions { return opts })
+	done := make(chan [][]int)
+	go func() {
+		done <- concurrentTokens(t, prompts, sessionTokens(batched, 128, opts))
+	}()
+	var got [][]int
+	select {
+	case got = <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("stalled: %+v, %d gathers ended at the deadline", batched.BatchStats(), batched.sched.gatherTimeouts())
+	}
+	for i := range prompts {
+		if !slices.Equal(got[i], want[i]) {
+			t.Errorf("session %d: batched %v, alone %v", i, got[i], want[i])
+		}
+	}
+	if n := batched.sched.gatherTimeouts(); n != 0 {
+		t.Errorf("%d gathers ended at the Gather deadline", n)
+	}
+	if st := batched.BatchStats(); st.Sequences <= st.Steps {
+		t.Errorf("no step was batched: %+v", st)
+	}
 }

@@ -74,7 +74,9 @@ func TestPoolPagedBatchedGPU(t *testing.T) {
 // linears, random weights), with the paged cache (the default: paged
 // kernels, batched steps, batched picks on the device) and with a cache a
 // session (PoolOptions.Unpaged), alternating, in one run; it reports the
-// output tokens/s of each (prefill included) and their ratio.
+// output tokens/s of each (prefill included) and their ratio, and of the
+// paged run's last round its steps, mean batch and the gathers that
+// waited out BatchOptions.Gather (a step held for a straggler).
 // MANIFOLD_BENCH_DIR may name BenchmarkDecodeLlama8B's checkpoint folder.
 func BenchmarkPoolLlama8B(b *testing.B) {
 	benchPool(b, "llama3-8b", "MANIFOLD_BENCH_DIR", testmodel.Llama{Layers: 32, Hidden: 4096, FFN: 14336, Heads: 32, KVHeads: 8, Vocab: 128256,
@@ -103,23 +105,21 @@ func benchPool(b *testing.B, name, env string, spec testmodel.Llama) {
 	defer m.Close()
 	for _, c := range []int{1, 8, 32, 128, 256} {
 		b.Run(fmt.Sprintf("c=%d", c), func(b *testing.B) {
-			var rates [2]float64 // paged, unpaged
+			var rates [2]float64          // paged, unpaged
+			var steps, seqs, waited int64 // the paged pool's steps, their sequences, gathers that waited out Gather
 			for b.Loop() {
 				for i, unpaged := range []bool{false, true} {
 					p, err := m.NewPool(PoolOptions{Sessions: c, ContextLength: prompt + output, Unpaged: unpaged})
 					if err != nil {
 						b.Fatal(err)
 					}
+					st0, w0 := m.BatchStats(), m.sched.gatherTimeouts()
 					rates[i] = concurrentRate(b, c, output, func(j int) error {
-						ids := testPrompt(1000*i+j, prompt, spec.Vocab)
-						s, n, err := p.Acquire(context.Background(), ids)
-						if err != nil {
-							return err
-						}
-						defer p.Release(s)
-						_, err = s.Generate(context.Background(), ids[n:], GenerateOptions{MaxTokens: output, StopTokens: []int{}}, nil)
-						return err
+						return poolRequest(p, testPrompt(1000*i+j, prompt, spec.Vocab), output)
 					})
+					if st := m.BatchStats(); !unpaged {
+						steps, seqs, waited = st.Steps-st0.Steps, st.Sequences-st0.Sequences, m.sched.gatherTimeouts()-w0
+					}
 					p.Close()
 					p = nil
 					runtime.GC() // the cache's device memory goes back once collected
@@ -130,7 +130,8 @@ func benchPool(b *testing.B, name, env string, spec testmodel.Llama) {
 			b.ReportMetric(rates[0], "paged-tok/s")
 			b.ReportMetric(rates[1], "unpaged-tok/s")
 			b.ReportMetric(rates[0]/rates[1], "ratio")
-			fmt.Printf("RESULT pool %s c=%d paged_tok_s=%.0f unpaged_tok_s=%.0f ratio=%.2f\n", name, c, rates[0], rates[1], rates[0]/rates[1])
+			fmt.Printf("RESULT pool %s c=%d paged_tok_s=%.0f unpaged_tok_s=%.0f ratio=%.2f paged_steps=%d mean_batch=%.1f gather_timeouts=%d\n",
+				name, c, rates[0], rates[1], rates[0]/rates[1], steps, float64(seqs)/float64(max(steps, 1)), waited)
 		})
 	}
 }

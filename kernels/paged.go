@@ -2,7 +2,6 @@ package kernels
 
 import (
 	"fmt"
-	"slices"
 	"unsafe"
 
 	"github.com/manifoldlm/manifold/backend"
@@ -62,6 +61,16 @@ const pagedMaxSplits = 64
 type pagedState struct {
 	at  int     // slot of the last description placed (0: none)
 	enc []int32 // scratch for the description being built
+
+	// What enc[:encLen] describes (pagedEncode), so that the calls of a
+	// step that describe the same rows (every layer's append and
+	// attention) skip the checks and the encoding: the pool, each
+	// sequence's first position, rows and blocks (their tables are the
+	// description's tail), and the rows in all (encPool nil: nothing).
+	encPool *pagedPool
+	encSeqs []pagedHead
+	encLen  int
+	encRows int
 
 	big    *allocation // descriptions past pagedBigSlots (bigCap ints; grown under partMu)
 	bigCap int
@@ -128,6 +137,10 @@ func (b *Backend) NewBlockPool(s backend.PagedShape) (backend.BlockPool, error) 
 // (from the description's start), then the tables. It checks every table
 // against the pool.
 func (b *Backend) pagedEncode(p *pagedPool, seqs []layers.PagedSeq) (rows int, err error) {
+	if b.pagedEncoded(p, seqs) {
+		b.paged.enc = b.paged.enc[:b.paged.encLen] // less what a PagedAttention appended
+		return b.paged.encRows, nil
+	}
 	bs := p.shape.BlockSize
 	for i, sq := range seqs {
 		if sq.Pos0 < 0 || sq.Rows < 0 {
@@ -152,11 +165,50 @@ func (b *Backend) pagedEncode(p *pagedPool, seqs []layers.PagedSeq) (rows int, e
 		}
 		tab += len(sq.Table)
 	}
+	heads := b.paged.encSeqs[:0]
 	for _, sq := range seqs {
 		enc = append(enc, sq.Table...)
+		heads = append(heads, pagedHead{pos0: sq.Pos0, rows: sq.Rows, blocks: len(sq.Table)})
 	}
 	b.paged.enc = enc
+	b.paged.encPool, b.paged.encSeqs, b.paged.encLen, b.paged.encRows = p, heads, len(enc), rows
 	return rows, nil
+}
+
+// equalInt32 is slices.Equal of a and b compared as bytes (the runtime's
+// vectorized comparison: descriptions run to thousands of values, compared
+// several times a layer).
+func equalInt32(a, b []int32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	if len(a) == 0 {
+		return true
+	}
+	return string(unsafe.Slice((*byte)(unsafe.Pointer(&a[0])), 4*len(a))) == string(unsafe.Slice((*byte)(unsafe.Pointer(&b[0])), 4*len(b)))
+}
+
+// pagedHead is what pagedEncode keeps of a sequence besides its table.
+type pagedHead struct{ pos0, rows, blocks int }
+
+// pagedEncoded reports whether b.paged.enc[:encLen] describes seqs in p
+// already: the same positions, rows and tables (compared by value, so
+// that a table changed in place, copy-on-write, is encoded again). qmu is
+// held.
+func (b *Backend) pagedEncoded(p *pagedPool, seqs []layers.PagedSeq) bool {
+	ps := &b.paged
+	if ps.encPool != p || len(ps.encSeqs) != len(seqs) || len(ps.enc) < ps.encLen {
+		return false
+	}
+	tab := 3 * ps.encRows
+	for i, sq := range seqs {
+		h := ps.encSeqs[i]
+		if sq.Pos0 != h.pos0 || sq.Rows != h.rows || len(sq.Table) != h.blocks || !equalInt32(sq.Table, ps.enc[tab:tab+h.blocks]) {
+			return false
+		}
+		tab += h.blocks
+	}
+	return true
 }
 
 // pagedSlot places b.paged.enc in the queue's step values, or finds it
@@ -173,7 +225,7 @@ func (b *Backend) pagedSlot() (base uint64, at int, err error) {
 		}
 		// Held already when it begins what the array holds (an append's
 		// rows, the attention's with its lists after them).
-		if held := b.paged.bigEnc; len(held) < len(enc) || !slices.Equal(held[:len(enc)], enc) {
+		if held := b.paged.bigEnc; len(held) < len(enc) || !equalInt32(held[:len(enc)], enc) {
 			b.d.onContext(b.ctx, func() {
 				b.flushLocked()
 				b.setErr(b.d.check("cuMemcpyHtoDAsync (block tables)",
@@ -184,7 +236,7 @@ func (b *Backend) pagedSlot() (base uint64, at int, err error) {
 		b.q.keep = append(b.q.keep, big)
 		return big.ptr, 0, nil
 	}
-	if at := b.paged.at; at > 0 && at+len(enc) <= len(q.dyn) && slices.Equal(q.dyn[at:at+len(enc)], enc) {
+	if at := b.paged.at; at > 0 && at+len(enc) <= len(q.dyn) && equalInt32(q.dyn[at:at+len(enc)], enc) {
 		return b.dyn.ptr, at, nil
 	}
 	at = q.addIDs(enc)

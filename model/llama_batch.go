@@ -79,9 +79,13 @@ func (m *Llama) forwardBatch(ctx context.Context, sts []State, tokens [][]int32)
 	sc := m.views(&bt.llamaBuffers, n)
 	b.Embed(sc.x, m.Embed, ids)
 	qw, kw := c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim
+	var paged []layers.PagedSeq // every layer's sequences, when shared
+	if shared != nil {
+		paged = pagedSeqs(ss, pos0, tokens)
+	}
 	err = m.blocks(ctx, sc, n, func(l int, att, q, k, v backend.Buffer) {
 		if shared != nil { // one call over every sequence's blocks
-			m.attendBatchPaged(shared, ss, l, att, q, k, v, pos0, tokens)
+			m.attendPaged(shared, l, att, q, k, v, paged)
 			return
 		}
 		row := 0
@@ -142,12 +146,14 @@ func reservePaged(ss []*llamaState, tokens [][]int32) (*PagedCache, error) {
 	return shared, nil
 }
 
-// attendBatchPaged runs layer l's attention of every sequence's rows
-// through their block tables of c in one call.
-func (m *Llama) attendBatchPaged(c *PagedCache, ss []*llamaState, l int, att, q, k, v backend.Buffer, pos0 []int, tokens [][]int32) {
+// pagedSeqs describes the rows of a step over paged states (reserved):
+// each one's block table, first position and rows, the same for every
+// layer, so that each layer's calls name the same sequences (the backend
+// then reuses its description of them: kernels' pagedEncode).
+func pagedSeqs(ss []*llamaState, pos0 []int, tokens [][]int32) []layers.PagedSeq {
 	seqs := make([]layers.PagedSeq, len(ss))
 	for i, s := range ss {
 		seqs[i] = layers.PagedSeq{Table: pagedOf(s).seq.Table(), Pos0: pos0[i], Rows: len(tokens[i])}
 	}
-	m.attendPaged(c, l, att, q, k, v, seqs)
+	return seqs
 }
