@@ -92,6 +92,9 @@ func gemmRows[T float32 | uint16](out, x []float32, w []T, m, K, N, lo, hi int, 
 // matmulGEMM is MatMul of a float32 or bf16 weight for m >= gemmMinRows
 // tokens, parallel over quads of rows.
 func (b *Backend) matmulGEMM(out, x []float32, w *Weight, m int) {
+	if w.bf16 != nil && b.gemmWide(out, x, w, m) {
+		return
+	}
 	K, N := w.cols, w.rows
 	quads := (N + gemmNR - 1) / gemmNR
 	b.parallel(quads, max(1, (1<<14)/(K*m)), func(lo, hi int) {

@@ -157,3 +157,111 @@ z41done:
 	HALVES(Z0, Y0, 0); HALVES(Z1, Y1, 32); HALVES(Z2, Y2, 64); HALVES(Z3, Y3, 96)
 	VZEROUPPER
 	RET
+
+// The 4x6 prefill kernel (gemmWide): 4 bf16 weight rows by 6 tokens in
+// Z0-Z23 (row r, token t in Z(6r+t)), 32 values of k a step. A step loads
+// 32 bf16 of a row as one vector: VPSLLD $16 widens its even elements and
+// VPANDD with 0xFFFF0000 (Z31) its odd ones, one instruction for 16
+// weights; the tokens' x are packed to match (packWide: 16 even values,
+// then 16 odd). Z24-Z29 hold the 6 tokens' even (then odd) halves, Z30 the
+// widened row.
+
+// FMA6(w, a, b, c, d, e, f): the widened row w times the 6 tokens' x.
+#define FMA6(w, a, b, c, d, e, f) \
+	VFMADD231PS Z24, w, a; VFMADD231PS Z25, w, b; VFMADD231PS Z26, w, c; \
+	VFMADD231PS Z27, w, d; VFMADD231PS Z28, w, e; VFMADD231PS Z29, w, f
+
+// LOADX(off): the 6 tokens' 16 values at off(SI) (128 bytes apart).
+#define LOADX(off) \
+	VMOVUPS off(SI), Z24; VMOVUPS off+128(SI), Z25; VMOVUPS off+256(SI), Z26; \
+	VMOVUPS off+384(SI), Z27; VMOVUPS off+512(SI), Z28; VMOVUPS off+640(SI), Z29
+
+// ROWS(OP): the 4 rows' halves widened by OP(addr) into Z30, each times x.
+#define ROWS(OP) \
+	OP((DI)); FMA6(Z30, Z0, Z1, Z2, Z3, Z4, Z5); \
+	OP((DI)(R8*1)); FMA6(Z30, Z6, Z7, Z8, Z9, Z10, Z11); \
+	OP((DI)(R8*2)); FMA6(Z30, Z12, Z13, Z14, Z15, Z16, Z17); \
+	OP((DI)(R9*1)); FMA6(Z30, Z18, Z19, Z20, Z21, Z22, Z23)
+
+#define EVEN(addr) VPSLLD $16, addr, Z30
+#define ODD(addr) VPANDD addr, Z31, Z30
+
+// LANES4(a, b, c, d, dst, t): dst's 128-bit lane j holds 4 partial sums
+// whose total is the sum of all 16 lanes of input j (a, b, c clobbered).
+#define LANES4(a, b, c, d, dst, t) \
+	VSHUFF32X4 $0x44, b, a, t; VSHUFF32X4 $0xEE, b, a, a; VADDPS t, a, a; \
+	VSHUFF32X4 $0x44, d, c, t; VSHUFF32X4 $0xEE, d, c, c; VADDPS t, c, c; \
+	VSHUFF32X4 $0x88, c, a, t; VSHUFF32X4 $0xDD, c, a, dst; VADDPS t, dst, dst
+
+// SUMS4(a, b, c, d, dst, t1, t2): from 4 rows' LANES4 results, dst's lane j
+// holds the 4 rows' sums for token j.
+#define SUMS4(a, b, c, d, dst, t1, t2) \
+	VUNPCKLPS b, a, t1; VUNPCKHPS b, a, t2; VADDPS t2, t1, t1; \
+	VUNPCKLPS d, c, t2; VUNPCKHPS d, c, dst; VADDPS dst, t2, t2; \
+	VSHUFPS $0x44, t2, t1, dst; VSHUFPS $0xEE, t2, t1, t1; VADDPS t1, dst, dst
+
+// ADDOUT(X): out at DX += X (the 4 rows of a token, through X30: a write
+// to X28 would clear the rest of Z28); then DX moves to the next token and
+// BX counts the tokens down, leaving at wdone at 0.
+#define ADDOUT(X) \
+	VADDPS (DX), X, X30; VMOVUPS X30, (DX); ADDQ R10, DX; DECQ BX; JEQ wdone
+
+// func gemm4x6BF16AVX512(w *uint16, ldw int, x *float32, steps int, out *float32, ldo int, nt int)
+// out[t*ldo + r] += Σ_p w[r*ldw+p] * x_t[p] for the 4 rows r and the first
+// nt (1 to 6) of 6 tokens t, over steps*32 values of k; x is the 6 tokens'
+// packed values, 32 a token a step (packWide).
+TEXT ·gemm4x6BF16AVX512(SB), NOSPLIT, $0-56
+	MOVQ w+0(FP), DI; MOVQ ldw+8(FP), R8; SHLQ $1, R8; LEAQ (R8)(R8*2), R9
+	MOVQ x+16(FP), SI; MOVQ steps+24(FP), CX
+	MOVL $0xFFFF0000, AX; VPBROADCASTD AX, Z31
+	VPXORD Z0, Z0, Z0; VPXORD Z1, Z1, Z1; VPXORD Z2, Z2, Z2; VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4; VPXORD Z5, Z5, Z5; VPXORD Z6, Z6, Z6; VPXORD Z7, Z7, Z7
+	VPXORD Z8, Z8, Z8; VPXORD Z9, Z9, Z9; VPXORD Z10, Z10, Z10; VPXORD Z11, Z11, Z11
+	VPXORD Z12, Z12, Z12; VPXORD Z13, Z13, Z13; VPXORD Z14, Z14, Z14; VPXORD Z15, Z15, Z15
+	VPXORD Z16, Z16, Z16; VPXORD Z17, Z17, Z17; VPXORD Z18, Z18, Z18; VPXORD Z19, Z19, Z19
+	VPXORD Z20, Z20, Z20; VPXORD Z21, Z21, Z21; VPXORD Z22, Z22, Z22; VPXORD Z23, Z23, Z23
+	TESTQ CX, CX
+	JE    wsum
+
+wloop:
+	LOADX(0)
+	ROWS(EVEN)
+	LOADX(64)
+	ROWS(ODD)
+	ADDQ $64, DI
+	ADDQ $768, SI
+	DECQ CX
+	JNE  wloop
+
+wsum:
+	// Tokens 0-3: each row's 4 accumulators to lanes, then the rows' sums.
+	LANES4(Z0, Z1, Z2, Z3, Z24, Z30)
+	LANES4(Z6, Z7, Z8, Z9, Z25, Z30)
+	LANES4(Z12, Z13, Z14, Z15, Z26, Z30)
+	LANES4(Z18, Z19, Z20, Z21, Z27, Z30)
+	SUMS4(Z24, Z25, Z26, Z27, Z28, Z29, Z30)
+	// Tokens 4-5 (lanes 2 and 3 zero).
+	VPXORD Z31, Z31, Z31
+	LANES4(Z4, Z5, Z31, Z31, Z24, Z30)
+	VPXORD Z31, Z31, Z31
+	LANES4(Z10, Z11, Z31, Z31, Z25, Z30)
+	VPXORD Z31, Z31, Z31
+	LANES4(Z16, Z17, Z31, Z31, Z26, Z30)
+	VPXORD Z31, Z31, Z31
+	LANES4(Z22, Z23, Z31, Z31, Z27, Z30)
+	SUMS4(Z24, Z25, Z26, Z27, Z29, Z30, Z31)
+	MOVQ out+32(FP), DX; MOVQ ldo+40(FP), R10; SHLQ $2, R10; MOVQ nt+48(FP), BX
+	ADDOUT(X28)
+	VEXTRACTF32X4 $1, Z28, X31
+	ADDOUT(X31)
+	VEXTRACTF32X4 $2, Z28, X31
+	ADDOUT(X31)
+	VEXTRACTF32X4 $3, Z28, X31
+	ADDOUT(X31)
+	ADDOUT(X29)
+	VEXTRACTF32X4 $1, Z29, X31
+	ADDOUT(X31)
+
+wdone:
+	VZEROUPPER
+	RET
