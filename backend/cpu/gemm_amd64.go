@@ -86,6 +86,9 @@ func matvecBF16(out, x []float32, w []uint16, K, lo, hi int) {
 }
 
 //go:noescape
+func packWideAVX512(dst *float32, src *float32, steps int)
+
+//go:noescape
 func gemm4x6BF16AVX512(w *uint16, ldw int, x *float32, steps int, out *float32, ldo int, nt int)
 
 // The AVX-512 bf16 prefill (gemmWide): tiles of 4 weight rows by 6 tokens
@@ -93,10 +96,10 @@ func gemm4x6BF16AVX512(w *uint16, ldw int, x *float32, steps int, out *float32, 
 // matmul so that one VPSLLD or VPANDD widens 16 weights (packWide). The k
 // values are taken wideKC at a time, so that a group of 6 tokens' x (24
 // KiB) stays in L1 while it meets a panel of wideNC rows, whose wideKC
-// weights (512 KiB) stay in L2 while all the token groups meet them: the
+// weights (256 KiB) stay in L2 while all the token groups meet them: the
 // weights are read from memory once per matmul, the activations once per
 // panel.
-var wideKC, wideNC = 1024, 256
+var wideKC, wideNC = 1024, 128
 
 // widePool holds packWide's buffers between matmuls.
 var widePool sync.Pool
@@ -135,16 +138,13 @@ func packWide(xp, x []float32, m, K, k32, g0, g1 int) {
 	for g := g0; g < g1; g++ {
 		for t := range 6 {
 			i := 6*g + t
+			if i < m {
+				_, _ = xp[(g+1)*6*k32-192+t*32+31], x[i*K+k32-1]
+				packWideAVX512(&xp[g*6*k32+t*32], &x[i*K], k32/32)
+				continue
+			}
 			for s := range k32 / 32 {
-				d := xp[(g*k32/32+s)*192+t*32:][:32]
-				if i >= m {
-					clear(d)
-					continue
-				}
-				src := x[i*K+s*32:][:32]
-				for j := range 16 {
-					d[j], d[16+j] = src[2*j], src[2*j+1]
-				}
+				clear(xp[(g*k32/32+s)*192+t*32:][:32])
 			}
 		}
 	}

@@ -265,3 +265,36 @@ wsum:
 wdone:
 	VZEROUPPER
 	RET
+
+// The even and odd indices into two vectors of 16 (VPERMT2PS).
+DATA wideEven<>+0(SB)/8, $0x0000000200000000
+DATA wideEven<>+8(SB)/8, $0x0000000600000004
+DATA wideEven<>+16(SB)/8, $0x0000000a00000008
+DATA wideEven<>+24(SB)/8, $0x0000000e0000000c
+DATA wideEven<>+32(SB)/8, $0x0000001200000010
+DATA wideEven<>+40(SB)/8, $0x0000001600000014
+DATA wideEven<>+48(SB)/8, $0x0000001a00000018
+DATA wideEven<>+56(SB)/8, $0x0000001e0000001c
+GLOBL wideEven<>(SB), RODATA|NOPTR, $64
+
+// func packWideAVX512(dst *float32, src *float32, steps int)
+// packWide for one token: for each step s, the 16 even then the 16 odd of
+// src[32s:32s+32] at dst[192s:].
+TEXT ·packWideAVX512(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI; MOVQ src+8(FP), SI; MOVQ steps+16(FP), CX
+	VMOVDQU32 wideEven<>(SB), Z30
+	MOVL $1, AX; VPBROADCASTD AX, Z31; VPADDD Z31, Z30, Z31
+	TESTQ CX, CX
+	JE    pdone
+
+ploop:
+	VMOVUPS (SI), Z0; VMOVUPS (SI), Z1
+	VPERMT2PS 64(SI), Z30, Z0; VPERMT2PS 64(SI), Z31, Z1
+	VMOVUPS Z0, (DI); VMOVUPS Z1, 64(DI)
+	ADDQ $128, SI; ADDQ $768, DI
+	DECQ CX
+	JNE  ploop
+
+pdone:
+	VZEROUPPER
+	RET

@@ -22,13 +22,8 @@ func TestGemmWide(t *testing.T) {
 	for _, blocks := range [][2]int{{wideKC, wideNC}, {64, 8}, {96, 12}} {
 		wideKC, wideNC = blocks[0], blocks[1]
 		for _, s := range []struct{ m, K, N int }{{6, 32, 4}, {7, 136, 9}, {13, 200, 37}, {64, 1027, 30}, {17, 4096, 6}, {1, 64, 8}} {
-			w := randn(rng, s.N*s.K)
 			x := randn(rng, s.m*s.K)
-			wb, w16 := make([]uint16, len(w)), make([]float32, len(w))
-			for i, v := range w {
-				wb[i] = uint16(math.Float32bits(v) >> 16)
-				w16[i] = bf(wb[i])
-			}
+			wb, w16 := truncBF16(randn(rng, s.N*s.K))
 			out := make([]float32, s.m*s.N)
 			if !b.gemmWide(out, x, &Weight{rows: s.N, cols: s.K, bf16: wb}, s.m) {
 				t.Fatalf("%+v: gemmWide declined", s)
@@ -37,10 +32,7 @@ func TestGemmWide(t *testing.T) {
 			name := fmt.Sprintf("%+v kc=%d nc=%d", s, wideKC, wideNC)
 			for i := range s.m {
 				for r := range s.N {
-					var d float64
-					for k := range s.K {
-						d += float64(x[i*s.K+k]) * float64(w16[r*s.K+k])
-					}
+					d := dot64(x, w16, s.K, i, r)
 					if got := float64(out[i*s.N+r]); math.Abs(got-d) > tol {
 						t.Errorf("%s [%d,%d]: %v, want %v", name, i, r, got, d)
 					}

@@ -28,18 +28,8 @@ func testFloatKernels(t *testing.T) {
 	for _, s := range []struct{ m, K, N int }{{3, 8, 4}, {3, 64, 4}, {7, 136, 9}, {1, 1000, 11}, {8, 1027, 6}, {5, 4096, 5}} {
 		w := randn(rng, s.N*s.K)
 		x := randn(rng, s.m*s.K)
-		wb, w16 := make([]uint16, len(w)), make([]float32, len(w))
-		for i, v := range w {
-			wb[i] = uint16(math.Float32bits(v) >> 16)
-			w16[i] = bf(wb[i])
-		}
-		want := func(wf []float32, i, r int) float64 {
-			var d float64
-			for k := range s.K {
-				d += float64(x[i*s.K+k]) * float64(wf[r*s.K+k])
-			}
-			return d
-		}
+		wb, w16 := truncBF16(w)
+		want := func(wf []float32, i, r int) float64 { return dot64(x, wf, s.K, i, r) }
 		tol := 1e-5 * float64(s.K)
 		name := fmt.Sprintf("%+v avx2=%v", s, bf16ForceAVX2)
 		if k8 := s.K &^ 7; s.m >= 3 && s.N >= 4 && k8 > 0 {
@@ -93,4 +83,24 @@ func testFloatKernels(t *testing.T) {
 			}
 		}
 	}
+}
+
+// truncBF16 is w truncated to bf16 (the kernels' input) and those values
+// as float32 (the reference's).
+func truncBF16(w []float32) ([]uint16, []float32) {
+	wb, w16 := make([]uint16, len(w)), make([]float32, len(w))
+	for i, v := range w {
+		wb[i] = uint16(math.Float32bits(v) >> 16)
+		w16[i] = bf(wb[i])
+	}
+	return wb, w16
+}
+
+// dot64 is token i of x times row r of w (K values each) in float64.
+func dot64(x, w []float32, K, i, r int) float64 {
+	var d float64
+	for k := range K {
+		d += float64(x[i*K+k]) * float64(w[r*K+k])
+	}
+	return d
 }
