@@ -89,7 +89,7 @@ func matvecBF16(out, x []float32, w []uint16, K, lo, hi int) {
 func packWideAVX512(dst *float32, src *float32, steps int)
 
 //go:noescape
-func gemm4x6BF16AVX512(w *uint16, ldw int, x *float32, steps int, out *float32, ldo int, nt int)
+func gemm4x6BF16AVX512(w *uint16, ldw int, x *float32, steps int, out *float32, ldo int, nt int, pf *uint16)
 
 // The AVX-512 bf16 prefill (gemmWide): tiles of 4 weight rows by 6 tokens
 // (gemm4x6BF16AVX512, 24 accumulators), the tokens' x packed once per
@@ -164,10 +164,22 @@ func gemmWideRows(out, x, xp []float32, w []uint16, m, K, N, lo, hi int) {
 		p1 := min(p0+wideNC, hi4)
 		for k0 := 0; k0 < k32; k0 += wideKC {
 			steps := min(wideKC, k32-k0) / 32
+			// The next block's rows (this panel's next pass, else the
+			// next panel's first), one a call, are prefetched into L2
+			// while this one runs, so that its first token group does
+			// not wait on memory.
+			n0, nk, n1 := p0, k0+wideKC, p1
+			if nk >= k32 {
+				n0, nk, n1 = p1, 0, min(p1+wideNC, hi4)
+			}
 			for g := range (m + 5) / 6 {
 				xg, nt, o := &xp[g*6*k32+k0*6], min(6, m-6*g), 6*g*N
 				for r := p0; r < p1; r += 4 {
-					gemm4x6BF16AVX512(&w[r*K+k0], K, xg, steps, &out[o+r], N, nt)
+					pf := &w[r*K+k0]
+					if n := n0 + g*(p1-p0)/4 + (r-p0)/4; n < n1 {
+						pf = &w[n*K+nk]
+					}
+					gemm4x6BF16AVX512(&w[r*K+k0], K, xg, steps, &out[o+r], N, nt, pf)
 				}
 			}
 		}

@@ -206,13 +206,14 @@ z41done:
 #define ADDOUT(X) \
 	VADDPS (DX), X, X30; VMOVUPS X30, (DX); ADDQ R10, DX; DECQ BX; JEQ wdone
 
-// func gemm4x6BF16AVX512(w *uint16, ldw int, x *float32, steps int, out *float32, ldo int, nt int)
+// func gemm4x6BF16AVX512(w *uint16, ldw int, x *float32, steps int, out *float32, ldo int, nt int, pf *uint16)
 // out[t*ldo + r] += Σ_p w[r*ldw+p] * x_t[p] for the 4 rows r and the first
 // nt (1 to 6) of 6 tokens t, over steps*32 values of k; x is the 6 tokens'
-// packed values, 32 a token a step (packWide).
-TEXT ·gemm4x6BF16AVX512(SB), NOSPLIT, $0-56
+// packed values, 32 a token a step (packWide). A cache line from pf on is
+// prefetched into L2 each step.
+TEXT ·gemm4x6BF16AVX512(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), DI; MOVQ ldw+8(FP), R8; SHLQ $1, R8; LEAQ (R8)(R8*2), R9
-	MOVQ x+16(FP), SI; MOVQ steps+24(FP), CX
+	MOVQ x+16(FP), SI; MOVQ steps+24(FP), CX; MOVQ pf+56(FP), R11
 	MOVL $0xFFFF0000, AX; VPBROADCASTD AX, Z31
 	VPXORD Z0, Z0, Z0; VPXORD Z1, Z1, Z1; VPXORD Z2, Z2, Z2; VPXORD Z3, Z3, Z3
 	VPXORD Z4, Z4, Z4; VPXORD Z5, Z5, Z5; VPXORD Z6, Z6, Z6; VPXORD Z7, Z7, Z7
@@ -224,12 +225,14 @@ TEXT ·gemm4x6BF16AVX512(SB), NOSPLIT, $0-56
 	JE    wsum
 
 wloop:
+	PREFETCHT1 (R11)
 	LOADX(0)
 	ROWS(EVEN)
 	LOADX(64)
 	ROWS(ODD)
 	ADDQ $64, DI
 	ADDQ $768, SI
+	ADDQ $64, R11
 	DECQ CX
 	JNE  wloop
 
