@@ -14,41 +14,20 @@ var hasAVX512 = hasAVX2 && cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW
 var bf16ForceAVX2 bool
 
 //go:noescape
-func dot4x3BF16AVX512(w *uint16, ldw int, x *float32, ldx int, k int, out *[96]float32)
-
-//go:noescape
 func dot4BF16AVX512(w *uint16, ldw int, x *float32, k int, out *[32]float32)
 
+// has4x3: the AVX2 4x3 prefill tiles (f32 weights; bf16 without AVX-512,
+// or K under 32).
+var has4x3 = hasAVX2
+
 //go:noescape
-func dot4x3BF16AVX2(w *uint16, ldw int, x *float32, ldx int, k int, out *[96]float32)
+func dot4x3BF16(w *uint16, ldw int, x *float32, ldx int, k int, out *[96]float32)
 
 //go:noescape
 func dot4BF16AVX2(w *uint16, ldw int, x *float32, k int, out *[32]float32)
 
 //go:noescape
-func dot4x3F32AVX2(w *float32, ldw int, x *float32, ldx int, k int, out *[96]float32)
-
-// dot4x3 is dot4x3Go with the AVX-512 or AVX2 kernels where the processor
-// has them; k is a multiple of 8. It returns the part of k it covered (the
-// bf16 AVX-512 kernel takes multiples of 16; the caller does the rest).
-func dot4x3[T float32 | uint16](w []T, ldw int, x []float32, ldx, k int, out *[96]float32) int {
-	if !hasAVX2 || k == 0 {
-		dot4x3Go(w, ldw, x, ldx, k, out)
-		return k
-	}
-	_, _ = w[3*ldw+k-1], x[2*ldx+k-1]
-	switch w := any(w).(type) {
-	case []uint16:
-		if k16 := k &^ 15; hasAVX512 && !bf16ForceAVX2 && k16 > 0 {
-			dot4x3BF16AVX512(&w[0], ldw, &x[0], ldx, k16, out)
-			return k16
-		}
-		dot4x3BF16AVX2(&w[0], ldw, &x[0], ldx, k, out)
-	case []float32:
-		dot4x3F32AVX2(&w[0], ldw, &x[0], ldx, k, out)
-	}
-	return k
-}
+func dot4x3F32(w *float32, ldw int, x *float32, ldx int, k int, out *[96]float32)
 
 // matvecBF16 computes out[r] = x · w[r] for rows [lo, hi) of a bf16 matrix
 // with K columns: 4 rows a pass (dot4BF16AVX512 or dot4BF16AVX2: x loaded

@@ -35,19 +35,19 @@ done: \
 
 #define LOADW(addr) WIDEN(addr, Y15)
 
-// func dot4x3BF16AVX2(w *uint16, ldw int, x *float32, ldx int, k int, out *[96]float32)
+// func dot4x3BF16(w *uint16, ldw int, x *float32, ldx int, k int, out *[96]float32)
 // The 8-lane partial sums of Σ_p w[r*ldw+p] * x[t*ldx+p] for 4 bf16 weight
 // rows r and 3 tokens t, in out[(3r+t)*8:]; k is a multiple of 8. Each row
 // chunk is widened once and serves the 3 tokens.
-TEXT ·dot4x3BF16AVX2(SB), NOSPLIT, $0-48
+TEXT ·dot4x3BF16(SB), NOSPLIT, $0-48
 	KERNEL43(1, 16, b43loop, b43done)
 
 #undef LOADW
 #define LOADW(addr) VMOVUPS addr, Y15
 
-// func dot4x3F32AVX2(w *float32, ldw int, x *float32, ldx int, k int, out *[96]float32)
-// dot4x3BF16AVX2 for float32 weights.
-TEXT ·dot4x3F32AVX2(SB), NOSPLIT, $0-48
+// func dot4x3F32(w *float32, ldw int, x *float32, ldx int, k int, out *[96]float32)
+// dot4x3BF16 for float32 weights.
+TEXT ·dot4x3F32(SB), NOSPLIT, $0-48
 	KERNEL43(2, 32, f43loop, f43done)
 
 // TWO(B, a0, b0, a1, b1): rows B and B+R8 (16 bf16 each, widened) times x
@@ -85,45 +85,15 @@ b41done:
 	VZEROUPPER
 	RET
 
-// The AVX-512 versions (hasAVX512): 16 lanes a register, the same tiles;
+// The AVX-512 version of the matvec tile (hasAVX512): 16 lanes a register;
 // each accumulator's two 8-lane halves are added before the store, so the
-// caller sees the AVX2 kernels' 8 partial sums.
+// caller sees the AVX2 kernel's 8 partial sums.
 
 // WIDEN16(addr, Z): 16 bf16 at addr as float32 in Z.
 #define WIDEN16(addr, Z) VPMOVZXWD addr, Z; VPSLLD $16, Z, Z
 
-// FMA3Z(w, r0, r1, r2): the weight row in w times the 3 tokens' x (Z12-Z14).
-#define FMA3Z(w, r0, r1, r2) VFMADD231PS Z12, w, r0; VFMADD231PS Z13, w, r1; VFMADD231PS Z14, w, r2
-
 // HALVES(Z, Y, off): Y (Z's low half) += Z's high half, stored at off(AX).
 #define HALVES(Z, Y, off) VEXTRACTF64X4 $1, Z, Y16; VADDPS Y16, Y, Y; VMOVUPS Y, off(AX)
-
-// func dot4x3BF16AVX512(w *uint16, ldw int, x *float32, ldx int, k int, out *[96]float32)
-// dot4x3BF16AVX2 with 16 values of k a step; k is a multiple of 16.
-TEXT ·dot4x3BF16AVX512(SB), NOSPLIT, $0-48
-	MOVQ w+0(FP), DI; MOVQ ldw+8(FP), R8; SHLQ $1, R8; LEAQ (R8)(R8*2), R9
-	MOVQ x+16(FP), SI; MOVQ ldx+24(FP), R10; SHLQ $2, R10; MOVQ k+32(FP), CX; MOVQ out+40(FP), AX
-	VPXORD Z0, Z0, Z0; VPXORD Z1, Z1, Z1; VPXORD Z2, Z2, Z2; VPXORD Z3, Z3, Z3
-	VPXORD Z4, Z4, Z4; VPXORD Z5, Z5, Z5; VPXORD Z6, Z6, Z6; VPXORD Z7, Z7, Z7
-	VPXORD Z8, Z8, Z8; VPXORD Z9, Z9, Z9; VPXORD Z10, Z10, Z10; VPXORD Z11, Z11, Z11
-
-z43loop:
-	TESTQ CX, CX
-	JE    z43done
-	VMOVUPS (SI), Z12; VMOVUPS (SI)(R10*1), Z13; VMOVUPS (SI)(R10*2), Z14
-	WIDEN16((DI), Z15); FMA3Z(Z15, Z0, Z1, Z2)
-	WIDEN16((DI)(R8*1), Z17); FMA3Z(Z17, Z3, Z4, Z5)
-	WIDEN16((DI)(R8*2), Z18); FMA3Z(Z18, Z6, Z7, Z8)
-	WIDEN16((DI)(R9*1), Z19); FMA3Z(Z19, Z9, Z10, Z11)
-	ADDQ $32, DI; ADDQ $64, SI; SUBQ $16, CX
-	JMP  z43loop
-
-z43done:
-	HALVES(Z0, Y0, 0); HALVES(Z1, Y1, 32); HALVES(Z2, Y2, 64); HALVES(Z3, Y3, 96)
-	HALVES(Z4, Y4, 128); HALVES(Z5, Y5, 160); HALVES(Z6, Y6, 192); HALVES(Z7, Y7, 224)
-	HALVES(Z8, Y8, 256); HALVES(Z9, Y9, 288); HALVES(Z10, Y10, 320); HALVES(Z11, Y11, 352)
-	VZEROUPPER
-	RET
 
 // TWOZ(B, a0, b0, a1, b1): rows B and B+R8 (32 bf16 each, widened) times x
 // (Z12, Z13) into their two accumulators each.

@@ -67,8 +67,8 @@
 	PUT(V18); PUT(V19); PUT(V20); PUT(V21); \
 	PUT(V22); PUT(V23); PUT(V24); PUT(V25)
 
-// func dot4x3F32NEON(w *float32, ldw int, x *float32, ldx int, k int, out *[96]float32)
-TEXT ·dot4x3F32NEON(SB), NOSPLIT, $0-48
+// func dot4x3F32(w *float32, ldw int, x *float32, ldx int, k int, out *[96]float32)
+TEXT ·dot4x3F32(SB), NOSPLIT, $0-48
 	ARGS(2)
 
 f32loop:
@@ -83,8 +83,8 @@ f32loop:
 	STORE
 	RET
 
-// func dot4x3BF16NEON(w *uint16, ldw int, x *float32, ldx int, k int, out *[96]float32)
-TEXT ·dot4x3BF16NEON(SB), NOSPLIT, $0-48
+// func dot4x3BF16(w *uint16, ldw int, x *float32, ldx int, k int, out *[96]float32)
+TEXT ·dot4x3BF16(SB), NOSPLIT, $0-48
 	ARGS(1)
 
 bfloop:

@@ -2,9 +2,15 @@
 
 package cpu
 
-func dot4x3[T float32 | uint16](w []T, ldw int, x []float32, ldx, k int, out *[96]float32) int {
-	dot4x3Go(w, ldw, x, ldx, k, out)
-	return k
+// has4x3: no SIMD 4x3 kernels here (dot4x3 takes dot4x3Go).
+const has4x3 = false
+
+func dot4x3BF16(w *uint16, ldw int, x *float32, ldx int, k int, out *[96]float32) {
+	panic("unreachable")
+}
+
+func dot4x3F32(w *float32, ldw int, x *float32, ldx int, k int, out *[96]float32) {
+	panic("unreachable")
 }
 
 func matvecBF16(out, x []float32, w []uint16, K, lo, hi int) {

@@ -13,8 +13,8 @@ import (
 // matvec (matvecBF16: 4-row passes, leftover rows and the tail of K in Go),
 // and MatMul's GEMM path (gemmRows) for K and row counts off the tiles.
 // Tolerance: float32 accumulation over K terms of unit size, 1e-5*K (as
-// TestMatMul). On amd64 with AVX-512 both its kernels and the AVX2 ones
-// (bf16ForceAVX2).
+// TestMatMul). On amd64 with AVX-512 both its matvec kernels and the AVX2
+// ones (bf16ForceAVX2); its prefill GEMM is TestGemmWide's.
 func TestFloatKernels(t *testing.T) {
 	for _, force := range []bool{false, true} {
 		bf16ForceAVX2 = force
@@ -35,11 +35,10 @@ func testFloatKernels(t *testing.T) {
 		if k8 := s.K &^ 7; s.m >= 3 && s.N >= 4 && k8 > 0 {
 			var acc [96]float32
 			for _, bf16 := range []bool{false, true} {
-				var kd int // the part of k8 the kernel covered
 				if bf16 {
-					kd = dot4x3(wb, s.K, x, s.K, k8, &acc)
+					dot4x3(wb, s.K, x, s.K, k8, &acc)
 				} else {
-					kd = dot4x3(w, s.K, x, s.K, k8, &acc)
+					dot4x3(w, s.K, x, s.K, k8, &acc)
 				}
 				for r := range 4 {
 					for tk := range 3 {
@@ -47,7 +46,7 @@ func testFloatKernels(t *testing.T) {
 						for _, v := range acc[(3*r+tk)*8 : (3*r+tk+1)*8] {
 							got += float64(v)
 						}
-						for k := range kd {
+						for k := range k8 {
 							wv := w[r*s.K+k]
 							if bf16 {
 								wv = w16[r*s.K+k]
