@@ -33,6 +33,22 @@ done: \
 	VMOVUPS Y8, 256(AX); VMOVUPS Y9, 288(AX); VMOVUPS Y10, 320(AX); VMOVUPS Y11, 352(AX); \
 	VZEROUPPER; RET
 
+// DOT4(ZERO, TWOM, VB, A0..A7, X0, X1, loop, done): the matvec tile's
+// body for vectors of VB bytes (registers A0-A7 the accumulators, X0 X1
+// x; TWOM the widen-and-multiply of two rows, ZERO4 or ZERO4Z): 4 rows, 2
+// vectors of x a step, each row's two accumulators added into A0-A3.
+#define DOT4(ZERO, TWOM, VB, A0, A1, A2, A3, A4, A5, A6, A7, X0, X1, loop, done) \
+	MOVQ w+0(FP), DI; MOVQ ldw+8(FP), R8; SHLQ $1, R8; LEAQ (DI)(R8*2), BX; \
+	MOVQ x+16(FP), SI; MOVQ k+24(FP), CX; MOVQ out+32(FP), AX; \
+	ZERO(A0, A1, A2, A3); ZERO(A4, A5, A6, A7); \
+loop: \
+	TESTQ CX, CX; JE done; \
+	VMOVUPS (SI), X0; VMOVUPS VB(SI), X1; \
+	TWOM(DI, A0, A4, A1, A5); TWOM(BX, A2, A6, A3, A7); \
+	ADDQ $VB, DI; ADDQ $VB, BX; ADDQ $(2*VB), SI; SUBQ $(VB/2), CX; JMP loop; \
+done: \
+	VADDPS A4, A0, A0; VADDPS A5, A1, A1; VADDPS A6, A2, A2; VADDPS A7, A3, A3
+
 #define LOADW(addr) WIDEN(addr, Y15)
 
 // func dot4x3BF16(w *uint16, ldw int, x *float32, ldx int, k int, out *[96]float32)
@@ -61,26 +77,7 @@ TEXT ·dot4x3F32(SB), NOSPLIT, $0-48
 // (ldw apart) with one x, 16 values of k a step (two accumulators a row);
 // k is a multiple of 16. out[8r:] holds row r's partial sums.
 TEXT ·dot4BF16AVX2(SB), NOSPLIT, $0-40
-	MOVQ w+0(FP), DI; MOVQ ldw+8(FP), R8; SHLQ $1, R8; LEAQ (DI)(R8*2), BX
-	MOVQ x+16(FP), SI; MOVQ k+24(FP), CX; MOVQ out+32(FP), AX
-	ZERO4(Y0, Y1, Y2, Y3)
-	ZERO4(Y4, Y5, Y6, Y7)
-
-b41loop:
-	TESTQ CX, CX
-	JE    b41done
-	VMOVUPS (SI), Y12
-	VMOVUPS 32(SI), Y13
-	TWO(DI, Y0, Y4, Y1, Y5)
-	TWO(BX, Y2, Y6, Y3, Y7)
-	ADDQ $32, DI
-	ADDQ $32, BX
-	ADDQ $64, SI
-	SUBQ $16, CX
-	JMP  b41loop
-
-b41done:
-	VADDPS Y4, Y0, Y0; VADDPS Y5, Y1, Y1; VADDPS Y6, Y2, Y2; VADDPS Y7, Y3, Y3
+	DOT4(ZERO4, TWO, 32, Y0, Y1, Y2, Y3, Y4, Y5, Y6, Y7, Y12, Y13, b41loop, b41done)
 	VMOVUPS Y0, (AX); VMOVUPS Y1, 32(AX); VMOVUPS Y2, 64(AX); VMOVUPS Y3, 96(AX)
 	VZEROUPPER
 	RET
@@ -101,29 +98,13 @@ b41done:
 	WIDEN16((B), Z8); WIDEN16(32(B), Z9); WIDEN16((B)(R8*1), Z10); WIDEN16(32(B)(R8*1), Z11); \
 	VFMADD231PS Z12, Z8, a0; VFMADD231PS Z13, Z9, b0; VFMADD231PS Z12, Z10, a1; VFMADD231PS Z13, Z11, b1
 
+// ZERO4Z(a, b, c, d) zeroes four 16-lane registers.
+#define ZERO4Z(a, b, c, d) VPXORD a, a, a; VPXORD b, b, b; VPXORD c, c, c; VPXORD d, d, d
+
 // func dot4BF16AVX512(w *uint16, ldw int, x *float32, k int, out *[32]float32)
 // dot4BF16AVX2 with 32 values of k a step; k is a multiple of 32.
 TEXT ·dot4BF16AVX512(SB), NOSPLIT, $0-40
-	MOVQ w+0(FP), DI; MOVQ ldw+8(FP), R8; SHLQ $1, R8; LEAQ (DI)(R8*2), BX
-	MOVQ x+16(FP), SI; MOVQ k+24(FP), CX; MOVQ out+32(FP), AX
-	VPXORD Z0, Z0, Z0; VPXORD Z1, Z1, Z1; VPXORD Z2, Z2, Z2; VPXORD Z3, Z3, Z3
-	VPXORD Z4, Z4, Z4; VPXORD Z5, Z5, Z5; VPXORD Z6, Z6, Z6; VPXORD Z7, Z7, Z7
-
-z41loop:
-	TESTQ CX, CX
-	JE    z41done
-	VMOVUPS (SI), Z12
-	VMOVUPS 64(SI), Z13
-	TWOZ(DI, Z0, Z4, Z1, Z5)
-	TWOZ(BX, Z2, Z6, Z3, Z7)
-	ADDQ $64, DI
-	ADDQ $64, BX
-	ADDQ $128, SI
-	SUBQ $32, CX
-	JMP  z41loop
-
-z41done:
-	VADDPS Z4, Z0, Z0; VADDPS Z5, Z1, Z1; VADDPS Z6, Z2, Z2; VADDPS Z7, Z3, Z3
+	DOT4(ZERO4Z, TWOZ, 64, Z0, Z1, Z2, Z3, Z4, Z5, Z6, Z7, Z12, Z13, z41loop, z41done)
 	HALVES(Z0, Y0, 0); HALVES(Z1, Y1, 32); HALVES(Z2, Y2, 64); HALVES(Z3, Y3, 96)
 	VZEROUPPER
 	RET
