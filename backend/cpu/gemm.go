@@ -6,7 +6,8 @@ package cpu
 // weights once for the 3 tokens, and blocks of tokens whose activations fit
 // in about 1 MiB are run over all of a thread's rows in turn, so the 4 rows
 // stay in L1 across the block's tokens and the weights are streamed from
-// memory once per block instead of once per token.
+// memory once per block instead of once per token. bf16 weights on AVX-512
+// take gemmWide instead (gemm_amd64.go: 4x6 tiles, packed activations).
 
 const (
 	gemmMR      = 3       // tokens a tile
@@ -31,6 +32,23 @@ func dot4x3Go[T float32 | uint16](w []T, ldw int, x []float32, ldx, k int, out *
 	}
 }
 
+// dot4x3 is dot4x3Go with the SIMD kernels where the processor has them
+// (has4x3: dot4x3BF16 and dot4x3F32, AVX2 on amd64, NEON on arm64); k is a
+// multiple of 8.
+func dot4x3[T float32 | uint16](w []T, ldw int, x []float32, ldx, k int, out *[96]float32) {
+	if !has4x3 || k == 0 {
+		dot4x3Go(w, ldw, x, ldx, k, out)
+		return
+	}
+	_, _ = w[3*ldw+k-1], x[2*ldx+k-1]
+	switch w := any(w).(type) {
+	case []uint16:
+		dot4x3BF16(&w[0], ldw, &x[0], ldx, k, out)
+	case []float32:
+		dot4x3F32(&w[0], ldw, &x[0], ldx, k, out)
+	}
+}
+
 func widen[T float32 | uint16](v T) float32 {
 	switch v := any(v).(type) {
 	case uint16:
@@ -45,7 +63,8 @@ func widen[T float32 | uint16](v T) float32 {
 // (all present: r0+4 <= N, i0+3 <= m).
 func gemmTile[T float32 | uint16](out []float32, w []T, x []float32, K, N, i0, r0 int) {
 	var acc [96]float32
-	k8 := dot4x3(w[r0*K:], K, x[i0*K:], K, K&^7, &acc)
+	k8 := K &^ 7
+	dot4x3(w[r0*K:], K, x[i0*K:], K, k8, &acc)
 	for r := range gemmNR {
 		wr := w[(r0+r)*K : (r0+r+1)*K]
 		for t := range gemmMR {
@@ -92,6 +111,9 @@ func gemmRows[T float32 | uint16](out, x []float32, w []T, m, K, N, lo, hi int, 
 // matmulGEMM is MatMul of a float32 or bf16 weight for m >= gemmMinRows
 // tokens, parallel over quads of rows.
 func (b *Backend) matmulGEMM(out, x []float32, w *Weight, m int) {
+	if w.bf16 != nil && b.gemmWide(out, x, w, m) {
+		return
+	}
 	K, N := w.cols, w.rows
 	quads := (N + gemmNR - 1) / gemmNR
 	b.parallel(quads, max(1, (1<<14)/(K*m)), func(lo, hi int) {

@@ -1,29 +1,16 @@
 package cpu
 
-//go:noescape
-func dot4x3BF16NEON(w *uint16, ldw int, x *float32, ldx int, k int, out *[96]float32)
+// has4x3: the NEON 4x3 prefill tiles.
+var has4x3 = hasNEON
 
 //go:noescape
-func dot4x3F32NEON(w *float32, ldw int, x *float32, ldx int, k int, out *[96]float32)
+func dot4x3BF16(w *uint16, ldw int, x *float32, ldx int, k int, out *[96]float32)
+
+//go:noescape
+func dot4x3F32(w *float32, ldw int, x *float32, ldx int, k int, out *[96]float32)
 
 //go:noescape
 func dot4BF16NEON(w *uint16, ldw int, x *float32, k int, out *[4]float32)
-
-// dot4x3 is dot4x3Go with the NEON kernels; k is a multiple of 8.
-func dot4x3[T float32 | uint16](w []T, ldw int, x []float32, ldx, k int, out *[96]float32) int {
-	if !hasNEON || k == 0 {
-		dot4x3Go(w, ldw, x, ldx, k, out)
-		return k
-	}
-	_, _ = w[3*ldw+k-1], x[2*ldx+k-1]
-	switch w := any(w).(type) {
-	case []uint16:
-		dot4x3BF16NEON(&w[0], ldw, &x[0], ldx, k, out)
-	case []float32:
-		dot4x3F32NEON(&w[0], ldw, &x[0], ldx, k, out)
-	}
-	return k
-}
 
 // matvecBF16 computes out[r] = x · w[r] for rows [lo, hi) of a bf16 matrix
 // with K columns: 4 rows a pass (dot4BF16NEON: x loaded once for the 4,
@@ -52,3 +39,6 @@ func matvecBF16(out, x []float32, w []uint16, K, lo, hi int) {
 
 // bf16ForceAVX2 (the amd64 test hook) changes nothing here.
 var bf16ForceAVX2 bool
+
+// gemmWide (the amd64 AVX-512 bf16 prefill) is not here.
+func (b *Backend) gemmWide(out, x []float32, w *Weight, m int) bool { return false }

@@ -6,6 +6,13 @@
 // rows' weights in V6..V13 (row r: V6+2r, V7+2r). The result leaves each
 // pair's 4 partial sums and 4 zeros in its 8 places of out.
 
+// ZERO4(a, b, c, d) zeroes four vector registers.
+#define ZERO4(a, b, c, d) \
+	VEOR a.B16, a.B16, a.B16; \
+	VEOR b.B16, b.B16, b.B16; \
+	VEOR c.B16, c.B16, c.B16; \
+	VEOR d.B16, d.B16, d.B16
+
 // ARGS(size): R0..R3 the 4 weight rows (ldw elements of size bytes
 // apart), R4..R6 the 3 tokens (ldx floats apart), R7 = k, accumulators and
 // V31 zeroed.
@@ -22,18 +29,9 @@
 	ADD  R9, R4, R5; \
 	ADD  R9, R5, R6; \
 	MOVD k+32(FP), R7; \
-	VEOR V14.B16, V14.B16, V14.B16; \
-	VEOR V15.B16, V15.B16, V15.B16; \
-	VEOR V16.B16, V16.B16, V16.B16; \
-	VEOR V17.B16, V17.B16, V17.B16; \
-	VEOR V18.B16, V18.B16, V18.B16; \
-	VEOR V19.B16, V19.B16, V19.B16; \
-	VEOR V20.B16, V20.B16, V20.B16; \
-	VEOR V21.B16, V21.B16, V21.B16; \
-	VEOR V22.B16, V22.B16, V22.B16; \
-	VEOR V23.B16, V23.B16, V23.B16; \
-	VEOR V24.B16, V24.B16, V24.B16; \
-	VEOR V25.B16, V25.B16, V25.B16; \
+	ZERO4(V14, V15, V16, V17); \
+	ZERO4(V18, V19, V20, V21); \
+	ZERO4(V22, V23, V24, V25); \
 	VEOR V31.B16, V31.B16, V31.B16
 
 #define LOADX \
@@ -67,8 +65,8 @@
 	PUT(V18); PUT(V19); PUT(V20); PUT(V21); \
 	PUT(V22); PUT(V23); PUT(V24); PUT(V25)
 
-// func dot4x3F32NEON(w *float32, ldw int, x *float32, ldx int, k int, out *[96]float32)
-TEXT ·dot4x3F32NEON(SB), NOSPLIT, $0-48
+// func dot4x3F32(w *float32, ldw int, x *float32, ldx int, k int, out *[96]float32)
+TEXT ·dot4x3F32(SB), NOSPLIT, $0-48
 	ARGS(2)
 
 f32loop:
@@ -83,8 +81,8 @@ f32loop:
 	STORE
 	RET
 
-// func dot4x3BF16NEON(w *uint16, ldw int, x *float32, ldx int, k int, out *[96]float32)
-TEXT ·dot4x3BF16NEON(SB), NOSPLIT, $0-48
+// func dot4x3BF16(w *uint16, ldw int, x *float32, ldx int, k int, out *[96]float32)
+TEXT ·dot4x3BF16(SB), NOSPLIT, $0-48
 	ARGS(1)
 
 bfloop:

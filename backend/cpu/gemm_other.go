@@ -2,9 +2,15 @@
 
 package cpu
 
-func dot4x3[T float32 | uint16](w []T, ldw int, x []float32, ldx, k int, out *[96]float32) int {
-	dot4x3Go(w, ldw, x, ldx, k, out)
-	return k
+// has4x3: no SIMD 4x3 kernels here (dot4x3 takes dot4x3Go).
+const has4x3 = false
+
+func dot4x3BF16(w *uint16, ldw int, x *float32, ldx int, k int, out *[96]float32) {
+	panic("unreachable")
+}
+
+func dot4x3F32(w *float32, ldw int, x *float32, ldx int, k int, out *[96]float32) {
+	panic("unreachable")
 }
 
 func matvecBF16(out, x []float32, w []uint16, K, lo, hi int) {
@@ -13,3 +19,6 @@ func matvecBF16(out, x []float32, w []uint16, K, lo, hi int) {
 
 // bf16ForceAVX2 (the amd64 test hook) changes nothing here.
 var bf16ForceAVX2 bool
+
+// gemmWide (the amd64 AVX-512 bf16 prefill) is not here.
+func (b *Backend) gemmWide(out, x []float32, w *Weight, m int) bool { return false }

@@ -13,8 +13,8 @@ import (
 // matvec (matvecBF16: 4-row passes, leftover rows and the tail of K in Go),
 // and MatMul's GEMM path (gemmRows) for K and row counts off the tiles.
 // Tolerance: float32 accumulation over K terms of unit size, 1e-5*K (as
-// TestMatMul). On amd64 with AVX-512 both its kernels and the AVX2 ones
-// (bf16ForceAVX2).
+// TestMatMul). On amd64 with AVX-512 both its matvec kernels and the AVX2
+// ones (bf16ForceAVX2); its prefill GEMM is TestGemmWide's.
 func TestFloatKernels(t *testing.T) {
 	for _, force := range []bool{false, true} {
 		bf16ForceAVX2 = force
@@ -28,28 +28,17 @@ func testFloatKernels(t *testing.T) {
 	for _, s := range []struct{ m, K, N int }{{3, 8, 4}, {3, 64, 4}, {7, 136, 9}, {1, 1000, 11}, {8, 1027, 6}, {5, 4096, 5}} {
 		w := randn(rng, s.N*s.K)
 		x := randn(rng, s.m*s.K)
-		wb, w16 := make([]uint16, len(w)), make([]float32, len(w))
-		for i, v := range w {
-			wb[i] = uint16(math.Float32bits(v) >> 16)
-			w16[i] = bf(wb[i])
-		}
-		want := func(wf []float32, i, r int) float64 {
-			var d float64
-			for k := range s.K {
-				d += float64(x[i*s.K+k]) * float64(wf[r*s.K+k])
-			}
-			return d
-		}
+		wb, w16 := truncBF16(w)
+		want := func(wf []float32, i, r int) float64 { return dot64(x, wf, s.K, i, r) }
 		tol := 1e-5 * float64(s.K)
 		name := fmt.Sprintf("%+v avx2=%v", s, bf16ForceAVX2)
 		if k8 := s.K &^ 7; s.m >= 3 && s.N >= 4 && k8 > 0 {
 			var acc [96]float32
 			for _, bf16 := range []bool{false, true} {
-				var kd int // the part of k8 the kernel covered
 				if bf16 {
-					kd = dot4x3(wb, s.K, x, s.K, k8, &acc)
+					dot4x3(wb, s.K, x, s.K, k8, &acc)
 				} else {
-					kd = dot4x3(w, s.K, x, s.K, k8, &acc)
+					dot4x3(w, s.K, x, s.K, k8, &acc)
 				}
 				for r := range 4 {
 					for tk := range 3 {
@@ -57,7 +46,7 @@ func testFloatKernels(t *testing.T) {
 						for _, v := range acc[(3*r+tk)*8 : (3*r+tk+1)*8] {
 							got += float64(v)
 						}
-						for k := range kd {
+						for k := range k8 {
 							wv := w[r*s.K+k]
 							if bf16 {
 								wv = w16[r*s.K+k]
@@ -93,4 +82,24 @@ func testFloatKernels(t *testing.T) {
 			}
 		}
 	}
+}
+
+// truncBF16 is w truncated to bf16 (the kernels' input) and those values
+// as float32 (the reference's).
+func truncBF16(w []float32) ([]uint16, []float32) {
+	wb, w16 := make([]uint16, len(w)), make([]float32, len(w))
+	for i, v := range w {
+		wb[i] = uint16(math.Float32bits(v) >> 16)
+		w16[i] = bf(wb[i])
+	}
+	return wb, w16
+}
+
+// dot64 is token i of x times row r of w (K values each) in float64.
+func dot64(x, w []float32, K, i, r int) float64 {
+	var d float64
+	for k := range K {
+		d += float64(x[i*K+k]) * float64(w[r*K+k])
+	}
+	return d
 }
