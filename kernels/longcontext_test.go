@@ -4,11 +4,11 @@ import (
 	"context"
 	"math"
 	"math/rand/v2"
-	"slices"
 	"testing"
 
 	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/internal/testmodel"
+	"github.com/manifoldlm/manifold/layers"
 	"github.com/manifoldlm/manifold/model"
 )
 
@@ -17,9 +17,9 @@ import (
 // with the released rates 128 and 4, window 128, an indexer keeping 512
 // entries) prefills 65,520 positions on the GPU and on the CPU backend in
 // the passes Forward bounds (model/deepseek_v4.go, chunkRows), then decodes
-// 8 tokens the CPU picks greedily on both. The logits of the last 64 prompt
-// positions and of every decode step agree within 2e-2, as the other
-// GPU-against-CPU model checks. Every MoE layer is hash-routed, so that no
+// 8 tokens the CPU picks greedily on both: the logits of the last 64 prompt
+// positions and of every decode step are compared (the bound is below).
+// Every MoE layer is hash-routed, so that no
 // near-tied router pick (which the GPU's and CPU's summation orders may
 // break differently somewhere in 65k positions) makes an expert of the
 // compared positions differ; indexer near-ties stay in, and with 512 picks
@@ -66,7 +66,7 @@ func TestDeepseekV4LongContextOnGPU(t *testing.T) {
 		logits = all
 		last := all[len(all)-spec.Vocab:]
 		for i := range steps {
-			tok := int32(slices.Index(last, slices.Max(last)))
+			tok := int32(layers.Argmax(last))
 			if follow != nil {
 				tok = follow[i]
 			}
@@ -109,7 +109,7 @@ func TestDeepseekV4LongContextOnGPU(t *testing.T) {
 		same = true
 		for i := range steps { // pick i follows the last prompt row (i = 0) or decode step i-1
 			row := got[(tail-1+i)*spec.Vocab : (tail+i)*spec.Vocab]
-			if int32(slices.Index(row, slices.Max(row))) != picks[i] {
+			if int32(layers.Argmax(row)) != picks[i] {
 				same = false
 			}
 		}
