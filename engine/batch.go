@@ -99,7 +99,26 @@ type scheduler struct {
 	running bool            // the loop's goroutine is up
 	arrived chan struct{}   // a request was queued (capacity 1)
 	stats   BatchStats
-	waited  int64 // gathers that ended at the Gather deadline (benchmarks)
+	waited  int64     // gathers that ended at the Gather deadline (benchmarks)
+	times   stepTimes // where the steps' time went (benchmarks)
+}
+
+// stepTimes split the scheduler's time since Load by phase, for the
+// serving benchmarks (a few clock reads a step; no result depends on
+// them). A prefill step is one that runs a prompt chunk of more than one
+// token beside any decode tokens; a decode step runs one token a request.
+type stepTimes struct {
+	prefillSteps, decodeSteps int64
+	prefillSeqs, decodeSeqs   int64         // sequences summed over those steps
+	prefillRows               int64         // tokens run by the prefill steps
+	prefillWall, decodeWall   time.Duration // each step's pick to its requests ended
+	gather                    time.Duration // waiting for the active sessions' tokens
+	pick                      time.Duration // choosing the step's requests (s.mu held)
+	queue                     time.Duration // the forward pass queued (and, on the GPU, mostly launched)
+	sample                    time.Duration // the device picks: their launch and the wait for the ids (the step's device time left)
+	read                      time.Duration // logits read back to the host (rows not picked on the device)
+	sync                      time.Duration // the final synchronization
+	finish                    time.Duration // ending the requests, s.mu held
 }
 
 func newScheduler(net model.Model, o BatchOptions, b backend.Backend) *scheduler {
@@ -200,9 +219,11 @@ func (s *scheduler) Stats() BatchStats {
 // queued already.
 func (s *scheduler) loop(mine *batchRequest) {
 	for {
+		t0 := time.Now()
 		if mine == nil || !closed(mine.done) {
 			s.gather()
 		}
+		t1 := time.Now()
 		s.mu.Lock()
 		if len(s.queue) == 0 {
 			s.running = false
@@ -215,9 +236,12 @@ func (s *scheduler) loop(mine *batchRequest) {
 			return
 		}
 		reqs, toks := s.pick()
+		t2 := time.Now()
+		s.times.gather += t1.Sub(t0)
+		s.times.pick += t2.Sub(t1)
 		s.mu.Unlock()
 		if len(reqs) > 0 {
-			s.step(reqs, toks)
+			s.step(reqs, toks, t2)
 		}
 	}
 }
@@ -324,29 +348,55 @@ func (s *scheduler) pick() ([]*batchRequest, [][]int32) {
 	return reqs, toks
 }
 
-// step runs one batched forward pass and ends the requests it completes.
-func (s *scheduler) step(reqs []*batchRequest, toks [][]int32) {
+// step runs one batched forward pass and ends the requests it completes;
+// start is when its requests were picked.
+func (s *scheduler) step(reqs []*batchRequest, toks [][]int32, start time.Time) {
 	sts := make([]model.State, len(reqs))
 	rows := 0
+	prefill := false
 	for i, r := range reqs {
 		sts[i] = r.st
 		rows += len(toks[i])
+		prefill = prefill || len(toks[i]) > 1
 	}
+	var ph stepPhases
 	var rowOf func(i int) []float32 // request i's logits
 	var ids []int
 	var pickErr []error // a request's own pick's error
 	var err error
 	if picks := s.picks(reqs, toks); picks != nil {
 		var host [][]float32
-		host, ids, pickErr, err = s.forwardDevice(reqs, sts, toks, picks)
+		host, ids, pickErr, err = s.forwardDevice(reqs, sts, toks, picks, &ph)
 		rowOf = func(i int) []float32 { return host[i] }
 	} else {
 		var logits []float32
+		t := time.Now()
 		logits, err = s.bf.ForwardBatch(context.Background(), sts, toks)
+		ph.queue = time.Since(t)
 		rowOf = func(i int) []float32 { return logits[i*s.vocab : (i+1)*s.vocab : (i+1)*s.vocab] }
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	fin := time.Now()
+	defer func() {
+		end := time.Now()
+		t := &s.times
+		t.queue += ph.queue
+		t.sample += ph.sample
+		t.read += ph.read
+		t.sync += ph.sync
+		t.finish += end.Sub(fin)
+		if prefill {
+			t.prefillSteps++
+			t.prefillSeqs += int64(len(reqs))
+			t.prefillRows += int64(rows)
+			t.prefillWall += end.Sub(start)
+		} else {
+			t.decodeSteps++
+			t.decodeSeqs += int64(len(reqs))
+			t.decodeWall += end.Sub(start)
+		}
+	}()
 	s.stats.Steps++
 	s.stats.Rows += int64(rows)
 	s.stats.Sequences += int64(len(reqs))
@@ -403,14 +453,17 @@ func (s *scheduler) picks(reqs []*batchRequest, toks [][]int32) []backend.Sample
 // and reads back the logits of the others that end (host, by request; nil
 // for the rest). When the picks fail (a NaN logit), each is tried alone,
 // so that only those that fail get their error (pickErr, by request).
-func (s *scheduler) forwardDevice(reqs []*batchRequest, sts []model.State, toks [][]int32, picks []backend.SamplePick) (host [][]float32, ids []int, pickErr []error, err error) {
+func (s *scheduler) forwardDevice(reqs []*batchRequest, sts []model.State, toks [][]int32, picks []backend.SamplePick, ph *stepPhases) (host [][]float32, ids []int, pickErr []error, err error) {
+	t := time.Now()
 	dev, err := s.dbf.ForwardBatchDevice(context.Background(), sts, toks)
+	ph.queue = time.Since(t)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	var rows []backend.SamplePick
 	var at []int // the request of each of rows
 	host = make([][]float32, len(reqs))
+	t = time.Now()
 	for i, r := range reqs {
 		switch {
 		case r.ran+len(toks[i]) != len(r.ids): // more chunks to run
@@ -423,6 +476,8 @@ func (s *scheduler) forwardDevice(reqs []*batchRequest, sts []model.State, toks 
 			s.b.Read(host[i], dev, i*s.vocab)
 		}
 	}
+	t1 := time.Now()
+	ph.read = t1.Sub(t)
 	got := make([]int, len(rows))
 	if err := s.bs.SampleTokens(got, dev, s.vocab, rows); err != nil {
 		pickErr = make([]error, len(reqs))
@@ -434,5 +489,19 @@ func (s *scheduler) forwardDevice(reqs []*batchRequest, sts []model.State, toks 
 	for j, i := range at {
 		ids[i] = got[j]
 	}
-	return host, ids, pickErr, s.b.Sync()
+	t2 := time.Now()
+	ph.sample = t2.Sub(t1)
+	err = s.b.Sync()
+	ph.sync = time.Since(t2)
+	return host, ids, pickErr, err
+}
+
+// stepPhases are the phases of one step (stepTimes).
+type stepPhases struct{ queue, sample, read, sync time.Duration }
+
+// stepTimes returns the time split since Load.
+func (s *scheduler) stepTimes() stepTimes {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.times
 }
