@@ -55,6 +55,8 @@ type Backend struct {
 	q             queue
 	dyn           *allocation // dynSlots ints: the queue's per-step values
 	pushed        uint64      // launches queued so far (push), less those fused away: kvCache.lateRows's clock
+	pushes        uint64      // operations pushed so far, never less (gemmXHeld's clock)
+	gemmX         gemmXHeld   // what the NVFP4 GEMM's fp16 copy of x holds (gemm.go)
 	graphs        GraphMode
 	ahead         int // launch a queue's older ops once it holds this many (push; 0: never)
 	graphCache    map[uint64]*graphEntry

@@ -119,10 +119,48 @@ func (b *Backend) gemmNVFP4(dst, x *Buffer, w *Weight, m int) {
 		bias = w.bias.ptr
 	}
 	units := mtiles * bm * K / 8
-	b.launch("gemm_x_h8", [3]int{min((units+255)/256, 4*b.sms), 1, 1}, 256, 0, xh.ptr, x.ptr, m, mtiles*bm, K)
-	b.launch(k.name(), [3]int{ntiles * splits, mtiles, 1}, 256/k.fg, k.shared(),
+	conv := b.kernelOp("gemm_x_h8", [3]int{min((units+255)/256, 4*b.sms), 1, 1}, 256, 0, xh.ptr, x.ptr, m, mtiles*bm, K)
+	mm := b.kernelOp(k.name(), [3]int{ntiles * splits, mtiles, 1}, 256/k.fg, k.shared(),
 		w.data.ptr, w.scales.ptr, w.global*64, xh.ptr, dst.ptr, bias, pp, tp, N, K, m, cps)
+	if conv.fn == 0 || mm.fn == 0 {
+		return // b.function kept the error for Sync
+	}
+	held := gemmXHeld{x: x.ptr, xh: xh.ptr, m: m, rows: mtiles * bm, K: K}
 	b.qmu.Lock()
+	defer b.qmu.Unlock()
+	// The matmuls of one input in a row (q, k and v; gate and up) convert
+	// it once: the fp16 copy the last one made is still there when
+	// nothing was queued since it (nothing wrote x or the copy) and
+	// nothing was run outside the queue (flushLocked forgets it).
+	if held.at = b.pushes; b.gemmX != held || spanOf(dst).overlaps(spanOf(x)) {
+		b.push(conv)
+	}
+	b.push(mm)
 	b.q.keep = append(b.q.keep, xh, part, ticket, w, x, dst)
-	b.qmu.Unlock()
+	b.gemmX = gemmXHeld{}
+	if !spanOf(dst).overlaps(spanOf(x)) {
+		held.at = b.pushes
+		b.gemmX = held
+	}
+}
+
+// gemmXHeld is the fp16 copy of x that the GEMM's scratch holds: of x
+// (its device address), m rows padded to rows, K wide, at xh, made by
+// the conversion queued before the GEMM that was the at'th operation
+// pushed (Backend.pushes; the zero value: nothing known). qmu guards it.
+type gemmXHeld struct {
+	x, xh      uint64
+	m, rows, K int
+	at         uint64
+}
+
+// kernelOp is the op enqueue would push (b.function's lookup failing
+// leaves fn 0 and the error kept for Sync).
+func (b *Backend) kernelOp(name string, grid [3]int, block, shared int, args ...any) op {
+	o := op{kind: opKernel, name: name, fn: b.function(name),
+		grid:  [3]uint32{uint32(grid[0]), uint32(max(grid[1], 1)), uint32(max(grid[2], 1))},
+		block: uint32(block), shared: uint32(shared)}
+	o.pdl = pdlKernel(name)
+	o.setParams(args...)
+	return o
 }

@@ -161,6 +161,7 @@ func (b *Backend) push(o op) {
 	}
 	q.ops = append(q.ops, o)
 	b.pushed++
+	b.pushes++
 	if q.graph && b.graphs == GraphsAuto && len(q.ops)%autoRecheck == 0 && !b.streamBusy() {
 		q.graph = false // the device ran dry while the queue was held: launch it as it is built
 	}
@@ -251,6 +252,7 @@ func (b *Backend) onContext(fn func()) {
 // kernel by kernel. It runs with qmu held and the context current.
 func (b *Backend) flushLocked() {
 	q := &b.q
+	b.gemmX = gemmXHeld{} // what follows may write x directly
 	graph := q.graph
 	q.decided, q.graph = false, false
 	if len(q.ops) == 0 {
