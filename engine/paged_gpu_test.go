@@ -143,12 +143,12 @@ func benchPool(b *testing.B, name, env string, spec testmodel.Llama) {
 	cs := envInts(b, "MANIFOLD_POOL_C", []int{1, 8, 32, 128, 256})
 	maxSeqs := envInts(b, "MANIFOLD_POOL_MAXSEQ", []int{0})
 	unpagedToo := os.Getenv("MANIFOLD_POOL_UNPAGED") != "0"
-	kinds := []bool{false} // unpaged
+	kinds := []bool{false} // each run's PoolOptions.Unpaged: paged, then unpaged
 	if unpagedToo {
 		kinds = append(kinds, true)
 	}
 	defaultMax := m.sched.opts.MaxSequences
-	defer func() { m.sched.opts.MaxSequences = defaultMax }()
+	defer m.sched.setMaxSequences(defaultMax)
 	// runPool runs c requests of output tokens through a new pool and
 	// returns the output tokens/s; seed varies the prompts.
 	runPool := func(b *testing.B, c, output, seed int, unpaged bool) (float64, time.Duration) {
@@ -172,9 +172,9 @@ func benchPool(b *testing.B, name, env string, spec testmodel.Llama) {
 	for _, unpaged := range kinds {
 		runPool(b, 1, 32, 5000, unpaged)
 	}
-	m.sched.opts.MaxSequences = 2 // a batched step of 2, so that the first timed batched steps are not the first
+	m.sched.setMaxSequences(2) // a batched step of 2, so that the first timed batched steps are not the first
 	runPool(b, 2, 8, 6000, false)
-	m.sched.opts.MaxSequences = defaultMax
+	m.sched.setMaxSequences(defaultMax)
 	b.Run("steps", func(b *testing.B) {
 		for b.Loop() {
 			benchBatchSteps(b, m, name, prompt, envInts(b, "MANIFOLD_POOL_STEPS", []int{8, 32, 64, 128}))
@@ -190,11 +190,11 @@ func benchPool(b *testing.B, name, env string, spec testmodel.Llama) {
 				sub += fmt.Sprintf("/maxseq=%d", ms)
 			}
 			b.Run(sub, func(b *testing.B) {
-				m.sched.opts.MaxSequences = defaultMax
+				m.sched.setMaxSequences(defaultMax)
 				if ms > 0 {
-					m.sched.opts.MaxSequences = ms
+					m.sched.setMaxSequences(ms)
 				}
-				defer func() { m.sched.opts.MaxSequences = defaultMax }()
+				defer m.sched.setMaxSequences(defaultMax)
 				var rates [2]float64          // paged, unpaged
 				var alone float64             // a plain Session, c = 1
 				var steps, seqs, waited int64 // the paged pool's steps, their sequences, gathers that waited out Gather
@@ -215,7 +215,7 @@ func benchPool(b *testing.B, name, env string, spec testmodel.Llama) {
 					}
 				}
 				b.ReportMetric(rates[0], "paged-tok/s")
-				mode := "default"
+				mode := strconv.Itoa(defaultMax)
 				if ms > 0 {
 					mode = strconv.Itoa(ms)
 				}
@@ -232,6 +232,14 @@ func benchPool(b *testing.B, name, env string, spec testmodel.Llama) {
 			})
 		}
 	}
+}
+
+// setMaxSequences sets BatchOptions.MaxSequences of a loaded model's
+// scheduler (benchmarks, between runs).
+func (s *scheduler) setMaxSequences(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.opts.MaxSequences = n
 }
 
 // aloneRate is the output tokens/s of one request through a plain Session
