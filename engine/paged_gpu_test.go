@@ -424,6 +424,11 @@ func benchBatchSteps(b testing.TB, m *Model, name string, prompt int, sizes []in
 	}
 	check(m.backend.Sync())
 	fmt.Printf("RESULT steps %s batched prefill of %d x %d tokens: %.0f tok/s\n", name, maxB, prompt, float64(maxB*prompt)/time.Since(start).Seconds())
+	var bw float64 // the device's copy bandwidth, bytes/s (0: not measured)
+	if gb != nil {
+		bw = gb.CopyBandwidth()
+	}
+	perPos := pc.BlockBytes() / int64(pc.BlockSize())
 	var queued, picked time.Duration
 	step := func(B int) {
 		t0 := time.Now()
@@ -456,6 +461,19 @@ func benchBatchSteps(b testing.TB, m *Model, name string, prompt int, sizes []in
 		wall := time.Since(start)
 		fmt.Printf("RESULT steps %s batch=%d step_ms=%.3f decode_tok_s=%.0f host_queue_ms=%.3f pick_and_wait_ms=%.3f (at ~%d positions)\n", name, B,
 			float64(wall.Microseconds())/1e3/n, float64(B*n)/wall.Seconds(), float64(queued.Microseconds())/1e3/n, float64(picked.Microseconds())/1e3/n, sts[0].Len())
+		if bw > 0 {
+			// What a step must read: every weight but the embedding's
+			// (the bf16 table, of which a row a token is read), and each
+			// sequence's keys and values (float32) at every layer.
+			var kv int64
+			for _, st := range sts[:B] {
+				kv += int64(st.Len()) * perPos
+			}
+			w := m.info.CheckpointBytes - int64(vocab)*int64(m.cfg.HiddenSize)*2
+			floor := float64(w+kv) / bw
+			fmt.Printf("RESULT steps %s batch=%d floor: weights %.2f GB + kv %.2f GB at %.0f GB/s = %.3f ms a step (%.0f tok/s); the step ran at %.0f%% of it\n",
+				name, B, float64(w)/1e9, float64(kv)/1e9, bw/1e9, floor*1e3, float64(B)/floor, 100*floor/(wall.Seconds()/n))
+		}
 		profile(fmt.Sprintf("batch=%d decode", B), 3, func() { step(B) })
 	}
 	for _, st := range sts {
