@@ -116,6 +116,8 @@ type variants struct {
 	g16Splits    int    // the bf16 GEMM's K split this many ways (> 0) instead of filling the multiprocessors
 	gemmK128     bool   // the NVFP4 GEMM in stages of 128 elements even where 256 fit
 	gemmK256     bool   // ... of 256 elements even where 512 would be taken
+	gemmTile     string // the NVFP4 GEMM variant of this name (gemmKernels) wherever the GEMM runs ("": gemmPick's)
+	gemmXEvery   bool   // every NVFP4 GEMM converts its x, even where the GEMM before it left it converted (matmul benchmarks)
 	topkPath     int    // a top-k path (topkMany, topkOneBlock)
 	attnMMAOff   bool   // dsa_attend_split and v4_attention4 where the mma kernels would run
 	attnMMA8     bool   // the mma kernels' 8-warp blocks where 16 would run

@@ -269,5 +269,54 @@ func benchGPU(b *testing.B, pdl bool) (*Backend, float64) {
 	g := newGPU(b)
 	g.SetGraphs(GraphsOff)
 	g.SetPDL(pdl)
+	// A timed loop multiplies the same x by one weight after another:
+	// each GEMM converts it, as each did before GEMMs of one input in a
+	// row shared the conversion, so that the recorded times compare.
+	g.force.gemmXEvery = true
 	return g, g.CopyBandwidth()
+}
+
+// BenchmarkGEMMTiles times every NVFP4 GEMM variant (gemmKernels) at the
+// Llama-3-8B shapes of a batched decode step (q and o 4096x4096, k and v
+// 1024x4096, gate and up 14336x4096, down 4096x14336) for m = 8..256
+// sequences, beside gemmPick's choice (RESULT gemmtile ... picked=NAME):
+// the data to choose gemmPick's variant at the batch sizes of issue 60's
+// serving steps, which round 35 tuned at m = 16, 64 and 512 only. Each
+// time includes the conversion of x (gemm_x_h8).
+func BenchmarkGEMMTiles(b *testing.B) {
+	g, copyBW := benchGPU(b, true)
+	fmt.Printf("RESULT copy copy_GBps=%.0f\n", copyBW/1e9)
+	rng := rand.New(rand.NewPCG(2, 2))
+	for _, shape := range [][2]int{{4096, 4096}, {1024, 4096}, {14336, 4096}, {4096, 14336}} {
+		N, K := shape[0], shape[1]
+		h := &backend.HostWeight{Name: "nvfp4", Rows: N, Cols: K, Format: backend.NVFP4, Q: randomNVFP4(rng, N, K)}
+		bytes := float64(N*K) * h.Format.BytesPerValue()
+		var ws []backend.Weight
+		for _, m := range []int{8, 16, 32, 48, 64, 96, 128, 256} {
+			picked := gemmPick(m, N, K, g.sms, false, false).name()
+			for _, k := range append([]gemmKernel{{}}, gemmKernels...) {
+				name := "picked"
+				if k != (gemmKernel{}) {
+					name = k.name()
+				}
+				b.Run(fmt.Sprintf("%dx%d/m=%d/%s", N, K, m, name), func(b *testing.B) {
+					runtime.GC()
+					ws = weightCopies(b, g, h, ws, bytes)
+					g.force.gemmTile = ""
+					if k != (gemmKernel{}) {
+						g.force.gemmTile = name
+					}
+					defer func() { g.force.gemmTile = "" }()
+					d, _ := timeMatMul(g, ws, rng, m, N, K)
+					if err := g.Sync(); err != nil {
+						b.Fatal(err)
+					}
+					b.ReportMetric(float64(d.Nanoseconds())/1e3, "us/op")
+					flops := 2 * float64(m) * float64(N) * float64(K)
+					fmt.Printf("RESULT gemmtile N=%d K=%d m=%d kernel=%s picked=%s time_us=%.2f tflops=%.1f weight_of_copy=%.3f\n",
+						N, K, m, name, picked, float64(d.Nanoseconds())/1e3, flops/d.Seconds()/1e12, bytes/d.Seconds()/copyBW)
+				})
+			}
+		}
+	}
 }

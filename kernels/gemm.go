@@ -1,6 +1,9 @@
 package kernels
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // gemmScratch is the NVFP4 GEMM's device memory, grown as needed and shared
 // by its launches (which run one after another on the stream): x as fp16
@@ -61,6 +64,14 @@ func gemmPick(m, N, K, sms int, k128, k256 bool) gemmKernel {
 	return vs[i]
 }
 
+// gemmKernels are every variant gemm.cuh declares (GEMM_NVFP4_TILE lines).
+var gemmKernels = []gemmKernel{
+	{8, 4, 128, 3, 1}, {16, 4, 128, 3, 1}, {32, 4, 128, 2, 1}, {64, 3, 128, 2, 1},
+	{8, 4, 256, 2, 1}, {16, 4, 256, 2, 1}, {32, 3, 256, 2, 1}, {64, 2, 256, 2, 1},
+	{8, 4, 512, 1, 1}, {16, 3, 512, 1, 1}, {32, 3, 512, 1, 1}, {64, 2, 512, 1, 1},
+	{64, 2, 256, 2, 2},
+}
+
 func (k gemmKernel) name() string {
 	if k.fg > 1 {
 		return fmt.Sprintf("gemm_nvfp4_k%d_t%d_f%d", k.kc, k.bm, k.fg)
@@ -93,6 +104,14 @@ func gemmSplits(tiles, stages, slots, minStages int) (splits, cps int) {
 func (b *Backend) gemmNVFP4(dst, x *Buffer, w *Weight, m int) {
 	N, K := w.rows, w.cols
 	k := gemmPick(m, N, K, b.sms, b.force.gemmK128, b.force.gemmK256)
+	if f := b.force.gemmTile; f != "" {
+		i := slices.IndexFunc(gemmKernels, func(g gemmKernel) bool { return g.name() == f })
+		if i < 0 || K%gemmKernels[i].kc != 0 {
+			b.setErr(fmt.Errorf("kernels: forced NVFP4 GEMM %q: no such variant for K = %d", f, K))
+			return
+		}
+		k = gemmKernels[i]
+	}
 	bm := k.bm
 	mtiles, ntiles := (m+bm-1)/bm, (N+127)/128
 	splits, cps := gemmSplits(mtiles*ntiles, K/k.kc, k.occ*b.sms, 512/k.kc)
@@ -132,7 +151,7 @@ func (b *Backend) gemmNVFP4(dst, x *Buffer, w *Weight, m int) {
 	// it once: the fp16 copy the last one made is still there when
 	// nothing was queued since it (nothing wrote x or the copy) and
 	// nothing was run outside the queue (flushLocked forgets it).
-	if held.at = b.pushes; b.gemmX != held || spanOf(dst).overlaps(spanOf(x)) {
+	if held.at = b.pushes; b.gemmX != held || spanOf(dst).overlaps(spanOf(x)) || b.force.gemmXEvery {
 		b.push(conv)
 	}
 	b.push(mm)
