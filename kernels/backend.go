@@ -993,7 +993,8 @@ const maxAttnCluster = 8
 // blocks (each at least a chunk, about two blocks per multiprocessor at long
 // contexts, the query heads of a kv head spread over more blocks at short
 // ones), merged by the last block of each row of splits.
-// A RoPE of exactly q and k queued just before it moves into the launch.
+// A RoPE of exactly q and k queued just before it moves into the launch,
+// and so do in-place per-head RMSNorms of q and k queued before that (attnRow).
 func (b *Backend) attnDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos0, vb int, s layers.AttentionShape) {
 	splits := min(max(vb/attnDecodeChunk, 1), max((2*b.sms+s.KVHeads-1)/s.KVHeads, 1))
 	// Up to 8 splits (a portable cluster) merge in distributed shared memory.
@@ -1027,8 +1028,8 @@ func (b *Backend) attnDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos
 	}
 	o.shared = uint32(4 * floats)
 	o.setParams(ptr(out), ptr(q), ptr(k), ptr(v), c.k[layer].ptr, c.v[layer].ptr, b.dyn.ptr, a.posRel,
-		s.Heads, s.KVHeads, s.Scale, s.Window, part, ticket, a.freqs, a.rhalf, a.roff, a.rscale, a.rinter, hgroups,
-		boolInt(cluster)|b.exp.attnAblate(), c.lateRows(layer, pos0, b.pushed), a.trace)
+		s.Heads, s.KVHeads, s.Scale, s.Window, part, ticket, a.freqs, a.rhalf, a.roff, a.rscale, a.rinter, a.qnw, a.knw,
+		a.neps, hgroups, boolInt(cluster)|b.exp.attnAblate(), c.lateRows(layer, pos0, b.pushed), a.trace)
 	if !b.exp.attnSkip() {
 		b.push(o)
 	}
@@ -1055,12 +1056,20 @@ type attnRowArgs struct {
 	freqs               uint64
 	rhalf, roff, rinter int
 	rscale              float32
+	qnw, knw            uint64  // the weights of q's and k's per-head RMSNorms moved into the launch (0: none)
+	neps                float32 // their epsilon
 	trace               uint64
 }
 
 // attnRow prepares a one-row attention launch of blocks blocks at pos0 (with
 // b.qmu held): when the last queued op rotates exactly q and k at this
-// position, it is dropped and its angles go into the launch; the buffers
+// position, it is dropped and its angles go into the launch; when the ops
+// then last are in-place RMSNorms of q's heads and of k's (Qwen3's q_norm
+// and k_norm, rmsnorm launches of their own otherwise: 9% of the
+// Qwen3-8B-shape decode step's device time), they are dropped too and their
+// weights go into the launch, which normalizes each head as it reads it.
+// As with the RoPE, q and k are left in memory as the matmul wrote them
+// (nothing after the attention reads them); the buffers
 // stay alive through the queue; the dev build's trace is on when one is
 // running and has room for the grid.
 func (b *Backend) attnRow(out, q, k, v backend.Buffer, c *kvCache, pos0, blocks int, s layers.AttentionShape) attnRowArgs {
@@ -1074,6 +1083,26 @@ func (b *Backend) attnRow(out, q, k, v backend.Buffer, c *kvCache, pos0, blocks 
 			q0.ops = q0.ops[:n-1]
 			b.pushed-- // never launched
 		}
+	}
+	// In-place per-head RMSNorms of q and k (the kv head's row) queued
+	// just before (before the RoPE, when one moved in): the launch
+	// normalizes the heads as it reads them. Both take one epsilon.
+	qs, ks := spanOf(q), spanOf(k)
+	for n := len(q0.ops); n > 0 && q0.ops[n-1].hnorm != nil; n-- {
+		h := q0.ops[n-1].hnorm
+		if h.n != s.HeadDim || (a.qnw != 0 || a.knw != 0) && h.eps != a.neps {
+			break
+		}
+		if a.qnw == 0 && h.x == qs && h.rows == s.Heads {
+			a.qnw = h.w
+		} else if a.knw == 0 && h.x == ks && h.rows == s.KVHeads {
+			a.knw = h.w
+		} else {
+			break
+		}
+		a.neps = h.eps
+		q0.ops = q0.ops[:n-1]
+		b.pushed-- // never launched
 	}
 	q0.keep = append(q0.keep, c, out, q, k, v)
 	a.trace = b.exp.attnTrace(q0, blocks) // the dev build's timeline; 0 in production
@@ -1144,8 +1173,8 @@ func (b *Backend) attnShortDecode(out, q, k, v backend.Buffer, c *kvCache, layer
 		o.clusterX = uint32(hgroups)
 	}
 	o.setParams(ptr(out), ptr(q), ptr(k), ptr(v), c.k[layer].ptr, c.v[layer].ptr, b.dyn.ptr, a.posRel,
-		s.Heads, s.KVHeads, s.Scale, s.Window, kpb, a.freqs, a.rhalf, a.roff, a.rscale, a.rinter, hgroups,
-		boolInt(shares > 1)|b.exp.attnAblate()|boolInt(multicast)<<2, c.lateRows(layer, pos0, b.pushed), a.trace)
+		s.Heads, s.KVHeads, s.Scale, s.Window, kpb, a.freqs, a.rhalf, a.roff, a.rscale, a.rinter, a.qnw, a.knw, a.neps,
+		hgroups, boolInt(shares > 1)|b.exp.attnAblate()|boolInt(multicast)<<2, c.lateRows(layer, pos0, b.pushed), a.trace)
 	if !b.exp.attnSkip() {
 		b.push(o)
 	}

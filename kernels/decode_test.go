@@ -538,6 +538,72 @@ func TestAttnDecodeRoPE(t *testing.T) {
 	}
 }
 
+// TestAttnDecodeQKNorm: in-place per-head RMSNorms of q and k (Qwen3's
+// q_norm and k_norm), then their RoPE, queued just before a one-row
+// attention run inside attn_short or attn_decode (no rmsnorm launch left in
+// the queue); against the CPU's norms, RoPE and attention at
+// TestAttnDecode's tolerance, with both norms, q's alone and k's alone.
+func TestAttnDecodeQKNorm(t *testing.T) {
+	g, c := newGPU(t), refCPU()
+	defer func(f variants) { g.force = f }(g.force)
+	rng := rand.New(rand.NewPCG(35, 36))
+	const T = 300
+	for _, tc := range []struct {
+		heads, kvHeads, hd int
+		short, qn, kn      bool
+	}{{32, 8, 128, true, true, true}, {32, 8, 128, false, true, true}, {16, 1, 128, true, true, true},
+		{8, 2, 64, false, true, true}, {8, 2, 128, true, true, false}, {8, 2, 128, false, false, true}} {
+		g.force.attnNoShort = !tc.short
+		heads, kvHeads, hd := tc.heads, tc.kvHeads, tc.hd
+		s := layers.AttentionShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: float32(1 / math.Sqrt(float64(hd)))}
+		rope, err := layers.NewRoPE(layers.RoPEParams{Theta: 1e6, PartialRotaryFactor: 1}, hd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		shape := backend.KVShape{Layers: 1, KVHeads: kvHeads, HeadDim: hd, Capacity: T}
+		cc, _ := c.NewKVCache(shape)
+		gc, err := g.NewKVCache(shape)
+		if err != nil {
+			t.Fatal(err)
+		}
+		qw, kw := randn(rng, hd), randn(rng, hd)
+		qwc, kwc, qwg, kwg := cpu.Buffer(qw), cpu.Buffer(kw), toGPU(g, qw), toGPU(g, kw)
+		for pos := 0; pos < T; pos++ {
+			q, k, v := randn(rng, heads*hd), randn(rng, kvHeads*hd), randn(rng, kvHeads*hd)
+			qc, kc := cpu.Buffer(append([]float32(nil), q...)), cpu.Buffer(append([]float32(nil), k...))
+			qg, kg, vg, out := toGPU(g, q), toGPU(g, k), toGPU(g, v), g.NewBuffer(heads*hd)
+			if tc.qn {
+				c.RMSNorm(qc, qc, qwc, 1e-6)
+				g.RMSNorm(qg, qg, qwg, 1e-6)
+			}
+			if tc.kn {
+				c.RMSNorm(kc, kc, kwc, 1e-6)
+				g.RMSNorm(kg, kg, kwg, 1e-6)
+			}
+			c.RoPE(qc, 1, heads, hd, 0, pos, rope, false)
+			c.RoPE(kc, 1, kvHeads, hd, 0, pos, rope, false)
+			want := make(cpu.Buffer, heads*hd)
+			c.Attention(want, qc, kc, cpu.Buffer(v), cc, 0, pos, 1, s)
+			g.RoPE(qg, 1, heads, hd, 0, pos, rope, false)
+			g.RoPE(kg, 1, kvHeads, hd, 0, pos, rope, false)
+			g.Attention(out, qg, kg, vg, gc, 0, pos, 1, s)
+			g.qmu.Lock()
+			for _, o := range g.q.ops {
+				if o.hnorm != nil || o.rope != nil {
+					t.Errorf("%+v position %d: a norm or the RoPE was not moved into the attention", tc, pos)
+				}
+			}
+			g.qmu.Unlock()
+			if pos%37 != 0 && pos != T-1 {
+				continue
+			}
+			if e := relErr(fromGPU(t, g, out), want); e > 1e-5 {
+				t.Errorf("%+v position %d: relative error %.3g", tc, pos, e)
+			}
+		}
+	}
+}
+
 // uploadBoth puts h on the CPU and the GPU.
 func uploadBoth(t testing.TB, g *Backend, c *cpu.Backend, h *backend.HostWeight) (wc, wg backend.Weight) {
 	t.Helper()

@@ -647,6 +647,16 @@ func (b *Backend) finalizeRoPE(o *op) {
 		r.posRel, r.scale, r.inter, r.inverse)
 }
 
+// headNorm is a queued in-place RMSNorm of rows rows of n values (Qwen3's
+// per-head q_norm and k_norm: a row a head), which a one-row attention
+// launch of exactly those heads takes in (attnRow).
+type headNorm struct {
+	x       span
+	w       uint64
+	n, rows int
+	eps     float32
+}
+
 // queueNorm queues RMSNorm of rows of w's length; one row may be taken in by
 // the NVFP4 matmul that follows. qmu held.
 func (b *Backend) queueNorm(dst, x, w *Buffer, eps float32) {
@@ -659,6 +669,9 @@ func (b *Backend) queueNorm(dst, x, w *Buffer, eps float32) {
 	o.fx = fxOf([]*Buffer{dst}, x, w)
 	if rows == 1 && dst.n == n && n%256 == 0 && x.ptr%16 == 0 && w.ptr%16 == 0 && dst.ptr%16 == 0 {
 		o.norm = &normOp{dst: spanOf(dst), x: spanOf(x), w: spanOf(w), eps: eps}
+	}
+	if dst.ptr == x.ptr && dst.n == x.n && x.n == rows*n {
+		o.hnorm = &headNorm{x: spanOf(x), w: w.ptr, n: n, rows: rows, eps: eps}
 	}
 	q.keep = append(q.keep, dst, x, w)
 	b.push(o)

@@ -107,6 +107,20 @@ func coverageCases() []Case {
 				return attention(b, rng, as, s.pos0, s.m)
 			}})
 	}
+	// Qwen3's per-head q and k RMSNorms, in place, then RoPE of q and k, then a
+	// one-row attention: the norms and the rotation move into the attention
+	// launch (kernels' attnRow), attn_short_128 at 101 keys and attn_decode_64
+	// at 1001 (as the rows above).
+	for _, s := range []struct {
+		kernel              string
+		heads, kv, hd, pos0 int
+	}{{"attn_short_128", 8, 2, 128, 100}, {"attn_decode_64", 4, 1, 64, 1000}} {
+		cs = append(cs, Case{Op: "RMSNorm,RoPE,Attention", Shape: fmt.Sprintf("%s+qknorm/h=%d/kv=%d/d=%d/pos=%d/m=1", s.kernel, s.heads, s.kv, s.hd, s.pos0), Tol: 2e-5,
+			Run: func(b backend.Backend, _ backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+				as := layers.AttentionShape{Heads: s.heads, KVHeads: s.kv, HeadDim: s.hd, Scale: float32(1 / math.Sqrt(float64(s.hd)))}
+				return attentionQKNorm(b, rng, as, s.pos0)
+			}})
+	}
 	// paged_attn_64_g4_rope: decode rows only (the append moves into the
 	// attention), heads of 64, 4 query heads a kv head (paged_attn_*_g4).
 	cs = append(cs, Case{Op: "PagedAttentionOps.PagedAppendRoPE", Shape: "paged_attn_64_g4_rope/bs=16/h=8/kv=2/d=64/seqs=40+1,3+1,17+1", Tol: 2e-5, Needs: "PagedAttentionOps",
@@ -206,4 +220,32 @@ func sampleOne(b backend.Backend, caps backend.Capabilities, rng *rand.Rand, voc
 		}
 	}
 	return got, want
+}
+
+// attentionQKNorm is one row's attention at pos0 (a context of random keys
+// and values before it) after in-place per-head RMSNorms of q and k (eps
+// 1e-6) and RoPE of both, the order of Qwen3's decoder.
+func attentionQKNorm(b backend.Backend, rng *rand.Rand, s layers.AttentionShape, pos0 int) ([]float32, []float32) {
+	row, qw := s.KVHeads*s.HeadDim, s.Heads*s.HeadDim
+	keys, values := rnd(rng, (pos0+1)*row, 1), rnd(rng, (pos0+1)*row, 1)
+	q, qn, kn := rnd(rng, qw, 1), rnd(rng, s.HeadDim, 1), rnd(rng, s.HeadDim, 1)
+	r := must(layers.NewRoPE(layers.RoPEParams{Theta: 1e6, PartialRotaryFactor: 1}, s.HeadDim))
+	const eps = 1e-6
+	qc, kc := append([]float32(nil), q...), append([]float32(nil), keys[pos0*row:]...)
+	layers.RMSNorm(qc, qc, qn, eps)
+	layers.RMSNorm(kc, kc, kn, eps)
+	layers.ApplyRoPE(qc, 1, s.Heads, s.HeadDim, 0, pos0, r, false)
+	layers.ApplyRoPE(kc, 1, s.KVHeads, s.HeadDim, 0, pos0, r, false)
+	want := make([]float32, qw)
+	layers.Attention(want, qc, append(keys[:pos0*row:pos0*row], kc...), values, 1, pos0, s)
+	cache := must(b.NewKVCache(backend.KVShape{Layers: 1, KVHeads: s.KVHeads, HeadDim: s.HeadDim, Capacity: pos0 + 1}))
+	pq := b.NewBuffer(pos0 * qw) // the context, appended as a prefill whose output is dropped
+	b.Attention(b.NewBuffer(pq.Len()), pq, upload(b, keys[:pos0*row]), upload(b, values[:pos0*row]), cache, 0, 0, pos0, s)
+	qb, kb, out := upload(b, q), upload(b, keys[pos0*row:]), b.NewBuffer(qw)
+	b.RMSNorm(qb, qb, upload(b, qn), eps)
+	b.RMSNorm(kb, kb, upload(b, kn), eps)
+	b.RoPE(qb, 1, s.Heads, s.HeadDim, 0, pos0, r, false)
+	b.RoPE(kb, 1, s.KVHeads, s.HeadDim, 0, pos0, r, false)
+	b.Attention(out, qb, kb, upload(b, values[pos0*row:]), cache, 0, pos0, 1, s)
+	return read(b, out), want
 }
