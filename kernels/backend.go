@@ -203,7 +203,7 @@ func New(ordinal int, o Options) (*Backend, error) {
 		}
 		for _, name := range []string{"gemv_f32", "gemv_bf16", "gemv_f32_any", "gemv_bf16_any",
 			"gemv_nvfp4_any", "rmsnorm", "attention", "swiglu", "add", "scale",
-			"sample_partial", "sample_final", "embed_ids", "rope_dyn", "attention_kv", "attention_kv_64", "attention_kv_128", "attn_combine", "attn_decode_64", "attn_decode_128", "attn_short_64", "attn_short_128", "gemv_bf16_u4",
+			"sample_partial", "sample_final", "embed_ids", "rope_dyn", "rope_norm_dyn", "attention_kv", "attention_kv_64", "attention_kv_128", "attn_combine", "attn_decode_64", "attn_decode_128", "attn_short_64", "attn_short_128", "gemv_bf16_u4",
 			"gemv_nvfp4_m1_d1", "gemv_nvfp4_s1_d1_lb", "gemv_nvfp4_s1_d1_mt", "gemv_nvfp4_tma8", "gemv_nvfp4_tma8_tm"} {
 			var f uintptr
 			if err = d.check("cuModuleGetFunction "+name, d.cuModuleGetFunction(&f, b.module, cString(name))); err != nil {
@@ -1080,6 +1080,7 @@ func (b *Backend) attnRow(out, q, k, v backend.Buffer, c *kvCache, pos0, blocks 
 		if r.x1 == spanOf(q) && r.x2 == spanOf(k) && r.heads1 == s.Heads && r.heads2 == s.KVHeads && r.rows == 1 &&
 			r.stride == s.HeadDim && r.inverse == 0 && r.posRel == a.posRel && r.off+2*r.half <= s.HeadDim {
 			a.freqs, a.rhalf, a.roff, a.rscale, a.rinter = r.freqs, r.half, r.off, r.scale, r.inter
+			a.qnw, a.knw, a.neps = r.w1, r.w2, r.eps // the norms it took in (takeHeadNorm)
 			q0.ops = q0.ops[:n-1]
 			b.pushed-- // never launched
 		}

@@ -46,6 +46,50 @@ extern "C" __global__ void rope_dyn(float* x1, int heads1, float* x2, int heads2
     v[i1] = q * c + p * s;
 }
 
+// rope_dyn after in-place per-head RMSNorms of x1's and x2's vectors
+// (Qwen3's q_norm and k_norm; w1, w2 their weights of n == stride values,
+// null: that tensor's not normed), in one launch instead of three: a warp a
+// vector, its sum of squares as rmsnorm's (rsqrtf(ss / n + eps)), then each
+// channel w[c] * (v[c] * inv) as rmsnorm writes it, the pairs of [off, off +
+// 2*half) rotated as rope_dyn rotates them. A lane reads and writes only its
+// own channels (after the warp's sum), so nothing races. Grid
+// ceil(rows * (heads1 + heads2) / 8), 256 threads.
+extern "C" __global__ void rope_norm_dyn(float* x1, int heads1, float* x2, int heads2, const float* inv_freq,
+                                         int rows, int stride, int off, int half, const int* dyn, int posRel,
+                                         float scale, int interleaved, int inverse, const float* w1,
+                                         const float* w2, float eps) {
+    pdl_launch();
+    pdl_wait();
+    const int lane = threadIdx.x % WARP, vec = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    const int heads = heads1 + heads2;
+    if (vec >= rows * heads) return;  // the whole warp
+    const int row = vec / heads, hh = vec % heads;
+    float* v = hh < heads1 ? x1 + ((size_t)row * heads1 + hh) * stride : x2 + ((size_t)row * heads2 + (hh - heads1)) * stride;
+    const float* w = hh < heads1 ? w1 : w2;
+    float inv = 1.f;
+    if (w) {
+        float ss = 0.f;
+        for (int c = lane; c < stride; c += WARP) ss += v[c] * v[c];
+        ss = warp_sum(ss);
+        inv = rsqrtf(ss / stride + eps);
+    }
+    auto at = [&](int c) { return w ? w[c] * (v[c] * inv) : v[c]; };
+    if (w) {  // the channels no pair rotates: normalized only
+        for (int c = lane; c < stride; c += WARP)
+            if (c < off || c >= off + 2 * half) v[c] = at(c);
+    }
+    const int pos0 = dyn[0] + posRel;
+    for (int i = lane; i < half; i += WARP) {
+        const float a = (float)(pos0 + row) * inv_freq[i];
+        float c = cosf(a) * scale, s = sinf(a) * scale;
+        if (inverse) s = -s;
+        const int i0 = off + (interleaved ? 2 * i : i), i1 = off + (interleaved ? 2 * i + 1 : i + half);
+        const float p = at(i0), q = at(i1);
+        v[i0] = p * c - q * s;
+        v[i1] = q * c + p * s;
+    }
+}
+
 // Causal attention with the step's keys and values appended to the cache in
 // the same launch. Grid (heads, m, splits), ATT_THREADS threads; hd % 4 == 0,
 // hd <= 256. Query row i is at position p = pos0 + i and sees keys

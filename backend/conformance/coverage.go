@@ -121,6 +121,26 @@ func coverageCases() []Case {
 				return attentionQKNorm(b, rng, as, s.pos0)
 			}})
 	}
+	// The same norms and RoPE over several rows (a prompt chunk or a batch,
+	// whose attention takes no RoPE in): one rope_norm_dyn launch.
+	cs = append(cs, Case{Op: "RMSNorm,RoPE", Shape: "rope_norm_dyn/rows=6/h=8/kv=2/d=128", Tol: 2e-5,
+		Run: func(b backend.Backend, _ backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+			const rows, heads, kv, hd, eps = 6, 8, 2, 128, 1e-6
+			r := must(layers.NewRoPE(layers.RoPEParams{Theta: 1e6, PartialRotaryFactor: 1}, hd))
+			q, k, qn, kn := rnd(rng, rows*heads*hd, 1), rnd(rng, rows*kv*hd, 1), rnd(rng, hd, 1), rnd(rng, hd, 1)
+			want := append(append([]float32(nil), q...), k...)
+			wq, wk := want[:len(q)], want[len(q):]
+			layers.RMSNorm(wq, wq, qn, eps)
+			layers.RMSNorm(wk, wk, kn, eps)
+			layers.ApplyRoPE(wq, rows, heads, hd, 0, 40, r, false)
+			layers.ApplyRoPE(wk, rows, kv, hd, 0, 40, r, false)
+			qb, kb := upload(b, q), upload(b, k)
+			b.RMSNorm(qb, qb, upload(b, qn), eps)
+			b.RMSNorm(kb, kb, upload(b, kn), eps)
+			b.RoPE(qb, rows, heads, hd, 0, 40, r, false)
+			b.RoPE(kb, rows, kv, hd, 0, 40, r, false)
+			return append(read(b, qb), read(b, kb)...), want
+		}})
 	// paged_attn_64_g4_rope: decode rows only (the append moves into the
 	// attention), heads of 64, 4 query heads a kv head (paged_attn_*_g4).
 	cs = append(cs, Case{Op: "PagedAttentionOps.PagedAppendRoPE", Shape: "paged_attn_64_g4_rope/bs=16/h=8/kv=2/d=64/seqs=40+1,3+1,17+1", Tol: 2e-5, Needs: "PagedAttentionOps",
