@@ -651,22 +651,31 @@ func (b *Backend) queueRoPE(x *Buffer, rows, heads, stride, off, pos0 int, r *la
 // rotating it (rope_norm_dyn), one launch instead of the norm's, for prompts
 // and batches; a one-row attention then takes both in (attnRow). qmu held.
 func (b *Backend) takeHeadNorm(ro *ropeOp) {
+	ro.w1, ro.eps, _ = b.takeNorm(ro.x1, ro.stride, ro.rows*ro.heads1, 0, false)
+}
+
+// takeNorm drops the queued in-place RMSNorm of x's rows vectors of n
+// values when it can sink to the end of the queue (nothing queued after it
+// touches x), and with match only one of epsilon eps, and returns its weight
+// and epsilon: the caller's launch, queued next, applies it. w is 0 when
+// none was taken. qmu held.
+func (b *Backend) takeNorm(x span, n, rows int, eps float32, match bool) (w uint64, e float32, ok bool) {
 	q := &b.q
 	for _, i := range b.candidates() {
 		h := q.ops[i].hnorm
-		if h == nil || h.x != ro.x1 {
+		if h == nil || h.x != x {
 			continue
 		}
-		if h.n != ro.stride || h.rows != ro.rows*ro.heads1 || !b.sinkable(i) {
-			return
+		if h.n != n || h.rows != rows || match && h.eps != eps || !b.sinkable(i) {
+			return 0, 0, false
 		}
-		ro.w1, ro.eps = h.w, h.eps
 		copy(q.ops[i:], q.ops[i+1:])
 		q.ops[len(q.ops)-1] = op{}
 		q.ops = q.ops[:len(q.ops)-1]
 		b.pushed-- // never launched
-		return
+		return h.w, h.eps, true
 	}
+	return 0, 0, false
 }
 
 func (b *Backend) finalizeRoPE(o *op) {

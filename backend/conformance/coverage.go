@@ -149,6 +149,22 @@ func coverageCases() []Case {
 			as := layers.AttentionShape{Heads: 8, KVHeads: 2, HeadDim: 64, Scale: 1. / 8}
 			return pagedAppendRoPE(b, caps.Paged, rng, 16, as, r, []pagedSeq{{40, 1, 0}, {3, 1, 0}, {17, 1, 0}})
 		}})
+	// The same with Qwen3's q and k norms before (heads of 128, 8 query
+	// heads a kv head: paged_attn_128_rope), which move into the launch
+	// too; and with a prompt's rows beside (paged_append takes them in,
+	// then paged_prefill and paged_attn_128).
+	for _, sq := range [][]pagedSeq{{{40, 1, 0}, {3, 1, 0}, {17, 1, 0}}, {{40, 1, 0}, {0, 40, 0}}} {
+		name := "paged_attn_128_rope"
+		if len(sq) == 2 {
+			name = "paged_append,paged_prefill_128,paged_attn_128"
+		}
+		cs = append(cs, Case{Op: "RMSNorm,PagedAttentionOps.PagedAppendRoPE", Shape: fmt.Sprintf("%s+qknorm/bs=16/h=16/kv=2/d=128/seqs=%d", name, len(sq)), Tol: 2e-5, Needs: "PagedAttentionOps",
+			Run: func(b backend.Backend, caps backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+				r := must(layers.NewRoPE(layers.RoPEParams{Theta: 1e6, PartialRotaryFactor: 1}, 128))
+				as := layers.AttentionShape{Heads: 16, KVHeads: 2, HeadDim: 128, Scale: float32(1 / math.Sqrt(128))}
+				return pagedAppendRoPENorm(b, caps.Paged, rng, 16, as, r, sq, true)
+			}})
+	}
 	// The indexer's top-k for a few rows (at most 4) of at least 16384
 	// entries: the cluster top-k while its shared memory holds the row
 	// (clusters of 16 from 65536 entries where the GPU runs them, as an
