@@ -207,7 +207,7 @@ func New(ordinal int, o Options) (*Backend, error) {
 		}
 		for _, name := range []string{"gemv_f32", "gemv_bf16", "gemv_f32_any", "gemv_bf16_any",
 			"gemv_nvfp4_any", "rmsnorm", "attention", "swiglu", "add", "scale",
-			"sample_partial", "sample_final", "embed_ids", "rope_dyn", "attention_kv", "attention_kv_64", "attention_kv_128", "attn_combine", "attn_decode_64", "attn_decode_128", "attn_short_64", "attn_short_128", "gemv_bf16_u4",
+			"sample_partial", "sample_final", "embed_ids", "rope_dyn", "rope_norm_dyn", "attention_kv", "attention_kv_64", "attention_kv_128", "attn_combine", "attn_decode_64", "attn_decode_128", "attn_short_64", "attn_short_128", "gemv_bf16_u4",
 			"gemv_nvfp4_m1_d1", "gemv_nvfp4_s1_d1_lb", "gemv_nvfp4_s1_d1_mt", "gemv_nvfp4_tma8", "gemv_nvfp4_tma8_tm"} {
 			var f uintptr
 			if err = d.check("cuModuleGetFunction "+name, d.cuModuleGetFunction(&f, b.module, cString(name))); err != nil {
@@ -997,7 +997,8 @@ const maxAttnCluster = 8
 // blocks (each at least a chunk, about two blocks per multiprocessor at long
 // contexts, the query heads of a kv head spread over more blocks at short
 // ones), merged by the last block of each row of splits.
-// A RoPE of exactly q and k queued just before it moves into the launch.
+// A RoPE of exactly q and k queued just before it moves into the launch,
+// and so do in-place per-head RMSNorms of q and k queued before that (attnRow).
 func (b *Backend) attnDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos0, vb int, s layers.AttentionShape) {
 	splits := min(max(vb/attnDecodeChunk, 1), max((2*b.sms+s.KVHeads-1)/s.KVHeads, 1))
 	// Up to 8 splits (a portable cluster) merge in distributed shared memory.
@@ -1031,8 +1032,8 @@ func (b *Backend) attnDecode(out, q, k, v backend.Buffer, c *kvCache, layer, pos
 	}
 	o.shared = uint32(4 * floats)
 	o.setParams(ptr(out), ptr(q), ptr(k), ptr(v), c.k[layer].ptr, c.v[layer].ptr, b.dyn.ptr, a.posRel,
-		s.Heads, s.KVHeads, s.Scale, s.Window, part, ticket, a.freqs, a.rhalf, a.roff, a.rscale, a.rinter, hgroups,
-		boolInt(cluster)|b.exp.attnAblate(), c.lateRows(layer, pos0, b.pushed), a.trace)
+		s.Heads, s.KVHeads, s.Scale, s.Window, part, ticket, a.freqs, a.rhalf, a.roff, a.rscale, a.rinter, a.qnw, a.knw,
+		a.neps, hgroups, boolInt(cluster)|b.exp.attnAblate(), c.lateRows(layer, pos0, b.pushed), a.trace)
 	if !b.exp.attnSkip() {
 		b.push(o)
 	}
@@ -1059,12 +1060,20 @@ type attnRowArgs struct {
 	freqs               uint64
 	rhalf, roff, rinter int
 	rscale              float32
+	qnw, knw            uint64  // the weights of q's and k's per-head RMSNorms moved into the launch (0: none)
+	neps                float32 // their epsilon
 	trace               uint64
 }
 
 // attnRow prepares a one-row attention launch of blocks blocks at pos0 (with
 // b.qmu held): when the last queued op rotates exactly q and k at this
-// position, it is dropped and its angles go into the launch; the buffers
+// position, it is dropped and its angles go into the launch; when the ops
+// then last are in-place RMSNorms of q's heads and of k's (Qwen3's q_norm
+// and k_norm, rmsnorm launches of their own otherwise: 9% of the
+// Qwen3-8B-shape decode step's device time), they are dropped too and their
+// weights go into the launch, which normalizes each head as it reads it.
+// As with the RoPE, q and k are left in memory as the matmul wrote them
+// (nothing after the attention reads them); the buffers
 // stay alive through the queue; the dev build's trace is on when one is
 // running and has room for the grid.
 func (b *Backend) attnRow(out, q, k, v backend.Buffer, c *kvCache, pos0, blocks int, s layers.AttentionShape) attnRowArgs {
@@ -1075,9 +1084,30 @@ func (b *Backend) attnRow(out, q, k, v backend.Buffer, c *kvCache, pos0, blocks 
 		if r.x1 == spanOf(q) && r.x2 == spanOf(k) && r.heads1 == s.Heads && r.heads2 == s.KVHeads && r.rows == 1 &&
 			r.stride == s.HeadDim && r.inverse == 0 && r.posRel == a.posRel && r.off+2*r.half <= s.HeadDim {
 			a.freqs, a.rhalf, a.roff, a.rscale, a.rinter = r.freqs, r.half, r.off, r.scale, r.inter
+			a.qnw, a.knw, a.neps = r.w1, r.w2, r.eps // the norms it took in (takeHeadNorm)
 			q0.ops = q0.ops[:n-1]
 			b.pushed-- // never launched
 		}
+	}
+	// In-place per-head RMSNorms of q and k (the kv head's row) queued
+	// just before (before the RoPE, when one moved in): the launch
+	// normalizes the heads as it reads them. Both take one epsilon.
+	qs, ks := spanOf(q), spanOf(k)
+	for n := len(q0.ops); n > 0 && q0.ops[n-1].hnorm != nil; n-- {
+		h := q0.ops[n-1].hnorm
+		if h.n != s.HeadDim || (a.qnw != 0 || a.knw != 0) && h.eps != a.neps {
+			break
+		}
+		if a.qnw == 0 && h.x == qs && h.rows == s.Heads {
+			a.qnw = h.w
+		} else if a.knw == 0 && h.x == ks && h.rows == s.KVHeads {
+			a.knw = h.w
+		} else {
+			break
+		}
+		a.neps = h.eps
+		q0.ops = q0.ops[:n-1]
+		b.pushed-- // never launched
 	}
 	q0.keep = append(q0.keep, c, out, q, k, v)
 	a.trace = b.exp.attnTrace(q0, blocks) // the dev build's timeline; 0 in production
@@ -1148,8 +1178,8 @@ func (b *Backend) attnShortDecode(out, q, k, v backend.Buffer, c *kvCache, layer
 		o.clusterX = uint32(hgroups)
 	}
 	o.setParams(ptr(out), ptr(q), ptr(k), ptr(v), c.k[layer].ptr, c.v[layer].ptr, b.dyn.ptr, a.posRel,
-		s.Heads, s.KVHeads, s.Scale, s.Window, kpb, a.freqs, a.rhalf, a.roff, a.rscale, a.rinter, hgroups,
-		boolInt(shares > 1)|b.exp.attnAblate()|boolInt(multicast)<<2, c.lateRows(layer, pos0, b.pushed), a.trace)
+		s.Heads, s.KVHeads, s.Scale, s.Window, kpb, a.freqs, a.rhalf, a.roff, a.rscale, a.rinter, a.qnw, a.knw, a.neps,
+		hgroups, boolInt(shares > 1)|b.exp.attnAblate()|boolInt(multicast)<<2, c.lateRows(layer, pos0, b.pushed), a.trace)
 	if !b.exp.attnSkip() {
 		b.push(o)
 	}

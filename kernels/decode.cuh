@@ -46,6 +46,50 @@ extern "C" __global__ void rope_dyn(float* x1, int heads1, float* x2, int heads2
     v[i1] = q * c + p * s;
 }
 
+// rope_dyn after in-place per-head RMSNorms of x1's and x2's vectors
+// (Qwen3's q_norm and k_norm; w1, w2 their weights of n == stride values,
+// null: that tensor's not normed), in one launch instead of three: a warp a
+// vector, its sum of squares as rmsnorm's (rsqrtf(ss / n + eps)), then each
+// channel w[c] * (v[c] * inv) as rmsnorm writes it, the pairs of [off, off +
+// 2*half) rotated as rope_dyn rotates them. A lane reads and writes only its
+// own channels (after the warp's sum), so nothing races. Grid
+// ceil(rows * (heads1 + heads2) / 8), 256 threads.
+extern "C" __global__ void rope_norm_dyn(float* x1, int heads1, float* x2, int heads2, const float* inv_freq,
+                                         int rows, int stride, int off, int half, const int* dyn, int posRel,
+                                         float scale, int interleaved, int inverse, const float* w1,
+                                         const float* w2, float eps) {
+    pdl_launch();
+    pdl_wait();
+    const int lane = threadIdx.x % WARP, vec = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    const int heads = heads1 + heads2;
+    if (vec >= rows * heads) return;  // the whole warp
+    const int row = vec / heads, hh = vec % heads;
+    float* v = hh < heads1 ? x1 + ((size_t)row * heads1 + hh) * stride : x2 + ((size_t)row * heads2 + (hh - heads1)) * stride;
+    const float* w = hh < heads1 ? w1 : w2;
+    float inv = 1.f;
+    if (w) {
+        float ss = 0.f;
+        for (int c = lane; c < stride; c += WARP) ss += v[c] * v[c];
+        ss = warp_sum(ss);
+        inv = rsqrtf(ss / stride + eps);
+    }
+    auto at = [&](int c) { return w ? w[c] * (v[c] * inv) : v[c]; };
+    if (w) {  // the channels no pair rotates: normalized only
+        for (int c = lane; c < stride; c += WARP)
+            if (c < off || c >= off + 2 * half) v[c] = at(c);
+    }
+    const int pos0 = dyn[0] + posRel;
+    for (int i = lane; i < half; i += WARP) {
+        const float a = (float)(pos0 + row) * inv_freq[i];
+        float c = cosf(a) * scale, s = sinf(a) * scale;
+        if (inverse) s = -s;
+        const int i0 = off + (interleaved ? 2 * i : i), i1 = off + (interleaved ? 2 * i + 1 : i + half);
+        const float p = at(i0), q = at(i1);
+        v[i0] = p * c - q * s;
+        v[i1] = q * c + p * s;
+    }
+}
+
 // Causal attention with the step's keys and values appended to the cache in
 // the same launch. Grid (heads, m, splits), ATT_THREADS threads; hd % 4 == 0,
 // hd <= 256. Query row i is at position p = pos0 + i and sees keys
@@ -214,7 +258,10 @@ extern "C" __global__ void attn_combine(float* out, const float* part, int heads
 // the step's key and value appended to the cache and, optionally, RoPE
 // applied to q and the new key in the same launch (the rope_dyn it replaces:
 // channels [roff, roff + 2*rhalf), angle float(p) * inv_freq[i], cos and sin
-// times rscale; rhalf == 0: no rotation). Grid (kvHeads * hgroups, splits),
+// times rscale; rhalf == 0: no rotation), and before it, optionally, the
+// in-place per-head RMSNorms of q and k (qnw, knw: their weights, null for
+// none; neps their epsilon; attd_norms), which then need no launch of their
+// own either. Grid (kvHeads * hgroups, splits),
 // ATTD_WARPS warps: block (kh*hgroups + j, s) takes query heads j*GB ..
 // j*GB+GB-1 of kv head kh (G = heads / kvHeads <= 16 of them, GB = G /
 // hgroups: several per block share every key and value it loads; more
@@ -302,14 +349,38 @@ __device__ __forceinline__ AttdStamp attd_trace_begin(unsigned long long* tr, in
     return AttdStamp{DEV_ON && tr != nullptr && tid == 0};
 }
 // Channel c of v rotated by the angles whose cos and sin (times rscale) are
-// rc[i], rs[i] for pair i.
+// rc[i], rs[i] for pair i; with w (not null) v is first normalized as the
+// in-place rmsnorm the launch took in writes it: w[j] * (v[j] * inv).
 __device__ __forceinline__ float attd_rot(const float* v, int c, const float* rc, const float* rs, int rhalf, int roff,
-                                          int rinter) {
+                                          int rinter, const float* w = nullptr, float inv = 1.f) {
+    auto at = [&](int j) { return w ? w[j] * (v[j] * inv) : v[j]; };
     const int r = c - roff;
-    if (rhalf == 0 || r < 0 || r >= 2 * rhalf) return v[c];
+    if (rhalf == 0 || r < 0 || r >= 2 * rhalf) return at(c);
     const int i = rinter ? r / 2 : r % rhalf;
     const int i0 = roff + (rinter ? 2 * i : i), i1 = roff + (rinter ? 2 * i + 1 : i + rhalf);
-    return c == i0 ? v[i0] * rc[i] - v[i1] * rs[i] : v[i1] * rc[i] + v[i0] * rs[i];
+    return c == i0 ? at(i0) * rc[i] - at(i1) * rs[i] : at(i1) * rc[i] + at(i0) * rs[i];
+}
+
+// The per-head RMSNorms of q and k (Qwen3's q_norm and k_norm) that a
+// one-row attention launch took in (qnw, knw: their weights of HD values;
+// null: none): ninv[g] the inverse RMS of the block's query head hb + g (g <
+// GB), ninv[GB] that of the new key of kv head kh, as rmsnorm computes it
+// (rsqrtf(sum of squares / HD + eps)), a warp a row. The caller syncs the
+// block before reading them.
+template <int HD>
+__device__ __forceinline__ void attd_norms(float* ninv, const float* q, const float* knew, int hb, int GB, int kh,
+                                           const float* qnw, const float* knw, float eps, int warp, int lane,
+                                           int nwarps) {
+    for (int r = warp; r <= GB; r += nwarps) {
+        const bool isk = r == GB;
+        if (isk ? knw == nullptr : qnw == nullptr) continue;  // the same on the warp's lanes
+        const float* x = isk ? knew + (size_t)kh * HD : q + (size_t)(hb + r) * HD;
+        float ss = 0.f;
+#pragma unroll
+        for (int c = lane; c < HD; c += WARP) ss += x[c] * x[c];
+        ss = warp_sum(ss);
+        if (lane == 0) ninv[r] = rsqrtf(ss / HD + eps);
+    }
 }
 
 // A cluster of splits after each stored its partials in block 0's shared
@@ -379,13 +450,15 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
                                                  float* kc, float* vc, const int* dyn, int posRel, int heads,
                                                  int kvHeads, float scale, int window, float* part, int* ticket,
                                                  const float* inv_freq, int rhalf, int roff, float rscale, int rinter,
-                                                 int hgroups, int cl, int late, unsigned long long* tr) {
+                                                 const float* qnw, const float* knw, float neps, int hgroups, int cl,
+                                                 int late, unsigned long long* tr) {
     constexpr int VEC = HD / WARP;  // output channels per lane
     constexpr int RS = HD + 4;      // padded row: 8 rows at one column hit distinct banks
     constexpr int NT = ATTD_WARPS * WARP;
     constexpr int GPW = 16 / ATTD_WARPS;  // heads per warp, at most
     extern __shared__ __align__(16) float ad_sh[];
     __shared__ int is_last;
+    __shared__ float ninv[17];  // the inverse RMS of the block's query heads and the new key (attd_norms)
     const int G = heads / kvHeads, GB = G / hgroups;  // the kv head's query heads, the block's
     float* kbuf = ad_sh;                     // [2][CH][RS]
     float* vbuf = kbuf + 2 * ATTD_CH * RS;   // [2][CH][RS]
@@ -435,14 +508,19 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
     stamp(ATTD_TR_WAITED);
     if (t0 < t1) load(t0, 0, pw, p);
     if (DEV_ON && (cl & 2)) return;  // the dev image's ablation: the launch and its wait alone, writing nothing
+    if (qnw || knw) {
+        attd_norms<HD>(ninv, q, knew, hb, GB, kh, qnw, knw, neps, warp, lane, ATTD_WARPS);
+        __syncthreads();
+    }
     for (int i = tid; i < GB * HD; i += NT) {
         const int g = i / HD, c = i % HD;
-        qs[i] = attd_rot(q + (size_t)(hb + g) * HD, c, rc, rs, rhalf, roff, rinter) * scale;
+        qs[i] = attd_rot(q + (size_t)(hb + g) * HD, c, rc, rs, rhalf, roff, rinter, qnw, qnw ? ninv[g] : 1.f) * scale;
     }
     const bool mine = t0 < t1 && t1 == p + 1;  // this share ends at the new key
     if (mine) {
         for (int c = tid; c < HD; c += NT) {
-            const float kr = attd_rot(knew + (size_t)kh * HD, c, rc, rs, rhalf, roff, rinter);
+            const float kr =
+                attd_rot(knew + (size_t)kh * HD, c, rc, rs, rhalf, roff, rinter, knw, knw ? ninv[GB] : 1.f);
             const float vv = vnew[(size_t)kh * HD + c];
             kn[c] = kr;
             vn[c] = vv;
@@ -595,9 +673,10 @@ __device__ __forceinline__ void attn_decode_body(float* out, const float* q, con
     extern "C" __global__ void __launch_bounds__(ATTD_WARPS * WARP) NAME(                                            \
         float* out, const float* q, const float* knew, const float* vnew, float* kc, float* vc, const int* dyn,      \
         int posRel, int heads, int kvHeads, float scale, int window, float* part, int* ticket, const float* inv_freq, \
-        int rhalf, int roff, float rscale, int rinter, int hgroups, int cl, int late, unsigned long long* tr) {       \
+        int rhalf, int roff, float rscale, int rinter, const float* qnw, const float* knw, float neps, int hgroups,   \
+        int cl, int late, unsigned long long* tr) {                                                                  \
         attn_decode_body<HD>(out, q, knew, vnew, kc, vc, dyn, posRel, heads, kvHeads, scale, window, part, ticket,   \
-                             inv_freq, rhalf, roff, rscale, rinter, hgroups, cl, late, tr);                          \
+                             inv_freq, rhalf, roff, rscale, rinter, qnw, knw, neps, hgroups, cl, late, tr);          \
     }
 ATTN_DECODE(attn_decode_64, 64)
 ATTN_DECODE(attn_decode_128, 128)
@@ -638,14 +717,16 @@ template <int HD>
 __device__ __forceinline__ void attn_short_body(float* out, const float* q, const float* knew, const float* vnew,
                                                 float* kc, float* vc, const int* dyn, int posRel, int heads,
                                                 int kvHeads, float scale, int window, int kpb, const float* inv_freq,
-                                                int rhalf, int roff, float rscale, int rinter, int hgroups, int cl,
-                                                int late, unsigned long long* tr) {
+                                                int rhalf, int roff, float rscale, int rinter, const float* qnw,
+                                                const float* knw, float neps, int hgroups, int cl, int late,
+                                                unsigned long long* tr) {
     constexpr int VEC = HD / WARP;
     constexpr int RS = HD + 4;
     constexpr int NT = ATTS_WARPS * WARP;
     extern __shared__ __align__(16) float as_sh[];
     __shared__ __align__(8) unsigned long long as_bar;  // cl bit 2: the share's rows have arrived
     __shared__ float as_wmax[ATTS_WARPS];               // each warp's maximum score
+    __shared__ float ninv[17];                          // the inverse RMS of the block's query heads and the new key
     const int G = heads / kvHeads, GB = G / hgroups;
     const int kr = max(kpb, ATTS_WARPS);     // rows of kbuf: after the scores it holds the warps' partials
     float* kbuf = as_sh;                     // [kr][RS]
@@ -730,16 +811,23 @@ __device__ __forceinline__ void attn_short_body(float* out, const float* q, cons
     // q, and when this share ends at the new key its row from knew and
     // vnew, on separate threads: their loads are under way together (one
     // round trip to L2 after the wait, not two).
+    // The norms taken in first (their sums: one more round trip and a sync).
     const int nq = GB * HD, nn = nk > 0 && t1 == p + 1 ? 2 * HD : 0;
+    if (qnw || knw) {
+        attd_norms<HD>(ninv, q, knew, hb, GB, kh, qnw, knw, neps, warp, lane, ATTS_WARPS);
+        __syncthreads();
+    }
     for (int i = tid; i < nq + nn; i += NT) {
         if (i < nq) {
             const int g = i / HD, c = i % HD;
-            qs[i] = attd_rot(q + (size_t)(hb + g) * HD, c, rc, rs, rhalf, roff, rinter) * scale;
+            qs[i] = attd_rot(q + (size_t)(hb + g) * HD, c, rc, rs, rhalf, roff, rinter, qnw, qnw ? ninv[g] : 1.f) *
+                    scale;
         } else {
             const int c = (i - nq) % HD;
             const bool isv = i - nq >= HD;
-            const float x =
-                isv ? vnew[(size_t)kh * HD + c] : attd_rot(knew + (size_t)kh * HD, c, rc, rs, rhalf, roff, rinter);
+            const float x = isv ? vnew[(size_t)kh * HD + c]
+                                : attd_rot(knew + (size_t)kh * HD, c, rc, rs, rhalf, roff, rinter, knw,
+                                           knw ? ninv[GB] : 1.f);
             (isv ? vbuf : kbuf)[(p - t0) * RS + c] = x;
             if (blockIdx.x % hgroups == 0)  // one block a kv head writes the cache
                 (isv ? vc : kc)[(size_t)p * row + (size_t)kh * HD + c] = x;
@@ -861,9 +949,10 @@ __device__ __forceinline__ void attn_short_body(float* out, const float* q, cons
     extern "C" __global__ void __launch_bounds__(ATTS_WARPS * WARP) NAME(                                        \
         float* out, const float* q, const float* knew, const float* vnew, float* kc, float* vc, const int* dyn,  \
         int posRel, int heads, int kvHeads, float scale, int window, int kpb, const float* inv_freq, int rhalf,   \
-        int roff, float rscale, int rinter, int hgroups, int cl, int late, unsigned long long* tr) {              \
+        int roff, float rscale, int rinter, const float* qnw, const float* knw, float neps, int hgroups, int cl,  \
+        int late, unsigned long long* tr) {                                                                       \
         attn_short_body<HD>(out, q, knew, vnew, kc, vc, dyn, posRel, heads, kvHeads, scale, window, kpb,         \
-                            inv_freq, rhalf, roff, rscale, rinter, hgroups, cl, late, tr);                        \
+                            inv_freq, rhalf, roff, rscale, rinter, qnw, knw, neps, hgroups, cl, late, tr);        \
     }
 ATTN_SHORT(attn_short_64, 64)
 ATTN_SHORT(attn_short_128, 128)

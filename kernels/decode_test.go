@@ -538,6 +538,136 @@ func TestAttnDecodeRoPE(t *testing.T) {
 	}
 }
 
+// TestAttnDecodeQKNorm: in-place per-head RMSNorms of q and k (Qwen3's
+// q_norm and k_norm), then their RoPE, queued just before a one-row
+// attention run inside attn_short or attn_decode (no rmsnorm launch left in
+// the queue); against the CPU's norms, RoPE and attention at
+// TestAttnDecode's tolerance, with both norms, q's alone and k's alone.
+func TestAttnDecodeQKNorm(t *testing.T) {
+	g, c := newGPU(t), refCPU()
+	defer func(f variants) { g.force = f }(g.force)
+	rng := rand.New(rand.NewPCG(35, 36))
+	const T = 300
+	for _, tc := range []struct {
+		heads, kvHeads, hd int
+		short, qn, kn      bool
+	}{{32, 8, 128, true, true, true}, {32, 8, 128, false, true, true}, {16, 1, 128, true, true, true},
+		{8, 2, 64, false, true, true}, {8, 2, 128, true, true, false}, {8, 2, 128, false, false, true}} {
+		g.force.attnNoShort = !tc.short
+		heads, kvHeads, hd := tc.heads, tc.kvHeads, tc.hd
+		s := layers.AttentionShape{Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: float32(1 / math.Sqrt(float64(hd)))}
+		rope, err := layers.NewRoPE(layers.RoPEParams{Theta: 1e6, PartialRotaryFactor: 1}, hd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		shape := backend.KVShape{Layers: 1, KVHeads: kvHeads, HeadDim: hd, Capacity: T}
+		cc, _ := c.NewKVCache(shape)
+		gc, err := g.NewKVCache(shape)
+		if err != nil {
+			t.Fatal(err)
+		}
+		qw, kw := randn(rng, hd), randn(rng, hd)
+		qwc, kwc, qwg, kwg := cpu.Buffer(qw), cpu.Buffer(kw), toGPU(g, qw), toGPU(g, kw)
+		for pos := 0; pos < T; pos++ {
+			q, k, v := randn(rng, heads*hd), randn(rng, kvHeads*hd), randn(rng, kvHeads*hd)
+			qc, kc := cpu.Buffer(append([]float32(nil), q...)), cpu.Buffer(append([]float32(nil), k...))
+			qg, kg, vg, out := toGPU(g, q), toGPU(g, k), toGPU(g, v), g.NewBuffer(heads*hd)
+			if tc.qn {
+				c.RMSNorm(qc, qc, qwc, 1e-6)
+				g.RMSNorm(qg, qg, qwg, 1e-6)
+			}
+			if tc.kn {
+				c.RMSNorm(kc, kc, kwc, 1e-6)
+				g.RMSNorm(kg, kg, kwg, 1e-6)
+			}
+			c.RoPE(qc, 1, heads, hd, 0, pos, rope, false)
+			c.RoPE(kc, 1, kvHeads, hd, 0, pos, rope, false)
+			want := make(cpu.Buffer, heads*hd)
+			c.Attention(want, qc, kc, cpu.Buffer(v), cc, 0, pos, 1, s)
+			g.RoPE(qg, 1, heads, hd, 0, pos, rope, false)
+			g.RoPE(kg, 1, kvHeads, hd, 0, pos, rope, false)
+			g.Attention(out, qg, kg, vg, gc, 0, pos, 1, s)
+			g.qmu.Lock()
+			for _, o := range g.q.ops {
+				if o.hnorm != nil || o.rope != nil {
+					t.Errorf("%+v position %d: a norm or the RoPE was not moved into the attention", tc, pos)
+				}
+			}
+			g.qmu.Unlock()
+			if pos%37 != 0 && pos != T-1 {
+				continue
+			}
+			if e := relErr(fromGPU(t, g, out), want); e > 1e-5 {
+				t.Errorf("%+v position %d: relative error %.3g", tc, pos, e)
+			}
+		}
+	}
+}
+
+// TestRoPENorm: in-place per-head RMSNorms of q and k queued before their
+// RoPE over many rows (a prompt, or a batch) run inside the RoPE's one launch
+// (rope_norm_dyn; no rmsnorm left in the queue); against the CPU's norms
+// then RoPE, every channel rotated or some only (off, partial), half and
+// interleaved pairs, both tensors normed or one.
+func TestRoPENorm(t *testing.T) {
+	g, c := newGPU(t), refCPU()
+	rng := rand.New(rand.NewPCG(39, 40))
+	for _, tc := range []struct {
+		rows, heads, kvHeads, hd, off int
+		partial                       float64
+		inter, qn, kn                 bool
+	}{
+		{512, 16, 8, 128, 0, 1, false, true, true},
+		{7, 32, 8, 128, 0, 1, true, true, true},
+		{5, 8, 2, 64, 16, 0.5, false, true, true},
+		{3, 4, 1, 256, 0, 1, false, true, false},
+		{9, 6, 2, 128, 0, 1, false, false, true},
+	} {
+		r, err := layers.NewRoPE(layers.RoPEParams{Theta: 1e6, PartialRotaryFactor: tc.partial}, tc.hd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Interleaved = tc.inter
+		q, k := randn(rng, tc.rows*tc.heads*tc.hd), randn(rng, tc.rows*tc.kvHeads*tc.hd)
+		qw, kw := randn(rng, tc.hd), randn(rng, tc.hd)
+		qc, kc := cpu.Buffer(append([]float32(nil), q...)), cpu.Buffer(append([]float32(nil), k...))
+		qg, kg := toGPU(g, q), toGPU(g, k)
+		if tc.qn {
+			c.RMSNorm(qc, qc, cpu.Buffer(qw), 1e-6)
+			g.RMSNorm(qg, qg, toGPU(g, qw), 1e-6)
+		}
+		if tc.kn {
+			c.RMSNorm(kc, kc, cpu.Buffer(kw), 1e-6)
+			g.RMSNorm(kg, kg, toGPU(g, kw), 1e-6)
+		}
+		const pos0 = 300
+		c.RoPE(qc, tc.rows, tc.heads, tc.hd, tc.off, pos0, r, false)
+		c.RoPE(kc, tc.rows, tc.kvHeads, tc.hd, tc.off, pos0, r, false)
+		g.RoPE(qg, tc.rows, tc.heads, tc.hd, tc.off, pos0, r, false)
+		g.RoPE(kg, tc.rows, tc.kvHeads, tc.hd, tc.off, pos0, r, false)
+		g.qmu.Lock()
+		ropes := 0
+		for _, o := range g.q.ops {
+			if o.hnorm != nil {
+				t.Errorf("%+v: a norm was left in the queue", tc)
+			}
+			if o.rope != nil {
+				ropes++
+			}
+		}
+		g.qmu.Unlock()
+		if ropes != 1 {
+			t.Errorf("%+v: %d RoPE launches queued, want 1", tc, ropes)
+		}
+		if e := relErr(fromGPU(t, g, qg), qc); e > 1e-5 {
+			t.Errorf("%+v: q's relative error %.3g", tc, e)
+		}
+		if e := relErr(fromGPU(t, g, kg), kc); e > 1e-5 {
+			t.Errorf("%+v: k's relative error %.3g", tc, e)
+		}
+	}
+}
+
 // uploadBoth puts h on the CPU and the GPU.
 func uploadBoth(t testing.TB, g *Backend, c *cpu.Backend, h *backend.HostWeight) (wc, wg backend.Weight) {
 	t.Helper()

@@ -36,7 +36,7 @@ type experiments struct {
 	bySize     bool   // tensor copies by size alone, the output projections too (MANIFOLD_TMA_MAPS=size)
 	tmaWarps   int    // the bulk-copy kernel's consumer warps: 8 (the default) or 16 (gemv_nvfp4_tma, one block a multiprocessor; MANIFOLD_GEMV_TMA=16)
 	tmaOcc     int    // with 8: blocks a multiprocessor, 2 (the default) or 3 (gemv_nvfp4_tma8_3)
-	tmaUneven  bool   // tmaOcc blocks a multiprocessor even where their tile counts differ
+	tmaUneven  bool   // tmaOcc blocks a multiprocessor even where their tile counts differ (MANIFOLD_TMA_UNEVEN=1)
 	tmaAblate  int    // gemv_nvfp4_tma8's ablation bits (flags bits 4, 5: x not staged, weights not decoded; 6: timeline), which launch its tracing instances
 	tmaTrace   uint64 // where the timeline (flags bit 6) goes, 64 words a block
 	// MANIFOLD_SMALL_ABLATE (results wrong): tmaAblate bits for the launches
@@ -131,6 +131,7 @@ func (e *experiments) setup(b *Backend) {
 		e.tmaWarps, e.tmaOcc = 16, 1
 	}
 	e.noEvict = env("MANIFOLD_TMA_EVICT") == "0"
+	e.tmaUneven = env("MANIFOLD_TMA_UNEVEN") == "1"
 	if v, err := strconv.Atoi(env("MANIFOLD_TMA_PACE")); err == nil && v >= 0 && v < 8 {
 		e.pace = v
 	}

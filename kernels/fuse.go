@@ -587,7 +587,9 @@ func (b *Backend) tensorMapsOf(w *Weight) *tensorMaps {
 	return m
 }
 
-// ropeOp is a queued RoPE of one or two tensors (q, then k).
+// ropeOp is a queued RoPE of one or two tensors (q, then k), each after
+// the in-place per-head RMSNorm it took in, if any (w1, w2: their weights of
+// stride values, 0 for none; eps theirs).
 type ropeOp struct {
 	x1, x2         span
 	heads1, heads2 int
@@ -597,6 +599,8 @@ type ropeOp struct {
 	freqs          uint64
 	scale          float32
 	inter, inverse int
+	w1, w2         uint64
+	eps            float32
 }
 
 // queueRoPE queues a RoPE, joining the last queued one when only the tensor differs. qmu held.
@@ -611,8 +615,10 @@ func (b *Backend) queueRoPE(x *Buffer, rows, heads, stride, off, pos0 int, r *la
 		ro.inverse = 1
 	}
 	q.keep = append(q.keep, x)
-	// Join a queued RoPE that differs only in the tensor: this one runs
-	// there, or that one here, whichever the operations between allow (pass.go).
+	b.takeHeadNorm(&ro)
+	// Join a queued RoPE that differs only in the tensor (and its norm's
+	// weight): this one runs there, or that one here, whichever the
+	// operations between allow (pass.go).
 	var fx effects
 	fx.read(ro.x1)
 	fx.write(ro.x1)
@@ -620,7 +626,7 @@ func (b *Backend) queueRoPE(x *Buffer, rows, heads, stride, off, pos0 int, r *la
 		p := q.ops[i].rope
 		if p == nil || p.x2.ptr != 0 || p.rows != ro.rows || p.stride != ro.stride || p.off != ro.off || p.half != ro.half ||
 			p.posRel != ro.posRel || p.freqs != ro.freqs || p.scale != ro.scale || p.inter != ro.inter ||
-			p.inverse != ro.inverse || p.x1.overlaps(ro.x1) {
+			p.inverse != ro.inverse || p.x1.overlaps(ro.x1) || p.w1 != 0 && ro.w1 != 0 && p.eps != ro.eps {
 			continue
 		}
 		if !b.movable(i, &fx) {
@@ -629,22 +635,77 @@ func (b *Backend) queueRoPE(x *Buffer, rows, heads, stride, off, pos0 int, r *la
 			}
 			b.sink(i)
 		}
-		p.x2, p.heads2 = ro.x1, ro.heads1
+		p.x2, p.heads2, p.w2 = ro.x1, ro.heads1, ro.w1
+		if ro.w1 != 0 {
+			p.eps = ro.eps
+		}
 		return
 	}
 	b.push(op{kind: opKernel, rope: &ro})
 }
 
+// takeHeadNorm moves a queued in-place RMSNorm of each of ro's vectors
+// (Qwen3's q_norm or k_norm before the RoPE of q or k) into ro, which is
+// about to be queued at the end: the norm sinks there (nothing queued after
+// it touches its tensor) and the RoPE's launch normalizes each vector before
+// rotating it (rope_norm_dyn), one launch instead of the norm's, for prompts
+// and batches; a one-row attention then takes both in (attnRow). qmu held.
+func (b *Backend) takeHeadNorm(ro *ropeOp) {
+	ro.w1, ro.eps, _ = b.takeNorm(ro.x1, ro.stride, ro.rows*ro.heads1, 0, false)
+}
+
+// takeNorm drops the queued in-place RMSNorm of x's rows vectors of n
+// values when it can sink to the end of the queue (nothing queued after it
+// touches x), and with match only one of epsilon eps, and returns its weight
+// and epsilon: the caller's launch, queued next, applies it. w is 0 when
+// none was taken. qmu held.
+func (b *Backend) takeNorm(x span, n, rows int, eps float32, match bool) (w uint64, e float32, ok bool) {
+	q := &b.q
+	for _, i := range b.candidates() {
+		h := q.ops[i].hnorm
+		if h == nil || h.x != x {
+			continue
+		}
+		if h.n != n || h.rows != rows || match && h.eps != eps || !b.sinkable(i) {
+			return 0, 0, false
+		}
+		copy(q.ops[i:], q.ops[i+1:])
+		q.ops[len(q.ops)-1] = op{}
+		q.ops = q.ops[:len(q.ops)-1]
+		b.pushed-- // never launched
+		return h.w, h.eps, true
+	}
+	return 0, 0, false
+}
+
 func (b *Backend) finalizeRoPE(o *op) {
 	r := o.rope
+	o.block, o.shared = 256, 0
+	if r.w1 != 0 || r.w2 != 0 { // a warp a vector
+		o.name = "rope_norm_dyn"
+		o.pdl, o.fn = pdlKernel(o.name), b.fn[o.name]
+		o.grid = [3]uint32{uint32((r.rows*(r.heads1+r.heads2) + 7) / 8), 1, 1}
+		o.setParams(r.x1.ptr, r.heads1, r.x2.ptr, r.heads2, r.freqs, r.rows, r.stride, r.off, r.half, b.dyn.ptr,
+			r.posRel, r.scale, r.inter, r.inverse, r.w1, r.w2, r.eps)
+		return
+	}
 	total := r.rows * (r.heads1 + r.heads2) * r.half
 	o.name = "rope_dyn"
 	o.pdl = pdlKernel(o.name)
 	o.fn = b.fn[o.name]
 	o.grid = [3]uint32{uint32((total + 255) / 256), 1, 1}
-	o.block, o.shared = 256, 0
 	o.setParams(r.x1.ptr, r.heads1, r.x2.ptr, r.heads2, r.freqs, r.rows, r.stride, r.off, r.half, b.dyn.ptr,
 		r.posRel, r.scale, r.inter, r.inverse)
+}
+
+// headNorm is a queued in-place RMSNorm of rows rows of n values (Qwen3's
+// per-head q_norm and k_norm: a row a head), which a one-row attention
+// launch of exactly those heads takes in (attnRow).
+type headNorm struct {
+	x       span
+	w       uint64
+	n, rows int
+	eps     float32
 }
 
 // queueNorm queues RMSNorm of rows of w's length; one row may be taken in by
@@ -659,6 +720,9 @@ func (b *Backend) queueNorm(dst, x, w *Buffer, eps float32) {
 	o.fx = fxOf([]*Buffer{dst}, x, w)
 	if rows == 1 && dst.n == n && n%256 == 0 && x.ptr%16 == 0 && w.ptr%16 == 0 && dst.ptr%16 == 0 {
 		o.norm = &normOp{dst: spanOf(dst), x: spanOf(x), w: spanOf(w), eps: eps}
+	}
+	if dst.ptr == x.ptr && dst.n == x.n && x.n == rows*n {
+		o.hnorm = &headNorm{x: spanOf(x), w: w.ptr, n: n, rows: rows, eps: eps}
 	}
 	q.keep = append(q.keep, dst, x, w)
 	b.push(o)

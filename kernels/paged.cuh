@@ -5,19 +5,47 @@
 // its key and value go to, and E[3r+2] the slot (from enc) of its sequence's
 // block table, position t of which lies in pool row table[t/bs]*bs + t%bs.
 
+// pga_norms applies in-place per-head RMSNorms (Qwen3's q_norm and k_norm,
+// as rmsnorm computes them: rsqrtf(sum of squares / hd + eps), then w[c] *
+// (x[c] * inv)) to nq vectors of hd values at xq (weight qnw) and nk at xk
+// (knw), a warp a vector; a null weight leaves its vectors as they are. The
+// caller syncs the block before others read them.
+__device__ __forceinline__ void pga_norms(float* xq, int nq, const float* qnw, float* xk, int nk, const float* knw,
+                                          int hd, float eps) {
+    const int lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
+    for (int h = threadIdx.x / WARP; h < nq + nk; h += nw) {
+        const float* w = h < nq ? qnw : knw;
+        if (!w) continue;  // the same on the warp's lanes
+        float* x = h < nq ? xq + (size_t)h * hd : xk + (size_t)(h - nq) * hd;
+        float ss = 0.f;
+        for (int c = lane; c < hd; c += WARP) ss += x[c] * x[c];
+        ss = warp_sum(ss);
+        const float inv = rsqrtf(ss / hd + eps);
+        for (int c = lane; c < hd; c += WARP) x[c] = w[c] * (x[c] * inv);
+    }
+}
+
 // paged_append rotates row r's query heads (q, null: none) and key heads in
 // place as rope_dyn does at position E[3r] (half == 0: no rotation), then
-// writes the row's key and value to pool row E[3r+1] of kp and vp.
+// writes the row's key and value to pool row E[3r+1] of kp and vp. Before
+// the rotation, with qnw or knw (not null), the query heads (with q) or the
+// key heads are normalized in place (pga_norms, epsilon eps): the rmsnorm
+// launches queued before it moved in (paged.go).
 // Grid (rows), 256 threads.
 extern "C" __global__ void paged_append(float* q, float* k, const float* v, float* kp, float* vp, const int* dyn,
                                         int enc, int heads, int kvHeads, int hd, const float* inv_freq, int half,
-                                        float scale, int interleaved) {
+                                        float scale, int interleaved, const float* qnw, const float* knw,
+                                        float eps) {
     pdl_entry();
     const int r = blockIdx.x;
     const int* E = dyn + enc;
     const int pos = E[3 * r];
     const size_t W = (size_t)kvHeads * hd;
     float* kr = k + (size_t)r * W;
+    if ((qnw && q) || knw) {
+        pga_norms(q ? q + (size_t)r * heads * hd : nullptr, q ? heads : 0, qnw, kr, kvHeads, knw, hd, eps);
+        __syncthreads();
+    }
     if (half > 0) {
         const int nh = (q ? heads : 0) + kvHeads;
         for (int idx = threadIdx.x; idx < nh * half; idx += blockDim.x) {
@@ -96,7 +124,8 @@ __device__ __forceinline__ void paged_attn_body(float* out, const float* q, floa
                                                 int window, int bs, int keys, float* part, int* ticket, int list,
                                                 const float* knew,
                                                 const float* vnew, const float* inv_freq, int half, float rscale,
-                                                int inter) {
+                                                int inter, const float* qnw = nullptr, const float* knw = nullptr,
+                                                float neps = 0.f) {
     extern __shared__ float pga_sh[]; // [PGA_WARPS][gb][hd + 2], then FUSED's new key and value [2][hd]
     using P = Pga<HD>;
     constexpr int NE = P::NE;
@@ -133,6 +162,10 @@ __device__ __forceinline__ void paged_attn_body(float* out, const float* q, floa
             }
         }
         __syncthreads();
+        if (qnw || knw) {  // the append's norms, in shared memory
+            pga_norms(qs, gb, qnw, kn, owner ? 1 : 0, knw, hd, neps);
+            __syncthreads();
+        }
         if (half > 0) {
             const int nv = gb + (owner ? 1 : 0);
             for (int idx = threadIdx.x; idx < nv * half; idx += blockDim.x) {
@@ -295,9 +328,10 @@ __device__ __forceinline__ void paged_attn_body(float* out, const float* q, floa
     extern "C" __global__ void __launch_bounds__(PGA_WARPS * WARP)                                                    \
         NAME(float* out, const float* q, float* kp, float* vp, const int* dyn, int enc, int heads, int kvHeads,       \
              int hd, int hgroups, float scale, int window, int bs, int keys, float* part, int* ticket, int list,      \
-             const float* knew, const float* vnew, const float* inv_freq, int half, float rscale, int inter) {        \
+             const float* knew, const float* vnew, const float* inv_freq, int half, float rscale, int inter,          \
+             const float* qnw, const float* knw, float neps) {                                                        \
         paged_attn_body<HD, GM, true>(out, q, kp, vp, dyn, enc, heads, kvHeads, hd, hgroups, scale, window, bs, keys, \
-                                      part, ticket, list, knew, vnew, inv_freq, half, rscale, inter);                 \
+                                      part, ticket, list, knew, vnew, inv_freq, half, rscale, inter, qnw, knw, neps); \
     }
 // _g4: at most 4 query heads a block (gb <= 4: the 8B shapes' 32 heads on 8
 // kv heads), in half the registers. _rope: FUSED.

@@ -318,8 +318,20 @@ func (b *Backend) pagedAppend(p *pagedPool, layer int, q, k, v backend.Buffer, s
 		fp = freqs.ptr
 	}
 	b.q.keep = append(b.q.keep, p, q, k, v, freqs)
+	// In-place per-head RMSNorms of q (when rotated here) and k queued
+	// before (Qwen3's q_norm and k_norm) move into the launch, one epsilon
+	// for both (takeNorm).
+	var qnw, knw uint64
+	var eps float32
+	if qp != 0 {
+		qnw, eps, _ = b.takeNorm(spanOf(q.(*Buffer)), s.HeadDim, rows*heads, 0, false)
+	}
+	knw, keps, _ := b.takeNorm(spanOf(k.(*Buffer)), s.HeadDim, rows*s.KVHeads, eps, qnw != 0)
+	if qnw == 0 {
+		eps = keps
+	}
 	o := op{kind: opKernel, name: "paged_append", fn: fn, grid: [3]uint32{uint32(rows), 1, 1}, block: 256, pdl: pdlKernel("paged_append")}
-	o.setParams(qp, ptr(k), ptr(v), kp, vp, base, at, heads, s.KVHeads, s.HeadDim, fp, half, scale, inter)
+	o.setParams(qp, ptr(k), ptr(v), kp, vp, base, at, heads, s.KVHeads, s.HeadDim, fp, half, scale, inter, qnw, knw, eps)
 	b.push(o)
 }
 
@@ -488,9 +500,9 @@ func (b *Backend) PagedAttention(out, q backend.Buffer, pool backend.BlockPool, 
 		// unrotated in memory.
 		o.name, o.fn, o.pdl = name+"_rope", fused, pdlKernel(name+"_rope")
 		o.shared += uint32(4 * 2 * s.HeadDim)
-		o.params = append(o.params, app[1], app[2], app[10], app[11], app[12], app[13])
-		for i := range 6 {
-			o.offs = append(o.offs, uint16(len(o.params)-6+i))
+		o.params = append(o.params, app[1], app[2], app[10], app[11], app[12], app[13], app[14], app[15], app[16])
+		for i := range 9 {
+			o.offs = append(o.offs, uint16(len(o.params)-9+i))
 		}
 		b.q.ops = b.q.ops[:len(b.q.ops)-1]
 		b.pushed-- // never launched
@@ -502,14 +514,15 @@ func (b *Backend) PagedAttention(out, q backend.Buffer, pool backend.BlockPool, 
 // when it appends (and rotates, q with them where it rotates) the rows
 // that a paged attention of q over pool planes kp and vp, described at
 // (base, at), runs: q, k, v, kp, vp, base, at, heads, kvHeads, hd, freqs,
-// half, scale, interleaved; nil otherwise. qmu held.
+// half, scale, interleaved, qnw, knw, eps (the norms it took in); nil
+// otherwise. qmu held.
 func (b *Backend) pagedAppendOf(q, kp, vp, base uint64, at, rows int, s layers.AttentionShape) []uint64 {
 	n := len(b.q.ops)
 	if n == 0 {
 		return nil
 	}
 	o := &b.q.ops[n-1]
-	if o.kind != opKernel || o.name != "paged_append" || len(o.params) != 14 || int(o.grid[0]) != rows {
+	if o.kind != opKernel || o.name != "paged_append" || len(o.params) != 17 || int(o.grid[0]) != rows {
 		return nil
 	}
 	p := o.params

@@ -44,13 +44,14 @@ type op struct {
 	shared   uint32
 	params   []uint64
 	offs     []uint16
-	pdl      bool    // the kernel waits for its predecessor itself (pdl_wait): launch it with programmatic serialization
-	cluster  uint32  // blocks per thread block cluster along y (0: no clusters)
-	clusterX uint32  // blocks per thread block cluster along x (0: no clusters)
-	gemv     *gemvOp // an NVFP4 matmul that later operations may fuse into
-	rope     *ropeOp // a RoPE that the next RoPE may join
-	norm     *normOp // an RMSNorm that the next matmul may take in
-	fx       effects // what the kernel reads and writes, where known (pass.go); the zero value: anything
+	pdl      bool      // the kernel waits for its predecessor itself (pdl_wait): launch it with programmatic serialization
+	cluster  uint32    // blocks per thread block cluster along y (0: no clusters)
+	clusterX uint32    // blocks per thread block cluster along x (0: no clusters)
+	gemv     *gemvOp   // an NVFP4 matmul that later operations may fuse into
+	rope     *ropeOp   // a RoPE that the next RoPE may join
+	norm     *normOp   // an RMSNorm that the next matmul may take in
+	hnorm    *headNorm // an in-place RMSNorm of rows that a one-row attention may take in (attnRow)
+	fx       effects   // what the kernel reads and writes, where known (pass.go); the zero value: anything
 }
 
 func (o *op) equal(p *op) bool {
@@ -191,7 +192,7 @@ func (b *Backend) launchQueued(ops []op, graph bool) {
 		b.launchOps(ops)
 	}
 	for i := range ops {
-		ops[i].gemv, ops[i].rope, ops[i].norm = nil, nil, nil
+		ops[i].gemv, ops[i].rope, ops[i].norm, ops[i].hnorm = nil, nil, nil, nil
 	}
 }
 

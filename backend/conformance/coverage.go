@@ -107,6 +107,40 @@ func coverageCases() []Case {
 				return attention(b, rng, as, s.pos0, s.m)
 			}})
 	}
+	// Qwen3's per-head q and k RMSNorms, in place, then RoPE of q and k, then a
+	// one-row attention: the norms and the rotation move into the attention
+	// launch (kernels' attnRow), attn_short_128 at 101 keys and attn_decode_64
+	// at 1001 (as the rows above).
+	for _, s := range []struct {
+		kernel              string
+		heads, kv, hd, pos0 int
+	}{{"attn_short_128", 8, 2, 128, 100}, {"attn_decode_64", 4, 1, 64, 1000}} {
+		cs = append(cs, Case{Op: "RMSNorm,RoPE,Attention", Shape: fmt.Sprintf("%s+qknorm/h=%d/kv=%d/d=%d/pos=%d/m=1", s.kernel, s.heads, s.kv, s.hd, s.pos0), Tol: 2e-5,
+			Run: func(b backend.Backend, _ backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+				as := layers.AttentionShape{Heads: s.heads, KVHeads: s.kv, HeadDim: s.hd, Scale: float32(1 / math.Sqrt(float64(s.hd)))}
+				return attentionQKNorm(b, rng, as, s.pos0)
+			}})
+	}
+	// The same norms and RoPE over several rows (a prompt chunk or a batch,
+	// whose attention takes no RoPE in): one rope_norm_dyn launch.
+	cs = append(cs, Case{Op: "RMSNorm,RoPE", Shape: "rope_norm_dyn/rows=6/h=8/kv=2/d=128", Tol: 2e-5,
+		Run: func(b backend.Backend, _ backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+			const rows, heads, kv, hd, eps = 6, 8, 2, 128, 1e-6
+			r := must(layers.NewRoPE(layers.RoPEParams{Theta: 1e6, PartialRotaryFactor: 1}, hd))
+			q, k, qn, kn := rnd(rng, rows*heads*hd, 1), rnd(rng, rows*kv*hd, 1), rnd(rng, hd, 1), rnd(rng, hd, 1)
+			want := append(append([]float32(nil), q...), k...)
+			wq, wk := want[:len(q)], want[len(q):]
+			layers.RMSNorm(wq, wq, qn, eps)
+			layers.RMSNorm(wk, wk, kn, eps)
+			layers.ApplyRoPE(wq, rows, heads, hd, 0, 40, r, false)
+			layers.ApplyRoPE(wk, rows, kv, hd, 0, 40, r, false)
+			qb, kb := upload(b, q), upload(b, k)
+			b.RMSNorm(qb, qb, upload(b, qn), eps)
+			b.RMSNorm(kb, kb, upload(b, kn), eps)
+			b.RoPE(qb, rows, heads, hd, 0, 40, r, false)
+			b.RoPE(kb, rows, kv, hd, 0, 40, r, false)
+			return append(read(b, qb), read(b, kb)...), want
+		}})
 	// paged_attn_64_g4_rope: decode rows only (the append moves into the
 	// attention), heads of 64, 4 query heads a kv head (paged_attn_*_g4).
 	cs = append(cs, Case{Op: "PagedAttentionOps.PagedAppendRoPE", Shape: "paged_attn_64_g4_rope/bs=16/h=8/kv=2/d=64/seqs=40+1,3+1,17+1", Tol: 2e-5, Needs: "PagedAttentionOps",
@@ -115,6 +149,22 @@ func coverageCases() []Case {
 			as := layers.AttentionShape{Heads: 8, KVHeads: 2, HeadDim: 64, Scale: 1. / 8}
 			return pagedAppendRoPE(b, caps.Paged, rng, 16, as, r, []pagedSeq{{40, 1, 0}, {3, 1, 0}, {17, 1, 0}})
 		}})
+	// The same with Qwen3's q and k norms before (heads of 128, 8 query
+	// heads a kv head: paged_attn_128_rope), which move into the launch
+	// too; and with a prompt's rows beside (paged_append takes them in,
+	// then paged_prefill and paged_attn_128).
+	for _, sq := range [][]pagedSeq{{{40, 1, 0}, {3, 1, 0}, {17, 1, 0}}, {{40, 1, 0}, {0, 40, 0}}} {
+		name := "paged_attn_128_rope"
+		if len(sq) == 2 {
+			name = "paged_append,paged_prefill_128,paged_attn_128"
+		}
+		cs = append(cs, Case{Op: "RMSNorm,PagedAttentionOps.PagedAppendRoPE", Shape: fmt.Sprintf("%s+qknorm/bs=16/h=16/kv=2/d=128/seqs=%d", name, len(sq)), Tol: 2e-5, Needs: "PagedAttentionOps",
+			Run: func(b backend.Backend, caps backend.Capabilities, rng *rand.Rand) ([]float32, []float32) {
+				r := must(layers.NewRoPE(layers.RoPEParams{Theta: 1e6, PartialRotaryFactor: 1}, 128))
+				as := layers.AttentionShape{Heads: 16, KVHeads: 2, HeadDim: 128, Scale: float32(1 / math.Sqrt(128))}
+				return pagedAppendRoPENorm(b, caps.Paged, rng, 16, as, r, sq, true)
+			}})
+	}
 	// The indexer's top-k for a few rows (at most 4) of at least 16384
 	// entries: the cluster top-k while its shared memory holds the row
 	// (clusters of 16 from 65536 entries where the GPU runs them, as an
@@ -206,4 +256,32 @@ func sampleOne(b backend.Backend, caps backend.Capabilities, rng *rand.Rand, voc
 		}
 	}
 	return got, want
+}
+
+// attentionQKNorm is one row's attention at pos0 (a context of random keys
+// and values before it) after in-place per-head RMSNorms of q and k (eps
+// 1e-6) and RoPE of both, the order of Qwen3's decoder.
+func attentionQKNorm(b backend.Backend, rng *rand.Rand, s layers.AttentionShape, pos0 int) ([]float32, []float32) {
+	row, qw := s.KVHeads*s.HeadDim, s.Heads*s.HeadDim
+	keys, values := rnd(rng, (pos0+1)*row, 1), rnd(rng, (pos0+1)*row, 1)
+	q, qn, kn := rnd(rng, qw, 1), rnd(rng, s.HeadDim, 1), rnd(rng, s.HeadDim, 1)
+	r := must(layers.NewRoPE(layers.RoPEParams{Theta: 1e6, PartialRotaryFactor: 1}, s.HeadDim))
+	const eps = 1e-6
+	qc, kc := append([]float32(nil), q...), append([]float32(nil), keys[pos0*row:]...)
+	layers.RMSNorm(qc, qc, qn, eps)
+	layers.RMSNorm(kc, kc, kn, eps)
+	layers.ApplyRoPE(qc, 1, s.Heads, s.HeadDim, 0, pos0, r, false)
+	layers.ApplyRoPE(kc, 1, s.KVHeads, s.HeadDim, 0, pos0, r, false)
+	want := make([]float32, qw)
+	layers.Attention(want, qc, append(keys[:pos0*row:pos0*row], kc...), values, 1, pos0, s)
+	cache := must(b.NewKVCache(backend.KVShape{Layers: 1, KVHeads: s.KVHeads, HeadDim: s.HeadDim, Capacity: pos0 + 1}))
+	pq := b.NewBuffer(pos0 * qw) // the context, appended as a prefill whose output is dropped
+	b.Attention(b.NewBuffer(pq.Len()), pq, upload(b, keys[:pos0*row]), upload(b, values[:pos0*row]), cache, 0, 0, pos0, s)
+	qb, kb, out := upload(b, q), upload(b, keys[pos0*row:]), b.NewBuffer(qw)
+	b.RMSNorm(qb, qb, upload(b, qn), eps)
+	b.RMSNorm(kb, kb, upload(b, kn), eps)
+	b.RoPE(qb, 1, s.Heads, s.HeadDim, 0, pos0, r, false)
+	b.RoPE(kb, 1, s.KVHeads, s.HeadDim, 0, pos0, r, false)
+	b.Attention(out, qb, kb, upload(b, values[pos0*row:]), cache, 0, pos0, 1, s)
+	return read(b, out), want
 }

@@ -147,7 +147,20 @@ func pagedAttention(b backend.Backend, ops backend.PagedAttentionOps, rng *rand.
 // only, of that step and of a second one a position on, which reads the
 // keys the first appended.
 func pagedAppendRoPE(b backend.Backend, ops backend.PagedAttentionOps, rng *rand.Rand, bs int, s layers.AttentionShape, r *layers.RoPE, seqs []pagedSeq) ([]float32, []float32) {
+	return pagedAppendRoPENorm(b, ops, rng, bs, s, r, seqs, false)
+}
+
+// pagedAppendRoPENorm is pagedAppendRoPE, with norm after in-place per-head
+// RMSNorms of q and k (Qwen3's q_norm and k_norm, eps 1e-6) before the
+// append, as the model queues them.
+func pagedAppendRoPENorm(b backend.Backend, ops backend.PagedAttentionOps, rng *rand.Rand, bs int, s layers.AttentionShape, r *layers.RoPE, seqs []pagedSeq, norm bool) ([]float32, []float32) {
 	w, qw := s.KVHeads*s.HeadDim, s.Heads*s.HeadDim
+	var qn, kn []float32
+	var qnb, knb backend.Buffer
+	if norm {
+		qn, kn = rnd(rng, s.HeadDim, 1), rnd(rng, s.HeadDim, 1)
+		qnb, knb = upload(b, qn), upload(b, kn)
+	}
 	decode := true
 	for _, sq := range seqs {
 		decode = decode && sq.rows == 1
@@ -189,6 +202,12 @@ func pagedAppendRoPE(b backend.Backend, ops backend.PagedAttentionOps, rng *rand
 			v = append(v, rnd(rng, sq.Rows*w, 1)...)
 		}
 		qb, kb, vb := upload(b, q), upload(b, k), upload(b, v)
+		if norm {
+			layers.RMSNorm(q, q, qn, 1e-6)
+			layers.RMSNorm(k, k, kn, 1e-6)
+			b.RMSNorm(qb, qb, qnb, 1e-6)
+			b.RMSNorm(kb, kb, knb, 1e-6)
+		}
 		row := 0
 		for _, sq := range calls {
 			layers.ApplyRoPE(q[row*qw:(row+sq.Rows)*qw], sq.Rows, s.Heads, s.HeadDim, 0, sq.Pos0, r, false)
