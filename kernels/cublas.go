@@ -335,33 +335,54 @@ func (b *Backend) blasBias(dst *Buffer, w *Weight, m int) float32 {
 	return 1
 }
 
-// queueGemmEx queues, column-major, C[M, n] = alpha · op(A)·B + beta · C
-// with op(A) = Aᵀ (A: K x M, ld K, type at), B: K x n (ld K, type bt), C
-// float32 with leading dimension ldc: row-major, C[n, M] rows ldc apart =
-// alpha · B[n, K]·A[M, K]ᵀ + beta · C (the file's comment).
+// queueGemmEx queues gemmExOp's call.
 func (b *Backend) queueGemmEx(a uint64, at int, bm uint64, bt int, c uint64, M, n, K, ldc int, alpha, beta float32) {
-	o := op{kind: opBLAS, name: "cublasGemmEx", params: []uint64{a, bm, c, uint64(M), uint64(n), uint64(K), uint64(ldc),
-		uint64(at), uint64(bt), uint64(math.Float32bits(alpha)), uint64(math.Float32bits(beta))}}
+	o := gemmExOp(a, at, bm, bt, c, M, n, K, ldc, alpha, beta)
 	b.qmu.Lock()
 	b.push(o)
 	b.qmu.Unlock()
+}
+
+// gemmExOp is the queue op of the column-major C[M, n] = alpha · op(A)·B +
+// beta · C with op(A) = Aᵀ (A: K x M, ld K, type at), B: K x n (ld K, type
+// bt), C float32 with leading dimension ldc: row-major, C[n, M] rows ldc
+// apart = alpha · B[n, K]·A[M, K]ᵀ + beta · C (the file's comment).
+func gemmExOp(a uint64, at int, bm uint64, bt int, c uint64, M, n, K, ldc int, alpha, beta float32) op {
+	return op{kind: opBLAS, name: "cublasGemmEx", params: []uint64{a, bm, c, uint64(M), uint64(n), uint64(K), uint64(ldc),
+		uint64(at), uint64(bt), uint64(math.Float32bits(alpha)), uint64(math.Float32bits(beta))}}
+}
+
+// gemmExArgs are cublasGemmEx's arguments (less the handle, the compute
+// type and the algorithm) for a gemmExOp.
+type gemmExArgs struct {
+	transa, transb, m, n, k int32
+	alpha, beta             float32
+	a, b, c                 uint64
+	atype, btype, ctype     int32
+	lda, ldb, ldc           int32
+}
+
+func (o *op) gemmEx() gemmExArgs {
+	p := o.params
+	K := int32(p[5])
+	return gemmExArgs{transa: cublasOpT, transb: cublasOpN, m: int32(p[3]), n: int32(p[4]), k: K,
+		alpha: math.Float32frombits(uint32(p[9])), beta: math.Float32frombits(uint32(p[10])),
+		a: p[0], b: p[1], c: p[2], atype: int32(p[7]), btype: int32(p[8]), ctype: cudaR32F, lda: K, ldb: K, ldc: int32(p[6])}
 }
 
 // launchBLAS calls cublasGemmEx for a queued opBLAS (queue.go: launchOp),
 // with the context current and qmu held.
 func (b *Backend) launchBLAS(o *op) {
 	s := &b.blas
-	p := o.params
-	if s.handle == 0 || len(p) != 11 {
+	if s.handle == 0 || len(o.params) != 11 {
 		b.setErr(fmt.Errorf("kernels: a cuBLAS GEMM queued without a cuBLAS handle"))
 		return
 	}
-	M, n, K, ldc := int32(p[3]), int32(p[4]), int32(p[5]), int32(p[6])
-	alpha, beta := math.Float32frombits(uint32(p[9])), math.Float32frombits(uint32(p[10]))
-	r := s.lib.gemmEx(s.handle, cublasOpT, cublasOpN, M, n, K, unsafe.Pointer(&alpha), p[0], int32(p[7]), K,
-		p[1], int32(p[8]), K, unsafe.Pointer(&beta), p[2], cudaR32F, ldc, cublasCompute32F, cublasGemmDefault)
+	g := o.gemmEx()
+	r := s.lib.gemmEx(s.handle, g.transa, g.transb, g.m, g.n, g.k, unsafe.Pointer(&g.alpha), g.a, g.atype, g.lda,
+		g.b, g.btype, g.ldb, unsafe.Pointer(&g.beta), g.c, g.ctype, g.ldc, cublasCompute32F, cublasGemmDefault)
 	if r != 0 {
-		b.setErr(fmt.Errorf("kernels: cublasGemmEx (%d x %d x %d): cuBLAS status %d", M, n, K, r))
+		b.setErr(fmt.Errorf("kernels: cublasGemmEx (%d x %d x %d): cuBLAS status %d", g.m, g.n, g.k, r))
 	}
 }
 

@@ -296,3 +296,89 @@ func timeGemmEx1(g *Backend, ws []backend.Weight, rng *rand.Rand, m, N, K int) f
 	runtime.KeepAlive(y)
 	return float64(d.Nanoseconds()) / 1e3
 }
+
+// TestGemmExLayout runs the cublasGemmEx calls that gemmBLAS16 and
+// gemmBLASNVFP4 queue (gemmExOp, read back through gemmEx as launchBLAS
+// passes them) through a host model of cuBLAS's column-major semantics,
+// and checks that they compute the row-major y[m, N] = x[m, K]·W[N, K]ᵀ
+// (+ bias through beta), whole and in chunks of feature rows, at odd sizes
+// (no GPU needed: it checks the layout argument of cublas.go's comment).
+func TestGemmExLayout(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 19))
+	const m, N, K = 5, 13, 24
+	type region struct {
+		base  uint64
+		esize int
+		v     []float32
+	}
+	var mem []*region
+	alloc := func(base uint64, esize int, v []float32) *region {
+		r := &region{base, esize, v}
+		mem = append(mem, r)
+		return r
+	}
+	at := func(addr uint64, esize int) *float32 {
+		for _, r := range mem {
+			if addr >= r.base && addr < r.base+uint64(r.esize*len(r.v)) && r.esize == esize {
+				return &r.v[(addr-r.base)/uint64(esize)]
+			}
+		}
+		t.Fatalf("address %#x (%d-byte elements) outside every buffer", addr, esize)
+		return nil
+	}
+	size := func(typ int32) int {
+		if typ == cudaR32F {
+			return 4
+		}
+		return 2
+	}
+	// cublasGemmEx on the host: column-major, op(A) = Aᵀ when transa is T.
+	gemm := func(o op) {
+		g := o.gemmEx()
+		if g.transa != cublasOpT || g.transb != cublasOpN {
+			t.Fatalf("transa %d, transb %d", g.transa, g.transb)
+		}
+		ea, eb, ec := size(g.atype), size(g.btype), size(g.ctype)
+		for j := range int(g.n) {
+			for i := range int(g.m) {
+				var s float64
+				for k := range int(g.k) {
+					a := *at(g.a+uint64(ea*(k+i*int(g.lda))), ea) // A(k, i): op(A)(i, k)
+					b := *at(g.b+uint64(eb*(k+j*int(g.ldb))), eb)
+					s += float64(a) * float64(b)
+				}
+				c := at(g.c+uint64(ec*(i+j*int(g.ldc))), ec)
+				*c = float32(float64(g.alpha)*s + float64(g.beta)*float64(*c))
+			}
+		}
+	}
+	W, x, bias := randn(rng, N*K), randn(rng, m*K), randn(rng, N)
+	want := make([]float32, m*N)
+	for i := range m {
+		for r := range N {
+			var s float64
+			for k := range K {
+				s += float64(x[i*K+k]) * float64(W[r*K+k])
+			}
+			want[i*N+r] = float32(0.5*s) + bias[r]
+		}
+	}
+	const wa, xa, ya = 0x10000, 0x20000, 0x30000
+	alloc(wa, 2, W)
+	alloc(xa, 2, x)
+	for _, rows := range []int{N, 4, 7} {
+		y := make([]float32, m*N)
+		for i := range m {
+			copy(y[i*N:], bias) // blas_bias_rows
+		}
+		alloc(ya, 4, y)
+		for n0 := 0; n0 < N; n0 += rows {
+			r := min(rows, N-n0)
+			gemm(gemmExOp(wa+uint64(2*n0*K), cudaR16F, xa, cudaR16F, ya+uint64(4*n0), r, m, K, N, 0.5, 1))
+		}
+		if e := relErr(y, want); e > 1e-6 {
+			t.Errorf("chunks of %d rows: relative error %.3g", rows, e)
+		}
+		mem = mem[:2]
+	}
+}
