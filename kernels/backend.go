@@ -132,6 +132,7 @@ type variants struct {
 	blasOff      bool   // bf16 and NVFP4 matmuls on the own kernels where cuBLAS would take them (cublas.go; the default where libcublas does not load)
 	blasAll      bool   // bf16 and NVFP4 matmuls of every m >= 2 on cuBLAS where it loaded (the default from Options.CuBLASMinM, CuBLASNVFP4MinM)
 	blasChunk    int    // the cuBLAS NVFP4 path's dequantized chunks of this many weight rows (> 0; the default where a weight passes blasChunkBytes)
+	blasStacked  int    // the cuBLAS bf16 path's x halves as one GEMM over 2m rows (1) or two GEMMs (2) (0: by m, blasStackedMaxM)
 }
 
 // The values of variants.fp8 (fp8.go).

@@ -50,3 +50,17 @@ extern "C" __global__ void blas_bias_rows(float* __restrict__ y, const float* __
         y[i] = bias[i % N];
     }
 }
+
+// y[i][n] = c[i][n] + c[m + i][n] (+ bias[n]): the stacked bf16 path's sum
+// of W·hi (c's first m rows) and W·lo (its last m), one GEMM over 2m
+// columns having read the weight once (kernels/cublas.go).
+extern "C" __global__ void blas_add_halves(float* __restrict__ y, const float* __restrict__ c, const float* __restrict__ bias,
+                                           int m, int N) {
+    pdl_entry();
+    const long total = (long)m * N;
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < total; i += (long)gridDim.x * blockDim.x) {
+        float v = c[i] + c[total + i];
+        if (bias) v += bias[i % N];
+        y[i] = v;
+    }
+}

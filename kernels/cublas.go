@@ -19,15 +19,18 @@ import (
 //   - bf16 (and f16) weights, m >= Options.CuBLASMinM: x is split into two
 //     16-bit halves as gemm16 splits it (gemm16_x_bf16: hi = bf16(x), lo =
 //     bf16(x - hi), 16 significant bits; DECISIONS.md: x rounded once would
-//     move the golden logits by 0.03-4), and y = W·hi + W·lo in two
-//     cublasGemmEx calls, the second adding to the first (beta 1), float32
-//     accumulation (CUBLAS_COMPUTE_32F) and output.
+//     move the golden logits by 0.03-4), and y = W·hi + W·lo, float32
+//     accumulation (CUBLAS_COMPUTE_32F) and output: below blasStackedMaxM
+//     rows one cublasGemmEx over hi and lo stacked (2m rows, the weight
+//     read once) and blas_add_halves, from it two cublasGemmEx calls, the
+//     second adding to the first (beta 1).
 //   - NVFP4 weights, m >= Options.CuBLASNVFP4MinM: x rounded to fp16
 //     (blas_x_f16, as gemm_x_h8 rounds it), the weight dequantized to fp16
 //     (blas_nvfp4_f16: E2M1 x E4M3 is exact in fp16, cublas.cuh) in chunks of
 //     rows into a scratch buffer, each chunk one cublasGemmEx, and the
 //     global float32 scale, which would round the weights, passed as alpha.
-//   - A bias is written into y first (blas_bias_rows) and the GEMMs add to it.
+//   - A bias is written into y first (blas_bias_rows) and the GEMMs add to
+//     it, or blas_add_halves adds it.
 //
 // Layout. cuBLAS is column-major; the backend's matrices are row-major. A
 // row-major a x b matrix is, read column-major, its b x a transpose with
@@ -79,6 +82,15 @@ const cublasMinMDefault = 64
 // x 14336 against cuBLAS bf16's 80.5, and the dequantization writes 117 MB).
 const cublasNVFP4MinMDefault = 512
 
+// blasStackedMaxM: bf16 matmuls of fewer rows run x's two halves as one
+// GEMM over 2m rows (the weight read once) and add the halves after; from
+// it, two GEMMs adding into y (gemmBLAS16). Provisional until measured
+// (BenchmarkCuBLASGEMM's bf16-cublas-stacked and bf16-cublas-2gemm).
+const blasStackedMaxM = 256
+
+// blasStackedMaxC bounds the stacked path's scratch (floats): 256 MB.
+const blasStackedMaxC = 64 << 20
+
 // cublasWorkspace is the workspace given to the handle (cuBLAS recommends
 // 32 MiB on Hopper), so that it never allocates one of its own.
 const cublasWorkspace = 32 << 20
@@ -123,7 +135,7 @@ var loadCublas = sync.OnceValues(func() (*cublasLib, error) {
 })
 
 // blasKernels are the image's kernels the cuBLAS path launches.
-var blasKernels = []string{"blas_nvfp4_f16", "blas_x_f16", "blas_bias_rows", "gemm16_x_bf16", "gemm16_x_f16"}
+var blasKernels = []string{"blas_nvfp4_f16", "blas_x_f16", "blas_bias_rows", "blas_add_halves", "gemm16_x_bf16", "gemm16_x_f16"}
 
 // blasState is a backend's cuBLAS handle and scratch.
 type blasState struct {
@@ -136,9 +148,9 @@ type blasState struct {
 	ws        *allocation
 
 	// Guarded by partMu: x in 16 bits (two halves for bf16 weights), the
-	// dequantized weight rows.
-	x16, w16       *allocation
-	x16Len, w16Len int
+	// dequantized weight rows, the stacked bf16 GEMM's two halves of y.
+	x16, w16, c          *allocation
+	x16Len, w16Len, cLen int
 }
 
 // initBLAS loads libcublas and makes the backend's handle on its stream
@@ -248,14 +260,25 @@ func (b *Backend) elementGrid(n int) [3]int { return [3]int{max(1, min((n+255)/2
 
 // gemmBLAS16 queues dst[m, N] = x[m, K]·wᵀ (+ bias) for a bf16 weight (f16:
 // one stored in f16) on cuBLAS: x split into hi and lo halves
-// (gemm16_x_bf16 / _f16, hi then lo, each row-major m x K), the bias, then
-// W·hi and W·lo added (the file's comment).
+// (gemm16_x_bf16 / _f16, hi then lo, each row-major m x K: together one
+// row-major 2m x K matrix), then W·hi + W·lo in one of two ways
+// (blasStacked). Stacked: one GEMM over the 2m rows into a scratch c[2m,
+// N], the weight read once, and blas_add_halves adds the halves and the
+// bias (2m N floats written and read again: cheap where m is small, where
+// the matmul is bound by the weight's bytes). Otherwise: the bias written
+// into y (blas_bias_rows), then two GEMMs on m rows each, the second
+// adding to the first (beta 1): the weight read twice, no scratch, where m
+// is large and the multiplies bound it.
 func (b *Backend) gemmBLAS16(dst, x *Buffer, w *Weight, m int, f16 bool) {
 	N, K := w.rows, w.cols
+	stacked := b.blasStacked(m, N)
 	b.partMu.Lock()
 	s := &b.blas
 	err := b.grow(&s.x16, &s.x16Len, m*K) // two 16-bit halves a value: m K words
-	x16 := s.x16
+	if err == nil && stacked {
+		err = b.grow(&s.c, &s.cLen, 2*m*N)
+	}
+	x16, c := s.x16, s.c
 	b.partMu.Unlock()
 	if err != nil {
 		b.setErr(fmt.Errorf("kernels: cuBLAS matmul scratch for %d x %d, m = %d: %w", N, K, m, err))
@@ -267,13 +290,35 @@ func (b *Backend) gemmBLAS16(dst, x *Buffer, w *Weight, m int, f16 bool) {
 	}
 	units := m * K / 8
 	b.launch(conv, b.elementGrid(units), 256, 0, x16.ptr, x.ptr, units)
-	beta := b.blasBias(dst, w, m)
 	hi, lo := x16.ptr, x16.ptr+uint64(2*m*K)
-	b.queueGemmEx(w.data.ptr, typ, hi, typ, dst.ptr, N, m, K, N, 1, beta)
-	b.queueGemmEx(w.data.ptr, typ, lo, typ, dst.ptr, N, m, K, N, 1, 1)
+	if stacked {
+		b.queueGemmEx(w.data.ptr, typ, hi, typ, c.ptr, N, 2*m, K, N, 1, 0)
+		bias := uint64(0)
+		if w.bias != nil {
+			bias = w.bias.ptr
+		}
+		b.launch("blas_add_halves", b.elementGrid(m*N), 256, 0, dst.ptr, c.ptr, bias, m, N)
+	} else {
+		beta := b.blasBias(dst, w, m)
+		b.queueGemmEx(w.data.ptr, typ, hi, typ, dst.ptr, N, m, K, N, 1, beta)
+		b.queueGemmEx(w.data.ptr, typ, lo, typ, dst.ptr, N, m, K, N, 1, 1)
+	}
 	b.qmu.Lock()
-	b.q.keep = append(b.q.keep, x16, w, x, dst)
+	b.q.keep = append(b.q.keep, x16, c, w, x, dst)
 	b.qmu.Unlock()
+}
+
+// blasStacked reports whether gemmBLAS16 runs x's halves as one GEMM over
+// 2m rows (m < blasStackedMaxM and its scratch of 2m N floats within
+// blasStackedMaxC; or forced: tests and benchmarks) rather than two GEMMs.
+func (b *Backend) blasStacked(m, N int) bool {
+	switch b.force.blasStacked {
+	case 1:
+		return true
+	case 2:
+		return false
+	}
+	return m < blasStackedMaxM && 2*m*N <= blasStackedMaxC
 }
 
 // blasChunkRows is how many weight rows of K one dequantized chunk holds: all

@@ -55,7 +55,8 @@ func blasGPU(t testing.TB) *Backend {
 }
 
 // TestCublasGEMM16 runs the cuBLAS path of bf16 and f16 weights (x as two
-// halves, two cublasGemmEx) with a bias, at shapes not multiples of any
+// halves: one cublasGemmEx over both and blas_add_halves, and two
+// cublasGemmEx) with a bias, at shapes not multiples of any
 // tile (odd m and N), against float64 sums of the decoded weights and the
 // float32 x (TestGemm16's bound: 1e-4), and against the own GEMM on the same
 // operands (both sum the same products in float32: far under 1e-5).
@@ -77,16 +78,22 @@ func TestCublasGEMM16(t *testing.T) {
 					want[i*sh.n+r] = float32(s + float64(w.biasHost[r]))
 				}
 			}
-			out, own := g.NewBuffer(sh.m*sh.n), g.NewBuffer(sh.m*sh.n)
-			g.gemmBLAS16(out.(*Buffer), xg, w.Weight, sh.m, f16)
-			got := fromGPU(t, g, out)
-			if e := relErr(got, want); e > 1e-4 {
-				t.Errorf("f16 %v, %+v: relative error %.3g against float64", f16, sh, e)
-			}
+			own := g.NewBuffer(sh.m * sh.n)
 			g.gemm16(own.(*Buffer), xg, w.Weight, sh.m, f16)
-			if e := relErr(got, fromGPU(t, g, own)); e > 1e-5 {
-				t.Errorf("f16 %v, %+v: relative error %.3g against the own GEMM", f16, sh, e)
+			ref := fromGPU(t, g, own)
+			for _, mode := range []int{1, 2} { // stacked, two GEMMs
+				g.force.blasStacked = mode
+				out := g.NewBuffer(sh.m * sh.n)
+				g.gemmBLAS16(out.(*Buffer), xg, w.Weight, sh.m, f16)
+				got := fromGPU(t, g, out)
+				if e := relErr(got, want); e > 1e-4 {
+					t.Errorf("f16 %v, %+v, mode %d: relative error %.3g against float64", f16, sh, mode, e)
+				}
+				if e := relErr(got, ref); e > 1e-5 {
+					t.Errorf("f16 %v, %+v, mode %d: relative error %.3g against the own GEMM", f16, sh, mode, e)
+				}
 			}
+			g.force.blasStacked = 0
 		}
 	}
 }
@@ -213,7 +220,9 @@ func TestCublasMatMulRoutes(t *testing.T) {
 // BenchmarkCuBLASGEMM times the prefill matmuls at Llama-3-8B's FFN shapes
 // (4096 x 14336 and 14336 x 4096) over m = 64 .. 8192: bf16-own (gemm16,
 // x as two halves), bf16-cublas (the default path from CuBLASMinM: x's
-// halves split, two cublasGemmEx), bf16-cublas-1 (one cublasGemmEx on x
+// halves split, then by m one GEMM over both and blas_add_halves, or two),
+// bf16-cublas-stacked and bf16-cublas-2gemm (each of those forced),
+// bf16-cublas-1 (one cublasGemmEx on x
 // already in bf16, float32 out: what cuBLAS bf16 alone takes, the F.linear
 // reference), nvfp4-own (gemm_nvfp4_*), nvfp4-cublas (the weight
 // dequantized to fp16 whole, x to fp16, one cublasGemmEx). Weights rotated
@@ -239,13 +248,15 @@ func BenchmarkCuBLASGEMM(b *testing.B) {
 		}{
 			{"bf16-own", false, func() { g.force.blasOff = true }},
 			{"bf16-cublas", false, func() { g.force.blasAll = true }},
+			{"bf16-cublas-stacked", false, func() { g.force.blasAll, g.force.blasStacked = true, 1 }},
+			{"bf16-cublas-2gemm", false, func() { g.force.blasAll, g.force.blasStacked = true, 2 }},
 			{"bf16-cublas-1", false, nil},
 			{"nvfp4-own", true, func() { g.force.blasOff = true }},
 			{"nvfp4-cublas", true, func() { g.force.blasAll = true }},
 		} {
 			for _, m := range []int{64, 128, 512, 2048, 8192} {
 				b.Run(fmt.Sprintf("%s/%dx%d/m=%d", v.name, N, K, m), func(b *testing.B) {
-					defer func() { g.force.blasOff, g.force.blasAll = false, false }()
+					defer func() { g.force.blasOff, g.force.blasAll, g.force.blasStacked = false, false, 0 }()
 					runtime.GC()
 					h, ws, bytes := hb, &wsb, float64(2*N*K)
 					if v.nv {
@@ -380,5 +391,25 @@ func TestGemmExLayout(t *testing.T) {
 			t.Errorf("chunks of %d rows: relative error %.3g", rows, e)
 		}
 		mem = mem[:2]
+	}
+	// Stacked (gemmBLAS16 below blasStackedMaxM): x's hi and lo rows one
+	// row-major 2m x K matrix, one GEMM over 2m into c[2m, N], then
+	// blas_add_halves.
+	hi, lo := make([]float32, m*K), make([]float32, m*K)
+	for i, v := range x {
+		hi[i] = float32(float64(v) * 0.75)
+		lo[i] = v - hi[i]
+	}
+	mem = mem[:1]
+	alloc(xa, 2, append(hi, lo...))
+	c := make([]float32, 2*m*N)
+	alloc(ya, 4, c)
+	gemm(gemmExOp(wa, cudaR16BF, xa, cudaR16BF, ya, N, 2*m, K, N, 0.5, 0))
+	y := make([]float32, m*N)
+	for i := range y {
+		y[i] = c[i] + c[m*N+i] + bias[i%N]
+	}
+	if e := relErr(y, want); e > 1e-6 {
+		t.Errorf("stacked halves: relative error %.3g", e)
 	}
 }

@@ -41,10 +41,11 @@ func coverageCases() []Case {
 		// bf16 at m = 33..64 (K % 8 == 0): g16Pick's tile of 64 tokens.
 		{"gemm16_bf16_t64", backend.BF16, 40, 130, 264, true, false},
 		// bf16 at m >= kernels' cublasMinMDefault (64) with a bias, N odd:
-		// where libcublas loads, x split into halves (gemm16_x_bf16), the
-		// bias written into y (blas_bias_rows), two cublasGemmEx adding to
-		// it (kernels/cublas.go); else gemm16_bf16_t128.
-		{"cublasGemmEx,blas_bias_rows", backend.BF16, 130, 77, 264, true, false},
+		// where libcublas loads, x split into halves (gemm16_x_bf16), one
+		// cublasGemmEx over both (below blasStackedMaxM, 256 rows), the
+		// halves and the bias added by blas_add_halves (kernels/cublas.go);
+		// else gemm16_bf16_t128.
+		{"cublasGemmEx,blas_add_halves", backend.BF16, 130, 77, 264, true, false},
 		// NVFP4 past kernels' cublasNVFP4MinMDefault (512; 2050 keeps clear
 		// of a threshold raised to 2048) with a bias, N odd: where libcublas
 		// loads, x in fp16 (blas_x_f16), the weight dequantized
