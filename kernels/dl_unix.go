@@ -28,14 +28,16 @@ func driverSym(lib uintptr, name string) (uintptr, error) { return purego.Dlsym(
 // bindFunc makes *fn (a pointer to a func variable) call the C function at sym.
 func bindFunc(fn any, sym uintptr) { purego.RegisterFunc(fn, sym) }
 
-// cublasCandidates are the libcublas files openCublas tries, in order:
-// sonames the dynamic loader resolves (its cache, LD_LIBRARY_PATH), then
-// absolute paths where CUDA toolkits and PyTorch's NVIDIA wheels put it
-// (nvidia/cublas/lib for CUDA 12 wheels, nvidia/cu13/lib for CUDA 13's).
-// Each is paired with its libcublasLt, loaded first by absolute path so that
-// libcublas's dependency on it resolves without the loader's search path.
+// cublasCandidates are the libcublas files openCublas tries, in order: for
+// CUDA 13, then 12, the soname the dynamic loader resolves (its cache,
+// LD_LIBRARY_PATH) and then absolute paths where CUDA toolkits and
+// PyTorch's NVIDIA wheels put it (nvidia/cu13/lib for CUDA 13's wheels,
+// nvidia/cublas/lib for CUDA 12's; newest directory first); last the
+// unversioned libcublas.so (a development link, maybe to an older one).
+// Each absolute path is paired with its libcublasLt, loaded first by
+// absolute path so that libcublas's dependency on it resolves without the
+// loader's search path.
 func cublasCandidates() [][2]string {
-	out := [][2]string{{"", "libcublas.so.13"}, {"", "libcublas.so.12"}, {"", "libcublas.so"}}
 	var dirs []string
 	for _, pat := range []string{
 		"/usr/local/lib/python3*/dist-packages/nvidia/cu13/lib", "/usr/local/lib/python3*/site-packages/nvidia/cu13/lib",
@@ -48,15 +50,17 @@ func cublasCandidates() [][2]string {
 		sort.Sort(sort.Reverse(sort.StringSlice(m))) // newest version first
 		dirs = append(dirs, m...)
 	}
-	for _, d := range dirs {
-		for _, v := range []string{"13", "12"} {
+	var out [][2]string
+	for _, v := range []string{"13", "12"} {
+		out = append(out, [2]string{"", "libcublas.so." + v})
+		for _, d := range dirs {
 			lib := filepath.Join(d, "libcublas.so."+v)
 			if _, err := os.Stat(lib); err == nil {
 				out = append(out, [2]string{filepath.Join(d, "libcublasLt.so."+v), lib})
 			}
 		}
 	}
-	return out
+	return append(out, [2]string{"", "libcublas.so"})
 }
 
 // openCublas opens libcublas (see cublasCandidates) and says which file.
