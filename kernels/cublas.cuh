@@ -11,6 +11,17 @@
 // (gemm_nvfp4_*: fp16 weights times fp16 x, float32 sums, times the global
 // scale), in cuBLAS's order. E4M3's NaN (0x7f, 0xff) stays NaN.
 
+// An E2M1 code's value from its bits (kE2M1 without the constant-memory
+// lookup, which serializes a warp's distinct indices): magnitude codes 2-7
+// are 2^(e-1) x (1 + m/2) for e = code >> 1, m = code & 1; 1 is 0.5, 0 is 0;
+// bit 3 the sign (code 8 gives -0, as kE2M1).
+__device__ __forceinline__ float e2m1_f32(uint32_t c) {
+    const uint32_t mag = c & 7u;
+    float v = __uint_as_float(((126u + (mag >> 1)) << 23) | ((mag & 1u) << 22));
+    v = mag >= 2u ? v : (mag == 1u ? 0.5f : 0.f);
+    return (c & 8u) ? -v : v;
+}
+
 // w[r][k] (fp16, rows n0 .. n0 + rows - 1 of the weight, row-major, K per
 // row) from P (E2M1 pairs, low nibble first) and S (E4M3 per 16 elements),
 // both starting at row n0. One thread per 8 elements (4 bytes of P, one
@@ -26,7 +37,7 @@ extern "C" __global__ void blas_nvfp4_f16(uint4* __restrict__ w, const uint32_t*
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             const uint32_t b = (p >> (8 * j)) & 0xff;
-            h[j] = f2h2(kE2M1[b & 0xf] * s, kE2M1[b >> 4] * s);
+            h[j] = f2h2(e2m1_f32(b & 0xf) * s, e2m1_f32(b >> 4) * s);
         }
         w[i] = make_uint4(h[0], h[1], h[2], h[3]);
     }
