@@ -84,6 +84,7 @@ type Backend struct {
 	fp8           fp8Scratch  // the FP8 GEMM's (fp8.go; guarded by partMu)
 	g16           g16Scratch  // the bf16 GEMM's (bf16.go; guarded by partMu)
 	g16v          g16vFns     // the joined bf16 matvecs' kernels (bf16.go; guarded by qmu)
+	blas          blasState   // the cuBLAS handle and its scratch (cublas.go; scratch guarded by partMu)
 	paged         pagedState  // where the step values hold the last paged call's rows (paged.go; guarded by qmu)
 
 	// force: tests force a variant a default path can choose (for other
@@ -132,6 +133,10 @@ type variants struct {
 	pagedKeys    int    // paged attention split into shares of this many keys (> 0), merged by the last to finish (the default where rows leave the GPU short of blocks)
 	pagedUnfused bool   // paged decode attention after its own paged_append where the append would move into it (the default when some row is not a decode row)
 	pagedNoTiles bool   // paged attention of prompt chunks on paged_attn a row a block where paged_prefill would tile them (the default for other head sizes and short chunks)
+	blasOff      bool   // bf16 and NVFP4 matmuls on the own kernels where cuBLAS would take them (cublas.go; the default where libcublas does not load)
+	blasAll      bool   // bf16 and NVFP4 matmuls of every m >= 2 on cuBLAS where it loaded (the default from Options.CuBLASMinM, CuBLASNVFP4MinM)
+	blasChunk    int    // the cuBLAS NVFP4 path's dequantized chunks of this many weight rows (> 0; the default where a weight passes blasChunkBytes)
+	blasStacked  int    // the cuBLAS bf16 path's x halves as one GEMM over 2m rows (1) or two GEMMs (2) (0: by m, blasStackedMaxM)
 }
 
 // The values of variants.fp8 (fp8.go).
@@ -235,11 +240,19 @@ func New(ordinal int, o Options) (*Backend, error) {
 		b.Close()
 		return nil, err
 	}
+	b.initBLAS(o) // cublas.go: the prefill GEMMs on cuBLAS where it loads
 	return b, nil
 }
 
-// Name is "cuda: <GPU name>".
-func (b *Backend) Name() string { return "cuda: " + b.name }
+// Name is "cuda: <GPU name>; GEMM: <engine>", the engine of the prefill
+// matmuls (GEMMEngine: cuBLAS, its version and thresholds, or the own
+// kernels and why).
+func (b *Backend) Name() string {
+	if b.blas.note == "" {
+		return "cuda: " + b.name
+	}
+	return "cuda: " + b.name + "; GEMM: " + b.blas.note
+}
 
 // FreeMemoryBytes is the GPU memory free now (cuMemGetInfo; 0 if the
 // driver does not say), which the engine checks a session's caches against
@@ -301,6 +314,7 @@ func (b *Backend) Close() error {
 		b.destroyGraphs()
 		if b.stream != 0 {
 			errs = append(errs, b.d.check("cuStreamSynchronize", b.d.cuStreamSynchronize(b.stream)))
+			b.closeBLAS() // before its stream goes
 			b.d.cuStreamDestroy(b.stream)
 			b.stream = 0
 		}
@@ -627,6 +641,11 @@ func (b *Backend) MatMul(dst, x backend.Buffer, wt backend.Weight, m int) {
 		}
 		b.launch(name, g, 32*warps, 0, w.data.ptr, xp, ptr(dst), bias, N, K, m)
 	case backend.BF16:
+		if xb := x.(*Buffer); b.blasBF16(xb, w, m) {
+			// Prefill sizes: cuBLAS, x as two bf16 halves (cublas.go).
+			b.gemmBLAS16(dst.(*Buffer), xb, w, m, false)
+			break
+		}
 		if xb := x.(*Buffer); m > 1 && g16Eligible(xb, w, m, b.force.g16All) {
 			// Tensor cores, each weight read once per token tile (bf16.go).
 			b.gemm16(dst.(*Buffer), xb, w, m, false)
@@ -658,6 +677,12 @@ func (b *Backend) MatMul(dst, x backend.Buffer, wt backend.Weight, m int) {
 		}
 		b.launch(name, g, 32*warps, 0, w.data.ptr, xp, ptr(dst), bias, N, K, m)
 	case backend.NVFP4:
+		if xb := x.(*Buffer); b.blasNVFP4(xb, w, m) {
+			// Prefill sizes: the weight dequantized to fp16 (exactly) and
+			// cuBLAS (cublas.go).
+			b.gemmBLASNVFP4(dst.(*Buffer), xb, w, m)
+			break
+		}
 		if xb, db := x.(*Buffer), dst.(*Buffer); !b.force.gemvOff && gemvEligible(xb, db, w, m, b.exp.gemvSmallM()) {
 			// Decode shapes: pipelined tensor-core kernel, fusable (fuse.go).
 			b.qmu.Lock()

@@ -57,6 +57,14 @@ var conformanceVariants = []struct {
 	{"paged-attention-split", variants{pagedKeys: 8}},
 	{"paged-decode-unfused", variants{pagedUnfused: true}},
 	{"paged-chunks-untiled", variants{pagedNoTiles: true}},
+	// The cuBLAS path (cublas.go) at every m >= 2, bf16 weights as two GEMMs
+	// (the default from blasStackedMaxM rows; the table's rows are fewer),
+	// NVFP4 weights dequantized in chunks of 77 rows (the default chunks
+	// only past 128 MiB); and the own GEMMs where the default takes cuBLAS
+	// (the default where libcublas does not load). Without cuBLAS both are
+	// the default.
+	{"cublas-every-m", variants{blasAll: true, blasChunk: 77, blasStacked: 2}},
+	{"own-gemms-not-cublas", variants{blasOff: true}},
 }
 
 // TestConformanceCoverage runs the table once more with the default kernel

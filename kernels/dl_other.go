@@ -17,3 +17,8 @@ func openDriver() (uintptr, error) {
 func driverSym(uintptr, string) (uintptr, error) { return 0, errors.New("no CUDA driver") }
 
 func bindFunc(any, uintptr) {}
+
+// openCublas fails here: no cuBLAS without a driver.
+func openCublas() (uintptr, string, error) {
+	return 0, "", errors.New("no cuBLAS loader for " + runtime.GOOS)
+}

@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"errors"
 	"syscall"
 
 	"github.com/ebitengine/purego"
@@ -19,3 +20,9 @@ func driverSym(lib uintptr, name string) (uintptr, error) {
 
 // bindFunc makes *fn (a pointer to a func variable) call the C function at sym.
 func bindFunc(fn any, sym uintptr) { purego.RegisterFunc(fn, sym) }
+
+// openCublas fails on Windows for now (cublas64_*.dll is not searched): the
+// package's own kernels serve every matmul.
+func openCublas() (uintptr, string, error) {
+	return 0, "", errors.New("cuBLAS is not loaded on windows")
+}

@@ -89,6 +89,7 @@ run)
   if [ "${2:-}" = "bench" ]; then
     (cd kernels && ../.device/kernels.test -test.run '^$' -test.bench GEMV -test.benchtime 1x 2>&1 | grep RESULT | tee "$out/gemv.log")
     (cd kernels && ../.device/kernels.test -test.run '^$' -test.bench 'BF16GEMM|BF16Block' -test.benchtime 1x 2>&1 | grep RESULT | tee "$out/bf16gemm.log")
+    (cd kernels && ../.device/kernels.test -test.run '^$' -test.bench 'CuBLASGEMM' -test.benchtime 1x 2>&1 | grep RESULT | tee "$out/cublas.log")
     python3 dev/torch/bench_torch.py 2>&1 | tee "$out/torch.log"
     (cd engine && MANIFOLD_BENCH_DIR=/tmp/llama8b ../.device/engine.test -test.run '^$' -test.bench DecodeLlama8B -test.benchtime 1x 2>&1 | grep -v '^goos\|^goarch\|^pkg\|^cpu' | tee "$out/decode.log")
   fi

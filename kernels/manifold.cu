@@ -438,6 +438,7 @@ __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32
 #include "fp8.cuh"   // e4m3x2_lo from gemv.cuh
 #include "gemm.cuh"  // fp4x8_decode, x8_pairs, e4m3x2_lo from gemv.cuh
 #include "bf16.cuh"  // the bf16 and f16 GEMM
+#include "cublas.cuh"  // f2h2, e4m3_to_f32: the cuBLAS path's operands
 #include "moe.cuh"  // e4m3x2_lo from gemv.cuh
 #include "decode.cuh"
 #include "paged.cuh"  // warp_sum, pdl_entry

@@ -31,6 +31,7 @@ type opKind uint8
 const (
 	opKernel opKind = iota
 	opCopy          // params: dst, src, bytes
+	opBLAS          // a cublasGemmEx call (cublas.go: queueGemmEx's params)
 )
 
 // op is one queued stream operation. A kernel's parameters are 8-byte slots;
@@ -160,6 +161,9 @@ func (b *Backend) push(o op) {
 		q.decided = true
 		q.graph = b.graphs == GraphsOn || b.graphs == GraphsAuto && b.streamBusy()
 	}
+	if o.kind == opBLAS {
+		q.graph = false // cuBLAS is never captured (cublas.go)
+	}
 	q.ops = append(q.ops, o)
 	b.pushed++
 	b.pushes++
@@ -186,7 +190,7 @@ func (b *Backend) launchQueued(ops []op, graph bool) {
 		b.finalize(&ops[i])
 	}
 	b.sendDyn()
-	if graph {
+	if graph && !hasBLAS(ops) {
 		b.launchGraph(ops)
 	} else {
 		b.launchOps(ops)
@@ -287,6 +291,8 @@ func (b *Backend) launchOp(o *op) {
 	switch o.kind {
 	case opCopy:
 		b.setErr(b.d.check("cuMemcpyDtoDAsync", b.d.cuMemcpyDtoDAsync(o.params[0], o.params[1], uintptr(o.params[2]), b.stream)))
+	case opBLAS:
+		b.launchBLAS(o) // cublas.go
 	case opKernel:
 		ptrs := b.paramPtrs[:0]
 		for _, off := range o.offs {

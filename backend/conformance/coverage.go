@@ -40,6 +40,17 @@ func coverageCases() []Case {
 		{"gemv_bf16_u4", backend.BF16, 3, 2100, 64, true, false},
 		// bf16 at m = 33..64 (K % 8 == 0): g16Pick's tile of 64 tokens.
 		{"gemm16_bf16_t64", backend.BF16, 40, 130, 264, true, false},
+		// bf16 at m >= kernels' cublasMinMDefault (64) with a bias, N odd:
+		// where libcublas loads, x split into halves (gemm16_x_bf16), one
+		// cublasGemmEx over both (below blasStackedMaxM, 256 rows), the
+		// halves and the bias added by blas_add_halves (kernels/cublas.go);
+		// else gemm16_bf16_t128.
+		{"cublasGemmEx,blas_add_halves", backend.BF16, 130, 77, 264, true, false},
+		// NVFP4 past kernels' cublasNVFP4MinMDefault (512; 2050 keeps clear
+		// of a threshold raised to 2048) with a bias, N odd: where libcublas
+		// loads, x in fp16 (blas_x_f16), the weight dequantized
+		// (blas_nvfp4_f16), cublasGemmEx; else gemm_nvfp4_t*.
+		{"cublasGemmEx,blas_x_f16,blas_nvfp4_f16", backend.NVFP4, 2050, 129, 256, true, false},
 		// NVFP4 at m = 1, K % 256 == 0 but not % 2048: written for the staged
 		// kernels (gemv_nvfp4_s1_d1_lb, 17 tiles; _mt, 300 tiles), which the
 		// bulk-copy kernel's partial last stage has taken over since (an H100

@@ -106,7 +106,8 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 	}
 
 	fmt.Fprintf(stderr, "bench: loading %s (device %s)\n", dir, o.device)
-	m, err := engine.Load(dir, engine.Options{Device: o.device, Threads: o.threads, ContextLength: positions})
+	m, err := engine.Load(dir, engine.Options{Device: o.device, Threads: o.threads, ContextLength: positions,
+		GPU: kernels.Options{NoCuBLAS: o.noCuBLAS}})
 	if err != nil {
 		if errors.Is(err, engine.ErrDevice) {
 			return fmt.Errorf("-device %s: %w", o.device, err)

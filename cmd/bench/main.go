@@ -114,6 +114,7 @@ type options struct {
 	copyBytes           int // -copy-mib in bytes
 	warmup              bool
 	profile             bool
+	noCuBLAS            bool // -no-cublas
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -132,6 +133,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.output, "o", "text", "output format: text (a table) or json")
 	fs.IntVar(&copyMiB, "copy-mib", 1024, "MiB of the buffer the copy bandwidth is measured on")
 	fs.BoolVar(&o.warmup, "warmup", true, "run each test once, untimed, before its repetitions")
+	fs.BoolVar(&o.noCuBLAS, "no-cublas", false, "GPU: every matmul on Manifold's own kernels (the default takes prefill matmuls to cuBLAS where libcublas loads; the device line says which)")
 	fs.BoolVar(&o.profile, "profile", false, "GPU: after the tests, print the device time of each kernel over 8 decode steps (launched one by one) to stderr")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: bench -model DIR | -random NAME [-keep DIR] [flags]\n\nflags:\n")
