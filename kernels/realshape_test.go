@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -60,40 +61,50 @@ func TestRealShapeOnGPU(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer f.Close()
-			forward := func(name string, be backend.Backend) []float32 {
+			forward := func(name string, be backend.Backend) ([]float32, error) {
 				start := time.Now()
 				m, err := model.Build(be, f, model.Options{})
 				if err != nil {
-					t.Fatalf("%s: %v", name, err)
+					return nil, err
 				}
 				built := time.Since(start)
 				st, err := m.NewState(len(ref.InputIDs))
 				if err != nil {
-					t.Fatal(err)
+					return nil, err
 				}
 				start = time.Now()
 				logits, err := m.Forward(context.Background(), st, ref.InputIDs, true)
 				if err != nil {
-					t.Fatalf("%s: %v", name, err)
+					return nil, err
+				}
+				if len(logits) != len(ref.LogitsFull) {
+					return nil, fmt.Errorf("%d logits, golden %d (vocab %d)", len(logits), len(ref.LogitsFull), ref.Vocab)
 				}
 				c := m.Config()
 				t.Logf("%s: %s, %d layers, hidden %d, vocab %d; built in %.1fs, forward of %d tokens in %.2fs", name,
 					c.ModelType, c.NumLayers, c.HiddenSize, c.VocabSize, built.Seconds(), len(ref.InputIDs), time.Since(start).Seconds())
-				return logits
+				return logits, nil
 			}
 			V := ref.Vocab
-			gl := forward("GPU", g)
-			if len(gl) != len(ref.LogitsFull) {
-				t.Fatalf("GPU logits: %d values, golden %d (vocab %d)", len(gl), len(ref.LogitsFull), V)
-			}
 			t.Logf("%s: T %d, max |logit| of transformers %.3g", dir, len(ref.InputIDs), maxAbs(ref.LogitsFull))
-			compareLogits(t, "GPU vs transformers", gl, ref.LogitsFull, V, tolCPU+tolGPU)
+			// A GPU failure is reported and the CPU pass still runs.
+			gl, err := forward("GPU", g)
+			if err != nil {
+				t.Errorf("GPU: %v", err)
+			} else {
+				compareLogits(t, "GPU vs transformers", gl, ref.LogitsFull, V, tolCPU+tolGPU)
+			}
 			if !withCPU {
 				return
 			}
-			cl := forward("CPU", refCPU())
+			cl, err := forward("CPU", refCPU())
+			if err != nil {
+				t.Fatalf("CPU: %v", err)
+			}
 			compareLogits(t, "CPU vs transformers", cl, ref.LogitsFull, V, tolCPU)
-			compareLogits(t, "GPU vs CPU", gl, cl, V, tolGPU)
+			if gl != nil {
+				compareLogits(t, "GPU vs CPU", gl, cl, V, tolGPU)
+			}
 		})
 	}
 }

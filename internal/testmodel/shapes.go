@@ -219,6 +219,6 @@ func (s Spec) WithLayers(n int) (Spec, error) {
 	default:
 		return Spec{}, fmt.Errorf("testmodel: shape %s (%T) has no layer count to set", s.Name, s.Model)
 	}
-	out.Description = fmt.Sprintf("%d layers of %s", n, s.Description)
+	out.Description = fmt.Sprintf("the first %d decoder layers of: %s", n, s.Description)
 	return out, nil
 }
