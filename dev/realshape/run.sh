@@ -17,6 +17,14 @@
 #
 # Stages (default: all, in this order; name some to run only those):
 #   setup       GPU, disk, memory, torch / transformers versions
+#   image       (REBUILD=1 or named) kernels/build.sh: the kernel image from
+#               this tree's sources (gemv_fp8_tma is not in the committed
+#               one), copied to the results for committing; the test binaries
+#               of the later stages run on it (MANIFOLD_KERNEL_IMAGE) (~150 s)
+#   fp8tma      (with the rebuilt image) gemv_fp8_tma, the bulk-copy FP8 m = 1
+#               GEMV: TestFP8MatMul/tma and TestConformance/fp8-gemv-bulk-copy
+#               against the CPU, then BenchmarkFP8GEMV's m = 1 rows of fp8,
+#               fp8-gemv and fp8-tma in one run                    (~40 s)
 #   kbench      BenchmarkFP8GEMV at m = 1 (fp8: the default kernel, fp8-gemv:
 #               the CUDA-core GEMV) on V3's and V4's shapes, and
 #               BenchmarkMoEReleased (V4-Flash's 256 MXFP4 experts and the
@@ -42,7 +50,8 @@
 # /tmp/manifold-realshape: checkpoints, reused by a later call on the same
 # warm machine when KEEP=1, else removed after their stage to leave disk for
 # the next), V4_LAYERS (6), QWEN_LAYERS (12), V4RS_LAYERS (2),
-# BENCH_ARGS (-p 16 -n 32 -r 2), MANIFOLD_REALSHAPE_TOL and
+# BENCH_ARGS (-p 16 -n 32 -r 2), REBUILD (1: the image and fp8tma stages
+# first), MANIFOLD_REALSHAPE_TOL and
 # MANIFOLD_REALSHAPE_GPU_TOL (TestRealShapeOnGPU's bounds).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -108,6 +117,24 @@ setup() {
   nproc
   python3 -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)'
   git log --oneline -1 2>/dev/null || true
+}
+
+image() {
+  kernels/build.sh && cp kernels/manifold.fatbin kernels/manifold.fatbin.sum "$R/"
+}
+
+fp8tma() {
+  [ -n "${MANIFOLD_KERNEL_IMAGE:-}" ] || { echo "no rebuilt image (stage image): the committed one lacks gemv_fp8_tma"; return 1; }
+  cd kernels
+  local rc=0
+  for run in '^TestFP8MatMul$/^tma$' '^TestConformance$/^fp8-gemv-bulk-copy$'; do
+    "$BIN/kernels.test" -test.run "$run" -test.count=1 -test.v >> "$R/fp8tma-test.log" 2>&1 || rc=1
+    grep -cE -- '--- PASS' "$R/fp8tma-test.log" | sed "s|^|$run: passed |"
+    grep -E -- '--- FAIL|^FAIL|panic' "$R/fp8tma-test.log" | head -20
+  done
+  "$BIN/kernels.test" -test.run '^$' -test.benchtime 1x \
+    -test.bench '^BenchmarkFP8GEMV$/^(fp8|fp8-gemv|fp8-tma)$/^(18432x7168|7168x18432|4096x7168|24576x1536|2048x4096|4096x2048)$/^m=1$'
+  return $rc
 }
 
 kbench() {
@@ -183,14 +210,22 @@ bench_v4() { benchrun v4 -random deepseek-v4-flash -layers "$V4_LAYERS"; }
 bench_qwen() { benchrun qwen -random qwen3-30b-a3b -layers "$QWEN_LAYERS"; }
 bench_v3() { benchrun v3 -random deepseek-v3-2l; }
 
-export -f setup kbench qwen_rs v4_rs v3_rs bench_v4 bench_qwen bench_v3
+export -f setup image fp8tma kbench qwen_rs v4_rs v3_rs bench_v4 bench_qwen bench_v3
 
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(setup kbench qwen-rs v4-rs bench-v4 bench-qwen bench-v3 v3-rs)
+if [ ${#stages[@]} -eq 0 ]; then
+  stages=(setup kbench qwen-rs v4-rs bench-v4 bench-qwen bench-v3 v3-rs)
+  [ "${REBUILD:-}" != 1 ] || stages=(setup image fp8tma "${stages[@]:1}")
+fi
 log "realshape: stages ${stages[*]}; BUDGET ${BUDGET}s; WORK $WORK; V4_LAYERS $V4_LAYERS QWEN_LAYERS $QWEN_LAYERS V4RS_LAYERS $V4RS_LAYERS"
 for s in "${stages[@]}"; do
   case $s in
   setup) stage setup 10 setup ;;
+  image)
+    stage image 150 image
+    [ ! -f "$R/manifold.fatbin" ] || export MANIFOLD_KERNEL_IMAGE="$PWD/kernels/manifold.fatbin"
+    ;;
+  fp8tma) stage fp8tma 40 fp8tma ;;
   kbench) stage kbench 45 kbench ;;
   qwen-rs) stage qwen-rs 60 qwen_rs ;;
   v4-rs) stage v4-rs 110 v4_rs ;;
@@ -198,7 +233,7 @@ for s in "${stages[@]}"; do
   bench-qwen) stage bench-qwen $((20 + 5 * QWEN_LAYERS)) bench_qwen ;;
   bench-v3) stage bench-v3 70 bench_v3 ;;
   v3-rs) stage v3-rs 200 v3_rs ;;
-  *) log "unknown stage $s (setup kbench qwen-rs v4-rs bench-v4 bench-qwen bench-v3 v3-rs)" ;;
+  *) log "unknown stage $s (setup image fp8tma kbench qwen-rs v4-rs bench-v4 bench-qwen bench-v3 v3-rs)" ;;
   esac
 done
 log "done in ${SECONDS}s; results: $OUTDIR/realshape.tar.gz"
