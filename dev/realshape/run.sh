@@ -104,7 +104,7 @@ stage() {
   local rc=$?
   log "END $name rc=$rc in $((SECONDS - start))s"
   echo "$name rc=$rc $((SECONDS - start))s" >> "$R/stages.txt"
-  grep -E '^(RESULT|--- |FAIL|ok|PASS)|realshape_test.go|dlogit|top-1|tok/s|floor|wrote|bench: (writing|wrote|reusing)|^\| |seconds|GB drawn|written to' "$R/$name.log" | head -80 | sed "s/^/  $name| /" | tee -a "$R/run.log"
+  grep -E '^(RESULT|--- |FAIL|ok|PASS)|realshape_test.go|dlogit|top-1|tok/s|floor|wrote|bench: (writing|wrote|reusing)|^\| |seconds|GB drawn|written to|[Ee]rror|panic|Traceback|^bench: -|SystemExit|Assertion' "$R/$name.log" | head -80 | sed "s/^/  $name| /" | tee -a "$R/run.log"
   pack
 }
 
@@ -191,7 +191,7 @@ benchrun() {
   "$BIN/bench" -device cuda "$@" -keep "$keep" $BENCH_ARGS -o json > "$R/bench-$name.json"
   local rc=$?
   cat "$R/bench-$name.json"
-  python3 - "$R/bench-$name.json" <<'EOF' || true
+  [ -s "$R/bench-$name.json" ] && python3 - "$R/bench-$name.json" <<'EOF' || true
 import json, sys
 for r in json.load(open(sys.argv[1])):
     line = f"{r.get('model')} {r.get('test')}: {r.get('tok_s', 0):.1f} tok/s"
