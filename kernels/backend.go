@@ -129,7 +129,7 @@ type variants struct {
 	attnNoShort  bool   // one-row attention on attn_decode where attn_short would run (the default at long contexts)
 	attnNoCast   bool   // attn_short's blocks each copy the rows, not multicast (the default with one head group or two shares)
 	mhcTailOff   bool   // MHCCoeffsPre in four launches at every token count
-	fp8          int    // FP8 weights: fp8ForceGEMV or fp8ForceGEMM at every m, or fp8Widen (uploaded as bf16/f32, as before the FP8 kernels)
+	fp8          int    // FP8 weights: fp8ForceGEMV or fp8ForceGEMM at every m, fp8ForceTMA (gemv_fp8_tma at m = 1), or fp8Widen (uploaded as bf16/f32, as before the FP8 kernels)
 	pagedKeys    int    // paged attention split into shares of this many keys (> 0), merged by the last to finish (the default where rows leave the GPU short of blocks)
 	pagedUnfused bool   // paged decode attention after its own paged_append where the append would move into it (the default when some row is not a decode row)
 	pagedNoTiles bool   // paged attention of prompt chunks on paged_attn a row a block where paged_prefill would tile them (the default for other head sizes and short chunks)
@@ -144,6 +144,7 @@ const (
 	fp8ForceGEMV = 1 + iota
 	fp8ForceGEMM
 	fp8Widen
+	fp8ForceTMA // gemv_fp8_tma at m = 1 (where its ring fits), the default rules otherwise
 )
 
 var _ backend.Backend = (*Backend)(nil)

@@ -54,6 +54,7 @@ var conformanceVariants = []struct {
 	{"top-k-clusters-of-8", variants{tkc8: true}},
 	{"fp8-gemv-every-m", variants{fp8: fp8ForceGEMV}},
 	{"fp8-gemm-every-m", variants{fp8: fp8ForceGEMM}},
+	{"fp8-gemv-bulk-copy", variants{fp8: fp8ForceTMA}}, // gemv_fp8_tma at m = 1: not a default choice until measured
 	{"paged-attention-split", variants{pagedKeys: 8}},
 	{"paged-decode-unfused", variants{pagedUnfused: true}},
 	{"paged-chunks-untiled", variants{pagedNoTiles: true}},

@@ -4,7 +4,8 @@
 // W is [N, K] E4M3 bytes as stored (one byte a weight); S is [ceil(N/128),
 // ceil(K/128)] float32 (E8M0 scales are widened to float32 at upload, exactly);
 // K % 16 == 0 and x 16-byte aligned (fp8.go widens or takes gemv_fp8_any
-// otherwise). Two kernels:
+// otherwise). Two kernels (and gemv_fp8_tma, an m = 1 variant fed by bulk
+// copies, below gemv_fp8_m1):
 //
 // gemv_fp8_m<MR> (m = 1 decode, and small m): CUDA cores, exact in float32.
 // A warp takes two weight rows (one scale tile row); its kw-th share of the
@@ -151,6 +152,139 @@ __device__ __forceinline__ void gemv_fp8_body(const Fp8GemvArgs& ga) {
 // Blocks of 8 warps: 8 / kw row pairs a block (kw in 1, 2, 4, 8).
 extern "C" __global__ void __launch_bounds__(256) gemv_fp8_m1(const __grid_constant__ Fp8GemvArgs a) { gemv_fp8_body<1>(a); }
 extern "C" __global__ void __launch_bounds__(256) gemv_fp8_m4(const __grid_constant__ Fp8GemvArgs a) { gemv_fp8_body<4>(a); }
+
+// gemv_fp8_tma: the m = 1 FP8 matmul fed by bulk copies, on the structure of
+// gemv_nvfp4_tma8 (gemv.cuh: its mbarrier ring, producer warp and helpers).
+// One block a multiprocessor walks tiles of 16 weight rows (block b takes
+// tiles b, b + grid, ...) in stages of 1024 bytes (1024 weights) of each row,
+// the last stage partial where K % 1024 != 0 (its bytes a multiple of 16, as a
+// bulk copy needs). Warp FP8TMA_CW, the producer, copies a stage's 16 rows
+// (lane r < 16: row r, one cp.async.bulk of 1024 bytes) into a ring of NS
+// slots of 16 KB, the copies' arrival counted by the slot's "full" mbarrier,
+// and refills a slot once the FP8TMA_CW consumer warps have released it on
+// its "empty" mbarrier: the copy engine keeps up to NS stages in flight a
+// multiprocessor without registers or instructions a byte, where
+// gemv_fp8_m1 keeps four 16-byte loads a lane.
+//
+// Consumer warp w owns rows 2w and 2w+1 of the tile (a warp sum at the
+// tile's end, no block reduction): lane l takes the 16-byte chunks l and
+// l + 32 of both rows in every stage, decodes them exactly
+// (cvt.f16x2.e4m3x2, then float32) and dots them in float32 with x, which
+// the consumers stage once a block in shared memory as float32, chunk c's
+// four float4 in four planes (plane q holds float4 q of every chunk), so
+// that the lanes' loads of x are consecutive 16-byte words. Each chunk's
+// dot is multiplied by its 128 x 128 tile's scale (rows 2w and 2w+1 lie in
+// one tile row: 16 | 128), as gemv_fp8_m1 does: the same sums in float32,
+// in another order.
+//
+// Shared memory: [NS slots of 16 x 1024 bytes][x: K floats][full, empty: NS
+// mbarriers each]. Weight rows past N are copied from row 0 and not written.
+#define FP8TMA_CW 8  // consumer warps (the launch bounds: 9 warps with the producer)
+#define FP8TMA_ROW 1024
+#define FP8TMA_STAGE (16 * FP8TMA_ROW)
+extern "C" __global__ void __launch_bounds__(9 * WARP, 1) gemv_fp8_tma(const uint8_t* __restrict__ W,
+    const float* __restrict__ S, const float* x, float* y, const float* __restrict__ bias, int N, int K, int NS) {
+    extern __shared__ __align__(16) unsigned char fsm[];
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const int stages = K / FP8TMA_ROW, tail = K % FP8TMA_ROW, nst = stages + (tail != 0);
+    const int tiles = (N + 15) / 16, KC = K / 16;  // KC: 16-element chunks of a row
+    unsigned char* ring = fsm;
+    float4* xs = reinterpret_cast<float4*>(fsm + NS * FP8TMA_STAGE);  // [4][KC] float4
+    const uint32_t bars = smem_u32(xs + K / 4);                     // 16-byte aligned: K % 16 == 0
+    auto full = [&](int s) { return bars + 8 * s; };
+    auto empty = [&](int s) { return bars + 8 * (NS + s); };
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < NS; s++) {
+            mbar_init(full(s), 1);
+            mbar_init(empty(s), FP8TMA_CW);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    pdl_launch();
+
+    if (warp == FP8TMA_CW) {
+        // Producer: the weights are constant, so the copies start before the
+        // wait for the previous kernel (which the producer never joins).
+        if (lane >= 16) return;
+        int slot = 0;
+        uint32_t phase = 0;
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+            int row = tile * 16 + lane;
+            row = row < N ? row : 0;
+            const uint8_t* src = W + (size_t)row * K;
+            for (int ks = 0; ks < nst; ks++) {
+                const uint32_t nb = ks == stages ? tail : FP8TMA_ROW;
+                mbar_wait(empty(slot), phase ^ 1);
+                if (lane == 0) mbar_expect_tx(full(slot), 16 * nb);
+                __syncwarp(0x0000ffff);
+                bulk_g2s(smem_u32(ring + slot * FP8TMA_STAGE + lane * FP8TMA_ROW), src + (size_t)ks * FP8TMA_ROW, nb, full(slot));
+                if (++slot == NS) slot = 0, phase ^= 1;
+            }
+        }
+        return;
+    }
+
+    // Consumers: x into its planes (x is the previous kernel's output: plain
+    // loads after the wait).
+    pdl_wait();
+    constexpr int NT = FP8TMA_CW * WARP;
+    for (int j = threadIdx.x; j < K / 4; j += NT) xs[(j & 3) * KC + (j >> 2)] = reinterpret_cast<const float4*>(x)[j];
+    asm volatile("bar.sync 1, %0;\n" ::"n"(NT) : "memory");
+
+    const int SC = (K + FP8_TILE - 1) / FP8_TILE;  // scale columns
+    uint32_t st = smem_u32(ring), fb = full(0), phase = 0;
+    const uint32_t ring_end = smem_u32(ring) + NS * FP8TMA_STAGE, eb = 8 * NS;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const int r0 = tile * 16 + 2 * warp;
+        const float* srow = S + (size_t)(min(r0, N - 1) / FP8_TILE) * SC;  // (rows past N: a real row's, unused)
+        float acc0 = 0.f, acc1 = 0.f;
+        for (int ks = 0; ks < nst; ks++) {
+            const int nc = ks == stages ? tail / 16 : 64;  // chunks of each row in this stage
+            // This lane's chunks l and l + 32: tile columns 8 ks + l / 8 and 8 ks + 4 + l / 8.
+            const float s0 = lane < nc ? __ldg(srow + 8 * ks + lane / 8) : 0.f;
+            const float s1 = lane + 32 < nc ? __ldg(srow + 8 * ks + 4 + lane / 8) : 0.f;
+            mbar_wait(fb, phase);
+            uint4 wa[2], wb[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint32_t off = st + 2 * warp * FP8TMA_ROW + (lane + 32 * h) * 16;
+                wa[h] = lds128(off);
+                wb[h] = lds128(off + FP8TMA_ROW);
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(fb + eb);  // every shared read of the slot is done
+            st += FP8TMA_STAGE, fb += 8;
+            if (st == ring_end) st = smem_u32(ring), fb = full(0), phase ^= 1;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int c = lane + 32 * h;
+                if (c >= nc) continue;
+                const int xc = ks * 64 + c;  // the chunk's index in x
+                float fa[16], fb2[16];
+                const uint32_t va[4] = {wa[h].x, wa[h].y, wa[h].z, wa[h].w}, vb[4] = {wb[h].x, wb[h].y, wb[h].z, wb[h].w};
+#pragma unroll
+                for (int q = 0; q < 4; q++) e4m3x4_f32(va[q], fa + 4 * q), e4m3x4_f32(vb[q], fb2 + 4 * q);
+                float da = 0.f, db = 0.f;
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const float4 xv = xs[q * KC + xc];
+                    da += fa[4 * q] * xv.x + fa[4 * q + 1] * xv.y + fa[4 * q + 2] * xv.z + fa[4 * q + 3] * xv.w;
+                    db += fb2[4 * q] * xv.x + fb2[4 * q + 1] * xv.y + fb2[4 * q + 2] * xv.z + fb2[4 * q + 3] * xv.w;
+                }
+                const float s = h ? s1 : s0;
+                acc0 = fmaf(da, s, acc0);
+                acc1 = fmaf(db, s, acc1);
+            }
+        }
+        acc0 = warp_sum(acc0);
+        acc1 = warp_sum(acc1);
+        if (lane == 0) {
+            if (r0 < N) y[r0] = acc0 + (bias ? bias[r0] : 0.f);
+            if (r0 + 1 < N) y[r0 + 1] = acc1 + (bias ? bias[r0 + 1] : 0.f);
+        }
+    }
+}
 
 // Any K and alignment: a warp a row, per-element loads.
 extern "C" __global__ void gemv_fp8_any(const uint8_t* W, const float* S, const float* x, float* y, const float* bias,

@@ -66,14 +66,21 @@ type fp8Scratch struct {
 	xhLen, partLen, ticketLen int
 }
 
-// fp8Kernel is the kernel matmulFP8 takes for m tokens: "gemv" (CUDA cores)
-// or "gemm" (tensor cores), as forced by b.force.fp8 or else by m and K.
+// fp8Kernel is the kernel matmulFP8 takes for m tokens: "gemv" (CUDA cores),
+// "gemm" (tensor cores) or "tma" (gemv_fp8_tma, m = 1), as forced by
+// b.force.fp8 or else by m and K. gemv_fp8_tma is not a default choice yet:
+// issue 58's FP8 m = 1 rate is to be measured against gemv_fp8_m1 and the
+// GEMM first (BenchmarkFP8GEMV's fp8-tma rows).
 func (b *Backend) fp8Kernel(m, K int) string {
 	switch b.force.fp8 {
 	case fp8ForceGEMV:
 		return "gemv"
 	case fp8ForceGEMM:
 		return "gemm"
+	case fp8ForceTMA:
+		if m == 1 && b.fp8TMAStages(K) > 0 {
+			return "tma"
+		}
 	}
 	if m <= fp8GemvMaxM && K <= fp8GemvMaxK {
 		return "gemv"
@@ -99,8 +106,14 @@ func (b *Backend) matmulFP8(dst, x *Buffer, w *Weight, m int) {
 		b.enqueueFx(fx, "gemv_fp8_any", grid1(N, 8), 256, 0, w.data.ptr, w.scales.ptr, x.ptr, dst.ptr, bias, N, K, m)
 		return
 	}
-	if b.fp8Kernel(m, K) == "gemv" {
+	switch b.fp8Kernel(m, K) {
+	case "gemv":
 		b.queueFP8Gemv(dst, x, w, m, bias)
+		return
+	case "tma":
+		ns := b.fp8TMAStages(K)
+		b.enqueueFx(fx, "gemv_fp8_tma", [3]int{min((N+15)/16, b.sms), 1, 1}, (fp8TMAConsumers+1)*32, fp8TMAShared(K, ns),
+			w.data.ptr, w.scales.ptr, x.ptr, dst.ptr, bias, N, K, ns)
 		return
 	}
 	bm, name := 64, "gemm_fp8_t64"
@@ -142,6 +155,28 @@ func (b *Backend) matmulFP8(dst, x *Buffer, w *Weight, m int) {
 	b.q.keep = append(b.q.keep, xh, part, ticket)
 	b.qmu.Unlock()
 	b.enqueueFx(fx, name, [3]int{ntiles, mtiles, splits}, 256, fp8GemmShared, w.data.ptr, w.scales.ptr, xp, dst.ptr, bias, pp, tp, N, K, m, cps)
+}
+
+// gemv_fp8_tma's launch (fp8.cuh): 8 consumer warps and a producer, one
+// block a multiprocessor, a ring of up to 8 stages of 16 rows x 1024 bytes
+// beside x (K floats) and the ring's mbarriers.
+const (
+	fp8TMAConsumers = 8
+	fp8TMAStage     = 16 * 1024
+	fp8TMAMaxStages = 8
+)
+
+// fp8TMAShared is gemv_fp8_tma's dynamic shared memory for K and ns stages.
+func fp8TMAShared(K, ns int) int { return ns*fp8TMAStage + 4*K + 16*ns }
+
+// fp8TMAStages is the ring gemv_fp8_tma gets at K: as many stages as fit
+// the shared memory a kernel may take (up to 8), 0 below two.
+func (b *Backend) fp8TMAStages(K int) int {
+	ns := min(fp8TMAMaxStages, (b.opsShare()-4*K)/(fp8TMAStage+16))
+	if ns < 2 {
+		return 0
+	}
+	return ns
 }
 
 // fp8GemmShared is gemm_fp8_t*'s dynamic shared memory, its ring of stages

@@ -12,9 +12,12 @@ import (
 
 // TestRealShape compares the CPU path with transformers at the released
 // dimensions: the folders testdata/gen_moe_fixtures.py --real-shape writes
-// (two layers of DeepSeek-V3 in FP8, two of Qwen3-30B-A3B in bf16, random
-// weights, each with golden.safetensors holding transformers' float32
-// logits_full of its input_ids). MANIFOLD_REALSHAPE_DIR names the folder
+// (two layers of DeepSeek-V3 in FP8, two of Qwen3-30B-A3B in bf16) and
+// testdata/gen_v4_released.py --real-shape writes (two layers of
+// DeepSeek-V4-Flash in its released FP8 + MXFP4 layout), random weights,
+// each with golden.safetensors holding transformers' float32 logits_full of
+// its input_ids. kernels.TestRealShapeOnGPU runs the same folders on the GPU
+// and the CPU (dev/realshape/run.sh runs it on the device). MANIFOLD_REALSHAPE_DIR names the folder
 // holding them (or one of them); the test is skipped without it. It reports
 // max |dlogit| and top-1 agreement per model and fails when a position's
 // top-1 differs or max |dlogit| exceeds MANIFOLD_REALSHAPE_TOL (default

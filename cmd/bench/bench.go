@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/manifoldlm/manifold/engine"
-	"github.com/manifoldlm/manifold/internal/testmodel"
 	"github.com/manifoldlm/manifold/kernels"
 	"github.com/manifoldlm/manifold/model"
 )
@@ -64,7 +63,7 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 	}
 	dir, name, desc := o.model, "", ""
 	if o.random != "" {
-		spec, _ := testmodel.Shape(o.random) // check found it
+		spec, _ := o.shape() // check found it
 		d, cleanup, err := randomCheckpoint(ctx, spec, o.keep, stderr)
 		if err != nil {
 			return err

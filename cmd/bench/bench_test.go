@@ -262,3 +262,77 @@ func TestCountWeightsExperts(t *testing.T) {
 		t.Errorf("countWeights = %+v, want %d bytes a token, a 128-byte row, 2 of 8 experts, %d in all", got, want, v4.CheckpointBytes())
 	}
 }
+
+// TestCountWeightsMXFP4 checks that DeepSeek-V4's released MXFP4 experts
+// (I8 packed codes, which isInteger would leave out as a table) count in
+// the bytes a step reads, top-k of them, beside their E8M0 scales, and
+// that one row of its embedding (DeepSeek's embed.weight) counts, not the
+// table; and that
+// -layers cuts a shape to its first layers.
+func TestCountWeightsMXFP4(t *testing.T) {
+	v4 := testmodel.DeepseekV4{Vocab: 256, Hidden: 64, Layers: 2, Heads: 4, HeadDim: 32, QLora: 32, OGroups: 2, OLora: 16,
+		Window: 6, RateCSA: 2, RateHCA: 5, IndexHeads: 2, IndexDim: 16, IndexTopK: 3, HCMult: 4, HCIters: 5,
+		Experts: 8, TopK: 2, MoEFFN: 32, RopeDim: 8, HashLayers: 1, Seed: 1, Released: testmodel.V4FP8MXFP4}
+	dir := testmodel.WriteTemp(t, v4)
+	cfg, err := model.LoadConfig(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := countWeights(dir, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, err := weights.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	var want, expert, packed int64
+	for _, name := range ck.Names() {
+		tn, _ := ck.Tensor(name)
+		n := int64(len(tn.Data))
+		switch {
+		case len(tn.Shape) < 2:
+		case routedExpert.MatchString(name):
+			expert += n
+			if tn.DType == weights.I8 {
+				packed += n
+			}
+		case name == "embed.weight" || tn.DType == weights.I64:
+		default:
+			want += n
+		}
+	}
+	if packed == 0 {
+		t.Fatal("no I8 routed expert tensors: the fixture is not MXFP4")
+	}
+	want += expert * 2 / 8
+	if got.perToken != want || got.embedRow != 64*2 || got.experts != "2 of 8 routed experts" {
+		t.Errorf("countWeights = %+v, want %d bytes a token (routed experts %d bytes, %d of them packed I8)", got, want, expert, packed)
+	}
+
+	o := benchArgs(t, "-random", "deepseek-v4-flash", "-layers", "2")
+	spec, err := o.shape()
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, _ := testmodel.Shape("deepseek-v4-flash")
+	if spec.Name != "deepseek-v4-flash-2l" || spec.CheckpointBytes() >= full.CheckpointBytes()/10 {
+		t.Errorf("-layers 2: %s, %d bytes (the whole shape %d)", spec.Name, spec.CheckpointBytes(), full.CheckpointBytes())
+	}
+	c, err := spec.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fields struct {
+		Layers int `json:"num_hidden_layers"`
+	}
+	if err := json.Unmarshal(c, &fields); err != nil || fields.Layers != 2 {
+		t.Errorf("-layers 2: config.json num_hidden_layers %d (%v)", fields.Layers, err)
+	}
+	for _, args := range [][]string{{"-layers", "2", "-model", "x"}, {"-random", "deepseek-v3-2l", "-layers", "1"}, {"-random", "deepseek-v4-flash", "-layers", "44"}} {
+		if _, err := parseFlags(args, &bytes.Buffer{}); err == nil {
+			t.Errorf("%q: no error", args)
+		}
+	}
+}

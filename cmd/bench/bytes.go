@@ -44,18 +44,21 @@ func countWeights(dir string, cfg *model.Config) (weightBytes, error) {
 		n := int64(len(t.Data)) // the mapping's length: nothing is read
 		w.checkpoint += n
 		switch {
-		case strings.HasSuffix(name, "embed_tokens.weight") && len(t.Shape) == 2:
+		case (strings.HasSuffix(name, "embed_tokens.weight") || name == "embed.weight") && len(t.Shape) == 2: // HF's name, DeepSeek's
 			if t.Shape[0] > 0 {
 				w.embedRow = n / int64(t.Shape[0])
 			}
 			if tied {
 				w.perToken += n
 			}
-		case len(t.Shape) < 2 || isInteger(t.DType):
+		case len(t.Shape) < 2:
 		case routedExpert.MatchString(name):
+			// Before the integer test: DeepSeek-V4's MXFP4 experts are I8
+			// (packed E2M1 codes), and they are what a step reads most of.
 			expertBytes += n
 			e, _ := strconv.Atoi(routedExpert.FindStringSubmatch(name)[1])
 			experts[e] = true
+		case isInteger(t.DType):
 		default:
 			w.perToken += n
 		}
@@ -75,7 +78,8 @@ func countWeights(dir string, cfg *model.Config) (weightBytes, error) {
 }
 
 // isInteger reports index and table dtypes (U8 is not one: it holds NVFP4's
-// packed codes).
+// packed codes; I8 is one except in a routed expert, where it holds
+// MXFP4's).
 func isInteger(d weights.DType) bool {
 	switch d {
 	case weights.I8, weights.I16, weights.I32, weights.I64, weights.U16, weights.U32, weights.U64, weights.Bool:

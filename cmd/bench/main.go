@@ -3,7 +3,7 @@
 // decode rate against the memory floor of the device it runs on.
 //
 //	go run ./cmd/bench -model DIR [-p 512] [-n 128] [-device auto|cpu|cuda] [-threads N] [-r 3] [-o text|json]
-//	go run ./cmd/bench -random NAME [-keep DIR] ...
+//	go run ./cmd/bench -random NAME [-layers N] [-keep DIR] ...
 //
 // -model names a model folder (config.json and a safetensors checkpoint).
 // -random NAME instead writes a random checkpoint of a named real shape
@@ -12,7 +12,11 @@
 // removed at exit, or into -keep DIR, which is reused when it already holds
 // that checkpoint (a folder holding anything else is refused, one holding
 // an older random checkpoint is overwritten). Writing a multi-GB checkpoint
-// reports its progress on stderr.
+// reports its progress on stderr. -layers N cuts the named shape to its
+// first N decoder layers (testmodel.Spec.WithLayers, named NAME-Nl): a few
+// layers of a checkpoint the disk or the GPU cannot hold whole, such as
+// deepseek-v4-flash (156 GB; about 3.6 GB a layer), measured at the real
+// per-layer shapes, its floor counting the bytes of the layers written.
 //
 // Tests, each repeated -r times after a warm-up run (-warmup=false skips it),
 // the median reported with the sample standard deviation (JSON also gives
@@ -112,6 +116,7 @@ type options struct {
 	reps                int
 	output              string
 	copyBytes           int // -copy-mib in bytes
+	layers              int // -layers: the -random shape cut to this many layers (0: as named)
 	warmup              bool
 	profile             bool
 	noCuBLAS            bool // -no-cublas
@@ -124,6 +129,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	var copyMiB int
 	fs.StringVar(&o.model, "model", "", "model folder (config.json, *.safetensors)")
 	fs.StringVar(&o.random, "random", "", "benchmark a random checkpoint of this named shape instead: "+strings.Join(testmodel.ShapeNames(), ", "))
+	fs.IntVar(&o.layers, "layers", 0, "with -random: the shape with this many decoder layers (0: all), e.g. a few of deepseek-v4-flash's 43 where the disk or GPU cannot hold them")
 	fs.StringVar(&o.keep, "keep", "", "with -random: write the checkpoint into this folder and keep it (reused when it holds it already)")
 	fs.IntVar(&o.prompt, "p", 512, "prompt tokens of the ppP test (0: no pp test; tg then starts after one token)")
 	fs.IntVar(&o.gen, "n", 128, "tokens of the tgN decode test (0: no tg test)")
@@ -162,6 +168,10 @@ func (o *options) check() error {
 		return errors.New("-model and -random both given: choose one")
 	case o.keep != "" && o.random == "":
 		return errors.New("-keep needs -random (it names the folder the random checkpoint is written into)")
+	case o.layers != 0 && o.random == "":
+		return errors.New("-layers needs -random (it cuts the named shape)")
+	case o.layers < 0:
+		return fmt.Errorf("-layers %d: want >= 1 (0: the shape's own)", o.layers)
 	case o.prompt < 0:
 		return fmt.Errorf("-p %d: want >= 0", o.prompt)
 	case o.gen < 0:
@@ -186,11 +196,25 @@ func (o *options) check() error {
 		return fmt.Errorf("-o %q: want text or json", o.output)
 	}
 	if o.random != "" {
-		if _, err := testmodel.Shape(o.random); err != nil {
-			return fmt.Errorf("-random %q: no such shape; the shapes are:\n%s", o.random, shapeList())
+		if _, err := o.shape(); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// shape is the -random shape, cut to -layers.
+func (o *options) shape() (testmodel.Spec, error) {
+	spec, err := testmodel.Shape(o.random)
+	if err != nil {
+		return spec, fmt.Errorf("-random %q: no such shape; the shapes are:\n%s", o.random, shapeList())
+	}
+	if o.layers > 0 {
+		if spec, err = spec.WithLayers(o.layers); err != nil {
+			return spec, fmt.Errorf("-layers %d: %w", o.layers, err)
+		}
+	}
+	return spec, nil
 }
 
 // shapeList is the named shapes, one a line with its size and description.

@@ -176,3 +176,49 @@ func v4FlashLayers() []string {
 	}
 	return out
 }
+
+// WithLayers returns s cut (or grown) to n decoder layers, named
+// NAME-Nl: the same layer shapes, formats and seed, so that a few layers of
+// a checkpoint too large for the disk or the GPU (deepseek-v4-flash's 156
+// GB) can be written and measured, the bytes a token reads per layer
+// unchanged. A DeepSeek-V4 keeps the first n of its attention schedule (and
+// of its hash-routed layers); a DeepSeek-V3 keeps its dense layers up to
+// n-1 of them, so that at least one layer is MoE (n >= 2). n must be
+// positive.
+func (s Spec) WithLayers(n int) (Spec, error) {
+	if n <= 0 {
+		return Spec{}, fmt.Errorf("testmodel: %d layers: want at least 1", n)
+	}
+	out := s
+	out.Name = fmt.Sprintf("%s-%dl", s.Name, n)
+	switch m := s.Model.(type) {
+	case Llama:
+		m.Layers = n
+		out.Model = m
+	case DeepseekV3:
+		m = m.withDefaults()
+		if n < 2 {
+			return Spec{}, fmt.Errorf("testmodel: %s: %d layer: want at least 2 (a dense layer, then a MoE layer)", s.Name, n)
+		}
+		m.Layers, m.DenseLayers = n, min(m.DenseLayers, n-1)
+		out.Model = m
+	case Qwen3MoE:
+		m.Layers = n
+		out.Model = m
+	case DeepseekV4:
+		m = m.withDefaults()
+		if n > len(m.LayerTypes) {
+			return Spec{}, fmt.Errorf("testmodel: %s has %d layers, asked for %d", s.Name, len(m.LayerTypes), n)
+		}
+		m.Layers, m.LayerTypes = n, slices.Clone(m.LayerTypes[:n])
+		if m.HashLayers == 0 {
+			m.HashLayers = -1 // none (withDefaults' 0 would be 3)
+		}
+		m.HashLayers = min(m.HashLayers, n)
+		out.Model = m
+	default:
+		return Spec{}, fmt.Errorf("testmodel: shape %s (%T) has no layer count to set", s.Name, s.Model)
+	}
+	out.Description = fmt.Sprintf("the first %d decoder layers of: %s", n, s.Description)
+	return out, nil
+}

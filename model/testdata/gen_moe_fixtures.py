@@ -46,6 +46,10 @@ model.TestRealShape on them (see model/realshape_test.go).
 Usage (device machine, transformers 5.17, no network):
   python3 model/testdata/gen_moe_fixtures.py --out "$OUT"
   python3 model/testdata/gen_moe_fixtures.py --real-shape --out /tmp/realshape [--arch qwen3_moe] [--no-fp8-loader]
+(the real shape's weights are drawn and quantized on the GPU where there is
+one, --gen-device; --no-fp8-loader builds transformers' model on the GPU
+from the dequantized tensors at once instead of through its FP8 loader,
+which dequantizes 11 GB of FP8 on the CPU: dev/realshape/run.sh passes it)
 """
 
 import argparse
@@ -54,6 +58,7 @@ import math
 import os
 import re
 import sys
+import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -158,14 +163,15 @@ def released(sd, cfg):
 
 def random_tensor(name, shape, gen):
     """Non-trivial values: norm weights near 1, the router bias around 0,
-    embeddings N(0, 1), linears N(0, 1/fan_in)."""
+    embeddings N(0, 1), linears N(0, 1/fan_in); drawn on gen's device."""
+    r = torch.randn(shape, generator=gen, device=gen.device)
     if name.endswith("e_score_correction_bias"):
-        return 0.05 * torch.randn(shape, generator=gen)
+        return 0.05 * r
     if len(shape) == 1:
-        return 1 + 0.1 * torch.randn(shape, generator=gen)
+        return 1 + 0.1 * r
     if name.endswith("embed_tokens.weight"):
-        return torch.randn(shape, generator=gen)
-    return torch.randn(shape, generator=gen) / math.sqrt(shape[-1])
+        return r
+    return r / math.sqrt(shape[-1])
 
 
 def quantize_fp8(w):
@@ -174,7 +180,7 @@ def quantize_fp8(w):
     multiplies)."""
     out, inn = w.shape
     so, si = -(-out // BLOCK), -(-inn // BLOCK)
-    pad = torch.zeros(so * BLOCK, si * BLOCK, dtype=torch.float32)
+    pad = torch.zeros(so * BLOCK, si * BLOCK, dtype=torch.float32, device=w.device)
     pad[:out, :inn] = w
     tiles = pad.view(so, BLOCK, si, BLOCK)
     scale = (tiles.abs().amax(dim=(1, 3)) / FP8_MAX).clamp(min=1e-12)
@@ -189,33 +195,36 @@ def dequantize_fp8(q, s):
     return q.to(torch.float32) * full
 
 
-def generate(arch, cfg, seed):
+def generate(arch, cfg, seed, device="cpu"):
     """The released tensors of a random model, in the released dtypes:
     deepseek_v3's FP8 linears as F8_E4M3 codes with F32 weight_scale_inv,
-    its router bias F32, everything else bf16."""
+    its router bias F32, everything else bf16; drawn and quantized on
+    device (the real shape's 16 GB: the GPU), kept on the CPU."""
     with torch.device("meta"):
         meta = AutoModelForCausalLM.from_config(cfg)
     shapes = {n: tuple(t.shape) for n, t in released(meta.state_dict(), cfg).items()}
     del meta
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device).manual_seed(seed)
     rel = {}
     for name in sorted(shapes):
         v = random_tensor(name, shapes[name], gen)
         if arch == "deepseek_v3" and FP8_LINEAR.match(name):
-            rel[name], rel[name + "_scale_inv"] = quantize_fp8(v)
+            q, sc = quantize_fp8(v)
+            rel[name], rel[name + "_scale_inv"] = q.cpu(), sc.cpu()
         elif name.endswith("e_score_correction_bias"):
-            rel[name] = v.contiguous()
+            rel[name] = v.contiguous().cpu()
         else:
-            rel[name] = v.to(torch.bfloat16).contiguous()
+            rel[name] = v.to(torch.bfloat16).contiguous().cpu()
     return rel
 
 
-def as_f32(rel, name):
+def as_f32(rel, name, device=None):
     """The float32 value the released tensor name stands for: e4m3 *
-    weight_scale_inv for an FP8 weight, the exact upcast otherwise."""
-    t = rel[name]
+    weight_scale_inv for an FP8 weight, the exact upcast otherwise;
+    computed on device (default: where the tensor is)."""
+    t = rel[name].to(device) if device is not None else rel[name]
     if t.dtype == torch.float8_e4m3fn:
-        return dequantize_fp8(t, rel[name + "_scale_inv"])
+        return dequantize_fp8(t, rel[name + "_scale_inv"].to(t.device))
     return t.float()
 
 
@@ -280,11 +289,11 @@ def check_params(model, cfg, rel):
     problems = sorted(set(got) ^ set(names))
     worst = 0.0
     for n in set(got) & set(names):
-        g, w = got[n], as_f32(rel, n)
+        g, w = got[n], as_f32(rel, n, got[n].device)
         if g.dtype != torch.float32 or tuple(g.shape) != tuple(w.shape):
             problems.append(f"{n}: {g.dtype} {tuple(g.shape)}")
             continue
-        worst = max(worst, (g.cpu() - w).abs().max().item())
+        worst = max(worst, (g - w.to(g.device)).abs().max().item())
     return worst, problems
 
 
@@ -372,9 +381,13 @@ def fixture(arch, a, cfg, root, summary):
 
 
 def real_shape(arch, a, cfg, root):
-    rel = generate(arch, cfg, a.seed)
+    t0 = time.time()
+    rel = generate(arch, cfg, a.seed, a.gen_device)
+    print(f"{arch}: {sum(t.numel() * t.element_size() for t in rel.values()) / 1e9:.2f} GB drawn on {a.gen_device} "
+          f"in {time.time() - t0:.0f}s", flush=True)
     d = os.path.join(root, arch + "_real")
     write_folder(d, cfg, rel, "bfloat16", FP8_QUANT if arch == "deepseek_v3" else None)
+    print(f"{arch}: written to {d} at {time.time() - t0:.0f}s", flush=True)
     ids = torch.randint(0, cfg.vocab_size, (a.tokens,), generator=torch.Generator().manual_seed(a.seed + 1))
     loader, model = "from_pretrained(dtype=float32)", None
     try:
@@ -394,15 +407,17 @@ def real_shape(arch, a, cfg, root):
         model = None
     if model is None:
         # transformers' model in float32, its parameters (fused experts
-        # included) filled from the written tensors.
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager")
+        # included) filled from the written tensors, built on the device
+        # (two layers of DeepSeek-V3 are about 56 GB of float32).
+        with torch.device(a.device):
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager")
         try:
             model.set_experts_implementation("eager")
         except Exception:  # noqa: BLE001
             pass
         with torch.no_grad():
             for n, t in released(model.state_dict(), cfg).items():
-                t.copy_(as_f32(rel, n))
+                t.copy_(as_f32(rel, n, t.device))
         model = model.to(a.device).eval()
         diff, problems = check_params(model, cfg, rel)
         assert not problems and diff == 0, (problems[:5], diff)
@@ -410,7 +425,8 @@ def real_shape(arch, a, cfg, root):
     del rel
     g = reference(model, ids, 0, a.device, greedy=False)
     save_golden(d, g)
-    info = {"T": a.tokens, "loader": loader, "device": a.device, "max_abs_logit": g["logits_full"].abs().max().item()}
+    info = {"T": a.tokens, "loader": loader, "device": a.device, "gen_device": a.gen_device,
+            "max_abs_logit": g["logits_full"].abs().max().item(), "seconds": round(time.time() - t0, 1)}
     with open(os.path.join(d, "summary.json"), "w") as f:
         json.dump(info, f, indent=2)
     print(arch, json.dumps(info))
@@ -425,11 +441,14 @@ def main():
     p.add_argument("--prefill", type=int, default=17, help="P of logits_incremental")
     p.add_argument("--real-shape", action="store_true")
     p.add_argument("--device", default=None, help="default cpu (fixtures), cuda when present (real shape)")
+    p.add_argument("--gen-device", default=None,
+                   help="where the random weights are drawn and quantized (default: cpu for fixtures, --device for the real shape)")
     p.add_argument("--no-fp8-loader", action="store_true",
                    help="real shape: skip transformers' FP8 loader, use the float32 dequantization at once")
     a = p.parse_args()
     a.tokens = a.tokens or (16 if a.real_shape else 40)
     a.device = a.device or ("cuda" if a.real_shape and torch.cuda.is_available() else "cpu")
+    a.gen_device = a.gen_device or (a.device if a.real_shape else "cpu")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")

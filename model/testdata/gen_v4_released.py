@@ -77,14 +77,33 @@ Usage (device machine, transformers 5.17; a few seconds on CPU):
   python3 model/testdata/gen_v4_released.py --out $OUT/deepseek_v4_released
 then copy the folder to model/testdata/deepseek_v4_released (about 5 MB for
 the three formats; the script prints each folder's size).
+
+Real-shape mode (issue 58's real-shape check):
+  python3 model/testdata/gen_v4_released.py --real-shape [--layers 2] --out /tmp/realshape
+writes /tmp/realshape/deepseek_v4_flash_real/: one or two layers of
+DeepSeek-V4-Flash at its released dimensions (hidden 4096, 64 heads of 512,
+q_lora 1024, 8 output groups of 1024, 256 MXFP4 experts of 2048, top 6, hc
+4, vocab 129280, CSA with its 64x128 indexer, FP8 linears with UE8M0
+128x128 scales; real_config), in fp8-mxfp4's layout, about 9 GB for two
+layers, and golden.safetensors (input_ids [16], logits_full [16, 129280])
+from transformers' model in float32 on the GPU (about 58 GB of GPU memory
+for two layers), its parameters set to the written tensors' dequantized
+values (real_shape: the names transformers uses are learned from the tiny
+model, tiny_name_map). Then model.TestRealShape (CPU) and kernels'
+TestRealShapeOnGPU read it (MANIFOLD_REALSHAPE_DIR=/tmp/realshape);
+dev/realshape/run.sh does all of it.
 """
 
 import os
 
+import sys
+
 # The fine-grained FP8 quantizer dequantizes pre-quantized checkpoints when
 # no GPU is visible: that is the reference path (exact: E4M3 x 2^k and
-# E2M1 x 2^k are bf16 values). Set before torch is imported.
-os.environ["CUDA_VISIBLE_DEVICES"] = ""
+# E2M1 x 2^k are bf16 values). Set before torch is imported. The real-shape
+# mode (--real-shape) computes its reference on the GPU instead.
+if "--real-shape" not in sys.argv:
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 import argparse
 import json
@@ -92,8 +111,8 @@ import math
 import re
 import shutil
 import struct
-import sys
 import tempfile
+import time
 
 import torch
 import transformers
@@ -221,7 +240,7 @@ def quant_fp8_block(w, f32_scales):
     5.17 does (TF_GRID_BLOCKS; None where it would refuse the shape))."""
     n, k = w.shape
     sr, sc = -(-n // BLOCK), -(-k // BLOCK)
-    pad = torch.zeros(sr * BLOCK, sc * BLOCK)
+    pad = torch.zeros(sr * BLOCK, sc * BLOCK, device=w.device)
     pad[:n, :k] = w
     amax = pad.abs().reshape(sr, BLOCK, sc, BLOCK).amax(dim=(1, 3))
     s = pow2_ceil(amax / 448)
@@ -230,7 +249,8 @@ def quant_fp8_block(w, f32_scales):
     deq = codes.float() * full
     assert torch.isfinite(deq).all()
     scale = ("F32", s.float()) if f32_scales else ("F8_E8M0", e8m0_of_pow2(s))
-    return codes.view(torch.uint8), scale, deq, grid_block_dequant(codes.float(), s)
+    grid = grid_block_dequant(codes.float(), s) if n % BLOCK or k % BLOCK else deq  # equal where the tiles are whole
+    return codes.view(torch.uint8), scale, deq, grid
 
 
 def grid_block_dequant(codes, s):
@@ -256,6 +276,29 @@ def quant_mxfp4(w):
     codes = codes.reshape(n, k).to(torch.uint8)
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
     deq = (E2M1[codes.long()].reshape(n, k // 32, 32) * s[..., None]).reshape(n, k)
+    return packed, e8m0_of_pow2(s), deq
+
+
+# E2M1's magnitudes' midpoints: the nearest magnitude by bucketize, a tie
+# going to the smaller (quant_mxfp4_fast).
+E2M1_MID = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+
+
+def quant_mxfp4_fast(w):
+    """quant_mxfp4 without its [N, K, 16] distance tensor (the real shape's
+    experts, on the GPU): the nearest E2M1 magnitude by bucketize, a tie to
+    the smaller one, the sign bit on non-zero codes. The same format and
+    scales; codes may differ from quant_mxfp4's only at exact ties of
+    negative values."""
+    n, k = w.shape
+    assert k % 32 == 0
+    blocks = w.reshape(n, k // 32, 32)
+    s = pow2_ceil(blocks.abs().amax(dim=2) / 6)
+    x = blocks / s[..., None]
+    mag = torch.bucketize(x.abs(), E2M1_MID.to(w.device))  # 0..7
+    codes = torch.where((x < 0) & (mag > 0), mag + 8, mag).reshape(n, k).to(torch.uint8)
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    deq = (E2M1.to(w.device)[codes.long()].reshape(n, k // 32, 32) * s[..., None]).reshape(n, k)
     return packed, e8m0_of_pow2(s), deq
 
 
@@ -288,7 +331,7 @@ def nvfp4_dequant(packed, scale_codes, g):
 # ---------------------------------------------------------------- files
 
 def raw(t):
-    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes()
 
 
 def write_safetensors(path, entries, metadata=None):
@@ -367,7 +410,7 @@ def init_model(cfg):
     return model
 
 
-def released_tensors(saved, fmt):
+def released_tensors(saved, fmt, fast=False):
     """The released checkpoint's entries and the dequantized float32 value
     of every tensor transformers reads (by save_pretrained name)."""
     entries, deq, grid, summary = [], {}, {}, {}
@@ -376,7 +419,7 @@ def released_tensors(saved, fmt):
         cls = tensor_class(name)
         t = t.float() if t.dtype.is_floating_point else t
         if cls == "expert" and fmt != "fp8-base":
-            packed, e8, d = quant_mxfp4(t)
+            packed, e8, d = (quant_mxfp4_fast if fast else quant_mxfp4)(t)
             if fmt == "fp8-nvfp4" and name.startswith("layers."):
                 ws, g = mxfp4_to_nvfp4(packed, e8)
                 d2 = nvfp4_dequant(packed, ws, g)
@@ -412,7 +455,7 @@ def released_tensors(saved, fmt):
     return entries, deq, grid, summary
 
 
-def mtp_entries(cfg, fmt):
+def mtp_entries(cfg, fmt, fast=False):
     """A stand-in MTP block (mtp.0.*), which transformers and the engine skip;
     its experts stay MXFP4 in NVIDIA's checkpoint."""
     g = torch.Generator().manual_seed(SEED + 1)
@@ -423,7 +466,7 @@ def mtp_entries(cfg, fmt):
     for n in ("enorm", "hnorm", "norm"):
         out[f"mtp.0.{n}.weight"] = 1 + 0.1 * torch.randn(D, generator=g)
     out["mtp.0.ffn.experts.0.w1.weight"] = torch.randn(I, D, generator=g) / math.sqrt(D)
-    entries, _, _, _ = released_tensors(out, fmt)
+    entries, _, _, _ = released_tensors(out, fmt, fast)
     return entries
 
 
@@ -478,10 +521,244 @@ def param_diffs(ma, mb):
     return bad, [k for k in sb if k in sa and sa[k].shape != sb[k].shape]
 
 
+# ---------------------------------------------------------------- real shape
+
+REAL_T = 16  # the real-shape golden's input_ids length
+
+
+def real_config(layers):
+    """DeepSeek-V4-Flash's released config.json (../shared/notes/deepseek-v4-checkpoints.md
+    1.6) cut to `layers` layers: layer 0 CSA (ratio 4, with its indexer) and
+    hash-routed (tid2eid), layer 1 sliding-only and score-routed (gate.bias),
+    so that two layers cover both attention paths a 16-token prompt reaches
+    (HCA's ratio 128 closes no window under 128 tokens) and both routers."""
+    assert layers in (1, 2)
+    c = dict(CONFIG)
+    c.update({
+        "vocab_size": 129280, "hidden_size": 4096, "num_hidden_layers": layers, "num_attention_heads": 64,
+        "num_key_value_heads": 1, "head_dim": 512, "q_lora_rank": 1024, "o_groups": 8, "o_lora_rank": 1024,
+        "qk_rope_head_dim": 64, "n_routed_experts": 256, "num_experts_per_tok": 6, "n_shared_experts": 1,
+        "moe_intermediate_size": 2048, "routed_scaling_factor": 1.5, "swiglu_limit": 10.0, "num_hash_layers": 1,
+        "sliding_window": 128, "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512,
+        "compress_ratios": [4, 0, 0][:layers] + [0],
+        "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
+        "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536, "beta_fast": 32, "beta_slow": 1},
+        "max_position_embeddings": 1048576,
+    })
+    return c
+
+
+LAYER_RE = re.compile(r"(^|\.)layers\.\d+\.")
+
+
+def general(name):
+    """name with its layer index replaced by {} (str.format's field)."""
+    return LAYER_RE.sub(lambda m: m.group(1) + "layers.{}.", name, count=1)
+
+
+def layer_of(name):
+    m = re.search(r"(?:^|\.)layers\.(\d+)\.", name)
+    return int(m.group(1)) if m else None
+
+
+def tiny_name_map():
+    """How transformers 5.17's DeepseekV4ForCausalLM parameters (and
+    tid2eid) become DeepSeek's released tensors, learned from the tiny
+    model this script's fixtures use (every layer kind: HCA, CSA, sliding,
+    hash- and score-routed): save_pretrained's tensors (released_name'd)
+    matched by value to the in-memory parameters. Returns {general(param
+    name): ("plain", general(released name)) | ("experts", role, transposed)}
+    where role "gate_up" is [E, 2I, H] = w1 above w3 per expert (or w3 above
+    w1: "up_gate"), "down" is [E, H, I] = w2; transposed when stored [E, in,
+    out]. Asserts that every parameter maps and every released tensor is
+    covered: a renamed or re-laid-out parameter in another transformers
+    fails here, not silently."""
+    cfg = DeepseekV4Config.from_dict(dict(CONFIG))
+    model = init_model(cfg)
+    tmp = tempfile.mkdtemp()
+    model.save_pretrained(os.path.join(tmp, "saved"))
+    rel = {released_name(k): v for k, v in read_saved(os.path.join(tmp, "saved")).items()}
+    shutil.rmtree(tmp)
+    by_val = {}
+    for rn, v in rel.items():
+        by_val.setdefault((tuple(v.shape), str(v.dtype), raw(v)), []).append(rn)
+    out, covered = {}, set()
+    named = list(model.named_parameters()) + [(n, b) for n, b in model.named_buffers() if "inv_freq" not in n]
+    for n, p in named:
+        p = p.detach()
+        hit = by_val.get((tuple(p.shape), str(p.dtype), raw(p)))
+        if hit:
+            assert len(hit) == 1, f"{n}: equal to several released tensors {hit}"
+            want = ("plain", general(hit[0]))
+            covered.add(hit[0])
+        elif p.dim() == 3 and layer_of(n) is not None:
+            L = layer_of(n)
+            w = [rel[f"layers.{L}.ffn.experts.0.w{i}.weight"] for i in (1, 2, 3)]
+            want = None
+            for role, full in (("gate_up", torch.cat([w[0], w[2]])), ("up_gate", torch.cat([w[2], w[0]])), ("down", w[1])):
+                for tr in (False, True):
+                    if torch.equal(p[0].T if tr else p[0], full):
+                        want = ("experts", role, tr)
+            assert want, f"{n} {tuple(p.shape)}: no released tensor or expert layout matches it"
+            for e in range(p.shape[0]):
+                names = {"gate_up": (1, 3), "up_gate": (3, 1), "down": (2,)}[want[1]]
+                full = torch.cat([rel[f"layers.{L}.ffn.experts.{e}.w{i}.weight"] for i in names])
+                assert torch.equal(p[e].T if want[2] else p[e], full), f"{n} expert {e}: layout differs from expert 0's"
+                covered.update(f"layers.{L}.ffn.experts.{e}.w{i}.weight" for i in names)
+        elif n in dict(model.named_buffers()):
+            continue  # a buffer transformers computes (not saved)
+        else:
+            raise SystemExit(f"gen_v4_released: parameter {n} {tuple(p.shape)} matches no released tensor")
+        g = general(n)
+        assert out.get(g, want) == want, f"{g}: maps to {out[g]} and {want} in different layers"
+        out[g] = want
+    missing = sorted(set(rel) - covered)
+    assert not missing, f"released tensors no parameter maps to: {missing[:8]}"
+    log(f"name map: {len(out)} parameter patterns from the tiny model's {len(named)} tensors, e.g.",
+        sorted(out.items())[:3])
+    return out
+
+
+def real_value(name, shape, fan_in, gen):
+    """init_model's distribution for one tensor, drawn on gen's device."""
+    r = torch.randn(shape, generator=gen, device=gen.device)
+    if "norm" in name and len(shape) == 1:
+        return 1 + 0.1 * r
+    if name.endswith("scale") and len(shape) == 1:
+        return 1 + 0.2 * r
+    if len(shape) == 1:
+        return 0.3 * r
+    if "position_bias" in name:
+        return 0.5 * r
+    if "embed" in name:
+        return r
+    return r / math.sqrt(fan_in)
+
+
+def real_shape(a):
+    """Writes <out>/deepseek_v4_flash_real/: `layers` layers of DeepSeek-V4-Flash
+    at the released dimensions in the released FP8 + MXFP4 layout (the
+    fp8-mxfp4 fixture's names, dtypes and scale shapes), random weights, and
+    golden.safetensors holding input_ids [16] and logits_full [16, 129280]:
+    transformers' DeepseekV4ForCausalLM in float32 on the GPU (eager
+    attention and experts, TF32 off), its parameters set to the written
+    tensors' exact dequantization. Every tensor is drawn, quantized and
+    dequantized on the GPU an expert at a time, and the model built there
+    (2 layers: about 58 GB of float32 parameters, 9 GB written). The
+    released-layout loader itself (transformers reading the folder) is the
+    small fixtures' check; here the reference is the model's own math at
+    the released sizes."""
+    t0 = time.time()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    assert dev == "cuda" or a.allow_cpu, "no GPU visible: the real shape's float32 model is ~58 GB (--allow-cpu to try anyway)"
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    names = tiny_name_map()
+    conf = real_config(a.layers)
+    cfg = DeepseekV4Config.from_dict(dict(conf))
+    with torch.device(dev):
+        model = DeepseekV4ForCausalLM(cfg).float().eval()
+    try:
+        model.set_experts_implementation("eager")
+    except Exception as e:
+        log("  set_experts_implementation:", repr(e))
+    log(f"real shape: {a.layers} layers, layer_types {cfg.layer_types}, mlp {cfg.mlp_layer_types}; model built on {dev} "
+        f"({sum(p.numel() for p in model.parameters()) / 1e9:.2f} B parameters) at {time.time() - t0:.0f}s")
+    gen = torch.Generator(device=dev).manual_seed(SEED)
+    entries, summary = [], {}
+    named = sorted(list(model.named_parameters()) + [(n, b) for n, b in model.named_buffers() if "inv_freq" not in n])
+    with torch.no_grad():
+        for n, p in named:
+            kind = names.get(general(n))
+            if kind is None:
+                if n in dict(model.named_buffers()):
+                    continue
+                raise SystemExit(f"gen_v4_released: {n} has no pattern in the tiny model's name map")
+            L = layer_of(n)
+            if kind[0] == "experts":
+                _, role, tr = kind
+                ids = {"gate_up": (1, 3), "up_gate": (3, 1), "down": (2,)}[role]
+                for e in range(p.shape[0]):
+                    block = p[e].T if tr else p[e]  # [out, in] as released
+                    rows = block.shape[0] // len(ids)
+                    for j, i in enumerate(ids):
+                        w = real_value("expert", (rows, block.shape[1]), block.shape[1], gen)
+                        packed, e8, d = quant_mxfp4_fast(w)
+                        name = f"layers.{L}.ffn.experts.{e}.w{i}.weight"
+                        entries += [(name, "I8", packed.shape, raw(packed)), (name.removesuffix(".weight") + ".scale", "F8_E8M0", e8.shape, raw(e8))]
+                        block[j * rows:(j + 1) * rows].copy_(d)
+                summary["expert-mxfp4"] = summary.get("expert-mxfp4", 0) + p.shape[0] * len(ids)
+                continue
+            name = kind[1].format(L) if L is not None else kind[1]
+            cls = tensor_class(name)
+            if not p.dtype.is_floating_point:
+                if name.endswith("tid2eid"):  # distinct experts per token, as init_model
+                    v, k = p.shape
+                    p.copy_(torch.rand(v, cfg.n_routed_experts, generator=gen, device=dev).argsort(dim=1)[:, :k].to(p.dtype))
+                entries.append((name, "I64", p.shape, raw(p.to(torch.int64))))
+                summary["i64"] = summary.get("i64", 0) + 1
+                continue
+            t = real_value(n, tuple(p.shape), p.shape[-1], gen)
+            if cls == "fp8":
+                codes, (sdt, sc), d, _ = quant_fp8_block(t, f32_scales=False)
+                entries += [(name, "F8_E4M3", codes.shape, raw(codes)), (name.removesuffix(".weight") + ".scale", sdt, sc.shape, raw(sc))]
+            elif cls == "bf16":
+                d = t.to(torch.bfloat16)
+                entries.append((name, "BF16", d.shape, raw(d)))
+                d = d.float()
+            elif cls == "f32":
+                d = t
+                entries.append((name, "F32", d.shape, raw(d)))
+            else:
+                raise SystemExit(f"gen_v4_released: {name}: class {cls} in the real shape")
+            p.copy_(d)
+            summary[cls] = summary.get(cls, 0) + 1
+    entries += mtp_entries(conf, "fp8-mxfp4", fast=True)
+    total = sum(len(e[3]) for e in entries)
+    log(f"  tensors by class: {summary} + mtp.0.*; {total / 1e9:.2f} GB drawn and quantized at {time.time() - t0:.0f}s")
+
+    d = os.path.join(a.out, "deepseek_v4_flash_real")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(dict(conf, quantization_config=QUANT, expert_dtype="fp4"), f, indent=2)
+    write_checkpoint(d, entries, max(1, -(-total // (4 << 30))))
+    del entries
+    log(f"  written to {d} at {time.time() - t0:.0f}s")
+
+    ids = torch.randint(2, conf["vocab_size"], (REAL_T,), generator=torch.Generator().manual_seed(SEED + 2))
+    t1 = time.time()
+    with torch.no_grad():
+        full = model(input_ids=ids[None].to(dev), use_cache=False).logits[0].float().cpu()
+    fwd = time.time() - t1
+    assert torch.isfinite(full).all(), "non-finite reference logits"
+    save_file({"input_ids": ids.to(torch.int64), "logits_full": full.contiguous()}, os.path.join(d, "golden.safetensors"),
+              {"golden_source": f"transformers {transformers.__version__} float32 on {dev}, parameters = the written tensors' dequantization"})
+    info = {"T": REAL_T, "layers": a.layers, "device": dev, "transformers": transformers.__version__, "torch": torch.__version__,
+            "max_abs_logit": full.abs().max().item(), "top1": full.argmax(dim=1).tolist(), "forward_s": round(fwd, 2),
+            "bytes": total, "seconds": round(time.time() - t0, 1),
+            "tolerance_note": "float32 on the GPU, TF32 off: only summation order differs from Manifold's float32 CPU path; "
+                              "TestRealShapeOnGPU holds CPU vs transformers to 1e-2 (MANIFOLD_REALSHAPE_TOL)"}
+    with open(os.path.join(d, "summary.json"), "w") as f:
+        json.dump(info, f, indent=2)
+    log("deepseek_v4_flash_real", json.dumps({k: v for k, v in info.items() if k != "top1"}))
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.path.join(HERE, "deepseek_v4_released"))
+    ap.add_argument("--out", default=None, help="default model/testdata/deepseek_v4_released; --real-shape: $OUT or .")
+    ap.add_argument("--real-shape", action="store_true",
+                    help="write <out>/deepseek_v4_flash_real: DeepSeek-V4-Flash's released dimensions, --layers layers, "
+                         "with transformers' float32 logits computed on the GPU")
+    ap.add_argument("--layers", type=int, default=2, choices=(1, 2), help="real shape: layers (default 2: CSA + hash, sliding + score)")
+    ap.add_argument("--allow-cpu", action="store_true", help="real shape without a GPU (needs ~60 GB of RAM)")
     a = ap.parse_args()
+    if a.real_shape:
+        a.out = a.out or os.environ.get("OUT", ".")
+        torch.set_float32_matmul_precision("highest")
+        log(f"transformers {transformers.__version__}, torch {torch.__version__}, CUDA visible: {torch.cuda.is_available()}")
+        return real_shape(a)
+    a.out = a.out or os.path.join(HERE, "deepseek_v4_released")
     torch.set_float32_matmul_precision("highest")
     log(f"transformers {transformers.__version__}, torch {torch.__version__}, CUDA visible: {torch.cuda.is_available()}")
 
