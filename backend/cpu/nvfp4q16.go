@@ -164,4 +164,4 @@ func row8Q16Go(codes, scales []byte, a []q16Act, groups int, out *[8]float32) {
 // q16Kernels are the block-per-lane layout's: the tokens run over the tiles
 // of quads 8 at a time (row8Q16: each supergroup of a row decoded once for
 // the 8), then 4, the last m%4 one at a time.
-var q16Kernels = quadKernels[q16Act]{quantize: quantizeQ16, row8: row8Q16, row4: row4Q16, dot4: dot4Q16}
+var q16Kernels = quadKernels[q16Act]{quantize: quantizeQ16, row8: row8Q16, row4: row4Q16, dot4: dot4Q16, tile8: tile8Q16, dots: dotsQ16}

@@ -54,6 +54,18 @@ func TestQ16MatMul(t *testing.T) {
 			}
 		}
 
+		// The single-call kernels (tile8, dots) against the per-row ones
+		// they replace: the same results, bit for bit.
+		perRow := q16Kernels
+		perRow.tile8, perRow.dots = nil, nil
+		ref := make([]float32, m*rows)
+		matmulQuads(ref, acts, &qw.quadWeight, 0, (rows+3)/4, &perRow)
+		for i := range got {
+			if math.Float32bits(got[i]) != math.Float32bits(ref[i]) {
+				t.Fatalf("%v output %d: %v, per-row kernels %v", name, i, got[i], ref[i])
+			}
+		}
+
 		// The kernels MatMul dispatches to against the portable ones.
 		checkQuadKernels(t, name, &qw.quadWeight, acts, &q16Kernels, &q16GoKernels, 1e-5*rms/float64(qw.mul))
 	}
@@ -64,4 +76,66 @@ func TestQ16MatMul(t *testing.T) {
 func BenchmarkQ16Kernels(b *testing.B) {
 	repack := func(q *quant.NVFP4) *quadWeight { return &newQ16Weight(q, serialPar).quadWeight }
 	benchQuadKernels(b, "", repack, newQ16Act, &q16Kernels)
+}
+
+// TestQ16MatMulAllocs: the tiled matmul allocates nothing where the
+// processor has the single-call kernels (prefill of 64 tokens, decode of
+// one), the per-row kernels' outputs included.
+func TestQ16MatMulAllocs(t *testing.T) {
+	if !hasVNNI512 {
+		t.Skip("no AVX-512 VNNI")
+	}
+	rng := rand.New(rand.NewPCG(61, 17))
+	const rows, cols = 64, 512
+	q, err := quant.QuantizeNVFP4(randn(rng, rows*cols), rows, cols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qw := newQ16Weight(q, serialPar)
+	for _, m := range []int{1, 64} {
+		acts := newQ16Act(qw.groups, m)
+		for i := range acts {
+			quantizeQ16(acts[i], randn(rng, cols), qw.groups)
+		}
+		out := make([]float32, m*rows)
+		if n := testing.AllocsPerRun(10, func() { matmulQuads(out, acts, &qw.quadWeight, 0, rows/4, &q16Kernels) }); n != 0 {
+			t.Errorf("m=%d: %v allocations a call, want 0", m, n)
+		}
+	}
+}
+
+// BenchmarkQ16Tiles times matmulQuads in cache (512 x 2048, one token and
+// 64) with the single-call kernels (tiled) and with the per-row ones they
+// replace (rows), in GFLOP per CPU-second.
+func BenchmarkQ16Tiles(b *testing.B) {
+	rng := rand.New(rand.NewPCG(61, 18))
+	const rows, cols = 512, 2048
+	q, err := quant.QuantizeNVFP4(randn(rng, rows*cols), rows, cols)
+	if err != nil {
+		b.Fatal(err)
+	}
+	qw := newQ16Weight(q, serialPar)
+	perRow := q16Kernels
+	perRow.tile8, perRow.dots = nil, nil
+	for _, m := range []int{1, 64} {
+		acts := newQ16Act(qw.groups, m)
+		for i := range acts {
+			quantizeQ16(acts[i], randn(rng, cols), qw.groups)
+		}
+		out := make([]float32, m*rows)
+		for _, k := range []struct {
+			name string
+			k    *quadKernels[q16Act]
+		}{{"tiled", &q16Kernels}, {"rows", &perRow}} {
+			b.Run(fmt.Sprintf("m=%d/%s", m, k.name), func(b *testing.B) {
+				c0 := processCPU()
+				for b.Loop() {
+					matmulQuads(out, acts, &qw.quadWeight, 0, rows/4, k.k)
+				}
+				if c := processCPU() - c0; c > 0 {
+					b.ReportMetric(2*rows*cols*float64(m)*float64(b.N)/c/1e9, "GFLOP/cpu-s")
+				}
+			})
+		}
+	}
 }

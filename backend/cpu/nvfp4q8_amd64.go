@@ -39,6 +39,12 @@ func row4Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups in
 //go:noescape
 func row8Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups int, out *[8]float32)
 
+//go:noescape
+func tile8Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups, rows int, out *float32, ldo int, mul float32)
+
+//go:noescape
+func dotsQ16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups, quads int, out *float32, mul float32)
+
 // dot4Q8 is dot4Q8Go with the AVX-512 VNNI or AVX2 kernel where the
 // processor has them.
 func dot4Q8(codes, scales []byte, a q8Act, groups int, out *[4]float32) {
@@ -121,4 +127,39 @@ func tokensQ16[O [4]float32 | [8]float32](codes, scales []byte, a []q16Act, grou
 	case *[8]float32:
 		row8Q16VNNI(&codes[0], &scales[0], &x[0], &xs[0], &xc[0], groups, o)
 	}
+}
+
+// tile8Q16 is prefillQuads with row8Q16 for the 8 tokens acts and the
+// quads [q0, q1) of w, in one call of tile8Q16VNNI; false (nothing done)
+// where the processor lacks AVX-512 VNNI.
+func tile8Q16(out []float32, acts []q16Act, w *quadWeight, q0, q1 int) bool {
+	G, N := w.groups, w.rows
+	rows := min(4*q1, N) - 4*q0
+	if !hasVNNI512 || G == 0 || rows <= 0 {
+		return false
+	}
+	n, nb := G*q16Group, G*q16Blocks
+	x, xs, xc := consecutive(acts[0].x, acts[7].x, 8, n), consecutive(acts[0].sc, acts[7].sc, 8, nb), consecutive(acts[0].c, acts[7].c, 8, nb)
+	codes := w.codes[q0*G*4*q16GroupB : q1*G*4*q16GroupB]
+	scales := w.scales[q0*G*4*q16Blocks : q1*G*4*q16Blocks]
+	o := out[4*q0 : 7*N+4*q0+rows] // rows r of token t at t*N + r
+	tile8Q16VNNI(&codes[0], &scales[0], &x[0], &xs[0], &xc[0], G, rows, &o[0], 4*N, w.mul)
+	return true
+}
+
+// dotsQ16 is decodeQuads with dot4Q16 for one token a and the quads
+// [q0, q1) of w, all 4 rows of each in w (out[4*q0 : 4*q1]), in one call
+// of dotsQ16VNNI; false (nothing done) where the processor lacks AVX-512
+// VNNI.
+func dotsQ16(out []float32, a q16Act, w *quadWeight, q0, q1 int) bool {
+	G := w.groups
+	if !hasVNNI512 || G == 0 || q1 <= q0 {
+		return false
+	}
+	_, _, _ = a.x[G*q16Group-1], a.sc[G*q16Blocks-1], a.c[G*q16Blocks-1]
+	codes := w.codes[q0*G*4*q16GroupB : q1*G*4*q16GroupB]
+	scales := w.scales[q0*G*4*q16Blocks : q1*G*4*q16Blocks]
+	o := out[4*q0 : 4*q1]
+	dotsQ16VNNI(&codes[0], &scales[0], &a.x[0], &a.sc[0], &a.c[0], G, q1-q0, &o[0], w.mul)
+	return true
 }

@@ -408,16 +408,21 @@ r16done:
 // NEXTTOK moves the token pointers (R11 x, R12 xs, R14 xc) on by one token.
 #define NEXTTOK ADDQ BX, R11; ADDQ R13, R12; ADDQ R13, R14
 
-// HSUM4(a, ya, b, yb, c, yc, d, yd, off): the horizontal sums of the ZMMs
-// a..d (ya..yd their low halves) to off(AX)..off+12(AX), through Y12-Y15
-// (VHADDPS has no EVEX form).
-#define HSUM4(a, ya, b, yb, c, yc, d, yd, off) \
+// HSUM4X(a, ya, b, yb, c, yc, d, yd): the horizontal sums of the ZMMs a..d
+// (ya..yd their low halves) into X12, through Y0 and Y12-Y15 (VHADDPS has
+// no EVEX form).
+#define HSUM4X(a, ya, b, yb, c, yc, d, yd) \
 	VEXTRACTF64X4 $1, a, Y0; VADDPS Y0, ya, Y12; \
 	VEXTRACTF64X4 $1, b, Y0; VADDPS Y0, yb, Y13; \
 	VEXTRACTF64X4 $1, c, Y0; VADDPS Y0, yc, Y14; \
 	VEXTRACTF64X4 $1, d, Y0; VADDPS Y0, yd, Y15; \
 	VHADDPS Y13, Y12, Y12; VHADDPS Y15, Y14, Y14; VHADDPS Y14, Y12, Y12; \
-	VEXTRACTF128 $1, Y12, X13; VADDPS X13, X12, X12; VMOVUPS X12, off(AX)
+	VEXTRACTF128 $1, Y12, X13; VADDPS X13, X12, X12
+
+// HSUM4(a, ya, b, yb, c, yc, d, yd, off): HSUM4X stored to
+// off(AX)..off+12(AX).
+#define HSUM4(a, ya, b, yb, c, yc, d, yd, off) \
+	HSUM4X(a, ya, b, yb, c, yc, d, yd); VMOVUPS X12, off(AX)
 
 // func row8Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups int, out *[8]float32)
 // row4Q16VNNI for 8 tokens: each supergroup of the row decoded once for
@@ -451,5 +456,132 @@ r8loop:
 r8done:
 	HSUM4(Z23, Y23, Z24, Y24, Z25, Y25, Z26, Y26, 0)
 	HSUM4(Z27, Y27, Z28, Y28, Z29, Y29, Z30, Y30, 16)
+	VZEROUPPER
+	RET
+
+// ZERO8 zeroes the 8 accumulators Z23-Z30.
+#define ZERO8 \
+	VPXORD Z23, Z23, Z23; VPXORD Z24, Z24, Z24; VPXORD Z25, Z25, Z25; VPXORD Z26, Z26, Z26; \
+	VPXORD Z27, Z27, Z27; VPXORD Z28, Z28, Z28; VPXORD Z29, Z29, Z29; VPXORD Z30, Z30, Z30
+
+// func tile8Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups, rows int, out *float32, ldo int, mul float32)
+// row8Q16VNNI over rows consecutive weight rows (codes and scales at the
+// first one's quad, which it starts), each row's 8 sums times mul stored
+// to out: row r's token t at out + 4r + t*ldo bytes. The same instructions
+// in the same order as row8Q16VNNI and then a float32 product per output,
+// so the same results as row8Q16VNNI's times mul, without a call per row.
+TEXT ·tile8Q16VNNI(SB), NOSPLIT, $0-76
+	MOVQ codes+0(FP), DI; MOVQ scales+8(FP), DX; MOVQ out+56(FP), AX
+	MOVQ groups+40(FP), CX
+	MOVQ CX, BX
+	SHLQ $8, BX              // x token stride: groups*256 bytes
+	MOVQ CX, R13
+	SHLQ $6, R13             // xs, xc token stride: groups*64 bytes
+	VPBROADCASTD q8bias<>(SB), Z4; VBROADCASTI64X4 q8lut<>(SB), Z5; VBROADCASTI64X4 q8nib<>(SB), Z6
+	VBROADCASTSS mul+72(FP), X7
+	XORQ R10, R10            // rows done
+
+t8row:
+	CMPQ R10, rows+48(FP)
+	JGE  t8done
+	MOVQ x+16(FP), SI; MOVQ xs+24(FP), R8; MOVQ xc+32(FP), R9; MOVQ groups+40(FP), CX
+	ZERO8
+
+t8loop:
+	TESTQ CX, CX
+	JE    t8sum
+	ROWDEC16
+	MOVQ SI, R11; MOVQ R8, R12; MOVQ R9, R14
+	TOK16(R11, (R12), (R14), Z23); NEXTTOK
+	TOK16(R11, (R12), (R14), Z24); NEXTTOK
+	TOK16(R11, (R12), (R14), Z25); NEXTTOK
+	TOK16(R11, (R12), (R14), Z26); NEXTTOK
+	TOK16(R11, (R12), (R14), Z27); NEXTTOK
+	TOK16(R11, (R12), (R14), Z28); NEXTTOK
+	TOK16(R11, (R12), (R14), Z29); NEXTTOK
+	TOK16(R11, (R12), (R14), Z30)
+	Q16NEXT
+	JMP t8loop
+
+t8sum:
+	HSUM4X(Z23, Y23, Z24, Y24, Z25, Y25, Z26, Y26)
+	VMULPS X7, X12, X1
+	HSUM4X(Z27, Y27, Z28, Y28, Z29, Y29, Z30, Y30)
+	VMULPS X7, X12, X2
+	MOVQ ldo+64(FP), R11
+	VMOVSS X1, (AX)
+	VEXTRACTPS $1, X1, (AX)(R11*1)
+	LEAQ (AX)(R11*2), R12
+	VEXTRACTPS $2, X1, (R12)
+	VEXTRACTPS $3, X1, (R12)(R11*1)
+	LEAQ (R12)(R11*2), R12
+	VMOVSS X2, (R12)
+	VEXTRACTPS $1, X2, (R12)(R11*1)
+	LEAQ (R12)(R11*2), R12
+	VEXTRACTPS $2, X2, (R12)
+	VEXTRACTPS $3, X2, (R12)(R11*1)
+	ADDQ $4, AX
+	// The next row: DI and DX are one quad's supergroups past this row's
+	// start; the quad's next row is 128 (16) bytes on, the next quad
+	// starts 384 (48) bytes before them.
+	INCQ  R10
+	TESTQ $3, R10
+	JE    t8quad
+	MOVQ  groups+40(FP), CX
+	SHLQ  $6, CX
+	SUBQ  CX, DX
+	ADDQ  $16, DX
+	SHLQ  $3, CX
+	SUBQ  CX, DI
+	ADDQ  $128, DI
+	JMP   t8row
+
+t8quad:
+	SUBQ $384, DI
+	SUBQ $48, DX
+	JMP  t8row
+
+t8done:
+	VZEROUPPER
+	RET
+
+// func dotsQ16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups, quads int, out *float32, mul float32)
+// dot4Q16VNNI over quads consecutive quads of weight rows, each quad's 4
+// sums times mul stored to out (4 floats a quad): the same results as
+// dot4Q16VNNI's times mul, without a call per quad.
+TEXT ·dotsQ16VNNI(SB), NOSPLIT, $0-68
+	MOVQ codes+0(FP), DI; MOVQ scales+8(FP), DX; MOVQ out+56(FP), AX
+	MOVQ quads+48(FP), R10
+	VPBROADCASTD q8bias<>(SB), Z4; VBROADCASTI64X4 q8lut<>(SB), Z5; VBROADCASTI64X4 q8nib<>(SB), Z6
+	VBROADCASTSS mul+64(FP), X7
+
+dsquad:
+	TESTQ R10, R10
+	JE    dsdone
+	MOVQ x+16(FP), SI; MOVQ xs+24(FP), R8; MOVQ xc+32(FP), R9; MOVQ groups+40(FP), CX
+	VPXORD Z12, Z12, Z12; VPXORD Z13, Z13, Z13; VPXORD Z14, Z14, Z14; VPXORD Z15, Z15, Z15
+
+dsloop:
+	TESTQ CX, CX
+	JE    dssum
+	PREFETCHT0 2048(DI); PREFETCHT0 2112(DI); PREFETCHT0 2176(DI); PREFETCHT0 2240(DI)
+	PREFETCHT0 2304(DI); PREFETCHT0 2368(DI); PREFETCHT0 2432(DI); PREFETCHT0 2496(DI)
+	PREFETCHT0 256(DX)
+	ROW16(0, Z12)
+	ROW16(1, Z13)
+	ROW16(2, Z14)
+	ROW16(3, Z15)
+	Q16NEXT
+	JMP dsloop
+
+dssum:
+	HSUM4X(Z12, Y12, Z13, Y13, Z14, Y14, Z15, Y15)
+	VMULPS X7, X12, X12
+	VMOVUPS X12, (AX)
+	ADDQ $16, AX
+	DECQ R10
+	JMP  dsquad
+
+dsdone:
 	VZEROUPPER
 	RET
