@@ -17,7 +17,7 @@ import (
 // the 4-row quad; some block scales are negated, zeroed or subnormal.
 func TestQ16MatMul(t *testing.T) {
 	rng := rand.New(rand.NewPCG(61, 16))
-	for _, s := range [][3]int{{1, 7, 48}, {1, 257, 2048}, {3, 33, 80}, {17, 64, 400}, {5, 10, 4096}, {150, 9, 4096}, {4, 5, 272}} {
+	for _, s := range [][3]int{{1, 7, 48}, {1, 257, 2048}, {3, 33, 80}, {17, 64, 400}, {5, 10, 4096}, {150, 9, 4096}, {4, 5, 272}, {17, 45, 8448}, {8, 3, 4352}} {
 		m, rows, cols := s[0], s[1], s[2]
 		q, x, want, wantSq := nvfp4Case(t, rng, m, rows, cols)
 		rms := math.Sqrt(wantSq / float64(len(want)))
@@ -86,7 +86,7 @@ func TestQ16MatMulAllocs(t *testing.T) {
 		t.Skip("no AVX-512 VNNI")
 	}
 	rng := rand.New(rand.NewPCG(61, 17))
-	const rows, cols = 64, 512
+	const rows, cols = 64, 4352 // 17 supergroups: tile8Q16 in chunks
 	q, err := quant.QuantizeNVFP4(randn(rng, rows*cols), rows, cols)
 	if err != nil {
 		t.Fatal(err)

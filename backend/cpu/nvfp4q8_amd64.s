@@ -464,28 +464,44 @@ r8done:
 	VPXORD Z23, Z23, Z23; VPXORD Z24, Z24, Z24; VPXORD Z25, Z25, Z25; VPXORD Z26, Z26, Z26; \
 	VPXORD Z27, Z27, Z27; VPXORD Z28, Z28, Z28; VPXORD Z29, Z29, Z29; VPXORD Z30, Z30, Z30
 
-// func tile8Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups, rows int, out *float32, ldo int, mul float32)
+// func tile8Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups, gc, rows int, out *float32, ldo int, mul float32, acc *float32, flags int)
 // row8Q16VNNI over rows consecutive weight rows (codes and scales at the
-// first one's quad, which it starts), each row's 8 sums times mul stored
-// to out: row r's token t at out + 4r + t*ldo bytes. The same instructions
-// in the same order as row8Q16VNNI and then a float32 product per output,
-// so the same results as row8Q16VNNI's times mul, without a call per row.
-TEXT ·tile8Q16VNNI(SB), NOSPLIT, $0-76
-	MOVQ codes+0(FP), DI; MOVQ scales+8(FP), DX; MOVQ out+56(FP), AX
+// first one's quad, which it starts; the rows' supergroups groups long),
+// over gc of their supergroups from codes, scales, x, xs and xc on. With
+// flags bit 0 each row's 8 accumulators start from acc (8 x 16 float32 a
+// row, rows after rows) instead of zero; with bit 1 they are stored there,
+// otherwise their sums times mul are stored to out: row r's token t at
+// out + 4r + t*ldo bytes. Over all the chunks of a row's supergroups the
+// same instructions in the same order as row8Q16VNNI and then a float32
+// product per output: the same results as row8Q16VNNI's times mul,
+// without a call per row, and a chunk's activations kept in L1 while the
+// rows run over them.
+TEXT ·tile8Q16VNNI(SB), NOSPLIT, $0-104
+	MOVQ codes+0(FP), DI; MOVQ scales+8(FP), DX; MOVQ out+64(FP), AX
 	MOVQ groups+40(FP), CX
 	MOVQ CX, BX
 	SHLQ $8, BX              // x token stride: groups*256 bytes
 	MOVQ CX, R13
 	SHLQ $6, R13             // xs, xc token stride: groups*64 bytes
 	VPBROADCASTD q8bias<>(SB), Z4; VBROADCASTI64X4 q8lut<>(SB), Z5; VBROADCASTI64X4 q8nib<>(SB), Z6
-	VBROADCASTSS mul+72(FP), X7
+	VBROADCASTSS mul+80(FP), X7
 	XORQ R10, R10            // rows done
 
 t8row:
-	CMPQ R10, rows+48(FP)
+	CMPQ R10, rows+56(FP)
 	JGE  t8done
-	MOVQ x+16(FP), SI; MOVQ xs+24(FP), R8; MOVQ xc+32(FP), R9; MOVQ groups+40(FP), CX
+	MOVQ x+16(FP), SI; MOVQ xs+24(FP), R8; MOVQ xc+32(FP), R9; MOVQ gc+48(FP), CX
+	TESTQ $1, flags+96(FP)
+	JNE   t8load
 	ZERO8
+	JMP   t8loop
+
+t8load:
+	MOVQ  R10, R12
+	SHLQ  $9, R12
+	ADDQ  acc+88(FP), R12    // this row's 8 x 64 bytes of acc
+	VMOVUPS 0(R12), Z23; VMOVUPS 64(R12), Z24; VMOVUPS 128(R12), Z25; VMOVUPS 192(R12), Z26
+	VMOVUPS 256(R12), Z27; VMOVUPS 320(R12), Z28; VMOVUPS 384(R12), Z29; VMOVUPS 448(R12), Z30
 
 t8loop:
 	TESTQ CX, CX
@@ -504,11 +520,21 @@ t8loop:
 	JMP t8loop
 
 t8sum:
+	TESTQ $2, flags+96(FP)
+	JE    t8out
+	MOVQ  R10, R12
+	SHLQ  $9, R12
+	ADDQ  acc+88(FP), R12
+	VMOVUPS Z23, 0(R12); VMOVUPS Z24, 64(R12); VMOVUPS Z25, 128(R12); VMOVUPS Z26, 192(R12)
+	VMOVUPS Z27, 256(R12); VMOVUPS Z28, 320(R12); VMOVUPS Z29, 384(R12); VMOVUPS Z30, 448(R12)
+	JMP   t8next
+
+t8out:
 	HSUM4X(Z23, Y23, Z24, Y24, Z25, Y25, Z26, Y26)
 	VMULPS X7, X12, X1
 	HSUM4X(Z27, Y27, Z28, Y28, Z29, Y29, Z30, Y30)
 	VMULPS X7, X12, X2
-	MOVQ ldo+64(FP), R11
+	MOVQ ldo+72(FP), R11
 	VMOVSS X1, (AX)
 	VEXTRACTPS $1, X1, (AX)(R11*1)
 	LEAQ (AX)(R11*2), R12
@@ -520,25 +546,32 @@ t8sum:
 	LEAQ (R12)(R11*2), R12
 	VEXTRACTPS $2, X2, (R12)
 	VEXTRACTPS $3, X2, (R12)(R11*1)
+
+t8next:
 	ADDQ $4, AX
-	// The next row: DI and DX are one quad's supergroups past this row's
-	// start; the quad's next row is 128 (16) bytes on, the next quad
-	// starts 384 (48) bytes before them.
+	// The next row: DI and DX are gc supergroups past this row's chunk;
+	// the quad's next row is 128 (16) bytes after it, the next quad's
+	// first row groups supergroups after the quad's first row.
+	MOVQ  gc+48(FP), CX
+	SHLQ  $6, CX
+	SUBQ  CX, DX
+	SHLQ  $3, CX
+	SUBQ  CX, DI
 	INCQ  R10
 	TESTQ $3, R10
 	JE    t8quad
-	MOVQ  groups+40(FP), CX
-	SHLQ  $6, CX
-	SUBQ  CX, DX
 	ADDQ  $16, DX
-	SHLQ  $3, CX
-	SUBQ  CX, DI
 	ADDQ  $128, DI
 	JMP   t8row
 
 t8quad:
-	SUBQ $384, DI
+	MOVQ groups+40(FP), CX
+	SHLQ $6, CX
+	ADDQ CX, DX
 	SUBQ $48, DX
+	SHLQ $3, CX
+	ADDQ CX, DI
+	SUBQ $384, DI
 	JMP  t8row
 
 t8done:
