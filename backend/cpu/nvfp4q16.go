@@ -112,10 +112,11 @@ func newQ16Act(groups, m int) []q16Act {
 }
 
 // quantizeQ16 quantizes x (len <= groups*256) into a as quantizeQ8 does
-// (q8QuantizeBlock), each block's codes spread over the 4 chunks.
+// (q8QuantizeBlock), each block's codes spread over the 4 chunks (all 16
+// written, zeros past x), the whole blocks in assembly where
+// quantizeQ16Fast has it.
 func quantizeQ16(a q16Act, x []float32, groups int) {
-	clear(a.x)
-	for blk := range groups * q16Blocks {
+	for blk := quantizeQ16Fast(a, x, groups); blk < groups*q16Blocks; blk++ {
 		var q [quant.NVFP4BlockSize]int8
 		s, sum := q8QuantizeBlock(q[:], x, blk*quant.NVFP4BlockSize)
 		g, l := blk/q16Blocks, blk%q16Blocks

@@ -139,3 +139,53 @@ func BenchmarkQ16Tiles(b *testing.B) {
 		}
 	}
 }
+
+// TestQuantizeQ16 holds quantizeQ16 (its whole blocks in assembly where
+// quantizeQ16Fast has it) to the portable block quantizer, bit for bit:
+// lengths off the block and the supergroup, zero blocks, halves, tiny and
+// huge values.
+func TestQuantizeQ16(t *testing.T) {
+	rng := rand.New(rand.NewPCG(61, 19))
+	for _, n := range []int{1, 15, 16, 17, 255, 256, 300, 2048, 4100} {
+		x := randn(rng, n)
+		for i := range x {
+			switch rng.IntN(8) {
+			case 0:
+				x[i] = float32(rng.IntN(255)-127) / 2 // halves after scaling when amax is 127
+			case 1:
+				x[i] *= 1e-30
+			case 2:
+				x[i] *= 1e30
+			}
+		}
+		if n > 40 {
+			clear(x[16:32]) // a zero block
+			x[35] = 127
+		}
+		groups := (n + q16Group - 1) / q16Group
+		got, want := newQ16Act(groups, 1)[0], newQ16Act(groups, 1)[0]
+		for i := range got.x {
+			got.x[i], want.x[i] = 99, 99 // every code must be written
+		}
+		quantizeQ16(got, x, groups)
+		for blk := range groups * q16Blocks {
+			var q [quant.NVFP4BlockSize]int8
+			s, sum := q8QuantizeBlock(q[:], x, blk*quant.NVFP4BlockSize)
+			g, l := blk/q16Blocks, blk%q16Blocks
+			for e, c := range q {
+				want.x[g*q16Group+4*l+64*(e>>2)+e&3] = c
+			}
+			want.sc[blk], want.c[blk] = s, -12*sum
+		}
+		for i := range want.x {
+			if got.x[i] != want.x[i] {
+				t.Fatalf("n=%d: code %d = %d, want %d", n, i, got.x[i], want.x[i])
+			}
+		}
+		for i := range want.sc {
+			if math.Float32bits(got.sc[i]) != math.Float32bits(want.sc[i]) || got.c[i] != want.c[i] {
+				t.Fatalf("n=%d block %d: scale %v sum %d, want %v %d", n, i, got.sc[i], got.c[i], want.sc[i], want.c[i])
+			}
+		}
+	}
+}

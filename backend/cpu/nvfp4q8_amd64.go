@@ -1,6 +1,10 @@
 package cpu
 
-import "golang.org/x/sys/cpu"
+import (
+	"golang.org/x/sys/cpu"
+
+	"github.com/manifoldlm/manifold/quant"
+)
 
 // hasVNNI512 is fixed at start-up: the processor has AVX-512 (F, BW) and
 // AVX-512 VNNI, and the int8 kernels use their VPDPBUSD versions.
@@ -41,6 +45,9 @@ func row8Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups in
 
 //go:noescape
 func tile8Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups, gc, rows int, out *float32, ldo int, mul float32, acc *float32, flags int)
+
+//go:noescape
+func quantQ16AVX512(x *float32, blocks int, q *int8, sc *float32, c *int32)
 
 //go:noescape
 func dotsQ16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups, quads int, out *float32, mul float32)
@@ -187,4 +194,18 @@ func dotsQ16(out []float32, a q16Act, w *quadWeight, q0, q1 int) bool {
 	o := out[4*q0 : 4*q1]
 	dotsQ16VNNI(&codes[0], &scales[0], &a.x[0], &a.sc[0], &a.c[0], G, q1-q0, &o[0], w.mul)
 	return true
+}
+
+// quantizeQ16Fast quantizes the whole blocks of x into a with
+// quantQ16AVX512 where the processor has AVX-512 VNNI (the block-per-lane
+// layout's machines), the same values as quantizeQ16's, and says how many
+// blocks it did.
+func quantizeQ16Fast(a q16Act, x []float32, groups int) int {
+	n := min(len(x)/quant.NVFP4BlockSize, groups*q16Blocks)
+	if !hasVNNI512 || n == 0 {
+		return 0
+	}
+	_, _, _ = a.x[(n-1)/q16Blocks*q16Group+q16Group-1], a.sc[n-1], a.c[n-1]
+	quantQ16AVX512(&x[0], n, &a.x[0], &a.sc[0], &a.c[0])
+	return n
 }

@@ -618,3 +618,94 @@ dssum:
 dsdone:
 	VZEROUPPER
 	RET
+
+// func quantQ16AVX512(x *float32, blocks int, q *int8, sc *float32, c *int32)
+// quantizeQ16's q8QuantizeBlock for blocks whole blocks of 16 at x, block
+// b's codes to q + (b/16)*256 + (b%16)*4 (4 bytes in each of the 4 chunks
+// of 64), its scale to sc[b], -12 times its codes' sum to c[b]: the same
+// float32 operations (amax/127, 1/s, x*inv, +-0.5, truncation) with the
+// same results.
+TEXT ·quantQ16AVX512(SB), NOSPLIT, $0-40
+	MOVQ x+0(FP), SI
+	MOVQ blocks+8(FP), CX
+	MOVQ q+16(FP), DI
+	MOVQ sc+24(FP), R8
+	MOVQ c+32(FP), R9
+	MOVL $0x7fffffff, AX
+	VPBROADCASTD AX, Z8      // |x| mask
+	MOVL $0x80000000, AX
+	VPBROADCASTD AX, Z9      // sign bit
+	MOVL $0x3f000000, AX
+	VPBROADCASTD AX, Z10     // 0.5
+	MOVL $0x42fe0000, AX
+	VMOVD AX, X11            // 127
+	MOVL $0x3f800000, AX
+	VMOVD AX, X13            // 1
+	XORQ DX, DX              // block
+
+qloop:
+	CMPQ DX, CX
+	JGE  qdone
+	VMOVUPS (SI), Z0
+	VPANDD Z8, Z0, Z1
+	VEXTRACTI64X4 $1, Z1, Y2
+	VPMAXUD Y2, Y1, Y1
+	VEXTRACTI128 $1, Y1, X2
+	VPMAXUD X2, X1, X1
+	VPSHUFD $0x4e, X1, X2
+	VPMAXUD X2, X1, X1
+	VPSHUFD $0xb1, X1, X2
+	VPMAXUD X2, X1, X1       // lane 0: the bits of amax (they order like the values)
+	MOVQ DX, R10
+	SHRQ $4, R10
+	SHLQ $8, R10
+	MOVQ DX, R11
+	ANDQ $15, R11
+	LEAQ (R10)(R11*4), R10
+	ADDQ DI, R10             // the block's first 4 codes
+	VMOVD X1, AX
+	TESTL AX, AX
+	JE   qzero
+	VDIVSS X11, X1, X3       // s = amax/127
+	VDIVSS X3, X13, X4       // inv = 1/s
+	VBROADCASTSS X4, Z4
+	VMULPS Z4, Z0, Z0        // r = x*inv
+	VPANDD Z9, Z0, Z5
+	VPORD  Z10, Z5, Z5       // +-0.5, the sign of r
+	VADDPS Z5, Z0, Z0
+	VCVTTPS2DQ Z0, Z0        // the codes, truncated
+	VPMOVDB Z0, X5
+	VEXTRACTI64X4 $1, Z0, Y6
+	VPADDD Y6, Y0, Y0
+	VEXTRACTI128 $1, Y0, X6
+	VPADDD X6, X0, X0
+	VPSHUFD $0x4e, X0, X6
+	VPADDD X6, X0, X0
+	VPSHUFD $0xb1, X0, X6
+	VPADDD X6, X0, X0
+	VMOVD X0, AX
+	IMUL3L $-12, AX, AX
+	VMOVSS X3, (R8)(DX*4)
+	MOVL AX, (R9)(DX*4)
+	VMOVD X5, (R10)
+	VPEXTRD $1, X5, 64(R10)
+	VPEXTRD $2, X5, 128(R10)
+	VPEXTRD $3, X5, 192(R10)
+	JMP  qnext
+
+qzero:
+	MOVL $0, (R8)(DX*4)
+	MOVL $0, (R9)(DX*4)
+	MOVL $0, (R10)
+	MOVL $0, 64(R10)
+	MOVL $0, 128(R10)
+	MOVL $0, 192(R10)
+
+qnext:
+	ADDQ $64, SI
+	INCQ DX
+	JMP  qloop
+
+qdone:
+	VZEROUPPER
+	RET
