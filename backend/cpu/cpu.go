@@ -95,7 +95,9 @@ func (b *Backend) Sync() error { return nil }
 func (b *Backend) Close() error { return nil }
 
 // parallel runs fn over [0, n) split into about b.threads chunks of at least
-// grain items each.
+// grain items each: the first chunk on the calling goroutine, the others on
+// goroutines of their own (one start and wake-up fewer per call: an
+// operation at 16 threads starts 15).
 func (b *Backend) parallel(n, grain int, fn func(lo, hi int)) {
 	chunks := min(b.threads, (n+grain-1)/max(grain, 1))
 	if chunks <= 1 {
@@ -104,7 +106,7 @@ func (b *Backend) parallel(n, grain int, fn func(lo, hi int)) {
 	}
 	var wg sync.WaitGroup
 	step := (n + chunks - 1) / chunks
-	for lo := 0; lo < n; lo += step {
+	for lo := step; lo < n; lo += step {
 		hi := min(lo+step, n)
 		wg.Add(1)
 		go func() {
@@ -112,6 +114,7 @@ func (b *Backend) parallel(n, grain int, fn func(lo, hi int)) {
 			fn(lo, hi)
 		}()
 	}
+	fn(0, step)
 	wg.Wait()
 }
 
