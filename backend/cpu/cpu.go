@@ -289,7 +289,7 @@ func (b *Backend) RoPE(x backend.Buffer, rows, heads, stride, off, pos0 int, r *
 // SwiGLU computes silu(gate)*up.
 func (b *Backend) SwiGLU(dst, gate, up backend.Buffer, limit float32) {
 	d, g, u := dst.(Buffer), gate.(Buffer), up.(Buffer)
-	b.parallel(len(d), 1<<14, func(lo, hi int) { layers.SwiGLU(d[lo:hi], g[lo:hi], u[lo:hi], limit) })
+	b.parallel(len(d), 1<<14, func(lo, hi int) { swiglu(d[lo:hi], g[lo:hi], u[lo:hi], limit) })
 }
 
 // Add computes a + b.

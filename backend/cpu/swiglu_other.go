@@ -1,0 +1,8 @@
+//go:build !amd64
+
+package cpu
+
+import "github.com/manifoldlm/manifold/layers"
+
+// swiglu is layers.SwiGLU (assembly on amd64 only).
+func swiglu(dst, gate, up []float32, limit float32) { layers.SwiGLU(dst, gate, up, limit) }
