@@ -227,7 +227,9 @@ func q8QuantizeBlock(q []int8, x []float32, lo int) (s float32, sum int32) {
 	inv := 1 / s
 	q = q[:len(v)]
 	for i, f := range v {
-		r := f * inv
+		// r rounded here, never fused with the add below (quantQ16AVX512
+		// rounds it too).
+		r := float32(f * inv)
 		h := math.Float32frombits(math.Float32bits(r)&0x80000000 | 0x3f000000) // ±0.5
 		c := int32(r + h)
 		q[i] = int8(c)
