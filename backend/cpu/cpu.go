@@ -292,20 +292,32 @@ func (b *Backend) SwiGLU(dst, gate, up backend.Buffer, limit float32) {
 	b.parallel(len(d), 1<<14, func(lo, hi int) { swiglu(d[lo:hi], g[lo:hi], u[lo:hi], limit) })
 }
 
+// elementwiseGrain is the fewest elements a goroutine of Add and Scale
+// takes: a prompt's residual adds (512 tokens x 2048) run on every thread,
+// a decode step's (2048) on the caller alone. Serial, the prompt's adds
+// were 0.7% of a one-thread prefill, a tenth of the time at 16 threads.
+const elementwiseGrain = 1 << 15
+
 // Add computes a + b.
 func (b *Backend) Add(dst, x, y backend.Buffer) {
 	d, xs, ys := dst.(Buffer), x.(Buffer), y.(Buffer)
-	for i := range d {
-		d[i] = xs[i] + ys[i]
-	}
+	b.parallel(len(d), elementwiseGrain, func(lo, hi int) {
+		d, xs, ys := d[lo:hi], xs[lo:hi], ys[lo:hi]
+		for i := range d {
+			d[i] = xs[i] + ys[i]
+		}
+	})
 }
 
 // Scale computes a * s.
 func (b *Backend) Scale(dst, x backend.Buffer, s float32) {
 	d, xs := dst.(Buffer), x.(Buffer)
-	for i := range d {
-		d[i] = xs[i] * s
-	}
+	b.parallel(len(d), elementwiseGrain, func(lo, hi int) {
+		d, xs := d[lo:hi], xs[lo:hi]
+		for i := range d {
+			d[i] = xs[i] * s
+		}
+	})
 }
 
 // Copy copies src into dst.
