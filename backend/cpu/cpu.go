@@ -118,6 +118,47 @@ func (b *Backend) parallel(n, grain int, fn func(lo, hi int)) {
 	wg.Wait()
 }
 
+// parallelDynamic runs fn over [0, n) in chunks of chunk items (the last
+// shorter) that up to b.threads goroutines, the caller one of them, take in
+// turn from a shared counter until none is left: a thread slowed by
+// another process (a shared machine) or a slower core takes fewer chunks
+// instead of holding the others at the end, as parallel's equal shares do.
+func (b *Backend) parallelDynamic(n, chunk int, fn func(lo, hi int)) {
+	chunk = max(chunk, 1)
+	workers := min(b.threads, (n+chunk-1)/chunk)
+	if workers <= 1 {
+		fn(0, n)
+		return
+	}
+	var next atomic.Int64
+	work := func() {
+		for {
+			lo := int(next.Add(int64(chunk))) - chunk
+			if lo >= n {
+				return
+			}
+			fn(lo, min(lo+chunk, n))
+		}
+	}
+	var wg sync.WaitGroup
+	for range workers - 1 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			work()
+		}()
+	}
+	work()
+	wg.Wait()
+}
+
+// dynamicChunk is parallelDynamic's chunk for n items over threads: about 4
+// chunks a thread, at least grain items, a multiple of align.
+func dynamicChunk(n, threads, grain, align int) int {
+	c := max((n+4*threads-1)/(4*threads), grain, 1)
+	return (c + align - 1) / align * align
+}
+
 // Weight is a weight on the CPU in its stored format.
 type Weight struct {
 	rows, cols int
@@ -233,7 +274,7 @@ func (b *Backend) MatMul(dst, x backend.Buffer, wt backend.Weight, m int) {
 		return
 	}
 	grain := max(1, (1<<16)/K) // at least ~64k weights per goroutine
-	b.parallel(N, grain, func(lo, hi int) {
+	b.parallelDynamic(N, dynamicChunk(N, b.threads, grain, 1), func(lo, hi int) {
 		switch {
 		case w.f32 != nil:
 			matmulF32(out, in, w.f32, m, K, N, lo, hi)

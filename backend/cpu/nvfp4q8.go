@@ -367,7 +367,8 @@ type quadKernels[A any] struct {
 
 // matmulRepacked is MatMul for an NVFP4 weight w repacked as q, with k its
 // layout's kernels: the m rows of x are quantized into acts (in parallel
-// over rows), then the quads of weight rows are split over the threads.
+// over rows), then the threads take chunks of the quads of weight rows in
+// turn (parallelDynamic).
 func matmulRepacked[A any](b *Backend, out, x []float32, w *Weight, m int, q *quadWeight, acts []A, k *quadKernels[A]) {
 	K, N := w.cols, w.rows
 	b.parallel(m, 1, func(lo, hi int) {
@@ -377,7 +378,11 @@ func matmulRepacked[A any](b *Backend, out, x []float32, w *Weight, m int, q *qu
 	})
 	quads := (N + 3) / 4
 	grain := max(1, (1<<14)/(K*max(m, 1))) // at least ~64k products per goroutine
-	b.parallel(quads, grain, func(lo, hi int) {
+	align := 1
+	if m >= 4 {
+		align = quadTile // whole tiles: each is read once for all the tokens
+	}
+	b.parallelDynamic(quads, dynamicChunk(quads, b.threads, grain, align), func(lo, hi int) {
 		matmulQuads(out, acts, q, lo, hi, k)
 		w.addBias(out, m, lo*4, min(hi*4, N))
 	})
