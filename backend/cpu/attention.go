@@ -40,6 +40,18 @@ func (c *kvCache) Truncate(n int) {
 	}
 }
 
+// causalOrder is the j-th of m query rows in the order Attention's jobs
+// take them: 0, m-1, 1, m-2, ... A causal row's cost grows with its
+// position, and parallel hands each thread a contiguous run of jobs: in
+// row order the last thread of T had about 2 - 1/T times the mean work
+// (1.5x on 2 threads, 1.9x on 16), paired rows even it out.
+func causalOrder(j, m int) int {
+	if j%2 == 0 {
+		return j / 2
+	}
+	return m - 1 - j/2
+}
+
 // Attention appends k, v at pos0.. and attends causally, parallel over
 // (token, head) pairs.
 func (b *Backend) Attention(out, q, k, v backend.Buffer, cache backend.KVCache, layer, pos0, m int, s layers.AttentionShape) {
@@ -61,7 +73,7 @@ func (b *Backend) Attention(out, q, k, v backend.Buffer, cache backend.KVCache, 
 		b.parallel(m*quads, 1, func(lo, hi int) {
 			sc := make([]float32, 4*(pos0+m))
 			for job := lo; job < hi; job++ {
-				i, h := job/quads, job%quads*4
+				i, h := causalOrder(job/quads, m), job%quads*4
 				p := pos0 + i
 				start := 0
 				if s.Window > 0 {
@@ -78,14 +90,15 @@ func (b *Backend) Attention(out, q, k, v backend.Buffer, cache backend.KVCache, 
 		scores := make([]float32, pos0+m)
 		acc := make([]float32, hd)
 		for job := lo; job < hi; job++ {
-			i, h := job/s.Heads, job%s.Heads
+			i, h := causalOrder(job/s.Heads, m), job%s.Heads
+			at := i*s.Heads + h
 			p := pos0 + i
 			start := 0
 			if s.Window > 0 {
 				start = max(0, p-s.Window+1)
 			}
 			kh := h / group
-			qv := qs[job*hd : (job+1)*hd]
+			qv := qs[at*hd : (at+1)*hd]
 			mx := float32(math.Inf(-1))
 			for t := start; t <= p; t++ {
 				d := dotF32(qv, keys[(t*s.KVHeads+kh)*hd:(t*s.KVHeads+kh+1)*hd]) * s.Scale
@@ -104,7 +117,7 @@ func (b *Backend) Attention(out, q, k, v backend.Buffer, cache backend.KVCache, 
 				axpyF32(acc, values[(t*s.KVHeads+kh)*hd:(t*s.KVHeads+kh+1)*hd], wt)
 			}
 			inv := 1 / sum
-			ov := o[job*hd : (job+1)*hd]
+			ov := o[at*hd : (at+1)*hd]
 			for j := range ov {
 				ov[j] = acc[j] * inv
 			}

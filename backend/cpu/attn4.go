@@ -16,12 +16,14 @@ func attend4(o, q, keys, values []float32, stride, n, hd int, scale float32, sc 
 	for g := range mx {
 		mx[g] = float32(math.Inf(-1))
 	}
-	for t := range n {
+	n4 := max4Fast(sc, n, &mx) // the first n4 rows in assembly where there is
+	for t := n4; t < n; t++ {
 		for g := range 4 {
 			mx[g] = max(mx[g], sc[4*t+g])
 		}
 	}
-	for t := range n {
+	exp4Fast(sc, n4, &mx, &sum)
+	for t := n4; t < n; t++ {
 		for g := range 4 {
 			e := expf32(sc[4*t+g] - mx[g])
 			sc[4*t+g] = e

@@ -111,3 +111,125 @@ v4store:
 v4done:
 	VZEROUPPER
 	RET
+
+// expf32's constants (attn4.go), as float32 bits.
+DATA attexp<>+0(SB)/4, $0x3fb8aa3b  // log2e
+DATA attexp<>+4(SB)/4, $0x3f317200  // ln2hi
+DATA attexp<>+8(SB)/4, $0x35bfbe8e  // ln2lo
+DATA attexp<>+12(SB)/4, $0x3f800000 // 1
+DATA attexp<>+16(SB)/4, $0x3f000000 // 1/2
+DATA attexp<>+20(SB)/4, $0x3e2aaaab // 1/6
+DATA attexp<>+24(SB)/4, $0x3d2aaaab // 1/24
+DATA attexp<>+28(SB)/4, $0x3c088889 // 1/120
+DATA attexp<>+32(SB)/4, $0x3ab60b61 // 1/720
+DATA attexp<>+36(SB)/4, $0x39500d01 // 1/5040
+DATA attexp<>+40(SB)/4, $0xc2aeac4f // -87.33654
+DATA attexp<>+44(SB)/4, $0x42b170a4 // 88.72
+DATA attexp<>+48(SB)/4, $0x7f800000 // +Inf
+GLOBL attexp<>(SB), RODATA|NOPTR, $52
+
+// func max4AVX512(sc *float32, n int, mx *[4]float32)
+// mx[g] = max(mx[g], sc[4t+g] for t < n), n a multiple of 4.
+TEXT ·max4AVX512(SB), NOSPLIT, $0-24
+	MOVQ sc+0(FP), SI
+	MOVQ n+8(FP), CX
+	MOVQ mx+16(FP), DI
+	VBROADCASTI32X4 (DI), Z0
+m4loop:
+	CMPQ CX, $4
+	JLT  m4done
+	VMAXPS (SI), Z0, Z0
+	ADDQ $64, SI
+	SUBQ $4, CX
+	JMP  m4loop
+m4done:
+	VEXTRACTF64X4 $1, Z0, Y1
+	VMAXPS Y1, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VMAXPS X1, X0, X0
+	VMOVUPS X0, (DI)
+	VZEROUPPER
+	RET
+
+// func exp4AVX512(sc *float32, n int, mx, sum *[4]float32)
+// sc[4t+g] = expf32(sc[4t+g] - mx[g]) for t < n (a multiple of 4), the
+// same float32 operations as expf32 lane by lane (no fused multiply-add:
+// expf32 has none on amd64), and sum[g] += their sum (added in 4 partial
+// sums a group, then together: not expf32's loop's order).
+TEXT ·exp4AVX512(SB), NOSPLIT, $0-32
+	MOVQ sc+0(FP), SI
+	MOVQ n+8(FP), CX
+	MOVQ mx+16(FP), DI
+	VBROADCASTI32X4 (DI), Z31
+	VBROADCASTSS attexp<>+0(SB), Z16
+	VBROADCASTSS attexp<>+4(SB), Z17
+	VBROADCASTSS attexp<>+8(SB), Z18
+	VBROADCASTSS attexp<>+12(SB), Z19
+	VBROADCASTSS attexp<>+16(SB), Z20
+	VBROADCASTSS attexp<>+20(SB), Z21
+	VBROADCASTSS attexp<>+24(SB), Z22
+	VBROADCASTSS attexp<>+28(SB), Z23
+	VBROADCASTSS attexp<>+32(SB), Z24
+	VBROADCASTSS attexp<>+36(SB), Z25
+	VBROADCASTSS attexp<>+40(SB), Z26
+	VBROADCASTSS attexp<>+44(SB), Z27
+	VBROADCASTSS attexp<>+48(SB), Z28
+	MOVL $0x80000000, AX
+	VPBROADCASTD AX, Z29     // sign bit
+	VPXORD Z30, Z30, Z30     // the sums
+	VPXORD Z15, Z15, Z15     // zeros
+	MOVL $127, AX
+	VPBROADCASTD AX, Z14     // the exponent bias
+e4loop:
+	CMPQ CX, $4
+	JLT  e4done
+	VMOVUPS (SI), Z0
+	VSUBPS Z31, Z0, Z0       // x = s - mx
+	VMULPS Z16, Z0, Z1       // kf = x*log2e
+	VPANDD Z29, Z1, Z2
+	VPORD  Z20, Z2, Z2       // +-0.5 by kf's sign (kf = -0: -0.5, the same n)
+	VADDPS Z2, Z1, Z1
+	VCVTTPS2DQ Z1, Z1        // n
+	VCVTDQ2PS Z1, Z2         // nf
+	VMULPS Z17, Z2, Z3
+	VSUBPS Z3, Z0, Z3        // x - nf*ln2hi
+	VMULPS Z18, Z2, Z4
+	VSUBPS Z4, Z3, Z3        // r = ... - nf*ln2lo
+	VMULPS Z25, Z3, Z4       // r/5040
+	VADDPS Z24, Z4, Z4
+	VMULPS Z4, Z3, Z4
+	VADDPS Z23, Z4, Z4
+	VMULPS Z4, Z3, Z4
+	VADDPS Z22, Z4, Z4
+	VMULPS Z4, Z3, Z4
+	VADDPS Z21, Z4, Z4
+	VMULPS Z4, Z3, Z4
+	VADDPS Z20, Z4, Z4
+	VMULPS Z4, Z3, Z4
+	VADDPS Z19, Z4, Z4
+	VMULPS Z4, Z3, Z4
+	VADDPS Z19, Z4, Z4       // p
+	VPADDD Z14, Z1, Z1
+	VPSLLD $23, Z1, Z1       // 2^n
+	VMULPS Z1, Z4, Z4        // p * 2^n
+	VCMPPS $0x11, Z26, Z0, K1 // x < -87.33654 (ordered)
+	VCMPPS $0x1e, Z27, Z0, K2 // x > 88.72
+	VCMPPS $3, Z0, Z0, K3     // NaN
+	VMOVAPS Z15, K1, Z4
+	VMOVAPS Z28, K2, Z4
+	VMOVAPS Z0, K3, Z4
+	VADDPS Z4, Z30, Z30
+	VMOVUPS Z4, (SI)
+	ADDQ $64, SI
+	SUBQ $4, CX
+	JMP  e4loop
+e4done:
+	MOVQ sum+24(FP), DI
+	VEXTRACTF64X4 $1, Z30, Y1
+	VADDPS Y1, Y30, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VADDPS (DI), X0, X0
+	VMOVUPS X0, (DI)
+	VZEROUPPER
+	RET

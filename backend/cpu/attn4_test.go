@@ -57,3 +57,70 @@ func closeF32(t *testing.T, what string, got, want []float32, tol float64) {
 		}
 	}
 }
+
+// TestSoftmax4Fast holds attend4's assembly softmax steps (max4Fast,
+// exp4Fast, where the processor has them) to its loops: the same maxima,
+// expf32 of every score bit for bit, the sums within float32 rounding
+// (added in another order).
+func TestSoftmax4Fast(t *testing.T) {
+	rng := rand.New(rand.NewPCG(61, 21))
+	for _, n := range []int{1, 4, 7, 64, 1001} {
+		sc := make([]float32, 4*n)
+		for i := range sc {
+			sc[i] = float32(rng.NormFloat64() * 30)
+			if rng.IntN(50) == 0 {
+				sc[i] = -200 // below expf32's zero bound after the max
+			}
+		}
+		want := append([]float32(nil), sc...)
+		var mx, sum, wmx, wsum [4]float32
+		for g := range mx {
+			mx[g], wmx[g] = float32(math.Inf(-1)), float32(math.Inf(-1))
+		}
+		n4 := max4Fast(sc, n, &mx)
+		for r := n4; r < n; r++ {
+			for g := range 4 {
+				mx[g] = max(mx[g], sc[4*r+g])
+			}
+		}
+		exp4Fast(sc, n4, &mx, &sum)
+		for r := range n {
+			for g := range 4 {
+				wmx[g] = max(wmx[g], want[4*r+g])
+			}
+		}
+		if mx != wmx {
+			t.Fatalf("n=%d: maxima %v, want %v", n, mx, wmx)
+		}
+		for r := range n4 {
+			for g := range 4 {
+				e := expf32(want[4*r+g] - wmx[g])
+				if math.Float32bits(sc[4*r+g]) != math.Float32bits(e) {
+					t.Fatalf("n=%d row %d group %d: %v, expf32 %v", n, r, g, sc[4*r+g], e)
+				}
+				wsum[g] += e
+			}
+		}
+		closeF32(t, fmt.Sprintf("n=%d sums", n), sum[:], wsum[:], 1e-6)
+	}
+}
+
+// TestExp4Ends: exp4Fast's answers at expf32's bounds and for NaN, bit for
+// bit expf32's.
+func TestExp4Ends(t *testing.T) {
+	x := []float32{0, -1e-3, -87.33654, -87.3365, -87.34, -88, -103, -1e30, float32(math.Inf(-1)), 88.72, 88.7, 89,
+		float32(math.Inf(1)), float32(math.NaN()), 1, -0.5, 0.3466, -0.3466, 44.36, -44.36}
+	for len(x)%16 != 0 {
+		x = append(x, float32(len(x))-40)
+	}
+	sc := append([]float32(nil), x...)
+	var mx, sum [4]float32
+	if exp4Fast(sc, len(x)/4, &mx, &sum); !hasAVX512VL {
+		t.Skip("no AVX-512")
+	}
+	for i, v := range x {
+		if e := expf32(v); math.Float32bits(sc[i]) != math.Float32bits(e) {
+			t.Errorf("exp4 of %v: %v, expf32 %v", v, sc[i], e)
+		}
+	}
+}

@@ -261,3 +261,22 @@ func TestCopyBF16(t *testing.T) {
 		t.Errorf("copied more than half the memory")
 	}
 }
+
+// TestAddScaleParallel: Add and Scale split over threads (past
+// elementwiseGrain, a length off it) equal the serial loops, in place too.
+func TestAddScaleParallel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(61, 22))
+	const n = 3*elementwiseGrain + 17
+	x, y := randn(rng, n), randn(rng, n)
+	b := New(4)
+	sum, prod := make(Buffer, n), make(Buffer, n)
+	b.Add(sum, Buffer(x), Buffer(y))
+	b.Scale(prod, Buffer(x), 0.37)
+	inPlace := append(Buffer(nil), x...)
+	b.Add(inPlace, inPlace, Buffer(y))
+	for i := range n {
+		if sum[i] != x[i]+y[i] || prod[i] != x[i]*0.37 || inPlace[i] != sum[i] {
+			t.Fatalf("element %d: %v %v %v, want %v %v", i, sum[i], prod[i], inPlace[i], x[i]+y[i], x[i]*0.37)
+		}
+	}
+}

@@ -112,10 +112,11 @@ func newQ16Act(groups, m int) []q16Act {
 }
 
 // quantizeQ16 quantizes x (len <= groups*256) into a as quantizeQ8 does
-// (q8QuantizeBlock), each block's codes spread over the 4 chunks.
+// (q8QuantizeBlock), each block's codes spread over the 4 chunks (all 16
+// written, zeros past x), the whole blocks in assembly where
+// quantizeQ16Fast has it.
 func quantizeQ16(a q16Act, x []float32, groups int) {
-	clear(a.x)
-	for blk := range groups * q16Blocks {
+	for blk := quantizeQ16Fast(a, x, groups); blk < groups*q16Blocks; blk++ {
 		var q [quant.NVFP4BlockSize]int8
 		s, sum := q8QuantizeBlock(q[:], x, blk*quant.NVFP4BlockSize)
 		g, l := blk/q16Blocks, blk%q16Blocks
@@ -164,4 +165,4 @@ func row8Q16Go(codes, scales []byte, a []q16Act, groups int, out *[8]float32) {
 // q16Kernels are the block-per-lane layout's: the tokens run over the tiles
 // of quads 8 at a time (row8Q16: each supergroup of a row decoded once for
 // the 8), then 4, the last m%4 one at a time.
-var q16Kernels = quadKernels[q16Act]{quantize: quantizeQ16, row8: row8Q16, row4: row4Q16, dot4: dot4Q16}
+var q16Kernels = quadKernels[q16Act]{quantize: quantizeQ16, row8: row8Q16, row4: row4Q16, dot4: dot4Q16, tile8: tile8Q16, dots: dotsQ16}

@@ -227,7 +227,9 @@ func q8QuantizeBlock(q []int8, x []float32, lo int) (s float32, sum int32) {
 	inv := 1 / s
 	q = q[:len(v)]
 	for i, f := range v {
-		r := f * inv
+		// r rounded here, never fused with the add below (quantQ16AVX512
+		// rounds it too).
+		r := float32(f * inv)
 		h := math.Float32frombits(math.Float32bits(r)&0x80000000 | 0x3f000000) // ±0.5
 		c := int32(r + h)
 		q[i] = int8(c)
@@ -352,11 +354,21 @@ type quadKernels[A any] struct {
 	row8     quadKernel[A, [8]float32] // nil where the layout has none
 	row4     quadKernel[A, [4]float32]
 	dot4     func(codes, scales []byte, a A, groups int, out *[4]float32) // decode: a quad's 4 rows with one token
+
+	// tile8 and dots, where not nil, are prefillQuads with row8 (8 tokens)
+	// and decodeQuads with dot4 (one token, whole quads) in one call for
+	// all the rows, the outputs scaled and stored by the kernel; they
+	// return false, having done nothing, where the processor lacks their
+	// kernel. The per-row calls of row8 through a func value cost about a
+	// tenth of the prefill's time (DECISIONS.md).
+	tile8 func(out []float32, acts []A, w *quadWeight, q0, q1 int) bool
+	dots  func(out []float32, a A, w *quadWeight, q0, q1 int) bool
 }
 
 // matmulRepacked is MatMul for an NVFP4 weight w repacked as q, with k its
 // layout's kernels: the m rows of x are quantized into acts (in parallel
-// over rows), then the quads of weight rows are split over the threads.
+// over rows), then the threads take chunks of the quads of weight rows in
+// turn (parallelDynamic).
 func matmulRepacked[A any](b *Backend, out, x []float32, w *Weight, m int, q *quadWeight, acts []A, k *quadKernels[A]) {
 	K, N := w.cols, w.rows
 	b.parallel(m, 1, func(lo, hi int) {
@@ -366,7 +378,11 @@ func matmulRepacked[A any](b *Backend, out, x []float32, w *Weight, m int, q *qu
 	})
 	quads := (N + 3) / 4
 	grain := max(1, (1<<14)/(K*max(m, 1))) // at least ~64k products per goroutine
-	b.parallel(quads, grain, func(lo, hi int) {
+	align := 1
+	if m >= 4 {
+		align = quadTile // whole tiles: each is read once for all the tokens
+	}
+	b.parallelDynamic(quads, dynamicChunk(quads, b.threads, grain, align), func(lo, hi int) {
 		matmulQuads(out, acts, q, lo, hi, k)
 		w.addBias(out, m, lo*4, min(hi*4, N))
 	})
@@ -374,22 +390,49 @@ func matmulRepacked[A any](b *Backend, out, x []float32, w *Weight, m int, q *qu
 
 // matmulQuads computes out[i*N + r] for the m rows of acts and rows r in
 // quads [qlo, qhi) of w. Tiles of quads are kept in cache while the tokens
-// run over them 8 at a time (row8, each weight group decoded once for the
-// 8), then 4 (row4), the last m%4 one at a time (dot4).
+// run over them 8 at a time (tile8 or row8, each weight group decoded once
+// for the 8), then 4 (row4), the last m%4 one at a time (dots or dot4);
+// with fewer than 4 tokens there is no tile to keep, and each token runs
+// over all the quads at once.
 func matmulQuads[A any](out []float32, acts []A, w *quadWeight, qlo, qhi int, k *quadKernels[A]) {
+	N := w.rows
 	m8, m4 := 0, len(acts)&^3
 	if k.row8 != nil {
 		m8 = len(acts) &^ 7
 	}
-	// The kernels' outputs (before the global scale): called through func
-	// values, they are on the heap, allocated once here.
-	o8 := new([8]float32)
-	o4 := (*[4]float32)(o8[:4])
-	for t0 := qlo; t0 < qhi; t0 += quadTile {
-		t1 := min(t0+quadTile, qhi)
-		prefillQuads(out, acts[:m8], w, t0, t1, k.row8, o8)
-		prefillQuads(out[m8*w.rows:], acts[m8:m4], w, t0, t1, k.row4, o4)
-		decodeQuads(out[m4*w.rows:], acts[m4:], w, t0, t1, k.dot4, o4)
+	// The per-row kernels' outputs (before the global scale): called
+	// through func values, they are on the heap, allocated at first use.
+	var o8 *[8]float32
+	outs := func() *[8]float32 {
+		if o8 == nil {
+			o8 = new([8]float32)
+		}
+		return o8
+	}
+	tile := quadTile
+	if m4 == 0 {
+		tile = qhi - qlo
+	}
+	for t0 := qlo; t0 < qhi; t0 += tile {
+		t1 := min(t0+tile, qhi)
+		for i := 0; i < m8; i += 8 {
+			if k.tile8 == nil || !k.tile8(out[i*N:], acts[i:i+8], w, t0, t1) {
+				prefillQuads(out[i*N:], acts[i:i+8], w, t0, t1, k.row8, outs())
+			}
+		}
+		if m4 > m8 {
+			prefillQuads(out[m8*N:], acts[m8:m4], w, t0, t1, k.row4, (*[4]float32)(outs()[:4]))
+		}
+		for i := m4; i < len(acts); i++ {
+			// dots takes whole quads: a last quad past N goes to dot4.
+			full := min(t1, N/4)
+			if k.dots == nil || !k.dots(out[i*N:], acts[i], w, t0, full) {
+				full = t0
+			}
+			if full < t1 {
+				decodeQuads(out[i*N:], acts[i:i+1], w, full, t1, k.dot4, (*[4]float32)(outs()[:4]))
+			}
+		}
 	}
 }
 

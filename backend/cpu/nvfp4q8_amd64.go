@@ -1,6 +1,10 @@
 package cpu
 
-import "golang.org/x/sys/cpu"
+import (
+	"golang.org/x/sys/cpu"
+
+	"github.com/manifoldlm/manifold/quant"
+)
 
 // hasVNNI512 is fixed at start-up: the processor has AVX-512 (F, BW) and
 // AVX-512 VNNI, and the int8 kernels use their VPDPBUSD versions.
@@ -38,6 +42,15 @@ func row4Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups in
 
 //go:noescape
 func row8Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups int, out *[8]float32)
+
+//go:noescape
+func tile8Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups, gc, rows int, out *float32, ldo int, mul float32, acc *float32, flags int)
+
+//go:noescape
+func quantQ16AVX512(x *float32, blocks int, q *int8, sc *float32, c *int32)
+
+//go:noescape
+func dotsQ16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups, quads int, out *float32, mul float32)
 
 // dot4Q8 is dot4Q8Go with the AVX-512 VNNI or AVX2 kernel where the
 // processor has them.
@@ -121,4 +134,78 @@ func tokensQ16[O [4]float32 | [8]float32](codes, scales []byte, a []q16Act, grou
 	case *[8]float32:
 		row8Q16VNNI(&codes[0], &scales[0], &x[0], &xs[0], &xc[0], groups, o)
 	}
+}
+
+// q16Chunk is the supergroups of a row (2048 elements) that tile8Q16
+// takes at a time: the 8 tokens' activations of a chunk, 16 KB and their
+// scales, stay in L1 while the tile's rows run over them. Whole rows of
+// 8192 (the FFN's down projection) streamed the 8 tokens' 64 KB from L2
+// for every row: 120 GFLOP per CPU-second against 190 for rows of 2048
+// (DECISIONS.md).
+const q16Chunk = 8
+
+// tile8Q16 is prefillQuads with row8Q16 for the 8 tokens acts and the
+// quads [q0, q1) of w, in calls of tile8Q16VNNI over up to 32 rows and
+// q16Chunk supergroups; false (nothing done) where the processor lacks
+// AVX-512 VNNI.
+func tile8Q16(out []float32, acts []q16Act, w *quadWeight, q0, q1 int) bool {
+	G, N := w.groups, w.rows
+	rows := min(4*q1, N) - 4*q0
+	if !hasVNNI512 || G == 0 || rows <= 0 {
+		return false
+	}
+	n, nb := G*q16Group, G*q16Blocks
+	x, xs, xc := consecutive(acts[0].x, acts[7].x, 8, n), consecutive(acts[0].sc, acts[7].sc, 8, nb), consecutive(acts[0].c, acts[7].c, 8, nb)
+	var acc [32 * 8 * 16]float32 // the partial sums of a chunk: 32 rows x 8 tokens x 16 lanes
+	const tileRows = len(acc) / (8 * 16)
+	for r0 := 0; r0 < rows; r0 += tileRows {
+		nr := min(tileRows, rows-r0)
+		quad := q0 + r0/4                // r0 is a multiple of 4
+		o := out[4*quad : 7*N+4*quad+nr] // row r's token t at t*N + r
+		for g0 := 0; g0 < G; g0 += q16Chunk {
+			gc := min(q16Chunk, G-g0)
+			flags := 0
+			if g0 > 0 {
+				flags |= 1
+			}
+			if g0+gc < G {
+				flags |= 2
+			}
+			c := w.codes[(quad*G+g0)*4*q16GroupB : ((quad+(nr+3)/4)*G)*4*q16GroupB]
+			s := w.scales[(quad*G+g0)*4*q16Blocks : ((quad+(nr+3)/4)*G)*4*q16Blocks]
+			tile8Q16VNNI(&c[0], &s[0], &x[g0*q16Group], &xs[g0*q16Blocks], &xc[g0*q16Blocks], G, gc, nr, &o[0], 4*N, w.mul, &acc[0], flags)
+		}
+	}
+	return true
+}
+
+// dotsQ16 is decodeQuads with dot4Q16 for one token a and the quads
+// [q0, q1) of w, all 4 rows of each in w (out[4*q0 : 4*q1]), in one call
+// of dotsQ16VNNI; false (nothing done) where the processor lacks AVX-512
+// VNNI.
+func dotsQ16(out []float32, a q16Act, w *quadWeight, q0, q1 int) bool {
+	G := w.groups
+	if !hasVNNI512 || G == 0 || q1 <= q0 {
+		return false
+	}
+	_, _, _ = a.x[G*q16Group-1], a.sc[G*q16Blocks-1], a.c[G*q16Blocks-1]
+	codes := w.codes[q0*G*4*q16GroupB : q1*G*4*q16GroupB]
+	scales := w.scales[q0*G*4*q16Blocks : q1*G*4*q16Blocks]
+	o := out[4*q0 : 4*q1]
+	dotsQ16VNNI(&codes[0], &scales[0], &a.x[0], &a.sc[0], &a.c[0], G, q1-q0, &o[0], w.mul)
+	return true
+}
+
+// quantizeQ16Fast quantizes the whole blocks of x into a with
+// quantQ16AVX512 where the processor has AVX-512 VNNI (the block-per-lane
+// layout's machines), the same values as quantizeQ16's, and says how many
+// blocks it did.
+func quantizeQ16Fast(a q16Act, x []float32, groups int) int {
+	n := min(len(x)/quant.NVFP4BlockSize, groups*q16Blocks)
+	if !hasVNNI512 || n == 0 {
+		return 0
+	}
+	_, _, _ = a.x[(n-1)/q16Blocks*q16Group+q16Group-1], a.sc[n-1], a.c[n-1]
+	quantQ16AVX512(&x[0], n, &a.x[0], &a.sc[0], &a.c[0])
+	return n
 }

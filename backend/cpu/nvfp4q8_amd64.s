@@ -408,16 +408,21 @@ r16done:
 // NEXTTOK moves the token pointers (R11 x, R12 xs, R14 xc) on by one token.
 #define NEXTTOK ADDQ BX, R11; ADDQ R13, R12; ADDQ R13, R14
 
-// HSUM4(a, ya, b, yb, c, yc, d, yd, off): the horizontal sums of the ZMMs
-// a..d (ya..yd their low halves) to off(AX)..off+12(AX), through Y12-Y15
-// (VHADDPS has no EVEX form).
-#define HSUM4(a, ya, b, yb, c, yc, d, yd, off) \
+// HSUM4X(a, ya, b, yb, c, yc, d, yd): the horizontal sums of the ZMMs a..d
+// (ya..yd their low halves) into X12, through Y0 and Y12-Y15 (VHADDPS has
+// no EVEX form).
+#define HSUM4X(a, ya, b, yb, c, yc, d, yd) \
 	VEXTRACTF64X4 $1, a, Y0; VADDPS Y0, ya, Y12; \
 	VEXTRACTF64X4 $1, b, Y0; VADDPS Y0, yb, Y13; \
 	VEXTRACTF64X4 $1, c, Y0; VADDPS Y0, yc, Y14; \
 	VEXTRACTF64X4 $1, d, Y0; VADDPS Y0, yd, Y15; \
 	VHADDPS Y13, Y12, Y12; VHADDPS Y15, Y14, Y14; VHADDPS Y14, Y12, Y12; \
-	VEXTRACTF128 $1, Y12, X13; VADDPS X13, X12, X12; VMOVUPS X12, off(AX)
+	VEXTRACTF128 $1, Y12, X13; VADDPS X13, X12, X12
+
+// HSUM4(a, ya, b, yb, c, yc, d, yd, off): HSUM4X stored to
+// off(AX)..off+12(AX).
+#define HSUM4(a, ya, b, yb, c, yc, d, yd, off) \
+	HSUM4X(a, ya, b, yb, c, yc, d, yd); VMOVUPS X12, off(AX)
 
 // func row8Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups int, out *[8]float32)
 // row4Q16VNNI for 8 tokens: each supergroup of the row decoded once for
@@ -451,5 +456,256 @@ r8loop:
 r8done:
 	HSUM4(Z23, Y23, Z24, Y24, Z25, Y25, Z26, Y26, 0)
 	HSUM4(Z27, Y27, Z28, Y28, Z29, Y29, Z30, Y30, 16)
+	VZEROUPPER
+	RET
+
+// ZERO8 zeroes the 8 accumulators Z23-Z30.
+#define ZERO8 \
+	VPXORD Z23, Z23, Z23; VPXORD Z24, Z24, Z24; VPXORD Z25, Z25, Z25; VPXORD Z26, Z26, Z26; \
+	VPXORD Z27, Z27, Z27; VPXORD Z28, Z28, Z28; VPXORD Z29, Z29, Z29; VPXORD Z30, Z30, Z30
+
+// func tile8Q16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups, gc, rows int, out *float32, ldo int, mul float32, acc *float32, flags int)
+// row8Q16VNNI over rows consecutive weight rows (codes and scales at the
+// first one's quad, which it starts; the rows' supergroups groups long),
+// over gc of their supergroups from codes, scales, x, xs and xc on. With
+// flags bit 0 each row's 8 accumulators start from acc (8 x 16 float32 a
+// row, rows after rows) instead of zero; with bit 1 they are stored there,
+// otherwise their sums times mul are stored to out: row r's token t at
+// out + 4r + t*ldo bytes. Over all the chunks of a row's supergroups the
+// same instructions in the same order as row8Q16VNNI and then a float32
+// product per output: the same results as row8Q16VNNI's times mul,
+// without a call per row, and a chunk's activations kept in L1 while the
+// rows run over them.
+TEXT ·tile8Q16VNNI(SB), NOSPLIT, $0-104
+	MOVQ codes+0(FP), DI; MOVQ scales+8(FP), DX; MOVQ out+64(FP), AX
+	MOVQ groups+40(FP), CX
+	MOVQ CX, BX
+	SHLQ $8, BX              // x token stride: groups*256 bytes
+	MOVQ CX, R13
+	SHLQ $6, R13             // xs, xc token stride: groups*64 bytes
+	VPBROADCASTD q8bias<>(SB), Z4; VBROADCASTI64X4 q8lut<>(SB), Z5; VBROADCASTI64X4 q8nib<>(SB), Z6
+	VBROADCASTSS mul+80(FP), X7
+	XORQ R10, R10            // rows done
+
+t8row:
+	CMPQ R10, rows+56(FP)
+	JGE  t8done
+	MOVQ x+16(FP), SI; MOVQ xs+24(FP), R8; MOVQ xc+32(FP), R9; MOVQ gc+48(FP), CX
+	TESTQ $1, flags+96(FP)
+	JNE   t8load
+	ZERO8
+	JMP   t8loop
+
+t8load:
+	MOVQ  R10, R12
+	SHLQ  $9, R12
+	ADDQ  acc+88(FP), R12    // this row's 8 x 64 bytes of acc
+	VMOVUPS 0(R12), Z23; VMOVUPS 64(R12), Z24; VMOVUPS 128(R12), Z25; VMOVUPS 192(R12), Z26
+	VMOVUPS 256(R12), Z27; VMOVUPS 320(R12), Z28; VMOVUPS 384(R12), Z29; VMOVUPS 448(R12), Z30
+
+t8loop:
+	TESTQ CX, CX
+	JE    t8sum
+	ROWDEC16
+	MOVQ SI, R11; MOVQ R8, R12; MOVQ R9, R14
+	TOK16(R11, (R12), (R14), Z23); NEXTTOK
+	TOK16(R11, (R12), (R14), Z24); NEXTTOK
+	TOK16(R11, (R12), (R14), Z25); NEXTTOK
+	TOK16(R11, (R12), (R14), Z26); NEXTTOK
+	TOK16(R11, (R12), (R14), Z27); NEXTTOK
+	TOK16(R11, (R12), (R14), Z28); NEXTTOK
+	TOK16(R11, (R12), (R14), Z29); NEXTTOK
+	TOK16(R11, (R12), (R14), Z30)
+	Q16NEXT
+	JMP t8loop
+
+t8sum:
+	TESTQ $2, flags+96(FP)
+	JE    t8out
+	MOVQ  R10, R12
+	SHLQ  $9, R12
+	ADDQ  acc+88(FP), R12
+	VMOVUPS Z23, 0(R12); VMOVUPS Z24, 64(R12); VMOVUPS Z25, 128(R12); VMOVUPS Z26, 192(R12)
+	VMOVUPS Z27, 256(R12); VMOVUPS Z28, 320(R12); VMOVUPS Z29, 384(R12); VMOVUPS Z30, 448(R12)
+	JMP   t8next
+
+t8out:
+	HSUM4X(Z23, Y23, Z24, Y24, Z25, Y25, Z26, Y26)
+	VMULPS X7, X12, X1
+	HSUM4X(Z27, Y27, Z28, Y28, Z29, Y29, Z30, Y30)
+	VMULPS X7, X12, X2
+	MOVQ ldo+72(FP), R11
+	VMOVSS X1, (AX)
+	VEXTRACTPS $1, X1, (AX)(R11*1)
+	LEAQ (AX)(R11*2), R12
+	VEXTRACTPS $2, X1, (R12)
+	VEXTRACTPS $3, X1, (R12)(R11*1)
+	LEAQ (R12)(R11*2), R12
+	VMOVSS X2, (R12)
+	VEXTRACTPS $1, X2, (R12)(R11*1)
+	LEAQ (R12)(R11*2), R12
+	VEXTRACTPS $2, X2, (R12)
+	VEXTRACTPS $3, X2, (R12)(R11*1)
+
+t8next:
+	ADDQ $4, AX
+	// The next row: DI and DX are gc supergroups past this row's chunk;
+	// the quad's next row is 128 (16) bytes after it, the next quad's
+	// first row groups supergroups after the quad's first row.
+	MOVQ  gc+48(FP), CX
+	SHLQ  $6, CX
+	SUBQ  CX, DX
+	SHLQ  $3, CX
+	SUBQ  CX, DI
+	INCQ  R10
+	TESTQ $3, R10
+	JE    t8quad
+	ADDQ  $16, DX
+	ADDQ  $128, DI
+	JMP   t8row
+
+t8quad:
+	MOVQ groups+40(FP), CX
+	SHLQ $6, CX
+	ADDQ CX, DX
+	SUBQ $48, DX
+	SHLQ $3, CX
+	ADDQ CX, DI
+	SUBQ $384, DI
+	JMP  t8row
+
+t8done:
+	VZEROUPPER
+	RET
+
+// func dotsQ16VNNI(codes, scales *byte, x *int8, xs *float32, xc *int32, groups, quads int, out *float32, mul float32)
+// dot4Q16VNNI over quads consecutive quads of weight rows, each quad's 4
+// sums times mul stored to out (4 floats a quad): the same results as
+// dot4Q16VNNI's times mul, without a call per quad.
+TEXT ·dotsQ16VNNI(SB), NOSPLIT, $0-68
+	MOVQ codes+0(FP), DI; MOVQ scales+8(FP), DX; MOVQ out+56(FP), AX
+	MOVQ quads+48(FP), R10
+	VPBROADCASTD q8bias<>(SB), Z4; VBROADCASTI64X4 q8lut<>(SB), Z5; VBROADCASTI64X4 q8nib<>(SB), Z6
+	VBROADCASTSS mul+64(FP), X7
+
+dsquad:
+	TESTQ R10, R10
+	JE    dsdone
+	MOVQ x+16(FP), SI; MOVQ xs+24(FP), R8; MOVQ xc+32(FP), R9; MOVQ groups+40(FP), CX
+	VPXORD Z12, Z12, Z12; VPXORD Z13, Z13, Z13; VPXORD Z14, Z14, Z14; VPXORD Z15, Z15, Z15
+
+dsloop:
+	TESTQ CX, CX
+	JE    dssum
+	PREFETCHT0 2048(DI); PREFETCHT0 2112(DI); PREFETCHT0 2176(DI); PREFETCHT0 2240(DI)
+	PREFETCHT0 2304(DI); PREFETCHT0 2368(DI); PREFETCHT0 2432(DI); PREFETCHT0 2496(DI)
+	PREFETCHT0 256(DX)
+	ROW16(0, Z12)
+	ROW16(1, Z13)
+	ROW16(2, Z14)
+	ROW16(3, Z15)
+	Q16NEXT
+	JMP dsloop
+
+dssum:
+	HSUM4X(Z12, Y12, Z13, Y13, Z14, Y14, Z15, Y15)
+	VMULPS X7, X12, X12
+	VMOVUPS X12, (AX)
+	ADDQ $16, AX
+	DECQ R10
+	JMP  dsquad
+
+dsdone:
+	VZEROUPPER
+	RET
+
+// func quantQ16AVX512(x *float32, blocks int, q *int8, sc *float32, c *int32)
+// quantizeQ16's q8QuantizeBlock for blocks whole blocks of 16 at x, block
+// b's codes to q + (b/16)*256 + (b%16)*4 (4 bytes in each of the 4 chunks
+// of 64), its scale to sc[b], -12 times its codes' sum to c[b]: the same
+// float32 operations (amax/127, 1/s, x*inv, +-0.5, truncation) with the
+// same results.
+TEXT ·quantQ16AVX512(SB), NOSPLIT, $0-40
+	MOVQ x+0(FP), SI
+	MOVQ blocks+8(FP), CX
+	MOVQ q+16(FP), DI
+	MOVQ sc+24(FP), R8
+	MOVQ c+32(FP), R9
+	MOVL $0x7fffffff, AX
+	VPBROADCASTD AX, Z8      // |x| mask
+	MOVL $0x80000000, AX
+	VPBROADCASTD AX, Z9      // sign bit
+	MOVL $0x3f000000, AX
+	VPBROADCASTD AX, Z10     // 0.5
+	MOVL $0x42fe0000, AX
+	VMOVD AX, X11            // 127
+	MOVL $0x3f800000, AX
+	VMOVD AX, X13            // 1
+	XORQ DX, DX              // block
+
+qloop:
+	CMPQ DX, CX
+	JGE  qdone
+	VMOVUPS (SI), Z0
+	VPANDD Z8, Z0, Z1
+	VEXTRACTI64X4 $1, Z1, Y2
+	VPMAXUD Y2, Y1, Y1
+	VEXTRACTI128 $1, Y1, X2
+	VPMAXUD X2, X1, X1
+	VPSHUFD $0x4e, X1, X2
+	VPMAXUD X2, X1, X1
+	VPSHUFD $0xb1, X1, X2
+	VPMAXUD X2, X1, X1       // lane 0: the bits of amax (they order like the values)
+	MOVQ DX, R10
+	SHRQ $4, R10
+	SHLQ $8, R10
+	MOVQ DX, R11
+	ANDQ $15, R11
+	LEAQ (R10)(R11*4), R10
+	ADDQ DI, R10             // the block's first 4 codes
+	VMOVD X1, AX
+	TESTL AX, AX
+	JE   qzero
+	VDIVSS X11, X1, X3       // s = amax/127
+	VDIVSS X3, X13, X4       // inv = 1/s
+	VBROADCASTSS X4, Z4
+	VMULPS Z4, Z0, Z0        // r = x*inv
+	VPANDD Z9, Z0, Z5
+	VPORD  Z10, Z5, Z5       // +-0.5, the sign of r
+	VADDPS Z5, Z0, Z0
+	VCVTTPS2DQ Z0, Z0        // the codes, truncated
+	VPMOVDB Z0, X5
+	VEXTRACTI64X4 $1, Z0, Y6
+	VPADDD Y6, Y0, Y0
+	VEXTRACTI128 $1, Y0, X6
+	VPADDD X6, X0, X0
+	VPSHUFD $0x4e, X0, X6
+	VPADDD X6, X0, X0
+	VPSHUFD $0xb1, X0, X6
+	VPADDD X6, X0, X0
+	VMOVD X0, AX
+	IMUL3L $-12, AX, AX
+	VMOVSS X3, (R8)(DX*4)
+	MOVL AX, (R9)(DX*4)
+	VMOVD X5, (R10)
+	VPEXTRD $1, X5, 64(R10)
+	VPEXTRD $2, X5, 128(R10)
+	VPEXTRD $3, X5, 192(R10)
+	JMP  qnext
+
+qzero:
+	MOVL $0, (R8)(DX*4)
+	MOVL $0, (R9)(DX*4)
+	MOVL $0, (R10)
+	MOVL $0, 64(R10)
+	MOVL $0, 128(R10)
+	MOVL $0, 192(R10)
+
+qnext:
+	ADDQ $64, SI
+	INCQ DX
+	JMP  qloop
+
+qdone:
 	VZEROUPPER
 	RET
