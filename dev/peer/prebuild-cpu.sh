@@ -5,14 +5,15 @@
 # GGML_CPU_ALL_VARIANTS, one libggml-cpu-<variant>.so per ISA level (x64,
 # sse42, ..., haswell, skylakex, icelake, cooperlake, zen4, sapphirerapids),
 # of which ggml loads the best that the CPU runs at start, from the
-# executable's folder. RPATH $ORIGIN, stripped, libgomp beside them: the
-# folder runs wherever it is unpacked, without a compiler.
+# executable's folder. RPATH $ORIGIN, stripped, libgomp, libstdc++ and
+# libgcc_s beside them: the folder runs wherever it is unpacked, without a
+# compiler.
 #
 # SOURCE: trim-src.sh's tarball (built in a temporary folder), or a llama.cpp
 # source tree (built in SOURCE/build, kept: a rerun only packs). OUT unpacks
 # to one folder, llama.cpp-cpu-prebuilt/, with BUILD-INFO.txt (its first line
 # names the source: REV=de3ff81 in the environment where SOURCE has no git).
-# JOBS: make -j (default: nproc). 4.4 MB for de3ff81; 10 minutes on 2 cores.
+# JOBS: make -j (default: nproc). 5.0 MB for de3ff81; 10 minutes on 2 cores.
 set -euo pipefail
 src=$1 out=$(cd "$(dirname "$2")" && pwd)/$(basename "$2") jobs=${3:-$(nproc)}
 tmp=$(mktemp -d)
@@ -39,8 +40,9 @@ for f in "$b/llama-bench" "$b/llama-quantize" "$b"/lib*.so; do
 		[ -e "$b/$so" ] && cp -L "$b/$so" "$pkg/$so"
 	done
 done
-# libgomp (OpenMP) for a machine without gcc; libstdc++ and libc are taken as there.
-cp -L "$(g++ -print-file-name=libgomp.so.1)" "$pkg/"
+# libgomp (OpenMP), libstdc++ and libgcc_s of this compiler for a machine without it (or with an older one);
+# glibc is taken as there (2.34 or later for a Debian 12 build).
+for so in libgomp.so.1 libstdc++.so.6 libgcc_s.so.1; do cp -L "$(g++ -print-file-name=$so)" "$pkg/"; done
 strip --strip-unneeded "$pkg"/*
 {
 	echo "llama.cpp ${REV:-$(git -C "$lc" log --oneline -1 2>/dev/null || echo "from $(basename "$src")")}"
