@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
 # cpu16.sh: issue 61 on a many-core machine without network, in one command:
-# llama.cpp (built here from a source tarball, CPU only, GGML_NATIVE) beside
-# Manifold's CPU backend on issue 61's shape, printing one table.
+# llama.cpp (prebuilt for any x86-64 CPU where carried, else built here from
+# a source tarball, CPU only, GGML_NATIVE) beside Manifold's CPU backend on
+# issue 61's shape, printing one table.
 #
-#   dev/peer/cpu16.sh [-w WORK] [-b DIR] [-s TARBALL] [-T "16 8"] [-S "1 2 4 8 16"] [-r 2] [-x]
+#   dev/peer/cpu16.sh [-w WORK] [-b DIR] [-p PREBUILT] [-s TARBALL] [-T "16 8"] [-S "1 2 4 8 16"] [-r 2] [-x]
 #
 #   -w WORK     folder for llama.cpp's build and the models (default
 #               .device/peer-work); reused when it holds them already
 #   -b DIR      prebuilt `bench` and `mkgguf` (default .device/cpu-peer):
 #               CGO_ENABLED=0 go build -ldflags=-s -o DIR/ ./cmd/bench ./dev/peer/mkgguf
+#   -p PREBUILT llama-bench and llama-quantize with every x86 CPU variant of
+#               ggml, the best loaded at run time (dev/peer/prebuild-cpu.sh;
+#               default DIR/llama.cpp-cpu-prebuilt.tar.xz where it exists):
+#               unpacked into WORK (unless there), no build; "-p none"
+#               builds from -s instead
 #   -s TARBALL  llama.cpp's CPU sources (dev/peer/trim-src.sh; default
-#               DIR/llama.cpp.tar.xz)
+#               DIR/llama.cpp.tar.xz), built only without a prebuilt
 #   -T LIST     thread counts of the full comparison (default "16 8"):
 #               pp64, pp512 and tg128 at each precision, llama.cpp and
 #               Manifold alternated program by program, -r repetitions
@@ -20,8 +26,9 @@
 #   -r N        repetitions in the full comparison (default 2)
 #   -x          prepare only (build llama.cpp, write the models) and stop
 #
-# Phases and their time on 16 cores: the build of llama.cpp and the four
-# models (once: about 6-8 minutes, reused by later calls), the comparison
+# Phases and their time on 16 cores: llama.cpp (once: unpacking the prebuilt
+# takes seconds, the build from source 6-8 minutes) and the four models
+# (once, about a minute; both reused by later calls), the comparison
 # at 16 and 8 threads (about 3 minutes), the sweep (about 3 minutes). A
 # call cut short (the device's 10-minute limit) is rerun as is: what is
 # built or written is kept (models under a temporary name until whole).
@@ -30,15 +37,23 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-work=$repo/.device/peer-work bin=$repo/.device/cpu-peer src= full="16 8" sweep="1 2 4 8 16" reps=2 prep=
-while getopts "w:b:s:T:S:r:x" o; do
+work=$repo/.device/peer-work bin=$repo/.device/cpu-peer pre= src= full="16 8" sweep="1 2 4 8 16" reps=2 prep=
+while getopts "w:b:p:s:T:S:r:x" o; do
 	case $o in
-	w) work=$OPTARG ;; b) bin=$OPTARG ;; s) src=$OPTARG ;; T) full=$OPTARG ;; S) sweep=$OPTARG ;;
+	w) work=$OPTARG ;; b) bin=$OPTARG ;; p) pre=$OPTARG ;; s) src=$OPTARG ;; T) full=$OPTARG ;; S) sweep=$OPTARG ;;
 	r) reps=$OPTARG ;; x) prep=1 ;;
-	*) sed -n 2,30p "$0"; exit 2 ;;
+	*) sed -n 2,36p "$0"; exit 2 ;;
 	esac
 done
 bin=$(cd "$bin" && pwd)
+if [ -z "$pre" ]; then
+	pre=none
+	[ ! -f "$bin/llama.cpp-cpu-prebuilt.tar.xz" ] || pre=$bin/llama.cpp-cpu-prebuilt.tar.xz
+fi
+if [ "$pre" != none ]; then
+	[ -f "$pre" ] || { echo "cpu16.sh: no prebuilt llama.cpp at $pre" >&2; exit 2; }
+	pre=$(cd "$(dirname "$pre")" && pwd)/$(basename "$pre")
+fi
 src=${src:-$bin/llama.cpp.tar.xz}
 src=$(cd "$(dirname "$src")" && pwd)/$(basename "$src")
 mkdir -p "$work/models" && work=$(cd "$work" && pwd)
@@ -48,20 +63,39 @@ mkdir -p "$out"
 t0=$SECONDS
 stamp() { echo "[$((SECONDS - t0)) s] $*" >&2; }
 
-. "$here/llamacpp.sh"
-stamp "llama.cpp: build (unless built)"
-llamacpp_build "$work" "$src" -DGGML_NATIVE=ON -DGGML_CUDA=OFF
+# lbin: the folder of llama-bench and llama-quantize, the prebuilt's (unpacked whole under a temporary name,
+# then renamed) or the build's.
+if [ "$pre" != none ]; then
+	lbin=$work/llama.cpp-cpu-prebuilt
+	stamp "llama.cpp: unpack $(basename "$pre") (unless unpacked)"
+	if [ ! -x "$lbin/llama-bench" ]; then
+		rm -rf "$work/prebuilt.tmp" && mkdir -p "$work/prebuilt.tmp"
+		tar -C "$work/prebuilt.tmp" -xJf "$pre"
+		mv "$work/prebuilt.tmp/llama.cpp-cpu-prebuilt" "$lbin" && rm -rf "$work/prebuilt.tmp"
+	fi
+else
+	. "$here/llamacpp.sh"
+	lbin=$lc/build/bin
+	stamp "llama.cpp: build (unless built)"
+	llamacpp_build "$work" "$src" -DGGML_NATIVE=ON -DGGML_CUDA=OFF
+fi
 f16=$models/l1b32k-f16.gguf q40=$models/l1b32k-q4_0-bf16head.gguf
 stamp "models (unless written)"
 [ -f "$f16" ] || { "$bin/mkgguf" -o "$f16.tmp" && mv "$f16.tmp" "$f16"; }
-[ -f "$q40" ] || { "$lc/build/bin/llama-quantize" --output-tensor-type bf16 "$f16" "$q40.tmp" Q4_0 >/dev/null 2>&1 &&
+[ -f "$q40" ] || { "$lbin/llama-quantize" --output-tensor-type bf16 "$f16" "$q40.tmp" Q4_0 >/dev/null 2>&1 &&
 	mv "$q40.tmp" "$q40"; }
 for s in llama-1b-32k llama-1b-32k-bf16; do
 	"$bin/bench" -random $s -keep "$models/$s" -device cpu -p 0 -n 1 -r 1 -warmup=false -copy-mib 64 >/dev/null 2>&1
 done
 {
 	lscpu | grep -E 'Model name|^CPU\(s\)|^Thread|^Core|^Socket|^NUMA node\(s\)|L3' || true
-	echo "llama.cpp: $(git -C "$lc" log --oneline -1 2>/dev/null || echo "from $(basename "$src")")"
+	if [ "$pre" != none ]; then
+		# The variant is the one ggml's loader chose for this CPU (its log line: "loaded CPU backend from").
+		echo "llama.cpp: prebuilt $(basename "$pre"): $(head -1 "$lbin/BUILD-INFO.txt"); CPU variant loaded: $(
+			"$lbin/llama-bench" --list-devices 2>&1 | sed -n 's/.*loaded CPU backend from .*libggml-cpu-\(.*\)\.so.*/\1/p' | head -1)"
+	else
+		echo "llama.cpp: $(git -C "$lc" log --oneline -1 2>/dev/null || echo "from $(basename "$src")")"
+	fi
 } | tee "$out/machine.txt" >&2
 [ -z "$prep" ] || { stamp "prepared"; exit 0; }
 
@@ -78,7 +112,7 @@ collect() { # ENGINE PRECISION THREADS
 lbench() { # MODEL THREADS REPS TESTS(-p.. -n..)
 	local m=$1 t=$2 r=$3
 	shift 3
-	"$lc/build/bin/llama-bench" -m "$m" "$@" -t "$t" -r "$r" -o md 2>/dev/null
+	"$lbin/llama-bench" -m "$m" "$@" -t "$t" -r "$r" -o md 2>/dev/null
 }
 mbench() { # MODEL THREADS REPS P N
 	"$bin/bench" -model "$1" -device cpu -p "$4" -n "$5" -threads "$2" -r "$3" -copy-mib 256 2>/dev/null
