@@ -226,8 +226,17 @@ func benchPool(b *testing.B, name, env string, spec testmodel.Llama) {
 				if c == 1 {
 					b.ReportMetric(alone, "session-tok/s")
 				}
-				fmt.Printf("RESULT pool %s c=%d maxseq=%s paged_tok_s=%.0f unpaged_tok_s=%.0f ratio=%.2f session_tok_s=%.0f paged_steps=%d mean_batch=%.1f gather_timeouts=%d\n",
-					name, c, mode, rates[0], rates[1], rates[0]/max(rates[1], 1e-9), alone, steps, float64(seqs)/float64(max(steps, 1)), waited)
+				// unpaged_tok_s and ratio are "-" where the unpaged runs were
+				// skipped (MANIFOLD_POOL_UNPAGED=0), session_tok_s where c > 1.
+				unpaged, ratio, session := "-", "-", "-"
+				if unpagedToo {
+					unpaged, ratio = fmt.Sprintf("%.0f", rates[1]), fmt.Sprintf("%.2f", rates[0]/max(rates[1], 1e-9))
+				}
+				if c == 1 {
+					session = fmt.Sprintf("%.0f", alone)
+				}
+				fmt.Printf("RESULT pool %s c=%d maxseq=%s paged_tok_s=%.0f unpaged_tok_s=%s ratio=%s session_tok_s=%s paged_steps=%d mean_batch=%.1f gather_timeouts=%d\n",
+					name, c, mode, rates[0], unpaged, ratio, session, steps, float64(seqs)/float64(max(steps, 1)), waited)
 				printStepTimes(name, c, mode, st0, st1, wall)
 			})
 		}
