@@ -355,14 +355,33 @@ func benchSpeculativeV4(b *testing.B, device string) {
 		RopeDim: 16, HashLayers: 1, MTP: true, Seed: 5}
 	// MANIFOLD_BENCH_SPEC_SHAPE names another testmodel shape with an MTP
 	// block (deepseek-v4-bench-mtp: V4-Flash's layers with 32 experts).
+	// MANIFOLD_BENCH_SPEC_DIR may name a folder for its checkpoint, reused
+	// when it holds that shape's whole checkpoint (testmodel.Spec.Written:
+	// as cmd/bench -random NAME -keep DIR or internal/testmodel/write leave
+	// it), written there otherwise; the 26 GB of deepseek-v4-bench-mtp are
+	// then written once for the V4 benchmarks (its config.json is
+	// deepseek-v4-bench's, so MANIFOLD_BENCH_DIR can name the same folder).
+	var dir string
 	if name := os.Getenv("MANIFOLD_BENCH_SPEC_SHAPE"); name != "" {
 		spec, err := testmodel.Shape(name)
 		if err != nil {
 			b.Fatal(err)
 		}
 		d = spec.Model
+		if dir = os.Getenv("MANIFOLD_BENCH_SPEC_DIR"); dir != "" && !spec.Written(dir) {
+			start := time.Now()
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				b.Fatal(err)
+			}
+			if err := spec.Write(dir); err != nil {
+				b.Fatal(err)
+			}
+			b.Logf("wrote the %s checkpoint (%.1f GB) into %s in %s", name, float64(spec.CheckpointBytes())/1e9, dir, time.Since(start))
+		}
 	}
-	dir := testmodel.WriteTemp(b, d)
+	if dir == "" {
+		dir = testmodel.WriteTemp(b, d)
+	}
 	prompt := make([]int, 64)
 	for i := range prompt {
 		prompt[i] = (i*37 + 11) % 4096
