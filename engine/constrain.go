@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 	"sync"
 )
@@ -54,6 +55,11 @@ func (m *Model) jsonMasks() *jsonMasks {
 // generations of a model; at most maxJSONMasks states are kept.
 type jsonMasks struct {
 	toks    [][]byte // each token's text alone (special tokens: none)
+	byFirst sync.Once
+	order   []int32    // the token ids with text, grouped by their first byte
+	starts  [257]int32 // order[starts[c]:starts[c+1]]: the tokens whose text starts with byte c
+	text    []byte     // their texts but the first byte, one after another in order's order
+	ends    []int32    // order[i]'s text ends at text[ends[i]] (starts at ends[i-1])
 	mu      sync.Mutex
 	byState map[string][]uint64
 	schemas map[string]*jsonSchema // compiled, by their text (so that their masks are shared)
@@ -82,7 +88,11 @@ func (j *jsonMasks) schema(raw []byte) (*jsonSchema, error) {
 
 const maxJSONMasks = 1024
 
-// of returns the bit set of the tokens that extend st.
+// of returns the bit set of the tokens that extend st. A new state tries
+// every token, grouped by first byte: the group of a byte st does not take
+// is skipped whole (most of them, outside strings), and the tokens of the
+// groups it takes are fed from the state after that byte, split over the
+// processors.
 func (j *jsonMasks) of(st *jsonState) []uint64 {
 	key := st.cacheKey()
 	j.mu.Lock()
@@ -91,20 +101,71 @@ func (j *jsonMasks) of(st *jsonState) []uint64 {
 	if ok {
 		return bits
 	}
-	bits = make([]uint64, (len(j.toks)+63)/64)
-	for id, b := range j.toks {
-		if len(b) == 0 {
+	j.byFirst.Do(j.group)
+	// The groups st takes, with the state after their first byte.
+	type group struct {
+		lo, hi int32
+		after  jsonState
+	}
+	var live []group
+	n := 0
+	for c := range 256 {
+		lo, hi := j.starts[c], j.starts[c+1]
+		if lo == hi {
 			continue
 		}
 		s := *st
-		ok := true
-		for _, ch := range b {
-			if ok = s.feed(ch); !ok {
-				break
+		if s.feed(byte(c)) {
+			live = append(live, group{lo, hi, s})
+			n += int(hi - lo)
+		}
+	}
+	words := (len(j.toks) + 63) / 64
+	// try sets the bits of the live tokens [from, to) of the concatenated
+	// groups in out.
+	try := func(out []uint64, from, to int) {
+		at := 0
+		for g := range live {
+			size := int(live[g].hi - live[g].lo)
+			lo, hi := max(from-at, 0), min(to-at, size)
+			at += size
+			if lo >= hi {
+				continue
+			}
+			for i := int(live[g].lo) + lo; i < int(live[g].lo)+hi; i++ {
+				id, from := j.order[i], int32(0)
+				if i > 0 {
+					from = j.ends[i-1]
+				}
+				s := live[g].after
+				ok := true
+				for _, ch := range j.text[from:j.ends[i]] {
+					if ok = s.feed(ch); !ok {
+						break
+					}
+				}
+				if ok {
+					out[id/64] |= 1 << (id % 64)
+				}
 			}
 		}
-		if ok {
-			bits[id/64] |= 1 << (id % 64)
+	}
+	workers := min(runtime.GOMAXPROCS(0), 8, max(n/8192, 1))
+	bits = make([]uint64, words)
+	if workers == 1 {
+		try(bits, 0, n)
+	} else {
+		parts := make([][]uint64, workers)
+		var wg sync.WaitGroup
+		for w := range workers {
+			parts[w] = make([]uint64, words)
+			wg.Go(func() { try(parts[w], w*n/workers, (w+1)*n/workers) })
+		}
+		wg.Wait()
+		for _, p := range parts {
+			for i, x := range p {
+				bits[i] |= x
+			}
 		}
 	}
 	j.mu.Lock()
@@ -114,6 +175,35 @@ func (j *jsonMasks) of(st *jsonState) []uint64 {
 	j.byState[key] = bits
 	j.mu.Unlock()
 	return bits
+}
+
+// group fills order, starts, text and ends: the tokens with text, by first
+// byte (a counting sort), their texts laid out in that order so that a new
+// state's pass reads them in sequence.
+func (j *jsonMasks) group() {
+	var count [257]int32
+	for _, b := range j.toks {
+		if len(b) > 0 {
+			count[int(b[0])+1]++
+		}
+	}
+	for c := range 256 {
+		count[c+1] += count[c]
+	}
+	j.starts = count
+	j.order = make([]int32, count[256])
+	next := count
+	for id, b := range j.toks {
+		if len(b) > 0 {
+			j.order[next[b[0]]] = int32(id)
+			next[b[0]]++
+		}
+	}
+	j.ends = make([]int32, len(j.order))
+	for i, id := range j.order {
+		j.text = append(j.text, j.toks[id][1:]...)
+		j.ends[i] = int32(len(j.text))
+	}
 }
 
 // tokenBytesState is the Model's lazily built JSON mask cache.

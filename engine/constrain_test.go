@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -243,5 +244,58 @@ func TestJSONSchemaConstraint(t *testing.T) {
 	}
 	if done == 0 {
 		t.Error("no generation closed its object")
+	}
+}
+
+// TestJSONMaskMatchesEveryToken: the mask of a new state, computed by first
+// byte and over several goroutines, is the set of tokens whose every byte
+// the state takes, token by token, with and without a schema.
+func TestJSONMaskMatchesEveryToken(t *testing.T) {
+	tok, err := tokenizer.Load(filepath.Join(golden.Dir(t), "tokenizers", "qwen3"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks := make([][]byte, tok.VocabSize())
+	for id := range toks {
+		s, _ := tok.Decode([]int{id}, true)
+		toks[id] = []byte(s)
+	}
+	sch, err := compileSchema([]byte(testSchema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		prefix string
+		sch    *jsonSchema
+	}{
+		{"", nil}, {`{"name": "Jo`, nil}, {`{"a": [1, 2`, nil}, {`{"a": -0.`, nil}, {`{"a": tr`, nil}, {`{"a": {"b": [`, nil},
+		{`{"a": "\u00`, nil}, {"", sch}, {`{"name": "x", "age": 1`, sch}, {`{"name": "x", "age": 12, "tags": ["y`, sch},
+	} {
+		var st jsonState
+		st.sch = tc.sch
+		for i := range len(tc.prefix) {
+			if !st.feed(tc.prefix[i]) {
+				t.Fatalf("%q: the recognizer refuses its own test prefix at byte %d", tc.prefix, i)
+			}
+		}
+		got := (&jsonMasks{toks: toks, byState: map[string][]uint64{}}).of(&st)
+		want := make([]uint64, len(got))
+		allowed := 0
+		for id, b := range toks {
+			s, ok := st, len(b) > 0
+			for _, ch := range b {
+				if ok = s.feed(ch); !ok {
+					break
+				}
+			}
+			if ok {
+				want[id/64] |= 1 << (id % 64)
+				allowed++
+			}
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%q (schema %v): the mask differs from trying every token", tc.prefix, tc.sch != nil)
+		}
+		t.Logf("%q (schema %v): %d tokens allowed", tc.prefix, tc.sch != nil, allowed)
 	}
 }
