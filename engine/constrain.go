@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"math"
+	"math/bits"
 	"runtime"
 	"slices"
 	"sync"
@@ -221,9 +222,9 @@ type jsonConstraint struct {
 func (c *jsonConstraint) Mask(logits []float32) {
 	inf := float32(math.Inf(-1))
 	done := c.st.done()
-	var bits []uint64
+	var allowed []uint64
 	if !done {
-		bits = c.masks.of(&c.st)
+		allowed = c.masks.of(&c.st)
 	}
 	keep := make([]float32, len(c.stops))
 	for i, id := range c.stops {
@@ -233,15 +234,22 @@ func (c *jsonConstraint) Mask(logits []float32) {
 	}
 	for w := 0; w*64 < len(logits); w++ {
 		var word uint64
-		if w < len(bits) {
-			word = bits[w]
+		if w < len(allowed) {
+			word = allowed[w]
 		}
 		if word == ^uint64(0) {
 			continue
 		}
 		row := logits[w*64 : min(len(logits), w*64+64)]
-		for i := range row {
-			if word&(1<<i) == 0 {
+		if word == 0 {
+			for i := range row {
+				row[i] = inf
+			}
+			continue
+		}
+		// Only the forbidden tokens of the word: few inside a string.
+		for z := ^word; z != 0; z &= z - 1 {
+			if i := bits.TrailingZeros64(z); i < len(row) {
 				row[i] = inf
 			}
 		}

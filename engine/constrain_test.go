@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -297,5 +298,31 @@ func TestJSONMaskMatchesEveryToken(t *testing.T) {
 			t.Errorf("%q (schema %v): the mask differs from trying every token", tc.prefix, tc.sch != nil)
 		}
 		t.Logf("%q (schema %v): %d tokens allowed", tc.prefix, tc.sch != nil, allowed)
+	}
+}
+
+// TestJSONMaskSetsForbiddenLogits: Mask leaves the logits of the allowed
+// tokens and sets every other one to -Inf, whatever mix of words (all
+// allowed, none, some) the mask holds and with a vocabulary not a multiple
+// of 64.
+func TestJSONMaskSetsForbiddenLogits(t *testing.T) {
+	const vocab = 64*5 + 17
+	allowed := []uint64{^uint64(0), 0, 0x8000_0000_0000_0001, ^uint64(0) &^ (1 << 33), 0x5555, 1<<16 | 1}
+	var st jsonState
+	st.feed('{')
+	c := &jsonConstraint{masks: &jsonMasks{byState: map[string][]uint64{st.cacheKey(): allowed}}, st: st}
+	logits := make([]float32, vocab)
+	for i := range logits {
+		logits[i] = float32(i)
+	}
+	c.Mask(logits)
+	for i, l := range logits {
+		want := float32(i)
+		if allowed[i/64]&(1<<(i%64)) == 0 {
+			want = float32(math.Inf(-1))
+		}
+		if l != want {
+			t.Fatalf("logit %d = %v, want %v", i, l, want)
+		}
 	}
 }
