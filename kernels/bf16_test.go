@@ -34,6 +34,22 @@ func TestG16Pick(t *testing.T) {
 	}
 }
 
+// gemm16Want is x (m rows of k) times the decoded weights vals (n rows of
+// k) transposed, plus bias, summed in float64: the 16-bit GEMMs' reference.
+func gemm16Want(x, vals, bias []float32, m, n, k int) []float32 {
+	want := make([]float32, m*n)
+	for i := range m {
+		for r := range n {
+			var s float64
+			for j := range k {
+				s += float64(x[i*k+j]) * float64(vals[r*k+j])
+			}
+			want[i*n+r] = float32(s + float64(bias[r]))
+		}
+	}
+	return want
+}
+
 // TestGemm16 runs the 16-bit GEMM (bf16.cuh) in bf16 and f16, each token
 // tile forced, with K split and not, against float64 sums of the decoded
 // weights and float32 activations: x as two 16-bit halves leaves a relative
@@ -46,16 +62,7 @@ func TestGemm16(t *testing.T) {
 			w, vals := gemm16Weight(t, g, rng, sh.n, sh.k, f16)
 			x := randn(rng, sh.m*sh.k)
 			xg := toGPU(g, x).(*Buffer)
-			want := make([]float32, sh.m*sh.n)
-			for i := range sh.m {
-				for r := range sh.n {
-					var s float64
-					for k := range sh.k {
-						s += float64(x[i*sh.k+k]) * float64(vals[r*sh.k+k])
-					}
-					want[i*sh.n+r] = float32(s + float64(w.biasHost[r]))
-				}
-			}
+			want := gemm16Want(x, vals, w.biasHost, sh.m, sh.n, sh.k)
 			for _, tile := range []int{0, 16, 32, 64, 128} {
 				for _, splits := range []int{0, 1, 3} {
 					g.force.g16Tile, g.force.g16Splits = tile, splits

@@ -68,16 +68,7 @@ func TestCublasGEMM16(t *testing.T) {
 			w, vals := gemm16Weight(t, g, rng, sh.n, sh.k, f16)
 			x := randn(rng, sh.m*sh.k)
 			xg := toGPU(g, x).(*Buffer)
-			want := make([]float32, sh.m*sh.n)
-			for i := range sh.m {
-				for r := range sh.n {
-					var s float64
-					for k := range sh.k {
-						s += float64(x[i*sh.k+k]) * float64(vals[r*sh.k+k])
-					}
-					want[i*sh.n+r] = float32(s + float64(w.biasHost[r]))
-				}
-			}
+			want := gemm16Want(x, vals, w.biasHost, sh.m, sh.n, sh.k)
 			own := g.NewBuffer(sh.m * sh.n)
 			g.gemm16(own.(*Buffer), xg, w.Weight, sh.m, f16)
 			ref := fromGPU(t, g, own)
