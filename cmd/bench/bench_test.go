@@ -223,15 +223,11 @@ func TestRandomCancelled(t *testing.T) {
 	}
 }
 
-// TestCountWeightsExperts checks the routed experts' share on a tiny
-// DeepSeek-V4 checkpoint: testmodel's WeightBytes less the tensors of rank
-// under 2 (norms, sinks, mHC bases and scales, NVFP4 global scales), which
-// the bench leaves out.
-func TestCountWeightsExperts(t *testing.T) {
-	v4 := testmodel.DeepseekV4{Vocab: 256, Hidden: 64, Layers: 2, Heads: 4, HeadDim: 32, QLora: 32, OGroups: 2, OLora: 16,
-		Window: 6, RateCSA: 2, RateHCA: 5, IndexHeads: 2, IndexDim: 16, IndexTopK: 3, HCMult: 4, HCIters: 5,
-		Experts: 8, TopK: 2, MoEFFN: 32, RopeDim: 8, HashLayers: 1, Seed: 1}
-	dir := testmodel.WriteTemp(t, v4)
+// countV4 writes spec's checkpoint and returns countWeights' answer on it
+// with the checkpoint opened (closed when the test ends).
+func countV4(t *testing.T, spec testmodel.DeepseekV4) (weightBytes, *weights.Checkpoint) {
+	t.Helper()
+	dir := testmodel.WriteTemp(t, spec)
 	cfg, err := model.LoadConfig(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -244,7 +240,19 @@ func TestCountWeightsExperts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ck.Close()
+	t.Cleanup(func() { ck.Close() })
+	return got, ck
+}
+
+// TestCountWeightsExperts checks the routed experts' share on a tiny
+// DeepSeek-V4 checkpoint: testmodel's WeightBytes less the tensors of rank
+// under 2 (norms, sinks, mHC bases and scales, NVFP4 global scales), which
+// the bench leaves out.
+func TestCountWeightsExperts(t *testing.T) {
+	v4 := testmodel.DeepseekV4{Vocab: 256, Hidden: 64, Layers: 2, Heads: 4, HeadDim: 32, QLora: 32, OGroups: 2, OLora: 16,
+		Window: 6, RateCSA: 2, RateHCA: 5, IndexHeads: 2, IndexDim: 16, IndexTopK: 3, HCMult: 4, HCIters: 5,
+		Experts: 8, TopK: 2, MoEFFN: 32, RopeDim: 8, HashLayers: 1, Seed: 1}
+	got, ck := countV4(t, v4)
 	want := v4.WeightBytes()
 	var small, expertSmall int64
 	for _, name := range ck.Names() {
@@ -273,20 +281,7 @@ func TestCountWeightsMXFP4(t *testing.T) {
 	v4 := testmodel.DeepseekV4{Vocab: 256, Hidden: 64, Layers: 2, Heads: 4, HeadDim: 32, QLora: 32, OGroups: 2, OLora: 16,
 		Window: 6, RateCSA: 2, RateHCA: 5, IndexHeads: 2, IndexDim: 16, IndexTopK: 3, HCMult: 4, HCIters: 5,
 		Experts: 8, TopK: 2, MoEFFN: 32, RopeDim: 8, HashLayers: 1, Seed: 1, Released: testmodel.V4FP8MXFP4}
-	dir := testmodel.WriteTemp(t, v4)
-	cfg, err := model.LoadConfig(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := countWeights(dir, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ck, err := weights.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ck.Close()
+	got, ck := countV4(t, v4)
 	var want, expert, packed int64
 	for _, name := range ck.Names() {
 		tn, _ := ck.Tensor(name)
