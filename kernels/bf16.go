@@ -109,7 +109,7 @@ func (b *Backend) gemm16(dst, x *Buffer, w *Weight, m int, f16 bool) {
 	if f16 {
 		conv = "gemm16_x_f16"
 	}
-	b.launch(conv, [3]int{max(1, min((units+255)/256, 4*b.sms)), 1, 1}, 256, 0, xh.ptr, x.ptr, units)
+	b.launch(conv, b.elementGrid(units), 256, 0, xh.ptr, x.ptr, units)
 	name, shared := k.name(f16), k.shared()
 	if !f16 && b.exp.gemm16Hi() {
 		name, shared = name+"_hi", k.ns*(128+k.bt)*(k.bk+8)*2

@@ -255,7 +255,8 @@ func (b *Backend) blasNVFP4(x *Buffer, w *Weight, m int) bool {
 	return s.nvfp4MinM > 0 && m >= s.nvfp4MinM && !f.gemvOff && !f.gemmK128 && !f.gemmK256
 }
 
-// elementGrid is a grid-stride kernel's blocks of 256 threads for n units.
+// elementGrid is a grid-stride kernel's blocks of 256 threads for n units (the
+// activation conversions and the cuBLAS helpers).
 func (b *Backend) elementGrid(n int) [3]int { return [3]int{max(1, min((n+255)/256, 4*b.sms)), 1, 1} }
 
 // gemmBLAS16 queues dst[m, N] = x[m, K]·wᵀ (+ bias) for a bf16 weight (f16:

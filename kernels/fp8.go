@@ -147,7 +147,7 @@ func (b *Backend) matmulFP8(dst, x *Buffer, w *Weight, m int) {
 	if bm == 64 {
 		units := mtiles * bm * K / 8
 		xhb := &Buffer{ptr: xh.ptr, n: mtiles * bm * K / 2}
-		b.enqueueFx(fxOf([]*Buffer{xhb}, x), "fp8_x_h", [3]int{min((units+255)/256, 4*b.sms), 1, 1}, 256, 0,
+		b.enqueueFx(fxOf([]*Buffer{xhb}, x), "fp8_x_h", b.elementGrid(units), 256, 0,
 			xh.ptr, x.ptr, m, mtiles*bm, K)
 		xp, fx = xh.ptr, fxOf([]*Buffer{dst}, xhb)
 	}

@@ -138,7 +138,7 @@ func (b *Backend) gemmNVFP4(dst, x *Buffer, w *Weight, m int) {
 		bias = w.bias.ptr
 	}
 	units := mtiles * bm * K / 8
-	conv := b.kernelOp("gemm_x_h8", [3]int{min((units+255)/256, 4*b.sms), 1, 1}, 256, 0, xh.ptr, x.ptr, m, mtiles*bm, K)
+	conv := b.kernelOp("gemm_x_h8", b.elementGrid(units), 256, 0, xh.ptr, x.ptr, m, mtiles*bm, K)
 	mm := b.kernelOp(k.name(), [3]int{ntiles * splits, mtiles, 1}, 256/k.fg, k.shared(),
 		w.data.ptr, w.scales.ptr, w.global*64, xh.ptr, dst.ptr, bias, pp, tp, N, K, m, cps)
 	if conv.fn == 0 || mm.fn == 0 {
