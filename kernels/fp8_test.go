@@ -92,7 +92,11 @@ func TestFP8MatMul(t *testing.T) {
 					}
 					want := make(cpu.Buffer, s.m*s.N)
 					c.MatMul(want, cpu.Buffer(x[s.off:]), wc, s.m)
-					if err := conformance.Compare(got, want, k.tol); err != nil {
+					tol := k.tol
+					if k.force == fp8ForceTMA && s.m > 1 {
+						tol = 4e-3 // the default rules: the tensor-core GEMM from m = 2
+					}
+					if err := conformance.Compare(got, want, tol); err != nil {
 						t.Error(err)
 					}
 				})

@@ -183,15 +183,9 @@ v3_rs() {
   return $rc
 }
 
-# benchrun NAME [bench flags]: cmd/bench on the GPU into $R/bench-NAME.json.
-benchrun() {
-  local name=$1; shift
-  local keep="$WORK/ck-$name"
-  # shellcheck disable=SC2086
-  "$BIN/bench" -device cuda "$@" -keep "$keep" $BENCH_ARGS -o json > "$R/bench-$name.json"
-  local rc=$?
-  cat "$R/bench-$name.json"
-  [ -s "$R/bench-$name.json" ] && python3 - "$R/bench-$name.json" <<'EOF' || true
+# summarize.py: one line a bench JSON result (a file, since bash cannot
+# export a function that holds a here-document: the stages run in bash -c).
+cat > "$WORK/summarize.py" <<'EOF'
 import json, sys
 for r in json.load(open(sys.argv[1])):
     line = f"{r.get('model')} {r.get('test')}: {r.get('tok_s', 0):.1f} tok/s"
@@ -200,6 +194,15 @@ for r in json.load(open(sys.argv[1])):
                  f"{r['copy_bytes_per_s'] / 1e9:.0f} GB/s), of floor {r['of_floor']:.3f}; {r.get('routed_experts', '')}")
     print(line)
 EOF
+# benchrun NAME [bench flags]: cmd/bench on the GPU into $R/bench-NAME.json.
+benchrun() {
+  local name=$1; shift
+  local keep="$WORK/ck-$name"
+  # shellcheck disable=SC2086
+  "$BIN/bench" -device cuda "$@" -keep "$keep" $BENCH_ARGS -o json > "$R/bench-$name.json"
+  local rc=$?
+  cat "$R/bench-$name.json"
+  [ -s "$R/bench-$name.json" ] && python3 "$WORK/summarize.py" "$R/bench-$name.json" || true
   du -sh "$keep"
   gone "$keep"
   return $rc

@@ -198,9 +198,10 @@ long_4k() { long 4096; }
 long_128k() { long 131072; }
 long_1m() { long 1048576; }
 
-# benchjson FILE: one line per test of cmd/bench's JSON.
-benchjson() {
-  python3 - "$1" <<'EOF' || true
+# benchjson FILE: one line per test of cmd/bench's JSON (the script is a file:
+# bash cannot export a function that holds a here-document, and the stages
+# run in bash -c).
+cat > "$R/benchjson.py" <<'EOF'
 import json, sys
 for r in json.load(open(sys.argv[1])):
     line = f"BENCH {r.get('model')} {r.get('layers')}L {r.get('test')}: {r.get('tok_s', 0):.2f} tok/s (best {r.get('tok_s_best', 0):.2f}), load {r.get('load_s', 0):.1f}s"
@@ -209,7 +210,7 @@ for r in json.load(open(sys.argv[1])):
                  f"{r['copy_bytes_per_s'] / 1e9:.0f} GB/s), of floor {r['of_floor']:.3f}; {r.get('routed_experts', '')}")
     print(line)
 EOF
-}
+benchjson() { python3 "$R/benchjson.py" "$1" || true; }
 export -f benchjson
 
 flash() {
