@@ -105,7 +105,51 @@ func TestRealShapeOnGPU(t *testing.T) {
 			if gl != nil {
 				compareLogits(t, "GPU vs CPU", gl, cl, V, tolGPU)
 			}
+			if os.Getenv("MANIFOLD_REALSHAPE_DIAG") == "1" {
+				realShapeDiag(t, g, f, cl, forward)
+			}
 		})
+	}
+}
+
+// realShapeDiag localizes a GPU-vs-CPU difference (MANIFOLD_REALSHAPE_DIAG=1):
+// GPU against CPU logits with the first L layers only (the folder's
+// NumLayers cut to L), then with every layer under each conformance variant
+// (the kernel families a variant forces elsewhere: a variant that agrees
+// where the default does not names the kernel at fault). It only logs.
+func realShapeDiag(t *testing.T, g *Backend, f *model.Folder, cpuLogits []float32,
+	forward func(string, backend.Backend) ([]float32, error)) {
+	diff := func(a, b []float32) float64 {
+		d := 0.0
+		for i := range a {
+			d = max(d, math.Abs(float64(a[i])-float64(b[i])))
+		}
+		return d
+	}
+	layersAll := f.Config.NumLayers
+	for L := 1; L < layersAll; L++ {
+		f.Config.NumLayers = L
+		gl, err := forward(fmt.Sprintf("GPU %d layers", L), g)
+		if err == nil {
+			var cl []float32
+			if cl, err = forward(fmt.Sprintf("CPU %d layers", L), refCPU()); err == nil {
+				t.Logf("DIAG layers=%d: GPU vs CPU max |dlogit| %.3g", L, diff(gl, cl))
+			}
+		}
+		if err != nil {
+			t.Logf("DIAG layers=%d: %v", L, err)
+		}
+	}
+	f.Config.NumLayers = layersAll
+	defer func() { g.force = variants{} }()
+	for _, v := range conformanceVariants[1:] {
+		g.force = v.force
+		gl, err := forward("GPU "+v.name, g)
+		if err != nil {
+			t.Logf("DIAG variant %s: %v", v.name, err)
+			continue
+		}
+		t.Logf("DIAG variant %s: GPU vs CPU max |dlogit| %.3g", v.name, diff(gl, cpuLogits))
 	}
 }
 
