@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -106,7 +107,7 @@ func TestRealShapeOnGPU(t *testing.T) {
 				compareLogits(t, "GPU vs CPU", gl, cl, V, tolGPU)
 			}
 			if os.Getenv("MANIFOLD_REALSHAPE_DIAG") == "1" {
-				realShapeDiag(t, g, f, cl, forward)
+				realShapeDiag(t, g, f, gl, cl, ref.Vocab, forward)
 			}
 		})
 	}
@@ -117,7 +118,7 @@ func TestRealShapeOnGPU(t *testing.T) {
 // NumLayers cut to L), then with every layer under each conformance variant
 // (the kernel families a variant forces elsewhere: a variant that agrees
 // where the default does not names the kernel at fault). It only logs.
-func realShapeDiag(t *testing.T, g *Backend, f *model.Folder, cpuLogits []float32,
+func realShapeDiag(t *testing.T, g *Backend, f *model.Folder, gpuLogits, cpuLogits []float32, V int,
 	forward func(string, backend.Backend) ([]float32, error)) {
 	diff := func(a, b []float32) float64 {
 		d := 0.0
@@ -125,6 +126,15 @@ func realShapeDiag(t *testing.T, g *Backend, f *model.Folder, cpuLogits []float3
 			d = max(d, math.Abs(float64(a[i])-float64(b[i])))
 		}
 		return d
+	}
+	// Per position: a router's near tie that the GPU's rounding flips
+	// changes one token's MoE output, so (in the last layer) one row.
+	if gpuLogits != nil {
+		rows := make([]string, 0, len(cpuLogits)/V)
+		for i := 0; i < len(cpuLogits); i += V {
+			rows = append(rows, fmt.Sprintf("%.2g", diff(gpuLogits[i:i+V], cpuLogits[i:i+V])))
+		}
+		t.Logf("DIAG GPU vs CPU max |dlogit| by position: %s", strings.Join(rows, " "))
 	}
 	layersAll := f.Config.NumLayers
 	for L := 1; L < layersAll; L++ {
