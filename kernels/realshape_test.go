@@ -106,14 +106,15 @@ func TestRealShapeOnGPU(t *testing.T) {
 			if gl != nil {
 				compareLogits(t, "GPU vs CPU", gl, cl, V, tolGPU)
 			}
-			if os.Getenv("MANIFOLD_REALSHAPE_DIAG") == "1" {
+			if d := os.Getenv("MANIFOLD_REALSHAPE_DIAG"); d == "1" || d == "layers" {
 				realShapeDiag(t, g, f, gl, cl, ref.Vocab, forward)
 			}
 		})
 	}
 }
 
-// realShapeDiag localizes a GPU-vs-CPU difference (MANIFOLD_REALSHAPE_DIAG=1):
+// realShapeDiag localizes a GPU-vs-CPU difference (MANIFOLD_REALSHAPE_DIAG=1,
+// or =layers without the variants):
 // GPU against CPU logits with the first L layers only (the folder's
 // NumLayers cut to L), then with every layer under each conformance variant
 // (the kernel families a variant forces elsewhere: a variant that agrees
@@ -151,6 +152,9 @@ func realShapeDiag(t *testing.T, g *Backend, f *model.Folder, gpuLogits, cpuLogi
 		}
 	}
 	f.Config.NumLayers = layersAll
+	if os.Getenv("MANIFOLD_REALSHAPE_DIAG") == "layers" {
+		return
+	}
 	defer func() { g.force = variants{} }()
 	for _, v := range conformanceVariants[1:] {
 		g.force = v.force
