@@ -169,6 +169,14 @@ func New(ordinal int, o Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
+	return newOn(d, ordinal, o)
+}
+
+// newOn is New on the driver entry points d (libcuda's; tests pass a
+// recording stand-in, fakedriver_test.go, to count what a step queues
+// where there is no GPU).
+func newOn(d *driver, ordinal int, o Options) (*Backend, error) {
+	var err error
 	img := image
 	if testimage.Image != nil { // tests: an image built after the binary (kernels/gpu.sh run)
 		img = testimage.Image
