@@ -15,13 +15,13 @@ import (
 // values are meaningless and only the shape of its work counts.
 type fakeDriver struct {
 	mu       sync.Mutex
-	next     uint64            // the next device address (bump allocation)
+	next     uint64             // the next device address (bump allocation)
 	names    map[uintptr]string // kernel handles' names
 	handles  map[string]uintptr
 	handle   uintptr // the last handle given out (functions, events, graphs)
 	host     [][]byte
-	busy     bool // cuStreamQuery's answer: work in flight
-	capture  bool // between cuStreamBeginCapture and cuStreamEndCapture
+	busy     bool   // cuStreamQuery's answer: work in flight
+	capture  bool   // between cuStreamBeginCapture and cuStreamEndCapture
 	onSend   func() // called at each cuMemcpyHtoDAsync (the queue's step values: sendDyn)
 	onLaunch func(name string)
 
@@ -123,7 +123,7 @@ func newFakeDriver() (*driver, *fakeDriver) {
 			*fn = h
 			return 0
 		},
-		cuModuleUnload:    func(uintptr) int32 { return 0 },
+		cuModuleUnload:     func(uintptr) int32 { return 0 },
 		cuFuncSetAttribute: func(uintptr, int32, int32) int32 { return 0 },
 		cuMemAlloc: func(p *uint64, size uintptr) int32 {
 			f.mu.Lock()
@@ -182,10 +182,10 @@ func newFakeDriver() (*driver, *fakeDriver) {
 			f.mu.Unlock()
 			return 0
 		},
-		cuEventRecord:       func(uintptr, uintptr) int32 { return 0 },
-		cuEventSynchronize:  func(uintptr) int32 { f.mu.Lock(); f.counts.syncs++; f.mu.Unlock(); return 0 },
-		cuEventElapsedTime:  func(ms *float32, _, _ uintptr) int32 { *ms = 0; return 0 },
-		cuEventDestroy:      func(uintptr) int32 { return 0 },
+		cuEventRecord:      func(uintptr, uintptr) int32 { return 0 },
+		cuEventSynchronize: func(uintptr) int32 { f.mu.Lock(); f.counts.syncs++; f.mu.Unlock(); return 0 },
+		cuEventElapsedTime: func(ms *float32, _, _ uintptr) int32 { *ms = 0; return 0 },
+		cuEventDestroy:     func(uintptr) int32 { return 0 },
 		cuMemcpyHtoDAsync: func(uint64, unsafe.Pointer, uintptr, uintptr) int32 {
 			f.mu.Lock()
 			f.counts.sends++

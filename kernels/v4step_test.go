@@ -129,7 +129,9 @@ func formatCounts(c fakeCounts) string {
 	for k := range c.byName {
 		names = append(names, k)
 	}
-	sort.Slice(names, func(i, j int) bool { return c.byName[names[i]] > c.byName[names[j]] || c.byName[names[i]] == c.byName[names[j]] && names[i] < names[j] })
+	sort.Slice(names, func(i, j int) bool {
+		return c.byName[names[i]] > c.byName[names[j]] || c.byName[names[i]] == c.byName[names[j]] && names[i] < names[j]
+	})
 	var sb strings.Builder
 	for _, n := range names {
 		fmt.Fprintf(&sb, " %s=%d", n, c.byName[n])
