@@ -70,6 +70,7 @@ type Backend struct {
 	moeBuf        *allocation    // MoE's picks, weights and activations (moe.go)
 	moeBufLen     int
 	tkmCap        int
+	topk          topkScratch // CompressedIndexTopK's scores and top-k scratch, kept between calls (dsv4.go; guarded by partMu)
 	tkc16Once     sync.Once
 	tkc16OK       bool // tkc_select16's clusters of 16 fit on this GPU
 	pdl           bool // programmatic dependent launch (queue.go)

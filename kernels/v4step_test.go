@@ -154,11 +154,35 @@ func TestV4DecodeStepQueue(t *testing.T) {
 	}
 	for _, mode := range []GraphMode{GraphsOff, GraphsOn} {
 		steps := runV4Steps(t, spec, Options{Graphs: mode}, 300, 9)
+		base := 0
 		for i, s := range steps {
 			t.Logf("graphs=%v step %d: %s", mode, i, formatCounts(s.counts))
 			if i > 0 && s.ops != nil {
 				d := opDiff(steps[i-1].ops, s.ops)
 				t.Logf("  %d ops, %d differ from the step before: %s", len(s.ops), len(d), strings.Join(d, "; "))
+			}
+			if i == 0 {
+				continue // the first step allocates the sampler's scratch
+			}
+			c := s.counts
+			// Two host waits a step (the picked id's copy, and SampleToken's
+			// Sync after it), no allocation on the device: a step that
+			// allocated (the indexer's scores once did) paid cuMemAlloc and a
+			// memset a buffer, and a cuMemFree, which waits for the device,
+			// once the garbage collector dropped it (not counted here: when
+			// that happens is the collector's).
+			if c.allocs != 0 || c.memsets != 0 || c.syncs != 2 {
+				t.Errorf("graphs=%v step %d: %d allocations, %d memsets, %d host waits; want 0, 0 and 2", mode, i, c.allocs, c.memsets, c.syncs)
+			}
+			// A step that closes compression windows adds their v4_compress
+			// launches and nothing else (v4_compress has known effects, so
+			// the fusion pass joins across it as in the other steps).
+			n := c.launches - c.byName["v4_compress"]
+			if base == 0 {
+				base = n
+			}
+			if n != base {
+				t.Errorf("graphs=%v step %d: %d launches besides v4_compress, want %d as in step 1", mode, i, n, base)
 			}
 		}
 	}
