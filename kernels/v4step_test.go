@@ -30,8 +30,9 @@ type v4Step struct {
 
 // runV4Steps loads spec on a fake GPU with o, runs a prompt of prompt
 // tokens and then steps decode steps as the benchmark's device path does
-// (ForwardDevice, the token picked on the device), and returns each step.
-func runV4Steps(t *testing.T, spec testmodel.DeepseekV4, o Options, prompt, steps int) []v4Step {
+// (ForwardDevice, the token picked on the device), or with ahead as
+// Generate's pipelined path does (ForwardSampled), and returns each step.
+func runV4Steps(t *testing.T, spec testmodel.DeepseekV4, o Options, prompt, steps int, ahead bool) []v4Step {
 	t.Helper()
 	dir := t.TempDir()
 	if err := spec.Write(dir); err != nil {
@@ -58,6 +59,40 @@ func runV4Steps(t *testing.T, spec testmodel.DeepseekV4, o Options, prompt, step
 	df := m.(model.DeviceForwarder)
 	var out []v4Step
 	next := int32(1)
+	if ahead {
+		// As the engine's Generate: each step's token is picked into held
+		// and the next step, run on the held id, is queued before the pick
+		// is waited for; the device stays busy throughout (GraphsAuto then
+		// holds each step's queue whole).
+		f.busy = true
+		sf := m.(model.SampledForwarder)
+		held := b.NewBuffer(1)
+		logits, err := df.ForwardDevice(ctx, st, []int32{next})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pick, err := b.SampleTokenTo(held, logits, 0, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range steps {
+			f.reset()
+			logits, err := sf.ForwardSampled(ctx, st, held)
+			if err != nil {
+				t.Fatal(err)
+			}
+			next, err := b.SampleTokenTo(held, logits, 0, 0, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := pick.Wait(); err != nil {
+				t.Fatal(err)
+			}
+			pick = next
+			out = append(out, v4Step{counts: f.snapshot()})
+		}
+		return out
+	}
 	for range steps {
 		f.reset()
 		var held []op
@@ -153,7 +188,7 @@ func TestV4DecodeStepQueue(t *testing.T) {
 		fmt.Sscan(os.Getenv("MANIFOLD_V4STEP_LAYERS"), &spec.Layers)
 	}
 	for _, mode := range []GraphMode{GraphsOff, GraphsOn} {
-		steps := runV4Steps(t, spec, Options{Graphs: mode}, 300, 9)
+		steps := runV4Steps(t, spec, Options{Graphs: mode}, 300, 9, false)
 		base := 0
 		for i, s := range steps {
 			t.Logf("graphs=%v step %d: %s", mode, i, formatCounts(s.counts))
@@ -241,8 +276,37 @@ func BenchmarkV4StepHost(b *testing.B) {
 }
 
 func TestV4StepOpList(t *testing.T) {
-	steps := runV4Steps(t, v4StepSpec, Options{Graphs: GraphsOn}, 300, 2)
+	steps := runV4Steps(t, v4StepSpec, Options{Graphs: GraphsOn}, 300, 2, false)
 	for i, o := range steps[1].ops {
 		t.Logf("%3d %-24s grid %v block %d", i, o.name, o.grid, o.block)
+	}
+}
+
+// TestV4AheadStepQueue runs DeepSeek-V4 decode steps as Generate pipelines
+// them (each step queued on the held id of the pick before it, with the
+// device busy) on the fake driver: a step waits on the host once, for the
+// pick before it, and reads nothing back mid-step (its embedding and the
+// hash-routed layer's picks are gathered by the held id on the device);
+// it launches what a step on a known id does, plus the copy of the id into
+// the state's record (copy_words) and the hashed picks' gather (embed_ids).
+func TestV4AheadStepQueue(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes and loads a small random checkpoint")
+	}
+	known := runV4Steps(t, v4StepSpec, Options{}, 300, 2, false)[1].counts
+	for _, mode := range []GraphMode{GraphsAuto, GraphsOff} {
+		for i, s := range runV4Steps(t, v4StepSpec, Options{Graphs: mode}, 300, 9, true) {
+			c := s.counts
+			t.Logf("graphs=%v ahead step %d: %s", mode, i, formatCounts(c))
+			if i == 0 {
+				continue
+			}
+			n := c.launches - c.byName["v4_compress"]
+			want := known.launches + v4StepSpec.HashLayers + 1 // the hashed picks' embed_ids, the id's copy_words
+			if c.syncs != 1 || c.allocs != 0 || c.memsets != 0 || n != want {
+				t.Errorf("graphs=%v ahead step %d: %d host waits, %d allocations, %d memsets, %d launches besides v4_compress; want 1, 0, 0, %d",
+					mode, i, c.syncs, c.allocs, c.memsets, n, want)
+			}
+		}
 	}
 }
