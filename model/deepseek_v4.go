@@ -732,11 +732,15 @@ func (m *DeepseekV4) attention(s *v4State, blk *v4Block, ls *v4LayerState, h bac
 
 	// Queries: a low-rank projection, normed, expanded to the heads and
 	// normed per head (unweighted), then rotated on their last rope dims.
-	qres := b.View(sc.qres, 0, n*v.QLoraRank)
+	// The norm goes to a buffer of its own (qres then normed into qn, not
+	// in place), so that a backend that normalizes a matmul's input while
+	// staging it takes it into the WQB matmul (kernels' fusion pass: one
+	// launch fewer a layer).
+	qres, qn := b.View(sc.qres, 0, n*v.QLoraRank), b.View(sc.qn, 0, n*v.QLoraRank)
 	b.MatMul(qres, h, blk.Attn.WQA, n)
-	b.RMSNorm(qres, qres, blk.Attn.QNorm, eps)
+	b.RMSNorm(qn, qres, blk.Attn.QNorm, eps)
 	q := b.View(sc.q, 0, n*H*hd)
-	b.MatMul(q, qres, blk.Attn.WQB, n)
+	b.MatMul(q, qn, blk.Attn.WQB, n)
 	b.RMSNorm(q, q, m.ones, eps)
 	b.RoPE(q, n, H, hd, off, pos0, rope, false)
 
@@ -776,7 +780,7 @@ func (m *DeepseekV4) attention(s *v4State, blk *v4Block, ls *v4LayerState, h bac
 		comp = ls.comp.entries
 		args.Rate, args.Entries, args.TopK = blk.rate, ls.comp.count, s.indexTopK()
 		idx = b.View(sc.idx, 0, n*s.indexTopK())
-		m.indexer(s, blk, ls.index, qres, iw, idx, n, pos0)
+		m.indexer(s, blk, ls.index, qn, iw, idx, n, pos0)
 	}
 	att := b.View(sc.att, 0, n*H*hd)
 	m.ops.CompressedAttention(att, q, local, comp, idx, blk.Attn.Sinks, args)

@@ -191,7 +191,7 @@ func (s *v4State) reset() {
 type v4Scratch struct {
 	x, emb, c, h, a                backend.Buffer
 	logits, pre, post, res         backend.Buffer
-	qres, q, att, u                backend.Buffer
+	qres, qn, q, att, u            backend.Buffer
 	iq, iw, idx                    backend.Buffer
 	router, xe, ge, ue, ye, sg, su backend.Buffer
 	out                            backend.Buffer
@@ -431,7 +431,7 @@ func (m *DeepseekV4) scratchSizes(sc *v4Scratch, n, k int, f func(*backend.Buffe
 	}{
 		{&sc.x, n * nh * D}, {&sc.emb, n * D}, {&sc.c, n * D}, {&sc.h, n * D}, {&sc.a, n * D},
 		{&sc.logits, n * mix}, {&sc.pre, n * nh}, {&sc.post, n * nh}, {&sc.res, n * nh * nh},
-		{&sc.qres, n * v.QLoraRank}, {&sc.q, n * H * hd}, {&sc.att, n * H * hd}, {&sc.u, n * v.OGroups * v.OLoraRank},
+		{&sc.qres, n * v.QLoraRank}, {&sc.qn, n * v.QLoraRank}, {&sc.q, n * H * hd}, {&sc.att, n * H * hd}, {&sc.u, n * v.OGroups * v.OLoraRank},
 		{&sc.router, n * v.NRoutedExperts}, {&sc.xe, n * D}, {&sc.ge, n * I}, {&sc.ue, n * I}, {&sc.ye, n * D},
 		{&sc.sg, n * I}, {&sc.su, n * I}, {&sc.moeOut, n * D},
 		{&sc.headLogits, n * nh}, {&sc.final, n * D},
