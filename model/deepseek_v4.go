@@ -504,7 +504,7 @@ func (m *DeepseekV4) ForwardSampled(ctx context.Context, st State, src backend.B
 		return nil, err
 	}
 	if s.done < len(s.hist) { // a rewind left tokens to replay: they run first, on their own
-		if _, err := m.run(ctx, st, nil, false, nil); err != nil {
+		if _, err := m.passes(ctx, s, nil, false, nil); err != nil {
 			return nil, err
 		}
 	}
@@ -558,11 +558,15 @@ func (m *DeepseekV4) run(ctx context.Context, st State, tokens []int32, all bool
 	if !ok || s.m != m {
 		return nil, fmt.Errorf("model: state of type %T is not a state of this %s model", st, m.cfg.ModelType)
 	}
-	if tokens != nil { // nil: ForwardSampled's replay of what a rewind left
-		if err := checkForward(m.cfg, st, tokens); err != nil {
-			return nil, err
-		}
+	if err := checkForward(m.cfg, st, tokens); err != nil {
+		return nil, err
 	}
+	return m.passes(ctx, s, tokens, all, emit)
+}
+
+// passes is run after its checks: the tokens a rewind left to replay, then
+// tokens (none: the replay alone, as ForwardSampled asks for it).
+func (m *DeepseekV4) passes(ctx context.Context, s *v4State, tokens []int32, all bool, emit func(backend.Buffer)) (backend.Buffer, error) {
 	if s.done < len(s.hist) {
 		s.resolveHeld() // the replay reads the ids of tokens run while held
 	}
