@@ -178,7 +178,8 @@ func formatCounts(c fakeCounts) string {
 // TestV4DecodeStepQueue runs DeepSeek-V4 decode steps on the fake driver and
 // logs what each asks of the driver: launches by kernel, host waits,
 // allocations, and (GraphsOn: the step held whole) how its queue differs
-// from the step before it.
+// from the step before it. MANIFOLD_V4STEP_LAYERS=43 counts the
+// benchmark's layer count (at this test's widths).
 func TestV4DecodeStepQueue(t *testing.T) {
 	if testing.Short() {
 		t.Skip("writes and loads a small random checkpoint")
@@ -275,7 +276,12 @@ func BenchmarkV4StepHost(b *testing.B) {
 	}
 }
 
+// TestV4StepOpList logs a DeepSeek-V4 decode step's launches in order, as
+// the fusion pass leaves them (a step's shape at a glance: -v).
 func TestV4StepOpList(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes and loads a small random checkpoint")
+	}
 	steps := runV4Steps(t, v4StepSpec, Options{Graphs: GraphsOn}, 300, 2, false)
 	for i, o := range steps[1].ops {
 		t.Logf("%3d %-24s grid %v block %d", i, o.name, o.grid, o.block)
