@@ -77,6 +77,12 @@ func runV4Steps(t *testing.T, spec testmodel.DeepseekV4, o Options, prompt, step
 		}
 		for range steps {
 			f.reset()
+			var ops []op
+			f.onSend = func() {
+				if ops == nil && b.graphs == GraphsOn {
+					ops = cloneOps(b.q.ops)
+				}
+			}
 			logits, err := sf.ForwardSampled(ctx, st, held)
 			if err != nil {
 				t.Fatal(err)
@@ -89,7 +95,8 @@ func runV4Steps(t *testing.T, spec testmodel.DeepseekV4, o Options, prompt, step
 				t.Fatal(err)
 			}
 			pick = next
-			out = append(out, v4Step{counts: f.snapshot()})
+			f.onSend = nil
+			out = append(out, v4Step{counts: f.snapshot(), ops: ops})
 		}
 		return out
 	}
@@ -314,5 +321,41 @@ func TestV4AheadStepQueue(t *testing.T) {
 					mode, i, c.syncs, c.allocs, c.memsets, n, want)
 			}
 		}
+	}
+}
+
+// TestV4AheadStepOps compares a pipelined DeepSeek-V4 step's launches with
+// a step on a known id, in order: the same, but for the id's copy into the
+// state's record first and each hash-routed layer's gather of its picks
+// (embed_ids) before its moe_route, so that the fusion pass makes the same
+// joins on both paths and they compute the same values.
+func TestV4AheadStepOps(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes and loads a small random checkpoint")
+	}
+	known := runV4Steps(t, v4StepSpec, Options{Graphs: GraphsOn}, 300, 2, false)[1].ops
+	ahead := runV4Steps(t, v4StepSpec, Options{Graphs: GraphsOn}, 300, 2, true)[1].ops
+	shape := func(ops []op) []string {
+		var s []string
+		for _, o := range ops {
+			s = append(s, fmt.Sprintf("%s %v %d %d", o.name, o.grid, o.block, o.shared))
+		}
+		return s
+	}
+	a, k := shape(ahead), shape(known)
+	if len(a) == 0 || !strings.HasPrefix(a[0], "copy_words ") {
+		t.Fatalf("the pipelined step does not start with the id's copy: %v", a[:min(3, len(a))])
+	}
+	a = a[1:]
+	var hashed int
+	for i := 0; i < len(a); i++ {
+		if strings.HasPrefix(a[i], "embed_ids ") && i+1 < len(a) && strings.HasPrefix(a[i+1], "moe_route ") {
+			a = slices.Delete(a, i, i+1)
+			hashed++
+		}
+	}
+	if hashed != v4StepSpec.HashLayers || !slices.Equal(a, k) {
+		t.Errorf("%d hashed gathers (want %d); the pipelined step's other launches:\n%s\nthe known id's:\n%s",
+			hashed, v4StepSpec.HashLayers, strings.Join(a, "\n"), strings.Join(k, "\n"))
 	}
 }
