@@ -146,6 +146,18 @@ type RoutedMoEOps interface {
 	RoutedMoE(out, x, logits Buffer, hash []int32, ex Experts, a dsv4.RouteArgs, limit float32)
 }
 
+// DeviceHashMoEOps is implemented by RoutedMoEOps backends that also take
+// a hash-routed layer's expert ids from the device, where the run of a
+// token held there (TokenPipeliner) finds them: gathered from the layer's
+// tid2eid table by the held id (TokenPipeliner.EmbedToken of a table of
+// ids), so that no id crosses to the host mid-step.
+type DeviceHashMoEOps interface {
+	RoutedMoEOps
+	// RoutedMoEDeviceHash is RoutedMoE with the hashed picks in hash, a
+	// buffer of [M, K] expert ids, each an int32 in a float32's bits.
+	RoutedMoEDeviceHash(out, x, logits, hash Buffer, ex Experts, a dsv4.RouteArgs, limit float32)
+}
+
 // PagedShape sizes a block pool: Blocks blocks of BlockSize positions, each
 // position KVHeads*HeadDim keys and as many values, for each of Layers
 // layers.
@@ -208,6 +220,7 @@ type Capabilities struct {
 	FusedHyper      FusedHyperConnectionOps
 	TreeAttention   TreeAttentionOps
 	RoutedMoE       RoutedMoEOps
+	DeviceHashMoE   DeviceHashMoEOps
 	GroupMoE        GroupMoEOps
 	Paged           PagedAttentionOps
 	Memory          MemoryReporter
@@ -233,6 +246,7 @@ func CapabilitiesOf(b Backend) Capabilities {
 	c.FusedHyper, _ = b.(FusedHyperConnectionOps)
 	c.TreeAttention, _ = b.(TreeAttentionOps)
 	c.RoutedMoE, _ = b.(RoutedMoEOps)
+	c.DeviceHashMoE, _ = b.(DeviceHashMoEOps)
 	c.GroupMoE, _ = b.(GroupMoEOps)
 	c.Paged, _ = b.(PagedAttentionOps)
 	c.Memory, _ = b.(MemoryReporter)

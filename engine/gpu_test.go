@@ -7,6 +7,7 @@ import (
 
 	"github.com/manifoldlm/manifold/internal/golden"
 	"github.com/manifoldlm/manifold/internal/testimage"
+	"github.com/manifoldlm/manifold/internal/testmodel"
 	"github.com/manifoldlm/manifold/kernels"
 	"github.com/manifoldlm/manifold/layers/dsa/htree"
 	"github.com/manifoldlm/manifold/model"
@@ -73,6 +74,30 @@ func TestDeviceSamplingMatchesHost(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestPipelinedGenerateV4 runs checkPipelined and checkRewound on a
+// DeepSeek-V4 model whose routed experts are NVFP4, so that they run on the
+// GPU and a held token's step is queued with no id on the host (its
+// embedding and the first layer's hashed picks gathered by the held id;
+// the golden V4 model's float32 experts route on the host, where the id is
+// read back first).
+func TestPipelinedGenerateV4(t *testing.T) {
+	skipWithoutGPU(t)
+	dir := t.TempDir()
+	spec := testmodel.DeepseekV4{Vocab: 512, Hidden: 512, Layers: 5, Heads: 8, HeadDim: 512, QLora: 256, OGroups: 8,
+		OLora: 128, IndexHeads: 8, IndexDim: 128, Experts: 8, MoEFFN: 256, HashLayers: 1, Seed: 3}
+	if err := spec.Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	m, err := Load(dir, Options{Device: "cuda"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	prompt := benchPrompt(12, spec.Vocab)
+	checkPipelinedPrompt(t, m, "deepseek_v4 nvfp4", prompt)
+	checkRewound(t, m, prompt)
 }
 
 // TestPipelinedGenerate runs checkPipelined on the GPU, where the picks

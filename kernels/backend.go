@@ -70,6 +70,7 @@ type Backend struct {
 	moeBuf        *allocation    // MoE's picks, weights and activations (moe.go)
 	moeBufLen     int
 	tkmCap        int
+	topk          topkScratch // CompressedIndexTopK's scores and top-k scratch, kept between calls (dsv4.go; guarded by partMu)
 	tkc16Once     sync.Once
 	tkc16OK       bool // tkc_select16's clusters of 16 fit on this GPU
 	pdl           bool // programmatic dependent launch (queue.go)
@@ -169,6 +170,14 @@ func New(ordinal int, o Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
+	return newOn(d, ordinal, o)
+}
+
+// newOn is New on the driver entry points d (libcuda's; tests pass a
+// recording stand-in, fakedriver_test.go, to count what a step queues
+// where there is no GPU).
+func newOn(d *driver, ordinal int, o Options) (*Backend, error) {
+	var err error
 	img := image
 	if testimage.Image != nil { // tests: an image built after the binary (kernels/gpu.sh run)
 		img = testimage.Image

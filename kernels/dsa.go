@@ -35,7 +35,7 @@ type dsaIndices struct {
 
 // dsaKeepScores bounds the scores a selection keeps between calls (16
 // bytes each with the scratch): decode over long contexts keeps them, long
-// prefills allocate per call as selectTopK does.
+// prefills allocate per call (as selectTopK does past the same bound).
 const dsaKeepScores = 1 << 22
 
 func (x *dsaIndices) Rows() int { return x.rows }

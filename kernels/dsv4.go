@@ -132,7 +132,11 @@ func (b *Backend) CompressKV(dst, kv, gate, ape, norm backend.Buffer, a dsv4.Com
 		tab = b.ropeTable(a.RoPE)
 		freqs, half, rscale, inter = tab.ptr, len(a.RoPE.InvFreq), a.RoPE.Scale, boolInt(a.RoPE.Interleaved)
 	}
-	b.launch("v4_compress", [3]int{a.Entries, 1, 1}, 256, 4*a.Width, ptr(dst), ptr(kv), ptr(gate), ptr(ape), ptr(norm),
+	// Its effects are known, so that the fusion pass moves the indexer's
+	// query projection, queued after a closing window's compressions, to
+	// the query projection it joins in every other step (pass.go).
+	fx := fxOf([]*Buffer{dst.(*Buffer)}, kv.(*Buffer), gate.(*Buffer), ape.(*Buffer), norm.(*Buffer))
+	b.enqueueFx(fx, "v4_compress", [3]int{a.Entries, 1, 1}, 256, 4*a.Width, ptr(dst), ptr(kv), ptr(gate), ptr(ape), ptr(norm),
 		a.Rate, a.Width, boolInt(a.Overlap), boolInt(a.Prev), a.Pos0, a.Eps, freqs, half, rscale, inter)
 	runtime.KeepAlive(tab)
 }
@@ -158,17 +162,12 @@ func (b *Backend) CompressedIndexTopK(idx, q, keys, weights backend.Buffer, a ds
 // into out: mode 1 writes float-coded indices, -1 padded, rows ostride
 // apart; mode 0 writes int32 indices and cnt the counts. Query i sees keys
 // below min((pos0+i+1)/rate, n). The scores and the fallback's scratch are
-// allocated per call.
+// the backend's, kept between calls (topkScratch).
 func (b *Backend) selectTopK(out backend.Buffer, mode int, cnt *allocation, rows, n, topk, ostride, pos0, rate int, score func(scores uint64)) {
-	var scores, scratch *allocation
 	var sp, xp uint64
 	if n > 0 {
-		var err error
-		if scores, err = b.alloc(4 * rows * n); err != nil {
-			b.setErr(err)
-			return
-		}
-		if scratch, err = b.alloc(4 * 3 * rows * n); err != nil {
+		scores, scratch, err := b.topkScratch(rows * n)
+		if err != nil {
 			b.setErr(err)
 			return
 		}
@@ -185,6 +184,45 @@ func (b *Backend) selectTopK(out backend.Buffer, mode int, cnt *allocation, rows
 		cp = cnt.ptr
 	}
 	b.topK(sp, n, topk, pos0, rate, ptr(out), ostride, cp, mode, xp, rows)
+}
+
+// topkScratch holds selectTopK's scores ([rows, n] floats) and topk_select's
+// scratch (3 words a score) between calls. A decode step's CSA layers each
+// score every compressed entry: allocating both per call cost two
+// cuMemAlloc and two memsets a layer (and, once collected, two cuMemFree,
+// each of which waits for the device), about 40 of each a DeepSeek-V4
+// token, and moved the addresses that the step's launches take, so that
+// no two steps queued the same work. Every launch that uses them writes
+// what it reads first (the scores: every key of every row, -inf past the
+// visible ones; the top-k zeroes its flags), so nothing needs them zeroed.
+type topkScratch struct {
+	scores, scratch *allocation
+	cap             int // scores they hold
+}
+
+// topkScratch returns scores for at least n scores and the top-k scratch
+// beside them: the kept pair, grown to twice its size or n when short (so
+// that a context's growth reallocates them rarely), or up to dsaKeepScores
+// scores; larger calls (long prefills) allocate their own. A pair still
+// queued when replaced stays alive through the queue's keep.
+func (b *Backend) topkScratch(n int) (scores, scratch *allocation, err error) {
+	b.partMu.Lock()
+	defer b.partMu.Unlock()
+	t := &b.topk
+	if n > t.cap {
+		c := max(n, min(2*t.cap, dsaKeepScores))
+		if scores, err = b.alloc(4 * c); err != nil {
+			return nil, nil, err
+		}
+		if scratch, err = b.alloc(4 * 3 * c); err != nil {
+			return nil, nil, err
+		}
+		if c > dsaKeepScores {
+			return scores, scratch, nil
+		}
+		t.scores, t.scratch, t.cap = scores, scratch, c
+	}
+	return t.scores, t.scratch, nil
 }
 
 // CompressedAttention attends with sinks, one block per (head, query) (dsv4.cuh).

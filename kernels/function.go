@@ -25,6 +25,14 @@ func (b *Backend) lookup(name string) (uintptr, error) {
 	if ok {
 		return f, nil
 	}
+	return b.load(name)
+}
+
+// load looks kernel name up in the module and caches its handle (lookup's
+// first call for a name: apart, so that the closure it runs on the context,
+// which captures the handle, is not allocated on every lookup).
+func (b *Backend) load(name string) (uintptr, error) {
+	var f uintptr
 	var err error
 	b.d.onContext(b.ctx, func() {
 		if err = b.d.check("cuModuleGetFunction "+name, b.d.cuModuleGetFunction(&f, b.module, cString(name))); err != nil {

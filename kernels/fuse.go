@@ -341,6 +341,25 @@ func (b *Backend) tmaStagesOf(K, stage, extra int) int {
 	return ns
 }
 
+// gemvKernelName is gemv_nvfp4_<kind>_d<dec>, spelled out for the
+// production build's choices: finalize names every queued matmul, and a
+// formatted name was an allocation a launch.
+func gemvKernelName(kind string, dec int) string {
+	if dec == 1 {
+		switch kind {
+		case "s1":
+			return "gemv_nvfp4_s1_d1"
+		case "m1":
+			return "gemv_nvfp4_m1_d1"
+		case "m8":
+			return "gemv_nvfp4_m8_d1"
+		case "m16":
+			return "gemv_nvfp4_m16_d1"
+		}
+	}
+	return fmt.Sprintf("gemv_nvfp4_%s_d%d", kind, dec)
+}
+
 // finalizeGemv fills in the kernel, launch shape and parameters of a queued matmul.
 func (b *Backend) finalizeGemv(o *op, afterLong bool) {
 	g := o.gemv
@@ -383,7 +402,13 @@ func (b *Backend) finalizeGemv(o *op, afterLong bool) {
 	}
 	// m == 1: activations staged per block (s1), or streamed with the
 	// weights (m1, slower on the H100: see docs/PERFORMANCE.md).
-	kind := fmt.Sprintf("m%d", mr)
+	kind := "m16"
+	switch mr {
+	case 1:
+		kind = "m1"
+	case 8:
+		kind = "m8"
+	}
 	shared := kw * st * 2304
 	switch {
 	case mr == 1 && (g.norm != nil || !b.force.gemvPipe) && shared+2*g.K <= b.maxShare:
@@ -392,7 +417,7 @@ func (b *Backend) finalizeGemv(o *op, afterLong bool) {
 		shared = kw * st * (2304 + 1024)
 	}
 	dec := b.exp.gemvDec()
-	o.name = fmt.Sprintf("gemv_nvfp4_%s_d%d", kind, dec)
+	o.name = gemvKernelName(kind, dec)
 	if st == 4 {
 		o.name = "gemv_nvfp4_s1_d1_st4" // the dev build's (with gemvDec 1, m == 1)
 	}
@@ -486,7 +511,7 @@ func (b *Backend) finalizeGemv(o *op, afterLong bool) {
 	}
 	a[25] = uint64(g.xs)
 	if maps == nil {
-		o.setParams(a[:])
+		o.setStruct(a[:])
 		return
 	}
 	// GemvArgsTM: GemvArgs padded to 256 bytes, then the weights' and the
@@ -497,7 +522,7 @@ func (b *Backend) finalizeGemv(o *op, afterLong bool) {
 		copy(at[32+16*i:], m.w[:])
 		copy(at[80+16*i:], m.s[:])
 	}
-	o.setParams(at[:])
+	o.setStruct(at[:])
 }
 
 // tensorMaps are a weight's CUtensorMaps for gemv_nvfp4_tma8_tm: its E2M1
@@ -716,7 +741,7 @@ func (b *Backend) queueNorm(dst, x, w *Buffer, eps float32) {
 	rows := x.n / n
 	o := op{kind: opKernel, name: "rmsnorm", fn: b.fn["rmsnorm"], grid: [3]uint32{uint32(rows), 1, 1},
 		block: uint32(min(1024, max(32, (n+31)/32*32))), pdl: pdlKernel("rmsnorm")}
-	o.setParams(dst.ptr, x.ptr, w.ptr, n, eps)
+	o.setSlots(dst.ptr, x.ptr, w.ptr, slotInt(n), slotF32(eps))
 	o.fx = fxOf([]*Buffer{dst}, x, w)
 	if rows == 1 && dst.n == n && n%256 == 0 && x.ptr%16 == 0 && w.ptr%16 == 0 && dst.ptr%16 == 0 {
 		o.norm = &normOp{dst: spanOf(dst), x: spanOf(x), w: spanOf(w), eps: eps}

@@ -17,8 +17,9 @@ import (
 // of the layer's experts, so nothing comes back to the host.
 
 var (
-	_ backend.RoutedMoEOps = (*Backend)(nil)
-	_ backend.GroupMoEOps  = (*Backend)(nil)
+	_ backend.RoutedMoEOps     = (*Backend)(nil)
+	_ backend.DeviceHashMoEOps = (*Backend)(nil)
+	_ backend.GroupMoEOps      = (*Backend)(nil)
 )
 
 // moe.cuh's limits: MOE_MAXK picks per token, MOE_MAXE experts, MOE_ROWS
@@ -123,12 +124,38 @@ func (b *Backend) RoutedMoE(out, x, logits backend.Buffer, hash []int32, exp bac
 			return
 		}
 	}
-	b.q.keep = append(b.q.keep, r.ex, r.scratch, out, x, logits)
-	o := op{kind: opKernel, name: "moe_route", fn: b.function("moe_route"), grid: [3]uint32{uint32(a.M), 1, 1}, block: moeRouteT}
-	o.setParams(r.ids, r.wts, ptr(logits), r.bias(), hashPtr, a.Experts, a.K, boolInt(a.Scoring == dsv4.ScoreSqrtSoftplus), a.Scale)
-	b.push(o)
+	b.queueRoute(r, logits, hashPtr, a)
+	b.q.keep = append(b.q.keep, out, x)
 	b.qmu.Unlock()
 	b.moeFFN(r, out, x, a.M, a.K, limit)
+}
+
+// RoutedMoEDeviceHash is RoutedMoE with the hashed picks read from hash on
+// the device (backend.DeviceHashMoEOps): moe_route takes them from there
+// instead of from the step values.
+func (b *Backend) RoutedMoEDeviceHash(out, x, logits, hash backend.Buffer, exp backend.Experts, a dsv4.RouteArgs, limit float32) {
+	if hash.Len() != a.M*a.K {
+		b.setErr(fmt.Errorf("kernels: MoE of %d tokens, top-%d: a buffer of %d hashed ids", a.M, a.K, hash.Len()))
+		return
+	}
+	r, ok := b.moePrepare(exp, a.M, a.Experts, a.K)
+	if !ok {
+		return
+	}
+	b.qmu.Lock()
+	b.queueRoute(r, logits, ptr(hash), a)
+	b.q.keep = append(b.q.keep, out, x, hash)
+	b.qmu.Unlock()
+	b.moeFFN(r, out, x, a.M, a.K, limit)
+}
+
+// queueRoute queues moe_route of r's tokens over logits, the hashed picks
+// at the device address hash (0: none). qmu held.
+func (b *Backend) queueRoute(r moeRun, logits backend.Buffer, hash uint64, a dsv4.RouteArgs) {
+	b.q.keep = append(b.q.keep, r.ex, r.scratch, logits)
+	o := op{kind: opKernel, name: "moe_route", fn: b.function("moe_route"), grid: [3]uint32{uint32(a.M), 1, 1}, block: moeRouteT}
+	o.setParams(r.ids, r.wts, ptr(logits), r.bias(), hash, a.Experts, a.K, boolInt(a.Scoring == dsv4.ScoreSqrtSoftplus), a.Scale)
+	b.push(o)
 }
 
 // GroupMoE is backend.GroupMoEOps: moe_group_route (layers.GroupRoute on

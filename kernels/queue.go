@@ -211,7 +211,53 @@ func (b *Backend) sendDyn() {
 	}
 }
 
+// setSlots sets o's parameters to vals, one 8-byte slot each (device
+// pointers as they are, ints through slotInt, floats through slotF32):
+// setParams without boxing every argument in an interface, which allocated
+// for most of them, on the paths that queue an op for every layer.
+func (o *op) setSlots(vals ...uint64) {
+	o.params = append(o.params[:0], vals...)
+	if cap(o.offs) < len(vals) {
+		o.offs = make([]uint16, 0, len(vals))
+	}
+	o.offs = o.offs[:len(vals)]
+	for i := range o.offs {
+		o.offs[i] = uint16(i)
+	}
+}
+
+// setStruct sets o's one parameter, a struct of len(v) slots.
+func (o *op) setStruct(v []uint64) {
+	o.params = append(o.params[:0], v...)
+	o.offs = append(o.offs[:0], 0)
+}
+
+// slotInt and slotF32 are an int and a float32 parameter's slots, as
+// setParams writes them.
+func slotInt(v int) uint64     { return uint64(uint32(int32(v))) }
+func slotF32(v float32) uint64 { return uint64(math.Float32bits(v)) }
+
 func (o *op) setParams(args ...any) {
+	// Sized once: a step queues about a thousand ops (DeepSeek-V4), and
+	// growing each op's slices by appends was most of what building its
+	// queue allocated.
+	slots := 0
+	for _, a := range args {
+		switch v := a.(type) {
+		case []int32:
+			slots += (len(v) + 1) / 2
+		case []uint64:
+			slots += len(v)
+		default:
+			slots++
+		}
+	}
+	if cap(o.params) < slots {
+		o.params = make([]uint64, 0, slots)
+	}
+	if cap(o.offs) < len(args) {
+		o.offs = make([]uint16, 0, len(args))
+	}
 	o.params = o.params[:0]
 	o.offs = o.offs[:0]
 	for _, a := range args {
@@ -308,7 +354,9 @@ func (b *Backend) launchOp(o *op) {
 		} else {
 			r = b.d.cuLaunchKernel(o.fn, o.grid[0], o.grid[1], o.grid[2], o.block, 1, 1, o.shared, b.stream, p, nil)
 		}
-		b.setErr(b.d.check("launch "+o.name, r))
+		if r != 0 { // the name is only joined for an error: a launch allocates nothing
+			b.setErr(b.d.check("launch "+o.name, r))
+		}
 		b.paramPtrs = ptrs[:0]
 	}
 }

@@ -2,6 +2,7 @@ package model
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"math"
 	"slices"
@@ -30,9 +31,13 @@ type DeepseekV4 struct {
 	ops    backend.CompressedAttentionOps
 	moeOps backend.RoutedMoEOps            // optional: routing and routed experts on the device
 	fused  backend.FusedHyperConnectionOps // optional: a site's coefficients and Pre in one call
-	cfg    *Config
-	v      *v4Config
-	mixer  *mhc.Mixer
+	// Optional, for running a token held on the device (ForwardSampled):
+	// its embedding, and the hash-routed layers' expert ids gathered by it.
+	pipe    backend.TokenPipeliner
+	hashOps backend.DeviceHashMoEOps
+	cfg     *Config
+	v       *v4Config
+	mixer   *mhc.Mixer
 
 	mainRoPE, compRoPE *layers.RoPE
 	ones               backend.Buffer // [head_dim] weights of the unweighted per-head q norm
@@ -63,6 +68,7 @@ type v4Block struct {
 	kind    string // layer_types entry
 	rate    int    // compression rate (0: sliding)
 	hash    []int32
+	hashTab backend.Weight // hash as a [vocab, K] table of ids in float32 bits on the device (ForwardSampled), or nil
 	AttnHC  v4HC
 	FFNHC   v4HC
 	Attn    v4Attn
@@ -180,6 +186,7 @@ func loadDeepseekV4Placed(b backend.Backend, cfg *Config, l *Loader, mtp bool, p
 	l.rename = v4ReleasedNames(l.ck) // DeepSeek's layout as released (deepseek_v4_released.go)
 	m := &DeepseekV4{b: b, hc: hc, ops: ops, cfg: cfg, v: v, mixer: mixer}
 	m.moeOps, m.fused = l.caps.RoutedMoE, l.caps.FusedHyper
+	m.pipe, m.hashOps = l.caps.Pipeliner, l.caps.DeviceHashMoE
 	if m.mainRoPE, err = cfg.NewRoPE(v.mainRoPE, v.HeadDim); err != nil {
 		return nil, err
 	}
@@ -250,8 +257,34 @@ func loadDeepseekV4Placed(b backend.Backend, cfg *Config, l *Loader, mtp bool, p
 		if err := m.loadRoutedExperts(l, fmt.Sprintf("model.layers.%d.", i), blk, dims); err != nil {
 			return nil, err
 		}
+		if err := m.uploadHash(fmt.Sprintf("model.layers.%d.", i), blk); err != nil {
+			return nil, err
+		}
 	}
 	return m, nil
+}
+
+// uploadHash puts a hash-routed layer's table on the device as a [vocab,
+// K] matrix of ids, each an int32 in a float32's bits, where the backend
+// can run a held token's step (TokenPipeliner) with device-side hashing
+// (DeviceHashMoEOps) and the layer's experts run there: a held token's
+// picks are then the table's row, gathered by the held id as an embedding
+// row is (a bitwise copy), with no id on the host.
+func (m *DeepseekV4) uploadHash(prefix string, blk *v4Block) error {
+	if blk.hash == nil || m.pipe == nil || m.hashOps == nil || blk.dev == nil {
+		return nil
+	}
+	K := m.v.NumExpertsPerTok
+	data := make([]byte, 4*len(blk.hash))
+	for i, e := range blk.hash {
+		binary.LittleEndian.PutUint32(data[4*i:], uint32(e))
+	}
+	w, err := m.b.Upload(&backend.HostWeight{Name: prefix + "ffn.gate.tid2eid", Rows: len(blk.hash) / K, Cols: K, Format: backend.F32, Data: data})
+	if err != nil {
+		return fmt.Errorf("model: %sffn.gate.tid2eid on the device: %w", prefix, err)
+	}
+	blk.hashTab = w
+	return nil
 }
 
 // loadBlock binds the decoder layer under prefix (attention of kind, MoE of
@@ -446,6 +479,77 @@ func (m *DeepseekV4) ForwardDevice(ctx context.Context, st State, tokens []int32
 	return m.run(ctx, st, tokens, false, nil)
 }
 
+// ForwardSampled runs the token whose id src holds on the backend (see
+// SampledForwarder) and leaves its logits there. Where every layer's
+// routed experts run on the device (and a hash-routed layer's table is
+// there: uploadHash), the step is queued without the id: its embedding and
+// the hashed picks are gathered by the held id, and the id is copied to
+// the state's record of held tokens, from which a later replay of the
+// state's tokens reads it. Otherwise the id is read back first (the host
+// routes, or hashes) and the token runs as ForwardDevice runs it.
+func (m *DeepseekV4) ForwardSampled(ctx context.Context, st State, src backend.Buffer) (backend.Buffer, error) {
+	s, ok := st.(*v4State)
+	if !ok || s.m != m {
+		return nil, fmt.Errorf("model: state of type %T is not a state of this %s model", st, m.cfg.ModelType)
+	}
+	if src.Len() != 1 {
+		return nil, fmt.Errorf("model: a held token is a buffer of 1 id, not %d", src.Len())
+	}
+	if !m.runsHeld() {
+		var v [1]float32
+		m.b.Read(v[:], src, 0)
+		return m.ForwardDevice(ctx, st, []int32{max(int32(math.Float32bits(v[0])), 0)}) // a NaN pick (-1-id): its step is dropped
+	}
+	if err := checkForward(m.cfg, st, []int32{0}); err != nil {
+		return nil, err
+	}
+	if s.done < len(s.hist) { // a rewind left tokens to replay: they run first, on their own
+		if _, err := m.passes(ctx, s, nil, false, nil); err != nil {
+			return nil, err
+		}
+	}
+	return m.runHeld(ctx, s, src)
+}
+
+// runsHeld reports whether a held token's step can run without its id on
+// the host: the backend embeds held tokens, and every layer routes and
+// runs its experts on the device at one token, hashing there where it
+// hashes.
+func (m *DeepseekV4) runsHeld() bool {
+	if m.pipe == nil || m.moeOps == nil || m.moeOps.MaxDeviceMoETokens() < 1 {
+		return false
+	}
+	for i := range m.blocks {
+		if blk := &m.blocks[i]; blk.dev == nil || blk.hash != nil && blk.hashTab == nil {
+			return false
+		}
+	}
+	return true
+}
+
+// runHeld is ForwardSampled's pass: position s.done, the token in src.
+func (m *DeepseekV4) runHeld(ctx context.Context, s *v4State, src backend.Buffer) (backend.Buffer, error) {
+	b := m.b
+	pos := len(s.hist)
+	if s.heldIDs == nil {
+		s.heldIDs, s.heldHash = b.NewBuffer(v4HeldRing), b.NewBuffer(m.v.NumExpertsPerTok)
+	}
+	if len(s.heldAt) > 0 && pos-s.heldAt[0] >= v4HeldRing {
+		s.resolveHeld() // the oldest record's slot comes round again
+	}
+	// The id goes to the record first: the pick queued after this step
+	// writes src again.
+	b.Copy(b.View(s.heldIDs, pos%v4HeldRing, 1), src)
+	s.hist = append(s.hist, 0) // known once the record is read (resolveHeld)
+	logits, err := m.forward(ctx, s, s.hist[pos:], 1, src)
+	if err != nil {
+		s.hist = s.hist[:pos]
+		return nil, err
+	}
+	s.heldAt = append(s.heldAt, pos)
+	return logits, nil
+}
+
 // run is Forward up to the logits, which stay on the backend: the last
 // token's, or with all every token's, passed to emit pass by pass (the
 // returned buffer is then the last pass's).
@@ -457,11 +561,20 @@ func (m *DeepseekV4) run(ctx context.Context, st State, tokens []int32, all bool
 	if err := checkForward(m.cfg, st, tokens); err != nil {
 		return nil, err
 	}
+	return m.passes(ctx, s, tokens, all, emit)
+}
+
+// passes is run after its checks: the tokens a rewind left to replay, then
+// tokens (none: the replay alone, as ForwardSampled asks for it).
+func (m *DeepseekV4) passes(ctx context.Context, s *v4State, tokens []int32, all bool, emit func(backend.Buffer)) (backend.Buffer, error) {
+	if s.done < len(s.hist) {
+		s.resolveHeld() // the replay reads the ids of tokens run while held
+	}
 	start := len(s.hist)
 	s.hist = append(s.hist, tokens...)
 	// pass runs hist[done:done+n], keeping the logits of its last want rows.
 	pass := func(n, want int) (backend.Buffer, error) {
-		logits, err := m.forward(ctx, s, s.hist[s.done:s.done+n], want)
+		logits, err := m.forward(ctx, s, s.hist[s.done:s.done+n], want, nil)
 		if err != nil {
 			// The failed pass has rewound itself; earlier passes of this
 			// call are cut away (or replayed later) by Truncate.
@@ -474,7 +587,7 @@ func (m *DeepseekV4) run(ctx context.Context, st State, tokens []int32, all bool
 		}
 		return logits, nil
 	}
-	if s.done < start && len(s.hist)-s.done <= min(v4ReplayChunk, m.chunkRows(s.done)) {
+	if s.done < start && start < len(s.hist) && len(s.hist)-s.done <= min(v4ReplayChunk, m.chunkRows(s.done)) {
 		// A short replay (a rollback into the last call, as speculative
 		// decoding's) runs in the same pass as the new tokens.
 		want := 1
@@ -513,8 +626,9 @@ func (m *DeepseekV4) run(ctx context.Context, st State, tokens []int32, all bool
 // forward runs tokens at positions s.done.. through the caches and returns
 // the logits of the last want rows. When ctx is canceled it restores the
 // caches and returns the error. With an MTP block, the residual streams
-// the block's next Draft reads are kept.
-func (m *DeepseekV4) forward(ctx context.Context, s *v4State, tokens []int32, want int) (backend.Buffer, error) {
+// the block's next Draft reads are kept. held, when not nil, holds the one
+// token's id on the device (ForwardSampled; tokens is then a stand-in).
+func (m *DeepseekV4) forward(ctx context.Context, s *v4State, tokens []int32, want int, held backend.Buffer) (backend.Buffer, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -539,7 +653,11 @@ func (m *DeepseekV4) forward(ctx context.Context, s *v4State, tokens []int32, wa
 	view := func(buf backend.Buffer, width int) backend.Buffer { return b.View(buf, 0, n*width) }
 	x, emb := view(sc.x, nh*D), view(sc.emb, D)
 
-	b.Embed(emb, m.embed, tokens)
+	if held != nil {
+		m.pipe.EmbedToken(emb, m.embed, held)
+	} else {
+		b.Embed(emb, m.embed, tokens)
+	}
 	m.hc.MHCExpand(x, emb, n, nh, D)
 	for l := range m.blocks {
 		if err := ctx.Err(); err != nil {
@@ -556,7 +674,7 @@ func (m *DeepseekV4) forward(ctx context.Context, s *v4State, tokens []int32, wa
 		// FFN site.
 		c = m.hcPre(s, &blk.FFNHC, x, n)
 		b.RMSNorm(h, c, blk.Attn.FFNNorm, cfg.RMSNormEps)
-		f := m.moe(s, blk, h, tokens)
+		f := m.moe(s, blk, h, tokens, held)
 		m.hc.MHCPost(x, x, f, view(sc.post, nh), view(sc.res, nh*nh), n, nh, D)
 	}
 	if ms := s.mtp; ms != nil {
@@ -618,11 +736,15 @@ func (m *DeepseekV4) attention(s *v4State, blk *v4Block, ls *v4LayerState, h bac
 
 	// Queries: a low-rank projection, normed, expanded to the heads and
 	// normed per head (unweighted), then rotated on their last rope dims.
-	qres := b.View(sc.qres, 0, n*v.QLoraRank)
+	// The norm goes to a buffer of its own (qres then normed into qn, not
+	// in place), so that a backend that normalizes a matmul's input while
+	// staging it takes it into the WQB matmul (kernels' fusion pass: one
+	// launch fewer a layer).
+	qres, qn := b.View(sc.qres, 0, n*v.QLoraRank), b.View(sc.qn, 0, n*v.QLoraRank)
 	b.MatMul(qres, h, blk.Attn.WQA, n)
-	b.RMSNorm(qres, qres, blk.Attn.QNorm, eps)
+	b.RMSNorm(qn, qres, blk.Attn.QNorm, eps)
 	q := b.View(sc.q, 0, n*H*hd)
-	b.MatMul(q, qres, blk.Attn.WQB, n)
+	b.MatMul(q, qn, blk.Attn.WQB, n)
 	b.RMSNorm(q, q, m.ones, eps)
 	b.RoPE(q, n, H, hd, off, pos0, rope, false)
 
@@ -662,7 +784,7 @@ func (m *DeepseekV4) attention(s *v4State, blk *v4Block, ls *v4LayerState, h bac
 		comp = ls.comp.entries
 		args.Rate, args.Entries, args.TopK = blk.rate, ls.comp.count, s.indexTopK()
 		idx = b.View(sc.idx, 0, n*s.indexTopK())
-		m.indexer(s, blk, ls.index, qres, iw, idx, n, pos0)
+		m.indexer(s, blk, ls.index, qn, iw, idx, n, pos0)
 	}
 	att := b.View(sc.att, 0, n*H*hd)
 	m.ops.CompressedAttention(att, q, local, comp, idx, blk.Attn.Sinks, args)
@@ -743,8 +865,9 @@ func (m *DeepseekV4) indexer(s *v4State, blk *v4Block, ic *v4Comp, qres, iw, idx
 // moe runs the MoE block over h ([n, hidden], normed): the shared expert on
 // all rows, then the routed experts, routed on the device (backend.RoutedMoEOps) for
 // short chunks when the backend can, else on the host, each routed expert
-// on its rows.
-func (m *DeepseekV4) moe(s *v4State, blk *v4Block, h backend.Buffer, tokens []int32) backend.Buffer {
+// on its rows. held, when not nil, holds the one token's id on the device
+// (forward's; runsHeld said the device routes every layer).
+func (m *DeepseekV4) moe(s *v4State, blk *v4Block, h backend.Buffer, tokens []int32, held backend.Buffer) backend.Buffer {
 	b, v, sc := m.b, m.v, &s.scratch
 	n, D, I := len(tokens), m.cfg.HiddenSize, v.MoEIntermediateSize
 	E, K := v.NRoutedExperts, v.NumExpertsPerTok
@@ -757,6 +880,17 @@ func (m *DeepseekV4) moe(s *v4State, blk *v4Block, h backend.Buffer, tokens []in
 
 	router := b.View(sc.router, 0, n*E)
 	b.MatMul(router, h, blk.FFN.Gate, n)
+	route := dsv4.RouteArgs{M: n, Experts: E, K: K, Scoring: v.scoring, Scale: float32(v.RoutedScalingFactor)}
+	if held != nil {
+		if blk.hash == nil {
+			m.moeOps.RoutedMoE(out, h, router, nil, blk.dev, route, limit)
+			return out
+		}
+		ids := b.View(s.heldHash, 0, K)
+		m.pipe.EmbedToken(ids, blk.hashTab, held)
+		m.hashOps.RoutedMoEDeviceHash(out, h, router, ids, blk.dev, route, limit)
+		return out
+	}
 	var hash []int32
 	if blk.hash != nil {
 		hash = make([]int32, n*K)
@@ -764,7 +898,6 @@ func (m *DeepseekV4) moe(s *v4State, blk *v4Block, h backend.Buffer, tokens []in
 			copy(hash[i*K:(i+1)*K], blk.hash[int(t)*K:(int(t)+1)*K])
 		}
 	}
-	route := dsv4.RouteArgs{M: n, Experts: E, K: K, Scoring: v.scoring, Scale: float32(v.RoutedScalingFactor)}
 	if blk.dev != nil && n <= m.moeOps.MaxDeviceMoETokens() { // (nil where experts are on the host)
 		m.moeOps.RoutedMoE(out, h, router, hash, blk.dev, route, limit)
 		return out

@@ -97,6 +97,34 @@ type v4State struct {
 	host      v4HostScratch // the host experts' scratch (offload.go), when the model has some
 	hostOff   []int
 	mtp       *v4MTPState // nil without an MTP block (mtp.go)
+	// Tokens run while held on the device (ForwardSampled): heldIDs
+	// records the id of position p in slot p % v4HeldRing, heldAt lists the
+	// positions (increasing) whose hist entry awaits its record
+	// (resolveHeld), heldHash [K] takes a hash-routed layer's picks.
+	heldIDs, heldHash backend.Buffer
+	heldAt            []int
+}
+
+// v4HeldRing is the slots of a state's record of held tokens: a read of
+// the record (which waits for the device) once in this many positions
+// keeps it from growing with the context.
+const v4HeldRing = 1024
+
+// resolveHeld fills in the hist entries of the tokens run while held from
+// their record on the device (a read, which waits for the steps that
+// wrote it): before anything reads hist beyond the token just run (a
+// replay, a draft), and before a record would take the slot of one not
+// yet read.
+func (s *v4State) resolveHeld() {
+	if len(s.heldAt) == 0 {
+		return
+	}
+	v := make([]float32, v4HeldRing)
+	s.m.b.Read(v, s.heldIDs, 0)
+	for _, p := range s.heldAt {
+		s.hist[p] = max(int32(math.Float32bits(v[p%v4HeldRing])), 0) // a NaN pick (-1-id) ran as token 0
+	}
+	s.heldAt = s.heldAt[:0]
 }
 
 // v4Snap is the bookkeeping of a cache state (the data stays in the buffers).
@@ -163,7 +191,7 @@ func (s *v4State) reset() {
 type v4Scratch struct {
 	x, emb, c, h, a                backend.Buffer
 	logits, pre, post, res         backend.Buffer
-	qres, q, att, u                backend.Buffer
+	qres, qn, q, att, u            backend.Buffer
 	iq, iw, idx                    backend.Buffer
 	router, xe, ge, ue, ye, sg, su backend.Buffer
 	out                            backend.Buffer
@@ -193,6 +221,7 @@ func (s *v4State) Truncate(n int) {
 		}
 	}
 	s.hist = s.hist[:n]
+	s.heldAt = slices.DeleteFunc(s.heldAt, func(p int) bool { return p >= n })
 	if s.mtp != nil {
 		s.mtp.saved.truncate(n)
 		s.mtp.truncate(n - 1) // the entry of position p pairs it with token p+1
@@ -402,7 +431,7 @@ func (m *DeepseekV4) scratchSizes(sc *v4Scratch, n, k int, f func(*backend.Buffe
 	}{
 		{&sc.x, n * nh * D}, {&sc.emb, n * D}, {&sc.c, n * D}, {&sc.h, n * D}, {&sc.a, n * D},
 		{&sc.logits, n * mix}, {&sc.pre, n * nh}, {&sc.post, n * nh}, {&sc.res, n * nh * nh},
-		{&sc.qres, n * v.QLoraRank}, {&sc.q, n * H * hd}, {&sc.att, n * H * hd}, {&sc.u, n * v.OGroups * v.OLoraRank},
+		{&sc.qres, n * v.QLoraRank}, {&sc.qn, n * v.QLoraRank}, {&sc.q, n * H * hd}, {&sc.att, n * H * hd}, {&sc.u, n * v.OGroups * v.OLoraRank},
 		{&sc.router, n * v.NRoutedExperts}, {&sc.xe, n * D}, {&sc.ge, n * I}, {&sc.ue, n * I}, {&sc.ye, n * D},
 		{&sc.sg, n * I}, {&sc.su, n * I}, {&sc.moeOut, n * D},
 		{&sc.headLogits, n * nh}, {&sc.final, n * D},
@@ -456,6 +485,7 @@ func (m *DeepseekV4) StateBytes(capacity int) int64 {
 	var sc v4Scratch
 	m.scratchSizes(&sc, rows, min(m.v.IndexTopK, capacity), func(_ *backend.Buffer, f int) { floats += int64(f) })
 	floats += int64(m.cfg.VocabSize)                                       // the last row's logits (a Forward asking for every row's holds more)
+	floats += v4HeldRing + int64(m.v.NumExpertsPerTok)                     // the record of held tokens and their hashed picks (ForwardSampled)
 	host := int64(rows) * int64(m.v.NRoutedExperts+2*m.v.NumExpertsPerTok) // routing on the host
 	for _, blk := range m.blocks {
 		if blk.Indexer != nil {

@@ -224,6 +224,7 @@ func (m *DeepseekV4) Draft(ctx context.Context, st State, next int32, k int, pic
 	if err := checkDraft(k, next, m.cfg.VocabSize); err != nil {
 		return nil, err
 	}
+	s.resolveHeld() // the draft reads the tokens before next
 	L := len(s.hist)
 	ms := s.mtp
 	k, err := draftRoom(ctx, k, L, s.cap, &ms.saved)
@@ -354,7 +355,7 @@ func (m *DeepseekV4) mtpStep(s *v4State, hid backend.Buffer, tokens []int32) ([]
 	m.hc.MHCPost(x, x, a, view(sc.post, nh), view(sc.res, nh*nh), n, nh, D)
 	c = m.hcPre(s, &blk.FFNHC, x, n)
 	b.RMSNorm(h, c, blk.Attn.FFNNorm, eps)
-	f := m.moe(s, blk, h, tokens)
+	f := m.moe(s, blk, h, tokens, nil)
 	m.hc.MHCPost(x, x, f, view(sc.post, nh), view(sc.res, nh*nh), n, nh, D)
 	ms.pos += n
 	ms.lastRows = n

@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 
 	"github.com/manifoldlm/manifold/backend"
@@ -28,20 +29,25 @@ func moeCases() []Case {
 		scoring                 dsv4.Scoring
 		bias, hash              bool
 		limit                   float32
+		devHash                 bool // the hashed picks from a device buffer (DeviceHashMoEOps)
 	}
 	for _, s := range []moeShape{
-		{backend.NVFP4, 1, 32, 6, 256, 96, false, dsv4.ScoreSqrtSoftplus, false, false, 10},
-		{backend.NVFP4, 3, 32, 6, 1056, 64, false, dsv4.ScoreSigmoid, true, false, 0},
-		{backend.NVFP4, 2, 8, 2, 128, 1088, false, dsv4.ScoreSqrtSoftplus, false, true, 7},
-		{backend.NVFP4, 1, 32, 6, 256, 96, true, 0, true, false, 0},
-		{backend.NVFP4, 3, 64, 8, 160, 224, true, 0, true, false, 0},
-		{backend.FP8Block, 1, 32, 6, 320, 160, true, 0, true, false, 0},
-		{fp8BlockF32, 3, 16, 4, 256, 96, true, 0, true, false, 0},
-		{backend.FP8Block, 2, 32, 6, 448, 224, false, dsv4.ScoreSqrtSoftplus, true, false, 0},
+		{backend.NVFP4, 1, 32, 6, 256, 96, false, dsv4.ScoreSqrtSoftplus, false, false, 10, false},
+		{backend.NVFP4, 3, 32, 6, 1056, 64, false, dsv4.ScoreSigmoid, true, false, 0, false},
+		{backend.NVFP4, 2, 8, 2, 128, 1088, false, dsv4.ScoreSqrtSoftplus, false, true, 7, false},
+		{backend.NVFP4, 2, 8, 2, 128, 1088, false, dsv4.ScoreSqrtSoftplus, false, true, 7, true},
+		{backend.NVFP4, 1, 32, 6, 256, 96, true, 0, true, false, 0, false},
+		{backend.NVFP4, 3, 64, 8, 160, 224, true, 0, true, false, 0, false},
+		{backend.FP8Block, 1, 32, 6, 320, 160, true, 0, true, false, 0, false},
+		{fp8BlockF32, 3, 16, 4, 256, 96, true, 0, true, false, 0, false},
+		{backend.FP8Block, 2, 32, 6, 448, 224, false, dsv4.ScoreSqrtSoftplus, true, false, 0, false},
 	} {
 		op, route := "RoutedMoEOps.RoutedMoE", fmt.Sprintf("scoring=%d/bias=%v/hash=%v/limit=%g", s.scoring, s.bias, s.hash, s.limit)
-		if s.group {
+		switch {
+		case s.group:
 			op, route = "GroupMoEOps.GroupMoE", "groups=4/top=2"
+		case s.devHash:
+			op = "DeviceHashMoEOps.RoutedMoEDeviceHash"
 		}
 		needs := ""
 		if s.f != backend.NVFP4 {
@@ -93,9 +99,16 @@ func moeCases() []Case {
 				if binder != nil {
 					ex := must(binder.BindExperts(w[0], w[1], w[2], bias))
 					if ex != nil {
-						if s.group {
+						switch {
+						case s.group:
 							caps.GroupMoE.GroupMoE(out, xb, upload(b, logits), ex, ga)
-						} else {
+						case s.devHash && caps.DeviceHashMoE != nil:
+							ids := make([]float32, len(hash))
+							for i, e := range hash {
+								ids[i] = math.Float32frombits(uint32(e))
+							}
+							caps.DeviceHashMoE.RoutedMoEDeviceHash(out, xb, upload(b, logits), upload(b, ids), ex, va, s.limit)
+						default:
 							caps.RoutedMoE.RoutedMoE(out, xb, upload(b, logits), hash, ex, va, s.limit)
 						}
 						return read(b, out), want
