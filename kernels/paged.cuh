@@ -73,16 +73,25 @@ extern "C" __global__ void paged_append(float* q, float* k, const float* v, floa
 // hgroups, splits), PGA_WARPS warps: block (r, kh, j) takes the gb = G /
 // hgroups query heads kh*G + j*gb .. of kv head kh (G = heads / kvHeads,
 // gb <= GM <= PGA_GMAX), over keys [split*keys, (split+1)*keys) of the visible
-// [start, pos]. Warp w weighs keys lo + w, lo + w + PGA_WARPS, ..., two at
-// a time (both rows loaded before either is weighed), keeping an online
-// softmax (max, sum, output) per head; a lane holds NE channels of each
-// (pga_chan: consecutive ones, loaded as one vector, for heads of 64 and
-// 128). The block merges its warps' in shared memory. With one split it
-// writes out, else its (output, max, sum) to part (an empty share writes
-// max -inf and sum 0), and the last of a row of splits to finish
-// (ticket[blockIdx.x], reset by it) merges them. list >= 0: the launch
-// runs the rows listed from slot enc + list (block row i: row E[list + i])
-// and leaves the others to paged_prefill.
+// [start, pos] (the host picks keys and splits so that the grid fills the
+// GPU: pagedSplits). Warp w weighs rounds of KEYS consecutive keys, lo +
+// w*KEYS + r*PGA_WARPS*KEYS .., every row of a round loaded before any is
+// weighed and the next round's block-table lookups issued under those loads,
+// keeping an online softmax (max, sum, output) per head; a lane holds NE
+// channels of each (pga_chan: consecutive ones, loaded as one vector, for
+// heads of 64 and 128). The block merges its warps' in shared memory, a
+// warp a head. With one split it writes out, else its (output, max, sum) to
+// part (an empty share writes max -inf, sum 0 and outputs 0), and the last
+// of a row of splits to finish (ticket[blockIdx.x], reset by it) merges
+// them, a warp a head. list >= 0: the launch runs the rows listed from slot
+// enc + list (block row i: row E[list + i]) and leaves the others to
+// paged_prefill.
+//
+// part's layout: the partial of head g of block x, split s, is number pi =
+// (x * gb + g) * splits + s of T = gridDim.x * gb * splits; its hd outputs
+// at part + pi * hd (16-byte aligned rows for heads of 128), its max and sum
+// at part + T * hd + 2 * pi. T * (hd + 2) floats: rows * heads * splits *
+// (hd + 2), as the host sizes it.
 #define PGA_WARPS 4
 #define PGA_GMAX 8
 template <int HD>
@@ -91,23 +100,128 @@ struct Pga {
     // chan is the channel of a lane's e-th value.
     static __device__ __forceinline__ int chan(int lane, int e) { return HD ? lane * NE + e : lane + WARP * e; }
     // load reads a lane's channels of the row at p (16-byte aligned for HD
-    // 128, 8 for 64; channels past hd read as 0).
+    // 128, 8 for 64; channels past hd read as 0); CG: through L2 only (what
+    // other blocks of the launch wrote).
+    template <bool CG = false>
     static __device__ __forceinline__ void load(float (&x)[NE], const float* p, int lane, int hd) {
         if constexpr (HD == 128) {
-            const float4 t = reinterpret_cast<const float4*>(p)[lane];
+            const float4* p4 = reinterpret_cast<const float4*>(p) + lane;
+            const float4 t = CG ? __ldcg(p4) : *p4;
             x[0] = t.x, x[1] = t.y, x[2] = t.z, x[3] = t.w;
         } else if constexpr (HD == 64) {
-            const float2 t = reinterpret_cast<const float2*>(p)[lane];
+            const float2* p2 = reinterpret_cast<const float2*>(p) + lane;
+            const float2 t = CG ? __ldcg(p2) : *p2;
             x[0] = t.x, x[1] = t.y;
         } else {
 #pragma unroll
             for (int e = 0; e < NE; e++) {
                 const int c = chan(lane, e);
-                x[e] = c < hd ? p[c] : 0.f;
+                x[e] = c < hd ? (CG ? __ldcg(p + c) : p[c]) : 0.f;
+            }
+        }
+    }
+    // store writes a lane's channels to the row at p (aligned as load's).
+    static __device__ __forceinline__ void store(float* p, const float (&x)[NE], int lane, int hd) {
+        if constexpr (HD == 128) {
+            reinterpret_cast<float4*>(p)[lane] = make_float4(x[0], x[1], x[2], x[3]);
+        } else if constexpr (HD == 64) {
+            reinterpret_cast<float2*>(p)[lane] = make_float2(x[0], x[1]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < NE; e++) {
+                const int c = chan(lane, e);
+                if (c < hd) p[c] = x[e];
             }
         }
     }
 };
+
+// pga_halve is a step of pga_fold: lanes M = 32 H / N apart swap halves of
+// the 2 H values each holds and add the half they get, the lane with bit M
+// set keeping the upper half; then the steps after it, down to one value.
+template <int N, int H>
+__device__ __forceinline__ void pga_halve(float (&v)[N], int lane) {
+    if constexpr (H >= 1) {
+        constexpr int M = WARP * H / N;
+        const bool up = lane & M;
+#pragma unroll
+        for (int i = 0; i < H; i++) {
+            const float give = up ? v[i] : v[i + H];
+            const float keep = up ? v[i + H] : v[i];
+            v[i] = keep + __shfl_xor_sync(0xffffffff, give, M);
+        }
+        pga_halve<N, H / 2>(v, lane);
+    }
+}
+
+// pga_fold sums each of a lane's N values (a power of two, at most 32)
+// over the warp and leaves one sum a lane: lane l holds value l / (32 / N)'s.
+// The halving steps (pga_halve) take N - 1 shuffles, log2(32 / N) more
+// finish, where a warp_sum of each value takes 5 N. The lanes added are
+// the pairs warp_sum adds, step by step, so each sum is warp_sum's to the
+// bit.
+template <int N>
+__device__ __forceinline__ float pga_fold(float (&v)[N], int lane) {
+    static_assert(N >= 1 && N <= WARP && (N & (N - 1)) == 0, "pga_fold: N a power of two up to 32");
+    pga_halve<N, N / 2>(v, lane);
+    float s = v[0];
+#pragma unroll
+    for (int m = WARP / N / 2; m >= 1; m /= 2) s += __shfl_xor_sync(0xffffffff, s, m);
+    return s;
+}
+
+// pga_weigh folds KEYS key rows k and value rows v (a lane's channels; the
+// first nv >= 1 of them keys of the share, the others weighed 0) into the
+// online softmax (max mx, sum sm, outputs acc) of each of the block's gb
+// heads (queries qv): the GM * KEYS dot products in one pga_fold, each
+// score then taken from its lane by every lane, and one rescale of a head's
+// outputs for the round.
+template <int NE, int GM, int KEYS>
+__device__ __forceinline__ void pga_weigh(const float (&k)[KEYS][NE], const float (&v)[KEYS][NE], int nv,
+                                          const float (&qv)[GM][NE], float (&acc)[GM][NE], float (&mx)[GM],
+                                          float (&sm)[GM], int gb, float scale, int lane) {
+    constexpr int N = GM * KEYS, REST = WARP / N;
+    float d[N];
+#pragma unroll
+    for (int g = 0; g < GM; g++) {
+#pragma unroll
+        for (int j = 0; j < KEYS; j++) {
+            float x = 0.f;
+#pragma unroll
+            for (int e = 0; e < NE; e++) x += qv[g][e] * k[j][e];
+            d[g * KEYS + j] = x;
+        }
+    }
+    const float mine = pga_fold<N>(d, lane) * scale; // score of head lane / REST / KEYS, key lane / REST % KEYS
+#pragma unroll
+    for (int g = 0; g < GM; g++) {
+        if (g >= gb) break; // the same on every lane
+        float s[KEYS], mc = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < KEYS; j++) {
+            const float x = __shfl_sync(0xffffffff, mine, (g * KEYS + j) * REST);
+            s[j] = j < nv ? x : -INFINITY;
+            mc = fmaxf(mc, s[j]);
+        }
+        const float m = fmaxf(mx[g], mc); // finite: key 0 is the share's
+        const float corr = expf(mx[g] - m);
+        float p[KEYS], ps = 0.f;
+#pragma unroll
+        for (int j = 0; j < KEYS; j++) {
+            p[j] = expf(s[j] - m);
+            ps += p[j];
+        }
+        mx[g] = m;
+        sm[g] = sm[g] * corr + ps;
+#pragma unroll
+        for (int e = 0; e < NE; e++) {
+            float a = acc[g][e] * corr;
+#pragma unroll
+            for (int j = 0; j < KEYS; j++) a += p[j] * v[j][e];
+            acc[g][e] = a;
+        }
+    }
+}
 
 //
 // FUSED (paged_attn_*_rope, every row a decode row: its sequence's only
@@ -126,9 +240,14 @@ __device__ __forceinline__ void paged_attn_body(float* out, const float* q, floa
                                                 const float* vnew, const float* inv_freq, int half, float rscale,
                                                 int inter, const float* qnw = nullptr, const float* knw = nullptr,
                                                 float neps = 0.f) {
-    extern __shared__ float pga_sh[]; // [PGA_WARPS][gb][hd + 2], then FUSED's new key and value [2][hd]
+    // [PGA_WARPS][gb][hd + 4] (a warp's outputs, max and sum a head), then
+    // FUSED's new key and value [2][hd]
+    extern __shared__ __align__(16) float pga_sh[];
     using P = Pga<HD>;
     constexpr int NE = P::NE;
+    // The keys a warp keeps in flight: 4, or 2 where the heads' registers
+    // (queries and outputs, 2 * GM * NE) are many.
+    constexpr int KEYS = GM * NE <= 16 ? 4 : 2, STEP = PGA_WARPS * KEYS;
     if (HD) hd = HD;
     pdl_entry();
     const int G = heads / kvHeads, gb = G / hgroups;
@@ -146,12 +265,55 @@ __device__ __forceinline__ void paged_attn_body(float* out, const float* q, floa
     const size_t W = (size_t)kvHeads * hd;
     const int h0 = kh * G + hg * gb;
     const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    const int rs = hd + 4; // a row of the merge area (16-byte aligned)
 
-    // FUSED: whether this block's share holds the new key; the query heads
-    // staged (in the merge area, free until the end) and the new row.
+    // FUSED: whether this block's share holds the new key, which comes
+    // last, from shared memory (end: the keys before it, from the pool).
     const bool owner = FUSED && pos >= split * keys && pos < (split + 1) * keys;
+    const int end = owner ? hi - 1 : hi;
+
+    // This warp's rounds, and the pool offsets of a round's keys: keys
+    // past end take the last one's row (read, weighed 0), so that the
+    // lookups and loads take no branch; unsigned division once a round.
+    const int first = lo + w * KEYS;
+    const int rounds = first < end ? (end - first + STEP - 1) / STEP : 0;
+    const int last = max(end - 1, 0);
+    size_t at[KEYS];
+    auto rowsOf = [&](int t) {
+        int tc = min(t, last);
+        int blk = (unsigned)tc / (unsigned)bs, off = tc - blk * bs;
+#pragma unroll
+        for (int j = 0; j < KEYS; j++) {
+            if (j > 0) { // the next key's block and offset
+                const int nx = min(t + j, last);
+                off += nx - tc; // 0 or 1
+                tc = nx;
+                const bool wrap = off == bs;
+                blk += wrap;
+                off = wrap ? 0 : off;
+            }
+            at[j] = ((size_t)table[blk] * bs + off) * W + (size_t)kh * hd;
+        }
+    };
+    float kr[KEYS][NE], vr[KEYS][NE];
+    auto fetch = [&]() {
+#pragma unroll
+        for (int j = 0; j < KEYS; j++) {
+            P::load(kr[j], kp + at[j], lane, hd);
+            P::load(vr[j], vp + at[j], lane, hd);
+        }
+    };
+    // The first round's rows are on their way while the queries are staged.
+    if (rounds > 0) {
+        rowsOf(first);
+        fetch();
+        rowsOf(first + STEP);
+    }
+
+    // FUSED: the query heads staged (in the merge area, free until the end)
+    // and the new row.
     float* qs = pga_sh;
-    float* kn = pga_sh + PGA_WARPS * gb * (hd + 2);
+    float* kn = pga_sh + PGA_WARPS * gb * rs;
     float* vn = kn + hd;
     if constexpr (FUSED) {
         for (int i = threadIdx.x; i < gb * hd; i += blockDim.x) qs[i] = q[((size_t)r * heads + h0) * hd + i];
@@ -167,16 +329,20 @@ __device__ __forceinline__ void paged_attn_body(float* out, const float* q, floa
             __syncthreads();
         }
         if (half > 0) {
+            // A thread a pair of channels: one sincosf, applied to every
+            // head (and the new key).
             const int nv = gb + (owner ? 1 : 0);
-            for (int idx = threadIdx.x; idx < nv * half; idx += blockDim.x) {
-                const int i = idx % half, hh = idx / half;
-                const float a = (float)pos * inv_freq[i];
-                const float c = cosf(a) * rscale, sn = sinf(a) * rscale;
-                float* x = hh < gb ? qs + hh * hd : kn;
+            for (int i = threadIdx.x; i < half; i += blockDim.x) {
+                float sn, cs;
+                sincosf((float)pos * inv_freq[i], &sn, &cs);
+                const float c = cs * rscale, s = sn * rscale;
                 const int i0 = inter ? 2 * i : i, i1 = inter ? 2 * i + 1 : i + half;
-                const float p0 = x[i0], p1 = x[i1];
-                x[i0] = p0 * c - p1 * sn;
-                x[i1] = p1 * c + p0 * sn;
+                for (int hh = 0; hh < nv; hh++) {
+                    float* x = hh < gb ? qs + hh * hd : kn;
+                    const float p0 = x[i0], p1 = x[i1];
+                    x[i0] = p0 * c - p1 * s;
+                    x[i1] = p1 * c + p0 * s;
+                }
             }
             __syncthreads();
         }
@@ -201,96 +367,77 @@ __device__ __forceinline__ void paged_attn_body(float* out, const float* q, floa
         }
     }
     if constexpr (FUSED) __syncthreads(); // every warp has its heads before any writes the merge area
-    // weigh folds key row kv and value row vv into every head's softmax.
-    auto weigh = [&](const float (&kv)[NE], const float (&vv)[NE]) {
-#pragma unroll
-        for (int g = 0; g < GM; g++) {
-            if (g >= gb) break;
-            float d = 0.f;
-#pragma unroll
-            for (int e = 0; e < NE; e++) d += qv[g][e] * kv[e];
-            const float s = warp_sum(d) * scale;
-            const float m = fmaxf(mx[g], s);
-            const float corr = expf(mx[g] - m), p = expf(s - m);
-            mx[g] = m;
-            sm[g] = sm[g] * corr + p;
-#pragma unroll
-            for (int e = 0; e < NE; e++) acc[g][e] = acc[g][e] * corr + p * vv[e];
+
+    int t = first;
+    for (int i = 0; i < rounds; i++, t += STEP) {
+        if (i > 0) {
+            fetch();
+            rowsOf(t + STEP); // the next round's lookups, under this round's loads
         }
-    };
-    auto rowOf = [&](int t) { return ((size_t)table[t / bs] * bs + t % bs) * W + (size_t)kh * hd; };
-    // FUSED: the new key (at hi - 1 when this block owns it) comes last,
-    // from shared memory.
-    const int end = owner ? hi - 1 : hi;
-    int t = lo + w;
-    for (; t + PGA_WARPS < end; t += 2 * PGA_WARPS) {
-        const size_t r0 = rowOf(t), r1 = rowOf(t + PGA_WARPS);
-        float k0[NE], v0[NE], k1[NE], v1[NE];
-        P::load(k0, kp + r0, lane, hd);
-        P::load(v0, vp + r0, lane, hd);
-        P::load(k1, kp + r1, lane, hd);
-        P::load(v1, vp + r1, lane, hd);
-        weigh(k0, v0);
-        weigh(k1, v1);
+        pga_weigh<NE, GM, KEYS>(kr, vr, end - t, qv, acc, mx, sm, gb, scale, lane);
     }
-    if (t < end) {
-        const size_t r0 = rowOf(t);
-        float k0[NE], v0[NE];
-        P::load(k0, kp + r0, lane, hd);
-        P::load(v0, vp + r0, lane, hd);
-        weigh(k0, v0);
+    if (owner && w == 0) { // FUSED's new key
+#pragma unroll
+        for (int j = 0; j < KEYS; j++) {
+            P::load(kr[j], kn, lane, hd);
+            P::load(vr[j], vn, lane, hd);
+        }
+        pga_weigh<NE, GM, KEYS>(kr, vr, 1, qv, acc, mx, sm, gb, scale, lane);
     }
-    if (owner && w == 0) {
-        float k0[NE], v0[NE];
-        P::load(k0, kn, lane, hd);
-        P::load(v0, vn, lane, hd);
-        weigh(k0, v0);
-    }
-    const int rs = hd + 2;
+
+    // The warps' states to shared memory; warp u merges heads u,
+    // u + PGA_WARPS, ...
 #pragma unroll
     for (int g = 0; g < GM; g++) {
         if (g >= gb) break;
-        float* sh = pga_sh + (size_t)(w * gb + g) * rs;
-#pragma unroll
-        for (int e = 0; e < NE; e++) {
-            const int c = P::chan(lane, e);
-            if (c < hd) sh[c] = acc[g][e];
-        }
+        float* sh = pga_sh + (w * gb + g) * rs;
+        P::store(sh, acc[g], lane, hd);
         if (lane == 0) {
             sh[hd] = mx[g];
             sh[hd + 1] = sm[g];
         }
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < gb * hd; idx += blockDim.x) {
-        const int g = idx / hd, c = idx % hd;
+    for (int g = w; g < gb; g += PGA_WARPS) {
         float M = -INFINITY;
+#pragma unroll
         for (int u = 0; u < PGA_WARPS; u++) M = fmaxf(M, pga_sh[(u * gb + g) * rs + hd]);
-        float L = 0.f, O = 0.f;
-        if (M > -INFINITY) {
-            for (int u = 0; u < PGA_WARPS; u++) {
-                const float* sh = pga_sh + (u * gb + g) * rs;
-                if (sh[hd] > -INFINITY) {
-                    const float f = expf(sh[hd] - M);
-                    L += sh[hd + 1] * f;
-                    O += sh[c] * f;
-                }
-            }
+        float L = 0.f, O[NE];
+#pragma unroll
+        for (int e = 0; e < NE; e++) O[e] = 0.f;
+#pragma unroll
+        for (int u = 0; u < PGA_WARPS; u++) {
+            const float* sh = pga_sh + (u * gb + g) * rs;
+            // A warp without keys weighs 0 (its sum and outputs are 0; its
+            // max -inf, and -inf - -inf is NaN).
+            const float f = sh[hd] == -INFINITY ? 0.f : expf(sh[hd] - M);
+            L += sh[hd + 1] * f;
+            float x[NE];
+            P::load(x, sh, lane, hd);
+#pragma unroll
+            for (int e = 0; e < NE; e++) O[e] += x[e] * f;
         }
         const size_t qh = (size_t)r * heads + h0 + g;
         if (splits == 1) {
-            out[qh * hd + c] = O / L;
+#pragma unroll
+            for (int e = 0; e < NE; e++) O[e] /= L;
+            P::store(out + qh * hd, O, lane, hd);
         } else {
-            float* pp = part + (qh * splits + split) * rs;
-            pp[c] = O;
-            if (c == 0) {
-                pp[hd] = M;
-                pp[hd + 1] = L;
+            const size_t pi = ((size_t)blockIdx.x * gb + g) * splits + split;
+            const size_t T = (size_t)gridDim.x * gb * splits;
+            P::store(part + pi * hd, O, lane, hd);
+            if (lane == 0) {
+                part[T * hd + 2 * pi] = M;
+                part[T * hd + 2 * pi + 1] = L;
             }
         }
     }
     if (splits == 1) return;
-    // The last of the row's splits to finish merges them (as attn_decode).
+    // The last of the row's splits to finish merges them (as attn_decode),
+    // a warp a head: every split's loads issued without a branch on what
+    // they hold (an empty split's max -inf weighs 0: its sum and outputs
+    // are 0, and the row's max is finite, the share holding pos being
+    // another).
     __shared__ int pga_last;
     __threadfence();
     __syncthreads();
@@ -299,21 +446,29 @@ __device__ __forceinline__ void paged_attn_body(float* out, const float* q, floa
     if (!pga_last) return;
     __threadfence();
     if (threadIdx.x == 0) ticket[blockIdx.x] = 0;
-    for (int idx = threadIdx.x; idx < gb * hd; idx += blockDim.x) {
-        const int g = idx / hd, c = idx % hd;
-        const size_t qh = (size_t)r * heads + h0 + g;
-        const float* ph = part + qh * splits * rs;
+    const size_t T = (size_t)gridDim.x * gb * splits;
+    for (int g = w; g < gb; g += PGA_WARPS) {
+        const size_t p0 = ((size_t)blockIdx.x * gb + g) * splits;
+        const float* po = part + p0 * hd;
+        const float* pml = part + T * hd + 2 * p0;
         float M = -INFINITY;
-        for (int s2 = 0; s2 < splits; s2++) M = fmaxf(M, __ldcg(ph + s2 * rs + hd));
-        float den = 0.f, o = 0.f;
+        for (int s2 = lane; s2 < splits; s2 += WARP) M = fmaxf(M, __ldcg(pml + 2 * s2));
+        M = warp_max(M);
+        float den = 0.f, o[NE];
+#pragma unroll
+        for (int e = 0; e < NE; e++) o[e] = 0.f;
+#pragma unroll 4
         for (int s2 = 0; s2 < splits; s2++) {
-            const float mx = __ldcg(ph + s2 * rs + hd);
-            if (mx == -INFINITY) continue; // an empty share
-            const float e = __expf(mx - M);
-            den += e * __ldcg(ph + s2 * rs + hd + 1);
-            o += e * __ldcg(ph + s2 * rs + c);
+            float x[NE];
+            P::template load<true>(x, po + (size_t)s2 * hd, lane, hd);
+            const float f = __expf(__ldcg(pml + 2 * s2) - M);
+            den += f * __ldcg(pml + 2 * s2 + 1);
+#pragma unroll
+            for (int e = 0; e < NE; e++) o[e] += f * x[e];
         }
-        out[qh * hd + c] = o / den;
+#pragma unroll
+        for (int e = 0; e < NE; e++) o[e] /= den;
+        P::store(out + ((size_t)r * heads + h0 + g) * hd, o, lane, hd);
     }
 }
 

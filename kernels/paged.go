@@ -48,9 +48,22 @@ const pagedGMax = 8
 // pagedWarps is paged_attn's warps a block (PGA_WARPS in paged.cuh).
 const pagedWarps = 4
 
-// pagedMinKeys is the fewest keys a split of paged_attn takes: splits are
-// made only while the grid is short of two blocks a multiprocessor.
-const pagedMinKeys = 64
+// pagedRound is the granularity of the keys a paged_attn launch covers:
+// the longest sequence's positions are rounded up to it, so that
+// consecutive decode steps queue the same launch (and replay one graph)
+// for this many positions.
+const pagedRound = 64
+
+// pagedMinKeys is the fewest keys a split of paged_attn takes, and its
+// keys a multiple of it: a round of the block's warps (PGA_WARPS warps, 4
+// keys in flight each at up to 4 query heads a block), so that its warps
+// take as many rounds.
+const pagedMinKeys = 16
+
+// pagedWaves is the blocks a multiprocessor paged_attn's splits aim at: a
+// few at once (4 fit at 128 registers a thread), so that every
+// multiprocessor has keys to read and the last blocks leave a short tail.
+const pagedWaves = 4
 
 // pagedMaxSplits bounds the splits of a launch (the merge's loops).
 const pagedMaxSplits = 64
@@ -337,22 +350,21 @@ func (b *Backend) pagedAppend(p *pagedPool, layer int, q, k, v backend.Buffer, s
 
 // pagedSplits picks paged_attn's splits of the keys and the keys a split
 // takes for a launch of blocks blocks a split over sequences of at most
-// longest positions: one split while the grid fills the GPU, else more, of
-// at least pagedMinKeys keys each. The length is rounded up to a power of
-// two, so that consecutive decode steps queue the same launch.
+// longest positions, rounded up to pagedRound: enough splits that the grid
+// holds about pagedWaves blocks a multiprocessor, each of at least
+// pagedMinKeys keys, then the fewest that cover the positions at keys
+// rounded up to a multiple of pagedMinKeys (548 positions at one sequence
+// of 8 kv heads on 132 multiprocessors: 36 splits of 16 keys; at 32
+// sequences, 3 of 192).
 func (b *Backend) pagedSplits(blocks, longest int) (splits, keys int) {
-	vb := 1
-	for vb < longest {
-		vb *= 2
-	}
+	span := (max(longest, 1) + pagedRound - 1) / pagedRound * pagedRound
 	if f := b.force.pagedKeys; f > 0 {
-		return (vb + f - 1) / f, f
+		return (span + f - 1) / f, f
 	}
-	splits = 1
-	for splits < pagedMaxSplits && vb/(2*splits) >= pagedMinKeys && blocks*splits < 2*b.sms {
-		splits *= 2
-	}
-	return splits, vb / splits
+	splits = min((pagedWaves*b.sms+blocks-1)/blocks, pagedMaxSplits, span/pagedMinKeys)
+	splits = max(splits, 1)
+	keys = ((span+splits-1)/splits + pagedMinKeys - 1) / pagedMinKeys * pagedMinKeys
+	return (span + keys - 1) / keys, keys
 }
 
 // pagedTileRows is the most rows of paged_prefill's tile (APF_ROWS in
@@ -491,7 +503,7 @@ func (b *Backend) PagedAttention(out, q backend.Buffer, pool backend.BlockPool, 
 	}
 	gb := G / hgroups
 	o := op{kind: opKernel, name: name, fn: fn, grid: [3]uint32{uint32(blocks), uint32(splits), 1}, block: 32 * pagedWarps,
-		shared: uint32(4 * pagedWarps * gb * (s.HeadDim + 2)), pdl: pdlKernel(name)}
+		shared: uint32(4 * pagedWarps * gb * (s.HeadDim + 4)), pdl: pdlKernel(name)}
 	o.setParams(ptr(out), ptr(q), kp, vp, base, at, s.Heads, s.KVHeads, s.HeadDim, hgroups, s.Scale, s.Window,
 		ps.BlockSize, keys, partPtr, ticketPtr, listAt)
 	if app := b.pagedAppendOf(ptr(q), kp, vp, base, at, rows, s); decode && app != nil && !b.force.pagedUnfused {

@@ -79,3 +79,29 @@ func TestPagedEncodeReuse(t *testing.T) {
 		t.Error("a block outside the pool: no error")
 	}
 }
+
+// TestPagedSplits: paged_attn's splits cover the launch's positions
+// (rounded up to pagedRound) with none past them, at a multiple of
+// pagedMinKeys keys each and at most pagedMaxSplits, and give the shapes
+// pagedSplits' comment names (the 8B shape's 8 kv heads at 548 positions
+// on 132 multiprocessors). No device needed.
+func TestPagedSplits(t *testing.T) {
+	g := &Backend{sms: 132}
+	for _, c := range []struct{ blocks, longest, splits, keys int }{{8, 549, 36, 16}, {64, 549, 9, 64}, {256, 549, 3, 192}, {1024, 549, 1, 576}} {
+		if s, k := g.pagedSplits(c.blocks, c.longest); s != c.splits || k != c.keys {
+			t.Errorf("%d blocks over %d positions: %d splits of %d keys, want %d of %d", c.blocks, c.longest, s, k, c.splits, c.keys)
+		}
+	}
+	for _, sms := range []int{0, 1, 78, 132} {
+		g.sms = sms
+		for blocks := 1; blocks <= 2048; blocks = blocks*3/2 + 1 {
+			for longest := 1; longest <= 40000; longest = longest*5/4 + 1 {
+				s, k := g.pagedSplits(blocks, longest)
+				span := (longest + pagedRound - 1) / pagedRound * pagedRound
+				if s < 1 || s > pagedMaxSplits || k%pagedMinKeys != 0 || s*k < span || (s-1)*k >= span {
+					t.Fatalf("%d SMs, %d blocks over %d positions: %d splits of %d keys", sms, blocks, longest, s, k)
+				}
+			}
+		}
+	}
+}

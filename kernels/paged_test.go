@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -196,29 +198,48 @@ func attention8B(b *testing.B) (layers.AttentionShape, *layers.RoPE) {
 // BenchmarkPagedAttention times one layer's PagedAppendRoPE and
 // PagedAttention of c sequences decoding at once at the Llama-3-8B and
 // Qwen3-8B attention shape (32 query heads, 8 kv heads of 128, blocks of
-// 16 positions, tables shuffled over the pool) after ctx positions each,
-// and reports the keys and values read per second (GB/s; float32 cache).
+// 16 positions, tables shuffled over the pool) after ctx positions each.
 // The append moves into the attention (paged_attn_*_rope) as the default
 // path takes it; -unfused keeps them apart (paged_append, then paged_attn).
 // unpaged: Backend.RoPE and Backend.Attention of one sequence in its own
-// cache (attn_short or attn_decode with the RoPE moved in, the
+// cache (attn_decode with the RoPE moved in at these lengths, the
 // single-stream path) for comparison at c = 1.
+//
+// Each case prints a RESULT line: us_per_layer, the host's wall time a step
+// (graphs off: at c = 1 the launch costs count); kernel_us, the device time
+// of the kernels a step launches (pagedKernelTime: a profile of 32 more
+// steps, launched one by one); floor_us, the keys and values read (float32
+// cache) at the copy bandwidth measured in the same process; and
+// pct_of_floor, floor_us / kernel_us. ctx = 548 is the measured 8B decode
+// length (548 positions: the split shape's awkward case).
 func BenchmarkPagedAttention(b *testing.B) {
 	g := newGPU(b)
 	g.SetGraphs(GraphsOff)
+	bw := g.CopyBandwidth()
+	if err := g.Sync(); err != nil {
+		b.Fatal(err)
+	}
 	const heads, kvHeads, hd, bs = 32, 8, 128, 16
 	s, rope := attention8B(b)
 	rng := rand.New(rand.NewPCG(1, 2))
 	fill := func(n int) backend.Buffer { return upload(g, testnum.Normal(rng, n, 0, 1)) }
-	for _, ctxLen := range []int{512, 768, 2048} {
-		for _, c := range []int{1, 8, 32, 128, 256} {
+	report := func(b *testing.B, name string, ctxLen, c int, step func()) {
+		sec := timeSteps(b, g, step)
+		kern, names := pagedKernelTime(b, g, step)
+		bytes := float64(c*(ctxLen+1)*kvHeads*hd) * 8 // keys and values, float32
+		floor := bytes / bw
+		b.ReportMetric(sec*1e6, "us/layer")
+		b.ReportMetric(kern*1e6, "kernel-us")
+		b.ReportMetric(100*floor/kern, "%floor")
+		fmt.Printf("RESULT paged-attention %s ctx=%d c=%d us_per_layer=%.1f kernel_us=%.1f floor_us=%.1f pct_of_floor=%.0f kernels=%s\n",
+			name, ctxLen, c, sec*1e6, kern*1e6, floor*1e6, 100*floor/kern, names)
+	}
+	for _, ctxLen := range []int{548, 2048} {
+		for _, c := range []int{1, 8, 32, 128} {
 			for _, unfused := range []bool{false, true} {
 				per := (ctxLen + 1 + bs - 1) / bs
-				if int64(c*per*bs*kvHeads*hd)*8 > 24<<30 { // the pool's two planes
-					continue
-				}
-				variant := map[bool]string{false: "", true: "-unfused"}[unfused]
-				b.Run(fmt.Sprintf("ctx=%d/c=%d%s", ctxLen, c, variant), func(b *testing.B) {
+				variant := map[bool]string{false: "paged", true: "paged-unfused"}[unfused]
+				b.Run(fmt.Sprintf("ctx=%d/c=%d/%s", ctxLen, c, variant), func(b *testing.B) {
 					g.force.pagedUnfused = unfused
 					defer func() { g.force.pagedUnfused = false }()
 					pool, err := g.NewBlockPool(backend.PagedShape{Layers: 1, KVHeads: kvHeads, HeadDim: hd, BlockSize: bs, Blocks: c * per})
@@ -235,19 +256,14 @@ func BenchmarkPagedAttention(b *testing.B) {
 						seqs[i] = layers.PagedSeq{Table: t, Pos0: ctxLen, Rows: 1}
 					}
 					q, k, v, out := fill(c*heads*hd), fill(c*kvHeads*hd), fill(c*kvHeads*hd), g.NewBuffer(c*heads*hd)
-					step := func() {
+					report(b, variant, ctxLen, c, func() {
 						g.PagedAppendRoPE(pool, 0, q, k, v, seqs, heads, rope)
 						g.PagedAttention(out, q, pool, 0, seqs, s)
-					}
-					sec := timeSteps(b, g, step)
-					bytes := float64(c*(ctxLen+1)*kvHeads*hd) * 8
-					b.ReportMetric(sec*1e6, "us/layer")
-					b.ReportMetric(bytes/sec/1e9, "KV-GB/s")
-					fmt.Printf("RESULT paged-attention%s ctx=%d c=%d us_per_layer=%.1f kv_GBps=%.0f\n", variant, ctxLen, c, sec*1e6, bytes/sec/1e9)
+					})
 				})
 			}
 		}
-		b.Run(fmt.Sprintf("ctx=%d/unpaged", ctxLen), func(b *testing.B) {
+		b.Run(fmt.Sprintf("ctx=%d/c=1/unpaged", ctxLen), func(b *testing.B) {
 			cache, err := g.NewKVCache(backend.KVShape{Layers: 1, KVHeads: kvHeads, HeadDim: hd, Capacity: ctxLen + 1})
 			if err != nil {
 				b.Fatal(err)
@@ -255,19 +271,41 @@ func BenchmarkPagedAttention(b *testing.B) {
 			q, k, v, out := fill(heads*hd), fill(kvHeads*hd), fill(kvHeads*hd), g.NewBuffer(heads*hd)
 			kc, vc := fill(ctxLen*kvHeads*hd), fill(ctxLen*kvHeads*hd)
 			g.Attention(g.NewBuffer(ctxLen*heads*hd), fill(ctxLen*heads*hd), kc, vc, cache, 0, 0, ctxLen, s)
-			step := func() {
+			report(b, "unpaged", ctxLen, 1, func() {
 				cache.Truncate(ctxLen)
 				g.RoPE(q, 1, heads, hd, 0, ctxLen, rope, false)
 				g.RoPE(k, 1, kvHeads, hd, 0, ctxLen, rope, false)
 				g.Attention(out, q, k, v, cache, 0, ctxLen, 1, s)
-			}
-			sec := timeSteps(b, g, step)
-			bytes := float64((ctxLen+1)*kvHeads*hd) * 8
-			b.ReportMetric(sec*1e6, "us/layer")
-			b.ReportMetric(bytes/sec/1e9, "KV-GB/s")
-			fmt.Printf("RESULT paged-attention ctx=%d unpaged us_per_layer=%.1f kv_GBps=%.0f\n", ctxLen, sec*1e6, bytes/sec/1e9)
+			})
 		})
 	}
+}
+
+// pagedKernelTime profiles 32 runs of step (after timeSteps ran it) and
+// returns the device seconds a run of the kernels it launched, summed, and
+// their names. The profile launches kernel by kernel between CUDA events,
+// without programmatic dependent launch; queued back to back, the events
+// time the kernels rather than the host's launches wherever a kernel takes
+// longer than its launch.
+func pagedKernelTime(b *testing.B, g *Backend, step func()) (float64, string) {
+	b.Helper()
+	const runs = 32
+	g.StartProfile()
+	for range runs {
+		step()
+	}
+	prof := g.StopProfile()
+	if err := g.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	var total time.Duration
+	var names []string
+	for _, k := range prof {
+		total += k.Total
+		names = append(names, k.Name)
+	}
+	slices.Sort(names)
+	return total.Seconds() / runs, strings.Join(names, "+")
 }
 
 // TestPagedTablesPastStepValues: block tables too long for the queue's
