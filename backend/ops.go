@@ -209,6 +209,7 @@ type Capabilities struct {
 	TreeAttention   TreeAttentionOps
 	RoutedMoE       RoutedMoEOps
 	GroupMoE        GroupMoEOps
+	SoftmaxMoE      SoftmaxMoEOps
 	Paged           PagedAttentionOps
 	Memory          MemoryReporter
 }
@@ -234,6 +235,7 @@ func CapabilitiesOf(b Backend) Capabilities {
 	c.TreeAttention, _ = b.(TreeAttentionOps)
 	c.RoutedMoE, _ = b.(RoutedMoEOps)
 	c.GroupMoE, _ = b.(GroupMoEOps)
+	c.SoftmaxMoE, _ = b.(SoftmaxMoEOps)
 	c.Paged, _ = b.(PagedAttentionOps)
 	c.Memory, _ = b.(MemoryReporter)
 	return c
