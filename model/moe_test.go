@@ -1,6 +1,7 @@
 package model
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"maps"
@@ -347,6 +348,37 @@ func TestDeepseekV3Paths(t *testing.T) {
 		}
 		if got := st.CacheBytesPerToken(); got != tc.want {
 			t.Errorf("%v: %d cache bytes a token, want %d", tc.path, got, tc.want)
+		}
+	}
+}
+
+// TestDeepseekV3ForwardDevice checks that ForwardDevice (the logits left on
+// the backend, for a backend that samples there) gives Forward's logits, bit
+// for bit, for a prompt run in passes of 3 rows and for the decode steps
+// after it.
+func TestDeepseekV3ForwardDevice(t *testing.T) {
+	m := loadTestModel(t, writeTiny(t, tinyV3)).(*DeepseekV32)
+	m.maxChunk = 3
+	ctx := context.Background()
+	ids := testIDs(tinyV3.Vocab, 10)
+	host, err := m.NewState(len(ids))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, _ := m.NewState(len(ids))
+	for _, run := range [][]int32{ids[:7], ids[7:8], ids[8:9], ids[9:]} {
+		want, err := m.Forward(ctx, host, run, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf, err := m.ForwardDevice(ctx, dev, run)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make([]float32, buf.Len())
+		m.b.Read(got, buf, 0)
+		if !slices.Equal(got, want) || dev.Len() != host.Len() {
+			t.Fatalf("after %d tokens: ForwardDevice's logits (state of %d) differ from Forward's (state of %d)", host.Len(), dev.Len(), host.Len())
 		}
 	}
 }
