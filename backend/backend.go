@@ -319,3 +319,15 @@ type GroupMoEOps interface {
 	// W2_j SwiGLU(W1_j x_i, W3_j x_i), the experts added in expert order.
 	GroupMoE(out, x, logits Buffer, ex Experts, a layers.GroupRouteArgs)
 }
+
+// SoftmaxMoEOps is implemented by backends that route Qwen3-MoE-style MoE
+// (layers.SoftmaxRoute) and run the routed experts on their device, so that
+// a decode step reads nothing back to the host.
+type SoftmaxMoEOps interface {
+	ExpertBinder
+	// SoftmaxMoE routes the a.M tokens of logits ([M, Experts]) as
+	// layers.SoftmaxRoute does and adds each token's routed experts to out
+	// ([M, hidden]): out[i] += sum_j w_ij W2_j SwiGLU(W1_j x_i, W3_j x_i),
+	// the experts added in expert order.
+	SoftmaxMoE(out, x, logits Buffer, ex Experts, a layers.SoftmaxRouteArgs)
+}

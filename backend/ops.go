@@ -222,6 +222,7 @@ type Capabilities struct {
 	RoutedMoE       RoutedMoEOps
 	DeviceHashMoE   DeviceHashMoEOps
 	GroupMoE        GroupMoEOps
+	SoftmaxMoE      SoftmaxMoEOps
 	Paged           PagedAttentionOps
 	Memory          MemoryReporter
 }
@@ -248,6 +249,7 @@ func CapabilitiesOf(b Backend) Capabilities {
 	c.RoutedMoE, _ = b.(RoutedMoEOps)
 	c.DeviceHashMoE, _ = b.(DeviceHashMoEOps)
 	c.GroupMoE, _ = b.(GroupMoEOps)
+	c.SoftmaxMoE, _ = b.(SoftmaxMoEOps)
 	c.Paged, _ = b.(PagedAttentionOps)
 	c.Memory, _ = b.(MemoryReporter)
 	return c

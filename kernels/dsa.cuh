@@ -1208,6 +1208,10 @@ __device__ __forceinline__ float weight_at(const void* W, const uint8_t* S, floa
 
 // MLAAbsorbQuery: qLat[i, h, j] = sum_{c < nope} q[i, h, c] * W[h*per + c, j]
 // (W = kv_b_proj, [heads*per, rank]); grid (ceil(rank/block), heads, rows).
+// FP8 weights take eight rows at a time, their 24 loads issued before any
+// decode: e4m3_to_f32's branches otherwise held each load until the one
+// before it had been used, one 32-byte load in flight a warp, which left
+// DeepSeek-V3's 128 heads latency-bound. The sum's order is the same.
 extern "C" __global__ void mla_absorb(float* qLat, const float* q, const void* W, const uint8_t* S, float global,
                                       int format, int heads, int rank, int nope, int per, int qk) {
     pdl_entry();
@@ -1216,12 +1220,33 @@ extern "C" __global__ void mla_absorb(float* qLat, const float* q, const void* W
     if (j >= rank) return;
     const float* qn = q + ((size_t)i * heads + h) * qk;
     float a = 0.f;
-    for (int c = 0; c < nope; c++) a = __fadd_rn(a, __fmul_rn(qn[c], weight_at(W, S, global, format, (size_t)h * per + c, j, rank)));
+    int c = 0;
+    if (format == 3) {
+        const uint8_t* W8 = (const uint8_t*)W;
+        const float* sc = (const float*)S;
+        const int tiles = (rank + 127) / 128;
+        for (; c + 8 <= nope; c += 8) {
+            uint8_t b[8];
+            float s[8], xv[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const size_t r = (size_t)h * per + c + u;
+                b[u] = W8[r * rank + j];
+                s[u] = sc[(r / 128) * tiles + j / 128];
+                xv[u] = qn[c + u];
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) a = __fadd_rn(a, __fmul_rn(xv[u], e4m3_to_f32(b[u]) * s[u]));
+        }
+    }
+    for (; c < nope; c++) a = __fadd_rn(a, __fmul_rn(qn[c], weight_at(W, S, global, format, (size_t)h * per + c, j, rank)));
     qLat[((size_t)i * heads + h) * rank + j] = a;
 }
 
 // MLAExpandOutput: out[i, h, c] = sum_j outLat[i, h, j] * W[h*per + nope + c, j];
-// one warp per output value.
+// one warp per output value. FP8 weights: eight of a lane's columns at a
+// time, their loads issued together (mla_absorb's reason), added in the
+// same order.
 extern "C" __global__ void mla_expand(float* out, const float* outLat, const void* W, const uint8_t* S, float global,
                                       int format, int rows, int heads, int rank, int nope, int per, int vd) {
     pdl_entry();
@@ -1234,7 +1259,25 @@ extern "C" __global__ void mla_expand(float* out, const float* outLat, const voi
     const float* ol = outLat + ih * rank;
     size_t r = (size_t)h * per + nope + c;
     float a = 0.f;
-    for (int j = lane; j < rank; j += WARP) a += ol[j] * weight_at(W, S, global, format, r, j, rank);
+    int j = lane;
+    if (format == 3) {
+        const uint8_t* W8 = (const uint8_t*)W;
+        const float* sc = (const float*)S;
+        const int tiles = (rank + 127) / 128;
+        for (; j + 7 * WARP < rank; j += 8 * WARP) {
+            uint8_t b[8];
+            float s[8], xv[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                b[u] = W8[r * rank + j + u * WARP];
+                s[u] = sc[(r / 128) * tiles + (j + u * WARP) / 128];
+                xv[u] = ol[j + u * WARP];
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) a += xv[u] * (e4m3_to_f32(b[u]) * s[u]);
+        }
+    }
+    for (; j < rank; j += WARP) a += ol[j] * weight_at(W, S, global, format, r, j, rank);
     a = warp_sum(a);
     if (lane == 0) out[o] = a;
 }

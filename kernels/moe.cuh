@@ -25,12 +25,23 @@
 // experts): a chunk is 32 E4M3 bytes, decoded exactly to float32, its dot
 // multiplied by its tile's scale (moe_dots_fp8); the table's global scales
 // are 2^-14, so that the 2^14 the NVFP4 kernels apply leaves the sums as they
-// are.
+// are. moe_up_bf16 and moe_down_bf16 are the same over bf16 experts
+// (Qwen3-MoE's, as released): a chunk is 64 bytes of 32 bf16 values, widened
+// exactly (moe_dots_bf16), no scales (global 2^-14 as FP8's).
+//
+// moe_softmax_route: warp i routes token i as layers.SoftmaxRoute
+// (Qwen3-MoE): p = softmax(logits), exp and sum in double, p rounded once to
+// float; the K largest p (moe_route's order); w = p_pick, divided by their
+// sum (in pick order) when norm; stored in expert order.
 #define MOE_MAXK 16
 #define MOE_MAXE 1024
 #define MOE_RT WARP  // moe_route: a warp per token
 #define MOE_ROWS 16
 #define MOE_THREADS 256
+// The expert weights' formats (moe.go: moeExperts.format).
+#define MOE_NVFP4 0
+#define MOE_FP8 1
+#define MOE_BF16 2
 
 struct MoeExpert {
     unsigned long long p[3], s[3];  // gate (w1), up (w3), down (w2): E2M1 pairs and E4M3 block scales
@@ -162,6 +173,35 @@ extern "C" __global__ void __launch_bounds__(MOE_RT) moe_group_route(int* ids, f
         if (lane == 0) s_pick[j] = bi;
     }
     if (lane == 0) moe_store_route(ids + (size_t)i * K, wts + (size_t)i * K, s_pick, s_s, K, norm != 0, scale);
+}
+
+extern "C" __global__ void __launch_bounds__(MOE_RT) moe_softmax_route(int* ids, float* wts, const float* logits, int E,
+                                                                        int K, int norm) {
+    pdl_entry();
+    __shared__ float s_p[MOE_MAXE];
+    __shared__ bool s_taken[MOE_MAXE];
+    __shared__ int s_pick[MOE_MAXK];
+    const int i = blockIdx.x, lane = threadIdx.x;
+    const float* l = logits + (size_t)i * E;
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += WARP) mx = fmaxf(mx, l[e]);
+    mx = warp_max(mx);
+    double sum = 0.0;  // (a NaN logit makes it NaN, and every p with it, as on the CPU)
+    for (int e = lane; e < E; e += WARP) sum += exp((double)(l[e] - mx));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    for (int e = lane; e < E; e += WARP) {
+        s_p[e] = (float)(exp((double)(l[e] - mx)) / sum);
+        s_taken[e] = false;
+    }
+    __syncwarp();
+    for (int j = 0; j < K; j++) {  // the most probable remaining expert, K times
+        const int bi = moe_take_best(s_p, s_taken, E, lane);
+        if (lane == 0) s_pick[j] = bi;
+    }
+    // The sum of the picks' p is at least K/E >= 2^-10, so moe_store_route's
+    // 1e-20 leaves it unchanged, as the CPU's sum without it.
+    if (lane == 0) moe_store_route(ids + (size_t)i * K, wts + (size_t)i * K, s_pick, s_p, K, norm != 0, 1.f);
 }
 
 // Prefetches bytes [0, n) at p into L2, lane l taking the 128-byte lines l,
@@ -302,19 +342,69 @@ __device__ __forceinline__ void moe_dots_fp8(float acc[N], const uint8_t* const 
     }
 }
 
-// A weight row's bytes and its scales' address in the MoE kernels' formats:
-// NVFP4 (E2M1 pairs, an E4M3 scale per 16 columns) or FP8 (E4M3, a float32
-// scale per 128 x 128 tile).
-template <bool FP8>
-__device__ __forceinline__ const uint8_t* moe_row(unsigned long long p, int r, int cols) {
-    return (const uint8_t*)p + (size_t)r * (FP8 ? cols : cols / 2);
-}
-template <bool FP8>
-__device__ __forceinline__ const uint8_t* moe_srow(unsigned long long s, int r, int cols) {
-    return FP8 ? (const uint8_t*)s + (size_t)(r / 128) * ((cols + 127) / 128) * 4 : (const uint8_t*)s + (size_t)r * (cols / 16);
+// The bf16 form of moe_dots: p[q] is the row's bf16 values (no scales);
+// lane l's chunk c is four 16-byte loads of 8 values, widened exactly.
+template <int N>
+__device__ __forceinline__ void moe_dots_bf16(float acc[N], const uint8_t* const p[N], const float* const xs[N], int n,
+                                              int K, int lane) {
+    const int nc = K >> 5;
+#pragma unroll
+    for (int q = 0; q < N; q++) acc[q] = 0.f;
+    for (int c = lane; c < nc; c += WARP) {
+        uint4 w[N][4];
+#pragma unroll
+        for (int q = 0; q < N; q++)
+            if (q < n)
+#pragma unroll
+                for (int u = 0; u < 4; u++) w[q][u] = __ldcs(reinterpret_cast<const uint4*>(p[q] + 64 * (size_t)c) + u);
+#pragma unroll
+        for (int q = 0; q < N; q++) {
+            if (q >= n) continue;
+            const float4* xc = reinterpret_cast<const float4*>(xs[q]) + (size_t)((c >> 5) * 8) * 32 + (c & 31);
+            const uint32_t words[16] = {w[q][0].x, w[q][0].y, w[q][0].z, w[q][0].w, w[q][1].x, w[q][1].y,
+                                        w[q][1].z, w[q][1].w, w[q][2].x, w[q][2].y, w[q][2].z, w[q][2].w,
+                                        w[q][3].x, w[q][3].y, w[q][3].z, w[q][3].w};
+            float a = acc[q];
+#pragma unroll
+            for (int k = 0; k < 8; k++) {  // columns 32c + 4k .. + 3: words 2k and 2k + 1, the low half first
+                const float4 xv = xc[k * 32];
+                a = fmaf(__uint_as_float(words[2 * k] << 16), xv.x, a);
+                a = fmaf(__uint_as_float(words[2 * k] & 0xffff0000u), xv.y, a);
+                a = fmaf(__uint_as_float(words[2 * k + 1] << 16), xv.z, a);
+                a = fmaf(__uint_as_float(words[2 * k + 1] & 0xffff0000u), xv.w, a);
+            }
+            acc[q] = a;
+        }
+    }
 }
 
-template <bool FP8>
+// A weight row's bytes and its scales' address in the MoE kernels' formats:
+// NVFP4 (E2M1 pairs, an E4M3 scale per 16 columns), FP8 (E4M3, a float32
+// scale per 128 x 128 tile) or bf16 (no scales).
+template <int F>
+__device__ __forceinline__ size_t moe_row_bytes(int cols) {
+    return F == MOE_BF16 ? 2 * (size_t)cols : F == MOE_FP8 ? (size_t)cols : (size_t)cols / 2;
+}
+template <int F>
+__device__ __forceinline__ const uint8_t* moe_row(unsigned long long p, int r, int cols) {
+    return (const uint8_t*)p + (size_t)r * moe_row_bytes<F>(cols);
+}
+template <int F>
+__device__ __forceinline__ const uint8_t* moe_srow(unsigned long long s, int r, int cols) {
+    if (F == MOE_BF16) return nullptr;
+    return F == MOE_FP8 ? (const uint8_t*)s + (size_t)(r / 128) * ((cols + 127) / 128) * 4 : (const uint8_t*)s + (size_t)r * (cols / 16);
+}
+
+// n <= N dot products of rows p[q] (scales s[q]) with xs[q] in format F.
+template <int F, int N>
+__device__ __forceinline__ void moe_dots_of(float acc[N], const uint8_t* const p[N], const uint8_t* const s[N],
+                                            const float* const xs[N], int n, int K, int lane) {
+    if (F == MOE_FP8) moe_dots_fp8<N>(acc, p, s, xs, n, K, lane);
+    else if (F == MOE_BF16) moe_dots_bf16<N>(acc, p, xs, n, K, lane);
+    else moe_dots<N>(acc, p, s, xs, n, K, lane);
+}
+
+template <int F>
 __device__ __forceinline__ void moe_up_body(float* act, const float* x, const int* ids, const MoeExpert* table, int K,
                                             int I, int D, float limit) {
     extern __shared__ __align__(16) float moe_sh[];
@@ -324,8 +414,8 @@ __device__ __forceinline__ void moe_up_body(float* act, const float* x, const in
         const int r0 = blockIdx.x * MOE_ROWS + warp * (MOE_ROWS / (MOE_THREADS / WARP));
         const int nr = max(0, min(MOE_ROWS / (MOE_THREADS / WARP), I - r0));
         for (int m = 0; m < 2 && nr > 0; m++) {
-            moe_prefetch(moe_row<FP8>(ex.p[m], r0, D), (size_t)nr * (FP8 ? D : D / 2), lane);
-            if (!FP8) moe_prefetch((const uint8_t*)ex.s[m] + (size_t)r0 * (D / 16), (size_t)nr * (D / 16), lane);
+            moe_prefetch(moe_row<F>(ex.p[m], r0, D), (size_t)nr * moe_row_bytes<F>(D), lane);
+            if (F == MOE_NVFP4) moe_prefetch((const uint8_t*)ex.s[m] + (size_t)r0 * (D / 16), (size_t)nr * (D / 16), lane);
         }
     }
     moe_stage(moe_sh, 0, x + (size_t)tok * D, D, 1);
@@ -341,13 +431,12 @@ __device__ __forceinline__ void moe_up_body(float* act, const float* x, const in
 #pragma unroll
     for (int q = 0; q < 4; q++) {
         const int r = r0 + min(q >> 1, nr - 1), m = q & 1;  // (row, gate / up)
-        pp[q] = moe_row<FP8>(ex.p[m], r, D);
-        ss[q] = moe_srow<FP8>(ex.s[m], r, D);
+        pp[q] = moe_row<F>(ex.p[m], r, D);
+        ss[q] = moe_srow<F>(ex.s[m], r, D);
         xx[q] = moe_sh;
     }
     float d[4];
-    if (FP8) moe_dots_fp8<4>(d, pp, ss, xx, 2 * nr, D, lane);
-    else moe_dots<4>(d, pp, ss, xx, 2 * nr, D, lane);
+    moe_dots_of<F, 4>(d, pp, ss, xx, 2 * nr, D, lane);
 #pragma unroll
     for (int rr = 0; rr < RW; rr++) {
         if (rr >= nr) break;
@@ -366,15 +455,20 @@ __device__ __forceinline__ void moe_up_body(float* act, const float* x, const in
 extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_up(float* act, const float* x, const int* ids,
                                                                  const MoeExpert* table, int K, int I, int D, float limit) {
     pdl_entry();
-    moe_up_body<false>(act, x, ids, table, K, I, D, limit);
+    moe_up_body<MOE_NVFP4>(act, x, ids, table, K, I, D, limit);
 }
 extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_up_fp8(float* act, const float* x, const int* ids,
                                                                      const MoeExpert* table, int K, int I, int D, float limit) {
     pdl_entry();
-    moe_up_body<true>(act, x, ids, table, K, I, D, limit);
+    moe_up_body<MOE_FP8>(act, x, ids, table, K, I, D, limit);
+}
+extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_up_bf16(float* act, const float* x, const int* ids,
+                                                                      const MoeExpert* table, int K, int I, int D, float limit) {
+    pdl_entry();
+    moe_up_body<MOE_BF16>(act, x, ids, table, K, I, D, limit);
 }
 
-template <bool FP8>
+template <int F>
 __device__ __forceinline__ void moe_down_body(float* out, const float* act, const int* ids, const float* wts,
                                               const MoeExpert* table, int K, int I, int D) {
     extern __shared__ __align__(16) float moe_sh[];
@@ -385,8 +479,8 @@ __device__ __forceinline__ void moe_down_body(float* out, const float* act, cons
         const int nr = max(0, min(MOE_ROWS / (MOE_THREADS / WARP), D - r0));
         for (int j = 0; j < K && nr > 0; j++) {
             const MoeExpert& ex = table[ids[(size_t)tok * K + j]];
-            moe_prefetch(moe_row<FP8>(ex.p[2], r0, I), (size_t)nr * (FP8 ? I : I / 2), lane);
-            if (!FP8) moe_prefetch((const uint8_t*)ex.s[2] + (size_t)r0 * (I / 16), (size_t)nr * (I / 16), lane);
+            moe_prefetch(moe_row<F>(ex.p[2], r0, I), (size_t)nr * moe_row_bytes<F>(I), lane);
+            if (F == MOE_NVFP4) moe_prefetch((const uint8_t*)ex.s[2] + (size_t)r0 * (I / 16), (size_t)nr * (I / 16), lane);
         }
     }
     moe_stage(moe_sh, stride, act + (size_t)tok * K * I, I, K);
@@ -405,13 +499,12 @@ __device__ __forceinline__ void moe_down_body(float* out, const float* act, cons
             for (int q = 0; q < 4; q++) {
                 const int j = min(j0 + q, K - 1);
                 const MoeExpert& ex = table[ids[(size_t)tok * K + j]];
-                pp[q] = moe_row<FP8>(ex.p[2], r, I);
-                ss[q] = moe_srow<FP8>(ex.s[2], r, I);
+                pp[q] = moe_row<F>(ex.p[2], r, I);
+                ss[q] = moe_srow<F>(ex.s[2], r, I);
                 xx[q] = moe_sh + j * stride;
             }
             float d[4];
-            if (FP8) moe_dots_fp8<4>(d, pp, ss, xx, min(4, K - j0), I, lane);
-            else moe_dots<4>(d, pp, ss, xx, min(4, K - j0), I, lane);
+            moe_dots_of<F, 4>(d, pp, ss, xx, min(4, K - j0), I, lane);
 #pragma unroll
             for (int q = 0; q < 4; q++) {
                 const int j = j0 + q;
@@ -428,11 +521,17 @@ extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_down(float* out, c
                                                                    const float* wts, const MoeExpert* table, int K, int I,
                                                                    int D) {
     pdl_entry();
-    moe_down_body<false>(out, act, ids, wts, table, K, I, D);
+    moe_down_body<MOE_NVFP4>(out, act, ids, wts, table, K, I, D);
 }
 extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_down_fp8(float* out, const float* act, const int* ids,
                                                                        const float* wts, const MoeExpert* table, int K,
                                                                        int I, int D) {
     pdl_entry();
-    moe_down_body<true>(out, act, ids, wts, table, K, I, D);
+    moe_down_body<MOE_FP8>(out, act, ids, wts, table, K, I, D);
+}
+extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_down_bf16(float* out, const float* act, const int* ids,
+                                                                        const float* wts, const MoeExpert* table, int K,
+                                                                        int I, int D) {
+    pdl_entry();
+    moe_down_body<MOE_BF16>(out, act, ids, wts, table, K, I, D);
 }

@@ -10,16 +10,19 @@ import (
 	"github.com/manifoldlm/manifold/layers/dsv4"
 )
 
-// DeepSeek MoE on the device (backend.RoutedMoEOps for V4, backend.GroupMoEOps for
-// V3.2), kernels in moe.cuh: the routing (moe_route, moe_group_route) and the
-// routed experts (moe_up: gate and up with SwiGLU; moe_down: down, weighted
-// and added to the output) read the picked experts' weights through a table
-// of the layer's experts, so nothing comes back to the host.
+// MoE on the device (backend.RoutedMoEOps for DeepSeek-V4,
+// backend.GroupMoEOps for V3 and V3.2, backend.SoftmaxMoEOps for Qwen3-MoE),
+// kernels in moe.cuh: the routing (moe_route, moe_group_route,
+// moe_softmax_route) and the routed experts (moe_up: gate and up with
+// SwiGLU; moe_down: down, weighted and added to the output) read the picked
+// experts' weights through a table of the layer's experts, so nothing comes
+// back to the host.
 
 var (
 	_ backend.RoutedMoEOps     = (*Backend)(nil)
 	_ backend.DeviceHashMoEOps = (*Backend)(nil)
 	_ backend.GroupMoEOps      = (*Backend)(nil)
+	_ backend.SoftmaxMoEOps    = (*Backend)(nil)
 )
 
 // moe.cuh's limits: MOE_MAXK picks per token, MOE_MAXE experts, MOE_ROWS
@@ -40,6 +43,7 @@ type moeExperts struct {
 	table, bias *allocation
 	n, ffn, dim int
 	fp8         bool      // the experts are FP8 (moe_up_fp8, moe_down_fp8), not NVFP4
+	bf16        bool      // the experts are bf16 (moe_up_bf16, moe_down_bf16), not NVFP4
 	weights     []*Weight // what the table points into
 }
 
@@ -53,10 +57,11 @@ func moeStaged(k int) int { return (k + 1023) / 1024 * 1024 }
 // token on the models measured (docs/DECISIONS.md).
 func (b *Backend) MaxDeviceMoETokens() int { return 8 }
 
-// BindExperts builds the expert table for NVFP4 experts, or FP8 ones kept
-// as FP8 on the device (fp8.go; moe_up_fp8, moe_down_fp8), all of one
-// format, whose widths are multiples of 32 and whose staged inputs fit in
-// shared memory; otherwise it returns nil, nil.
+// BindExperts builds the expert table for NVFP4 experts, FP8 ones kept as
+// FP8 on the device (fp8.go; moe_up_fp8, moe_down_fp8) or bf16 ones
+// (moe_up_bf16, moe_down_bf16), all of one format, whose widths are
+// multiples of 32 and whose staged inputs fit in shared memory; otherwise it
+// returns nil, nil.
 func (b *Backend) BindExperts(w1, w3, w2 []backend.Weight, bias []float32) (backend.Experts, error) {
 	E := len(w1)
 	if E == 0 || E > moeMaxE || len(w3) != E || len(w2) != E || (bias != nil && len(bias) != E) {
@@ -67,9 +72,11 @@ func (b *Backend) BindExperts(w1, w3, w2 []backend.Weight, bias []float32) (back
 		return nil, nil
 	}
 	x := &moeExperts{n: E, ffn: I, dim: D}
-	if w, ok := w1[0].(*Weight); ok && w.format == backend.FP8Block {
-		x.fp8 = true
+	format := backend.NVFP4
+	if w, ok := w1[0].(*Weight); ok && (w.format == backend.FP8Block || w.format == backend.BF16) {
+		format = w.format
 	}
+	x.fp8, x.bf16 = format == backend.FP8Block, format == backend.BF16
 	table := make([]byte, E*moeTableRow)
 	for e := range E {
 		row := table[e*moeTableRow:]
@@ -79,14 +86,16 @@ func (b *Backend) BindExperts(w1, w3, w2 []backend.Weight, bias []float32) (back
 			if j == 2 {
 				rows, cols = D, I
 			}
-			if !ok || w.format != backend.NVFP4 && !x.fp8 || x.fp8 && w.format != backend.FP8Block || w.rows != rows || w.cols != cols || w.bias != nil {
+			if !ok || w.format != format || w.rows != rows || w.cols != cols || w.bias != nil {
 				return nil, nil
 			}
 			binary.LittleEndian.PutUint64(row[8*j:], w.data.ptr)
-			binary.LittleEndian.PutUint64(row[24+8*j:], w.scales.ptr)
+			if w.scales != nil { // (bf16 has none)
+				binary.LittleEndian.PutUint64(row[24+8*j:], w.scales.ptr)
+			}
 			global := w.global
-			if x.fp8 {
-				global = 1.0 / 16384 // the kernels' 2^14 (moe.cuh) then leaves the FP8 sums as they are
+			if format != backend.NVFP4 {
+				global = 1.0 / 16384 // the kernels' 2^14 (moe.cuh) then leaves the FP8 and bf16 sums as they are
 			}
 			binary.LittleEndian.PutUint32(row[48+4*j:], math.Float32bits(global))
 			x.weights = append(x.weights, w)
@@ -181,6 +190,24 @@ func (b *Backend) GroupMoE(out, x, logits backend.Buffer, exp backend.Experts, a
 	b.moeFFN(r, out, x, a.M, a.K, 0)
 }
 
+// SoftmaxMoE is backend.SoftmaxMoEOps: moe_softmax_route
+// (layers.SoftmaxRoute on the device), then moe_up and moe_down as MoE.
+func (b *Backend) SoftmaxMoE(out, x, logits backend.Buffer, exp backend.Experts, a layers.SoftmaxRouteArgs) {
+	if err := a.Validate(); err != nil {
+		b.setErr(fmt.Errorf("kernels: %w", err))
+		return
+	}
+	r, ok := b.moePrepare(exp, a.M, a.Experts, a.K)
+	if !ok {
+		return
+	}
+	b.qmu.Lock()
+	b.q.keep = append(b.q.keep, r.ex, r.scratch, out, x, logits)
+	b.qmu.Unlock()
+	b.launch("moe_softmax_route", [3]int{a.M, 1, 1}, moeRouteT, 0, r.ids, r.wts, ptr(logits), a.Experts, a.K, boolInt(a.Normalize))
+	b.moeFFN(r, out, x, a.M, a.K, 0)
+}
+
 // moeRun is one MoE call's experts and scratch: picks and weights [M, K],
 // activations [M, K, ffn].
 type moeRun struct {
@@ -230,8 +257,11 @@ func (b *Backend) moePrepare(exp backend.Experts, m, e, k int) (moeRun, bool) {
 func (b *Backend) moeFFN(r moeRun, out, x backend.Buffer, m, k int, limit float32) {
 	ex := r.ex
 	up, down := "moe_up", "moe_down"
-	if ex.fp8 {
+	switch {
+	case ex.fp8:
 		up, down = "moe_up_fp8", "moe_down_fp8"
+	case ex.bf16:
+		up, down = "moe_up_bf16", "moe_down_bf16"
 	}
 	b.launch(up, [3]int{(ex.ffn + moeRows - 1) / moeRows, m * k, 1}, moeThreads, 4*moeStaged(ex.dim),
 		r.act, ptr(x), r.ids, ex.table.ptr, k, ex.ffn, ex.dim, limit)

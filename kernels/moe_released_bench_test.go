@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/layers"
 	"github.com/manifoldlm/manifold/layers/dsv4"
 	"github.com/manifoldlm/manifold/quant"
 )
@@ -24,7 +25,10 @@ import (
 //   - nvfp4: the same shape as NVIDIA's NVFP4 checkpoint stores it;
 //   - fp8: DeepSeek-V3, 256 experts 7168 -> 2048 -> 7168 in FP8 with 128x128
 //     block scales, top 8 (codes plus float32 tile scales, as
-//     BenchmarkFP8GEMV counts them).
+//     BenchmarkFP8GEMV counts them);
+//   - bf16: Qwen3-30B-A3B, 128 experts 2048 -> 768 -> 2048 in bf16, top 8,
+//     routed as Qwen3-MoE does (SoftmaxMoE: moe_softmax_route, moe_up_bf16,
+//     moe_down_bf16).
 //
 // Each token's picks change from run to run (eight router logit sets taken
 // in turn), so that the picked experts are not found in L2. The rate is the
@@ -43,6 +47,7 @@ func BenchmarkMoEReleased(b *testing.B) {
 		{"mxfp4", 256, 6, 4096, 2048},
 		{"nvfp4", 256, 6, 4096, 2048},
 		{"fp8", 256, 8, 7168, 2048},
+		{"bf16", 128, 8, 2048, 768},
 	} {
 		b.Run(fmt.Sprintf("%s/E=%d/k=%d/%dx%d", tc.name, tc.e, tc.k, tc.d, tc.i), func(b *testing.B) {
 			runtime.GC()
@@ -69,9 +74,14 @@ func BenchmarkMoEReleased(b *testing.B) {
 			for range 8 {
 				logits = append(logits, toGPU(g, randn(rng, tc.e)))
 			}
+			qa := layers.SoftmaxRouteArgs{M: 1, Experts: tc.e, K: tc.k, Normalize: true}
 			n := 0
 			d := timeOp(b, g, bw, 40, float64(tc.k)*eff, func() {
-				g.RoutedMoE(out, x, logits[n%len(logits)], nil, ex, a, 10)
+				if tc.name == "bf16" {
+					g.SoftmaxMoE(out, x, logits[n%len(logits)], ex, qa)
+				} else {
+					g.RoutedMoE(out, x, logits[n%len(logits)], nil, ex, a, 10)
+				}
 				n++
 			})
 			effBytes, devBytes := float64(tc.k)*eff, float64(tc.k)*dev
@@ -91,7 +101,7 @@ func BenchmarkMoEReleased(b *testing.B) {
 // bytes the GPU reads of it: MXFP4 (random codes, E8M0 scales of 2^-7 to 2^0)
 // uploaded as the checkpoint gives it, which the GPU re-blocks to NVFP4;
 // NVFP4 that re-blocking's result; FP8 random E4M3 codes (no NaN) with E8M0
-// 128x128 tile scales.
+// 128x128 tile scales; bf16 random values of about 2^-7 to 2^1 in magnitude.
 func releasedExpert(b *testing.B, rng *rand.Rand, format string, n, k int) (h *backend.HostWeight, eff, dev float64) {
 	b.Helper()
 	mx := &quant.MXFP4{Rows: n, Cols: k, Packed: make([]byte, n*k/2), Scales: make([]byte, n*k/32)}
@@ -119,6 +129,12 @@ func releasedExpert(b *testing.B, rng *rand.Rand, format string, n, k int) (h *b
 		}
 		bytes := float64(n*k + 4*sr*sc) // codes + float32 scales
 		return &backend.HostWeight{Name: "fp8", Rows: n, Cols: k, Format: backend.FP8Block, FP8: q}, bytes, bytes
+	case "bf16":
+		data := repeatMiB(make([]byte, 2*n*k), func() byte { return byte(rng.Uint32()) })
+		for i := 1; i < len(data); i += 2 { // the high bytes: sign and exponents 2^-7 .. 2^0 (no NaN or infinity)
+			data[i] = data[i]&0x80 | byte(0x3c+rng.IntN(4)&3)
+		}
+		return &backend.HostWeight{Name: "bf16", Rows: n, Cols: k, Format: backend.BF16, Data: data}, float64(2 * n * k), float64(2 * n * k)
 	}
 	b.Fatalf("format %q", format)
 	return nil, 0, 0

@@ -27,9 +27,10 @@ import (
 // NewStateWith picks a path explicitly.
 type DeepseekV32 struct {
 	b       backend.Backend
-	indexer bool                 // false: DeepSeek-V3, MLA over every token (latent or MLADense)
-	ops     backend.SparseMLAOps // may be nil without the indexer (then MLADense only)
-	gmoe    backend.GroupMoEOps  // nil: routed experts on the host
+	indexer bool                   // false: DeepSeek-V3, MLA over every token (latent or MLADense)
+	ops     backend.SparseMLAOps   // may be nil without the indexer (then MLADense only)
+	gmoe    backend.GroupMoEOps    // nil: routed experts on the host
+	pipe    backend.TokenPipeliner // nil: the backend cannot run a token it holds (ForwardSampled)
 	cfg     *Config
 	v       v32Config
 	mla     layers.MLAShape
@@ -143,7 +144,7 @@ func loadDeepseekV32(b backend.Backend, cfg *Config, l *Loader, indexer, mtp boo
 	if err := checkV32Config(cfg, &v, indexer); err != nil {
 		return nil, err
 	}
-	m := &DeepseekV32{b: b, ops: ops, gmoe: l.caps.GroupMoE, cfg: cfg, v: v, indexer: indexer, Blocks: make([]v32Block, cfg.NumLayers)}
+	m := &DeepseekV32{b: b, ops: ops, gmoe: l.caps.GroupMoE, pipe: l.caps.Pipeliner, cfg: cfg, v: v, indexer: indexer, Blocks: make([]v32Block, cfg.NumLayers)}
 	m.mla = layers.MLAShape{Heads: cfg.NumHeads, QLoraRank: *v.QLoraRank, KVLoraRank: v.KVLoraRank,
 		NopeDim: v.QKNopeHeadDim, RopeDim: v.QKRopeHeadDim, VDim: v.VHeadDim}
 	if err := m.mla.Validate(); err != nil {

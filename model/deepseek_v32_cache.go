@@ -27,6 +27,8 @@ type v32State struct {
 	dk, dv, dq, datt, logits               backend.Buffer
 	kvTmp                                  backend.Buffer
 	kvTmpRows                              int
+	lsrc                                   backend.Buffer // DeepSeek-V3's latent path: qLat, q, lat1 and kr1 side by side (v3Sources)
+	gather                                 v3Gather       // its gathers, for the last pass's rows
 	moeScratch
 	mtp  *v32MTPState // nil without an MTP block (mtp_v3.go)
 	hist []int32      // the tokens of every position (kept with an MTP block only)
@@ -156,15 +158,24 @@ func (m *DeepseekV32) grow(s *v32State, n int) {
 	s.h = b.NewBuffer(n * c.HiddenSize)
 	s.y = b.NewBuffer(n * c.HiddenSize)
 	s.cq = b.NewBuffer(n * a.QLoraRank)
-	s.q = b.NewBuffer(n * a.Heads * a.QKDim())
-	s.lat1 = b.NewBuffer(n * a.KVLoraRank)
-	s.kr1 = b.NewBuffer(n * a.RopeDim)
+	if !m.indexer && s.path != MLADense {
+		// DeepSeek-V3's latent attention gathers its per-head queries and
+		// its keys from these four in one buffer (v3LatentAttention).
+		qLat, q, lat, kr, end := v3Sources(a, n)
+		s.lsrc = b.NewBuffer(end)
+		s.qLat, s.q = b.View(s.lsrc, qLat, q-qLat), b.View(s.lsrc, q, lat-q)
+		s.lat1, s.kr1 = b.View(s.lsrc, lat, kr-lat), b.View(s.lsrc, kr, end-kr)
+	} else {
+		s.q = b.NewBuffer(n * a.Heads * a.QKDim())
+		s.lat1 = b.NewBuffer(n * a.KVLoraRank)
+		s.kr1 = b.NewBuffer(n * a.RopeDim)
+		s.qLat = b.NewBuffer(n * a.Heads * a.KVLoraRank)
+	}
 	if m.indexer {
 		s.qI = b.NewBuffer(n * ix.Heads * ix.HeadDim)
 		s.wI = b.NewBuffer(n * ix.Heads)
 	}
 	s.att = b.NewBuffer(n * a.Heads * a.VDim)
-	s.qLat = b.NewBuffer(n * a.Heads * a.KVLoraRank)
 	s.oLat = b.NewBuffer(n * a.Heads * a.KVLoraRank)
 	ffn := max(c.IntermediateSize, v.MoEIntermediateSize*max(v.NSharedExperts, 1))
 	s.gate = b.NewBuffer(n * ffn)
@@ -175,10 +186,9 @@ func (m *DeepseekV32) grow(s *v32State, n int) {
 		s.dk = b.NewBuffer(n * a.Heads * a.QKDim())
 		s.dv = b.NewBuffer(n * a.Heads * a.QKDim())
 		s.datt = b.NewBuffer(n * a.Heads * a.QKDim())
-	case !m.indexer: // latent attention: queries and outputs of Heads heads, keys and values of one
+	case !m.indexer: // latent attention: queries and outputs of Heads heads, keys (the values too) of one
 		w := a.KVLoraRank + a.RopeDim
 		s.dk = b.NewBuffer(n * w)
-		s.dv = b.NewBuffer(n * w)
 		s.dq = b.NewBuffer(n * a.Heads * w)
 		s.datt = b.NewBuffer(n * a.Heads * w)
 	}

@@ -3,6 +3,7 @@ package model
 import (
 	"context"
 	"fmt"
+	"math"
 
 	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/layers"
@@ -103,6 +104,42 @@ func (m *DeepseekV32) chunkRows(pos0 int) int {
 // of at most chunkRows rows. On error (cancellation included) the state is
 // left as it was.
 func (m *DeepseekV32) Forward(ctx context.Context, st State, tokens []int32, all bool) ([]float32, error) {
+	if !all {
+		logits, err := m.run(ctx, st, tokens, false, nil)
+		if err != nil {
+			return nil, err
+		}
+		out, err := hostLogits(m.b, logits, nil)
+		if err != nil { // the run appended the tokens: take them back
+			st.Truncate(st.Len() - len(tokens))
+		}
+		return out, err
+	}
+	out := make([]float32, 0, len(tokens)*m.cfg.VocabSize)
+	_, err := m.run(ctx, st, tokens, true, func(logits backend.Buffer) error {
+		pass, err := hostLogits(m.b, logits, nil)
+		out = append(out, pass...)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// ForwardDevice runs the decoder over tokens and leaves the last token's
+// logits on the backend (valid until the next call with st), so that a
+// backend that samples picks the token there: a decode step then reads
+// back its token id, not the vocabulary's logits.
+func (m *DeepseekV32) ForwardDevice(ctx context.Context, st State, tokens []int32) (backend.Buffer, error) {
+	return m.run(ctx, st, tokens, false, nil)
+}
+
+// run is Forward up to the logits, which stay on the backend: the last
+// pass's (the last token's, or with all each of its rows'), each pass's
+// handed to emit (when not nil) before the next pass runs. On error the
+// state is left as it was.
+func (m *DeepseekV32) run(ctx context.Context, st State, tokens []int32, all bool, emit func(backend.Buffer) error) (backend.Buffer, error) {
 	s, ok := st.(*v32State)
 	if !ok {
 		return nil, fmt.Errorf("model: state of type %T is not a %s state", st, m.cfg.ModelType)
@@ -110,39 +147,62 @@ func (m *DeepseekV32) Forward(ctx context.Context, st State, tokens []int32, all
 	if err := checkForward(m.cfg, st, tokens); err != nil {
 		return nil, err
 	}
-	if n := m.chunkRows(s.n); len(tokens) <= n {
-		return m.forward(ctx, s, tokens, all)
-	}
 	start := s.n
-	var out []float32
-	if all {
-		out = make([]float32, 0, len(tokens)*m.cfg.VocabSize)
-	}
+	var logits backend.Buffer
 	for lo := 0; lo < len(tokens); {
 		hi := min(len(tokens), lo+m.chunkRows(s.n))
-		logits, err := m.forward(ctx, s, tokens[lo:hi], all)
+		var err error
+		if logits, err = m.forward(ctx, s, tokens[lo:hi], all, nil); err == nil && emit != nil {
+			err = emit(logits)
+		}
 		if err != nil {
 			s.Truncate(start)
 			return nil, err
 		}
-		if all {
-			out = append(out, logits...)
-		} else {
-			out = logits
-		}
 		lo = hi
 	}
-	return out, nil
+	return logits, nil
 }
 
-// forward is one pass of Forward.
-func (m *DeepseekV32) forward(ctx context.Context, s *v32State, tokens []int32, all bool) ([]float32, error) {
+// ForwardSampled runs the token whose id src holds on the backend (see
+// SampledForwarder) and leaves its logits there, so that the engine queues
+// the step before the id has reached the host. With an MTP block, whose
+// history needs the id, it waits for the id and runs it as ForwardDevice.
+func (m *DeepseekV32) ForwardSampled(ctx context.Context, st State, src backend.Buffer) (backend.Buffer, error) {
+	s, ok := st.(*v32State)
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("model: state of type %T is not a %s state", st, m.cfg.ModelType)
+	case m.pipe == nil:
+		return nil, fmt.Errorf("model: backend %s cannot run a token it holds", m.b.Name())
+	case s.mtp != nil:
+		var id [1]float32 // the id's int32 bits
+		m.b.Read(id[:], src, 0)
+		if err := m.b.Sync(); err != nil {
+			return nil, err
+		}
+		return m.run(ctx, st, []int32{int32(math.Float32bits(id[0]))}, false, nil)
+	}
+	// Token 0 stands for the held one in the checks; EmbedToken reads src.
+	if err := checkForward(m.cfg, st, []int32{0}); err != nil {
+		return nil, err
+	}
+	return m.forward(ctx, s, []int32{0}, false, func(x backend.Buffer) { m.pipe.EmbedToken(x, m.Embed, src) })
+}
+
+// forward is one pass of run: it returns the pass's logits on the backend.
+// embed, when not nil, fills x in place of the gather of tokens' rows.
+func (m *DeepseekV32) forward(ctx context.Context, s *v32State, tokens []int32, all bool, embed func(x backend.Buffer)) (backend.Buffer, error) {
 	c, b := m.cfg, m.b
 	n, pos0, H := len(tokens), s.n, c.HiddenSize
 	m.grow(s, n)
 	x, h, y := b.View(s.x, 0, n*H), b.View(s.h, 0, n*H), b.View(s.y, 0, n*H)
 
-	b.Embed(x, m.Embed, tokens)
+	if embed != nil {
+		embed(x)
+	} else {
+		b.Embed(x, m.Embed, tokens)
+	}
 	for l := range m.Blocks {
 		if err := ctx.Err(); err != nil {
 			s.Truncate(pos0)
@@ -167,7 +227,7 @@ func (m *DeepseekV32) forward(ctx context.Context, s *v32State, tokens []int32, 
 		// v32MTPRows: a session that does not draft keeps no more.
 		s.mtp.saved.save(b, x, pos0, n, max(s.mtp.exact-1, pos0+n-v32MTPRows))
 	}
-	return hostLogits(b, m.head.logits(b, c, x, h, s.logits, n, all), nil)
+	return m.head.logits(b, c, x, h, s.logits, n, all), nil
 }
 
 // attention writes o_proj(MLA(h)) of n tokens at pos0.. into out and
@@ -275,34 +335,96 @@ func (m *DeepseekV32) denseAttention(s *v32State, l int, blk *v32Block, att, q, 
 // v3LatentAttention is DeepSeek-V3's MLA over every earlier token in the
 // latent space, through Backend.Attention: each query head
 // [W_UK^T q_nope, q_rope] against one shared key head [latent, k_rope] a
-// token, whose value is the latent (zero-padded to the key width); the
-// heads' latent outputs are expanded with W_UV. It computes what the naive
-// attention (denseAttention) does, caching KVLoraRank+RopeDim values a
-// token and layer instead of Heads*QKDim.
+// token, whose value is the latent (the key itself: its rope channels reach
+// only the outputs' rope channels, which are dropped); the heads' latent
+// outputs are expanded with W_UV. It computes what the naive attention
+// (denseAttention) does, caching KVLoraRank+RopeDim values a token and
+// layer instead of Heads*QKDim. q, lat and kr are the pass's rows of s.q,
+// s.lat1 and s.kr1, which sit with s.qLat in one buffer (v3Sources): the
+// per-head queries and the keys are gathered from it, and the outputs'
+// latent channels from the attention's, a few GatherRows launches a pass
+// rather than a copy per head and token.
 func (m *DeepseekV32) v3LatentAttention(s *v32State, l int, blk *v32Block, att, q, lat, kr backend.Buffer, n, pos0 int) {
 	b, a := m.b, m.mla
-	r, dr, qk := a.KVLoraRank, a.RopeDim, a.QKDim()
-	w := r + dr
+	r, w := a.KVLoraRank, a.KVLoraRank+a.RopeDim
 	qLat := b.View(s.qLat, 0, n*a.Heads*r)
 	m.ops.MLAAbsorbQuery(qLat, q, blk.KVB, n, a)
-	qc, k, v := b.View(s.dq, 0, n*a.Heads*w), b.View(s.dk, 0, n*w), b.View(s.dv, 0, n*w)
-	for i := range n {
-		b.Copy(b.View(k, i*w, r), b.View(lat, i*r, r))
-		b.Copy(b.View(k, i*w+r, dr), b.View(kr, i*dr, dr))
-		b.Copy(b.View(v, i*w, r), b.View(lat, i*r, r)) // the rope part stays zero
-		for h := range a.Heads {
-			o := (i*a.Heads + h) * w
-			b.Copy(b.View(qc, o, r), b.View(qLat, (i*a.Heads+h)*r, r))
-			b.Copy(b.View(qc, o+r, dr), b.View(q, (i*a.Heads+h)*qk+a.NopeDim, dr))
-		}
-	}
+	x := s.v3Gathers(a, n)
+	qc, k := b.View(s.dq, 0, n*a.Heads*w), b.View(s.dk, 0, n*w)
+	b.GatherRows(qc, s.lsrc, x.q, x.g)
+	b.GatherRows(k, s.lsrc, x.k, x.g)
 	oc := b.View(s.datt, 0, n*a.Heads*w)
-	b.Attention(oc, qc, k, v, s.dense, l, pos0, n, layers.AttentionShape{Heads: a.Heads, KVHeads: 1, HeadDim: w, Scale: m.scale})
+	b.Attention(oc, qc, k, k, s.dense, l, pos0, n, layers.AttentionShape{Heads: a.Heads, KVHeads: 1, HeadDim: w, Scale: m.scale})
 	oLat := b.View(s.oLat, 0, n*a.Heads*r)
-	for i := range n * a.Heads {
-		b.Copy(b.View(oLat, i*r, r), b.View(oc, i*w, r))
-	}
+	b.GatherRows(oLat, oc, x.o, x.g)
 	m.ops.MLAExpandOutput(att, oLat, blk.KVB, n, a)
+}
+
+// v3Sources returns the offsets, in a buffer of rows rows, of the absorbed
+// queries [rows, Heads, KVLoraRank], the queries [rows, Heads, QKDim], the
+// latents [rows, KVLoraRank] and the rope keys [rows, RopeDim] that
+// v3LatentAttention gathers from, and the buffer's length. Each starts on a
+// multiple of 64 values (256 bytes, as a buffer of its own would) and of
+// the gathers' row (v3Row).
+func v3Sources(a layers.MLAShape, rows int) (qLat, q, lat, kr, end int) {
+	g := v3Row(a)
+	align := g * 64 / gcd(g, 64)
+	up := func(n int) int { return (n + align - 1) / align * align }
+	q = up(rows * a.Heads * a.KVLoraRank)
+	lat = up(q + rows*a.Heads*a.QKDim())
+	kr = up(lat + rows*a.KVLoraRank)
+	return 0, q, lat, kr, kr + rows*a.RopeDim
+}
+
+// v3Row is the values of a row of v3LatentAttention's gathers: the greatest
+// common divisor of the widths and offsets they take (64 for DeepSeek-V3).
+func v3Row(a layers.MLAShape) int { return gcd(gcd(a.KVLoraRank, a.RopeDim), a.NopeDim) }
+
+// v3Gather is v3LatentAttention's gathers for a pass of n rows, in rows of
+// g values (v3Row): q assembles the queries [n, Heads, KVLoraRank+RopeDim]
+// (each head's absorbed query, then its rope channels) and k the keys [n,
+// KVLoraRank+RopeDim] (latent, rope key) from the sources (v3Sources of the
+// state's rows); o takes the latent channels [n, Heads, KVLoraRank] of the
+// attention's outputs [n, Heads, KVLoraRank+RopeDim].
+type v3Gather struct {
+	n, rows, g int
+	q, k, o    []int32
+}
+
+// v3Gathers returns s's gathers for a pass of n rows, made again only when
+// n or the scratch's rows change.
+func (s *v32State) v3Gathers(a layers.MLAShape, n int) *v3Gather {
+	x := &s.gather
+	if x.g > 0 && x.n == n && x.rows == s.rows {
+		return x
+	}
+	r, dr, qk := a.KVLoraRank, a.RopeDim, a.QKDim()
+	g := v3Row(a)
+	_, qOff, latOff, krOff, _ := v3Sources(a, s.rows)
+	span := func(rows []int32, off, width int) []int32 {
+		for j := range width / g {
+			rows = append(rows, int32(off/g+j))
+		}
+		return rows
+	}
+	x.q, x.k, x.o = x.q[:0], x.k[:0], x.o[:0]
+	for i := range n {
+		for h := range a.Heads {
+			ih := i*a.Heads + h
+			x.q = span(span(x.q, ih*r, r), qOff+ih*qk+a.NopeDim, dr)
+			x.o = span(x.o, ih*(r+dr), r)
+		}
+		x.k = span(span(x.k, latOff+i*r, r), krOff+i*dr, dr)
+	}
+	x.n, x.rows, x.g = n, s.rows, g
+	return x
+}
+
+func gcd(a, b int) int {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
 }
 
 // mlp writes down(silu(gate h) * up h) of n rows into out.

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"maps"
@@ -11,7 +12,6 @@ import (
 
 	"github.com/manifoldlm/manifold/internal/golden"
 	"github.com/manifoldlm/manifold/internal/testmodel"
-	"github.com/manifoldlm/manifold/layers"
 	"github.com/manifoldlm/manifold/quant"
 	"github.com/manifoldlm/manifold/weights"
 	"github.com/manifoldlm/manifold/weights/nvfp4ckpt"
@@ -286,57 +286,6 @@ func TestQwen3MoEDenseLayers(t *testing.T) {
 	}
 }
 
-// TestSoftmaxRoute checks the Qwen3-MoE router against its definition:
-// softmax, the K most probable (sorted), renormalized or not.
-func TestSoftmaxRoute(t *testing.T) {
-	for _, tc := range []struct {
-		logits    []float32
-		K         int
-		normalize bool
-	}{
-		{[]float32{0.1, 2, -1, 0.5, 1.5}, 2, true},
-		{[]float32{0.1, 2, -1, 0.5, 1.5}, 3, false},
-		{[]float32{3, 2.9, 1, -2}, 1, true},
-		{[]float32{-30, 40, 39.5, 0}, 2, false},
-	} {
-		E := len(tc.logits)
-		idx, w := make([]int32, tc.K), make([]float32, tc.K)
-		logits := slices.Clone(tc.logits)
-		var scratch layers.TopKScratch
-		softmaxRoute(idx, w, logits, 1, E, tc.K, tc.normalize, &scratch)
-		var z float64
-		for _, v := range tc.logits {
-			z += math.Exp(float64(v))
-		}
-		order := make([]int, E)
-		for i := range order {
-			order[i] = i
-		}
-		slices.SortStableFunc(order, func(a, b int) int {
-			switch {
-			case tc.logits[a] > tc.logits[b]:
-				return -1
-			case tc.logits[a] < tc.logits[b]:
-				return 1
-			}
-			return 0
-		})
-		var sum float64
-		for _, e := range order[:tc.K] {
-			sum += math.Exp(float64(tc.logits[e])) / z
-		}
-		for j, e := range order[:tc.K] {
-			want := math.Exp(float64(tc.logits[e])) / z
-			if tc.normalize {
-				want /= sum
-			}
-			if int(idx[j]) != e || math.Abs(float64(w[j])-want) > 1e-6 {
-				t.Errorf("%v K=%d: pick %d is expert %d weight %g, want %d weight %g", tc.logits, tc.K, j, idx[j], w[j], e, want)
-			}
-		}
-	}
-}
-
 // TestDeepseekV3IsV32WithoutIndexer loads each deepseek_v32 fixture as
 // deepseek_v3 (its indexer tensors then unread) and checks it against
 // DeepSeek-V3.2's dense MLA path, which attends to every earlier token as
@@ -399,6 +348,37 @@ func TestDeepseekV3Paths(t *testing.T) {
 		}
 		if got := st.CacheBytesPerToken(); got != tc.want {
 			t.Errorf("%v: %d cache bytes a token, want %d", tc.path, got, tc.want)
+		}
+	}
+}
+
+// TestDeepseekV3ForwardDevice checks that ForwardDevice (the logits left on
+// the backend, for a backend that samples there) gives Forward's logits, bit
+// for bit, for a prompt run in passes of 3 rows and for the decode steps
+// after it.
+func TestDeepseekV3ForwardDevice(t *testing.T) {
+	m := loadTestModel(t, writeTiny(t, tinyV3)).(*DeepseekV32)
+	m.maxChunk = 3
+	ctx := context.Background()
+	ids := testIDs(tinyV3.Vocab, 10)
+	host, err := m.NewState(len(ids))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, _ := m.NewState(len(ids))
+	for _, run := range [][]int32{ids[:7], ids[7:8], ids[8:9], ids[9:]} {
+		want, err := m.Forward(ctx, host, run, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf, err := m.ForwardDevice(ctx, dev, run)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make([]float32, buf.Len())
+		m.b.Read(got, buf, 0)
+		if !slices.Equal(got, want) || dev.Len() != host.Len() {
+			t.Fatalf("after %d tokens: ForwardDevice's logits (state of %d) differ from Forward's (state of %d)", host.Len(), dev.Len(), host.Len())
 		}
 	}
 }

@@ -3,7 +3,6 @@ package model
 import (
 	"encoding/json"
 	"fmt"
-	"math"
 	"slices"
 
 	"github.com/manifoldlm/manifold/backend"
@@ -17,9 +16,11 @@ import (
 // probable, weighted by their probabilities (renormalized to sum 1 when
 // norm_topk_prob), with no shared expert. Layer i is sparse unless it is in
 // mlp_only_layers, when (i+1) is a multiple of decoder_sparse_step; other
-// layers keep the dense MLP of intermediate_size. The routing runs on the
-// host (no backend op group routes a softmax over experts), the experts
-// through core ops, so every backend runs it.
+// layers keep the dense MLP of intermediate_size. A backend with
+// backend.SoftmaxMoEOps routes and runs the experts on its device for short
+// chunks (a decode step: nothing read back, no launch per expert); otherwise,
+// and on every backend, the routing runs on the host (layers.SoftmaxRoute)
+// and the experts through core ops.
 func newQwen3MoE(b backend.Backend, cfg *Config, l *Loader, o Options) (Model, error) {
 	moe := qwen3MoEConfig{NumExperts: 128, NumExpertsPerTok: 8, MoEIntermediateSize: 768, DecoderSparseStep: 1}
 	if err := json.Unmarshal(cfg.Raw, &moe); err != nil {
@@ -100,6 +101,8 @@ type qwen3MoE struct {
 	Experts   []v32MLP
 	K         int
 	Normalize bool
+	ops       backend.SoftmaxMoEOps // the device path's ops, nil without dev
+	dev       backend.Experts       // the experts bound for the device path, or nil
 }
 
 // load reads a sparse layer's router and experts under prefix ("...mlp.").
@@ -112,47 +115,36 @@ func (c *qwen3MoEConfig) load(b backend.Backend, l *Loader, prefix string, hidde
 	if f.Experts, err = loadExperts(b, l, prefix, c.NumExperts, c.MoEIntermediateSize, hidden); err != nil {
 		return nil, err
 	}
+	if ops := l.caps.SoftmaxMoE; ops != nil {
+		w1, w3, w2 := make([]backend.Weight, len(f.Experts)), make([]backend.Weight, len(f.Experts)), make([]backend.Weight, len(f.Experts))
+		for e, x := range f.Experts {
+			w1[e], w3[e], w2[e] = x.Gate, x.Up, x.Down
+		}
+		if f.dev, err = ops.BindExperts(w1, w3, w2, nil); err != nil {
+			return nil, fmt.Errorf("model: %sexperts: %w", prefix, err)
+		}
+		if f.dev != nil {
+			f.ops = ops
+		}
+	}
 	return f, nil
 }
 
 // moeMLP adds the mixture of experts of the n rows of h (normalized) to x.
-// The experts' outputs are added to the residual stream directly.
+// The experts' outputs are added to the residual stream directly. Short
+// chunks route on the device where the backend can (the router logits stay
+// there), longer ones on the host, which reads each picked expert's
+// weights once a chunk rather than once a token.
 func (m *Llama) moeMLP(s *moeScratch, f *qwen3MoE, x, h backend.Buffer, n int) {
 	b, H, E := m.b, m.cfg.HiddenSize, len(f.Experts)
-	logits, idx, w := s.routerLogits(b, f.Router, h, n, E, f.K)
-	softmaxRoute(idx, w, logits, n, E, f.K, f.Normalize, &s.topk)
-	s.runExperts(b, f.Experts, x, h, idx, w, n, f.K, H)
-}
-
-// softmaxRoute picks K experts for each of n tokens from router logits
-// ([n, E]) as transformers' Qwen3MoeTopKRouter does: p = softmax(logits)
-// (in place), idx the torch.topk (sorted) of p, w = p[idx], divided by its
-// sum when normalize. idx and w are [n, K].
-func softmaxRoute(idx []int32, w, logits []float32, n, E, K int, normalize bool, scratch *layers.TopKScratch) {
-	for i := range n {
-		p := logits[i*E : (i+1)*E]
-		mx := float32(math.Inf(-1))
-		for _, v := range p {
-			mx = max(mx, v)
-		}
-		var sum float64
-		for _, v := range p {
-			sum += math.Exp(float64(v - mx))
-		}
-		for e, v := range p {
-			p[e] = float32(math.Exp(float64(v-mx)) / sum)
-		}
-		pick, wi := idx[i*K:(i+1)*K], w[i*K:(i+1)*K]
-		layers.TopK(pick, p, K, true, scratch)
-		var total float32
-		for j, e := range pick {
-			wi[j] = p[e]
-			total += wi[j]
-		}
-		if normalize {
-			for j := range wi {
-				wi[j] /= total
-			}
-		}
+	a := layers.SoftmaxRouteArgs{M: n, Experts: E, K: f.K, Normalize: f.Normalize}
+	if f.dev != nil && n <= f.ops.MaxDeviceMoETokens() {
+		rl := b.View(s.rl, 0, n*E)
+		b.MatMul(rl, h, f.Router, n)
+		f.ops.SoftmaxMoE(x, h, rl, f.dev, a)
+		return
 	}
+	logits, idx, w := s.routerLogits(b, f.Router, h, n, E, f.K)
+	layers.SoftmaxRoute(idx, w, logits, a, &s.topk)
+	s.runExperts(b, f.Experts, x, h, idx, w, n, f.K, H)
 }

@@ -13,8 +13,8 @@ import (
 // kv_b_proj in its stored format), at KV LoRA ranks off the GPU's 128-wide
 // mla_absorb blocks, nope and value widths off 8 (mla_expand's warps per
 // block), one token and several, kv_b_proj in bf16, NVFP4 and FP8 (E8M0 and
-// float32 tile scales). On the CUDA backend each launches mla_absorb and
-// mla_expand.
+// float32 tile scales; FP8 at a rank past mla_expand's batches too). On the
+// CUDA backend each launches mla_absorb and mla_expand.
 func mlaCases() []Case {
 	return rows([]mlaRow{
 		{backend.BF16, 1, layers.MLAShape{Heads: 4, KVLoraRank: 512, NopeDim: 128, RopeDim: 64, VDim: 128}},
@@ -23,6 +23,9 @@ func mlaCases() []Case {
 		{backend.F32, 1, layers.MLAShape{Heads: 2, KVLoraRank: 130, NopeDim: 17, RopeDim: 8, VDim: 9}},
 		{backend.FP8Block, 2, layers.MLAShape{Heads: 3, KVLoraRank: 200, NopeDim: 32, RopeDim: 16, VDim: 48}},
 		{fp8BlockF32, 1, layers.MLAShape{Heads: 3, KVLoraRank: 200, NopeDim: 32, RopeDim: 16, VDim: 48}},
+		// FP8 past the GPU's batches of eight rows (mla_absorb) and of
+		// eight columns a lane (mla_expand, from 256 columns), with tails.
+		{fp8BlockF32, 2, layers.MLAShape{Heads: 2, KVLoraRank: 544, NopeDim: 20, RopeDim: 16, VDim: 24}},
 	}, mlaCase)
 }
 
