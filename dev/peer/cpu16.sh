@@ -73,6 +73,10 @@ if [ "$pre" != none ]; then
 		tar -C "$work/prebuilt.tmp" -xJf "$pre"
 		mv "$work/prebuilt.tmp/llama.cpp-cpu-prebuilt" "$lbin" && rm -rf "$work/prebuilt.tmp"
 	fi
+	# The sapphirerapids variant uses AMX, which a process must ask the kernel for; on the device host (2026-12-08)
+	# ggml picked it and died of SIGILL in Q4_0's matmuls. Without it and cooperlake (removed with it in the run that
+	# worked) zen4 loads there: AVX-512 with bf16 and VNNI.
+	rm -f "$lbin/libggml-cpu-sapphirerapids.so" "$lbin/libggml-cpu-cooperlake.so"
 else
 	. "$here/llamacpp.sh"
 	lbin=$lc/build/bin
