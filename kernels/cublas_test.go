@@ -54,78 +54,116 @@ func blasGPU(t testing.TB) *Backend {
 	return g
 }
 
-// TestCublasGEMM16 runs the cuBLAS path of bf16 and f16 weights (x as two
-// halves: one cublasGemmEx over both and blas_add_halves, and two
-// cublasGemmEx) with a bias, at shapes not multiples of any
-// tile (odd m and N), against float64 sums of the decoded weights and the
-// float32 x (TestGemm16's bound: 1e-4), and against the own GEMM on the same
-// operands (both sum the same products in float32: far under 1e-5).
-func TestCublasGEMM16(t *testing.T) {
-	g := blasGPU(t)
-	rng := rand.New(rand.NewPCG(5, 11))
-	for _, sh := range []struct{ m, n, k int }{{2, 1000, 8}, {5, 130, 200}, {64, 4096, 512}, {65, 77, 384}, {100, 300, 776}, {513, 129, 136}, {1031, 257, 1032}} {
-		for _, f16 := range []bool{false, true} {
-			w, vals := gemm16Weight(t, g, rng, sh.n, sh.k, f16)
-			x := randn(rng, sh.m*sh.k)
-			xg := toGPU(g, x).(*Buffer)
-			want := gemm16Want(x, vals, w.biasHost, sh.m, sh.n, sh.k)
-			own := g.NewBuffer(sh.m * sh.n)
-			g.gemm16(own.(*Buffer), xg, w.Weight, sh.m, f16)
-			ref := fromGPU(t, g, own)
-			for _, mode := range []int{1, 2} { // stacked, two GEMMs
-				g.force.blasStacked = mode
-				out := g.NewBuffer(sh.m * sh.n)
-				g.gemmBLAS16(out.(*Buffer), xg, w.Weight, sh.m, f16)
-				got := fromGPU(t, g, out)
-				if e := relErr(got, want); e > 1e-4 {
-					t.Errorf("f16 %v, %+v, mode %d: relative error %.3g against float64", f16, sh, mode, e)
-				}
-				if e := relErr(got, ref); e > 1e-5 {
-					t.Errorf("f16 %v, %+v, mode %d: relative error %.3g against the own GEMM", f16, sh, mode, e)
-				}
-			}
-			g.force.blasStacked = 0
-		}
-	}
-}
-
-// TestCublasNVFP4 runs the NVFP4 weights' cuBLAS path (the weight
-// dequantized to fp16, x rounded to fp16, the global scale as alpha), with
-// and without a bias, whole and in chunks of rows (a partial last chunk, an
-// odd chunk), at shapes not multiples of any tile, against the own NVFP4
-// GEMM on the GPU (the same fp16 operands and float32 sums: 1e-5) and the
-// CPU reference (TestMatMul's NVFP4 bound, 1e-3).
-func TestCublasNVFP4(t *testing.T) {
+// TestCublasGEMM runs the cuBLAS paths against the own GEMM on the same
+// operands and a reference, at shapes not multiples of any tile (odd m and
+// N), one subtest a format:
+//
+//   - gemm16: bf16 and f16 weights with a bias (x as two halves: one
+//     cublasGemmEx over both and blas_add_halves, and two cublasGemmEx),
+//     against float64 sums of the decoded weights and the float32 x
+//     (TestGemm16's bound: 1e-4) and the own GEMM (both sum the same
+//     products in float32: far under 1e-5);
+//   - nvfp4: NVFP4 weights (the weight dequantized to fp16, x rounded to
+//     fp16, the global scale as alpha), with and without a bias, whole and in
+//     chunks of rows (a partial last chunk, an odd chunk), against the own
+//     NVFP4 GEMM on the GPU (the same fp16 operands and float32 sums: 1e-5)
+//     and the CPU reference (TestMatMul's NVFP4 bound, 1e-3).
+func TestCublasGEMM(t *testing.T) {
 	g, c := blasGPU(t), refCPU()
-	rng := rand.New(rand.NewPCG(6, 13))
-	for _, sh := range []struct{ m, n, k int }{{2, 300, 128}, {7, 1000, 2048}, {64, 300, 256}, {100, 129, 4096}, {513, 257, 640}, {1030, 390, 1024}} {
-		for _, bias := range []bool{false, true} {
-			h := hostWeight(rng, backend.NVFP4, sh.n, sh.k)
-			if !bias {
-				h.Bias = nil
-			}
-			wc, wg := uploadBoth(t, g, c, h)
-			x := randn(rng, sh.m*sh.k)
-			xg := toGPU(g, x).(*Buffer)
-			want := make([]float32, sh.m*sh.n)
-			c.MatMul(cpu.Buffer(want), cpu.Buffer(x), wc, sh.m)
-			own := g.NewBuffer(sh.m * sh.n)
-			g.gemmNVFP4(own.(*Buffer), xg, wg.(*Weight), sh.m)
-			ref := fromGPU(t, g, own)
-			for _, chunk := range []int{0, 128, 77} {
-				g.force.blasChunk = chunk
-				out := g.NewBuffer(sh.m * sh.n)
-				g.gemmBLASNVFP4(out.(*Buffer), xg, wg.(*Weight), sh.m)
-				got := fromGPU(t, g, out)
-				if e := relErr(got, ref); e > 1e-5 {
-					t.Errorf("%+v, bias %v, chunk %d: relative error %.3g against the own GEMM", sh, bias, chunk, e)
+	type shape struct{ m, n, k int }
+	// gemms: the reference, the own GEMM and the cuBLAS path of one weight.
+	type gemms struct {
+		want      func(x []float32, m int) []float32
+		own, blas func(out, x *Buffer, m int)
+	}
+	type check struct {
+		against string
+		tol     float64
+		ref     bool // against the own GEMM (else the reference)
+	}
+	for _, tc := range []struct {
+		name   string
+		seed   [2]uint64
+		shapes []shape
+		knobs  []int // the values of *force, the cuBLAS path's variants
+		force  *int
+		checks []check
+		label  func(opt bool, sh shape, knob int) string      // a case in messages
+		weight func(rng *rand.Rand, n, k int, opt bool) gemms // opt: f16 or bias
+	}{
+		{
+			name: "gemm16", seed: [2]uint64{5, 11},
+			shapes: []shape{{2, 1000, 8}, {5, 130, 200}, {64, 4096, 512}, {65, 77, 384}, {100, 300, 776}, {513, 129, 136}, {1031, 257, 1032}},
+			knobs:  []int{1, 2}, force: &g.force.blasStacked, // stacked, two GEMMs
+			checks: []check{{"float64", 1e-4, false}, {"the own GEMM", 1e-5, true}},
+			label: func(f16 bool, sh shape, mode int) string {
+				return fmt.Sprintf("f16 %v, %+v, mode %d", f16, sh, mode)
+			},
+			weight: func(rng *rand.Rand, n, k int, f16 bool) gemms {
+				w, vals := gemm16Weight(t, g, rng, n, k, f16)
+				return gemms{
+					want: func(x []float32, m int) []float32 { return gemm16Want(x, vals, w.biasHost, m, n, k) },
+					own:  func(out, x *Buffer, m int) { g.gemm16(out, x, w.Weight, m, f16) },
+					blas: func(out, x *Buffer, m int) { g.gemmBLAS16(out, x, w.Weight, m, f16) },
 				}
-				if e := relErr(got, want); e > 1e-3 {
-					t.Errorf("%+v, bias %v, chunk %d: relative error %.3g against the CPU", sh, bias, chunk, e)
+			},
+		},
+		{
+			name: "nvfp4", seed: [2]uint64{6, 13},
+			shapes: []shape{{2, 300, 128}, {7, 1000, 2048}, {64, 300, 256}, {100, 129, 4096}, {513, 257, 640}, {1030, 390, 1024}},
+			knobs:  []int{0, 128, 77}, force: &g.force.blasChunk,
+			checks: []check{{"the own GEMM", 1e-5, true}, {"the CPU", 1e-3, false}},
+			label: func(bias bool, sh shape, chunk int) string {
+				return fmt.Sprintf("%+v, bias %v, chunk %d", sh, bias, chunk)
+			},
+			weight: func(rng *rand.Rand, n, k int, bias bool) gemms {
+				h := hostWeight(rng, backend.NVFP4, n, k)
+				if !bias {
+					h.Bias = nil
+				}
+				wc, wg := uploadBoth(t, g, c, h)
+				return gemms{
+					want: func(x []float32, m int) []float32 {
+						want := make([]float32, m*n)
+						c.MatMul(cpu.Buffer(want), cpu.Buffer(x), wc, m)
+						return want
+					},
+					own:  func(out, x *Buffer, m int) { g.gemmNVFP4(out, x, wg.(*Weight), m) },
+					blas: func(out, x *Buffer, m int) { g.gemmBLASNVFP4(out, x, wg.(*Weight), m) },
+				}
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(tc.seed[0], tc.seed[1]))
+			for _, sh := range tc.shapes {
+				for _, opt := range []bool{false, true} {
+					w := tc.weight(rng, sh.n, sh.k, opt)
+					x := randn(rng, sh.m*sh.k)
+					xg := toGPU(g, x).(*Buffer)
+					want := w.want(x, sh.m)
+					own := g.NewBuffer(sh.m * sh.n)
+					w.own(own.(*Buffer), xg, sh.m)
+					ref := fromGPU(t, g, own)
+					for _, knob := range tc.knobs {
+						*tc.force = knob
+						out := g.NewBuffer(sh.m * sh.n)
+						w.blas(out.(*Buffer), xg, sh.m)
+						got := fromGPU(t, g, out)
+						for _, ck := range tc.checks {
+							against := want
+							if ck.ref {
+								against = ref
+							}
+							if e := relErr(got, against); e > ck.tol {
+								t.Errorf("%s: relative error %.3g against %s", tc.label(opt, sh, knob), e, ck.against)
+							}
+						}
+					}
+					*tc.force = 0
 				}
 			}
-			g.force.blasChunk = 0
-		}
+		})
 	}
 }
 

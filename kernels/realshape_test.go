@@ -1,19 +1,15 @@
 package kernels
 
 import (
-	"context"
 	"fmt"
 	"math"
 	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/internal/golden"
-	"github.com/manifoldlm/manifold/layers"
 	"github.com/manifoldlm/manifold/model"
 )
 
@@ -39,78 +35,57 @@ import (
 // tie). MANIFOLD_REALSHAPE_CPU=0 leaves the CPU pass out (GPU vs
 // transformers only).
 func TestRealShapeOnGPU(t *testing.T) {
-	root := os.Getenv("MANIFOLD_REALSHAPE_DIR")
-	if root == "" {
-		t.Skip("MANIFOLD_REALSHAPE_DIR unset: no real-shape folders (model/testdata/gen_moe_fixtures.py --real-shape, gen_v4_released.py --real-shape write them)")
-	}
+	root := golden.RealShapeRoot(t, "model/testdata/gen_moe_fixtures.py --real-shape, gen_v4_released.py --real-shape write them")
 	g := newGPU(t)
-	tolCPU, tolGPU := envFloat(t, "MANIFOLD_REALSHAPE_TOL", 1e-2), envFloat(t, "MANIFOLD_REALSHAPE_GPU_TOL", 2e-2)
+	tolCPU, tolGPU := golden.EnvFloat(t, "MANIFOLD_REALSHAPE_TOL", 1e-2), golden.EnvFloat(t, "MANIFOLD_REALSHAPE_GPU_TOL", 2e-2)
 	withCPU := os.Getenv("MANIFOLD_REALSHAPE_CPU") != "0"
-	dirs, _ := filepath.Glob(filepath.Join(root, "*", "golden.safetensors"))
-	if _, err := os.Stat(filepath.Join(root, "golden.safetensors")); err == nil {
-		dirs = append(dirs, filepath.Join(root, "golden.safetensors"))
-	}
-	if len(dirs) == 0 {
-		t.Fatalf("no */golden.safetensors under %s", root)
-	}
-	for _, gpath := range dirs {
-		dir := filepath.Dir(gpath)
-		t.Run(filepath.Base(dir), func(t *testing.T) {
-			ref := golden.Load(t, dir)
-			f, err := model.ReadFolder(dir)
+	golden.RealShapes(t, root, func(t *testing.T, dir string, ref *golden.Reference) {
+		f, err := model.ReadFolder(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		forward := func(name string, be backend.Backend) ([]float32, error) {
+			start := time.Now()
+			m, err := model.Build(be, f, model.Options{})
 			if err != nil {
-				t.Fatal(err)
+				return nil, err
 			}
-			defer f.Close()
-			forward := func(name string, be backend.Backend) ([]float32, error) {
-				start := time.Now()
-				m, err := model.Build(be, f, model.Options{})
-				if err != nil {
-					return nil, err
-				}
-				built := time.Since(start)
-				st, err := m.NewState(len(ref.InputIDs))
-				if err != nil {
-					return nil, err
-				}
-				start = time.Now()
-				logits, err := m.Forward(context.Background(), st, ref.InputIDs, true)
-				if err != nil {
-					return nil, err
-				}
-				if len(logits) != len(ref.LogitsFull) {
-					return nil, fmt.Errorf("%d logits, golden %d (vocab %d)", len(logits), len(ref.LogitsFull), ref.Vocab)
-				}
-				c := m.Config()
-				t.Logf("%s: %s, %d layers, hidden %d, vocab %d; built in %.1fs, forward of %d tokens in %.2fs", name,
-					c.ModelType, c.NumLayers, c.HiddenSize, c.VocabSize, built.Seconds(), len(ref.InputIDs), time.Since(start).Seconds())
-				return logits, nil
-			}
-			V := ref.Vocab
-			t.Logf("%s: T %d, max |logit| of transformers %.3g", dir, len(ref.InputIDs), maxAbs(ref.LogitsFull))
-			// A GPU failure is reported and the CPU pass still runs.
-			gl, err := forward("GPU", g)
+			built := time.Since(start)
+			start = time.Now()
+			logits, err := golden.Forward(m, ref)
 			if err != nil {
-				t.Errorf("GPU: %v", err)
-			} else {
-				compareLogits(t, "GPU vs transformers", gl, ref.LogitsFull, V, tolCPU+tolGPU)
+				return nil, err
 			}
-			if !withCPU {
-				return
-			}
-			cl, err := forward("CPU", refCPU())
-			if err != nil {
-				t.Fatalf("CPU: %v", err)
-			}
-			compareLogits(t, "CPU vs transformers", cl, ref.LogitsFull, V, tolCPU)
-			if gl != nil {
-				compareLogits(t, "GPU vs CPU", gl, cl, V, tolGPU)
-			}
-			if d := os.Getenv("MANIFOLD_REALSHAPE_DIAG"); d == "1" || d == "layers" {
-				realShapeDiag(t, g, f, gl, cl, ref.Vocab, forward)
-			}
-		})
-	}
+			c := m.Config()
+			t.Logf("%s: %s, %d layers, hidden %d, vocab %d; built in %.1fs, forward of %d tokens in %.2fs", name,
+				c.ModelType, c.NumLayers, c.HiddenSize, c.VocabSize, built.Seconds(), len(ref.InputIDs), time.Since(start).Seconds())
+			return logits, nil
+		}
+		V := ref.Vocab
+		t.Logf("%s: T %d, max |logit| of transformers %.3g", dir, len(ref.InputIDs), golden.MaxAbs(ref.LogitsFull))
+		// A GPU failure is reported and the CPU pass still runs.
+		gl, err := forward("GPU", g)
+		if err != nil {
+			t.Errorf("GPU: %v", err)
+		} else {
+			compareLogits(t, "GPU vs transformers", gl, ref.LogitsFull, V, tolCPU+tolGPU)
+		}
+		if !withCPU {
+			return
+		}
+		cl, err := forward("CPU", refCPU())
+		if err != nil {
+			t.Fatalf("CPU: %v", err)
+		}
+		compareLogits(t, "CPU vs transformers", cl, ref.LogitsFull, V, tolCPU)
+		if gl != nil {
+			compareLogits(t, "GPU vs CPU", gl, cl, V, tolGPU)
+		}
+		if d := os.Getenv("MANIFOLD_REALSHAPE_DIAG"); d == "1" || d == "layers" {
+			realShapeDiag(t, g, f, gl, cl, ref.Vocab, forward)
+		}
+	})
 }
 
 // realShapeDiag localizes a GPU-vs-CPU difference (MANIFOLD_REALSHAPE_DIAG=1,
@@ -173,52 +148,12 @@ func realShapeDiag(t *testing.T, g *Backend, f *model.Folder, gpuLogits, cpuLogi
 // twice that row's difference (not a near tie).
 func compareLogits(t *testing.T, what string, got, want []float32, V int, tol float64) {
 	t.Helper()
-	T := len(want) / V
-	agree, ties, worst := 0, 0, 0.0
-	for i := range T {
-		g, w := got[i*V:(i+1)*V], want[i*V:(i+1)*V]
-		d := 0.0
-		for j := range g {
-			d = max(d, math.Abs(float64(g[j])-float64(w[j])))
-			if math.IsNaN(float64(g[j])) {
-				d = math.Inf(1)
-			}
-		}
-		worst = max(worst, d)
-		gt, wt := layers.Argmax(g), layers.Argmax(w)
-		switch {
-		case gt == wt:
-			agree++
-		case float64(w[wt])-float64(w[gt]) <= 2*d:
-			ties++
-		}
+	c := golden.CompareLogits(got, want, V)
+	t.Logf("%s: max |dlogit| %.3g, top-1 agreement %d/%d (%d more differ within a near tie)", what, c.Worst, c.Agree, c.Rows, c.Ties)
+	if c.Worst > tol || math.IsNaN(c.Worst) {
+		t.Errorf("%s: max |dlogit| %.3g > %g", what, c.Worst, tol)
 	}
-	t.Logf("%s: max |dlogit| %.3g, top-1 agreement %d/%d (%d more differ within a near tie)", what, worst, agree, T, ties)
-	if worst > tol || math.IsNaN(worst) {
-		t.Errorf("%s: max |dlogit| %.3g > %g", what, worst, tol)
+	if c.Agree+c.Ties != c.Rows {
+		t.Errorf("%s: top-1 differs at %d of %d positions beyond a near tie", what, c.Rows-c.Agree-c.Ties, c.Rows)
 	}
-	if agree+ties != T {
-		t.Errorf("%s: top-1 differs at %d of %d positions beyond a near tie", what, T-agree-ties, T)
-	}
-}
-
-func maxAbs(v []float32) float64 {
-	m := 0.0
-	for _, x := range v {
-		m = max(m, math.Abs(float64(x)))
-	}
-	return m
-}
-
-// envFloat is the float in the environment variable name, def when unset.
-func envFloat(t *testing.T, name string, def float64) float64 {
-	s := os.Getenv(name)
-	if s == "" {
-		return def
-	}
-	v, err := strconv.ParseFloat(s, 64)
-	if err != nil {
-		t.Fatalf("%s: %v", name, err)
-	}
-	return v
 }

@@ -55,6 +55,7 @@
 # MANIFOLD_REALSHAPE_GPU_TOL (TestRealShapeOnGPU's bounds).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+. dev/lib.sh
 
 if [ "${1:-}" = prepare ]; then
   set -e
@@ -82,30 +83,15 @@ export MANIFOLD_REALSHAPE_TOL=${MANIFOLD_REALSHAPE_TOL:-1e-2} MANIFOLD_REALSHAPE
 if [ ! -x "$BIN/kernels.test" ]; then
   [ -f .device/realshape.tar.xz ] || { echo "no .device/realshape.tar.xz: run 'dev/realshape/run.sh prepare' on the build machine and carry .device" >&2; exit 2; }
   mkdir -p "$BIN"
-  python3 -c 'import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' .device/realshape.tar.xz "$BIN"
+  unpack .device/realshape.tar.xz "$BIN"
 fi
 
-pack() { tar -C "$R" -czf "$OUTDIR/realshape.tar.gz" . 2>/dev/null; }
-log() { echo "[$(date -u +%H:%M:%S) +${SECONDS}s] $*" | tee -a "$R/run.log"; }
-
-# stage NAME ESTIMATE_S FUNCTION: runs FUNCTION with its output in
-# $R/NAME.log unless the estimate would pass the budget; a stage is also cut
-# by timeout at 1.5 x its estimate plus what the budget has left.
-stage() {
-  local name=$1 est=$2 fn=$3
-  if [ $((SECONDS + est)) -gt "$BUDGET" ]; then
-    log "SKIP $name: ${SECONDS}s elapsed + ~${est}s expected > BUDGET ${BUDGET}s"
-    echo "$name skipped (budget)" >> "$R/stages.txt"
-    return
-  fi
-  local start=$SECONDS limit=$(( BUDGET - SECONDS + est / 2 ))
-  log "START $name (expected ~${est}s, cut at ${limit}s)"
-  timeout --signal=TERM --kill-after=10 "$limit" bash -c "$fn" > "$R/$name.log" 2>&1
-  local rc=$?
-  log "END $name rc=$rc in $((SECONDS - start))s"
-  echo "$name rc=$rc $((SECONDS - start))s" >> "$R/stages.txt"
-  grep -E '^(RESULT|--- |FAIL|ok|PASS)|realshape_test.go|dlogit|top-1|tok/s|floor|wrote|bench: (writing|wrote|reusing)|^\| |seconds|GB drawn|written to|[Ee]rror|panic|Traceback|^bench: -|SystemExit|Assertion' "$R/$name.log" | head -80 | sed "s/^/  $name| /" | tee -a "$R/run.log"
-  pack
+# stage's policy (dev/lib.sh): a stage is cut by timeout at 1.5 x its
+# estimate plus what the budget has left.
+PACK_NAME=realshape.tar.gz STAGE_KILL_AFTER=10 STAGE_DETAIL=
+stage_limit() { echo $(( BUDGET - SECONDS + $1 / 2 )); }
+stage_digest() {
+  grep -E '^(RESULT|--- |FAIL|ok|PASS)|realshape_test.go|dlogit|top-1|tok/s|floor|wrote|bench: (writing|wrote|reusing)|^\| |seconds|GB drawn|written to|[Ee]rror|panic|Traceback|^bench: -|SystemExit|Assertion' "$1" | head -80
 }
 
 export BIN WORK R V4_LAYERS QWEN_LAYERS V4RS_LAYERS BENCH_ARGS KEEP=${KEEP:-}
@@ -183,17 +169,6 @@ v3_rs() {
   return $rc
 }
 
-# summarize.py: one line a bench JSON result (a file, since bash cannot
-# export a function that holds a here-document: the stages run in bash -c).
-cat > "$WORK/summarize.py" <<'EOF'
-import json, sys
-for r in json.load(open(sys.argv[1])):
-    line = f"{r.get('model')} {r.get('test')}: {r.get('tok_s', 0):.1f} tok/s"
-    if r.get("floor_tok_s"):
-        line += (f", floor {r['floor_tok_s']:.1f} tok/s (bytes/token {r['bytes_per_token'] / 1e6:.1f} MB, copy "
-                 f"{r['copy_bytes_per_s'] / 1e9:.0f} GB/s), of floor {r['of_floor']:.3f}; {r.get('routed_experts', '')}")
-    print(line)
-EOF
 # benchrun NAME [bench flags]: cmd/bench on the GPU into $R/bench-NAME.json.
 benchrun() {
   local name=$1; shift
@@ -202,7 +177,7 @@ benchrun() {
   "$BIN/bench" -device cuda "$@" -keep "$keep" $BENCH_ARGS -o json > "$R/bench-$name.json"
   local rc=$?
   cat "$R/bench-$name.json"
-  [ -s "$R/bench-$name.json" ] && python3 "$WORK/summarize.py" "$R/bench-$name.json" || true
+  [ -s "$R/bench-$name.json" ] && python3 "$DEV/benchjson.py" "$R/bench-$name.json" || true
   du -sh "$keep"
   gone "$keep"
   return $rc

@@ -62,6 +62,7 @@
 # engine benchmarks would not accept).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+. dev/lib.sh
 
 if [ "${1:-}" = prepare ]; then
   set -e
@@ -103,43 +104,23 @@ mkdir -p "$R" "$OUTDIR"
 # nothing the next carry would take along), afresh each call.
 [ -f .device/v4/bin.tar.xz ] || { echo "no .device/v4/bin.tar.xz: run 'dev/v4/run.sh prepare' on the build machine and carry .device/v4" >&2; exit 2; }
 rm -rf "$BIN" && mkdir -p "$BIN"
-python3 -c 'import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' .device/v4/bin.tar.xz "$BIN" ||
-  xz -dc .device/v4/bin.tar.xz | tar -C "$BIN" -xf - || { echo "cannot unpack .device/v4/bin.tar.xz" >&2; exit 2; }
-
-pack() { tar -C "$R" -czf "$OUTDIR/v4run.tar.gz.tmp" . 2>/dev/null && mv "$OUTDIR/v4run.tar.gz.tmp" "$OUTDIR/v4run.tar.gz"; }
-log() { echo "[$(date -u +%H:%M:%S) +${SECONDS}s] $*" | tee -a "$R/run.log"; }
+unpack .device/v4/bin.tar.xz "$BIN" || exit 2
 
 GPU=0
 nvidia-smi -L > /dev/null 2>&1 && GPU=1
 [ "${FORCE:-}" != 1 ] || GPU=1
 
-# stage NAME ESTIMATE_S FUNCTION [gpu]: runs FUNCTION (output in
-# $R/NAME.log) unless elapsed + estimate would pass BUDGET; cut at
+# stage's policy (dev/lib.sh): a stage marked gpu needs GPU; one is cut at
 # min(2 x estimate + 30, HARD - elapsed) seconds.
-stage() {
-  local name=$1 est=$2 fn=$3 gpu=${4:-}
-  if [ -n "$gpu" ] && [ "$GPU" != 1 ]; then
-    log "SKIP $name: no GPU (nvidia-smi -L failed; FORCE=1 runs it anyway)"
-    echo "$name skipped (no GPU)" >> "$R/stages.txt"
-    return
-  fi
-  if [ $((SECONDS + est)) -gt "$BUDGET" ]; then
-    log "SKIP $name: ${SECONDS}s elapsed + ~${est}s expected > BUDGET ${BUDGET}s"
-    echo "$name skipped (budget: ${SECONDS}s + ~${est}s)" >> "$R/stages.txt"
-    pack
-    return
-  fi
-  local start=$SECONDS limit=$((2 * est + 30))
+PACK_NAME=v4run.tar.gz STAGE_KILL_AFTER=5 STAGE_DETAIL=1
+stage_limit() {
+  local limit=$((2 * $1 + 30))
   [ "$limit" -le $((HARD - SECONDS)) ] || limit=$((HARD - SECONDS))
-  log "START $name (expected ~${est}s, cut at ${limit}s)"
-  timeout --signal=TERM --kill-after=5 "$limit" bash -c "$fn" > "$R/$name.log" 2>&1
-  local rc=$?
-  [ $rc -ne 124 ] && [ $rc -ne 137 ] || log "CUT $name at ${limit}s"
-  log "END $name rc=$rc in $((SECONDS - start))s (expected ~${est}s)"
-  echo "$name rc=$rc $((SECONDS - start))s (expected ~${est}s)" >> "$R/stages.txt"
-  grep -E '^(RESULT|WRITE|BENCH|Benchmark|--- (FAIL|SKIP)|FAIL|PASS|panic)|wrote|bench: (writing|wrote|reusing)|tok/s|[Ee]rror|out of memory|^\| ' "$R/$name.log" |
-    grep -v '^bench: +[0-9]*%' | head -40 | sed "s/^/  $name| /" | tee -a "$R/run.log"
-  pack
+  echo "$limit"
+}
+stage_digest() {
+  grep -E '^(RESULT|WRITE|BENCH|Benchmark|--- (FAIL|SKIP)|FAIL|PASS|panic)|wrote|bench: (writing|wrote|reusing)|tok/s|[Ee]rror|out of memory|^\| ' "$1" |
+    grep -v '^bench: +[0-9]*%' | head -40
 }
 
 export BIN WORK R V4 FLASH SPEC_BENCHTIME BENCH_ARGS WRITE_ARGS=${WRITE_ARGS:-}
@@ -198,19 +179,8 @@ long_4k() { long 4096; }
 long_128k() { long 131072; }
 long_1m() { long 1048576; }
 
-# benchjson FILE: one line per test of cmd/bench's JSON (the script is a file:
-# bash cannot export a function that holds a here-document, and the stages
-# run in bash -c).
-cat > "$R/benchjson.py" <<'EOF'
-import json, sys
-for r in json.load(open(sys.argv[1])):
-    line = f"BENCH {r.get('model')} {r.get('layers')}L {r.get('test')}: {r.get('tok_s', 0):.2f} tok/s (best {r.get('tok_s_best', 0):.2f}), load {r.get('load_s', 0):.1f}s"
-    if r.get("floor_tok_s"):
-        line += (f", floor {r['floor_tok_s']:.1f} tok/s (bytes/token {r['bytes_per_token'] / 1e6:.1f} MB, copy "
-                 f"{r['copy_bytes_per_s'] / 1e9:.0f} GB/s), of floor {r['of_floor']:.3f}; {r.get('routed_experts', '')}")
-    print(line)
-EOF
-benchjson() { python3 "$R/benchjson.py" "$1" || true; }
+# benchjson FILE: one line per test of cmd/bench's JSON.
+benchjson() { python3 "$DEV/benchjson.py" --bench "$1" || true; }
 export -f benchjson
 
 flash() {
