@@ -10,19 +10,34 @@ import "math"
 // over the n key and value rows at keys and values (stride floats apart):
 // softmax(scale * q·k) weighted sums of the values. sc is scratch of 4*n.
 func attend4(o, q, keys, values []float32, stride, n, hd int, scale float32, sc []float32) {
+	var mx, sum [4]float32
+	attend4Part(o, q, keys, values, stride, n, hd, scale, sc, &mx, &sum)
+	for g := range 4 {
+		inv := 1 / sum[g]
+		for j := range o[g*hd : (g+1)*hd] {
+			o[g*hd+j] *= inv
+		}
+	}
+}
+
+// attend4Part is attend4 before the division by the weights' sums: o[g] is
+// Σ_t e^(s[g,t] - mx[g]) v[t] with mx[g] the largest score s[g,t], sum[g]
+// Σ_t e^(s[g,t] - mx[g]). Parts over consecutive runs of the keys merge
+// into the whole (mergeParts4).
+func attend4Part(o, q, keys, values []float32, stride, n, hd int, scale float32, sc []float32, mx, sum *[4]float32) {
 	sc = sc[:4*n]
 	scores4(q, keys, stride, n, hd, scale, sc)
-	var mx, sum [4]float32
+	*sum = [4]float32{}
 	for g := range mx {
 		mx[g] = float32(math.Inf(-1))
 	}
-	n4 := max4Fast(sc, n, &mx) // the first n4 rows in assembly where there is
+	n4 := max4Fast(sc, n, mx) // the first n4 rows in assembly where there is
 	for t := n4; t < n; t++ {
 		for g := range 4 {
 			mx[g] = max(mx[g], sc[4*t+g])
 		}
 	}
-	exp4Fast(sc, n4, &mx, &sum)
+	exp4Fast(sc, n4, mx, sum)
 	for t := n4; t < n; t++ {
 		for g := range 4 {
 			e := expf32(sc[4*t+g] - mx[g])
@@ -31,10 +46,40 @@ func attend4(o, q, keys, values []float32, stride, n, hd int, scale float32, sc 
 		}
 	}
 	values4(o, sc, values, stride, n, hd)
+}
+
+// partLen is the floats of one attend4Part result in a run of parts: its
+// 4*hd outputs, then its 4 maxima and 4 sums.
+func partLen(hd int) int { return 4*hd + 8 }
+
+// mergeParts4 writes to o (4*hd) the attention that the parts (each
+// partLen(hd) floats, from attend4Part over consecutive runs of the keys;
+// a run without keys has sum 0) make together: each part's outputs and sum
+// are rescaled from its maxima to the largest, summed, and divided.
+func mergeParts4(o, parts []float32, hd int) {
+	n := len(parts) / partLen(hd)
 	for g := range 4 {
-		inv := 1 / sum[g]
-		for j := range o[g*hd : (g+1)*hd] {
-			o[g*hd+j] *= inv
+		mx := float32(math.Inf(-1))
+		for c := range n {
+			part := parts[c*partLen(hd):]
+			if part[4*hd+4+g] > 0 {
+				mx = max(mx, part[4*hd+g])
+			}
+		}
+		og := o[g*hd : (g+1)*hd]
+		clear(og)
+		var sum float32
+		for c := range n {
+			part := parts[c*partLen(hd):]
+			if s := part[4*hd+4+g]; s > 0 {
+				w := expf32(part[4*hd+g] - mx)
+				sum += w * s
+				axpyF32(og, part[g*hd:(g+1)*hd], w)
+			}
+		}
+		inv := 1 / sum
+		for j := range og {
+			og[j] *= inv
 		}
 	}
 }

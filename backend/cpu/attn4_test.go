@@ -5,6 +5,9 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/manifoldlm/manifold/backend"
+	"github.com/manifoldlm/manifold/layers"
 )
 
 // TestExpF32: expf32 within 2 float32 ulp of e^x (in float64, rounded) over
@@ -122,6 +125,73 @@ func TestExp4Ends(t *testing.T) {
 	for i, v := range x {
 		if e := expf32(v); math.Float32bits(sc[i]) != math.Float32bits(e) {
 			t.Errorf("exp4 of %v: %v, expf32 %v", v, sc[i], e)
+		}
+	}
+}
+
+// TestAttnParts: decode's 8 jobs (issue 61's model) are split so that
+// every thread has the same share, not at all where they already do, and
+// never below attnMinKeys keys a part.
+func TestAttnParts(t *testing.T) {
+	for _, c := range []struct{ units, threads, keys, want int }{
+		{8, 1, 4096, 1}, {8, 2, 4096, 1}, {8, 4, 4096, 1}, {8, 8, 4096, 1},
+		{8, 16, 4096, 2}, {8, 32, 4096, 4}, {8, 3, 4096, 3}, {8, 6, 4096, 3}, {8, 12, 4096, 3},
+		{8, 7, 4096, 7}, {8, 16, 100, 1}, {8, 16, 64, 1}, {8, 16, 128, 2}, {8, 7, 200, 3},
+		{512, 16, 4096, 1}, {4, 16, 4096, 4}, {1, 16, 4096, 16},
+	} {
+		if got := attnParts(c.units, c.threads, c.keys); got != c.want {
+			t.Errorf("attnParts(%d jobs, %d threads, %d keys) = %d, want %d", c.units, c.threads, c.keys, got, c.want)
+		}
+	}
+}
+
+// TestAttentionSplit: decode attention split over the keys (threads that
+// do not divide the jobs) matches the float64 reference within the
+// conformance table's tolerance for Attention (2e-5 of the largest
+// output), as the unsplit path on 1 thread does, windowed and not, with
+// short rows whose last parts have no keys (a prompt's first rows on 64
+// threads).
+func TestAttentionSplit(t *testing.T) {
+	rng := rand.New(rand.NewPCG(61, 23))
+	for _, c := range []struct{ heads, kv, hd, pos0, m, window int }{
+		{32, 8, 64, 700, 1, 0}, {32, 8, 64, 2100, 1, 0}, {16, 2, 128, 1000, 1, 0}, {8, 2, 64, 300, 2, 0},
+		{32, 8, 64, 900, 1, 256}, {8, 2, 64, 500, 3, 130}, {32, 8, 48, 333, 1, 0}, {8, 2, 64, 0, 200, 0},
+	} {
+		s := layers.AttentionShape{Heads: c.heads, KVHeads: c.kv, HeadDim: c.hd, Scale: float32(1 / math.Sqrt(float64(c.hd))), Window: c.window}
+		n := c.pos0 + c.m
+		q := randn(rng, c.m*c.heads*c.hd)
+		k, v := randn(rng, n*c.kv*c.hd), randn(rng, n*c.kv*c.hd)
+		want := make([]float32, len(q))
+		layers.Attention(want, q, k, v, c.m, c.pos0, s)
+		split := 0
+		for _, threads := range []int{1, 3, 6, 7, 16, 64} {
+			b := New(threads)
+			cache, _ := b.NewKVCache(backend.KVShape{Layers: 1, KVHeads: c.kv, HeadDim: c.hd, Capacity: n})
+			row := c.kv * c.hd
+			kc := cache.(*kvCache) // the first pos0 positions as a prompt would leave them
+			copy(kc.k[0], k[:c.pos0*row])
+			copy(kc.v[0], v[:c.pos0*row])
+			kc.n[0] = c.pos0
+			got := make(Buffer, len(q))
+			b.Attention(got, Buffer(q), Buffer(k[c.pos0*row:]), Buffer(v[c.pos0*row:]), cache, 0, c.pos0, c.m, s)
+			scale := 1.0
+			for _, w := range want {
+				scale = max(scale, math.Abs(float64(w)))
+			}
+			keys := n
+			if c.window > 0 {
+				keys = min(n, c.window)
+			}
+			parts := attnParts(c.m*c.heads/4, threads, keys)
+			split += parts - 1
+			d := maxDiff(got, want)
+			if d > 2e-5*scale {
+				t.Errorf("%+v, %d threads (%d parts): max diff %.3g", c, threads, parts, d)
+			}
+			t.Logf("%+v, %d threads: %d parts, max diff %.2g", c, threads, parts, d/scale)
+		}
+		if split == 0 {
+			t.Errorf("%+v: never split", c)
 		}
 	}
 }

@@ -29,6 +29,12 @@ type Backend struct {
 	threads int
 	opt     Options
 	copied  atomic.Int64 // bytes of bf16 weights copied into huge pages
+	pool    *pool        // the helper goroutines of parallel and parallelDynamic
+	scratch sync.Pool    // *[]float32 (floats)
+
+	// trace, where not nil (tests), sees each fan-out's units of work and
+	// the goroutines it uses, the caller's included (1 and 1: serial).
+	trace func(fanOutTrace)
 }
 
 // Options are the CPU backend's settings; the zero value is the default.
@@ -56,7 +62,11 @@ func NewWithOptions(o Options) *Backend {
 	if o.Threads <= 0 {
 		o.Threads = runtime.GOMAXPROCS(0)
 	}
-	return &Backend{threads: o.Threads, opt: o}
+	b := &Backend{threads: o.Threads, opt: o, pool: newPool(o.Threads)}
+	// A Backend dropped without Close stops its helpers when collected:
+	// they reference the pool, never the Backend.
+	runtime.AddCleanup(b, (*pool).close, b.pool)
+	return b
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -91,30 +101,40 @@ func (b *Backend) Read(dst []float32, x backend.Buffer, off int) { copy(dst, x.(
 // Sync is a no-op: CPU operations complete before they return.
 func (b *Backend) Sync() error { return nil }
 
-// Close is a no-op.
-func (b *Backend) Close() error { return nil }
+// Close stops the pool's helper goroutines; operations after it still
+// work, on goroutines started for each.
+func (b *Backend) Close() error {
+	b.pool.close()
+	return nil
+}
 
-// parallel runs fn over [0, n) split into about b.threads chunks of at least
-// grain items each: the first chunk on the calling goroutine, the others on
-// goroutines of their own (one start and wake-up fewer per call: an
-// operation at 16 threads starts 15).
+// parallel runs fn over [0, n) split into about b.threads runs of at least
+// grain items each, which the calling goroutine and the pool's helpers
+// claim in turn (pool.go).
 func (b *Backend) parallel(n, grain int, fn func(lo, hi int)) {
 	chunks := min(b.threads, (n+grain-1)/max(grain, 1))
+	b.traceFanOut(0, max(chunks, 1), max(chunks, 1))
 	if chunks <= 1 {
 		fn(0, n)
 		return
 	}
-	var wg sync.WaitGroup
 	step := (n + chunks - 1) / chunks
+	if b.pool.acquire() {
+		b.pool.fanOut(phase{}, phase{n, step, fn}, chunks)
+		return
+	}
+	b.goParallel(n, step, fn)
+}
+
+// goParallel is parallel on goroutines started for the call (the pool is
+// taken): fn over [0, n) in runs of step items.
+func (b *Backend) goParallel(n, step int, fn func(lo, hi int)) {
+	var wg sync.WaitGroup
 	for lo := step; lo < n; lo += step {
 		hi := min(lo+step, n)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			fn(lo, hi)
-		}()
+		wg.Go(func() { fn(lo, hi) })
 	}
-	fn(0, step)
+	fn(0, min(step, n))
 	wg.Wait()
 }
 
@@ -124,11 +144,29 @@ func (b *Backend) parallel(n, grain int, fn func(lo, hi int)) {
 // another process (a shared machine) or a slower core takes fewer chunks
 // instead of holding the others at the end, as parallel's equal shares do.
 func (b *Backend) parallelDynamic(n, chunk int, fn func(lo, hi int)) {
+	b.parallelDynamicAfter(phase{}, n, chunk, fn)
+}
+
+// parallelDynamicAfter is parallelDynamic after the phase pre (items of
+// pre.step; none where pre.n is 0), all of pre done before any of fn, in
+// one fan-out: the NVFP4 matmuls quantize their activations in pre.
+func (b *Backend) parallelDynamicAfter(pre phase, n, chunk int, fn func(lo, hi int)) {
 	chunk = max(chunk, 1)
-	workers := min(b.threads, (n+chunk-1)/chunk)
+	workers := min(b.threads, max((n+chunk-1)/chunk, pre.runs()))
+	b.traceFanOut(pre.runs(), (n+chunk-1)/chunk, max(workers, 1))
 	if workers <= 1 {
+		if pre.n > 0 {
+			pre.fn(0, pre.n)
+		}
 		fn(0, n)
 		return
+	}
+	if b.pool.acquire() {
+		b.pool.fanOut(pre, phase{n, chunk, fn}, workers)
+		return
+	}
+	if pre.n > 0 {
+		b.goParallel(pre.n, pre.step, pre.fn)
 	}
 	var next atomic.Int64
 	work := func() {
@@ -141,15 +179,36 @@ func (b *Backend) parallelDynamic(n, chunk int, fn func(lo, hi int)) {
 		}
 	}
 	var wg sync.WaitGroup
-	for range workers - 1 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			work()
-		}()
+	for range min(workers, (n+chunk-1)/chunk) - 1 {
+		wg.Go(work)
 	}
 	work()
 	wg.Wait()
+}
+
+// traceFanOut reports a fan-out to b.trace (tests): its pre runs (of
+// parallelDynamicAfter), its runs or chunks, and the goroutines it uses.
+func (b *Backend) traceFanOut(pre, units, workers int) {
+	if b.trace != nil {
+		b.trace(fanOutTrace{pre, units, workers})
+	}
+}
+
+// fanOutTrace is one fan-out, as b.trace sees it.
+type fanOutTrace struct{ pre, units, workers int }
+
+// floats returns scratch of n float32s, its contents undefined, kept
+// between calls (Put it back into b.scratch): attention's scores, 4
+// floats a position for each run of jobs, were allocated for each call,
+// 64 MB a decode step of issue 61's model at 32k positions for the
+// collector.
+func (b *Backend) floats(n int) *[]float32 {
+	if p, _ := b.scratch.Get().(*[]float32); p != nil && cap(*p) >= n {
+		*p = (*p)[:n]
+		return p
+	}
+	s := make([]float32, n)
+	return &s
 }
 
 // dynamicChunk is parallelDynamic's chunk for n items over threads: about 4
@@ -330,7 +389,19 @@ func (b *Backend) RoPE(x backend.Buffer, rows, heads, stride, off, pos0 int, r *
 // SwiGLU computes silu(gate)*up.
 func (b *Backend) SwiGLU(dst, gate, up backend.Buffer, limit float32) {
 	d, g, u := dst.(Buffer), gate.(Buffer), up.(Buffer)
-	b.parallel(len(d), 1<<14, func(lo, hi int) { swiglu(d[lo:hi], g[lo:hi], u[lo:hi], limit) })
+	b.parallel(len(d), swigluGrain(limit), func(lo, hi int) { swiglu(d[lo:hi], g[lo:hi], u[lo:hi], limit) })
+}
+
+// swigluGrain is the fewest elements a thread of SwiGLU takes, about 5 µs
+// of work: the AVX-512 kernel does 16k elements in that time, so that a
+// decode step's 8192 (issue 61's FFN) stay on the caller, while
+// layers.SwiGLU's math.Exp takes about 25 ns an element (AVX2 only, or a
+// limit): its 8192 were 200 µs a layer on one thread, split over all.
+func swigluGrain(limit float32) int {
+	if hasAVX512VL && limit == 0 {
+		return 1 << 14
+	}
+	return 1 << 8
 }
 
 // elementwiseGrain is the fewest elements a goroutine of Add and Scale

@@ -165,4 +165,13 @@ func row8Q16Go(codes, scales []byte, a []q16Act, groups int, out *[8]float32) {
 // q16Kernels are the block-per-lane layout's: the tokens run over the tiles
 // of quads 8 at a time (row8Q16: each supergroup of a row decoded once for
 // the 8), then 4, the last m%4 one at a time.
-var q16Kernels = quadKernels[q16Act]{quantize: quantizeQ16, row8: row8Q16, row4: row4Q16, dot4: dot4Q16, tile8: tile8Q16, dots: dotsQ16}
+var q16Kernels = quadKernels[q16Act]{quantize: quantizeQ16, part: partQ16, group: q16Group, partGrain: 1 << 13,
+	row8: row8Q16, row4: row4Q16, dot4: dot4Q16, tile8: tile8Q16, dots: dotsQ16}
+
+// partQ16 is supergroups [g0, g1) of a (quadKernels.part). quantQ16AVX512
+// is vector code, unlike quantizeQ8's Go loops (partGrain 512): one
+// token's activations up to 16k elements stay in one run, as they were
+// before the first phase took them (not measured apart: no AVX-512 here).
+func partQ16(a q16Act, g0, g1 int) q16Act {
+	return q16Act{x: a.x[g0*q16Group : g1*q16Group], sc: a.sc[g0*q16Blocks : g1*q16Blocks], c: a.c[g0*q16Blocks : g1*q16Blocks]}
+}

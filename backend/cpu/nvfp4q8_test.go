@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
+	"github.com/manifoldlm/manifold/backend"
 	"github.com/manifoldlm/manifold/quant"
 )
 
@@ -235,5 +237,70 @@ func benchQuadKernels[A any](b *testing.B, suffix string, repack func(*quant.NVF
 			}
 			b.SetBytes(rows * cols / 2)
 		})
+	}
+}
+
+// TestQuantizeParts: a token's activations quantized in parts of groups
+// (matmulRepacked's first phase splits one token so) equal the whole
+// row's quantization bit for bit, in both layouts, on lengths off the
+// group size.
+func TestQuantizeParts(t *testing.T) {
+	rng := rand.New(rand.NewPCG(61, 24))
+	for _, K := range []int{1040, 2048, 4144, 8192} {
+		x := randn(rng, K)
+		for _, step := range []int{1, 3, 4} {
+			g8 := (K + q8Group - 1) / q8Group
+			whole8, parts8 := newQ8Act(g8, 1)[0], newQ8Act(g8, 1)[0]
+			quantizeQ8(whole8, x, g8)
+			for g0 := 0; g0 < g8; g0 += step {
+				g1 := min(g0+step, g8)
+				quantizeQ8(partQ8(parts8, g0, g1), x[min(K, g0*q8Group):min(K, g1*q8Group)], g1-g0)
+			}
+			if !slices.Equal(whole8.q, parts8.q) || !slices.Equal(whole8.sc, parts8.sc) || !slices.Equal(whole8.sum, parts8.sum) ||
+				!slices.Equal(whole8.x5, parts8.x5) || !slices.Equal(whole8.c5, parts8.c5) {
+				t.Errorf("q8, K %d, parts of %d groups: not the whole row's quantization", K, step)
+			}
+			g16 := (K + q16Group - 1) / q16Group
+			whole16, parts16 := newQ16Act(g16, 1)[0], newQ16Act(g16, 1)[0]
+			quantizeQ16(whole16, x, g16)
+			for g0 := 0; g0 < g16; g0 += step {
+				g1 := min(g0+step, g16)
+				quantizeQ16(partQ16(parts16, g0, g1), x[min(K, g0*q16Group):min(K, g1*q16Group)], g1-g0)
+			}
+			if !slices.Equal(whole16.x, parts16.x) || !slices.Equal(whole16.sc, parts16.sc) || !slices.Equal(whole16.c, parts16.c) {
+				t.Errorf("q16, K %d, parts of %d groups: not the whole row's quantization", K, step)
+			}
+		}
+	}
+}
+
+// TestMatMulThreads: an NVFP4 matmul's outputs do not depend on the
+// threads (the quantization split or not, the rows' sums as on one), for
+// decode and a few tokens.
+func TestMatMulThreads(t *testing.T) {
+	rng := rand.New(rand.NewPCG(61, 25))
+	for _, s := range [][3]int{{1, 300, 8192}, {1, 64, 2048}, {1, 40, 1040}, {5, 70, 2048}} {
+		m, rows, cols := s[0], s[1], s[2]
+		q, err := quant.QuantizeNVFP4(randn(rng, rows*cols), rows, cols)
+		if err != nil {
+			t.Fatal(err)
+		}
+		x := Buffer(randn(rng, m*cols))
+		var want []float32
+		for _, threads := range []int{1, 2, 3, 16} {
+			b := New(threads)
+			w, err := b.Upload(&backend.HostWeight{Name: "w", Rows: rows, Cols: cols, Format: backend.NVFP4, Q: q})
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := make(Buffer, m*rows)
+			b.MatMul(out, x, w, m)
+			if want == nil {
+				want = out
+			} else if !slices.Equal(out, want) {
+				t.Errorf("%v, %d threads: outputs differ from one thread's", s, threads)
+			}
+			b.Close()
+		}
 	}
 }
