@@ -285,7 +285,8 @@ for s in "${stages[@]}"; do
     else
       stage write "$(python3 -c "print(int(25.8 / $WRITE_GBPS))")" write_v4 gpu
       g=$(grep -ho 'GBps=[0-9.]*' "$R/write.log" 2>/dev/null | cut -d= -f2)
-      [ -z "$g" ] || MEASURED_GBPS=$g
+      # A rate that prints as 0 (a dry run's instant write) would divide the flash estimate by zero: keep the default.
+      python3 -c "import sys; sys.exit(0 if float('${g:-0}') > 0 else 1)" 2>/dev/null && MEASURED_GBPS=$g
     fi
     ;;
   decode) stage decode $((LOAD_S + 60)) decode gpu ;;
