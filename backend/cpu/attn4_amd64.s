@@ -233,3 +233,217 @@ e4done:
 	VMOVUPS X0, (DI)
 	VZEROUPPER
 	RET
+
+// attexp's constants, each 8 times (AVX2 has no broadcast operands), then
+// the sign bit and the exponent bias 127.
+DATA attexp8<>+0(SB)/4, $0x3fb8aa3b // log2e
+DATA attexp8<>+4(SB)/4, $0x3fb8aa3b
+DATA attexp8<>+8(SB)/4, $0x3fb8aa3b
+DATA attexp8<>+12(SB)/4, $0x3fb8aa3b
+DATA attexp8<>+16(SB)/4, $0x3fb8aa3b
+DATA attexp8<>+20(SB)/4, $0x3fb8aa3b
+DATA attexp8<>+24(SB)/4, $0x3fb8aa3b
+DATA attexp8<>+28(SB)/4, $0x3fb8aa3b
+DATA attexp8<>+32(SB)/4, $0x3f317200 // ln2hi
+DATA attexp8<>+36(SB)/4, $0x3f317200
+DATA attexp8<>+40(SB)/4, $0x3f317200
+DATA attexp8<>+44(SB)/4, $0x3f317200
+DATA attexp8<>+48(SB)/4, $0x3f317200
+DATA attexp8<>+52(SB)/4, $0x3f317200
+DATA attexp8<>+56(SB)/4, $0x3f317200
+DATA attexp8<>+60(SB)/4, $0x3f317200
+DATA attexp8<>+64(SB)/4, $0x35bfbe8e // ln2lo
+DATA attexp8<>+68(SB)/4, $0x35bfbe8e
+DATA attexp8<>+72(SB)/4, $0x35bfbe8e
+DATA attexp8<>+76(SB)/4, $0x35bfbe8e
+DATA attexp8<>+80(SB)/4, $0x35bfbe8e
+DATA attexp8<>+84(SB)/4, $0x35bfbe8e
+DATA attexp8<>+88(SB)/4, $0x35bfbe8e
+DATA attexp8<>+92(SB)/4, $0x35bfbe8e
+DATA attexp8<>+96(SB)/4, $0x3f800000 // 1
+DATA attexp8<>+100(SB)/4, $0x3f800000
+DATA attexp8<>+104(SB)/4, $0x3f800000
+DATA attexp8<>+108(SB)/4, $0x3f800000
+DATA attexp8<>+112(SB)/4, $0x3f800000
+DATA attexp8<>+116(SB)/4, $0x3f800000
+DATA attexp8<>+120(SB)/4, $0x3f800000
+DATA attexp8<>+124(SB)/4, $0x3f800000
+DATA attexp8<>+128(SB)/4, $0x3f000000 // 1/2
+DATA attexp8<>+132(SB)/4, $0x3f000000
+DATA attexp8<>+136(SB)/4, $0x3f000000
+DATA attexp8<>+140(SB)/4, $0x3f000000
+DATA attexp8<>+144(SB)/4, $0x3f000000
+DATA attexp8<>+148(SB)/4, $0x3f000000
+DATA attexp8<>+152(SB)/4, $0x3f000000
+DATA attexp8<>+156(SB)/4, $0x3f000000
+DATA attexp8<>+160(SB)/4, $0x3e2aaaab // 1/6
+DATA attexp8<>+164(SB)/4, $0x3e2aaaab
+DATA attexp8<>+168(SB)/4, $0x3e2aaaab
+DATA attexp8<>+172(SB)/4, $0x3e2aaaab
+DATA attexp8<>+176(SB)/4, $0x3e2aaaab
+DATA attexp8<>+180(SB)/4, $0x3e2aaaab
+DATA attexp8<>+184(SB)/4, $0x3e2aaaab
+DATA attexp8<>+188(SB)/4, $0x3e2aaaab
+DATA attexp8<>+192(SB)/4, $0x3d2aaaab // 1/24
+DATA attexp8<>+196(SB)/4, $0x3d2aaaab
+DATA attexp8<>+200(SB)/4, $0x3d2aaaab
+DATA attexp8<>+204(SB)/4, $0x3d2aaaab
+DATA attexp8<>+208(SB)/4, $0x3d2aaaab
+DATA attexp8<>+212(SB)/4, $0x3d2aaaab
+DATA attexp8<>+216(SB)/4, $0x3d2aaaab
+DATA attexp8<>+220(SB)/4, $0x3d2aaaab
+DATA attexp8<>+224(SB)/4, $0x3c088889 // 1/120
+DATA attexp8<>+228(SB)/4, $0x3c088889
+DATA attexp8<>+232(SB)/4, $0x3c088889
+DATA attexp8<>+236(SB)/4, $0x3c088889
+DATA attexp8<>+240(SB)/4, $0x3c088889
+DATA attexp8<>+244(SB)/4, $0x3c088889
+DATA attexp8<>+248(SB)/4, $0x3c088889
+DATA attexp8<>+252(SB)/4, $0x3c088889
+DATA attexp8<>+256(SB)/4, $0x3ab60b61 // 1/720
+DATA attexp8<>+260(SB)/4, $0x3ab60b61
+DATA attexp8<>+264(SB)/4, $0x3ab60b61
+DATA attexp8<>+268(SB)/4, $0x3ab60b61
+DATA attexp8<>+272(SB)/4, $0x3ab60b61
+DATA attexp8<>+276(SB)/4, $0x3ab60b61
+DATA attexp8<>+280(SB)/4, $0x3ab60b61
+DATA attexp8<>+284(SB)/4, $0x3ab60b61
+DATA attexp8<>+288(SB)/4, $0x39500d01 // 1/5040
+DATA attexp8<>+292(SB)/4, $0x39500d01
+DATA attexp8<>+296(SB)/4, $0x39500d01
+DATA attexp8<>+300(SB)/4, $0x39500d01
+DATA attexp8<>+304(SB)/4, $0x39500d01
+DATA attexp8<>+308(SB)/4, $0x39500d01
+DATA attexp8<>+312(SB)/4, $0x39500d01
+DATA attexp8<>+316(SB)/4, $0x39500d01
+DATA attexp8<>+320(SB)/4, $0xc2aeac4f // -87.33654
+DATA attexp8<>+324(SB)/4, $0xc2aeac4f
+DATA attexp8<>+328(SB)/4, $0xc2aeac4f
+DATA attexp8<>+332(SB)/4, $0xc2aeac4f
+DATA attexp8<>+336(SB)/4, $0xc2aeac4f
+DATA attexp8<>+340(SB)/4, $0xc2aeac4f
+DATA attexp8<>+344(SB)/4, $0xc2aeac4f
+DATA attexp8<>+348(SB)/4, $0xc2aeac4f
+DATA attexp8<>+352(SB)/4, $0x42b170a4 // 88.72
+DATA attexp8<>+356(SB)/4, $0x42b170a4
+DATA attexp8<>+360(SB)/4, $0x42b170a4
+DATA attexp8<>+364(SB)/4, $0x42b170a4
+DATA attexp8<>+368(SB)/4, $0x42b170a4
+DATA attexp8<>+372(SB)/4, $0x42b170a4
+DATA attexp8<>+376(SB)/4, $0x42b170a4
+DATA attexp8<>+380(SB)/4, $0x42b170a4
+DATA attexp8<>+384(SB)/4, $0x7f800000 // +Inf
+DATA attexp8<>+388(SB)/4, $0x7f800000
+DATA attexp8<>+392(SB)/4, $0x7f800000
+DATA attexp8<>+396(SB)/4, $0x7f800000
+DATA attexp8<>+400(SB)/4, $0x7f800000
+DATA attexp8<>+404(SB)/4, $0x7f800000
+DATA attexp8<>+408(SB)/4, $0x7f800000
+DATA attexp8<>+412(SB)/4, $0x7f800000
+DATA attexp8<>+416(SB)/4, $0x80000000 // sign bit
+DATA attexp8<>+420(SB)/4, $0x80000000
+DATA attexp8<>+424(SB)/4, $0x80000000
+DATA attexp8<>+428(SB)/4, $0x80000000
+DATA attexp8<>+432(SB)/4, $0x80000000
+DATA attexp8<>+436(SB)/4, $0x80000000
+DATA attexp8<>+440(SB)/4, $0x80000000
+DATA attexp8<>+444(SB)/4, $0x80000000
+DATA attexp8<>+448(SB)/4, $0x0000007f // exponent bias
+DATA attexp8<>+452(SB)/4, $0x0000007f
+DATA attexp8<>+456(SB)/4, $0x0000007f
+DATA attexp8<>+460(SB)/4, $0x0000007f
+DATA attexp8<>+464(SB)/4, $0x0000007f
+DATA attexp8<>+468(SB)/4, $0x0000007f
+DATA attexp8<>+472(SB)/4, $0x0000007f
+DATA attexp8<>+476(SB)/4, $0x0000007f
+GLOBL attexp8<>(SB), RODATA|NOPTR, $480
+
+// func max4AVX2(sc *float32, n int, mx *[4]float32)
+// max4AVX512 on AVX2: two rows a step (n a multiple of 4).
+TEXT ·max4AVX2(SB), NOSPLIT, $0-24
+	MOVQ sc+0(FP), SI
+	MOVQ n+8(FP), CX
+	MOVQ mx+16(FP), DI
+	VBROADCASTF128 (DI), Y0
+m2loop:
+	CMPQ CX, $2
+	JLT  m2done
+	VMAXPS (SI), Y0, Y0
+	ADDQ $32, SI
+	SUBQ $2, CX
+	JMP  m2loop
+m2done:
+	VEXTRACTF128 $1, Y0, X1
+	VMAXPS X1, X0, X0
+	VMOVUPS X0, (DI)
+	VZEROUPPER
+	RET
+
+// func exp4AVX2(sc *float32, n int, mx, sum *[4]float32)
+// exp4AVX512 on AVX2: two rows a step (n a multiple of 4), the same
+// float32 operations lane by lane, the out-of-range lanes set by blends;
+// the sums in 2 partial sums a group, then together.
+TEXT ·exp4AVX2(SB), NOSPLIT, $0-32
+	MOVQ sc+0(FP), SI
+	MOVQ n+8(FP), CX
+	MOVQ mx+16(FP), DI
+	VBROADCASTF128 (DI), Y5
+	VMOVUPS attexp8<>+0(SB), Y8       // log2e
+	VMOVUPS attexp8<>+32(SB), Y9       // ln2hi
+	VMOVUPS attexp8<>+64(SB), Y10      // ln2lo
+	VMOVUPS attexp8<>+96(SB), Y11      // 1
+	VMOVUPS attexp8<>+128(SB), Y12      // 1/2
+	VMOVUPS attexp8<>+416(SB), Y13     // sign bit
+	VMOVUPS attexp8<>+448(SB), Y14     // the exponent bias
+	VXORPS Y6, Y6, Y6        // the sums
+e2loop:
+	CMPQ CX, $2
+	JLT  e2done
+	VMOVUPS (SI), Y0
+	VSUBPS Y5, Y0, Y0        // x = s - mx
+	VMULPS Y8, Y0, Y1        // kf = x*log2e
+	VANDPS Y13, Y1, Y2
+	VORPS  Y12, Y2, Y2       // +-0.5 by kf's sign
+	VADDPS Y2, Y1, Y1
+	VCVTTPS2DQ Y1, Y1        // n
+	VCVTDQ2PS Y1, Y2         // nf
+	VMULPS Y9, Y2, Y3
+	VSUBPS Y3, Y0, Y3        // x - nf*ln2hi
+	VMULPS Y10, Y2, Y4
+	VSUBPS Y4, Y3, Y3        // r = ... - nf*ln2lo
+	VMULPS attexp8<>+288(SB), Y3, Y4    // r/5040
+	VADDPS attexp8<>+256(SB), Y4, Y4
+	VMULPS Y4, Y3, Y4
+	VADDPS attexp8<>+224(SB), Y4, Y4
+	VMULPS Y4, Y3, Y4
+	VADDPS attexp8<>+192(SB), Y4, Y4
+	VMULPS Y4, Y3, Y4
+	VADDPS attexp8<>+160(SB), Y4, Y4
+	VMULPS Y4, Y3, Y4
+	VADDPS Y12, Y4, Y4
+	VMULPS Y4, Y3, Y4
+	VADDPS Y11, Y4, Y4
+	VMULPS Y4, Y3, Y4
+	VADDPS Y11, Y4, Y4       // p
+	VPADDD Y14, Y1, Y1
+	VPSLLD $23, Y1, Y1       // 2^n
+	VMULPS Y1, Y4, Y4        // p * 2^n
+	VCMPPS $0x11, attexp8<>+320(SB), Y0, Y2 // x < -87.33654 (ordered)
+	VANDNPS Y4, Y2, Y4       // 0 there
+	VCMPPS $0x1e, attexp8<>+352(SB), Y0, Y2 // x > 88.72
+	VBLENDVPS Y2, attexp8<>+384(SB), Y4, Y4 // +Inf there
+	VCMPPS $3, Y0, Y0, Y2    // NaN
+	VBLENDVPS Y2, Y0, Y4, Y4 // x there
+	VADDPS Y4, Y6, Y6
+	VMOVUPS Y4, (SI)
+	ADDQ $32, SI
+	SUBQ $2, CX
+	JMP  e2loop
+e2done:
+	MOVQ sum+24(FP), DI
+	VEXTRACTF128 $1, Y6, X1
+	VADDPS X1, X6, X0
+	VADDPS (DI), X0, X0
+	VMOVUPS X0, (DI)
+	VZEROUPPER
+	RET

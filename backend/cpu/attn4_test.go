@@ -66,6 +66,16 @@ func closeF32(t *testing.T, what string, got, want []float32, tol float64) {
 // expf32 of every score bit for bit, the sums within float32 rounding
 // (added in another order).
 func TestSoftmax4Fast(t *testing.T) {
+	for _, avx2 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("avx2=%v", avx2), func(t *testing.T) {
+			softmax4ForceAVX2 = avx2
+			defer func() { softmax4ForceAVX2 = false }()
+			testSoftmax4Fast(t)
+		})
+	}
+}
+
+func testSoftmax4Fast(t *testing.T) {
 	rng := rand.New(rand.NewPCG(61, 21))
 	for _, n := range []int{1, 4, 7, 64, 1001} {
 		sc := make([]float32, 4*n)
@@ -116,15 +126,23 @@ func TestExp4Ends(t *testing.T) {
 	for len(x)%16 != 0 {
 		x = append(x, float32(len(x))-40)
 	}
-	if !hasAVX512VL {
-		t.Skip("no AVX-512") // exp4Fast is only called where max4Fast took rows
+	var probe [4]float32
+	if max4Fast(make([]float32, 16), 4, &probe) == 0 {
+		t.Skip("no assembly softmax") // exp4Fast is only called where max4Fast took rows
 	}
-	sc := append([]float32(nil), x...)
-	var mx, sum [4]float32
-	exp4Fast(sc, len(x)/4, &mx, &sum)
-	for i, v := range x {
-		if e := expf32(v); math.Float32bits(sc[i]) != math.Float32bits(e) {
-			t.Errorf("exp4 of %v: %v, expf32 %v", v, sc[i], e)
+	for _, avx2 := range []bool{false, true} {
+		if !avx2 && !hasAVX512VL {
+			continue
+		}
+		softmax4ForceAVX2 = avx2
+		sc := append([]float32(nil), x...)
+		var mx, sum [4]float32
+		exp4Fast(sc, len(x)/4, &mx, &sum)
+		softmax4ForceAVX2 = false
+		for i, v := range x {
+			if e := expf32(v); math.Float32bits(sc[i]) != math.Float32bits(e) {
+				t.Errorf("avx2=%v: exp4 of %v: %v, expf32 %v", avx2, v, sc[i], e)
+			}
 		}
 	}
 }

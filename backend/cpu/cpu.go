@@ -392,18 +392,6 @@ func (b *Backend) SwiGLU(dst, gate, up backend.Buffer, limit float32) {
 	b.parallel(len(d), swigluGrain(limit), func(lo, hi int) { swiglu(d[lo:hi], g[lo:hi], u[lo:hi], limit) })
 }
 
-// swigluGrain is the fewest elements a thread of SwiGLU takes, about 5 µs
-// of work: the AVX-512 kernel does 16k elements in that time, so that a
-// decode step's 8192 (issue 61's FFN) stay on the caller, while
-// layers.SwiGLU's math.Exp takes about 25 ns an element (AVX2 only, or a
-// limit): its 8192 were 200 µs a layer on one thread, split over all.
-func swigluGrain(limit float32) int {
-	if hasAVX512VL && limit == 0 {
-		return 1 << 14
-	}
-	return 1 << 8
-}
-
 // elementwiseGrain is the fewest elements a goroutine of Add and Scale
 // takes: a prompt's residual adds (512 tokens x 2048) run on every thread,
 // a decode step's (2048) on the caller alone. Serial, the prompt's adds

@@ -70,39 +70,69 @@ func packWideAVX512(dst *float32, src *float32, steps int)
 //go:noescape
 func gemm4x6BF16AVX512(w *uint16, ldw int, x *float32, steps int, out *float32, ldo int, nt int, pf *uint16)
 
-// The AVX-512 bf16 prefill (gemmWide): tiles of 4 weight rows by 6 tokens
-// (gemm4x6BF16AVX512, 24 accumulators), the tokens' x packed once per
-// matmul so that one VPSLLD or VPANDD widens 16 weights (packWide). The k
-// values are taken wideKC at a time, so that a group of 6 tokens' x (24
-// KiB) stays in L1 while it meets a panel of wideNC rows, whose wideKC
-// weights (256 KiB) stay in L2 while all the token groups meet them: the
-// weights are read from memory once per matmul, the activations once per
-// panel.
+//go:noescape
+func gemm4x3BF16AVX2(w *uint16, ldw int, x *float32, steps int, out *float32, ldo int, nt int, pf *uint16)
+
+// The wide bf16 prefill (gemmWide): tiles of 4 weight rows by a group of
+// tokens, the tokens' x packed once per matmul so that one shift or one
+// AND widens a vector of weights (the even elements of a load, or the odd:
+// packWide orders x to match). With AVX-512, 6 tokens a group and 32
+// values of k a step (gemm4x6BF16AVX512, 24 accumulators); with AVX2, 3
+// tokens and 16 (gemm4x3BF16AVX2, 12 accumulators, x read by the FMAs
+// from L1). The k values are taken wideKC at a time, so that a token
+// group's x (24 or 12 KiB) stays in L1 while it meets a panel of wideNC
+// rows, whose wideKC weights (256 KiB) stay in L2 while all the token
+// groups meet them: the weights are read from memory once per matmul, the
+// activations once per panel.
 var wideKC, wideNC = 1024, 128
 
 // widePool holds packWide's buffers between matmuls.
 var widePool sync.Pool
 
-// gemmWide is matmulGEMM for a bf16 weight on the AVX-512 kernel; false
-// (nothing done) where it does not serve (no AVX-512, K under 32).
+// wideKernel is gemmWide's tile: tokens a group, k values a step.
+type wideKernel struct {
+	tokens, step int
+	tile         func(w *uint16, ldw int, x *float32, steps int, out *float32, ldo int, nt int, pf *uint16)
+}
+
+var (
+	wide512 = wideKernel{6, 32, gemm4x6BF16AVX512}
+	wide256 = wideKernel{3, 16, gemm4x3BF16AVX2}
+)
+
+// wideOf is the wide kernel of this processor for K columns; ok false
+// where none serves (no AVX2, K under a step).
+func wideOf(K int) (wideKernel, bool) {
+	switch {
+	case hasAVX512 && !bf16ForceAVX2 && K >= 32:
+		return wide512, true
+	case hasAVX2 && K >= 16:
+		return wide256, true
+	}
+	return wideKernel{}, false
+}
+
+// gemmWide is matmulGEMM for a bf16 weight on the wide kernels; false
+// (nothing done) where they do not serve.
 func (b *Backend) gemmWide(out, x []float32, w *Weight, m int) bool {
 	K, N := w.cols, w.rows
-	k32 := K &^ 31
-	if !hasAVX512 || bf16ForceAVX2 || k32 == 0 {
+	wk, ok := wideOf(K)
+	if !ok {
 		return false
 	}
-	groups := (m + 5) / 6
-	size := groups * 6 * k32
+	T, kS := wk.tokens, K/wk.step*wk.step
+	groups := (m + T - 1) / T
+	size := groups * T * kS
 	xp, _ := widePool.Get().(*[]float32)
 	if xp == nil || cap(*xp) < size {
 		xp = new(make([]float32, size))
 	}
 	*xp = (*xp)[:size]
-	b.parallel(groups, 1, func(lo, hi int) { packWide(*xp, x, m, K, k32, lo, hi) })
+	b.parallel(groups, 1, func(lo, hi int) { packWide(wk, *xp, x, m, K, kS, lo, hi) })
 	quads := (N + gemmNR - 1) / gemmNR
 	b.parallel(quads, max(1, (1<<14)/(K*m)), func(lo, hi int) {
 		r0, r1 := lo*gemmNR, min(hi*gemmNR, N)
-		gemmWideRows(out, x, *xp, w.bf16, m, K, N, r0, r1)
+		gemmWideRows(wk, out, x, *xp, w.bf16, m, K, N, r0, r1)
 		w.addBias(out, m, r0, r1)
 	})
 	widePool.Put(xp)
@@ -110,55 +140,66 @@ func (b *Backend) gemmWide(out, x []float32, w *Weight, m int) bool {
 }
 
 // packWide writes token groups [g0, g1) of x (m tokens of K values) into
-// xp as gemm4x6BF16AVX512 reads them: group g's k32 values in steps of 32,
-// a step the 6 tokens' 16 even values then 16 odd ones; tokens past m are
+// xp as wk's tile reads them: group g's kS values in steps, a step each
+// token's even values of the step then its odd ones; tokens past m are
 // zeros.
-func packWide(xp, x []float32, m, K, k32, g0, g1 int) {
+func packWide(wk wideKernel, xp, x []float32, m, K, kS, g0, g1 int) {
+	T, S := wk.tokens, wk.step
 	for g := g0; g < g1; g++ {
-		for t := range 6 {
-			i := 6*g + t
-			if i < m {
-				_, _ = xp[(g+1)*6*k32-192+t*32+31], x[i*K+k32-1]
-				packWideAVX512(&xp[g*6*k32+t*32], &x[i*K], k32/32)
+		for t := range T {
+			i := T*g + t
+			if i < m && S == 32 {
+				_, _ = xp[(g+1)*T*kS-T*S+t*S+S-1], x[i*K+kS-1]
+				packWideAVX512(&xp[g*T*kS+t*S], &x[i*K], kS/S)
 				continue
 			}
-			for s := range k32 / 32 {
-				clear(xp[(g*k32/32+s)*192+t*32:][:32])
+			for s := range kS / S {
+				d := xp[(g*kS/S+s)*T*S+t*S:][:S]
+				if i >= m {
+					clear(d)
+					continue
+				}
+				src := x[i*K+s*S:][:S]
+				for j := range S / 2 {
+					d[j], d[S/2+j] = src[2*j], src[2*j+1]
+				}
 			}
 		}
 	}
 }
 
 // gemmWideRows is gemmWide's product for rows [lo, hi) (lo a multiple of
-// 4): panels of wideNC rows, wideKC values of k a pass, 4x6 tiles; the
-// tail of K past the multiple of 32 and the rows past the last 4 by dot
+// 4): panels of wideNC rows, wideKC values of k a pass, wk's tiles; the
+// tail of K past the last step and the rows past the last 4 by dot
 // products.
-func gemmWideRows(out, x, xp []float32, w []uint16, m, K, N, lo, hi int) {
-	k32 := K &^ 31
+func gemmWideRows(wk wideKernel, out, x, xp []float32, w []uint16, m, K, N, lo, hi int) {
+	T, S := wk.tokens, wk.step
+	kS := K / S * S
+	kc := max(S, wideKC/S*S)
 	hi4 := lo + (hi-lo)&^3
 	for i := range m {
 		clear(out[i*N+lo : i*N+hi4])
 	}
 	for p0 := lo; p0 < hi4; p0 += wideNC {
 		p1 := min(p0+wideNC, hi4)
-		for k0 := 0; k0 < k32; k0 += wideKC {
-			steps := min(wideKC, k32-k0) / 32
+		for k0 := 0; k0 < kS; k0 += kc {
+			steps := min(kc, kS-k0) / S
 			// The next block's rows (this panel's next pass, else the
 			// next panel's first), one a call, are prefetched into L2
 			// while this one runs, so that its first token group does
 			// not wait on memory.
-			n0, nk, n1 := p0, k0+wideKC, p1
-			if nk >= k32 {
+			n0, nk, n1 := p0, k0+kc, p1
+			if nk >= kS {
 				n0, nk, n1 = p1, 0, min(p1+wideNC, hi4)
 			}
-			for g := range (m + 5) / 6 {
-				xg, nt, o := &xp[g*6*k32+k0*6], min(6, m-6*g), 6*g*N
+			for g := range (m + T - 1) / T {
+				xg, nt, o := &xp[g*T*kS+k0*T], min(T, m-T*g), T*g*N
 				for r := p0; r < p1; r += 4 {
 					pf := &w[r*K+k0]
 					if n := n0 + g*(p1-p0)/4 + (r-p0)/4; n < n1 {
 						pf = &w[n*K+nk]
 					}
-					gemm4x6BF16AVX512(&w[r*K+k0], K, xg, steps, &out[o+r], N, nt, pf)
+					wk.tile(&w[r*K+k0], K, xg, steps, &out[o+r], N, nt, pf)
 				}
 			}
 		}
@@ -167,8 +208,8 @@ func gemmWideRows(out, x, xp []float32, w []uint16, m, K, N, lo, hi int) {
 		xi := x[i*K : (i+1)*K]
 		for r := lo; r < hi; r++ {
 			if r < hi4 {
-				if k32 < K {
-					out[i*N+r] += dotBF16(xi[k32:], w[r*K+k32:(r+1)*K])
+				if kS < K {
+					out[i*N+r] += dotBF16(xi[kS:], w[r*K+kS:(r+1)*K])
 				}
 			} else {
 				out[i*N+r] = dotBF16(xi, w[r*K:(r+1)*K])

@@ -112,3 +112,156 @@ swloop:
 swdone:
 	VZEROUPPER
 	RET
+
+// The same constants, each four times (AVX2 has no broadcast operands),
+// and 2046 (the exponent bound as a "greater than"), +Inf; then the float32
+// sign bit and 1, four times.
+DATA swexp4<>+0(SB)/8, $1.4426950408889634073599246810018920
+DATA swexp4<>+8(SB)/8, $1.4426950408889634073599246810018920
+DATA swexp4<>+16(SB)/8, $1.4426950408889634073599246810018920
+DATA swexp4<>+24(SB)/8, $1.4426950408889634073599246810018920
+DATA swexp4<>+32(SB)/8, $0.69314718055966295651160180568695068359375
+DATA swexp4<>+40(SB)/8, $0.69314718055966295651160180568695068359375
+DATA swexp4<>+48(SB)/8, $0.69314718055966295651160180568695068359375
+DATA swexp4<>+56(SB)/8, $0.69314718055966295651160180568695068359375
+DATA swexp4<>+64(SB)/8, $0.28235290563031577122588448175013436025525412068e-12
+DATA swexp4<>+72(SB)/8, $0.28235290563031577122588448175013436025525412068e-12
+DATA swexp4<>+80(SB)/8, $0.28235290563031577122588448175013436025525412068e-12
+DATA swexp4<>+88(SB)/8, $0.28235290563031577122588448175013436025525412068e-12
+DATA swexp4<>+96(SB)/8, $0.0625
+DATA swexp4<>+104(SB)/8, $0.0625
+DATA swexp4<>+112(SB)/8, $0.0625
+DATA swexp4<>+120(SB)/8, $0.0625
+DATA swexp4<>+128(SB)/8, $2.4801587301587301587e-5
+DATA swexp4<>+136(SB)/8, $2.4801587301587301587e-5
+DATA swexp4<>+144(SB)/8, $2.4801587301587301587e-5
+DATA swexp4<>+152(SB)/8, $2.4801587301587301587e-5
+DATA swexp4<>+160(SB)/8, $1.9841269841269841270e-4
+DATA swexp4<>+168(SB)/8, $1.9841269841269841270e-4
+DATA swexp4<>+176(SB)/8, $1.9841269841269841270e-4
+DATA swexp4<>+184(SB)/8, $1.9841269841269841270e-4
+DATA swexp4<>+192(SB)/8, $1.3888888888888888889e-3
+DATA swexp4<>+200(SB)/8, $1.3888888888888888889e-3
+DATA swexp4<>+208(SB)/8, $1.3888888888888888889e-3
+DATA swexp4<>+216(SB)/8, $1.3888888888888888889e-3
+DATA swexp4<>+224(SB)/8, $8.3333333333333333333e-3
+DATA swexp4<>+232(SB)/8, $8.3333333333333333333e-3
+DATA swexp4<>+240(SB)/8, $8.3333333333333333333e-3
+DATA swexp4<>+248(SB)/8, $8.3333333333333333333e-3
+DATA swexp4<>+256(SB)/8, $4.1666666666666666667e-2
+DATA swexp4<>+264(SB)/8, $4.1666666666666666667e-2
+DATA swexp4<>+272(SB)/8, $4.1666666666666666667e-2
+DATA swexp4<>+280(SB)/8, $4.1666666666666666667e-2
+DATA swexp4<>+288(SB)/8, $1.6666666666666666667e-1
+DATA swexp4<>+296(SB)/8, $1.6666666666666666667e-1
+DATA swexp4<>+304(SB)/8, $1.6666666666666666667e-1
+DATA swexp4<>+312(SB)/8, $1.6666666666666666667e-1
+DATA swexp4<>+320(SB)/8, $0.5
+DATA swexp4<>+328(SB)/8, $0.5
+DATA swexp4<>+336(SB)/8, $0.5
+DATA swexp4<>+344(SB)/8, $0.5
+DATA swexp4<>+352(SB)/8, $1.0
+DATA swexp4<>+360(SB)/8, $1.0
+DATA swexp4<>+368(SB)/8, $1.0
+DATA swexp4<>+376(SB)/8, $1.0
+DATA swexp4<>+384(SB)/8, $2.0
+DATA swexp4<>+392(SB)/8, $2.0
+DATA swexp4<>+400(SB)/8, $2.0
+DATA swexp4<>+408(SB)/8, $2.0
+DATA swexp4<>+416(SB)/8, $7.09782712893384e+02
+DATA swexp4<>+424(SB)/8, $7.09782712893384e+02
+DATA swexp4<>+432(SB)/8, $7.09782712893384e+02
+DATA swexp4<>+440(SB)/8, $7.09782712893384e+02
+DATA swexp4<>+448(SB)/8, $1023
+DATA swexp4<>+456(SB)/8, $1023
+DATA swexp4<>+464(SB)/8, $1023
+DATA swexp4<>+472(SB)/8, $1023
+DATA swexp4<>+480(SB)/8, $2046
+DATA swexp4<>+488(SB)/8, $2046
+DATA swexp4<>+496(SB)/8, $2046
+DATA swexp4<>+504(SB)/8, $2046
+DATA swexp4<>+512(SB)/8, $0x7ff0000000000000
+DATA swexp4<>+520(SB)/8, $0x7ff0000000000000
+DATA swexp4<>+528(SB)/8, $0x7ff0000000000000
+DATA swexp4<>+536(SB)/8, $0x7ff0000000000000
+DATA swexp4<>+544(SB)/4, $0x80000000
+DATA swexp4<>+548(SB)/4, $0x80000000
+DATA swexp4<>+552(SB)/4, $0x80000000
+DATA swexp4<>+556(SB)/4, $0x80000000
+DATA swexp4<>+560(SB)/4, $0x3f800000
+DATA swexp4<>+564(SB)/4, $0x3f800000
+DATA swexp4<>+568(SB)/4, $0x3f800000
+DATA swexp4<>+572(SB)/4, $0x3f800000
+GLOBL swexp4<>(SB), RODATA|NOPTR, $576
+
+// func swigluAVX2(dst, gate, up *float32, n int)
+// swigluAVX512 on AVX2, 4 lanes at a time (n a multiple of 4): the same
+// float64 operations in the same order, the out-of-range lanes set in
+// float64 before the rounding to float32 (0 and +Inf round to themselves),
+// so the same results bit for bit.
+TEXT ·swigluAVX2(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ gate+8(FP), SI
+	MOVQ up+16(FP), DX
+	MOVQ n+24(FP), CX
+	VMOVUPD swexp4<>+0(SB), Y8
+	VMOVUPD swexp4<>+32(SB), Y9
+	VMOVUPD swexp4<>+64(SB), Y10
+	VMOVUPD swexp4<>+96(SB), Y11
+	VMOVUPD swexp4<>+384(SB), Y12
+	VMOVUPD swexp4<>+352(SB), Y13
+	VPXOR   Y15, Y15, Y15    // zeros
+
+s2loop:
+	CMPQ CX, $4
+	JLT  s2done
+	VMOVUPS (SI), X0         // g
+	VXORPS swexp4<>+544(SB), X0, X1 // -g
+	VCVTPS2PD X1, Y1         // x = float64(-g)
+	VCMPPD $0x1e, swexp4<>+416(SB), Y1, Y14 // x > Overflow
+	VMULPD Y8, Y1, Y2        // x*LOG2E
+	VCVTPD2DQY Y2, X3        // k, rounded to nearest
+	VCVTDQ2PD X3, Y2
+	VFNMADD231PD Y9, Y2, Y1  // x -= k*LN2U
+	VFNMADD231PD Y10, Y2, Y1 // x -= k*LN2L
+	VMULPD Y11, Y1, Y1       // x *= 1/16
+	VMOVUPD swexp4<>+128(SB), Y4
+	VFMADD213PD swexp4<>+160(SB), Y1, Y4 // the Taylor series, Horner
+	VFMADD213PD swexp4<>+192(SB), Y1, Y4
+	VFMADD213PD swexp4<>+224(SB), Y1, Y4
+	VFMADD213PD swexp4<>+256(SB), Y1, Y4
+	VFMADD213PD swexp4<>+288(SB), Y1, Y4
+	VFMADD213PD swexp4<>+320(SB), Y1, Y4
+	VFMADD213PD Y13, Y1, Y4
+	VMULPD Y4, Y1, Y1
+	VADDPD Y12, Y1, Y4       // squared four times: (x+2)*x ...
+	VMULPD Y4, Y1, Y1
+	VADDPD Y12, Y1, Y4
+	VMULPD Y4, Y1, Y1
+	VADDPD Y12, Y1, Y4
+	VMULPD Y4, Y1, Y1
+	VADDPD Y12, Y1, Y4
+	VFMADD213PD Y13, Y4, Y1  // ... the last one plus 1, fused
+	VPMOVSXDQ X3, Y5
+	VPADDQ swexp4<>+448(SB), Y5, Y5 // biased exponent
+	VPCMPGTQ Y15, Y5, Y7     // > 0
+	VPCMPGTQ swexp4<>+480(SB), Y5, Y6 // >= 2047
+	VORPD Y14, Y6, Y6
+	VPSLLQ $52, Y5, Y5
+	VMULPD Y5, Y1, Y1        // fr * 2^k
+	VANDPD Y7, Y1, Y1        // 0 where the exponent is not above 0
+	VBLENDVPD Y6, swexp4<>+512(SB), Y1, Y1 // +Inf past the bounds
+	VCVTPD2PSY Y1, X7        // float32
+	VADDPS swexp4<>+560(SB), X7, X7 // 1 + e
+	VDIVPS X7, X0, X0        // g / (1 + e)
+	VMULPS (DX), X0, X0      // * u
+	VMOVUPS X0, (DI)
+	ADDQ $16, SI
+	ADDQ $16, DX
+	ADDQ $16, DI
+	SUBQ $4, CX
+	JMP  s2loop
+
+s2done:
+	VZEROUPPER
+	RET

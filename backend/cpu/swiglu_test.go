@@ -11,7 +11,8 @@ import (
 // TestSwiGLU holds swiglu (its assembly where the processor has it) to
 // layers.SwiGLU bit for bit: gates over the whole float32 range, around
 // the exponential's overflow and denormal bounds, zeros, infinities and
-// NaN, lengths off 8, with and without a limit.
+// NaN, lengths off 8 and 4, with and without a limit; the AVX2 kernel
+// too where AVX-512 would take its place.
 func TestSwiGLU(t *testing.T) {
 	rng := rand.New(rand.NewPCG(61, 20))
 	const n = 1<<20 + 5
@@ -32,8 +33,20 @@ func TestSwiGLU(t *testing.T) {
 		}
 		u[i] = float32(rng.NormFloat64())
 	}
+	for _, avx2 := range []bool{false, true} {
+		if avx2 && !hasAVX512VL {
+			continue // swiglu took AVX2 already
+		}
+		swigluForceAVX2 = avx2
+		testSwiGLU(t, g, u)
+		swigluForceAVX2 = false
+	}
+}
+
+func testSwiGLU(t *testing.T, g, u []float32) {
+	n := len(g)
 	for _, limit := range []float32{0, 7} {
-		for _, m := range []int{n, 13, 8, 3} {
+		for _, m := range []int{n, 13, 8, 5, 3} {
 			got, want := make([]float32, m), make([]float32, m)
 			swiglu(got, g[:m], u[:m], limit)
 			layers.SwiGLU(want, g[:m], u[:m], limit)
