@@ -118,6 +118,8 @@ lbench() { # MODEL THREADS REPS TESTS(-p.. -n..)
 	shift 3
 	"$lbin/llama-bench" -m "$m" "$@" -t "$t" -r "$r" -o md 2>/dev/null
 }
+# Manifold's tg128 runs alone (-p 0): from an empty context, as
+# llama-bench's does (after a prompt it would attend over more positions).
 mbench() { # MODEL THREADS REPS P N
 	"$bin/bench" -model "$1" -device cpu -p "$4" -n "$5" -threads "$2" -r "$3" -copy-mib 256 2>/dev/null
 }
@@ -130,7 +132,8 @@ for t in $full; do
 		lbench "$lm" "$t" "$reps" -p 64,512 -n 128 | collect llama.cpp $p "$t"
 		stamp "full: $t threads, $p: Manifold"
 		mbench "$mm" "$t" "$reps" 64 0 | collect manifold $p "$t"
-		mbench "$mm" "$t" "$reps" 512 128 | collect manifold $p "$t"
+		mbench "$mm" "$t" "$reps" 512 0 | collect manifold $p "$t"
+		mbench "$mm" "$t" "$reps" 0 128 | collect manifold $p "$t"
 	done
 done
 for p in nvfp4 bf16; do
@@ -138,7 +141,10 @@ for p in nvfp4 bf16; do
 	stamp "sweep $p: llama.cpp at $sweep"
 	for t in $sweep; do lbench "$lm" "$t" 1 -p 64 -n 128 | collect llama.cpp-sweep $p "$t"; done
 	stamp "sweep $p: Manifold at $sweep"
-	for t in $sweep; do mbench "$mm" "$t" 1 64 128 | collect manifold-sweep $p "$t"; done
+	for t in $sweep; do
+		mbench "$mm" "$t" 1 64 0 | collect manifold-sweep $p "$t"
+		mbench "$mm" "$t" 1 0 128 | collect manifold-sweep $p "$t"
+	done
 done
 stamp "done"
 

@@ -63,9 +63,12 @@ for s in llama-1b-32k llama-1b-32k-bf16; do
 done
 
 lbench() { "$lc/build/bin/llama-bench" -m "$1" -p 64,512 -n 128 -t "$2" -r "$reps" -o md 2>/dev/null | grep -E '^\|'; }
+# Manifold's tg128 decodes from an empty context, as llama-bench's does
+# (after the 512-token prompt it would attend over 512-640 positions).
 mbench() {
 	"$mb" -model "$1" -p 64 -n 0 -threads "$2" -r "$reps" -copy-mib 256 2>/dev/null | grep -E '^\| .*pp'
-	"$mb" -model "$1" -p 512 -n 128 -threads "$2" -r "$reps" -copy-mib 256 2>/dev/null | grep -E '^\||^copy'
+	"$mb" -model "$1" -p 512 -n 0 -threads "$2" -r "$reps" -copy-mib 256 2>/dev/null | grep -E '^\| .*pp'
+	"$mb" -model "$1" -p 0 -n 128 -threads "$2" -r "$reps" -copy-mib 256 2>/dev/null | grep -E '^\||^copy'
 }
 for t in $threads; do
 	echo "== $t threads: llama.cpp F16 | Manifold bf16"

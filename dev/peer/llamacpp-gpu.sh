@@ -68,7 +68,11 @@ gguf_flags() {
 gpu_bytes=$(($(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1) * 1024 * 1024))
 
 lbench() { "$lc/build/bin/llama-bench" -m "$1" -ngl 99 -fa 1 -p 512 -n 256 -r "$reps" -o md 2>/dev/null | grep -E '^\| .*(pp|tg)'; }
-mbench() { "$mb" -model "$1" -device cuda -p 512 -n 256 -r "$reps" 2>/dev/null | grep -E '^\||^copy'; }
+# Manifold's tg256 decodes from an empty context, as llama-bench's does.
+mbench() {
+	"$mb" -model "$1" -device cuda -p 512 -n 0 -r "$reps" 2>/dev/null | grep -E '^\| .*pp'
+	"$mb" -model "$1" -device cuda -p 0 -n 256 -r "$reps" 2>/dev/null | grep -E '^\||^copy'
+}
 for s in $shapes; do
 	flags=$(gguf_flags "$s") || { echo "unknown shape $s (see gguf_flags)" >&2; exit 2; }
 	f16=$models/$s-f16.gguf q40=$models/$s-q4_0.gguf b16=$models/$s-bf16.gguf
