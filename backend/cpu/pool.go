@@ -27,21 +27,21 @@ import (
 
 // A waiting helper (for a post) or caller (for its helpers' runs) polls for
 // pollFor, then parks. That covers a decode step's gaps between fan-outs
-// on a machine of its own (norms, RoPE, the activations' quantization: a
-// few microseconds), so that in a run of decode steps the helpers mostly
-// start within a cache miss. It is short because polling takes CPU time
-// from other work where the machine has more runnable threads than cores:
-// on the shared 2-core development machine, decode steps of issue 61's
-// model on 2 threads, the fan-out modes interleaved step by step in one
-// process (DECISIONS.md), took median 90.9 ms on goroutines started for
-// each fan-out, 92.2 polling 20 µs, 98.5 polling 100 µs (the fastest
-// steps, 50.0, 49.6 and 45.7 ms, show what polling gains on a quiet one);
-// yielding the thread while polling (sched_yield) was worse still. A
-// goroutine that polls lets the Go scheduler run others on its P
-// (runtime.Gosched) when it has not for yieldEvery: a helper that serves
-// a run of decode steps never parks.
+// (norms, RoPE, the activations' quantization, the sampling between
+// tokens: microseconds), so that in a run of decode steps the helpers
+// start within a cache miss instead of a futex wake-up. Polling takes CPU
+// time from other work where the machine has more runnable threads than
+// cores: under a load of 3-8 on the shared 2-core development machine,
+// decode steps took median 92.2 ms polling 20 µs against 98.5 polling
+// 100 µs; on the same machine quieter (load 1.2-1.6), whole decodes of
+// issue 61's NVFP4 model on 2 threads, alternated, ran 20.8-22.8 tok/s
+// polling 20 µs and 25.8-26.3 polling 500 µs (200 µs 19.0-23.4, 2 ms
+// 22.1-23.9: DECISIONS.md, "CPU threads for 16 cores"); llama.cpp's
+// threads spin too. A goroutine that polls lets the Go scheduler run
+// others on its P (runtime.Gosched) when it has not for yieldEvery: a
+// helper that serves a run of decode steps never parks.
 const (
-	pollFor    = 20 * time.Microsecond
+	pollFor    = 500 * time.Microsecond
 	yieldEvery = time.Millisecond
 )
 
