@@ -6,8 +6,10 @@ package cpu
 // weights once for the 3 tokens, and blocks of tokens whose activations fit
 // in about 1 MiB are run over all of a thread's rows in turn, so the 4 rows
 // stay in L1 across the block's tokens and the weights are streamed from
-// memory once per block instead of once per token. bf16 weights on AVX-512
-// take gemmWide instead (gemm_amd64.go: 4x6 tiles, packed activations).
+// memory once per block instead of once per token. bf16 weights on amd64
+// take gemmWide instead (gemm_amd64.go: with AVX-512 4x6 tiles over packed
+// activations; with AVX2 gemmPacked, each quad of rows widened to float32
+// once a pass of k, 4x3 tiles over packed activations).
 
 const (
 	gemmMR      = 3       // tokens a tile

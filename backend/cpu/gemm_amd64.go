@@ -70,69 +70,40 @@ func packWideAVX512(dst *float32, src *float32, steps int)
 //go:noescape
 func gemm4x6BF16AVX512(w *uint16, ldw int, x *float32, steps int, out *float32, ldo int, nt int, pf *uint16)
 
-//go:noescape
-func gemm4x3BF16AVX2(w *uint16, ldw int, x *float32, steps int, out *float32, ldo int, nt int, pf *uint16)
-
-// The wide bf16 prefill (gemmWide): tiles of 4 weight rows by a group of
-// tokens, the tokens' x packed once per matmul so that one shift or one
-// AND widens a vector of weights (the even elements of a load, or the odd:
-// packWide orders x to match). With AVX-512, 6 tokens a group and 32
-// values of k a step (gemm4x6BF16AVX512, 24 accumulators); with AVX2, 3
-// tokens and 16 (gemm4x3BF16AVX2, 12 accumulators, x read by the FMAs
-// from L1). The k values are taken wideKC at a time, so that a token
-// group's x (24 or 12 KiB) stays in L1 while it meets a panel of wideNC
-// rows, whose wideKC weights (256 KiB) stay in L2 while all the token
-// groups meet them: the weights are read from memory once per matmul, the
-// activations once per panel.
+// The AVX-512 bf16 prefill (gemmWide): tiles of 4 weight rows by 6 tokens
+// (gemm4x6BF16AVX512, 24 accumulators), the tokens' x packed once per
+// matmul so that one VPSLLD or VPANDD widens 16 weights (packWide). The k
+// values are taken wideKC at a time, so that a group of 6 tokens' x (24
+// KiB) stays in L1 while it meets a panel of wideNC rows, whose wideKC
+// weights (256 KiB) stay in L2 while all the token groups meet them: the
+// weights are read from memory once per matmul, the activations once per
+// panel.
 var wideKC, wideNC = 1024, 128
 
 // widePool holds packWide's buffers between matmuls.
 var widePool sync.Pool
 
-// wideKernel is gemmWide's tile: tokens a group, k values a step.
-type wideKernel struct {
-	tokens, step int
-	tile         func(w *uint16, ldw int, x *float32, steps int, out *float32, ldo int, nt int, pf *uint16)
-}
-
-var (
-	wide512 = wideKernel{6, 32, gemm4x6BF16AVX512}
-	wide256 = wideKernel{3, 16, gemm4x3BF16AVX2}
-)
-
-// wideOf is the wide kernel of this processor for K columns; ok false
-// where none serves (no AVX2, K under a step).
-func wideOf(K int) (wideKernel, bool) {
-	switch {
-	case hasAVX512 && !bf16ForceAVX2 && K >= 32:
-		return wide512, true
-	case hasAVX2 && K >= 16:
-		return wide256, true
-	}
-	return wideKernel{}, false
-}
-
-// gemmWide is matmulGEMM for a bf16 weight on the wide kernels; false
-// (nothing done) where they do not serve.
+// gemmWide is matmulGEMM for a bf16 weight on the AVX-512 kernel, or
+// where that does not serve (no AVX-512, K under 32) on gemmPacked; false
+// (nothing done) where neither does.
 func (b *Backend) gemmWide(out, x []float32, w *Weight, m int) bool {
 	K, N := w.cols, w.rows
-	wk, ok := wideOf(K)
-	if !ok {
-		return false
+	k32 := K &^ 31
+	if !hasAVX512 || bf16ForceAVX2 || k32 == 0 {
+		return b.gemmPacked(out, x, w, m)
 	}
-	T, kS := wk.tokens, K/wk.step*wk.step
-	groups := (m + T - 1) / T
-	size := groups * T * kS
+	groups := (m + 5) / 6
+	size := groups * 6 * k32
 	xp, _ := widePool.Get().(*[]float32)
 	if xp == nil || cap(*xp) < size {
 		xp = new(make([]float32, size))
 	}
 	*xp = (*xp)[:size]
-	b.parallel(groups, 1, func(lo, hi int) { packWide(wk, *xp, x, m, K, kS, lo, hi) })
+	b.parallel(groups, 1, func(lo, hi int) { packWide(*xp, x, m, K, k32, lo, hi) })
 	quads := (N + gemmNR - 1) / gemmNR
 	b.parallel(quads, max(1, (1<<14)/(K*m)), func(lo, hi int) {
 		r0, r1 := lo*gemmNR, min(hi*gemmNR, N)
-		gemmWideRows(wk, out, x, *xp, w.bf16, m, K, N, r0, r1)
+		gemmWideRows(out, x, *xp, w.bf16, m, K, N, r0, r1)
 		w.addBias(out, m, r0, r1)
 	})
 	widePool.Put(xp)
@@ -140,66 +111,55 @@ func (b *Backend) gemmWide(out, x []float32, w *Weight, m int) bool {
 }
 
 // packWide writes token groups [g0, g1) of x (m tokens of K values) into
-// xp as wk's tile reads them: group g's kS values in steps, a step each
-// token's even values of the step then its odd ones; tokens past m are
+// xp as gemm4x6BF16AVX512 reads them: group g's k32 values in steps of 32,
+// a step the 6 tokens' 16 even values then 16 odd ones; tokens past m are
 // zeros.
-func packWide(wk wideKernel, xp, x []float32, m, K, kS, g0, g1 int) {
-	T, S := wk.tokens, wk.step
+func packWide(xp, x []float32, m, K, k32, g0, g1 int) {
 	for g := g0; g < g1; g++ {
-		for t := range T {
-			i := T*g + t
-			if i < m && S == 32 {
-				_, _ = xp[(g+1)*T*kS-T*S+t*S+S-1], x[i*K+kS-1]
-				packWideAVX512(&xp[g*T*kS+t*S], &x[i*K], kS/S)
+		for t := range 6 {
+			i := 6*g + t
+			if i < m {
+				_, _ = xp[(g+1)*6*k32-192+t*32+31], x[i*K+k32-1]
+				packWideAVX512(&xp[g*6*k32+t*32], &x[i*K], k32/32)
 				continue
 			}
-			for s := range kS / S {
-				d := xp[(g*kS/S+s)*T*S+t*S:][:S]
-				if i >= m {
-					clear(d)
-					continue
-				}
-				src := x[i*K+s*S:][:S]
-				for j := range S / 2 {
-					d[j], d[S/2+j] = src[2*j], src[2*j+1]
-				}
+			for s := range k32 / 32 {
+				clear(xp[(g*k32/32+s)*192+t*32:][:32])
 			}
 		}
 	}
 }
 
 // gemmWideRows is gemmWide's product for rows [lo, hi) (lo a multiple of
-// 4): panels of wideNC rows, wideKC values of k a pass, wk's tiles; the
-// tail of K past the last step and the rows past the last 4 by dot
+// 4): panels of wideNC rows, wideKC values of k a pass, 4x6 tiles; the
+// tail of K past the multiple of 32 and the rows past the last 4 by dot
 // products.
-func gemmWideRows(wk wideKernel, out, x, xp []float32, w []uint16, m, K, N, lo, hi int) {
-	T, S := wk.tokens, wk.step
-	kS := K / S * S
-	kc := max(S, wideKC/S*S)
+func gemmWideRows(out, x, xp []float32, w []uint16, m, K, N, lo, hi int) {
+	k32 := K &^ 31
 	hi4 := lo + (hi-lo)&^3
 	for i := range m {
 		clear(out[i*N+lo : i*N+hi4])
 	}
 	for p0 := lo; p0 < hi4; p0 += wideNC {
 		p1 := min(p0+wideNC, hi4)
-		for k0 := 0; k0 < kS; k0 += kc {
-			steps := min(kc, kS-k0) / S
+		for k0 := 0; k0 < k32; k0 += wideKC {
+			steps := min(wideKC, k32-k0) / 32
 			// The next block's rows (this panel's next pass, else the
 			// next panel's first), one a call, are prefetched into L2
 			// while this one runs, so that its first token group does
 			// not wait on memory.
-			n0, nk, n1 := p0, k0+kc, p1
-			if nk >= kS {
+			n0, nk, n1 := p0, k0+wideKC, p1
+			if nk >= k32 {
 				n0, nk, n1 = p1, 0, min(p1+wideNC, hi4)
 			}
-			for g := range (m + T - 1) / T {
-				xg, nt, o := &xp[g*T*kS+k0*T], min(T, m-T*g), T*g*N
+			for g := range (m + 5) / 6 {
+				xg, nt, o := &xp[g*6*k32+k0*6], min(6, m-6*g), 6*g*N
 				for r := p0; r < p1; r += 4 {
 					pf := &w[r*K+k0]
 					if n := n0 + g*(p1-p0)/4 + (r-p0)/4; n < n1 {
 						pf = &w[n*K+nk]
 					}
-					wk.tile(&w[r*K+k0], K, xg, steps, &out[o+r], N, nt, pf)
+					gemm4x6BF16AVX512(&w[r*K+k0], K, xg, steps, &out[o+r], N, nt, pf)
 				}
 			}
 		}
@@ -208,8 +168,107 @@ func gemmWideRows(wk wideKernel, out, x, xp []float32, w []uint16, m, K, N, lo, 
 		xi := x[i*K : (i+1)*K]
 		for r := lo; r < hi; r++ {
 			if r < hi4 {
-				if kS < K {
-					out[i*N+r] += dotBF16(xi[kS:], w[r*K+kS:(r+1)*K])
+				if k32 < K {
+					out[i*N+r] += dotBF16(xi[k32:], w[r*K+k32:(r+1)*K])
+				}
+			} else {
+				out[i*N+r] = dotBF16(xi, w[r*K:(r+1)*K])
+			}
+		}
+	}
+}
+
+//go:noescape
+func widen4BF16(dst *float32, w *uint16, ldw int, steps int)
+
+//go:noescape
+func gemm4x3F32P(w *float32, x *float32, steps int, out *float32, ldo int, nt int)
+
+// packKC is the values of k a pass of gemmPacked takes: a quad's widened
+// rows (8 KiB) and a token group's x (6 KiB) stay in L1 together; packGB
+// the token groups a block (126 tokens: their x of a pass, 252 KiB, stays
+// in L2 while the thread's quads pass).
+var packKC, packGB = 512, 42
+
+// gemmPacked is matmulGEMM for a bf16 weight on AVX2 (no AVX-512): the
+// tokens' x packed once per matmul in groups of 3 (8 values of each a
+// step), then per block of token groups and pass of k, each quad of rows
+// widened to float32 once (widen4BF16) and multiplied with every group of
+// the block (gemm4x3F32P, sums added into out); false (nothing done)
+// without AVX2 or under 8 columns.
+func (b *Backend) gemmPacked(out, x []float32, w *Weight, m int) bool {
+	K, N := w.cols, w.rows
+	k8 := K &^ 7
+	if !hasAVX2 || k8 == 0 {
+		return false
+	}
+	groups := (m + 2) / 3
+	size := groups * 3 * k8
+	xp, _ := widePool.Get().(*[]float32)
+	if xp == nil || cap(*xp) < size {
+		xp = new(make([]float32, size))
+	}
+	*xp = (*xp)[:size]
+	b.parallel(groups, 1, func(lo, hi int) { packF32(*xp, x, m, K, k8, lo, hi) })
+	quads := (N + gemmNR - 1) / gemmNR
+	b.parallel(quads, max(1, (1<<14)/(K*m)), func(lo, hi int) {
+		r0, r1 := lo*gemmNR, min(hi*gemmNR, N)
+		gemmPackedRows(out, x, *xp, w.bf16, m, K, N, r0, r1)
+		w.addBias(out, m, r0, r1)
+	})
+	widePool.Put(xp)
+	return true
+}
+
+// packF32 writes token groups [g0, g1) of x (m tokens of K values) into xp
+// as gemm4x3F32P reads them: group g's k8 values in steps of 8, a step the
+// 3 tokens' 8 values; tokens past m are zeros.
+func packF32(xp, x []float32, m, K, k8, g0, g1 int) {
+	for g := g0; g < g1; g++ {
+		for t := range 3 {
+			i := 3*g + t
+			for s := range k8 / 8 {
+				d := xp[(g*k8/8+s)*24+t*8:][:8]
+				if i >= m {
+					clear(d)
+				} else {
+					copy(d, x[i*K+8*s:])
+				}
+			}
+		}
+	}
+}
+
+// gemmPackedRows is gemmPacked's product for rows [lo, hi) (lo a multiple
+// of 4); the tail of K past the multiple of 8 and the rows past the last 4
+// by dot products.
+func gemmPackedRows(out, x, xp []float32, w []uint16, m, K, N, lo, hi int) {
+	k8 := K &^ 7
+	kc := max(8, packKC&^7)
+	groups := (m + 2) / 3
+	hi4 := lo + (hi-lo)&^3
+	for i := range m {
+		clear(out[i*N+lo : i*N+hi4])
+	}
+	scratch := make([]float32, 4*kc)
+	for g0 := 0; g0 < groups; g0 += packGB {
+		g1 := min(g0+packGB, groups)
+		for k0 := 0; k0 < k8; k0 += kc {
+			steps := min(kc, k8-k0) / 8
+			for r := lo; r < hi4; r += 4 {
+				widen4BF16(&scratch[0], &w[r*K+k0], K, steps)
+				for g := g0; g < g1; g++ {
+					gemm4x3F32P(&scratch[0], &xp[g*3*k8+k0*3], steps, &out[3*g*N+r], N, min(3, m-3*g))
+				}
+			}
+		}
+	}
+	for i := range m {
+		xi := x[i*K : (i+1)*K]
+		for r := lo; r < hi; r++ {
+			if r < hi4 {
+				if k8 < K {
+					out[i*N+r] += dotBF16(xi[k8:], w[r*K+k8:(r+1)*K])
 				}
 			} else {
 				out[i*N+r] = dotBF16(xi, w[r*K:(r+1)*K])

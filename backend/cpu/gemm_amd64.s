@@ -253,20 +253,6 @@ pdone:
 	VZEROUPPER
 	RET
 
-// The AVX2 form of the wide prefill (gemmWide without AVX-512): 4 bf16
-// weight rows by 3 tokens in Y0-Y11 (row r, token t in Y(3r+t)), 16 values
-// of k a step. A step loads 16 bf16 of a row as one vector: VPSLLD $16
-// widens its even elements into Y13 and VPAND with 0xFFFF0000 (Y15) its
-// odd ones into Y12, two instructions for 16 weights; the tokens' x are
-// packed to match (packWideAVX2's layout: a step the 3 tokens' 8 even
-// values then 8 odd, 64 bytes a token) and read by the FMAs themselves.
-
-// ROW3(off, a, b, c): the row at off(DI) times the 3 tokens' x into a, b, c.
-#define ROW3(addr, a, b, c) \
-	VMOVDQU addr, Y12; VPSLLD $16, Y12, Y13; VPAND Y15, Y12, Y12; \
-	VFMADD231PS (SI), Y13, a; VFMADD231PS 64(SI), Y13, b; VFMADD231PS 128(SI), Y13, c; \
-	VFMADD231PS 32(SI), Y12, a; VFMADD231PS 96(SI), Y12, b; VFMADD231PS 160(SI), Y12, c
-
 // SUM4(a, b, c, d, X): X = the totals of the 8 lanes of a, b, c and d, in
 // that order, each added as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)); Y13, Y14
 // clobbered, a and c too.
@@ -274,45 +260,63 @@ pdone:
 	VHADDPS b, a, a; VHADDPS d, c, c; VHADDPS c, a, Y; \
 	VEXTRACTF128 $1, Y, X14; VADDPS X14, X, X
 
-// ADDOUT3(X): out at DX += X (the 4 rows of a token); then DX moves to the
-// next token and BX counts the tokens down, leaving at vdone at 0.
-#define ADDOUT3(X) \
-	VADDPS (DX), X, X; VMOVUPS X, (DX); ADDQ R10, DX; DECQ BX; JEQ vdone
+// The AVX2 bf16 prefill (gemmPacked): a quad of rows widened once per pass
+// of k into float32, 8 values of each of the 4 rows a step (widen4BF16),
+// then 4 rows x 3 tokens a tile over the tokens' x packed likewise, 8
+// values of each of the 3 a step: every operand a contiguous stream from
+// L1, and the FMA pipes doing nothing but FMAs.
 
-// func gemm4x3BF16AVX2(w *uint16, ldw int, x *float32, steps int, out *float32, ldo int, nt int, pf *uint16)
-// out[t*ldo + r] += Σ_p w[r*ldw+p] * x_t[p] for the 4 rows r and the first
-// nt (1 to 3) of 3 tokens t, over steps*16 values of k; x is the 3 tokens'
-// packed values, 16 a token a step. A cache line from pf on is prefetched
-// into L2 every other step.
-TEXT ·gemm4x3BF16AVX2(SB), NOSPLIT, $0-64
-	MOVQ w+0(FP), DI; MOVQ ldw+8(FP), R8; SHLQ $1, R8; LEAQ (R8)(R8*2), R9
-	MOVQ x+16(FP), SI; MOVQ steps+24(FP), CX; MOVQ pf+56(FP), R11
-	MOVL $0xFFFF0000, AX; MOVD AX, X15; VPBROADCASTD X15, Y15
+// func widen4BF16(dst *float32, w *uint16, ldw int, steps int)
+// dst[32s + 8r + j] = w[r*ldw + 8s + j] as float32, for the 4 rows r and
+// the steps s.
+TEXT ·widen4BF16(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI; MOVQ w+8(FP), SI; MOVQ ldw+16(FP), R8; SHLQ $1, R8; LEAQ (R8)(R8*2), R9
+	MOVQ steps+24(FP), CX
+	TESTQ CX, CX
+	JE    w4done
+w4loop:
+	WIDEN((SI), Y0); WIDEN((SI)(R8*1), Y1); WIDEN((SI)(R8*2), Y2); WIDEN((SI)(R9*1), Y3)
+	VMOVUPS Y0, (DI); VMOVUPS Y1, 32(DI); VMOVUPS Y2, 64(DI); VMOVUPS Y3, 96(DI)
+	ADDQ $16, SI
+	ADDQ $128, DI
+	DECQ CX
+	JNE  w4loop
+w4done:
+	VZEROUPPER
+	RET
+
+// ADDOUTP(X): out at DX += X (the 4 rows of a token); then DX moves to the
+// next token and BX counts the tokens down, leaving at pdone3 at 0.
+#define ADDOUTP(X) \
+	VADDPS (DX), X, X; VMOVUPS X, (DX); ADDQ R10, DX; DECQ BX; JEQ pdone3
+
+// func gemm4x3F32P(w *float32, x *float32, steps int, out *float32, ldo int, nt int)
+// out[t*ldo + r] += Σ_p w_r[p] * x_t[p] for the 4 rows r and the first nt
+// (1 to 3) of 3 tokens t, over steps*8 values: w as widen4BF16 writes it,
+// x the 3 tokens' 8 values a step.
+TEXT ·gemm4x3F32P(SB), NOSPLIT, $0-48
+	MOVQ w+0(FP), DI; MOVQ x+8(FP), SI; MOVQ steps+16(FP), CX
 	ZERO4(Y0, Y1, Y2, Y3); ZERO4(Y4, Y5, Y6, Y7); ZERO4(Y8, Y9, Y10, Y11)
 	TESTQ CX, CX
-	JE    vsum
-
-vloop:
-	PREFETCHT1 (R11)
-	ROW3((DI), Y0, Y1, Y2)
-	ROW3((DI)(R8*1), Y3, Y4, Y5)
-	ROW3((DI)(R8*2), Y6, Y7, Y8)
-	ROW3((DI)(R9*1), Y9, Y10, Y11)
-	ADDQ $32, DI
-	ADDQ $192, SI
-	ADDQ $32, R11
+	JE    psum3
+ploop3:
+	VMOVUPS (SI), Y12; VMOVUPS 32(SI), Y13; VMOVUPS 64(SI), Y14
+	VMOVUPS (DI), Y15; FMA3(Y0, Y1, Y2)
+	VMOVUPS 32(DI), Y15; FMA3(Y3, Y4, Y5)
+	VMOVUPS 64(DI), Y15; FMA3(Y6, Y7, Y8)
+	VMOVUPS 96(DI), Y15; FMA3(Y9, Y10, Y11)
+	ADDQ $128, DI
+	ADDQ $96, SI
 	DECQ CX
-	JNE  vloop
-
-vsum:
-	MOVQ out+32(FP), DX; MOVQ ldo+40(FP), R10; SHLQ $2, R10; MOVQ nt+48(FP), BX
+	JNE  ploop3
+psum3:
+	MOVQ out+24(FP), DX; MOVQ ldo+32(FP), R10; SHLQ $2, R10; MOVQ nt+40(FP), BX
 	SUM4(Y0, Y3, Y6, Y9, Y12, X12)
-	ADDOUT3(X12)
+	ADDOUTP(X12)
 	SUM4(Y1, Y4, Y7, Y10, Y12, X12)
-	ADDOUT3(X12)
+	ADDOUTP(X12)
 	SUM4(Y2, Y5, Y8, Y11, Y12, X12)
-	ADDOUT3(X12)
-
-vdone:
+	ADDOUTP(X12)
+pdone3:
 	VZEROUPPER
 	RET
