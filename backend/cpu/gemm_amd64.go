@@ -179,7 +179,7 @@ func gemmWideRows(out, x, xp []float32, w []uint16, m, K, N, lo, hi int) {
 }
 
 //go:noescape
-func widen4BF16(dst *float32, w *uint16, ldw int, steps int)
+func widen4BF16(dst *float32, w *uint16, ldw int, steps int, pf *uint16)
 
 //go:noescape
 func gemm4x3F32P(w *float32, x *float32, steps int, out *float32, ldo int, nt int)
@@ -256,7 +256,15 @@ func gemmPackedRows(out, x, xp []float32, w []uint16, m, K, N, lo, hi int) {
 		for k0 := 0; k0 < k8; k0 += kc {
 			steps := min(kc, k8-k0) / 8
 			for r := lo; r < hi4; r += 4 {
-				widen4BF16(&scratch[0], &w[r*K+k0], K, steps)
+				// The next quad's rows of this pass are prefetched (the
+				// block's next pass's first ones after the last quad).
+				pf := &w[r*K+k0]
+				if r+8 <= hi4 {
+					pf = &w[(r+4)*K+k0]
+				} else if k0+kc < k8 {
+					pf = &w[lo*K+k0+kc]
+				}
+				widen4BF16(&scratch[0], &w[r*K+k0], K, steps, pf)
 				for g := g0; g < g1; g++ {
 					gemm4x3F32P(&scratch[0], &xp[g*3*k8+k0*3], steps, &out[3*g*N+r], N, min(3, m-3*g))
 				}

@@ -266,18 +266,21 @@ pdone:
 // values of each of the 3 a step: every operand a contiguous stream from
 // L1, and the FMA pipes doing nothing but FMAs.
 
-// func widen4BF16(dst *float32, w *uint16, ldw int, steps int)
+// func widen4BF16(dst *float32, w *uint16, ldw int, steps int, pf *uint16)
 // dst[32s + 8r + j] = w[r*ldw + 8s + j] as float32, for the 4 rows r and
-// the steps s.
-TEXT ·widen4BF16(SB), NOSPLIT, $0-32
+// the steps s; meanwhile the same span of the 4 rows from pf on (the next
+// quad's) is prefetched, so that it waits in cache when its turn comes.
+TEXT ·widen4BF16(SB), NOSPLIT, $0-40
 	MOVQ dst+0(FP), DI; MOVQ w+8(FP), SI; MOVQ ldw+16(FP), R8; SHLQ $1, R8; LEAQ (R8)(R8*2), R9
-	MOVQ steps+24(FP), CX
+	MOVQ steps+24(FP), CX; MOVQ pf+32(FP), R11
 	TESTQ CX, CX
 	JE    w4done
 w4loop:
+	PREFETCHT0 (R11); PREFETCHT0 (R11)(R8*1); PREFETCHT0 (R11)(R8*2); PREFETCHT0 (R11)(R9*1)
 	WIDEN((SI), Y0); WIDEN((SI)(R8*1), Y1); WIDEN((SI)(R8*2), Y2); WIDEN((SI)(R9*1), Y3)
 	VMOVUPS Y0, (DI); VMOVUPS Y1, 32(DI); VMOVUPS Y2, 64(DI); VMOVUPS Y3, 96(DI)
 	ADDQ $16, SI
+	ADDQ $16, R11
 	ADDQ $128, DI
 	DECQ CX
 	JNE  w4loop
