@@ -264,9 +264,12 @@ func gemmPackedRows(out, x, xp []float32, w []uint16, m, K, N, lo, hi int) {
 				} else if k0+kc < k8 {
 					pf = &w[lo*K+k0+kc]
 				}
+				_ = w[(r+3)*K+k0+8*steps-1]
 				widen4BF16(&scratch[0], &w[r*K+k0], K, steps, pf)
 				for g := g0; g < g1; g++ {
-					gemm4x3F32P(&scratch[0], &xp[g*3*k8+k0*3], steps, &out[3*g*N+r], N, min(3, m-3*g))
+					nt := min(3, m-3*g)
+					_, _ = xp[g*3*k8+(k0+8*steps)*3-1], out[(3*g+nt-1)*N+r+3]
+					gemm4x3F32P(&scratch[0], &xp[g*3*k8+k0*3], steps, &out[3*g*N+r], N, nt)
 				}
 			}
 		}
