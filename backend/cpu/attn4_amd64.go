@@ -16,10 +16,6 @@ func max4AVX2(sc *float32, n int, mx *[4]float32)
 //go:noescape
 func exp4AVX2(sc *float32, n int, mx, sum *[4]float32)
 
-// softmax4ForceAVX2 is a test hook: max4AVX2 and exp4AVX2 even where
-// hasAVX512VL.
-var softmax4ForceAVX2 bool
-
 // max4Fast takes the maxima of attend4's whole blocks of 4 rows into mx
 // in AVX-512 (max4AVX512) or AVX2 (max4AVX2) where the processor has it,
 // and returns the rows done (0 elsewhere); exp4Fast then does expf32 of
@@ -31,7 +27,7 @@ func max4Fast(sc []float32, n int, mx *[4]float32) int {
 		return 0
 	}
 	_ = sc[4*n4-1]
-	if hasAVX512VL && !softmax4ForceAVX2 {
+	if hasAVX512VL && !forceAVX2 {
 		max4AVX512(&sc[0], n4, mx)
 	} else {
 		max4AVX2(&sc[0], n4, mx)
@@ -44,7 +40,7 @@ func exp4Fast(sc []float32, n4 int, mx, sum *[4]float32) {
 		return
 	}
 	_ = sc[4*n4-1]
-	if hasAVX512VL && !softmax4ForceAVX2 {
+	if hasAVX512VL && !forceAVX2 {
 		exp4AVX512(&sc[0], n4, mx, sum)
 	} else {
 		exp4AVX2(&sc[0], n4, mx, sum)

@@ -8,6 +8,3 @@ func attn4Asm(n, hd int) bool { return hasNEON && n > 0 && hd > 0 && hd%16 == 0 
 func max4Fast(sc []float32, n int, mx *[4]float32) int { return 0 }
 
 func exp4Fast(sc []float32, n4 int, mx, sum *[4]float32) {}
-
-// softmax4ForceAVX2 (the amd64 test hook) changes nothing here.
-var softmax4ForceAVX2 bool

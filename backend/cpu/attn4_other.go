@@ -12,6 +12,3 @@ func values4(acc, w, v []float32, stride, n, hd int) { values4Go(acc, w, v, stri
 func max4Fast(sc []float32, n int, mx *[4]float32) int { return 0 }
 
 func exp4Fast(sc []float32, n4 int, mx, sum *[4]float32) {}
-
-// softmax4ForceAVX2 (the amd64 test hook) changes nothing here.
-var softmax4ForceAVX2 bool

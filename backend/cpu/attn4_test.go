@@ -68,8 +68,8 @@ func closeF32(t *testing.T, what string, got, want []float32, tol float64) {
 func TestSoftmax4Fast(t *testing.T) {
 	for _, avx2 := range []bool{false, true} {
 		t.Run(fmt.Sprintf("avx2=%v", avx2), func(t *testing.T) {
-			softmax4ForceAVX2 = avx2
-			defer func() { softmax4ForceAVX2 = false }()
+			forceAVX2 = avx2
+			defer func() { forceAVX2 = false }()
 			testSoftmax4Fast(t)
 		})
 	}
@@ -134,11 +134,11 @@ func TestExp4Ends(t *testing.T) {
 		if !avx2 && !hasAVX512VL {
 			continue
 		}
-		softmax4ForceAVX2 = avx2
+		forceAVX2 = avx2
 		sc := append([]float32(nil), x...)
 		var mx, sum [4]float32
 		exp4Fast(sc, len(x)/4, &mx, &sum)
-		softmax4ForceAVX2 = false
+		forceAVX2 = false
 		for i, v := range x {
 			if e := expf32(v); math.Float32bits(sc[i]) != math.Float32bits(e) {
 				t.Errorf("avx2=%v: exp4 of %v: %v, expf32 %v", avx2, v, sc[i], e)

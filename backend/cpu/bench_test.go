@@ -40,13 +40,13 @@ func BenchmarkCopy(b *testing.B) {
 // nvfp4 is the int8-activation kernel (AVX-512 VNNI or SDOT where the
 // processor has it), nvfp4-avx2 (amd64) or nvfp4-neon (arm64) the same with
 // the base kernels forced (q8ForceBase), nvfp4-ref the float32 reference;
-// bf16-avx2 the bf16 kernels without AVX-512 (bf16ForceAVX2; elsewhere the
+// bf16-avx2 the bf16 kernels without AVX-512 (forceAVX2; elsewhere the
 // same as bf16).
 var benchFormats = []struct {
 	name   string
 	format backend.Format
 	opt    Options
-	base   bool // q8ForceBase and bf16ForceAVX2
+	base   bool // q8ForceBase and forceAVX2
 }{
 	{"f32", backend.F32, Options{}, false},
 	{"bf16", backend.BF16, Options{}, false},
@@ -68,8 +68,8 @@ func BenchmarkMatVec(b *testing.B) {
 	for _, c := range benchFormats {
 		format := c.format
 		b.Run(c.name, func(b *testing.B) {
-			q8ForceBase, bf16ForceAVX2 = c.base, c.base
-			defer func() { q8ForceBase, bf16ForceAVX2 = false, false }()
+			q8ForceBase, forceAVX2 = c.base, c.base
+			defer func() { q8ForceBase, forceAVX2 = false, false }()
 			be := NewWithOptions(c.opt)
 			bytes := float64(N*K) * format.BytesPerValue()
 			var ws []backend.Weight
@@ -124,8 +124,8 @@ func BenchmarkMatMulPrefill(b *testing.B) {
 	x := randn(rng, m*K)
 	for _, c := range benchFormats {
 		b.Run(c.name, func(b *testing.B) {
-			q8ForceBase, bf16ForceAVX2 = c.base, c.base
-			defer func() { q8ForceBase, bf16ForceAVX2 = false, false }()
+			q8ForceBase, forceAVX2 = c.base, c.base
+			defer func() { q8ForceBase, forceAVX2 = false, false }()
 			be := NewWithOptions(c.opt)
 			w, err := be.Upload(benchWeight(rng, c.format, N, K))
 			if err != nil {

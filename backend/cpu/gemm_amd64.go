@@ -10,8 +10,9 @@ import (
 // the bf16 kernels use their 16-lane versions.
 var hasAVX512 = hasAVX2 && cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW
 
-// bf16ForceAVX2 is a test hook: the AVX2 bf16 kernels even where hasAVX512.
-var bf16ForceAVX2 bool
+// forceAVX2 is a test hook: the AVX2 kernels (bf16 matmuls, SwiGLU, the
+// attention softmax) even where their AVX-512 forms would run.
+var forceAVX2 bool
 
 //go:noescape
 func dot4BF16AVX512(w *uint16, ldw int, x *float32, k int, out *[32]float32)
@@ -38,7 +39,7 @@ func matvecBF16(out, x []float32, w []uint16, K, lo, hi int) {
 		matmulBF16(out, x, w, 1, K, len(out), lo, hi)
 		return
 	}
-	wide := hasAVX512 && !bf16ForceAVX2 && K >= 32
+	wide := hasAVX512 && !forceAVX2 && K >= 32
 	k16 := K &^ 15
 	if wide {
 		k16 = K &^ 31
@@ -89,25 +90,34 @@ var widePool sync.Pool
 func (b *Backend) gemmWide(out, x []float32, w *Weight, m int) bool {
 	K, N := w.cols, w.rows
 	k32 := K &^ 31
-	if !hasAVX512 || bf16ForceAVX2 || k32 == 0 {
+	if !hasAVX512 || forceAVX2 || k32 == 0 {
 		return b.gemmPacked(out, x, w, m)
 	}
-	groups := (m + 5) / 6
-	size := groups * 6 * k32
+	b.packedGEMM(out, w, m, (m+5)/6*6*k32,
+		func(xp []float32, g0, g1 int) { packWide(xp, x, m, K, k32, g0, g1) }, (m+5)/6,
+		func(xp []float32, r0, r1 int) { gemmWideRows(out, x, xp, w.bf16, m, K, N, r0, r1) })
+	return true
+}
+
+// packedGEMM is the frame of gemmWide and gemmPacked: the tokens' x packed
+// once per matmul into a buffer of size floats from widePool (pack, over
+// groups of tokens in parallel), then the rows in parallel by quads (rows,
+// for rows [r0, r1), r0 a multiple of 4), each chunk's bias added after.
+func (b *Backend) packedGEMM(out []float32, w *Weight, m, size int, pack func(xp []float32, g0, g1 int), groups int, rows func(xp []float32, r0, r1 int)) {
+	K, N := w.cols, w.rows
 	xp, _ := widePool.Get().(*[]float32)
 	if xp == nil || cap(*xp) < size {
 		xp = new(make([]float32, size))
 	}
 	*xp = (*xp)[:size]
-	b.parallel(groups, 1, func(lo, hi int) { packWide(*xp, x, m, K, k32, lo, hi) })
+	b.parallel(groups, 1, func(lo, hi int) { pack(*xp, lo, hi) })
 	quads := (N + gemmNR - 1) / gemmNR
 	b.parallel(quads, max(1, (1<<14)/(K*m)), func(lo, hi int) {
 		r0, r1 := lo*gemmNR, min(hi*gemmNR, N)
-		gemmWideRows(out, x, *xp, w.bf16, m, K, N, r0, r1)
+		rows(*xp, r0, r1)
 		w.addBias(out, m, r0, r1)
 	})
 	widePool.Put(xp)
-	return true
 }
 
 // packWide writes token groups [g0, g1) of x (m tokens of K values) into
@@ -202,21 +212,9 @@ func (b *Backend) gemmPacked(out, x []float32, w *Weight, m int) bool {
 	if !hasAVX2 || k8 == 0 {
 		return false
 	}
-	groups := (m + 2) / 3
-	size := groups * 3 * k8
-	xp, _ := widePool.Get().(*[]float32)
-	if xp == nil || cap(*xp) < size {
-		xp = new(make([]float32, size))
-	}
-	*xp = (*xp)[:size]
-	b.parallel(groups, 1, func(lo, hi int) { packF32(*xp, x, m, K, k8, lo, hi) })
-	quads := (N + gemmNR - 1) / gemmNR
-	b.parallel(quads, max(1, (1<<14)/(K*m)), func(lo, hi int) {
-		r0, r1 := lo*gemmNR, min(hi*gemmNR, N)
-		gemmPackedRows(out, x, *xp, w.bf16, m, K, N, r0, r1)
-		w.addBias(out, m, r0, r1)
-	})
-	widePool.Put(xp)
+	b.packedGEMM(out, w, m, (m+2)/3*3*k8,
+		func(xp []float32, g0, g1 int) { packF32(xp, x, m, K, k8, g0, g1) }, (m+2)/3,
+		func(xp []float32, r0, r1 int) { gemmPackedRows(out, x, xp, w.bf16, m, K, N, r0, r1) })
 	return true
 }
 

@@ -23,8 +23,8 @@ func TestGemmWide(t *testing.T) {
 			continue
 		}
 		t.Run(fmt.Sprintf("avx2=%v", avx2), func(t *testing.T) {
-			bf16ForceAVX2 = avx2
-			defer func() { bf16ForceAVX2 = false }()
+			forceAVX2 = avx2
+			defer func() { forceAVX2 = false }()
 			testGemmWide(t)
 		})
 	}

@@ -14,13 +14,13 @@ import (
 // and MatMul's GEMM path (gemmRows) for K and row counts off the tiles.
 // Tolerance: float32 accumulation over K terms of unit size, 1e-5*K (as
 // TestMatMul). On amd64 with AVX-512 both its matvec kernels and the AVX2
-// ones (bf16ForceAVX2); its prefill GEMM is TestGemmWide's.
+// ones (forceAVX2); its prefill GEMM is TestGemmWide's.
 func TestFloatKernels(t *testing.T) {
 	for _, force := range []bool{false, true} {
-		bf16ForceAVX2 = force
+		forceAVX2 = force
 		testFloatKernels(t)
 	}
-	bf16ForceAVX2 = false
+	forceAVX2 = false
 }
 
 func testFloatKernels(t *testing.T) {
@@ -31,7 +31,7 @@ func testFloatKernels(t *testing.T) {
 		wb, w16 := truncBF16(w)
 		want := func(wf []float32, i, r int) float64 { return dot64(x, wf, s.K, i, r) }
 		tol := 1e-5 * float64(s.K)
-		name := fmt.Sprintf("%+v avx2=%v", s, bf16ForceAVX2)
+		name := fmt.Sprintf("%+v avx2=%v", s, forceAVX2)
 		if k8 := s.K &^ 7; s.m >= 3 && s.N >= 4 && k8 > 0 {
 			var acc [96]float32
 			for _, bf16 := range []bool{false, true} {

@@ -54,7 +54,7 @@ func BenchmarkKernels(b *testing.B) {
 		quantizeQ16(a8[i], x[i%6*K:(i%6+1)*K], q16.groups)
 	}
 	avx2 := func(fn func()) func() {
-		return func() { bf16ForceAVX2 = true; fn(); bf16ForceAVX2 = false }
+		return func() { forceAVX2 = true; fn(); forceAVX2 = false }
 	}
 	for _, c := range []struct {
 		name string

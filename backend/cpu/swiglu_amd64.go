@@ -15,14 +15,11 @@ func swigluAVX512(dst, gate, up *float32, n int)
 //go:noescape
 func swigluAVX2(dst, gate, up *float32, n int)
 
-// swigluForceAVX2 is a test hook: swigluAVX2 even where hasAVX512VL.
-var swigluForceAVX2 bool
-
 // swiglu is layers.SwiGLU, bit for bit: without a limit, its multiples of
 // 8 in swigluAVX512 where the processor has AVX-512, else its multiples
 // of 4 in swigluAVX2.
 func swiglu(dst, gate, up []float32, limit float32) {
-	wide := hasAVX512VL && !swigluForceAVX2
+	wide := hasAVX512VL && !forceAVX2
 	n := len(dst) &^ 7
 	if !wide {
 		n = len(dst) &^ 3

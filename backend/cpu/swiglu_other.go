@@ -10,9 +10,6 @@ func swiglu(dst, gate, up []float32, limit float32) { layers.SwiGLU(dst, gate, u
 // hasAVX512VL: no AVX-512 here.
 const hasAVX512VL = false
 
-// swigluForceAVX2 (the amd64 test hook) changes nothing here.
-var swigluForceAVX2 bool
-
 // swigluGrain is the fewest elements a thread of SwiGLU takes (see the
 // amd64 file): layers.SwiGLU's math.Exp, about 25 ns an element.
 func swigluGrain(limit float32) int { return 1 << 8 }

@@ -37,9 +37,9 @@ func TestSwiGLU(t *testing.T) {
 		if avx2 && !hasAVX512VL {
 			continue // swiglu took AVX2 already
 		}
-		swigluForceAVX2 = avx2
+		forceAVX2 = avx2
 		testSwiGLU(t, g, u)
-		swigluForceAVX2 = false
+		forceAVX2 = false
 	}
 }
 
